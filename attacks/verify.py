@@ -1,0 +1,642 @@
+"""``verify(view, truth)``: run every attack that applies to a ServerView and measure the leak.
+
+The entry point of the attack suite (DESIGN.md: attacks take a ServerView and nothing else; the
+truth is only used to score them). Stages:
+
+1. **Protocol.** ``view.public`` must hold FedMF's public parameters
+   (:class:`~attacks.gradient_inversion.FedMFProtocol`); otherwise nothing applies.
+2. **Rounds.** By default the last two consecutive rounds that kept payloads and the broadcast
+   ``V`` (``t-1``, ``t``); one such round if there is no pair; ``rounds=(t-1, t)`` chooses.
+3. **What the payloads are.** Plaintext rows/values (``"rows"``, ``"values"`` fields: plaintext,
+   central DP whose inner view holds clipped plaintext) are inverted exactly. Dense noisy rows
+   (local DP) are inverted the same way on the noisy values: the estimate is as good as the noise
+   allows, and the tests that need exact values (rating grid, update consistency) are skipped.
+   Anything else (``"masked"`` integers of secure aggregation, ciphertext bytes) holds nothing
+   per client to invert: every user falls back to the chance baseline, and a note says so.
+4. **Per user.** Vanilla FedMF: the closed form of two rounds
+   (:func:`~attacks.gradient_inversion.invert_two_rounds`), else the one-round rating grid
+   (:func:`~attacks.gradient_inversion.invert_one_round`); every uploaded row is a rated item.
+   Hybrid filling (FedRec, FedRec+): the rating grid in each round, then the item tests of
+   :mod:`attacks.item_inference` and their combination.
+5. **Chance baseline.** Ratings: the global mean of the true ratings. Items: the most popular
+   items, popularity read from the released aggregate's per-item uploader counts when the view
+   holds one (else the truth's item counts), as many as the user truly rated (without truth, the
+   expected number implied by the aggregate). Users the attack could not reach get these guesses.
+6. **Scores** (:mod:`attacks.metrics`) when ``truth`` is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attacks.gradient_inversion import (
+    ClientUpload,
+    FedMFProtocol,
+    Inversion,
+    InversionError,
+    extract_upload,
+    invert_one_round,
+    invert_two_rounds,
+)
+from attacks.item_inference import (
+    TEST_NAMES,
+    combine_tests,
+    intersection_test,
+    rated_count,
+    rating_scale_test,
+    update_consistency_test,
+    upload_order_test,
+    virtual_rating_test,
+)
+from attacks.metrics import (
+    UserSets,
+    item_overall,
+    overall_metrics,
+    per_user_metrics,
+    truth_sets,
+)
+from recsys.data import Ratings
+from securefed.views import ServerView
+
+PLAINTEXT_FIELDS = frozenset({"rows", "values"})
+
+ITEM_ATTACKS = ("uploaded", *TEST_NAMES, "hybrid_filling", "combined")
+"""Item predictions scored in ``LeakReport.item_attacks``: every uploaded row, each test alone,
+the spec's section-3 attack (rating scale and intersection) and the headline combination."""
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+@dataclass(frozen=True, eq=False)
+class LeakReport:
+    """What the attacks recovered from a view, and how much of it was right.
+
+    Attributes:
+        transport: ``view.transport``.
+        protocol: ``view.public["protocol"]`` (``""`` if absent).
+        rounds: the rounds attacked (``(t-1, t)``, ``(t,)`` or ``()``).
+        attacks_applied: names of the attacks that ran for at least one user.
+        notes: why other attacks did not apply, and caveats.
+        users: evaluated client ids, sorted.
+        method: per user, ``"closed_form"``, ``"rating_grid"``, ``"rows_only"`` (rows seen but
+            no values recovered) or ``"baseline"`` (nothing per client: chance guesses).
+        recovered: per user, the rows looked at and their recovered values (NaN: none).
+        rated: mask over ``recovered`` entries: the headline prediction of rated items.
+        tests: per item test (and ``"hybrid_filling"``), a mask over ``recovered`` entries of the
+            rows it keeps (all rows where it could not decide).
+        per_user: per-user metric arrays aligned with ``users`` (empty without truth).
+        overall: overall metrics (without truth: counts only).
+        item_attacks: overall precision / recall / F1 of each prediction in :data:`ITEM_ATTACKS`.
+        baseline_per_user: the chance baseline's per-user metrics.
+        baseline: the chance baseline's overall metrics.
+    """
+
+    transport: str
+    protocol: str
+    rounds: tuple[int, ...]
+    attacks_applied: tuple[str, ...]
+    notes: tuple[str, ...]
+    users: np.ndarray
+    method: np.ndarray
+    recovered: UserSets
+    rated: np.ndarray
+    tests: dict[str, np.ndarray] = field(default_factory=dict)
+    per_user: dict[str, np.ndarray] = field(default_factory=dict)
+    overall: dict[str, float] = field(default_factory=dict)
+    item_attacks: dict[str, dict[str, float]] = field(default_factory=dict)
+    baseline_per_user: dict[str, np.ndarray] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+
+    def _position(self, user: int) -> int:
+        at = int(np.searchsorted(self.users, user))
+        if at >= len(self.users) or self.users[at] != user:
+            raise KeyError(f"user {user} was not evaluated")
+        return at
+
+    def recovered_ratings(self, user: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(items, values)`` of every row looked at for ``user`` (values NaN when unknown)."""
+        at = self._position(user)
+        span = slice(self.recovered.indptr[at], self.recovered.indptr[at + 1])
+        values = self.recovered.values
+        return self.recovered.items[span], (values[span] if values is not None else None)
+
+    def predicted_items(self, user: int) -> np.ndarray:
+        """The items predicted as rated by ``user``, sorted."""
+        at = self._position(user)
+        span = slice(self.recovered.indptr[at], self.recovered.indptr[at + 1])
+        return np.sort(self.recovered.items[span][self.rated[span]])
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready copy (lists and floats; NaN becomes ``None``)."""
+        return {
+            "transport": self.transport,
+            "protocol": self.protocol,
+            "rounds": list(self.rounds),
+            "attacks_applied": list(self.attacks_applied),
+            "notes": list(self.notes),
+            "overall": _jsonable(self.overall),
+            "baseline": _jsonable(self.baseline),
+            "item_attacks": _jsonable(self.item_attacks),
+            "users": _jsonable(self.users),
+            "method": [str(m) for m in self.method],
+            "per_user": _jsonable(self.per_user),
+            "baseline_per_user": _jsonable(self.baseline_per_user),
+            "recovered": {
+                "indptr": _jsonable(self.recovered.indptr),
+                "items": _jsonable(self.recovered.items),
+                "values": _jsonable(self.recovered.values),
+                "rated": _jsonable(self.rated),
+                "tests": _jsonable(self.tests),
+            },
+        }
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# ------------------------------------------------------------------------------ rounds, payloads
+
+
+def choose_rounds(view: ServerView, rounds: tuple[int, int] | None = None) -> tuple[int, ...]:
+    """The rounds to attack: ``rounds`` if given (checked), else the last consecutive pair that
+    kept payloads and the broadcast ``V``, else the last such round, else none.
+
+    Raises:
+        ValueError: if the requested rounds are not consecutive or kept no payloads or ``V``.
+    """
+    usable = [
+        r for r in view.rounds_with_payloads() if "V" in view.round(r).broadcast
+    ]
+    if rounds is not None:
+        if len(rounds) != 2 or int(rounds[1]) != int(rounds[0]) + 1:
+            raise ValueError(f"rounds must be two consecutive round ids (t-1, t), got {rounds!r}")
+        for r in rounds:
+            if int(r) not in usable:
+                raise ValueError(
+                    f"round {r} kept no payloads or no broadcast V (rounds with both: {usable})"
+                )
+        return (int(rounds[0]), int(rounds[1]))
+    pairs = [r for r in usable if r + 1 in usable]
+    if pairs:
+        return (max(pairs), max(pairs) + 1)
+    return (max(usable),) if usable else ()
+
+
+def payload_fields(view: ServerView, rounds: Iterable[int]) -> set[str]:
+    """Every payload field name seen in ``rounds``."""
+    names: set[str] = set()
+    for r in rounds:
+        for payload in view.round(r).payloads.values():
+            names.update(payload)
+    return names
+
+
+def dp_noise_std(view: ServerView, round_id: int) -> float | None:
+    """Per-coordinate noise std on a client's payload, from the DP transport's public record.
+
+    ``"local"``: ``dp_sigma * dp_clip``; ``"distributed"``: that over ``sqrt(n)`` (``n`` clients
+    asked in the round); ``"central"``: 0 (the server's view holds the clipped updates before the
+    noise). ``None`` when the round records no DP parameters (then estimated from the payload).
+    """
+    public = view.round(round_id).public
+    placement = public.get("dp_placement")
+    if placement is None or "dp_sigma" not in public or "dp_clip" not in public:
+        return None
+    std = float(public["dp_sigma"]) * float(public["dp_clip"])  # type: ignore[arg-type]
+    if placement == "central":
+        return 0.0
+    if placement == "distributed":
+        return std / math.sqrt(max(len(view.round(round_id).clients), 1))
+    return std
+
+
+def popularity_from_view(view: ServerView, n_items: int, rounds: Iterable[int]) -> np.ndarray | None:
+    """Per-item uploader counts from the released aggregate (item rows' last column), if any.
+
+    Reads the first of ``rounds`` (then any other round) whose aggregate ``total`` has
+    ``n_items + 2`` rows. Under hybrid filling the counts include pseudo uploads.
+    """
+    order = list(rounds) + [r.round_id for r in view]
+    for r in order:
+        total = view.round(r).aggregate.get("total")
+        if total is not None and np.ndim(total) == 2 and np.shape(total)[0] == n_items + 2:
+            return np.asarray(total, dtype=np.float64)[:n_items, -1]
+    return None
+
+
+def expected_rated_count(view: ServerView, protocol: FedMFProtocol, rounds: Iterable[int]) -> float:
+    """Mean rated items per user implied by the aggregate (statistics row ``n_items``: the sum
+    of uploaded row counts, over the aggregate's weight: the number of uniform-weight uploaders),
+    divided by ``1 + rho`` under filling. NaN when the view holds no such aggregate."""
+    for r in list(rounds) + [r.round_id for r in view]:
+        aggregate = view.round(r).aggregate
+        total, weight = aggregate.get("total"), aggregate.get("weight")
+        if total is None or weight is None or np.shape(total)[0] != protocol.n_items + 2:
+            continue
+        uploaders = float(np.asarray(weight))
+        if uploaders > 0:
+            per_user = float(np.asarray(total)[protocol.n_items, -1]) / uploaders
+            return per_user / (1.0 + protocol.rho) if protocol.fills else per_user
+    return float("nan")
+
+
+def top_popular(popularity: np.ndarray, counts: np.ndarray) -> UserSets:
+    """For each user, its ``counts[k]`` most popular items (ties by item index)."""
+    order = np.lexsort((np.arange(len(popularity)), -np.asarray(popularity)))
+    counts = np.minimum(np.maximum(np.asarray(counts, dtype=np.int64), 0), len(order))
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    items = np.concatenate([order[:k] for k in counts] or [np.zeros(0, np.int64)])
+    return UserSets(indptr, items)
+
+
+# ------------------------------------------------------------------------------ per user
+
+
+@dataclass(frozen=True, eq=False)
+class UserAttack:
+    """What the attacks found for one user: rows, recovered values, test masks, method."""
+
+    items: np.ndarray
+    values: np.ndarray
+    tests: dict[str, np.ndarray | None]
+    method: str
+    applied: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class _Context:
+    protocol: FedMFProtocol
+    rounds: tuple[int, ...]
+    factors: tuple[np.ndarray, ...]
+    link_lr: float
+
+
+def _try(function, *args, **kwargs):
+    try:
+        return function(*args, **kwargs)
+    except InversionError:
+        return None
+    except np.linalg.LinAlgError:
+        return None
+
+
+def attack_user(
+    uploads: tuple[ClientUpload | None, ...], context: _Context
+) -> UserAttack | None:
+    """Run the applicable inversions and item tests for one user (module docstring, stage 4)."""
+    protocol, factors = context.protocol, context.factors
+    present = [k for k, upload in enumerate(uploads) if upload is not None]
+    if not present:
+        return None
+    base_at = present[0]
+    base = uploads[base_at]
+    two = len(uploads) == 2 and len(present) == 2
+    exact = all(uploads[k].exact for k in present)
+    round_ids = context.rounds
+    applied: list[str] = []
+    inversion: Inversion | None = None
+    other: Inversion | None = None
+    if two and (not protocol.fills or not exact):
+        inversion = _try(
+            invert_two_rounds, uploads[0], uploads[1], factors[0], factors[1], protocol,
+            lr=context.link_lr, round_id=round_ids[0],
+        )
+        if inversion is not None:
+            applied.append("gradient_inversion.closed_form")
+    if inversion is None and exact:
+        inversion = _try(invert_one_round, base, factors[base_at], protocol, round_id=round_ids[base_at])
+        if inversion is not None:
+            applied.append("gradient_inversion.rating_grid")
+        if two and protocol.fills:
+            other = _try(invert_one_round, uploads[1], factors[1], protocol, round_id=round_ids[1])
+    tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
+    if protocol.fills:
+        if inversion is not None and exact:
+            scale_ok = rating_scale_test(inversion, protocol)
+            if other is not None:
+                # A row uploaded in both rounds must be on the grid in both.
+                order = np.argsort(other.items)
+                where = np.searchsorted(other.items[order], inversion.items)
+                matched = order[np.minimum(where, len(order) - 1)]
+                again = other.items[matched] == inversion.items
+                scale_ok &= ~again | rating_scale_test(other, protocol)[matched]
+            tests["rating_scale"] = scale_ok
+            applied.append("item_inference.rating_scale")
+        if two:
+            tests["intersection"] = intersection_test(base.items, uploads[1].items)
+            applied.append("item_inference.intersection")
+        order_mask = upload_order_test(base.items, protocol)
+        if order_mask is not None:
+            tests["upload_order"] = order_mask
+            applied.append("item_inference.upload_order")
+        virtual = _virtual_rating_mask(inversion, other, context) if exact else None
+        if virtual is not None:
+            tests["virtual_rating"] = virtual
+            applied.append("item_inference.virtual_rating")
+        if inversion is not None and other is not None:
+            consistent = _try(
+                update_consistency_test, inversion, other, factors[0], factors[1], protocol,
+                lr=context.link_lr,
+            )
+            if consistent is not None:
+                tests["update_consistency"] = consistent
+                applied.append("item_inference.update_consistency")
+    if inversion is None:
+        values = np.full(len(base.items), np.nan)
+        method = "rows_only"
+    else:
+        values = inversion.values
+        method = inversion.method
+    return UserAttack(base.items, values, tests, method, tuple(applied))
+
+
+def _virtual_rating_mask(
+    inversion: Inversion | None, other: Inversion | None, context: _Context
+) -> np.ndarray | None:
+    """The virtual-rating test over the base rows, where the round is past the warm-up.
+
+    ``"before"``: the base round's own vector ``a w`` is its start vector. ``"after"``: the start
+    vector of round ``t`` is the vector behind round ``t-1``'s gradients, so the test runs on
+    round ``t``'s rows and is mapped back to the base rows (rows absent in ``t`` are kept).
+    """
+    protocol = context.protocol
+    if inversion is None or protocol.warmup_rounds < 0:
+        return None
+    if protocol.gradient_user_vector == "before":
+        base_at = 0 if inversion.round_id == context.rounds[0] else len(context.rounds) - 1
+        if context.rounds[base_at] < protocol.warmup_rounds:
+            return None
+        return virtual_rating_test(
+            inversion.items, inversion.values, inversion.user_vector,
+            context.factors[base_at], protocol,
+            n_rated=rated_count(len(inversion.items), protocol),
+        )
+    if other is None or context.rounds[-1] < protocol.warmup_rounds:
+        return None
+    differs = virtual_rating_test(
+        other.items, other.values, inversion.user_vector, context.factors[-1], protocol,
+        n_rated=rated_count(len(other.items), protocol),
+    )
+    if differs is None:
+        return None
+    kept = np.ones(len(inversion.items), dtype=bool)
+    order = np.argsort(other.items)
+    where = np.searchsorted(other.items[order], inversion.items)
+    matched = order[np.minimum(where, len(order) - 1)]
+    again = other.items[matched] == inversion.items
+    kept[again] = differs[matched[again]]
+    return kept
+
+
+# ------------------------------------------------------------------------------ verify
+
+
+def verify(
+    view: ServerView,
+    truth: Ratings | None = None,
+    *,
+    rounds: tuple[int, int] | None = None,
+    users: Iterable[int] | None = None,
+) -> LeakReport:
+    """Run every applicable attack on ``view`` and score it against ``truth``.
+
+    Args:
+        view: what the server saw (in memory or ``ServerView.load``-ed).
+        truth: the training ratings (user index = client id, item index = row); ``None``
+            reports what was recovered without accuracy metrics.
+        rounds: ``(t-1, t)`` to attack; default: the last consecutive pair with payloads.
+        users: client ids to evaluate; default: every client with a payload in the attacked
+            rounds, plus every user with a true rating.
+
+    Returns:
+        A :class:`LeakReport`.
+
+    Raises:
+        ValueError: if ``rounds`` is invalid, or ``truth`` does not match the view's catalogue.
+    """
+    notes: list[str] = []
+    applied: set[str] = set()
+    protocol_name = str(view.public.get("protocol", ""))
+    protocol: FedMFProtocol | None = None
+    if protocol_name == "fedmf":
+        protocol = FedMFProtocol.from_public(view.public)
+        if truth is not None and truth.n_items != protocol.n_items:
+            raise ValueError(
+                f"truth has {truth.n_items} items but the view's protocol has {protocol.n_items}"
+            )
+    else:
+        notes.append(
+            f"protocol {protocol_name or 'unknown'!r} is not FedMF: no gradient inversion applies"
+        )
+    chosen = choose_rounds(view, rounds) if protocol is not None else ()
+    if protocol is not None and not chosen:
+        notes.append("the view kept no payloads with the broadcast V: nothing per client to invert")
+    uploads: list[dict[int, ClientUpload]] = [dict() for _ in chosen]
+    if chosen:
+        fields = payload_fields(view, chosen)
+        plaintext = all(
+            set(p) >= PLAINTEXT_FIELDS for r in chosen for p in view.round(r).payloads.values()
+        )
+        if not plaintext:
+            notes.append(
+                f"payload fields {sorted(fields)} carry no per-client plaintext rows (masked or "
+                "encrypted): nothing per client to invert; every user gets the chance baseline"
+            )
+        else:
+            failures = 0
+            for k, r in enumerate(chosen):
+                noise = dp_noise_std(view, r)
+                for client, payload in view.round(r).payloads.items():
+                    try:
+                        uploads[k][client] = extract_upload(
+                            client, payload, protocol, noise_std=noise
+                        )
+                    except InversionError:
+                        failures += 1
+            if failures:
+                notes.append(f"{failures} payload(s) could not be read as gradient rows")
+            if any(not up.exact for per_round in uploads for up in per_round.values()):
+                notes.append(
+                    "payloads are noisy (dense noisy rows, e.g. local DP): rows were detected by "
+                    "a noise threshold and inverted on the noisy values; the exact-value tests "
+                    "(rating grid, update consistency) do not apply"
+                )
+    if len(chosen) == 1:
+        notes.append(
+            f"only round {chosen[0]} kept payloads and V: one-round attacks only (rating grid; "
+            "no closed form, no intersection)"
+        )
+    if protocol is not None and protocol.fills and chosen:
+        notes.append(
+            f"hybrid filling ({protocol.variant}, rho={protocol.rho:g}): values come from the "
+            "one-round rating grid; rated items from the item-inference tests"
+        )
+    # -- users
+    scale = protocol.scale if protocol is not None else (truth.scale if truth else None)
+    n_items = protocol.n_items if protocol is not None else (truth.n_items if truth else 0)
+    if users is not None:
+        evaluated = np.unique(np.asarray(list(users), dtype=np.int64))
+    else:
+        seen = set().union(*(set(u) for u in uploads)) if uploads else set()
+        if chosen:
+            seen |= {c for r in chosen for c in view.round(r).payloads}
+        if truth is not None:
+            seen |= set(np.unique(truth.users).tolist())
+        evaluated = np.array(sorted(seen), dtype=np.int64)
+    # -- per-user attacks
+    results: dict[int, UserAttack] = {}
+    if protocol is not None and any(uploads):
+        link_round = chosen[0] if protocol.gradient_user_vector == "before" else chosen[-1]
+        context = _Context(
+            protocol,
+            chosen,
+            tuple(np.asarray(view.round(r).broadcast["V"]) for r in chosen),
+            float(view.round(link_round).public.get("lr", protocol.lr)),  # type: ignore[arg-type]
+        )
+        for client in evaluated.tolist():
+            per_round = tuple(u.get(client) for u in uploads)
+            result = attack_user(per_round, context)
+            if result is not None:
+                results[client] = result
+                applied.update(result.applied)
+        if protocol.fills and "item_inference.update_consistency" not in applied:
+            notes.append(
+                "update consistency decided for no user (needs two exact rounds, one local step "
+                "and at most dim uploaded rows)"
+            )
+        if protocol.fills and "item_inference.upload_order" not in applied:
+            notes.append("upload order: rows do not form rated-then-pseudo runs for any user")
+    # -- chance baseline
+    truth_set = truth_sets(truth, evaluated) if truth is not None else None
+    popularity = (
+        popularity_from_view(view, n_items, chosen) if protocol is not None else None
+    )
+    if popularity is None and truth is not None:
+        popularity = np.bincount(truth.items, minlength=truth.n_items).astype(np.float64)
+        notes.append("no aggregate in the view: baseline popularity from the truth's item counts")
+    if truth_set is not None:
+        counts = truth_set.counts()
+        guess_rating = float(np.mean(truth.ratings)) if len(truth) else float("nan")
+    else:
+        expected = expected_rated_count(view, protocol, chosen) if protocol else float("nan")
+        counts = np.full(len(evaluated), int(np.rint(expected)) if np.isfinite(expected) else 0)
+        guess_rating = float("nan")
+    baseline_sets = (
+        top_popular(popularity, counts)
+        if popularity is not None
+        else UserSets(np.zeros(len(evaluated) + 1, np.int64), np.zeros(0, np.int64))
+    )
+    if len(results) < len(evaluated):
+        applied.add("baseline")
+    # -- assemble
+    items_parts, value_parts, rated_parts, methods = [], [], [], []
+    test_parts: dict[str, list[np.ndarray]] = {name: [] for name in (*TEST_NAMES, "hybrid_filling")}
+    for k, client in enumerate(evaluated.tolist()):
+        result = results.get(client)
+        if result is None:
+            span = slice(baseline_sets.indptr[k], baseline_sets.indptr[k + 1])
+            items = baseline_sets.items[span]
+            values = np.full(len(items), guess_rating)
+            tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
+            methods.append("baseline")
+        else:
+            items, values, tests = result.items, result.values, result.tests
+            methods.append(result.method)
+        n_rows = len(items)
+        items_parts.append(np.asarray(items, dtype=np.int64))
+        value_parts.append(np.asarray(values, dtype=np.float64))
+        rated_parts.append(combine_tests(tests, n_rows))
+        for name in TEST_NAMES:
+            mask = tests.get(name)
+            test_parts[name].append(np.ones(n_rows, bool) if mask is None else np.asarray(mask))
+        hybrid = {n: tests.get(n) for n in ("rating_scale", "intersection")}
+        test_parts["hybrid_filling"].append(combine_tests(hybrid, n_rows))
+    lengths = [len(x) for x in items_parts]
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    recovered = UserSets(
+        indptr,
+        np.concatenate(items_parts) if items_parts else np.zeros(0, np.int64),
+        np.concatenate(value_parts) if value_parts else np.zeros(0),
+    )
+    rated = np.concatenate(rated_parts) if rated_parts else np.zeros(0, bool)
+    tests_out = {
+        name: (np.concatenate(parts) if parts else np.zeros(0, bool))
+        for name, parts in test_parts.items()
+    }
+    per_user: dict[str, np.ndarray] = {}
+    baseline_per_user: dict[str, np.ndarray] = {}
+    item_attacks: dict[str, dict[str, float]] = {}
+    baseline: dict[str, float] = {}
+    if truth_set is not None and scale is not None:
+        per_user = per_user_metrics(
+            truth_set, recovered, recovered.select(rated), scale, n_items, guess_rating
+        )
+        overall = overall_metrics(per_user)
+        everything = np.ones(len(rated), bool)
+        for name, mask in (("uploaded", everything), *tests_out.items(), ("combined", rated)):
+            item_attacks[name] = item_overall(truth_set, recovered.select(mask), n_items)
+        guesses = UserSets(
+            baseline_sets.indptr,
+            baseline_sets.items,
+            np.full(len(baseline_sets.items), guess_rating),
+        )
+        baseline_per_user = per_user_metrics(
+            truth_set, guesses, baseline_sets, scale, n_items, guess_rating
+        )
+        baseline = overall_metrics(baseline_per_user)
+    else:
+        overall = {
+            "users": float(len(evaluated)),
+            "rows": float(len(rated)),
+            "predicted_rated": float(rated.sum()),
+            "recovered_values": float(np.isfinite(recovered.values).sum()),
+        }
+        notes.append("no truth given: recovered ratings and items reported without accuracy")
+    return LeakReport(
+        transport=view.transport,
+        protocol=protocol_name,
+        rounds=chosen,
+        attacks_applied=tuple(sorted(applied)),
+        notes=tuple(notes),
+        users=evaluated,
+        method=np.array(methods, dtype=str),
+        recovered=recovered,
+        rated=rated,
+        tests=tests_out,
+        per_user=per_user,
+        overall=overall,
+        item_attacks=item_attacks,
+        baseline_per_user=baseline_per_user,
+        baseline=baseline,
+    )
+
+
+__all__ = [
+    "ITEM_ATTACKS",
+    "LeakReport",
+    "UserAttack",
+    "attack_user",
+    "choose_rounds",
+    "dp_noise_std",
+    "expected_rated_count",
+    "payload_fields",
+    "popularity_from_view",
+    "top_popular",
+    "verify",
+]

@@ -1,0 +1,1 @@
+"""The app layer: the ``securefed`` command line, experiment runners, tables and plots."""

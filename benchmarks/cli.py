@@ -1,0 +1,140 @@
+"""The ``securefed`` command line.
+
+Subcommands: ``fedmf`` (one training run), ``demo`` (the main job on the embedded data),
+``bench ...`` (benchmarks and paper tables), ``privacy`` (epsilon and noise calculator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from securefed import ClientSampling, RoundSelection
+
+
+def _add_fedmf(subparsers) -> None:
+    parser = subparsers.add_parser("fedmf", help="train one FedMF-family model and evaluate it")
+    parser.add_argument("--data", default="ml-latest-small",
+                        help="ml-latest-small (embedded), ml-100k, or a path to a ratings file/dir")
+    parser.add_argument("--split", default=None,
+                        help="u1..u5/ua/ub for ML-100K; random or temporal (default random)")
+    parser.add_argument("--variant", default="fedmf", choices=["fedmf", "fedrec", "fedrec+"])
+    parser.add_argument("--transport", default="plaintext")
+    parser.add_argument("--dim", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--lr", type=float, default=0.1, help="users' step size (gamma)")
+    parser.add_argument("--server-lr", type=float, default=0.1, help="server step size (eta)")
+    parser.add_argument("--reg", type=float, default=0.12, help="lambda = mu, L2 weight")
+    parser.add_argument("--upload", default="part", choices=["part", "full"])
+    parser.add_argument("--rho", type=float, default=1.0, help="pseudo items per rated item")
+    parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
+    parser.add_argument("--dropout", type=float, default=0.0, help="fraction of clients dropping")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients-per-round", type=int, default=None,
+                        help="sample this many clients per round (default: all)")
+    parser.add_argument("--sampling", default="poisson", choices=["poisson", "fixed"],
+                        help="how --clients-per-round samples (poisson matches DP accounting)")
+    parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
+    parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
+    parser.add_argument("--noise-multiplier", type=float, default=None)
+    parser.add_argument("--clip", type=float, default=None, help="DP per-client L2 clip")
+    parser.add_argument("--ranking", action="store_true", help="also report HR@10 and NDCG@10")
+    parser.add_argument("--json", default=None, help="write the result record here")
+    parser.add_argument("--save-view", default=None, help="save the ServerView to this directory")
+    parser.add_argument("--view-rounds", default="last:2",
+                        help="rounds whose payloads the view keeps: all, none, last:K, 0,1,5-7")
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=_run_fedmf)
+
+
+def _run_fedmf(args: argparse.Namespace) -> int:
+    from benchmarks import datasets
+    from benchmarks.experiment import FedMFRun, run_fedmf, save_json
+    from benchmarks.transports import TransportUnavailable
+    from recsys.fedmf import FedMFConfig
+
+    split = datasets.load(args.data, args.split, seed=args.seed)
+    config = FedMFConfig(
+        variant=args.variant, dim=args.dim, rounds=args.rounds, lr=args.lr,
+        server_lr=args.server_lr, reg_user=args.reg, reg_item=args.reg, upload=args.upload,
+        rho=args.rho, weighting=args.weighting, dropout=args.dropout,
+    )
+    sampling = (
+        ClientSampling() if args.clients_per_round is None
+        else ClientSampling(args.sampling, args.clients_per_round)
+    )
+    transport_options = {
+        key: value
+        for key, value in {
+            "epsilon": args.epsilon, "delta": args.delta,
+            "noise_multiplier": args.noise_multiplier, "clip": args.clip,
+        }.items()
+        if value is not None
+    }
+    run = FedMFRun(
+        config=config, transport=args.transport, seed=args.seed, sampling=sampling,
+        keep_payloads=RoundSelection.parse(args.view_rounds if args.save_view else "none"),
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        progress=False if args.no_progress else None, ranking=args.ranking,
+        transport_options=transport_options,
+    )
+    try:
+        record, _, transport = run_fedmf(split, run)
+    except TransportUnavailable as error:
+        print(f"securefed: {error}", file=sys.stderr)
+        return 2
+    if args.save_view:
+        transport.view.save(args.save_view)
+        record["view"] = str(args.save_view)
+    if args.json:
+        save_json(record, args.json)
+    shown = {k: record[k] for k in ("data", "variant", "transport", "rounds", "rmse", "mae",
+                                    "seconds", "bytes_up_per_client", "bytes_down_per_client")}
+    shown |= {k: v for k, v in record.items() if k.startswith(("hr@", "ndcg@", "epsilon"))}
+    print(json.dumps(shown, indent=1, default=float))
+    return 0
+
+
+def _add_demo(subparsers) -> None:
+    parser = subparsers.add_parser("demo", help="the main job, small: leak versus utility")
+    parser.add_argument("--out", default="results/demo")
+    parser.add_argument("--data", default="ml-latest-small")
+    parser.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from benchmarks.leak_utility import demo
+
+    return demo(args.data, args.out)
+
+
+def _add_bench(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks and paper tables")
+    benches = parser.add_subparsers(dest="bench", required=True)
+    from benchmarks import registry
+
+    registry.register_all(benches)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="securefed", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_fedmf(subparsers)
+    _add_demo(subparsers)
+    _add_bench(subparsers)
+    from benchmarks.cli_privacy import register as register_privacy
+
+    register_privacy(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"securefed: error: {error}", file=sys.stderr)
+        return 2

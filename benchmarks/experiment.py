@@ -1,0 +1,126 @@
+"""One FedMF training run, end to end: data, transport, rounds, evaluation, result record."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.transports import TransportOptions, make_transport
+from recsys.data import Split
+from recsys.fedmf import FedMF, FedMFConfig
+from recsys.metrics import mae, ranking_metrics, rmse
+from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
+
+
+@dataclass(frozen=True)
+class FedMFRun:
+    """What to run: the model, the transport, the loop."""
+
+    config: FedMFConfig = field(default_factory=FedMFConfig)
+    transport: str = "plaintext"
+    seed: int = 0
+    sampling: ClientSampling = field(default_factory=ClientSampling)
+    keep_payloads: RoundSelection = field(default_factory=RoundSelection)
+    checkpoint_dir: str | os.PathLike | None = None
+    checkpoint_every: int = 50
+    progress: bool | None = None
+    ranking: bool = False
+    transport_options: dict = field(default_factory=dict)
+
+
+def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
+    """Train, evaluate, and return ``(result record, model, transport)``.
+
+    The record holds at least: rmse, mae, variant, transport, rounds, seconds, bytes_up,
+    bytes_down (totals over the run), bytes_up_per_client and bytes_down_per_client (mean per
+    participating client per round), and the data set's name and sizes.
+    """
+    cfg = run.config
+    seeds = SeedTree(run.seed)
+    options = TransportOptions(
+        keep_payloads=run.keep_payloads,
+        total_rounds=cfg.rounds,
+        n_clients=split.train.n_users,
+        dropout=cfg.dropout,
+        sample_rate=run.sampling.rate(split.train.n_users),
+        **run.transport_options,
+    )
+    transport = make_transport(run.transport, options)
+    model = FedMF(split.train, cfg, seeds)
+    fingerprint = {
+        "config": asdict(cfg),
+        "transport": run.transport,
+        "sampling": asdict(run.sampling),
+        "data": split.name,
+        "n_train": len(split.train),
+    }
+    started = time.perf_counter()
+    history = run_rounds(
+        model,
+        transport,
+        seeds,
+        RunOptions(
+            rounds=cfg.rounds,
+            sampling=run.sampling,
+            checkpoint_dir=run.checkpoint_dir,
+            checkpoint_every=run.checkpoint_every,
+            progress=run.progress,
+            fingerprint=fingerprint,
+        ),
+    )
+    seconds = time.perf_counter() - started
+    predictions = model.predict(split.test.users, split.test.items)
+    up, down = transport.view.total_bytes()
+    up_client, down_client = transport.view.mean_bytes_per_client()
+    record = {
+        "data": split.name,
+        "n_users": split.train.n_users,
+        "n_items": split.train.n_items,
+        "n_train": len(split.train),
+        "n_test": len(split.test),
+        "variant": cfg.variant,
+        "transport": run.transport,
+        "rounds": cfg.rounds,
+        "resumed_from": history.resumed_from,
+        "seed": run.seed,
+        "rmse": rmse(predictions, split.test.ratings),
+        "mae": mae(predictions, split.test.ratings),
+        "train_rmse": history.last().get("train_rmse", float("nan")),
+        "seconds": seconds,
+        "bytes_up": up,
+        "bytes_down": down,
+        "bytes_up_per_client": up_client,
+        "bytes_down_per_client": down_client,
+        "config": asdict(cfg),
+        "sampling": asdict(run.sampling),
+    }
+    if run.ranking:
+        record |= ranking_metrics(
+            lambda users: model.U[users] @ model.V.T, split.train, split.test, k=10
+        )
+    extra = getattr(transport, "report", None)
+    if callable(extra):
+        record |= extra()
+    return record, model, transport
+
+
+def save_json(record: dict, path: str | os.PathLike) -> Path:
+    """Write a result record as indented JSON (numpy scalars converted)."""
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=_plain))
+    return path
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")

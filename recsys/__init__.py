@@ -1,0 +1,1 @@
+"""Reference recommenders built on securefed: FedMF family (fedmf), data sets (data)."""

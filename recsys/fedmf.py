@@ -1,0 +1,460 @@
+"""FedMF, FedRec hybrid filling and FedRec+, vectorised over the clients of a round.
+
+Model (Chai et al. 2020, "Secure Federated Matrix Factorization"; specs/fedmf.md section 1): the
+server holds the item factors ``V``; user ``u`` holds ``U_u`` and its ratings. Each round
+
+1. the server broadcasts ``V`` (the whole matrix: sending only the rows a user asks for would
+   reveal its items);
+2. user ``u`` computes ``e_ui = r_ui - <U_u, V_i>`` on its rated items and steps its own vector,
+   ``U_u <- U_u - gamma * (-2 sum_i e_ui V_i + 2 lambda U_u) / n_u`` (``user_step="mean"``, this
+   project's default: the user's own objective averaged over its ``n_u`` ratings, so that one
+   learning rate suits light and heavy users) or without the ``/ n_u`` (``user_step="sum"``,
+   Chai et al.'s literal form, which needs a much smaller ``gamma``);
+3. uploads item gradients ``g_ui = -2 e_ui U_u + 2 mu V_i`` with ``U_u`` the vector before the
+   step (``gradient_user_vector="before"``, the spec's equations) or after it (``"after"``, as the
+   FedMF code does per rating); Part upload sends rated rows only, Full sends the whole block;
+4. the server averages each item's gradient over its uploaders (``aggregation="mean"``) or sums
+   them (``"sum"``) and steps ``V <- V - eta * G``.
+
+FedRec (Lin et al. 2020, section 3 of the spec) adds ``rho * n_u`` pseudo items per user with
+virtual ratings (the user's mean for ``warmup_rounds`` rounds, then the prediction), resampled
+each round, values off the scale. FedRec+ (arXiv 2310.20193) picks pseudo items by cosine
+similarity of the item factors and weights clients by a Wasserstein distance
+(:mod:`recsys.weights`). This project's FedRec+ keeps each user's pseudo set for the whole run
+and snaps virtual ratings onto the rating scale, which closes the two leaks of section 3.
+
+What a client uploads is one ``(n_items + 2, dim + 1)`` block (a :class:`RowUpdates` row set):
+
+* item row ``i``: ``[p_u * g_ui, p_u]`` for every uploaded item (rated or pseudo); the last
+  column sums to the (weighted) uploader count the server divides by;
+* row ``n_items``: ``[sum_i g_ui, m_u]`` and row ``n_items + 1``: ``[sum_i g_ui^2, p_u]``, the
+  statistics from which the server computes the global update distribution that FedRec+'s
+  Wasserstein weights need (and ``sum_u p_u`` for ``aggregation="sum"``).
+
+Every quantity is a sum over clients, so the same code runs under secure aggregation or CKKS.
+For a synchronous round the users are independent given ``V``, so computing all of them with a
+few sparse products is exact (``tests/test_fedmf.py`` checks it against a per-client loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+from recsys.data import Ratings, RatingScale
+from recsys.filling import (
+    most_similar_unrated,
+    pseudo_counts,
+    sample_unrated,
+    similarity_weighted_ratings,
+    user_mean_ratings,
+)
+from recsys.sparse_rows import merge_rows, rated_dot, row_ids, segment_sum, take_rows
+from recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
+from securefed import RowUpdates, SeedTree, Transport
+
+VARIANTS = ("fedmf", "fedrec", "fedrec+")
+
+
+@dataclass(frozen=True)
+class FedMFConfig:
+    """Hyper-parameters of the FedMF family (defaults tuned on MovieLens 100K, u1 split).
+
+    Attributes:
+        variant: ``"fedmf"`` (Chai et al.), ``"fedrec"`` (hybrid filling) or ``"fedrec+"``.
+        dim: latent dimension.
+        rounds: number of rounds.
+        lr: the users' step size gamma.
+        server_lr: the server's step size eta on the aggregated item gradient.
+        reg_user: lambda, the L2 weight on user vectors.
+        reg_item: mu, the L2 weight on item vectors.
+        init_std: standard deviation of the Gaussian initial factors.
+        upload: ``"part"`` (rated and pseudo rows only) or ``"full"`` (the whole block, zeros
+            elsewhere: under a hiding transport the server cannot see which rows were touched).
+        aggregation: ``"mean"`` (per-item weighted mean over uploaders) or ``"sum"``.
+        user_step: ``"mean"`` or ``"sum"`` normalisation of the user's gradient (module docstring).
+        gradient_user_vector: ``"before"`` or ``"after"`` the user's local steps.
+        local_steps: L, user-vector steps per round.
+        rho: pseudo items per rated item (FedRec, FedRec+).
+        warmup_rounds: T', rounds of user-average (FedRec) or similarity (FedRec+) virtual
+            ratings before switching to the model's prediction.
+        resample_pseudo: draw new pseudo items every round (``None``: True for FedRec, as
+            published; False for FedRec+).
+        virtual_on_scale: snap virtual ratings onto the rating scale (``None``: False for FedRec,
+            as published; True for FedRec+).
+        weighting: client weights, ``"uniform"``, ``"count"`` or ``"wasserstein"`` (``None``:
+            Wasserstein for FedRec+, uniform otherwise).
+        tau: temperature of the Wasserstein weights.
+        count_cap: public cap dividing counts so weights lie in [0, 1].
+        dropout: fraction of each round's clients that drop out before uploading (simulation).
+        chunk_ratings: clients are processed in groups of about this many ratings, which bounds
+            the round's working memory on large data sets (results do not depend on it).
+    """
+
+    variant: Literal["fedmf", "fedrec", "fedrec+"] = "fedmf"
+    dim: int = 20
+    rounds: int = 500
+    lr: float = 0.1
+    server_lr: float = 0.1
+    reg_user: float = 0.12
+    reg_item: float = 0.12
+    init_std: float = 0.3
+    upload: Literal["part", "full"] = "part"
+    aggregation: Literal["mean", "sum"] = "mean"
+    user_step: Literal["mean", "sum"] = "mean"
+    gradient_user_vector: Literal["before", "after"] = "before"
+    local_steps: int = 1
+    rho: float = 1.0
+    warmup_rounds: int = 10
+    resample_pseudo: bool | None = None
+    virtual_on_scale: bool | None = None
+    weighting: Literal["uniform", "count", "wasserstein"] | None = None
+    tau: float = 1.0
+    count_cap: float = 1000.0
+    dropout: float = 0.0
+    chunk_ratings: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        choices = {
+            "variant": VARIANTS,
+            "upload": ("part", "full"),
+            "aggregation": ("mean", "sum"),
+            "user_step": ("mean", "sum"),
+            "gradient_user_vector": ("before", "after"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.weighting is not None and self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        for name in ("dim", "local_steps", "chunk_ratings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("rounds", "warmup_rounds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "server_lr", "init_std", "tau", "count_cap"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        for name in ("reg_user", "reg_item", "rho"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
+
+    @property
+    def fills(self) -> bool:
+        """Whether clients upload pseudo items (FedRec and FedRec+)."""
+        return self.variant != "fedmf" and self.rho > 0
+
+    @property
+    def pseudo_resampled(self) -> bool:
+        if self.resample_pseudo is not None:
+            return self.resample_pseudo
+        return self.variant == "fedrec"
+
+    @property
+    def virtual_snapped(self) -> bool:
+        if self.virtual_on_scale is not None:
+            return self.virtual_on_scale
+        return self.variant == "fedrec+"
+
+    @property
+    def client_weighting(self) -> str:
+        if self.weighting is not None:
+            return self.weighting
+        return "wasserstein" if self.variant == "fedrec+" else "uniform"
+
+    def public(self) -> dict[str, object]:
+        """The protocol's public parameters (what the server and an auditor know)."""
+        return asdict(self) | {
+            "protocol": "fedmf",
+            "pseudo_items_resampled": self.fills and self.pseudo_resampled,
+            "virtual_ratings_on_scale": (not self.fills) or self.virtual_snapped,
+            "weighting": self.client_weighting,
+        }
+
+
+@dataclass(frozen=True)
+class _RoundData:
+    """The uploads of one round, CSR by participating client (local index)."""
+
+    indptr: np.ndarray
+    items: np.ndarray
+    errors: np.ndarray
+    n_real: np.ndarray
+
+
+class FedMF:
+    """The FedMF family as a :class:`securefed.runtime.FederatedAlgorithm`.
+
+    Args:
+        train: training ratings; every user is one client.
+        config: hyper-parameters.
+        seeds: the run's seed tree (initial factors come from its ``("init", ...)`` streams).
+    """
+
+    def __init__(self, train: Ratings, config: FedMFConfig, seeds: SeedTree) -> None:
+        self.config = config
+        self.scale: RatingScale = train.scale
+        self.n_clients = train.n_users
+        self.n_items = train.n_items
+        csr = train.to_csr()
+        self.indptr = csr.indptr.astype(np.int64)
+        self.items = csr.indices.astype(np.int64)
+        self.ratings = csr.data.astype(np.float64)
+        self.user_mean = user_mean_ratings(self.indptr, self.ratings)
+        self.U = seeds.generator("init", "users").normal(0, config.init_std, (self.n_clients, config.dim))
+        self.V = seeds.generator("init", "items").normal(0, config.init_std, (self.n_items, config.dim))
+        self.global_mean: np.ndarray | None = None
+        self.global_std: np.ndarray | None = None
+        # Stable pseudo sets (FedRec+ default): chosen once per user at its first round.
+        self.pseudo_chosen = np.zeros(self.n_clients, dtype=bool)
+        self.pseudo_indptr = np.zeros(self.n_clients + 1, dtype=np.int64)
+        self.pseudo_items = np.zeros(0, dtype=np.int64)
+
+    # ------------------------------------------------------------------ the round
+    def run_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> dict[str, float]:
+        """One synchronous round over ``clients`` (see the module docstring)."""
+        cfg = self.config
+        n_rows, width = self.n_items + 2, cfg.dim + 1
+        rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
+        if round_id == 0 or not transport.view.public.get("protocol"):
+            transport.view.public.update(self.public_parameters())
+        rnd.view.public.update({"lr": cfg.lr, "server_lr": cfg.server_lr})
+        rnd.broadcast("V", self.V)
+        if self.global_mean is not None and cfg.client_weighting == "wasserstein":
+            rnd.broadcast("global_stats", np.stack([self.global_mean, self.global_std]))
+        clients = rnd.clients
+        if cfg.dropout > 0 and len(clients):
+            gone = seeds.generator("dropout", round_id).random(len(clients)) < cfg.dropout
+            for client in clients[gone]:
+                rnd.drop(int(client))
+            clients = clients[~gone]
+        squared_error, n_ratings = 0.0, 0
+        for group in self._client_groups(clients):
+            new_user_vectors, uploads, errors = self._clients_compute(round_id, group, seeds)
+            rnd.submit_batch(uploads)
+            # Safe before the aggregate: groups are disjoint and V only changes below.
+            self.U[group] = new_user_vectors
+            squared_error, n_ratings = squared_error + float(errors @ errors), n_ratings + len(errors)
+        aggregate = rnd.result()
+        self._server_step(aggregate.total, len(aggregate.contributors))
+        return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
+
+    def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
+        """Split the round's clients into groups of about ``chunk_ratings`` ratings."""
+        sizes = np.cumsum(self.indptr[clients + 1] - self.indptr[clients])
+        cuts = np.searchsorted(sizes, np.arange(1, 1 + sizes[-1] // self.config.chunk_ratings)
+                               * self.config.chunk_ratings, side="right") if len(sizes) else []
+        return [g for g in np.split(clients, np.unique(cuts)) if len(g)]
+
+    def _clients_compute(
+        self, round_id: int, clients: np.ndarray, seeds: SeedTree
+    ) -> tuple[np.ndarray, RowUpdates, np.ndarray]:
+        """Everything a group of clients does locally, vectorised over them.
+
+        Returns:
+            The clients' new vectors, their uploads, and their training errors (for metrics).
+        """
+        cfg = self.config
+        entries, indptr = take_rows(self.indptr, clients)
+        items, ratings = self.items[entries], self.ratings[entries]
+        owner = row_ids(indptr)
+        counts = np.diff(indptr).astype(np.float64)
+        user = self.U[clients]
+        errors = ratings - rated_dot(user, self.V, owner, items)
+        before, errors_before = user, errors
+        for step in range(cfg.local_steps):
+            if step:
+                errors = ratings - rated_dot(user, self.V, owner, items)
+            user = self._user_step(user, errors, owner, items, indptr, counts)
+        gradient_user = before if cfg.gradient_user_vector == "before" else user
+        real_errors = (
+            errors_before
+            if cfg.gradient_user_vector == "before"
+            else ratings - rated_dot(user, self.V, owner, items)
+        )
+        data = self._with_pseudo_items(
+            round_id, clients, indptr, items, real_errors, gradient_user, seeds
+        )
+        uploads = self._encode_uploads(clients, data, gradient_user)
+        return user, uploads, errors_before
+
+    def _user_step(self, user, errors, owner, items, indptr, counts) -> np.ndarray:
+        """``U_u <- U_u - gamma (-2 sum_i e_ui V_i [/ n_u] + 2 lambda U_u)`` for every client."""
+        cfg = self.config
+        pull = segment_sum(errors[:, None] * self.V[items], indptr)
+        if cfg.user_step == "mean":
+            pull = pull / np.maximum(counts, 1)[:, None]
+        return user - cfg.lr * (-2.0 * pull + 2.0 * cfg.reg_user * user)
+
+    def _with_pseudo_items(
+        self, round_id, clients, indptr, items, real_errors, gradient_user, seeds
+    ) -> _RoundData:
+        """Append each client's pseudo items and the errors of their virtual ratings."""
+        cfg = self.config
+        n_real = np.diff(indptr)
+        if not cfg.fills:
+            return _RoundData(indptr, items, real_errors, n_real)
+        pseudo_indptr, pseudo_items = self._pseudo_sets(round_id, clients, indptr, items, seeds)
+        virtual = self._virtual_ratings(round_id, clients, indptr, items, pseudo_indptr, pseudo_items)
+        pseudo_owner = row_ids(pseudo_indptr)
+        pseudo_errors = virtual - rated_dot(gradient_user, self.V, pseudo_owner, pseudo_items)
+        merged, at_real, at_pseudo = merge_rows(indptr, pseudo_indptr)
+        all_items = np.empty(merged[-1], dtype=np.int64)
+        all_errors = np.empty(merged[-1])
+        all_items[at_real], all_items[at_pseudo] = items, pseudo_items
+        all_errors[at_real], all_errors[at_pseudo] = real_errors, pseudo_errors
+        return _RoundData(merged, all_items, all_errors, n_real)
+
+    def _pseudo_sets(self, round_id, clients, indptr, items, seeds):
+        cfg = self.config
+        counts = pseudo_counts(np.diff(indptr), self.n_items, cfg.rho)
+        if cfg.pseudo_resampled:
+            return sample_unrated(
+                indptr, items, self.n_items, counts, seeds.generator("pseudo", round_id)
+            )
+        new = clients[~self.pseudo_chosen[clients]]
+        if len(new):
+            self._choose_stable_sets(new, round_id, seeds)
+        entries, pseudo_indptr = take_rows(self.pseudo_indptr, clients)
+        return pseudo_indptr, self.pseudo_items[entries]
+
+    def _choose_stable_sets(self, users: np.ndarray, round_id: int, seeds: SeedTree) -> None:
+        """Fix the pseudo sets of ``users`` for the rest of the run (FedRec+: by similarity)."""
+        entries, indptr = take_rows(self.indptr, users)
+        items = self.items[entries]
+        counts = pseudo_counts(np.diff(indptr), self.n_items, self.config.rho)
+        if self.config.variant == "fedrec+":
+            new_indptr, new_items = most_similar_unrated(indptr, items, self.V, counts)
+        else:
+            rng = seeds.generator("pseudo", "stable", round_id)
+            new_indptr, new_items = sample_unrated(indptr, items, self.n_items, counts, rng)
+        # Rebuild the population's CSR with the new users' sets in place.
+        lengths = np.diff(self.pseudo_indptr)
+        lengths[users] = np.diff(new_indptr)
+        old_entries, _ = take_rows(self.pseudo_indptr, np.arange(self.n_clients))
+        per_user_items = np.split(self.pseudo_items[old_entries], self.pseudo_indptr[1:-1])
+        for k, user in enumerate(users):
+            per_user_items[user] = new_items[new_indptr[k] : new_indptr[k + 1]]
+        self.pseudo_items = np.concatenate(per_user_items).astype(np.int64)
+        self.pseudo_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.pseudo_chosen[users] = True
+
+    def _virtual_ratings(self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items):
+        cfg = self.config
+        owner = row_ids(pseudo_indptr)
+        if round_id >= cfg.warmup_rounds:
+            virtual = rated_dot(self.U[clients], self.V, owner, pseudo_items)
+        elif cfg.variant == "fedrec+":
+            entries, _ = take_rows(self.indptr, clients)
+            virtual = similarity_weighted_ratings(
+                indptr, items, self.ratings[entries], pseudo_indptr, pseudo_items, self.V
+            )
+        else:
+            virtual = self.user_mean[clients][owner]
+        virtual = self.scale.clip(virtual)
+        return self.scale.snap(virtual) if cfg.virtual_snapped else virtual
+
+    def _encode_uploads(
+        self, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
+    ) -> RowUpdates:
+        """Build the ``(n_items + 2, dim + 1)`` row blocks of the round's clients."""
+        cfg = self.config
+        owner = row_ids(data.indptr)
+        gradients = -2.0 * data.errors[:, None] * gradient_user[owner] + 2.0 * cfg.reg_item * self.V[
+            data.items
+        ]
+        uploaded = np.diff(data.indptr).astype(np.float64)
+        gradient_sum = segment_sum(gradients, data.indptr)
+        gradient_sq = segment_sum(gradients**2, data.indptr)
+        weights = client_weights(
+            cfg.client_weighting,
+            uploaded,
+            gradient_sum,
+            gradient_sq,
+            self.global_mean,
+            self.global_std,
+            cfg.tau,
+            cfg.count_cap,
+        )
+        item_values = np.hstack([weights[owner, None] * gradients, weights[owner, None]])
+        stats_values = np.empty((2 * len(clients), cfg.dim + 1))
+        stats_values[0::2] = np.hstack([gradient_sum, uploaded[:, None]])
+        stats_values[1::2] = np.hstack([gradient_sq, weights[:, None]])
+        stats_indptr = np.arange(0, 2 * len(clients) + 1, 2, dtype=np.int64)
+        stats_rows = np.tile([self.n_items, self.n_items + 1], len(clients))
+        indptr, at_items, at_stats = merge_rows(data.indptr, stats_indptr)
+        rows = np.empty(indptr[-1], dtype=np.int64)
+        values = np.empty((indptr[-1], cfg.dim + 1))
+        rows[at_items], rows[at_stats] = data.items, stats_rows
+        values[at_items], values[at_stats] = item_values, stats_values
+        return RowUpdates(clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full")
+
+    def _server_step(self, total: np.ndarray, contributors: int) -> None:
+        """Step ``V`` with the aggregated gradient and refresh the global statistics.
+
+        ``"mean"`` divides each item's weighted gradient sum by its weighted uploader count;
+        ``"sum"`` rescales the weighted sum so that the client weights average to one.
+        """
+        cfg = self.config
+        item_gradient, item_weight = total[: self.n_items, :-1], total[: self.n_items, -1]
+        stats_sum, stats_sq = total[self.n_items], total[self.n_items + 1]
+        if cfg.aggregation == "mean":
+            scale = np.divide(
+                1.0, item_weight, out=np.zeros_like(item_weight), where=item_weight > 1e-12
+            )
+        else:
+            weight_total = stats_sq[-1]
+            factor = contributors / weight_total if weight_total > 1e-12 else 0.0
+            scale = np.full(self.n_items, factor)
+        self.V = self.V - cfg.server_lr * scale[:, None] * item_gradient
+        if stats_sum[-1] > 0:
+            mean, std = moments_from_sums(stats_sum[:-1], stats_sq[:-1], stats_sum[-1])
+            self.global_mean, self.global_std = mean, std
+
+    # ------------------------------------------------------------------ evaluation and state
+    def predict(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Predicted ratings, clipped to the rating scale."""
+        return self.scale.clip(rated_dot(self.U, self.V, np.asarray(users), np.asarray(items)))
+
+    def public_parameters(self) -> dict[str, object]:
+        return self.config.public() | {
+            "n_users": self.n_clients,
+            "n_items": self.n_items,
+            "rating_scale": [self.scale.minimum, self.scale.maximum, self.scale.step],
+            "block_rows": self.n_items + 2,
+            "block_columns": self.config.dim + 1,
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = {
+            "U": self.U,
+            "V": self.V,
+            "pseudo_chosen": self.pseudo_chosen,
+            "pseudo_indptr": self.pseudo_indptr,
+            "pseudo_items": self.pseudo_items,
+        }
+        if self.global_mean is not None:
+            state["global_mean"], state["global_std"] = self.global_mean, self.global_std
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        for name in ("U", "V"):
+            if state[name].shape != getattr(self, name).shape:
+                raise ValueError(f"checkpoint {name} has shape {state[name].shape}, "
+                                 f"expected {getattr(self, name).shape}")
+        self.U, self.V = np.array(state["U"]), np.array(state["V"])
+        self.pseudo_chosen = np.array(state["pseudo_chosen"])
+        self.pseudo_indptr = np.array(state["pseudo_indptr"])
+        self.pseudo_items = np.array(state["pseudo_items"])
+        self.global_mean = np.array(state["global_mean"]) if "global_mean" in state else None
+        self.global_std = np.array(state["global_std"]) if "global_std" in state else None

@@ -1,0 +1,52 @@
+"""securefed: private federated learning for recommenders.
+
+The privacy layer: transports that carry client updates to a server (plaintext; secure
+aggregation, CKKS and differential privacy plug into the same seam), the :class:`ServerView` that
+records what the server saw, the seed tree, and the round loop with checkpoints. It knows nothing
+of recommenders; ``recsys`` and ``rl`` are its reference users.
+"""
+
+from securefed.errors import (
+    AggregationError,
+    CheckpointError,
+    InsecureParameterError,
+    PrivacyBudgetExceeded,
+    SecurefedError,
+    ViewFormatError,
+)
+from securefed.randomness import SeedTree
+from securefed.runtime import ClientSampling, RunHistory, RunOptions, run_rounds
+from securefed.transport import (
+    Aggregate,
+    AggregationRound,
+    PlaintextTransport,
+    RowUpdates,
+    Transport,
+)
+from securefed.views import ALL_PAYLOADS, NO_PAYLOADS, RoundSelection, RoundView, ServerView
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALL_PAYLOADS",
+    "NO_PAYLOADS",
+    "Aggregate",
+    "AggregationError",
+    "AggregationRound",
+    "CheckpointError",
+    "ClientSampling",
+    "InsecureParameterError",
+    "PlaintextTransport",
+    "PrivacyBudgetExceeded",
+    "RoundSelection",
+    "RoundView",
+    "RowUpdates",
+    "RunHistory",
+    "RunOptions",
+    "SecurefedError",
+    "SeedTree",
+    "ServerView",
+    "Transport",
+    "ViewFormatError",
+    "run_rounds",
+]

@@ -1,0 +1,637 @@
+"""The audit: read a run's public parameters and list what voids its privacy claims.
+
+Each check is a small pure function ``check_*(config) -> list[Finding]`` over a flat mapping of
+public parameters; a check whose keys are missing returns nothing. :func:`audit` gathers the
+mapping (from a dict, a saved ServerView directory, a ``manifest.json`` or run JSON file, or a
+live :class:`~securefed.views.ServerView`), runs every check and returns an
+:class:`AuditReport` (the validator pattern of Opacus's ``ModuleValidator``: a list of findings,
+or an exception in strict mode).
+
+Keys read (all optional; see ``docs/privacy.md`` for the full table):
+
+============================= ==============================================================
+``protocol``, ``variant``     ``"fedmf"``; variant ``"fedmf"`` (vanilla), ``"fedrec"``,
+                              ``"fedrec+"``
+``transport``                 ``"plaintext"``, ``"secagg"``, ``"ckks"``, ``"dp"``,
+                              compositions joined by ``+`` (``"secagg+dp"``)
+``placement``/``dp_placement`` DP noise placement: ``"central"``, ``"local"``, ``"distributed"``
+``upload``                    ``"part"`` (rated rows only) or ``"full"``
+``virtual_ratings_on_scale``  bool (FedRec's hybrid filling)
+``pseudo_items_resampled``    bool (FedRec's pseudo items drawn afresh every round)
+``epsilon``, ``delta``,       privacy spent, its delta, the budget
+``epsilon_budget``
+``n_users``/``n_clients``     population size (``clients_per_round`` for secure aggregation)
+``secagg_threshold``,         Shamir threshold t, SecAgg+ neighbour count k, expected dropout
+``secagg_neighbours``,        fraction d in [0, 1), expected colluding clients c (count)
+``expected_dropout``,
+``expected_colluders``
+``ckks_poly_modulus_degree``, CKKS parameters
+``ckks_coeff_mod_bit_sizes``
+``seeded``, ``secure``,       randomness (or ``seeds = {"seed": ..., "secure": ...}``);
+``tests``                     ``tests = True`` accepts seeded randomness
+``accountant_sampling``,      the sampling the accountant assumes vs the runtime's mode, and
+``sampling``, ``sample_rate`` the rate charged
+============================= ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from securefed.errors import SecurefedError
+
+Severity = Literal["error", "warning", "info"]
+SEVERITIES = ("error", "warning", "info")
+
+# Largest total coefficient-modulus bits at 128-bit classical security, by polynomial degree
+# (the HomomorphicEncryption.org standard table that Microsoft SEAL enforces; specs/transport.md).
+CKKS_MAX_COEFF_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+# Base transports under which the server reads every client's update in the clear.
+CLEAR_TRANSPORTS = ("plaintext", "dp")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or note) found by the audit.
+
+    Attributes:
+        severity: ``"error"`` (the privacy claim does not hold), ``"warning"`` (it may not),
+            ``"info"``.
+        code: stable identifier, e.g. ``"fedmf-gradient-leak"``.
+        cause: a sentence naming the cause and the fix.
+    """
+
+    severity: Severity
+    code: str
+    cause: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+        if not self.code:
+            raise ValueError("a finding needs a code")
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.code}: {self.cause}"
+
+
+class AuditFailed(SecurefedError, AssertionError):
+    """The audit found errors (or an epsilon over the asserted maximum).
+
+    Attributes:
+        findings: the findings that made it fail.
+    """
+
+    def __init__(self, message: str, findings: Iterable[Finding] = ()) -> None:
+        super().__init__(message)
+        self.findings = list(findings)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What :func:`audit` found.
+
+    Attributes:
+        findings: every finding, errors first.
+        config: the flat mapping of public parameters that was audited.
+        source: where the mapping came from (for messages).
+    """
+
+    findings: list[Finding]
+    config: dict[str, object] = field(default_factory=dict)
+    source: str = "<mapping>"
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+    @property
+    def ok(self) -> bool:
+        """No error-severity finding."""
+        return not self.errors
+
+    @property
+    def epsilon(self) -> float | None:
+        """The epsilon the run reports (``None`` if it reports none)."""
+        value = self.config.get("epsilon")
+        return None if value is None else float(value)
+
+    def assert_ok(self, max_epsilon: float | None = None) -> None:
+        """Raise :class:`AuditFailed` on any error, or an epsilon over ``max_epsilon``.
+
+        With ``max_epsilon`` a run that reports no epsilon fails too (nothing bounds it).
+        """
+        problems = list(self.errors)
+        if max_epsilon is not None:
+            if self.epsilon is None:
+                problems.append(
+                    Finding(
+                        "error",
+                        "epsilon-unknown",
+                        f"an epsilon of at most {max_epsilon:g} was asserted but the run reports "
+                        "none (not differentially private, or no ledger was attached)",
+                    )
+                )
+            elif self.epsilon > max_epsilon:
+                problems.append(
+                    Finding(
+                        "error",
+                        "epsilon-over-max",
+                        f"epsilon {self.epsilon:.4g} exceeds the asserted maximum {max_epsilon:g}",
+                    )
+                )
+        if problems:
+            lines = "\n".join(f"  {p}" for p in problems)
+            raise AuditFailed(f"privacy audit of {self.source} failed:\n{lines}", problems)
+
+    def __str__(self) -> str:
+        if not self.findings:
+            return f"privacy audit of {self.source}: no findings"
+        lines = "\n".join(f"  {f}" for f in self.findings)
+        return f"privacy audit of {self.source}: {len(self.findings)} finding(s)\n{lines}"
+
+
+# --------------------------------------------------------------------------- helpers
+def _get(config: Mapping[str, object], *keys: str) -> object:
+    """The first of ``keys`` present with a non-None value (else None)."""
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _text(config: Mapping[str, object], *keys: str) -> str | None:
+    value = _get(config, *keys)
+    return None if value is None else str(value).strip().lower()
+
+
+def _number(config: Mapping[str, object], key: str, findings: list[Finding]) -> float | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        findings.append(Finding("error", "invalid-value", f"{key} = {value!r} is not a number"))
+        return None
+    return number
+
+
+def _transport_parts(config: Mapping[str, object]) -> list[str]:
+    transport = _text(config, "transport")
+    return [] if transport is None else [p.strip() for p in transport.split("+") if p.strip()]
+
+
+def server_sees_clear_updates(config: Mapping[str, object]) -> bool | None:
+    """Whether the server reads individual updates un-noised (None when ``transport`` is unknown).
+
+    Plaintext (alone or under central/distributed DP) shows every update; secure aggregation and
+    CKKS hide them; local DP noises each one.
+    """
+    parts = _transport_parts(config)
+    if not parts:
+        return None
+    if "dp" in parts and _text(config, "placement", "dp_placement") == "local":
+        return False
+    return parts[0] in CLEAR_TRANSPORTS
+
+
+def _population(config: Mapping[str, object], findings: list[Finding]) -> float | None:
+    for key in ("n_users", "n_clients"):
+        value = _number(config, key, findings)
+        if value is not None:
+            return value
+    return None
+
+
+# --------------------------------------------------------------------------- checks
+def check_budget(config: Mapping[str, object]) -> list[Finding]:
+    """Epsilon spent over the budget."""
+    findings: list[Finding] = []
+    epsilon = _number(config, "epsilon", findings)
+    budget = _number(config, "epsilon_budget", findings)
+    if epsilon is not None and budget is not None and epsilon > budget:
+        findings.append(
+            Finding(
+                "error",
+                "epsilon-over-budget",
+                f"epsilon {epsilon:.4g} exceeds the budget {budget:g}: the ledger should have "
+                "refused the rounds past it",
+            )
+        )
+    return findings
+
+
+def check_delta(config: Mapping[str, object]) -> list[Finding]:
+    """``delta >= 1/#users`` (Dwork and Roth 2014, section 2.3: delta must be << 1/n)."""
+    findings: list[Finding] = []
+    delta = _number(config, "delta", findings)
+    n = _population(config, findings)
+    if delta is None:
+        return findings
+    if not 0 < delta < 1:
+        findings.append(Finding("error", "invalid-value", f"delta = {delta!r} is not in (0, 1)"))
+        return findings
+    if n is not None and n > 0 and delta >= 1 / n:
+        findings.append(
+            Finding(
+                "error",
+                "delta-too-large",
+                f"delta {delta:g} >= 1/{int(n)} users: publishing one random user's data in full "
+                "satisfies such a guarantee; use delta well below 1/n (e.g. 1e-5 for 943 users)",
+            )
+        )
+    return findings
+
+
+def check_fedmf_leak(config: Mapping[str, object]) -> list[Finding]:
+    """Vanilla FedMF over a transport that shows the server each update."""
+    if _text(config, "variant") != "fedmf" or not server_sees_clear_updates(config):
+        return []
+    return [
+        Finding(
+            "error",
+            "fedmf-gradient-leak",
+            "vanilla FedMF over a transport that shows the server each user's item gradients: "
+            "from two consecutive gradients of a user the server solves for the ratings "
+            "(Chai et al., 'Secure Federated Matrix Factorization', 2020); use secure "
+            "aggregation, CKKS, local DP, or FedRec's hybrid filling",
+        )
+    ]
+
+
+def check_part_upload(config: Mapping[str, object]) -> list[Finding]:
+    """FedMF part upload under a transport that shows which rows a client sent."""
+    if _text(config, "upload") != "part" or not server_sees_clear_updates(config):
+        return []
+    if _text(config, "variant") in ("fedrec", "fedrec+"):
+        return []  # FedRec hides the rated rows among pseudo items (checked below)
+    return [
+        Finding(
+            "error",
+            "part-upload-reveals-items",
+            "part upload over a transport that shows each update: the rows a user sends are "
+            "exactly the items it rated (Chai et al. 2020); upload the full block, or hide the "
+            "rated rows (FedRec's pseudo items)",
+        )
+    ]
+
+
+def check_virtual_ratings(config: Mapping[str, object]) -> list[Finding]:
+    """FedRec virtual ratings that do not look like real ratings."""
+    if config.get("virtual_ratings_on_scale") is not False:
+        return []
+    return [
+        Finding(
+            "error",
+            "virtual-ratings-off-scale",
+            "virtual ratings of the pseudo items are off the rating scale, so the server tells "
+            "them from real ones and the rated items show (Lin et al., 'FedRec', 2020: fill with "
+            "values on the scale, e.g. predicted ratings rounded to it)",
+        )
+    ]
+
+
+def check_pseudo_items(config: Mapping[str, object]) -> list[Finding]:
+    """FedRec pseudo items drawn afresh each round."""
+    if config.get("pseudo_items_resampled") is not True:
+        return []
+    return [
+        Finding(
+            "error",
+            "pseudo-items-resampled",
+            "pseudo items are resampled every round: the rated items are the ones present in "
+            "every round, so intersecting two rounds' rows reveals them; sample each user's "
+            "pseudo items once and keep them (Lin et al., FedRec, 2020)",
+        )
+    ]
+
+
+def check_secagg(config: Mapping[str, object]) -> list[Finding]:
+    """Secure-aggregation threshold and neighbours against the stated dropout and collusion.
+
+    Rule, for a sharing group of ``m`` clients (``m = k`` neighbours under SecAgg+, else the
+    ``n`` clients of a round), threshold ``t``, dropout fraction ``d``, colluders ``c``:
+
+    * ``t > min(c, m)``, else the colluding clients alone pool ``t`` shares of an honest client's
+      mask secrets (error);
+    * ``floor(m (1 - d)) >= t``, else rounds with the expected dropout cannot unmask (error);
+    * ``t > (m + min(c, m)) / 2``, else a server that lies about who dropped can collect ``t``
+      shares of both the self-mask seed and the pairwise secret of one client (Bonawitz et al.,
+      CCS 2017; warning, since it takes an actively cheating server);
+    * ``k (1 - d) >= ln n`` (warning: below the ``O(log n)`` degree of Bell et al., CCS 2020,
+      the surviving masking graph falls apart; a necessary condition, not a sufficient one).
+    """
+    findings: list[Finding] = []
+    parts = _transport_parts(config)
+    if parts and not any(p.startswith("secagg") for p in parts):
+        return findings
+    # A SecAggTransport's own public parameters name them "threshold" and "neighbours" (ints,
+    # or a description of the automatic rule, which the transport itself enforces).
+    fallback = {
+        f"secagg_{name}": config[name]
+        for name in ("threshold", "neighbours")
+        if isinstance(config.get(name), int) and not isinstance(config.get(name), bool)
+    }
+    config = {**fallback, **config}
+    t = _number(config, "secagg_threshold", findings)
+    if t is None:
+        return findings
+    k = _number(config, "secagg_neighbours", findings)
+    d = _number(config, "expected_dropout", findings)
+    c = _number(config, "expected_colluders", findings)
+    n = _number(config, "clients_per_round", findings)
+    n = _population(config, findings) if n is None else n
+    d = 0.0 if d is None else d
+    c = 0.0 if c is None else c
+    if t < 1 or not 0 <= d < 1 or c < 0 or (k is not None and k < 1):
+        findings.append(
+            Finding(
+                "error",
+                "invalid-value",
+                "secure aggregation needs secagg_threshold >= 1, secagg_neighbours >= 1, "
+                "expected_dropout in [0, 1) (a fraction) and expected_colluders >= 0 (a count)",
+            )
+        )
+        return findings
+    m = k if k is not None else n
+    if m is None:
+        return findings
+    colluders = min(c, m)
+    if t <= colluders:
+        findings.append(
+            Finding(
+                "error",
+                "secagg-threshold-collusion",
+                f"threshold {int(t)} does not exceed the {int(colluders)} colluding clients: "
+                "together with the server they reconstruct honest clients' masks",
+            )
+        )
+    survivors = math.floor(m * (1 - d))
+    if survivors < t:
+        findings.append(
+            Finding(
+                "error",
+                "secagg-threshold-dropout",
+                f"with {d:.0%} dropout about {survivors} of {int(m)} "
+                f"{'neighbours' if k is not None else 'clients'} survive, fewer than the "
+                f"threshold {int(t)}: rounds cannot be unmasked",
+            )
+        )
+    if t <= (m + colluders) / 2:
+        findings.append(
+            Finding(
+                "warning",
+                "secagg-threshold-minority",
+                f"threshold {int(t)} <= (group {int(m)} + colluders {int(colluders)}) / 2: a "
+                "server that lies about dropouts can unmask a client (Bonawitz et al. 2017)",
+            )
+        )
+    sparse_graph = k is not None and n is not None and n > 1 and k < n - 1
+    if sparse_graph and k * (1 - d) < math.log(n):
+        findings.append(
+            Finding(
+                "warning",
+                "secagg-neighbours-too-few",
+                f"{int(k)} neighbours with {d:.0%} dropout leave fewer than ln({int(n)}) = "
+                f"{math.log(n):.1f} surviving neighbours: the masking graph does not stay "
+                "connected (Bell et al. 2020 need k = O(log n), with margin)",
+            )
+        )
+    return findings
+
+
+def check_ckks(config: Mapping[str, object]) -> list[Finding]:
+    """CKKS coefficient modulus over the 128-bit security table."""
+    findings: list[Finding] = []
+    degree = _number(config, "ckks_poly_modulus_degree", findings)
+    sizes = config.get("ckks_coeff_mod_bit_sizes")
+    if degree is None or sizes is None:
+        return findings
+    try:
+        total = int(sum(int(s) for s in sizes))  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return [Finding("error", "invalid-value", f"ckks_coeff_mod_bit_sizes = {sizes!r}")]
+    limit = CKKS_MAX_COEFF_BITS_128.get(int(degree))
+    if limit is None:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-unknown-degree",
+                f"poly modulus degree {int(degree)} is not in the 128-bit security table "
+                f"({sorted(CKKS_MAX_COEFF_BITS_128)})",
+            )
+        )
+    elif total > limit:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-insecure-modulus",
+                f"coefficient modulus of {total} bits at degree {int(degree)} exceeds the "
+                f"{limit} bits allowed for 128-bit security: raise the degree or drop primes",
+            )
+        )
+    return findings
+
+
+def check_randomness(config: Mapping[str, object]) -> list[Finding]:
+    """Seeded (predictable) randomness outside tests."""
+    seeded, secure = config.get("seeded"), config.get("secure")
+    seeds = config.get("seeds")
+    if isinstance(seeds, Mapping):
+        seeded = seeds.get("seed") is not None if seeded is None else seeded
+        secure = seeds.get("secure") if secure is None else secure
+    if config.get("tests") is True:
+        return []
+    if seeded is True:
+        return [
+            Finding(
+                "error",
+                "seeded-randomness",
+                "the run is seeded: anyone with the seed regenerates its masks, keys and noise; "
+                "use SeedTree.secure_mode() outside tests (or set tests=True for a test run)",
+            )
+        ]
+    if secure is False:
+        return [
+            Finding(
+                "warning",
+                "insecure-randomness",
+                "randomness is not from a cryptographic source (secure=False): numpy's generators "
+                "are predictable from their output; use SeedTree.secure_mode()",
+            )
+        ]
+    return []
+
+
+def check_sampling(config: Mapping[str, object]) -> list[Finding]:
+    """Poisson accounting while the runtime sampled a fixed number of clients, or all of them."""
+    findings: list[Finding] = []
+    assumed = _text(config, "accountant_sampling")
+    runtime = _text(config, "sampling")
+    if assumed != "poisson" or runtime not in ("fixed", "all"):
+        return findings
+    if _text(config, "placement", "dp_placement") == "local":
+        return findings  # local DP is charged at rate 1: no amplification is claimed
+    rate = _number(config, "sample_rate", findings)
+    if rate is None and runtime == "all":
+        return findings
+    if rate is None or rate < 1:
+        rate_text = "an unstated rate" if rate is None else f"rate {rate:g}"
+        findings.append(
+            Finding(
+                "error",
+                "accountant-sampling-mismatch",
+                f"the accountant assumes Poisson sampling at {rate_text} but the runtime "
+                f"sampled {'every client' if runtime == 'all' else 'a fixed number of clients'}: "
+                "the reported epsilon is too small (e.g. 3.58, not 2.10, at sigma 1, q 0.01, "
+                "1000 rounds); use ClientSampling('poisson', ...)",
+            )
+        )
+    return findings
+
+
+def check_distributed_dp(config: Mapping[str, object]) -> list[Finding]:
+    """Distributed DP noise without secure aggregation underneath."""
+    parts = _transport_parts(config)
+    if "dp" not in parts or _text(config, "placement", "dp_placement") != "distributed":
+        return []
+    if parts[0] not in ("plaintext",):
+        return []
+    return [
+        Finding(
+            "error",
+            "distributed-dp-without-secagg",
+            "distributed DP over plaintext: each update the server reads carries only 1/sqrt(n) "
+            "of the noise; put secure aggregation underneath or use local placement",
+        )
+    ]
+
+
+CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
+    check_budget,
+    check_delta,
+    check_fedmf_leak,
+    check_part_upload,
+    check_virtual_ratings,
+    check_pseudo_items,
+    check_secagg,
+    check_ckks,
+    check_randomness,
+    check_sampling,
+    check_distributed_dp,
+)
+
+
+# --------------------------------------------------------------------------- input
+def _merge_view(
+    run_public: Mapping[str, object], rounds: Iterable[Mapping[str, object]], transport: str | None
+) -> dict[str, object]:
+    """Run-level public parameters win; per-round ones fill gaps; epsilon is the largest seen."""
+    merged: dict[str, object] = {}
+    epsilons: list[float] = []
+    for public in rounds:
+        merged.update({k: v for k, v in public.items() if v is not None})
+        if public.get("epsilon") is not None:
+            epsilons.append(float(public["epsilon"]))
+    merged.update({k: v for k, v in run_public.items() if v is not None})
+    if run_public.get("epsilon") is not None:
+        epsilons.append(float(run_public["epsilon"]))
+    if epsilons:
+        merged["epsilon"] = max(epsilons)
+    if transport is not None:
+        merged.setdefault("transport", transport)
+    return merged
+
+
+def _from_json(data: object, where: str) -> dict[str, object]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") == "securefed.server_view":
+        return _merge_view(
+            data.get("public") or {},
+            [r.get("public") or {} for r in data.get("rounds", [])],
+            data.get("transport"),
+        )
+    flat = {}
+    for nested in ("config", "public"):
+        if isinstance(data.get(nested), Mapping):
+            flat.update(data[nested])
+    flat.update({k: v for k, v in data.items() if k not in ("config", "public")})
+    return flat
+
+
+def load_config(source: object) -> tuple[dict[str, object], str]:
+    """The flat mapping to audit and a description of where it came from.
+
+    Args:
+        source: a mapping; a :class:`~securefed.views.ServerView`; a path to a saved ServerView
+            directory (its ``manifest.json``) or to a JSON file (a manifest or a run's JSON).
+
+    Raises:
+        FileNotFoundError: a path that does not exist or a directory without ``manifest.json``.
+        ValueError: a file that is not a JSON object.
+    """
+    from securefed.views import ServerView
+
+    if isinstance(source, ServerView):
+        merged = _merge_view(source.public, [r.public for r in source.rounds], source.transport)
+        return merged, f"ServerView({source.transport!r})"
+    if isinstance(source, Mapping):
+        return _from_json(source, "<mapping>"), "<mapping>"
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            path = path / "manifest.json"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path.parent} holds no manifest.json: not a saved view")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from error
+        return _from_json(data, str(path)), str(path)
+    raise TypeError(f"audit() takes a mapping, a ServerView or a path, got {type(source).__name__}")
+
+
+def audit(config_or_path: object, *, strict: bool = False) -> AuditReport:
+    """Audit a run's public parameters for choices that void its privacy claims.
+
+    Args:
+        config_or_path: a mapping of public parameters, a ``ServerView``, or a path to a saved
+            ServerView directory or a JSON file (see the module docstring for the keys).
+        strict: raise :class:`AuditFailed` when any error-severity finding is present.
+
+    Returns:
+        The :class:`AuditReport` (errors first, then warnings, then notes).
+    """
+    config, source = load_config(config_or_path)
+    findings: list[Finding] = []
+    for check in CHECKS:
+        findings.extend(check(config))
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: order[f.severity])
+    report = AuditReport(findings, config, source)
+    if strict and not report.ok:
+        lines = "\n".join(f"  {f}" for f in report.errors)
+        raise AuditFailed(f"privacy audit of {source} failed (strict):\n{lines}", report.errors)
+    return report

@@ -1,0 +1,175 @@
+"""Key agreement, key derivation and share encryption for secure aggregation.
+
+The primitives of Bonawitz et al. (CCS 2017, Sec. 3), instantiated with the ``cryptography``
+package:
+
+* KA (key agreement): X25519 (RFC 7748). Each client advertises two public keys per round, ``c``
+  (to encrypt its Shamir shares to its neighbours) and ``s`` (to agree on pairwise mask seeds).
+* KDF: HKDF-SHA256 (RFC 5869) turns an X25519 shared secret into a 32-byte key. The ``info``
+  string binds the protocol version, the purpose (share encryption or pairwise mask), the round and
+  the unordered pair of clients, so the same key pair never yields the same key for two purposes,
+  rounds or pairs.
+* AE (authenticated encryption of shares): AES-256-GCM or ChaCha20-Poly1305 with a fresh 96-bit
+  nonce sent in front of the ciphertext. The associated data binds ``(round, sender, recipient)``:
+  a share that is altered, relayed to the wrong recipient, attributed to another sender, or
+  replayed from another round fails authentication.
+
+Private keys come from ``X25519PrivateKey.generate()`` (OpenSSL's CSPRNG) in secure mode. For
+reproducible tests and benchmarks only, :func:`keypair_from_seed` derives one from 32 seed bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from securefed.errors import AggregationError
+
+PROTOCOL_LABEL = b"securefed/secagg/v1/"
+PUBLIC_KEY_BYTES = 32
+PRIVATE_KEY_BYTES = 32
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+
+AeadName = Literal["aes-256-gcm", "chacha20-poly1305"]
+AEAD_NAMES: tuple[str, ...] = ("aes-256-gcm", "chacha20-poly1305")
+
+PURPOSE_SHARE_KEY = b"share-encryption"
+PURPOSE_PAIR_MASK = b"pairwise-mask"
+
+
+class ShareDecryptionError(AggregationError):
+    """An encrypted share failed authentication (tampered, misrouted or replayed)."""
+
+
+@dataclass(frozen=True, eq=False)
+class KeyPair:
+    """An X25519 key pair: the private key object and the 32 raw public bytes."""
+
+    private: X25519PrivateKey
+    public: bytes
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key (what a client Shamir-shares for its ``s`` key)."""
+        return self.private.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
+
+def _from_private(private: X25519PrivateKey) -> KeyPair:
+    public = private.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    return KeyPair(private, public)
+
+
+def generate_keypair() -> KeyPair:
+    """A fresh key pair from the operating system's CSPRNG (secure mode)."""
+    return _from_private(X25519PrivateKey.generate())
+
+
+def keypair_from_seed(seed: bytes) -> KeyPair:
+    """A key pair whose private key is ``seed`` (32 bytes; tests and benchmarks only).
+
+    Raises:
+        ValueError: if ``seed`` is not 32 bytes.
+    """
+    if len(seed) != PRIVATE_KEY_BYTES:
+        raise ValueError(f"an X25519 private key is {PRIVATE_KEY_BYTES} bytes, got {len(seed)}")
+    return _from_private(X25519PrivateKey.from_private_bytes(seed))
+
+
+def public_from_private_bytes(private: bytes) -> bytes:
+    """The public key of a raw private key (lets a server check a reconstructed key)."""
+    return keypair_from_seed(private).public
+
+
+def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
+    """The X25519 shared secret with ``peer_public`` (RFC 7748, Sec. 6.1).
+
+    Raises:
+        ValueError: for a malformed public key or a low-order point (all-zero shared secret).
+    """
+    if len(peer_public) != PUBLIC_KEY_BYTES:
+        raise ValueError(
+            f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}"
+        )
+    return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+
+
+def pair_info(purpose: bytes, round_id: int, a: int, b: int) -> bytes:
+    """HKDF ``info``: protocol label, purpose, round and the *unordered* pair ``{a, b}``."""
+    low, high = (a, b) if a <= b else (b, a)
+    return PROTOCOL_LABEL + purpose + b"/" + struct.pack(">qqq", round_id, low, high)
+
+
+def derive_key(shared_secret: bytes, info: bytes, *, length: int = KEY_BYTES) -> bytes:
+    """HKDF-SHA256(``shared_secret``, salt = protocol label, ``info``) -> ``length`` bytes."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=PROTOCOL_LABEL, info=info).derive(
+        shared_secret
+    )
+
+
+def pair_key(
+    private: X25519PrivateKey, peer_public: bytes, purpose: bytes, round_id: int, me: int, peer: int
+) -> bytes:
+    """The 32-byte key ``me`` shares with ``peer`` for ``purpose`` in round ``round_id``.
+
+    Symmetric: ``pair_key(a_sk, B, ..., a, b) == pair_key(b_sk, A, ..., b, a)``.
+    """
+    return derive_key(agree(private, peer_public), pair_info(purpose, round_id, me, peer))
+
+
+def share_aad(round_id: int, sender: int, recipient: int) -> bytes:
+    """Associated data of an encrypted share: it binds the round and the (ordered) pair."""
+    return PROTOCOL_LABEL + b"share/" + struct.pack(">qqq", round_id, sender, recipient)
+
+
+def _aead(name: str, key: bytes) -> AESGCM | ChaCha20Poly1305:
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"AEAD keys are {KEY_BYTES} bytes, got {len(key)}")
+    if name == "aes-256-gcm":
+        return AESGCM(key)
+    if name == "chacha20-poly1305":
+        return ChaCha20Poly1305(key)
+    raise ValueError(f"unknown AEAD {name!r}; choose one of {AEAD_NAMES}")
+
+
+def encrypted_size(plaintext_bytes: int) -> int:
+    """Bytes on the wire for a sealed message: nonce + ciphertext + tag."""
+    return NONCE_BYTES + plaintext_bytes + TAG_BYTES
+
+
+def seal(aead: str, key: bytes, nonce: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    """Encrypt and authenticate: returns ``nonce || ciphertext || tag``.
+
+    Raises:
+        ValueError: for a nonce that is not 12 bytes, a bad key or an unknown AEAD.
+    """
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError(f"nonces are {NONCE_BYTES} bytes, got {len(nonce)}")
+    return nonce + _aead(aead, key).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(aead: str, key: bytes, blob: bytes, aad: bytes) -> bytes:
+    """Decrypt ``nonce || ciphertext || tag`` sealed by :func:`seal` under the same ``aad``.
+
+    Raises:
+        ShareDecryptionError: if the message is truncated or fails authentication.
+    """
+    if len(blob) < NONCE_BYTES + TAG_BYTES:
+        raise ShareDecryptionError(f"an encrypted share of {len(blob)} bytes is truncated")
+    try:
+        return _aead(aead, key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
+    except InvalidTag as error:
+        raise ShareDecryptionError("an encrypted share failed authentication") from error

@@ -1,0 +1,30 @@
+"""Exception types of securefed.
+
+Every error names its cause; library code never validates with ``assert``.
+"""
+
+from __future__ import annotations
+
+
+class SecurefedError(Exception):
+    """Base class of securefed's own errors."""
+
+
+class AggregationError(SecurefedError, RuntimeError):
+    """An aggregation round cannot produce a correct result (too few survivors, protocol misuse)."""
+
+
+class CheckpointError(SecurefedError, RuntimeError):
+    """A checkpoint is missing, corrupt, or belongs to a different configuration."""
+
+
+class ViewFormatError(SecurefedError, ValueError):
+    """A saved ServerView does not follow the documented format."""
+
+
+class InsecureParameterError(SecurefedError, ValueError):
+    """Parameters that would void the privacy guarantee (refused rather than run)."""
+
+
+class PrivacyBudgetExceeded(SecurefedError, RuntimeError):
+    """A noisy round would spend more privacy than the configured budget allows."""

@@ -1,0 +1,50 @@
+"""Differential privacy: the ledger (Opacus accountants), calibration, noise sources, clipping.
+
+* :class:`PrivacyLedger`: records every noisy release, reports epsilon, enforces a budget.
+* :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration through Opacus.
+* :class:`SeededGaussian` (tests, benchmarks) and :class:`SecureGaussian` (deployment).
+* :func:`clip_and_noise_rows` / :func:`release_rows`: the fusion shape (per-query vectors).
+* The aggregation-shape wrapper is :class:`securefed.transport.dp.DPTransport`; record-level
+  DP-SGD for torch models is :func:`securefed.privacy.dpsgd.make_private` (needs torch/opacus).
+
+See ``docs/privacy.md``.
+"""
+
+from securefed.privacy.calibration import epsilon_for_schedule, noise_for_target
+from securefed.privacy.ledger import (
+    ACCOUNTANT_SAMPLING,
+    ACCOUNTANTS,
+    PrivacyBudget,
+    PrivacyLedger,
+    epsilon_of_history,
+)
+from securefed.privacy.noise import (
+    NoiseSource,
+    SecureGaussian,
+    SeededGaussian,
+    clip_and_noise_rows,
+    clip_factors,
+    clip_rows,
+    noise_source,
+    release_rows,
+    segment_norms,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "ACCOUNTANT_SAMPLING",
+    "NoiseSource",
+    "PrivacyBudget",
+    "PrivacyLedger",
+    "SecureGaussian",
+    "SeededGaussian",
+    "clip_and_noise_rows",
+    "clip_factors",
+    "clip_rows",
+    "epsilon_for_schedule",
+    "epsilon_of_history",
+    "noise_for_target",
+    "noise_source",
+    "release_rows",
+    "segment_norms",
+]

@@ -1,0 +1,6 @@
+"""Transports: how client updates reach the server (plaintext; secure aggregation, CKKS and DP plug in)."""
+
+from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
+from securefed.transport.plaintext import PlaintextTransport
+
+__all__ = ["Aggregate", "AggregationRound", "PlaintextTransport", "RowUpdates", "Transport"]

@@ -1,0 +1,512 @@
+"""Differential privacy as a wrapper around any transport: clip, add Gaussian noise, account.
+
+``DPTransport(inner, clip=C, noise_multiplier=sigma, placement=..., ledger=...)`` is a
+:class:`~securefed.transport.base.Transport` whose rounds wrap ``inner``'s rounds (the pattern of
+Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round:
+
+1. **Clip** (client side): each client's whole update ``x`` (all its rows together) becomes
+   ``x * min(1, C / ||x||_2)`` (McMahan et al., "Learning Differentially Private Recurrent
+   Language Models", ICLR 2018). Per-client norms of a :class:`RowUpdates` batch are computed
+   vectorised over its CSR segments. Weights must be at most 1 (larger ones are refused), so that
+   a client's weighted contribution ``w * x`` has norm at most ``C``: the sensitivity of the sum
+   under adding or removing one client.
+2. **Noise**, by placement:
+
+   * ``"central"``: the server adds ``N(0, (sigma C)^2)`` to every coordinate of the aggregate
+     after the inner round's result. The inner transport, and so the server's view, sees the
+     clipped but *un-noised* updates and sum: central DP protects the released model against
+     everyone downstream of the server, not against the server itself.
+   * ``"local"``: every client adds ``N(0, (sigma C)^2)`` to every coordinate of its clipped
+     update before it submits (a sparse batch is densified: ``dense=True``, since noise only on
+     the rows a client touched would reveal which rows those are). The server sees noisy updates.
+   * ``"distributed"``: every client adds ``N(0, (sigma C)^2 / n)``, ``n`` = clients asked in the
+     round, so that the sum over all of them carries ``(sigma C)^2`` (specs/transport.md; Kairouz,
+     Liu and Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with
+     Secure Aggregation", ICML 2021, for the setting). Only meaningful under secure aggregation:
+     over a plaintext inner transport each update carries ``sqrt(n)`` times too little noise for
+     its own release, and a warning is raised (the audit reports an error).
+3. **Account**: the ledger is charged once per round, where the noise is added and before
+   anything noisy is released:
+
+   * central: at :meth:`DPRound.result`, ``(sigma, sample_rate)``, before the noisy aggregate
+     leaves; a budget overrun raises and nothing is released.
+   * distributed: at :meth:`DPRound.result`, with the *effective* multiplier
+     ``sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the sum: with
+     dropouts (or weights < 1) the sum carries less noise than planned and the ledger is charged
+     for what it carries, never for what was planned. (The contributors' noise is taken as the
+     mechanism's noise; a rigorous treatment fixes a minimum number of contributors in
+     advance: Kairouz et al. 2021.)
+   * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)``. Each client's own release is a
+     Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency (its update vs no
+     update), and the server knows who submitted, so no amplification by sampling is claimed:
+     the ledger tracks the worst-case client (one that takes part in every round).
+
+   In central and distributed placement :meth:`DPTransport.open_round` also checks, without
+   recording, that a round at ``(sigma, sample_rate)`` fits the budget, so a spent budget stops a
+   run before the round does anything.
+
+The accounting assumes Poisson sampling of clients at ``sample_rate`` (see
+:mod:`securefed.privacy.ledger`). ``sampling`` records the runtime's mode: ``"all"`` with
+``sample_rate < 1`` is refused (it would claim an amplification that does not happen),
+``"fixed"`` with ``sample_rate < 1`` warns (fixed-size sampling spends more than the Poisson
+figure), and the audit reports both.
+
+What is *not* protected: ``Aggregate.weight`` (the sum of weights) and ``Aggregate.contributors``
+are released exactly, as by the inner transport. With data-dependent weights use a fixed
+denominator (e.g. the expected weight) rather than ``Aggregate.mean()``.
+
+The wrapper shares the inner transport's :class:`~securefed.views.ServerView` (``self.view is
+inner.view``); it renames the view's transport to ``"<inner>+dp"`` and adds its public
+parameters (``dp_clip``, ``dp_noise_multiplier``, ``dp_placement``, ``sample_rate``,
+``accountant``, ``accountant_sampling``, ``sampling``, ``epsilon``, ``delta``,
+``epsilon_budget``, ``seeded``, ``secure``, ``privacy_ledger``) to ``view.public``, and per round
+``dp_clip``, ``dp_sigma``, ``dp_placement``, ``dp_sample_rate``, ``dp_noise``,
+``dp_sigma_effective`` and ``epsilon``/``delta`` so far to the round's ``public`` dict.
+
+Randomness: seeded noise comes from ``seeds.generator("dp", round_id, client)`` (local,
+distributed) and ``seeds.generator("dp", round_id, "server")`` (central); when the seed tree is
+in secure mode, or ``secure=True``, from :class:`~securefed.privacy.noise.SecureGaussian`
+(``secure=True`` with a seeded tree is refused).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from securefed.errors import InsecureParameterError
+from securefed.privacy.ledger import SAMPLING_MODES, PrivacyLedger, _check_sampling
+from securefed.privacy.noise import (
+    NoiseSource,
+    SecureGaussian,
+    clip_factors,
+    noise_source,
+    segment_norms,
+)
+from securefed.randomness import SeedTree
+from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
+
+PLACEMENTS = ("central", "local", "distributed")
+# Densified local/distributed batches are noised and submitted in chunks of about this many
+# numbers, so that thousands of dense client blocks never sit in memory at once.
+_DENSE_CHUNK = 1 << 23
+# Inner transports under which the server sees each client's update in the clear.
+_CLEAR_TRANSPORTS = ("plaintext",)
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """Parameters of :class:`DPTransport` (validated on construction).
+
+    Attributes:
+        clip: L2 bound ``C`` on each client's whole update (> 0).
+        noise_multiplier: ``sigma``: noise std on the sum over ``C`` (> 0).
+        placement: ``"central"``, ``"local"`` or ``"distributed"``.
+        sample_rate: Poisson rate ``q`` charged per round (central, distributed), in (0, 1].
+        sampling: runtime client sampling mode (``"all"``, ``"poisson"``, ``"fixed"`` or None).
+        secure: require cryptographic noise (refuses a seeded tree).
+        delta: delta at which epsilon is reported when the ledger has no budget.
+    """
+
+    clip: float
+    noise_multiplier: float
+    placement: str = "central"
+    sample_rate: float = 1.0
+    sampling: str | None = None
+    secure: bool = False
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip must be finite and > 0, got {self.clip!r}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise ValueError(
+                f"noise_multiplier must be finite and > 0, got {self.noise_multiplier!r}"
+            )
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if not (0 < self.sample_rate <= 1):
+            raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate!r}")
+        if self.sampling not in (None, *SAMPLING_MODES):
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES} or None")
+        if self.delta is not None and not (0 < self.delta < 1):
+            raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.sampling == "all" and self.sample_rate < 1 and self.placement != "local":
+            raise InsecureParameterError(
+                f"sampling 'all' puts every client in every round, but sample_rate "
+                f"{self.sample_rate:g} < 1 would charge for Poisson subsampling that never "
+                "happens: use sample_rate=1.0 or ClientSampling('poisson', ...)"
+            )
+
+
+def clip_row_updates(updates: RowUpdates, clip: float) -> tuple[RowUpdates, np.ndarray]:
+    """Clip each client's whole update in a batch to L2 norm ``clip``.
+
+    Returns:
+        The clipped batch (same rows, weights and wire format) and the per-client norms
+        before clipping.
+    """
+    norms = segment_norms(updates.values, updates.indptr)
+    factors = clip_factors(norms, clip)
+    values = updates.values * np.repeat(factors, np.diff(updates.indptr))[:, None]
+    clipped = RowUpdates(
+        updates.clients,
+        updates.indptr,
+        updates.rows,
+        values,
+        updates.n_rows,
+        updates.dense,
+        updates.weights,
+    )
+    return clipped, norms
+
+
+def densify(updates: RowUpdates) -> RowUpdates:
+    """The same batch with every client sending its full ``(n_rows, width)`` block."""
+    k, n_rows = len(updates.clients), updates.n_rows
+    counts = np.diff(updates.indptr)
+    values = np.zeros((k * n_rows, updates.width))
+    owner = np.repeat(np.arange(k), counts)
+    values[owner * n_rows + updates.rows] = updates.values
+    return RowUpdates(
+        updates.clients,
+        np.arange(k + 1) * n_rows,
+        np.tile(np.arange(n_rows), k),
+        values,
+        n_rows,
+        True,
+        updates.weights,
+    )
+
+
+class DPRound(AggregationRound):
+    """One round of :class:`DPTransport`: clips and noises, then delegates to the inner round."""
+
+    def __init__(self, transport: DPTransport, inner: AggregationRound) -> None:
+        super().__init__(
+            inner.round_id, inner.clients, shape=inner.shape, view=inner.view, seeds=inner.seeds
+        )
+        self.transport = transport
+        self.config = transport.config
+        self.inner = inner
+        self._weight_sq: dict[int, float] = {}
+        self._secure_source: NoiseSource | None = None
+
+    # -- noise ------------------------------------------------------------------------
+    def _source(self, *who: int | str) -> NoiseSource:
+        secure = self.config.secure or self.seeds.secure
+        if secure:
+            if self._secure_source is None:
+                self._secure_source = noise_source(self.seeds, secure=True)
+            return self._secure_source
+        return noise_source(self.seeds, "dp", self.round_id, *who)
+
+    def _client_std(self) -> float:
+        scale = self.config.noise_multiplier * self.config.clip
+        if self.config.placement == "distributed":
+            return scale / math.sqrt(len(self.clients))
+        return scale
+
+    def _noise_dense(self, dense: RowUpdates) -> RowUpdates:
+        std = self._client_std()
+        values = dense.values.copy()
+        n_rows = dense.n_rows
+        if self.config.secure or self.seeds.secure:
+            values += self._source().normal(std, values.shape)
+        else:
+            for k, client in enumerate(dense.clients.tolist()):
+                block = slice(k * n_rows, (k + 1) * n_rows)
+                values[block] += self._source(int(client)).normal(std, (n_rows, dense.width))
+        return RowUpdates(
+            dense.clients, dense.indptr, dense.rows, values, n_rows, True, dense.weights
+        )
+
+    # -- template hooks ---------------------------------------------------------------
+    def _accept(self, updates: RowUpdates) -> None:
+        weights = updates.client_weights()
+        if np.any(weights > 1):
+            worst = int(np.argmax(weights))
+            raise InsecureParameterError(
+                f"client {int(updates.clients[worst])} has weight {weights[worst]:g} > 1: under "
+                "DP each weight must be at most 1 so that a client moves the sum by at most the "
+                "clip norm; rescale the weights (e.g. divide by their maximum)"
+            )
+        clipped, _ = clip_row_updates(updates, self.config.clip)
+        if self.config.placement == "central":
+            self.inner.submit_batch(clipped)
+            return
+        for client, weight in zip(clipped.clients.tolist(), weights.tolist(), strict=True):
+            self._weight_sq[int(client)] = weight * weight
+        per_client = max(1, clipped.n_rows * clipped.width)
+        step = max(1, _DENSE_CHUNK // per_client)
+        for start in range(0, len(clipped.clients), step):
+            part = _slice_clients(clipped, start, min(len(clipped.clients), start + step))
+            self.inner.submit_batch(self._noise_dense(densify(part)))
+
+    def _on_drop(self, client: int) -> None:
+        self.inner.drop(client)
+
+    def broadcast(
+        self, name: str, value: np.ndarray, *, bytes_per_client: int | None = None
+    ) -> None:
+        """Broadcast through the inner round (which may encode it its own way)."""
+        self.inner.broadcast(name, value, bytes_per_client=bytes_per_client)
+
+    def _finish(self) -> Aggregate:
+        placement = self.config.placement
+        sigma = self.config.noise_multiplier
+        if placement == "local":
+            return self.inner.result()
+        if placement == "distributed":
+            # Charged before the inner round decodes the sum: under secure aggregation that
+            # decoding is the release. The contributors are the clients that submitted (a client
+            # that drops after submitting stays in the sum: AggregationRound.drop).
+            planned = sorted(self.submitted)
+            sigma_eff = self._effective_sigma(planned)
+            self.view.public["dp_sigma_effective"] = sigma_eff
+            if sigma_eff > 0:
+                self.transport._charge(sigma_eff, self.config.sample_rate, self.view)
+            inner = self.inner.result()
+            actual = sorted(int(c) for c in inner.contributors.tolist())
+            if actual != planned and self._effective_sigma(actual) < sigma_eff:
+                warnings.warn(
+                    f"round {self.round_id}: the inner transport summed {len(actual)} clients, "
+                    f"not the {len(planned)} that submitted; the sum carries less noise than the "
+                    "ledger was charged for",
+                    stacklevel=3,
+                )
+            return inner
+        inner = self.inner.result()
+        self.view.public["dp_sigma_effective"] = sigma
+        self.transport._charge(sigma, self.config.sample_rate, self.view)
+        noise = self._source("server").normal(sigma * self.config.clip, inner.total.shape)
+        return Aggregate(inner.total + noise, inner.weight, inner.contributors)
+
+    def _effective_sigma(self, contributors: list[int]) -> float:
+        """``sigma * sqrt(sum_k w_k^2 / n)``: the multiplier the distributed sum really carries."""
+        weight_sq = sum(self._weight_sq.get(int(c), 0.0) for c in contributors)
+        return self.config.noise_multiplier * math.sqrt(weight_sq / len(self.clients))
+
+    def result(self) -> Aggregate:
+        """The aggregate with DP noise (central: the server's noise; else the clients').
+
+        The view's ``aggregate["total"]`` is what the server computed (for central placement
+        the un-noised sum, which the server sees); the released sum is also recorded as
+        ``aggregate["dp_total"]``.
+
+        Raises:
+            PrivacyBudgetExceeded: the round's charge would overrun the budget; nothing is
+                released (central: the server has computed the clean sum, which it sees anyway;
+                distributed: the inner round is not asked to decode). A distributed round whose
+                decoding then fails has still been charged (conservative).
+            AggregationError: when the inner transport cannot produce the sum.
+        """
+        if self._result is None:
+            self._result = self._finish()
+            self.view.aggregate["dp_total"] = self._result.total
+        return self._result
+
+
+def _slice_clients(updates: RowUpdates, start: int, stop: int) -> RowUpdates:
+    """Clients ``start:stop`` of a batch, as a batch."""
+    lo, hi = updates.indptr[start], updates.indptr[stop]
+    return RowUpdates(
+        updates.clients[start:stop],
+        updates.indptr[start : stop + 1] - lo,
+        updates.rows[lo:hi],
+        updates.values[lo:hi],
+        updates.n_rows,
+        updates.dense,
+        None if updates.weights is None else updates.weights[start:stop],
+    )
+
+
+class DPTransport(Transport):
+    """Clip, noise and account around any transport (see the module docstring for the stages).
+
+    Args:
+        inner: the transport that carries the (clipped, possibly noised) updates.
+        clip: L2 bound on each client's whole update.
+        noise_multiplier: ``sigma``; the sum carries noise of std ``sigma * clip``.
+        placement: ``"central"`` (server adds noise), ``"local"`` (each client adds all of it)
+            or ``"distributed"`` (each client adds a ``1/n`` share of the variance; needs secure
+            aggregation).
+        ledger: charged once per round (``None``: no accounting, epsilon is not reported).
+        sample_rate: Poisson sampling rate charged per round in central/distributed placement.
+        sampling: the runtime's sampling mode or ``ClientSampling`` (recorded, also in the
+            ledger; ``"all"`` with ``sample_rate < 1`` is refused).
+        secure: require cryptographic noise: a seeded ``SeedTree`` is refused at ``open_round``.
+        delta: delta for reporting epsilon when the ledger has no budget.
+
+    Example:
+        >>> from securefed import PlaintextTransport, SeedTree
+        >>> ledger = PrivacyLedger(budget=(8.0, 1e-5))
+        >>> dp = DPTransport(PlaintextTransport(), clip=1.0, noise_multiplier=1.0, ledger=ledger)
+        >>> rnd = dp.open_round(0, [0, 1], shape=(1, 3), seeds=SeedTree(0))
+        >>> rnd.submit(0, np.ones(3)); rnd.submit(1, np.zeros(3))
+        >>> rnd.result().total.shape
+        (1, 3)
+        >>> ledger.steps
+        1
+    """
+
+    def __init__(
+        self,
+        inner: Transport,
+        *,
+        clip: float,
+        noise_multiplier: float,
+        placement: str = "central",
+        ledger: PrivacyLedger | None = None,
+        sample_rate: float = 1.0,
+        sampling: object = None,
+        secure: bool = False,
+        delta: float | None = None,
+    ) -> None:
+        if not isinstance(inner, Transport):
+            raise TypeError(f"inner must be a Transport, got {type(inner).__name__}")
+        if isinstance(inner, DPTransport):
+            raise ValueError("inner is already a DPTransport: wrap the base transport once")
+        sampling = _check_sampling(sampling)
+        if sampling is None and ledger is not None:
+            sampling = ledger.sampling
+        self.config = DPConfig(
+            clip=float(clip),
+            noise_multiplier=float(noise_multiplier),
+            placement=placement,
+            sample_rate=float(sample_rate),
+            sampling=sampling,
+            secure=bool(secure),
+            delta=delta,
+        )
+        self.inner = inner
+        self.ledger = ledger
+        self.name = f"{inner.name}+dp"
+        if ledger is not None and self.config.sampling is not None:
+            ledger.record_sampling(self.config.sampling)
+        if self.config.placement == "distributed" and inner.name in _CLEAR_TRANSPORTS:
+            warnings.warn(
+                f"distributed DP over the {inner.name!r} transport: the server sees every update "
+                "with only 1/sqrt(n) of the noise; use secure aggregation underneath, or "
+                "placement='local'",
+                stacklevel=2,
+            )
+        if self.config.sampling == "fixed" and self.config.sample_rate < 1:
+            warnings.warn(
+                "fixed-size client sampling is accounted as Poisson sampling: the reported "
+                "epsilon is smaller than the true one; use ClientSampling('poisson', ...)",
+                stacklevel=2,
+            )
+        self.view = inner.view
+        self.view.transport = self.name
+        self.view.public.update(self.public_parameters())
+
+    # -- accounting -------------------------------------------------------------------
+    @property
+    def delta(self) -> float | None:
+        """Delta at which epsilon is reported (the budget's, else ``config.delta``)."""
+        if self.ledger is not None and self.ledger.budget is not None:
+            return self.ledger.budget.delta
+        return self.config.delta
+
+    def epsilon(self) -> float | None:
+        """Epsilon spent so far (``None`` without a ledger or a delta)."""
+        if self.ledger is None or self.delta is None:
+            return None
+        return self.ledger.epsilon(self.delta)
+
+    def _charge(self, sigma: float, sample_rate: float, round_view) -> None:
+        if self.ledger is None:
+            return
+        self.ledger.charge(sigma, sample_rate)
+        epsilon = self.epsilon()
+        round_view.public["epsilon"] = epsilon
+        self.view.public["epsilon"] = epsilon
+        self.view.public["privacy_ledger"] = self.ledger.state_dict()
+
+    # -- Transport API ----------------------------------------------------------------
+    def open_round(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        *,
+        shape: tuple[int, int],
+        seeds: SeedTree,
+    ) -> DPRound:
+        """Open the inner round and wrap it; charge (local) or pre-check (central, distributed).
+
+        Raises:
+            InsecureParameterError: ``secure=True`` but ``seeds`` is seeded.
+            PrivacyBudgetExceeded: the round would overrun the budget (nothing is opened).
+        """
+        secure = self.config.secure or seeds.secure
+        if self.config.secure and not seeds.secure:
+            noise_source(seeds, secure=True)  # raises with the explanation
+        sigma = self.config.noise_multiplier
+        local = self.config.placement == "local"
+        rate = 1.0 if local else self.config.sample_rate
+        if self.ledger is not None and self.ledger.would_exceed(sigma, rate):
+            self.ledger.charge(sigma, rate)  # raises with the figures; records nothing
+        inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
+        if local and self.ledger is not None:
+            self.ledger.charge(sigma, 1.0)  # the clients release at submit: charge now
+        self.view.public["seeded"] = seeds.seed is not None
+        self.view.public["secure"] = secure
+        round_public = inner_round.view.public
+        round_public.update(
+            {
+                "dp_clip": self.config.clip,
+                "dp_sigma": sigma,
+                "dp_placement": self.config.placement,
+                "dp_sample_rate": rate,
+                "dp_noise": SecureGaussian.name if secure else "seeded-numpy",
+                "epsilon": self.epsilon(),
+                "delta": self.delta,
+            }
+        )
+        if local and self.ledger is not None:
+            self.view.public["epsilon"] = round_public["epsilon"]
+            self.view.public["privacy_ledger"] = self.ledger.state_dict()
+        return DPRound(self, inner_round)
+
+    def _round_class(self) -> type[AggregationRound]:
+        return DPRound  # not used: open_round builds DPRound around the inner round
+
+    def public_parameters(self) -> dict[str, object]:
+        """The inner transport's public parameters plus the DP ones (JSON-serialisable)."""
+        params = dict(self.inner.public_parameters())
+        params.update(
+            {
+                "transport": self.name,
+                "inner_transport": self.inner.name,
+                "dp_clip": self.config.clip,
+                "dp_noise_multiplier": self.config.noise_multiplier,
+                "dp_placement": self.config.placement,
+                "placement": self.config.placement,
+                "sample_rate": self.config.sample_rate,
+                "sampling": self.config.sampling,
+                "accountant": None if self.ledger is None else self.ledger.accountant,
+                "accountant_sampling": PrivacyLedger.accounting_sampling,
+                "epsilon": self.epsilon(),
+                "delta": self.delta,
+                "epsilon_budget": None
+                if self.ledger is None or self.ledger.budget is None
+                else self.ledger.budget.epsilon,
+            }
+        )
+        return params
+
+    # -- checkpoints ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        """JSON-ready state to save with a checkpoint (the ledger's)."""
+        return {"ledger": None if self.ledger is None else self.ledger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore :meth:`state_dict` (see ``docs/privacy.md`` on never rolling a ledger back)."""
+        if self.ledger is not None and state.get("ledger") is not None:
+            self.ledger.load_state_dict(state["ledger"])
+            self.view.public["epsilon"] = self.epsilon()

@@ -1,0 +1,38 @@
+"""Shared fixtures: small data sets that need nothing outside the repository."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsys.data import ML100K_SCALE, Split, random_split, synthetic_ratings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def ml100k_dir() -> Path | None:
+    """MovieLens 100K, if this machine has it ($SECUREFED_DATA or ../shared/data)."""
+    roots = [Path(os.environ["SECUREFED_DATA"])] if os.environ.get("SECUREFED_DATA") else []
+    roots.append(REPO_ROOT.parent / "shared" / "data")
+    for root in roots:
+        if (root / "ml-100k" / "u.data").is_file():
+            return root / "ml-100k"
+    return None
+
+
+@pytest.fixture(scope="session")
+def ml100k() -> Path:
+    path = ml100k_dir()
+    if path is None:
+        pytest.skip("MovieLens 100K not found: set SECUREFED_DATA to a directory holding ml-100k/")
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_split() -> Split:
+    """120 users x 80 items, about 2400 ratings on the 1..5 scale."""
+    ratings = synthetic_ratings(120, 80, 2400, rank=4, noise=0.3, scale=ML100K_SCALE, seed=3)
+    return random_split(ratings, 0.2, np.random.default_rng(0))
