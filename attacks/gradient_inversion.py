@@ -263,9 +263,8 @@ def extract_upload(
     items, block = rows[item_rows], values[item_rows]
     weights = block[:, -1]
     dense = len(items) == n_items and len(np.unique(items)) == n_items
-    if not dense:
-        noise = 0.0
-    else:
+    noise = 0.0
+    if dense:
         noise = robust_std(weights) if noise_std is None else float(noise_std)
     if noise > 0:
         threshold = float(stats.norm.isf(FALSE_ROWS_PER_BLOCK / max(n_items, 2)))
@@ -284,7 +283,9 @@ def extract_upload(
 # ------------------------------------------------------------------------------ the algebra
 
 
-def centred_gradients(gradients: np.ndarray, item_factors: np.ndarray, reg_item: float) -> np.ndarray:
+def centred_gradients(
+    gradients: np.ndarray, item_factors: np.ndarray, reg_item: float
+) -> np.ndarray:
     """``h_i = g_i - 2 mu V_i = -2 e_i U`` (spec section 2, step 1)."""
     return np.asarray(gradients, dtype=np.float64) - 2.0 * reg_item * np.asarray(item_factors)
 
@@ -400,7 +401,8 @@ def grid_candidates(m: np.ndarray, c: np.ndarray, levels: np.ndarray) -> np.ndar
     """All ``b`` with ``b m_i - c_i / (2 b) = k`` for some row ``i`` and level ``k``.
 
     The roots of ``m b^2 - k b - c / 2 = 0``, computed in the cancellation-free form
-    ``q = (k + sign(k) sqrt(D)) / 2``, ``b = q / m`` and ``b = -c / (2 q)``.
+    ``q = (k + sign(k) sqrt(D)) / 2``, ``b = q / m`` and ``b = -c / (2 q)``. Roots of magnitude
+    outside ``(1e-12, 1e12)`` (degenerate rows) are dropped.
     """
     m = np.asarray(m, dtype=np.float64)[:, None]
     c = np.asarray(c, dtype=np.float64)[:, None]
@@ -413,7 +415,8 @@ def grid_candidates(m: np.ndarray, c: np.ndarray, levels: np.ndarray) -> np.ndar
         first = q / m
         second = -c / (2.0 * q)
     candidates = np.concatenate([first.ravel(), second.ravel()])
-    candidates = candidates[np.isfinite(candidates) & (np.abs(candidates) > 1e-12)]
+    size = np.abs(candidates)
+    candidates = candidates[np.isfinite(candidates) & (size > 1e-12) & (size < 1e12)]
     return np.unique(candidates)
 
 
@@ -436,7 +439,7 @@ def grid_scores(
 def refine_on_grid(
     b: float, m: np.ndarray, c: np.ndarray, targets: np.ndarray, iterations: int = 8
 ) -> float:
-    """Gauss-Newton on ``sum_i (b m_i - c_i / (2 b) - k_i)^2`` over rows with grid targets ``k_i``."""
+    """Gauss-Newton on ``sum_i (b m_i - c_i / (2 b) - k_i)^2`` over rows with levels ``k_i``."""
     for _ in range(iterations):
         residual = b * m - c / (2.0 * b) - targets
         slope = m + c / (2.0 * b * b)
@@ -532,7 +535,9 @@ def invert_two_rounds(
         raise InversionError(f"client {previous.client}: no real rows to link the two rounds")
     w, c, m = _round_geometry(previous, factors_previous, protocol.reg_item)
     z, _, _ = _round_geometry(following, factors_following, protocol.reg_item)
-    step_round = factors_previous if protocol.gradient_user_vector == "before" else factors_following
+    step_round = (
+        factors_previous if protocol.gradient_user_vector == "before" else factors_following
+    )
     normaliser = float(real.sum()) if protocol.user_step == "mean" else 1.0
     p, q = step_response(
         w,
@@ -552,8 +557,17 @@ def invert_two_rounds(
         )
     a = orient_to_scale(float(np.sqrt(alpha)), m, c, protocol.scale)
     return Inversion(
-        previous.client, round_id, previous.items, ratings_at(a, m, c), a, w, c, m,
-        "closed_form", residual, real,
+        previous.client,
+        round_id,
+        previous.items,
+        ratings_at(a, m, c),
+        a,
+        w,
+        c,
+        m,
+        "closed_form",
+        residual,
+        real,
     )
 
 
@@ -594,6 +608,15 @@ def invert_one_round(
     values = ratings_at(b, m, c)
     hit = on_grid(values, scale, tol)
     return Inversion(
-        upload.client, round_id, upload.items, values, b, w, c, m,
-        "rating_grid", float(1.0 - hit.mean()), hit,
+        upload.client,
+        round_id,
+        upload.items,
+        values,
+        b,
+        w,
+        c,
+        m,
+        "rating_grid",
+        float(1.0 - hit.mean()),
+        hit,
     )

@@ -63,7 +63,7 @@ TEST_NAMES = (
 def rating_scale_test(
     inversion: Inversion, protocol: FedMFProtocol, *, tol: float = GRID_TOLERANCE
 ) -> np.ndarray:
-    """Rows whose recovered value is a rating of the scale (spec section 3: "is it on the scale")."""
+    """Rows whose recovered value is a rating of the scale (spec section 3, "on the scale")."""
     return on_grid(inversion.values, protocol.scale, tol)
 
 
@@ -183,12 +183,14 @@ def update_consistency_test(
     if n_rows == 0 or n_rows > dim:
         return None
     gamma = protocol.lr if lr is None else float(lr)
-    step_round = factors_previous if protocol.gradient_user_vector == "before" else factors_following
+    step_round = (
+        factors_previous if protocol.gradient_user_vector == "before" else factors_following
+    )
     step_rows = np.asarray(step_round)[previous.items]
     a = previous.scale_factor
     errors = previous.values - a * (step_rows @ previous.direction)
     design = (errors[:, None] * step_rows).T  # dim x rows
-    target = (following.user_vector - (1.0 - 2.0 * gamma * protocol.reg_user) * previous.user_vector)
+    target = following.user_vector - (1.0 - 2.0 * gamma * protocol.reg_user) * previous.user_vector
     target = target / (2.0 * gamma)
     singular = np.linalg.svd(design, compute_uv=False)
     if singular[-1] <= singular[0] / condition_limit:

@@ -86,8 +86,10 @@ def truth_sets(truth: Ratings, users: np.ndarray) -> UserSets:
     csr = truth.to_csr()
     starts, stops = csr.indptr[users], csr.indptr[users + 1]
     counts = (stops - starts).astype(np.int64)
-    entries = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)] or [np.zeros(0, int)])
     indptr = np.concatenate([[0], np.cumsum(counts)])
+    # entry k of user position j sits at starts[j] + (k - indptr[j])
+    owners = np.repeat(np.arange(len(users)), counts)
+    entries = starts[owners] + (np.arange(indptr[-1]) - indptr[owners])
     return UserSets(indptr, csr.indices[entries], csr.data[entries])
 
 

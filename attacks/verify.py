@@ -59,7 +59,7 @@ from attacks.metrics import (
     per_user_metrics,
     truth_sets,
 )
-from recsys.data import Ratings
+from recsys.data import Ratings, RatingScale
 from securefed.views import ServerView
 
 PLAINTEXT_FIELDS = frozenset({"rows", "values"})
@@ -180,9 +180,7 @@ def choose_rounds(view: ServerView, rounds: tuple[int, int] | None = None) -> tu
     Raises:
         ValueError: if the requested rounds are not consecutive or kept no payloads or ``V``.
     """
-    usable = [
-        r for r in view.rounds_with_payloads() if "V" in view.round(r).broadcast
-    ]
+    usable = [r for r in view.rounds_with_payloads() if "V" in view.round(r).broadcast]
     if rounds is not None:
         if len(rounds) != 2 or int(rounds[1]) != int(rounds[0]) + 1:
             raise ValueError(f"rounds must be two consecutive round ids (t-1, t), got {rounds!r}")
@@ -226,7 +224,9 @@ def dp_noise_std(view: ServerView, round_id: int) -> float | None:
     return std
 
 
-def popularity_from_view(view: ServerView, n_items: int, rounds: Iterable[int]) -> np.ndarray | None:
+def popularity_from_view(
+    view: ServerView, n_items: int, rounds: Iterable[int]
+) -> np.ndarray | None:
     """Per-item uploader counts from the released aggregate (item rows' last column), if any.
 
     Reads the first of ``rounds`` (then any other round) whose aggregate ``total`` has
@@ -280,7 +280,16 @@ class UserAttack:
 
 
 @dataclass(frozen=True, eq=False)
-class _Context:
+class AttackContext:
+    """What every user's attack shares.
+
+    Attributes:
+        protocol: the public parameters.
+        rounds: the attacked rounds (``(t-1, t)`` or ``(t,)``).
+        factors: the broadcast ``V`` of each attacked round.
+        link_lr: gamma of the round whose steps link the two rounds' user vectors.
+    """
+
     protocol: FedMFProtocol
     rounds: tuple[int, ...]
     factors: tuple[np.ndarray, ...]
@@ -288,16 +297,24 @@ class _Context:
 
 
 def _try(function, *args, **kwargs):
+    """``function(...)``, or ``None`` when the inversion does not apply to this user."""
     try:
         return function(*args, **kwargs)
-    except InversionError:
+    except (InversionError, np.linalg.LinAlgError):
         return None
-    except np.linalg.LinAlgError:
-        return None
+
+
+def _match_rows(items: np.ndarray, other_items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``items``: its position in ``other_items`` and whether it is there at all."""
+    order = np.argsort(other_items)
+    where = np.searchsorted(other_items[order], items)
+    matched = order[np.minimum(where, max(len(order) - 1, 0))]
+    present = other_items[matched] == items if len(order) else np.zeros(len(items), bool)
+    return matched, present
 
 
 def attack_user(
-    uploads: tuple[ClientUpload | None, ...], context: _Context
+    uploads: tuple[ClientUpload | None, ...], context: AttackContext
 ) -> UserAttack | None:
     """Run the applicable inversions and item tests for one user (module docstring, stage 4)."""
     protocol, factors = context.protocol, context.factors
@@ -314,13 +331,21 @@ def attack_user(
     other: Inversion | None = None
     if two and (not protocol.fills or not exact):
         inversion = _try(
-            invert_two_rounds, uploads[0], uploads[1], factors[0], factors[1], protocol,
-            lr=context.link_lr, round_id=round_ids[0],
+            invert_two_rounds,
+            uploads[0],
+            uploads[1],
+            factors[0],
+            factors[1],
+            protocol,
+            lr=context.link_lr,
+            round_id=round_ids[0],
         )
         if inversion is not None:
             applied.append("gradient_inversion.closed_form")
     if inversion is None and exact:
-        inversion = _try(invert_one_round, base, factors[base_at], protocol, round_id=round_ids[base_at])
+        inversion = _try(
+            invert_one_round, base, factors[base_at], protocol, round_id=round_ids[base_at]
+        )
         if inversion is not None:
             applied.append("gradient_inversion.rating_grid")
         if two and protocol.fills:
@@ -331,10 +356,7 @@ def attack_user(
             scale_ok = rating_scale_test(inversion, protocol)
             if other is not None:
                 # A row uploaded in both rounds must be on the grid in both.
-                order = np.argsort(other.items)
-                where = np.searchsorted(other.items[order], inversion.items)
-                matched = order[np.minimum(where, len(order) - 1)]
-                again = other.items[matched] == inversion.items
+                matched, again = _match_rows(inversion.items, other.items)
                 scale_ok &= ~again | rating_scale_test(other, protocol)[matched]
             tests["rating_scale"] = scale_ok
             applied.append("item_inference.rating_scale")
@@ -351,7 +373,12 @@ def attack_user(
             applied.append("item_inference.virtual_rating")
         if inversion is not None and other is not None:
             consistent = _try(
-                update_consistency_test, inversion, other, factors[0], factors[1], protocol,
+                update_consistency_test,
+                inversion,
+                other,
+                factors[0],
+                factors[1],
+                protocol,
                 lr=context.link_lr,
             )
             if consistent is not None:
@@ -367,7 +394,7 @@ def attack_user(
 
 
 def _virtual_rating_mask(
-    inversion: Inversion | None, other: Inversion | None, context: _Context
+    inversion: Inversion | None, other: Inversion | None, context: AttackContext
 ) -> np.ndarray | None:
     """The virtual-rating test over the base rows, where the round is past the warm-up.
 
@@ -376,30 +403,34 @@ def _virtual_rating_mask(
     round ``t``'s rows and is mapped back to the base rows (rows absent in ``t`` are kept).
     """
     protocol = context.protocol
-    if inversion is None or protocol.warmup_rounds < 0:
+    if inversion is None:
         return None
     if protocol.gradient_user_vector == "before":
         base_at = 0 if inversion.round_id == context.rounds[0] else len(context.rounds) - 1
         if context.rounds[base_at] < protocol.warmup_rounds:
             return None
         return virtual_rating_test(
-            inversion.items, inversion.values, inversion.user_vector,
-            context.factors[base_at], protocol,
+            inversion.items,
+            inversion.values,
+            inversion.user_vector,
+            context.factors[base_at],
+            protocol,
             n_rated=rated_count(len(inversion.items), protocol),
         )
     if other is None or context.rounds[-1] < protocol.warmup_rounds:
         return None
     differs = virtual_rating_test(
-        other.items, other.values, inversion.user_vector, context.factors[-1], protocol,
+        other.items,
+        other.values,
+        inversion.user_vector,
+        context.factors[-1],
+        protocol,
         n_rated=rated_count(len(other.items), protocol),
     )
     if differs is None:
         return None
     kept = np.ones(len(inversion.items), dtype=bool)
-    order = np.argsort(other.items)
-    where = np.searchsorted(other.items[order], inversion.items)
-    matched = order[np.minimum(where, len(order) - 1)]
-    again = other.items[matched] == inversion.items
+    matched, again = _match_rows(inversion.items, other.items)
     kept[again] = differs[matched[again]]
     return kept
 
@@ -431,7 +462,6 @@ def verify(
         ValueError: if ``rounds`` is invalid, or ``truth`` does not match the view's catalogue.
     """
     notes: list[str] = []
-    applied: set[str] = set()
     protocol_name = str(view.public.get("protocol", ""))
     protocol: FedMFProtocol | None = None
     if protocol_name == "fedmf":
@@ -445,163 +475,25 @@ def verify(
             f"protocol {protocol_name or 'unknown'!r} is not FedMF: no gradient inversion applies"
         )
     chosen = choose_rounds(view, rounds) if protocol is not None else ()
-    if protocol is not None and not chosen:
-        notes.append("the view kept no payloads with the broadcast V: nothing per client to invert")
-    uploads: list[dict[int, ClientUpload]] = [dict() for _ in chosen]
-    if chosen:
-        fields = payload_fields(view, chosen)
-        plaintext = all(
-            set(p) >= PLAINTEXT_FIELDS for r in chosen for p in view.round(r).payloads.values()
-        )
-        if not plaintext:
-            notes.append(
-                f"payload fields {sorted(fields)} carry no per-client plaintext rows (masked or "
-                "encrypted): nothing per client to invert; every user gets the chance baseline"
-            )
-        else:
-            failures = 0
-            for k, r in enumerate(chosen):
-                noise = dp_noise_std(view, r)
-                for client, payload in view.round(r).payloads.items():
-                    try:
-                        uploads[k][client] = extract_upload(
-                            client, payload, protocol, noise_std=noise
-                        )
-                    except InversionError:
-                        failures += 1
-            if failures:
-                notes.append(f"{failures} payload(s) could not be read as gradient rows")
-            if any(not up.exact for per_round in uploads for up in per_round.values()):
-                notes.append(
-                    "payloads are noisy (dense noisy rows, e.g. local DP): rows were detected by "
-                    "a noise threshold and inverted on the noisy values; the exact-value tests "
-                    "(rating grid, update consistency) do not apply"
-                )
-    if len(chosen) == 1:
-        notes.append(
-            f"only round {chosen[0]} kept payloads and V: one-round attacks only (rating grid; "
-            "no closed form, no intersection)"
-        )
-    if protocol is not None and protocol.fills and chosen:
-        notes.append(
-            f"hybrid filling ({protocol.variant}, rho={protocol.rho:g}): values come from the "
-            "one-round rating grid; rated items from the item-inference tests"
-        )
-    # -- users
+    uploads = _read_uploads(view, chosen, protocol, notes) if protocol is not None else []
+    evaluated = _evaluated_users(view, chosen, truth, users)
+    results, applied = _attack_users(view, chosen, protocol, uploads, evaluated, notes)
     scale = protocol.scale if protocol is not None else (truth.scale if truth else None)
     n_items = protocol.n_items if protocol is not None else (truth.n_items if truth else 0)
-    if users is not None:
-        evaluated = np.unique(np.asarray(list(users), dtype=np.int64))
-    else:
-        seen = set().union(*(set(u) for u in uploads)) if uploads else set()
-        if chosen:
-            seen |= {c for r in chosen for c in view.round(r).payloads}
-        if truth is not None:
-            seen |= set(np.unique(truth.users).tolist())
-        evaluated = np.array(sorted(seen), dtype=np.int64)
-    # -- per-user attacks
-    results: dict[int, UserAttack] = {}
-    if protocol is not None and any(uploads):
-        link_round = chosen[0] if protocol.gradient_user_vector == "before" else chosen[-1]
-        context = _Context(
-            protocol,
-            chosen,
-            tuple(np.asarray(view.round(r).broadcast["V"]) for r in chosen),
-            float(view.round(link_round).public.get("lr", protocol.lr)),  # type: ignore[arg-type]
-        )
-        for client in evaluated.tolist():
-            per_round = tuple(u.get(client) for u in uploads)
-            result = attack_user(per_round, context)
-            if result is not None:
-                results[client] = result
-                applied.update(result.applied)
-        if protocol.fills and "item_inference.update_consistency" not in applied:
-            notes.append(
-                "update consistency decided for no user (needs two exact rounds, one local step "
-                "and at most dim uploaded rows)"
-            )
-        if protocol.fills and "item_inference.upload_order" not in applied:
-            notes.append("upload order: rows do not form rated-then-pseudo runs for any user")
-    # -- chance baseline
     truth_set = truth_sets(truth, evaluated) if truth is not None else None
-    popularity = (
-        popularity_from_view(view, n_items, chosen) if protocol is not None else None
-    )
-    if popularity is None and truth is not None:
-        popularity = np.bincount(truth.items, minlength=truth.n_items).astype(np.float64)
-        notes.append("no aggregate in the view: baseline popularity from the truth's item counts")
-    if truth_set is not None:
-        counts = truth_set.counts()
-        guess_rating = float(np.mean(truth.ratings)) if len(truth) else float("nan")
-    else:
-        expected = expected_rated_count(view, protocol, chosen) if protocol else float("nan")
-        counts = np.full(len(evaluated), int(np.rint(expected)) if np.isfinite(expected) else 0)
-        guess_rating = float("nan")
-    baseline_sets = (
-        top_popular(popularity, counts)
-        if popularity is not None
-        else UserSets(np.zeros(len(evaluated) + 1, np.int64), np.zeros(0, np.int64))
+    baseline_sets, guess_rating = _chance_baseline(
+        view, protocol, chosen, truth, truth_set, len(evaluated), notes
     )
     if len(results) < len(evaluated):
         applied.add("baseline")
-    # -- assemble
-    items_parts, value_parts, rated_parts, methods = [], [], [], []
-    test_parts: dict[str, list[np.ndarray]] = {name: [] for name in (*TEST_NAMES, "hybrid_filling")}
-    for k, client in enumerate(evaluated.tolist()):
-        result = results.get(client)
-        if result is None:
-            span = slice(baseline_sets.indptr[k], baseline_sets.indptr[k + 1])
-            items = baseline_sets.items[span]
-            values = np.full(len(items), guess_rating)
-            tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
-            methods.append("baseline")
-        else:
-            items, values, tests = result.items, result.values, result.tests
-            methods.append(result.method)
-        n_rows = len(items)
-        items_parts.append(np.asarray(items, dtype=np.int64))
-        value_parts.append(np.asarray(values, dtype=np.float64))
-        rated_parts.append(combine_tests(tests, n_rows))
-        for name in TEST_NAMES:
-            mask = tests.get(name)
-            test_parts[name].append(np.ones(n_rows, bool) if mask is None else np.asarray(mask))
-        hybrid = {n: tests.get(n) for n in ("rating_scale", "intersection")}
-        test_parts["hybrid_filling"].append(combine_tests(hybrid, n_rows))
-    lengths = [len(x) for x in items_parts]
-    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    recovered = UserSets(
-        indptr,
-        np.concatenate(items_parts) if items_parts else np.zeros(0, np.int64),
-        np.concatenate(value_parts) if value_parts else np.zeros(0),
-    )
-    rated = np.concatenate(rated_parts) if rated_parts else np.zeros(0, bool)
-    tests_out = {
-        name: (np.concatenate(parts) if parts else np.zeros(0, bool))
-        for name, parts in test_parts.items()
-    }
-    per_user: dict[str, np.ndarray] = {}
-    baseline_per_user: dict[str, np.ndarray] = {}
-    item_attacks: dict[str, dict[str, float]] = {}
-    baseline: dict[str, float] = {}
+    methods, recovered, rated, tests = _assemble(evaluated, results, baseline_sets, guess_rating)
+    scores: dict[str, dict] = {}
     if truth_set is not None and scale is not None:
-        per_user = per_user_metrics(
-            truth_set, recovered, recovered.select(rated), scale, n_items, guess_rating
+        scores = _score(
+            truth_set, recovered, rated, tests, baseline_sets, scale, n_items, guess_rating
         )
-        overall = overall_metrics(per_user)
-        everything = np.ones(len(rated), bool)
-        for name, mask in (("uploaded", everything), *tests_out.items(), ("combined", rated)):
-            item_attacks[name] = item_overall(truth_set, recovered.select(mask), n_items)
-        guesses = UserSets(
-            baseline_sets.indptr,
-            baseline_sets.items,
-            np.full(len(baseline_sets.items), guess_rating),
-        )
-        baseline_per_user = per_user_metrics(
-            truth_set, guesses, baseline_sets, scale, n_items, guess_rating
-        )
-        baseline = overall_metrics(baseline_per_user)
     else:
-        overall = {
+        scores["overall"] = {
             "users": float(len(evaluated)),
             "rows": float(len(rated)),
             "predicted_rated": float(rated.sum()),
@@ -618,17 +510,214 @@ def verify(
         method=np.array(methods, dtype=str),
         recovered=recovered,
         rated=rated,
-        tests=tests_out,
-        per_user=per_user,
-        overall=overall,
-        item_attacks=item_attacks,
-        baseline_per_user=baseline_per_user,
-        baseline=baseline,
+        tests=tests,
+        per_user=scores.get("per_user", {}),
+        overall=scores["overall"],
+        item_attacks=scores.get("item_attacks", {}),
+        baseline_per_user=scores.get("baseline_per_user", {}),
+        baseline=scores.get("baseline", {}),
     )
+
+
+def _read_uploads(
+    view: ServerView, chosen: tuple[int, ...], protocol: FedMFProtocol, notes: list[str]
+) -> list[dict[int, ClientUpload]]:
+    """Each attacked round's readable uploads by client (stage 3); appends notes."""
+    if not chosen:
+        notes.append("the view kept no payloads with the broadcast V: nothing per client to invert")
+        return []
+    if len(chosen) == 1:
+        notes.append(
+            f"only round {chosen[0]} kept payloads and V: one-round attacks only (rating grid; "
+            "no closed form, no intersection, no update consistency)"
+        )
+    plaintext = all(
+        set(p) >= PLAINTEXT_FIELDS for r in chosen for p in view.round(r).payloads.values()
+    )
+    if not plaintext:
+        notes.append(
+            f"payload fields {sorted(payload_fields(view, chosen))} carry no per-client plaintext "
+            "rows (masked or encrypted): nothing per client to invert; every user gets the "
+            "chance baseline"
+        )
+        return [{} for _ in chosen]
+    uploads: list[dict[int, ClientUpload]] = []
+    failures = 0
+    for r in chosen:
+        noise = dp_noise_std(view, r)
+        per_round = {}
+        for client, payload in view.round(r).payloads.items():
+            try:
+                per_round[client] = extract_upload(client, payload, protocol, noise_std=noise)
+            except InversionError:
+                failures += 1
+        uploads.append(per_round)
+    if failures:
+        notes.append(f"{failures} payload(s) could not be read as gradient rows")
+    if any(not up.exact for per_round in uploads for up in per_round.values()):
+        notes.append(
+            "payloads are noisy (dense noisy rows, e.g. local DP): rows were detected by a noise "
+            "threshold and inverted by the closed form on the noisy values; the exact-value tests "
+            "(rating grid, rating scale, virtual rating, update consistency) do not apply"
+        )
+    if protocol.fills:
+        notes.append(
+            f"hybrid filling ({protocol.variant}, rho={protocol.rho:g}): on exact payloads the "
+            "values come from the one-round rating grid, the rated items from the item tests"
+        )
+    return uploads
+
+
+def _evaluated_users(
+    view: ServerView, chosen: tuple[int, ...], truth: Ratings | None, users: Iterable[int] | None
+) -> np.ndarray:
+    """``users`` if given, else every payload client of the attacked rounds and true user."""
+    if users is not None:
+        return np.unique(np.asarray(list(users), dtype=np.int64))
+    seen = {client for r in chosen for client in view.round(r).payloads}
+    if truth is not None:
+        seen |= set(np.unique(truth.users).tolist())
+    return np.array(sorted(seen), dtype=np.int64)
+
+
+def _attack_users(
+    view: ServerView,
+    chosen: tuple[int, ...],
+    protocol: FedMFProtocol | None,
+    uploads: list[dict[int, ClientUpload]],
+    evaluated: np.ndarray,
+    notes: list[str],
+) -> tuple[dict[int, UserAttack], set[str]]:
+    """Stage 4 for every evaluated user with an upload; returns results and attack names."""
+    results: dict[int, UserAttack] = {}
+    applied: set[str] = set()
+    if protocol is None or not any(uploads):
+        return results, applied
+    link_round = chosen[0] if protocol.gradient_user_vector == "before" else chosen[-1]
+    context = AttackContext(
+        protocol,
+        chosen,
+        tuple(np.asarray(view.round(r).broadcast["V"]) for r in chosen),
+        float(view.round(link_round).public.get("lr", protocol.lr)),  # type: ignore[arg-type]
+    )
+    for client in evaluated.tolist():
+        result = attack_user(tuple(u.get(client) for u in uploads), context)
+        if result is not None:
+            results[client] = result
+            applied.update(result.applied)
+    if protocol.fills:
+        for name, why in (
+            ("upload_order", "rows do not form rated-then-pseudo runs for any user"),
+            ("virtual_rating", "still in the warm-up, or keeping every row scored better"),
+            ("update_consistency", "needs two exact rounds, one local step, rows <= dim"),
+        ):
+            if f"item_inference.{name}" not in applied:
+                notes.append(f"{name} decided for no user: {why}")
+    return results, applied
+
+
+def _chance_baseline(
+    view: ServerView,
+    protocol: FedMFProtocol | None,
+    chosen: tuple[int, ...],
+    truth: Ratings | None,
+    truth_set: UserSets | None,
+    n_users: int,
+    notes: list[str],
+) -> tuple[UserSets, float]:
+    """Stage 5: the baseline's item guesses per evaluated user and its rating guess."""
+    n_items = protocol.n_items if protocol is not None else (truth.n_items if truth else 0)
+    popularity = popularity_from_view(view, n_items, chosen) if protocol is not None else None
+    if popularity is None and truth is not None:
+        popularity = np.bincount(truth.items, minlength=truth.n_items).astype(np.float64)
+        notes.append("no aggregate in the view: baseline popularity from the truth's item counts")
+    if truth_set is not None:
+        counts = truth_set.counts()
+        guess_rating = float(np.mean(truth.ratings)) if len(truth) else float("nan")
+    else:
+        expected = expected_rated_count(view, protocol, chosen) if protocol else float("nan")
+        counts = np.full(n_users, int(np.rint(expected)) if np.isfinite(expected) else 0)
+        guess_rating = float("nan")
+    if popularity is None:
+        return UserSets(np.zeros(n_users + 1, np.int64), np.zeros(0, np.int64)), guess_rating
+    return top_popular(popularity, counts), guess_rating
+
+
+def _assemble(
+    evaluated: np.ndarray,
+    results: Mapping[int, UserAttack],
+    baseline_sets: UserSets,
+    guess_rating: float,
+) -> tuple[list[str], UserSets, np.ndarray, dict[str, np.ndarray]]:
+    """Per-user results (baseline guesses where no attack ran) as aligned flat arrays."""
+    items_parts, value_parts, rated_parts, methods = [], [], [], []
+    test_parts: dict[str, list[np.ndarray]] = {name: [] for name in (*TEST_NAMES, "hybrid_filling")}
+    for k, client in enumerate(evaluated.tolist()):
+        result = results.get(client)
+        if result is None:
+            items = baseline_sets.items[baseline_sets.indptr[k] : baseline_sets.indptr[k + 1]]
+            values = np.full(len(items), guess_rating)
+            tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
+            methods.append("baseline")
+        else:
+            items, values, tests = result.items, result.values, result.tests
+            methods.append(result.method)
+        n_rows = len(items)
+        items_parts.append(np.asarray(items, dtype=np.int64))
+        value_parts.append(np.asarray(values, dtype=np.float64))
+        rated_parts.append(combine_tests(tests, n_rows))
+        for name in TEST_NAMES:
+            mask = tests.get(name)
+            test_parts[name].append(np.ones(n_rows, bool) if mask is None else np.asarray(mask))
+        hybrid = {n: tests.get(n) for n in ("rating_scale", "intersection")}
+        test_parts["hybrid_filling"].append(combine_tests(hybrid, n_rows))
+
+    def flat(parts: list[np.ndarray], dtype) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in items_parts])]).astype(np.int64)
+    recovered = UserSets(indptr, flat(items_parts, np.int64), flat(value_parts, np.float64))
+    tests_out = {name: flat(parts, bool) for name, parts in test_parts.items()}
+    return methods, recovered, flat(rated_parts, bool), tests_out
+
+
+def _score(
+    truth_set: UserSets,
+    recovered: UserSets,
+    rated: np.ndarray,
+    tests: Mapping[str, np.ndarray],
+    baseline_sets: UserSets,
+    scale: RatingScale,
+    n_items: int,
+    guess_rating: float,
+) -> dict[str, dict]:
+    """Stage 6: per-user and overall metrics of the attack, its item tests and the baseline."""
+    per_user = per_user_metrics(
+        truth_set, recovered, recovered.select(rated), scale, n_items, guess_rating
+    )
+    everything = np.ones(len(rated), bool)
+    item_attacks = {
+        name: item_overall(truth_set, recovered.select(mask), n_items)
+        for name, mask in (("uploaded", everything), *tests.items(), ("combined", rated))
+    }
+    guesses = UserSets(
+        baseline_sets.indptr, baseline_sets.items, np.full(len(baseline_sets.items), guess_rating)
+    )
+    baseline_per_user = per_user_metrics(
+        truth_set, guesses, baseline_sets, scale, n_items, guess_rating
+    )
+    return {
+        "per_user": per_user,
+        "overall": overall_metrics(per_user),
+        "item_attacks": item_attacks,
+        "baseline_per_user": baseline_per_user,
+        "baseline": overall_metrics(baseline_per_user),
+    }
 
 
 __all__ = [
     "ITEM_ATTACKS",
+    "AttackContext",
     "LeakReport",
     "UserAttack",
     "attack_user",

@@ -15,10 +15,16 @@ from securefed import ClientSampling, RoundSelection
 
 def _add_fedmf(subparsers) -> None:
     parser = subparsers.add_parser("fedmf", help="train one FedMF-family model and evaluate it")
-    parser.add_argument("--data", default="ml-latest-small",
-                        help="ml-latest-small (embedded), ml-100k, or a path to a ratings file/dir")
-    parser.add_argument("--split", default=None,
-                        help="u1..u5/ua/ub for ML-100K; random or temporal (default random)")
+    parser.add_argument(
+        "--data",
+        default="ml-latest-small",
+        help="ml-latest-small (embedded), ml-100k, or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="u1..u5/ua/ub for ML-100K; random or temporal (default random)",
+    )
     parser.add_argument("--variant", default="fedmf", choices=["fedmf", "fedrec", "fedrec+"])
     parser.add_argument("--transport", default="plaintext")
     parser.add_argument("--dim", type=int, default=20)
@@ -31,10 +37,18 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
     parser.add_argument("--dropout", type=float, default=0.0, help="fraction of clients dropping")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clients-per-round", type=int, default=None,
-                        help="sample this many clients per round (default: all)")
-    parser.add_argument("--sampling", default="poisson", choices=["poisson", "fixed"],
-                        help="how --clients-per-round samples (poisson matches DP accounting)")
+    parser.add_argument(
+        "--clients-per-round",
+        type=int,
+        default=None,
+        help="sample this many clients per round (default: all)",
+    )
+    parser.add_argument(
+        "--sampling",
+        default="poisson",
+        choices=["poisson", "fixed"],
+        help="how --clients-per-round samples (poisson matches DP accounting)",
+    )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
     parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
     parser.add_argument("--noise-multiplier", type=float, default=None)
@@ -42,8 +56,11 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument("--ranking", action="store_true", help="also report HR@10 and NDCG@10")
     parser.add_argument("--json", default=None, help="write the result record here")
     parser.add_argument("--save-view", default=None, help="save the ServerView to this directory")
-    parser.add_argument("--view-rounds", default="last:2",
-                        help="rounds whose payloads the view keeps: all, none, last:K, 0,1,5-7")
+    parser.add_argument(
+        "--view-rounds",
+        default="last:2",
+        help="rounds whose payloads the view keeps: all, none, last:K, 0,1,5-7",
+    )
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--no-progress", action="store_true")
@@ -58,27 +75,43 @@ def _run_fedmf(args: argparse.Namespace) -> int:
 
     split = datasets.load(args.data, args.split, seed=args.seed)
     config = FedMFConfig(
-        variant=args.variant, dim=args.dim, rounds=args.rounds, lr=args.lr,
-        server_lr=args.server_lr, reg_user=args.reg, reg_item=args.reg, upload=args.upload,
-        rho=args.rho, weighting=args.weighting, dropout=args.dropout,
+        variant=args.variant,
+        dim=args.dim,
+        rounds=args.rounds,
+        lr=args.lr,
+        server_lr=args.server_lr,
+        reg_user=args.reg,
+        reg_item=args.reg,
+        upload=args.upload,
+        rho=args.rho,
+        weighting=args.weighting,
+        dropout=args.dropout,
     )
     sampling = (
-        ClientSampling() if args.clients_per_round is None
+        ClientSampling()
+        if args.clients_per_round is None
         else ClientSampling(args.sampling, args.clients_per_round)
     )
     transport_options = {
         key: value
         for key, value in {
-            "epsilon": args.epsilon, "delta": args.delta,
-            "noise_multiplier": args.noise_multiplier, "clip": args.clip,
+            "epsilon": args.epsilon,
+            "delta": args.delta,
+            "noise_multiplier": args.noise_multiplier,
+            "clip": args.clip,
         }.items()
         if value is not None
     }
     run = FedMFRun(
-        config=config, transport=args.transport, seed=args.seed, sampling=sampling,
+        config=config,
+        transport=args.transport,
+        seed=args.seed,
+        sampling=sampling,
         keep_payloads=RoundSelection.parse(args.view_rounds if args.save_view else "none"),
-        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        progress=False if args.no_progress else None, ranking=args.ranking,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        progress=False if args.no_progress else None,
+        ranking=args.ranking,
         transport_options=transport_options,
     )
     try:
@@ -91,8 +124,20 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         record["view"] = str(args.save_view)
     if args.json:
         save_json(record, args.json)
-    shown = {k: record[k] for k in ("data", "variant", "transport", "rounds", "rmse", "mae",
-                                    "seconds", "bytes_up_per_client", "bytes_down_per_client")}
+    shown = {
+        k: record[k]
+        for k in (
+            "data",
+            "variant",
+            "transport",
+            "rounds",
+            "rmse",
+            "mae",
+            "seconds",
+            "bytes_up_per_client",
+            "bytes_down_per_client",
+        )
+    }
     shown |= {k: v for k, v in record.items() if k.startswith(("hr@", "ndcg@", "epsilon"))}
     print(json.dumps(shown, indent=1, default=float))
     return 0

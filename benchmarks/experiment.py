@@ -102,9 +102,12 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         record |= ranking_metrics(
             lambda users: model.U[users] @ model.V.T, split.train, split.test, k=10
         )
-    extra = getattr(transport, "report", None)
-    if callable(extra):
-        record |= extra()
+    epsilon = getattr(transport, "epsilon", None)
+    if callable(epsilon):
+        record["epsilon"] = epsilon()
+        record["delta"] = transport.delta
+        record["noise_multiplier"] = transport.config.noise_multiplier
+        record["clip"] = transport.config.clip
     return record, model, transport
 
 

@@ -33,7 +33,9 @@ class TransportUnavailable(RuntimeError):
 
 
 def _plaintext(options: TransportOptions) -> Transport:
-    return PlaintextTransport(keep_payloads=options.keep_payloads, total_rounds=options.total_rounds)
+    return PlaintextTransport(
+        keep_payloads=options.keep_payloads, total_rounds=options.total_rounds
+    )
 
 
 FACTORIES: dict[str, Callable[[TransportOptions], Transport]] = {"plaintext": _plaintext}
@@ -48,13 +50,17 @@ def _load_optional_factories() -> None:
     """Import the factories of optional transports; each registers itself if importable."""
     import importlib
 
-    for module in ("benchmarks.transports_secagg", "benchmarks.transports_ckks",
-                   "benchmarks.transports_dp"):
+    for module, names in (
+        ("benchmarks.transports_secagg", ("secagg",)),
+        ("benchmarks.transports_ckks", ("ckks",)),
+        ("benchmarks.transports_dp", ("dp", "secagg+dp")),
+    ):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:
-            if error.name != module:
-                UNAVAILABLE.setdefault(module.rsplit("_", 1)[-1], f"missing dependency {error.name}")
+            if error.name != module:  # the module exists but an optional extra is missing
+                for name in names:
+                    UNAVAILABLE.setdefault(name, f"missing dependency {error.name!r}")
 
 
 UNAVAILABLE: dict[str, str] = {}

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
+from scipy import sparse
 
 from recsys.data import Ratings, RatingScale
 from recsys.filling import (
@@ -79,8 +80,9 @@ class FedMFConfig:
         gradient_user_vector: ``"before"`` or ``"after"`` the user's local steps.
         local_steps: L, user-vector steps per round.
         rho: pseudo items per rated item (FedRec, FedRec+).
-        warmup_rounds: T', rounds of user-average (FedRec) or similarity (FedRec+) virtual
-            ratings before switching to the model's prediction.
+        warmup_rounds: T', FedRec's rounds of user-average virtual ratings before it switches to
+            the model's prediction (FedRec+ always rates pseudo items from the similar rated
+            items: a prediction would be recomputable by the server, see docs/attacks.md).
         resample_pseudo: draw new pseudo items every round (``None``: True for FedRec, as
             published; False for FedRec+).
         virtual_on_scale: snap virtual ratings onto the rating scale (``None``: False for FedRec,
@@ -209,8 +211,12 @@ class FedMF:
         self.items = csr.indices.astype(np.int64)
         self.ratings = csr.data.astype(np.float64)
         self.user_mean = user_mean_ratings(self.indptr, self.ratings)
-        self.U = seeds.generator("init", "users").normal(0, config.init_std, (self.n_clients, config.dim))
-        self.V = seeds.generator("init", "items").normal(0, config.init_std, (self.n_items, config.dim))
+        self.U = seeds.generator("init", "users").normal(
+            0, config.init_std, (self.n_clients, config.dim)
+        )
+        self.V = seeds.generator("init", "items").normal(
+            0, config.init_std, (self.n_items, config.dim)
+        )
         self.global_mean: np.ndarray | None = None
         self.global_std: np.ndarray | None = None
         # Stable pseudo sets (FedRec+ default): chosen once per user at its first round.
@@ -244,7 +250,10 @@ class FedMF:
             rnd.submit_batch(uploads)
             # Safe before the aggregate: groups are disjoint and V only changes below.
             self.U[group] = new_user_vectors
-            squared_error, n_ratings = squared_error + float(errors @ errors), n_ratings + len(errors)
+            squared_error, n_ratings = (
+                squared_error + float(errors @ errors),
+                n_ratings + len(errors),
+            )
         aggregate = rnd.result()
         self._server_step(aggregate.total, len(aggregate.contributors))
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
@@ -252,8 +261,16 @@ class FedMF:
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
         """Split the round's clients into groups of about ``chunk_ratings`` ratings."""
         sizes = np.cumsum(self.indptr[clients + 1] - self.indptr[clients])
-        cuts = np.searchsorted(sizes, np.arange(1, 1 + sizes[-1] // self.config.chunk_ratings)
-                               * self.config.chunk_ratings, side="right") if len(sizes) else []
+        cuts = (
+            np.searchsorted(
+                sizes,
+                np.arange(1, 1 + sizes[-1] // self.config.chunk_ratings)
+                * self.config.chunk_ratings,
+                side="right",
+            )
+            if len(sizes)
+            else []
+        )
         return [g for g in np.split(clients, np.unique(cuts)) if len(g)]
 
     def _clients_compute(
@@ -291,7 +308,8 @@ class FedMF:
     def _user_step(self, user, errors, owner, items, indptr, counts) -> np.ndarray:
         """``U_u <- U_u - gamma (-2 sum_i e_ui V_i [/ n_u] + 2 lambda U_u)`` for every client."""
         cfg = self.config
-        pull = segment_sum(errors[:, None] * self.V[items], indptr)
+        residuals = sparse.csr_matrix((errors, items, indptr), shape=(len(user), self.n_items))
+        pull = residuals @ self.V
         if cfg.user_step == "mean":
             pull = pull / np.maximum(counts, 1)[:, None]
         return user - cfg.lr * (-2.0 * pull + 2.0 * cfg.reg_user * user)
@@ -305,7 +323,9 @@ class FedMF:
         if not cfg.fills:
             return _RoundData(indptr, items, real_errors, n_real)
         pseudo_indptr, pseudo_items = self._pseudo_sets(round_id, clients, indptr, items, seeds)
-        virtual = self._virtual_ratings(round_id, clients, indptr, items, pseudo_indptr, pseudo_items)
+        virtual = self._virtual_ratings(
+            round_id, clients, indptr, items, pseudo_indptr, pseudo_items
+        )
         pseudo_owner = row_ids(pseudo_indptr)
         pseudo_errors = virtual - rated_dot(gradient_user, self.V, pseudo_owner, pseudo_items)
         merged, at_real, at_pseudo = merge_rows(indptr, pseudo_indptr)
@@ -313,11 +333,19 @@ class FedMF:
         all_errors = np.empty(merged[-1])
         all_items[at_real], all_items[at_pseudo] = items, pseudo_items
         all_errors[at_real], all_errors[at_pseudo] = real_errors, pseudo_errors
-        return _RoundData(merged, all_items, all_errors, n_real)
+        # Sort each client's rows by item: rated-then-pseudo order would tell them apart.
+        order = np.lexsort((all_items, row_ids(merged)))
+        return _RoundData(merged, all_items[order], all_errors[order], n_real)
+
+    def _pseudo_counts(self, rated_counts: np.ndarray) -> np.ndarray:
+        """``rho * n_u`` pseudo items; FedRec+ pads light users to more than ``dim`` uploaded rows,
+        since with at most ``dim`` rows one user step pins down which rows are real."""
+        minimum = self.config.dim + 1 if self.config.variant == "fedrec+" else 0
+        return pseudo_counts(rated_counts, self.n_items, self.config.rho, minimum_rows=minimum)
 
     def _pseudo_sets(self, round_id, clients, indptr, items, seeds):
         cfg = self.config
-        counts = pseudo_counts(np.diff(indptr), self.n_items, cfg.rho)
+        counts = self._pseudo_counts(np.diff(indptr))
         if cfg.pseudo_resampled:
             return sample_unrated(
                 indptr, items, self.n_items, counts, seeds.generator("pseudo", round_id)
@@ -332,7 +360,7 @@ class FedMF:
         """Fix the pseudo sets of ``users`` for the rest of the run (FedRec+: by similarity)."""
         entries, indptr = take_rows(self.indptr, users)
         items = self.items[entries]
-        counts = pseudo_counts(np.diff(indptr), self.n_items, self.config.rho)
+        counts = self._pseudo_counts(np.diff(indptr))
         if self.config.variant == "fedrec+":
             new_indptr, new_items = most_similar_unrated(indptr, items, self.V, counts)
         else:
@@ -352,13 +380,15 @@ class FedMF:
     def _virtual_ratings(self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items):
         cfg = self.config
         owner = row_ids(pseudo_indptr)
-        if round_id >= cfg.warmup_rounds:
-            virtual = rated_dot(self.U[clients], self.V, owner, pseudo_items)
-        elif cfg.variant == "fedrec+":
+        if cfg.variant == "fedrec+":
+            # Always from the similar rated items: a prediction <U_u, V_j> would equal what the
+            # server computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
             entries, _ = take_rows(self.indptr, clients)
             virtual = similarity_weighted_ratings(
                 indptr, items, self.ratings[entries], pseudo_indptr, pseudo_items, self.V
             )
+        elif round_id >= cfg.warmup_rounds:
+            virtual = rated_dot(self.U[clients], self.V, owner, pseudo_items)
         else:
             virtual = self.user_mean[clients][owner]
         virtual = self.scale.clip(virtual)
@@ -367,15 +397,34 @@ class FedMF:
     def _encode_uploads(
         self, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
     ) -> RowUpdates:
-        """Build the ``(n_items + 2, dim + 1)`` row blocks of the round's clients."""
+        """Build the ``(n_items + 2, dim + 1)`` row blocks of a group of clients.
+
+        Each client's two statistics rows are laid out after its item rows with a zero item
+        vector and a zero error, so every row's gradient comes out of one vectorised pass and
+        only the ``2 * len(clients)`` statistics rows are written afterwards.
+        """
         cfg = self.config
-        owner = row_ids(data.indptr)
-        gradients = -2.0 * data.errors[:, None] * gradient_user[owner] + 2.0 * cfg.reg_item * self.V[
-            data.items
-        ]
+        n, d = len(clients), cfg.dim
+        stats_indptr = np.arange(0, 2 * n + 1, 2, dtype=np.int64)
+        indptr, at_items, at_stats = merge_rows(data.indptr, stats_indptr)
+        rows = np.empty(indptr[-1], dtype=np.int64)
+        errors = np.zeros(indptr[-1])
+        rows[at_items], errors[at_items] = data.items, data.errors
+        rows[at_stats] = np.tile([self.n_items, self.n_items + 1], n)
+        owner = row_ids(indptr)
+        item_factors = np.vstack([self.V, np.zeros((2, d))])
+        gradients = np.take(gradient_user, owner, axis=0)
+        gradients *= (-2.0 * errors)[:, None]
+        regularisation = np.take(item_factors, rows, axis=0)
+        regularisation *= 2.0 * cfg.reg_item
+        gradients += regularisation
+        del regularisation
         uploaded = np.diff(data.indptr).astype(np.float64)
-        gradient_sum = segment_sum(gradients, data.indptr)
-        gradient_sq = segment_sum(gradients**2, data.indptr)
+        if cfg.client_weighting == "wasserstein":
+            gradient_sum = segment_sum(gradients, indptr)
+            gradient_sq = segment_sum(gradients**2, indptr)
+        else:  # the statistics only feed the Wasserstein weights
+            gradient_sum = gradient_sq = np.zeros((n, d))
         weights = client_weights(
             cfg.client_weighting,
             uploaded,
@@ -386,18 +435,16 @@ class FedMF:
             cfg.tau,
             cfg.count_cap,
         )
-        item_values = np.hstack([weights[owner, None] * gradients, weights[owner, None]])
-        stats_values = np.empty((2 * len(clients), cfg.dim + 1))
-        stats_values[0::2] = np.hstack([gradient_sum, uploaded[:, None]])
-        stats_values[1::2] = np.hstack([gradient_sq, weights[:, None]])
-        stats_indptr = np.arange(0, 2 * len(clients) + 1, 2, dtype=np.int64)
-        stats_rows = np.tile([self.n_items, self.n_items + 1], len(clients))
-        indptr, at_items, at_stats = merge_rows(data.indptr, stats_indptr)
-        rows = np.empty(indptr[-1], dtype=np.int64)
-        values = np.empty((indptr[-1], cfg.dim + 1))
-        rows[at_items], rows[at_stats] = data.items, stats_rows
-        values[at_items], values[at_stats] = item_values, stats_values
-        return RowUpdates(clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full")
+        if cfg.client_weighting != "uniform":
+            gradients *= weights[owner, None]
+        values = np.empty((indptr[-1], d + 1))
+        values[:, :d] = gradients
+        values[:, d] = weights[owner]
+        values[at_stats[0::2], :d], values[at_stats[0::2], d] = gradient_sum, uploaded
+        values[at_stats[1::2], :d], values[at_stats[1::2], d] = gradient_sq, weights
+        return RowUpdates(
+            clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full"
+        )
 
     def _server_step(self, total: np.ndarray, contributors: int) -> None:
         """Step ``V`` with the aggregated gradient and refresh the global statistics.
@@ -450,8 +497,10 @@ class FedMF:
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for name in ("U", "V"):
             if state[name].shape != getattr(self, name).shape:
-                raise ValueError(f"checkpoint {name} has shape {state[name].shape}, "
-                                 f"expected {getattr(self, name).shape}")
+                raise ValueError(
+                    f"checkpoint {name} has shape {state[name].shape}, "
+                    f"expected {getattr(self, name).shape}"
+                )
         self.U, self.V = np.array(state["U"]), np.array(state["V"])
         self.pseudo_chosen = np.array(state["pseudo_chosen"])
         self.pseudo_indptr = np.array(state["pseudo_indptr"])

@@ -18,9 +18,13 @@ import numpy as np
 from recsys.sparse_rows import rated_dot, row_ids, segment_sum
 
 
-def pseudo_counts(rated_counts: np.ndarray, n_items: int, rho: float) -> np.ndarray:
-    """``round(rho * |I_u|)`` pseudo items per user, capped by the number of unrated items."""
-    return np.minimum(np.rint(rho * rated_counts).astype(np.int64), n_items - rated_counts)
+def pseudo_counts(
+    rated_counts: np.ndarray, n_items: int, rho: float, *, minimum_rows: int = 0
+) -> np.ndarray:
+    """``round(rho * |I_u|)`` pseudo items per user, raised so that rated plus pseudo rows reach
+    ``minimum_rows``, and capped by the number of unrated items."""
+    wanted = np.maximum(np.rint(rho * rated_counts).astype(np.int64), minimum_rows - rated_counts)
+    return np.minimum(wanted, n_items - rated_counts)
 
 
 def _rated_keys(indptr: np.ndarray, items: np.ndarray, n_items: int) -> np.ndarray:
@@ -95,7 +99,7 @@ def most_similar_unrated(
     Returns:
         ``(pseudo_indptr, pseudo_items)``, CSR by user, items sorted within each user.
     """
-    n_users, n_items = len(indptr) - 1, len(item_features)
+    n_users = len(indptr) - 1
     encoded = normalise_rows(item_features)
     per_user: list[np.ndarray] = []
     for start in range(0, n_users, block_users):
@@ -129,7 +133,8 @@ def similarity_weighted_ratings(
     item_features: np.ndarray,
 ) -> np.ndarray:
     """FedRec+ virtual ratings: for pseudo item j of user u,
-    ``sum_i w_ij r_ui / sum_i w_ij`` over the user's rated items i, with ``w_ij = (1 + cos_ij) / 2``.
+    ``sum_i w_ij r_ui / sum_i w_ij`` over the user's rated items i, with
+    ``w_ij = (1 + cos_ij) / 2``.
 
     This project's choice (the paper says only that the rating "comes from the similar rated
     items"): the kernel ``(1 + cos) / 2`` is non-negative and linear in the encodings, so the sums

@@ -17,11 +17,15 @@ def take_rows(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
         ``(entries, new_indptr)``: positions of the taken entries in the original arrays, and the
         offsets of the taken rows within ``entries``.
     """
+    if len(rows) == len(indptr) - 1 and np.array_equal(rows, np.arange(len(rows))):
+        return np.arange(indptr[-1], dtype=np.int64), np.asarray(indptr, dtype=np.int64)
     starts = indptr[rows]
     lengths = indptr[rows + 1] - starts
     new_indptr = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_indptr[1:])
-    entries = np.arange(new_indptr[-1], dtype=np.int64) + np.repeat(starts - new_indptr[:-1], lengths)
+    entries = np.arange(new_indptr[-1], dtype=np.int64) + np.repeat(
+        starts - new_indptr[:-1], lengths
+    )
     return entries, new_indptr
 
 
@@ -86,10 +90,13 @@ def rated_dot(
                 lo, hi = order_starts[b], order_starts[b + 1]
                 if hi > lo:
                     dense = left[start : start + block] @ right.T
-                    out[lo:hi] = dense[left_index[lo:hi] - start, right_index[lo:hi]]
+                    flat = (left_index[lo:hi] - start) * n_right + right_index[lo:hi]
+                    out[lo:hi] = np.take(dense.ravel(), flat)
             return out
     ones = np.ones(left.shape[1])
     for lo in range(0, len(left_index), chunk):
         hi = min(lo + chunk, len(left_index))
-        out[lo:hi] = (left[left_index[lo:hi]] * right[right_index[lo:hi]]) @ ones
+        out[lo:hi] = (
+            np.take(left, left_index[lo:hi], axis=0) * np.take(right, right_index[lo:hi], axis=0)
+        ) @ ones
     return out

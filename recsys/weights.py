@@ -55,7 +55,8 @@ def client_weights(
     """Aggregation weight of each client.
 
     Args:
-        weighting: ``"uniform"`` (1), ``"count"`` (n_u / cap) or ``"wasserstein"`` (see module docstring).
+        weighting: ``"uniform"`` (1), ``"count"`` (n_u / cap) or ``"wasserstein"`` (module
+            docstring).
         counts: rows each client uploads, ``(n,)``.
         client_sum, client_sum_sq: per-client sums of its gradient rows and of their squares,
             ``(n, d)``.

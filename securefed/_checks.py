@@ -12,10 +12,14 @@ def finite_array(name: str, values: np.ndarray) -> np.ndarray:
         ValueError: naming ``name`` and the first offending position.
     """
     array = np.asarray(values, dtype=np.float64)
+    if np.isfinite(np.add.reduce(array, axis=None)):
+        return array  # a finite sum has no NaN or infinity among its terms
     bad = ~np.isfinite(array)
     if bad.any():
         position = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name} contains {array[position]} at index {position}; only finite values")
+        raise ValueError(
+            f"{name} contains {array[position]} at index {position}; only finite values"
+        )
     return array
 
 

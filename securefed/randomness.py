@@ -2,10 +2,11 @@
 
 Every random draw in securefed and its recommenders comes from a generator handed out by a
 :class:`SeedTree`; nothing touches numpy's global state. A stream is addressed by a path such as
-``("sampling", round_id)`` or ``("client", round_id, client_id)``; the path becomes the ``spawn_key``
-of a :class:`numpy.random.SeedSequence`, which is exactly how ``SeedSequence.spawn`` derives its
-children, so streams are statistically independent and the same seed gives the same numbers
-whatever order the streams are asked for in (which is what makes resume-from-checkpoint exact).
+``("sampling", round_id)`` or ``("client", round_id, client_id)``; the path becomes the
+``spawn_key`` of a :class:`numpy.random.SeedSequence`, which is exactly how
+``SeedSequence.spawn`` derives its children, so streams are statistically independent and the
+same seed gives the same numbers whatever order the streams are asked for in (which is what
+makes resume-from-checkpoint exact).
 
 Two modes, after Opacus's ``secure_mode``:
 
@@ -88,7 +89,7 @@ class SeedTree:
         return np.random.Generator(np.random.PCG64(self.sequence(*path)))
 
     def key(self, *path: int | str, nbytes: int = 32) -> bytes:
-        """``nbytes`` of seed material for the stream at ``path`` (e.g. to key a cipher in tests)."""
+        """``nbytes`` of seed material for the stream at ``path`` (e.g. a cipher key in tests)."""
         words = self.sequence(*path).generate_state((nbytes + 3) // 4, dtype=np.uint32)
         return words.tobytes()[:nbytes]
 

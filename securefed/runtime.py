@@ -61,7 +61,9 @@ class ClientSampling:
         if self.mode == "all" or (self.mode == "fixed" and self.clients_per_round >= n_clients):
             return np.arange(n_clients, dtype=np.int64)
         if self.mode == "fixed":
-            return np.sort(rng.choice(n_clients, self.clients_per_round, replace=False)).astype(np.int64)
+            return np.sort(rng.choice(n_clients, self.clients_per_round, replace=False)).astype(
+                np.int64
+            )
         return np.flatnonzero(rng.random(n_clients) < self.rate(n_clients)).astype(np.int64)
 
 
@@ -146,7 +148,9 @@ def run_rounds(
     progress = _progress_bar(options, start)
     try:
         for round_id in range(start, options.rounds):
-            clients = options.sampling.sample(algorithm.n_clients, seeds.generator("sampling", round_id))
+            clients = options.sampling.sample(
+                algorithm.n_clients, seeds.generator("sampling", round_id)
+            )
             metrics = dict(algorithm.run_round(round_id, clients, transport, seeds))
             metrics["round"] = round_id
             metrics["clients"] = len(clients)
@@ -158,7 +162,9 @@ def run_rounds(
                 progress.set_postfix({k: f"{v:.4g}" for k, v in metrics.items() if k != "round"})
             done = round_id + 1
             if checkpoints and (done % options.checkpoint_every == 0 or done == options.rounds):
-                checkpoints.save(done, algorithm, transport.view, seeds, options.fingerprint, history)
+                checkpoints.save(
+                    done, algorithm, transport.view, seeds, options.fingerprint, history
+                )
     finally:
         if progress is not None:
             progress.close()
@@ -243,7 +249,8 @@ class Checkpoints:
             raise CheckpointError(f"{self.latest}: not a securefed checkpoint of version 1")
         if meta["fingerprint"] != _jsonable(fingerprint):
             changed = sorted(
-                k for k in set(meta["fingerprint"]) | set(_jsonable(fingerprint))
+                k
+                for k in set(meta["fingerprint"]) | set(_jsonable(fingerprint))
                 if meta["fingerprint"].get(k) != _jsonable(fingerprint).get(k)
             )
             raise CheckpointError(

@@ -82,7 +82,9 @@ class RoundSelection:
             elif part.isdigit():
                 rounds.add(int(part))
             else:
-                raise ValueError(f"cannot parse round selection {part!r}: use all, none, last:K, N, A-B")
+                raise ValueError(
+                    f"cannot parse round selection {part!r}: use all, none, last:K, N, A-B"
+                )
         return cls(rounds=frozenset(rounds), last=last)
 
     def keeps(self, round_id: int, total_rounds: int | None = None) -> bool:
@@ -150,13 +152,17 @@ class RoundView:
         where = np.minimum(where, max(len(self.clients) - 1, 0))
         if len(self.clients) == 0 or np.any(self.clients[where] != wanted):
             missing = wanted[(len(self.clients) == 0) | (self.clients[where] != wanted)]
-            raise ValueError(f"client(s) {missing[:5].tolist()} are not part of round {self.round_id}")
+            raise ValueError(
+                f"client(s) {missing[:5].tolist()} are not part of round {self.round_id}"
+            )
         return where
 
     def add_bytes_up(self, clients: np.ndarray | Collection[int], nbytes: np.ndarray | int) -> None:
         np.add.at(self.bytes_up, self.positions(clients), nbytes)
 
-    def add_bytes_down(self, clients: np.ndarray | Collection[int], nbytes: np.ndarray | int) -> None:
+    def add_bytes_down(
+        self, clients: np.ndarray | Collection[int], nbytes: np.ndarray | int
+    ) -> None:
         np.add.at(self.bytes_down, self.positions(clients), nbytes)
 
     def record_payload(self, client: int, fields: Mapping[str, np.ndarray]) -> None:
@@ -316,10 +322,13 @@ class ServerView:
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ViewFormatError(f"{manifest_path}: not valid JSON ({error})") from error
         if manifest.get("format") != FORMAT_NAME:
-            raise ViewFormatError(f"{manifest_path}: format is {manifest.get('format')!r}, "
-                                  f"expected {FORMAT_NAME!r}")
+            raise ViewFormatError(
+                f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"
+            )
         if manifest.get("version") != FORMAT_VERSION:
-            raise ViewFormatError(f"{manifest_path}: unsupported version {manifest.get('version')!r}")
+            raise ViewFormatError(
+                f"{manifest_path}: unsupported version {manifest.get('version')!r}"
+            )
         view = cls(
             manifest["transport"],
             keep_payloads=RoundSelection.parse(manifest.get("keep_payloads", "none")),
@@ -330,7 +339,9 @@ class ServerView:
 
             def read(key: str) -> np.ndarray:
                 if key not in arrays:
-                    raise ViewFormatError(f"{arrays_path}: array {key!r} named by the manifest is missing")
+                    raise ViewFormatError(
+                        f"{arrays_path}: array {key!r} named by the manifest is missing"
+                    )
                 return arrays[key]
 
             for entry in manifest["rounds"]:

@@ -145,6 +145,35 @@ def test_two_round_closed_form_on_hand_made_gradients():
     np.testing.assert_allclose(grid.values, r, atol=1e-9)
 
 
+def test_closed_form_with_pseudo_rows_uses_only_the_real_ones():
+    rng = np.random.default_rng(5)
+    items, V0, U0, r, _ = _hand_made_round(rng, dim=6, n=5)
+    pseudo = np.setdiff1d(np.arange(30), items)[:5]
+    rows = np.concatenate([items, pseudo])
+    virtual = np.full(5, 3.37)  # FedRec's user-mean virtual rating, off the grid
+    gamma, lam, mu = 0.02, 0.1, 0.2
+    e = r - V0[items] @ U0
+    U1 = U0 - gamma * (-2 * (e[:, None] * V0[items]).sum(0) + 2 * lam * U0)  # "sum" step
+    V1 = V0 + rng.normal(0, 0.01, V0.shape)
+
+    def gradients(U, V, values):
+        return -2 * (values - V[rows] @ U)[:, None] * U + 2 * mu * V[rows]
+
+    g0 = gradients(U0, V0, np.concatenate([r, virtual]))
+    g1 = gradients(U1, V1, np.concatenate([r, virtual]))
+    protocol = FedMFProtocol(
+        gamma, lam, mu, "sum", "before", 1, 6, 30, ML100K_SCALE, "fedrec", 1.0, True
+    )
+    real = np.arange(10) < 5
+    closed = invert_two_rounds(
+        ClientUpload(0, rows, g0), ClientUpload(0, rows, g1), V0, V1, protocol, real=real
+    )
+    np.testing.assert_allclose(closed.values, np.concatenate([r, virtual]), atol=1e-9)
+    grid = invert_one_round(ClientUpload(0, rows, g0), V0, protocol)
+    np.testing.assert_array_equal(grid.support, real)
+    np.testing.assert_allclose(grid.values, closed.values, atol=1e-9)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     st.lists(st.floats(-3, 3), min_size=1, max_size=6),
@@ -163,7 +192,12 @@ def test_grid_candidates_put_a_row_on_a_level(ms, cs):
 def test_on_grid_and_upload_order_helpers():
     scale = RatingScale(0.5, 5.0, 0.5)
     assert on_grid(np.array([0.5, 3.0, 4.5000000001, 3.2, 5.5, 0.0]), scale).tolist() == [
-        True, True, True, False, False, False,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
     ]
     protocol = FedMFProtocol(0.1, 0.1, 0.1, "mean", "before", 1, 4, 100, scale, "fedrec", 1.0, True)
     assert ascending_runs(np.array([3, 7, 9, 1, 5, 8])).tolist() == [0, 3]
@@ -197,7 +231,11 @@ def test_extract_upload_rejects_bad_payloads(train):
         ({"user_step": "sum", "lr": 0.01}, "last:2", "closed_form"),
         ({"local_steps": 2}, "last:2", "closed_form"),
         ({"gradient_user_vector": "after"}, "last:1", "rating_grid"),
-        ({"gradient_user_vector": "after", "user_step": "sum", "lr": 0.01}, "last:1", "rating_grid"),
+        (
+            {"gradient_user_vector": "after", "user_step": "sum", "lr": 0.01},
+            "last:1",
+            "rating_grid",
+        ),
         ({"gradient_user_vector": "after"}, "last:2", "closed_form"),
     ],
 )
@@ -251,41 +289,61 @@ def test_fedrec_item_inference(train, warmup):
 def test_fedrec_plus_item_inference_near_pseudo_ratio(heavy, rho):
     fedrec = verify(sort_rows(run_view(heavy, variant="fedrec", rho=rho)), heavy)
     report = verify(sort_rows(run_view(heavy, variant="fedrec+", rho=rho)), heavy)
-    ceiling = 2.0 / (2.0 + rho)
+    # What the pseudo ratio allows: every uploaded row predicted rated, F1 = 2 / (2 + rho) (a bit
+    # more for heavy users, whose pseudo count is capped by their unrated items).
+    ceiling = report.item_attacks["uploaded"]["f1"]
+    assert abs(ceiling - 2.0 / (2.0 + rho)) < 0.05
     f1 = report.overall["f1"]
-    assert abs(f1 - ceiling) < 0.03
-    assert abs(report.overall["precision"] - 1.0 / (1.0 + rho)) < 0.03
+    assert abs(f1 - ceiling) < 0.01
+    assert abs(report.overall["precision"] - 1.0 / (1.0 + rho)) < 0.05
     assert f1 < fedrec.overall["f1"] - 0.25
     assert "item_inference.update_consistency" not in report.attacks_applied
     # ratings of the rows are still recovered exactly: FedRec+ hides which, not what
     assert share_exact(report) >= 0.99
 
 
-def test_fedrec_plus_after_warmup_leaks_beyond_the_pseudo_ratio(heavy):
-    # Past the warm-up a pseudo row's virtual rating is the user's own rounded prediction, made
-    # with the vector the inversion recovers: rows that differ from it are surely real.
-    report = verify(sort_rows(run_view(heavy, variant="fedrec+", warmup_rounds=0)), heavy)
-    assert "item_inference.virtual_rating" in report.attacks_applied
-    assert report.overall["precision"] >= 0.99
-    assert report.overall["f1"] > 2 / 3 + 0.2
+def test_fedrec_plus_closes_the_order_and_prediction_leaks(heavy):
+    # Found by this suite and fixed in recsys/fedmf.py: rows went out rated-then-pseudo (the
+    # order gave them away), and past the warm-up a pseudo row's virtual rating was the user's own
+    # rounded prediction, recomputable from the recovered vector. Rows are now sorted by item and
+    # FedRec+ always rates pseudo items from the similar rated items.
+    report = verify(run_view(heavy, variant="fedrec+", warmup_rounds=0), heavy)  # wire order
+    ceiling = report.item_attacks["uploaded"]["f1"]
+    assert report.overall["f1"] < ceiling + 0.05
+    assert report.overall["precision"] < 0.6
 
 
-def test_update_consistency_exposes_light_fedrec_plus_users(train):
-    report = verify(sort_rows(run_view(train, variant="fedrec+")), train)
-    n = report.per_user["n_ratings"]
-    light = 2 * n <= 20  # rho = 1: rated + pseudo rows <= dim
+def test_update_consistency_would_expose_light_users_without_padding(train):
+    # With rated + pseudo rows <= dim, one user step pins down the real rows. FedRec+ pads light
+    # users to dim + 1 rows; FedRec (no padding) shows what happens without it.
+    padded = verify(sort_rows(run_view(train, variant="fedrec+")), train)
+    bare = verify(
+        sort_rows(
+            run_view(
+                train,
+                variant="fedrec",
+                warmup_rounds=100,
+                rho=1.0,
+                virtual_on_scale=True,
+                resample_pseudo=False,
+            )
+        ),
+        train,
+    )
+    light = 2 * bare.per_user["n_ratings"] <= 20  # rho = 1: rated + pseudo rows <= dim
     assert light.sum() >= 5
-    assert "item_inference.update_consistency" in report.attacks_applied
-    np.testing.assert_allclose(report.per_user["f1"][light], 1.0)
-    assert abs(report.per_user["f1"][~light].mean() - 2 / 3) < 0.03
+    assert "item_inference.update_consistency" in bare.attacks_applied
+    np.testing.assert_allclose(bare.per_user["f1"][light], 1.0)
+    assert np.mean(padded.per_user["f1"][light]) < 0.95
+    assert abs(padded.per_user["f1"][~light].mean() - 2 / 3) < 0.03
 
 
 def test_upload_order_leak(train):
     view = rated_first(run_view(train, variant="fedrec+"), train)
     report = verify(view, train)
     assert "item_inference.upload_order" in report.attacks_applied
-    assert report.item_attacks["upload_order"]["f1"] >= 0.99
-    assert report.overall["f1"] >= 0.99
+    assert report.item_attacks["upload_order"]["f1"] >= 0.9
+    assert report.overall["f1"] >= 0.9
 
 
 # ------------------------------------------------------------------------------ views

@@ -59,7 +59,9 @@ def _batch(clients, rows_per_client, width=3, n_rows=6, seed=0, dense=False, wei
     rows = [rng.choice(n_rows, k, replace=False) for k in rows_per_client]
     indptr = np.concatenate([[0], np.cumsum(rows_per_client)])
     values = rng.normal(size=(indptr[-1], width))
-    return RowUpdates(np.array(clients), indptr, np.concatenate(rows), values, n_rows, dense, weights)
+    return RowUpdates(
+        np.array(clients), indptr, np.concatenate(rows), values, n_rows, dense, weights
+    )
 
 
 def test_plaintext_round_sums_weighted_rows_and_counts_bytes():
@@ -122,8 +124,9 @@ def test_server_view_round_trip(tmp_path):
     assert np.array_equal(loaded.round(1).broadcast["V"], np.full((4, 2), 1))
     for client in (0, 1):
         for field in ("rows", "values", "weight"):
-            assert np.array_equal(view.round(1).payload(client)[field],
-                                  loaded.round(1).payload(client)[field])
+            assert np.array_equal(
+                view.round(1).payload(client)[field], loaded.round(1).payload(client)[field]
+            )
     with pytest.raises(KeyError, match="kept no payloads"):
         loaded.round(0).payload(0)
     manifest = json.loads((tmp_path / "view" / "manifest.json").read_text())
@@ -131,7 +134,7 @@ def test_server_view_round_trip(tmp_path):
 
 
 def test_server_view_load_names_what_is_wrong(tmp_path):
-    with pytest.raises(ViewFormatError, match="manifest.json is missing"):
+    with pytest.raises(ViewFormatError, match=r"manifest\.json is missing"):
         ServerView.load(tmp_path)
     PlaintextTransport().view.save(tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -153,7 +156,7 @@ def test_client_sampling():
 
 
 class _Averager:
-    """A tiny algorithm: clients send noisy copies of a target; the server moves towards the mean."""
+    """A tiny algorithm: clients send noisy copies of a target; the server moves to the mean."""
 
     n_clients = 8
 
@@ -181,17 +184,24 @@ class _Averager:
 def _run(tmp_path, rounds, resume=True, fingerprint=None):
     algorithm, transport = _Averager(), PlaintextTransport()
     history = run_rounds(
-        algorithm, transport, SeedTree(1),
-        RunOptions(rounds=rounds, sampling=ClientSampling("poisson", 4),
-                   checkpoint_dir=tmp_path, checkpoint_every=3, resume=resume,
-                   fingerprint=fingerprint or {"lr": 0.5}),
+        algorithm,
+        transport,
+        SeedTree(1),
+        RunOptions(
+            rounds=rounds,
+            sampling=ClientSampling("poisson", 4),
+            checkpoint_dir=tmp_path,
+            checkpoint_every=3,
+            resume=resume,
+            fingerprint=fingerprint or {"lr": 0.5},
+        ),
     )
     return algorithm, transport, history
 
 
 def test_resume_gives_the_identical_result(tmp_path):
     reference, reference_transport, _ = _run(tmp_path / "a", 10)
-    _run(tmp_path / "b", 6)                       # interrupted after 6 rounds
+    _run(tmp_path / "b", 6)  # interrupted after 6 rounds
     resumed, transport, history = _run(tmp_path / "b", 10)
     assert history.resumed_from == 6
     assert np.array_equal(resumed.state, reference.state)

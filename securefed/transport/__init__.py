@@ -1,4 +1,4 @@
-"""Transports: how client updates reach the server (plaintext; secure aggregation, CKKS and DP plug in)."""
+"""Transports: how client updates reach the server (plaintext, secure aggregation, DP, ...)."""
 
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
 from securefed.transport.plaintext import PlaintextTransport

@@ -78,7 +78,8 @@ class RowUpdates:
             raise ValueError(f"indptr must be {len(clients) + 1} non-decreasing offsets from 0")
         if indptr[-1] != len(rows) or len(rows) != len(values):
             raise ValueError(
-                f"indptr ends at {indptr[-1]} but there are {len(rows)} rows and {len(values)} values"
+                f"indptr ends at {indptr[-1]} but there are {len(rows)} rows "
+                f"and {len(values)} values"
             )
         if len(rows) and (rows.min() < 0 or rows.max() >= self.n_rows):
             raise ValueError(f"row indices must lie in [0, {self.n_rows})")
@@ -98,7 +99,9 @@ class RowUpdates:
         if vector.ndim != 1:
             raise ValueError(f"a submitted vector must be 1-D, got shape {vector.shape}")
         weights = None if weight is None else np.array([weight], dtype=np.float64)
-        return cls(np.array([client]), np.array([0, 1]), np.zeros(1), vector[None, :], 1, True, weights)
+        return cls(
+            np.array([client]), np.array([0, 1]), np.zeros(1), vector[None, :], 1, True, weights
+        )
 
     @property
     def width(self) -> int:
@@ -127,10 +130,14 @@ class RowUpdates:
         """``sum_k weight_k * block_k`` computed without densifying any client."""
         from scipy import sparse  # local: scipy is only needed by the plaintext fast path
 
-        counts = np.diff(self.indptr)
-        entry_weight = np.repeat(self.client_weights(), counts)
-        selector = sparse.csr_matrix(
-            (entry_weight, (self.rows, np.arange(len(self.rows)))), shape=(self.n_rows, len(self.rows))
+        if self.weights is None:
+            entry_weight = np.ones(len(self.rows))
+        else:
+            entry_weight = np.repeat(self.weights, np.diff(self.indptr))
+        # Column j of the selector holds entry j's weight at its row: a scatter-add in C.
+        selector = sparse.csc_matrix(
+            (entry_weight, self.rows, np.arange(len(self.rows) + 1)),
+            shape=(self.n_rows, len(self.rows)),
         )
         return np.asarray(selector @ self.values)
 
@@ -148,7 +155,7 @@ class RowUpdates:
 
 @dataclass(frozen=True, eq=False)
 class Aggregate:
-    """What a round yields: ``total = sum_k w_k x_k`` and ``weight = sum_k w_k`` over contributors."""
+    """What a round yields: ``total = sum_k w_k x_k`` and ``weight = sum_k w_k``, k contributing."""
 
     total: np.ndarray
     weight: float
@@ -225,7 +232,9 @@ class AggregationRound(ABC):
         self.view.positions(updates.clients)  # raises for clients outside the round
         repeated = self.submitted.intersection(updates.clients.tolist())
         if repeated:
-            raise AggregationError(f"client(s) {sorted(repeated)[:5]} already submitted in this round")
+            raise AggregationError(
+                f"client(s) {sorted(repeated)[:5]} already submitted in this round"
+            )
         gone = self.dropped.intersection(updates.clients.tolist())
         if gone:
             raise AggregationError(f"client(s) {sorted(gone)[:5]} dropped out and cannot submit")
@@ -245,7 +254,9 @@ class AggregationRound(ABC):
         self.view.dropped = sorted(self.dropped)
         self._on_drop(int(client))
 
-    def broadcast(self, name: str, value: np.ndarray, *, bytes_per_client: int | None = None) -> None:
+    def broadcast(
+        self, name: str, value: np.ndarray, *, bytes_per_client: int | None = None
+    ) -> None:
         """Send ``value`` to every client of the round: recorded, and counted as bytes down."""
         value = np.asarray(value)
         nbytes = value.size * FLOAT_BYTES if bytes_per_client is None else bytes_per_client
@@ -291,9 +302,13 @@ class Transport(ABC):
 
     name: str = "abstract"
 
-    def __init__(self, *, keep_payloads: RoundSelection = NO_PAYLOADS, total_rounds: int | None = None):
+    def __init__(
+        self, *, keep_payloads: RoundSelection = NO_PAYLOADS, total_rounds: int | None = None
+    ):
         self.view = ServerView(
-            self.name, keep_payloads=keep_payloads, total_rounds=total_rounds,
+            self.name,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
             public=self.public_parameters(),
         )
 

@@ -1,0 +1,310 @@
+"""FedMF benchmarks: the ML-100K splits table, transports against plaintext, weights, speed, scale.
+
+Run through the CLI (``securefed bench fedmf-splits`` and friends) or ``python -m
+benchmarks.bench_fedmf <name>``. Each writes a JSON record and a markdown table under
+``results/`` and prints the table. Ratios are always measured in the same process and run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+from scipy import sparse
+
+from benchmarks import datasets
+from benchmarks.experiment import FedMFRun, run_fedmf, save_json
+from recsys.data import synthetic_ratings
+from recsys.fedmf import FedMF, FedMFConfig
+from recsys.sparse_rows import rated_dot
+from securefed import PlaintextTransport, RoundSelection, SeedTree
+
+RESULTS = Path("results")
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    """A GitHub markdown table of ``rows`` restricted to ``columns`` (floats to 4 digits)."""
+
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.3g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _write(name: str, payload: dict, table: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_json(payload, out / f"{name}.json")
+    (out / f"{name}.md").write_text(table + "\n")
+    print(table)
+    print(f"\nwritten: {out / name}.json, {out / name}.md")
+
+
+# ---------------------------------------------------------------------- the splits table
+def splits(args: argparse.Namespace) -> int:
+    """Vanilla FedMF, FedRec (rho=1) and FedRec+ on every requested split, plaintext."""
+    rows = []
+    for split_name in args.splits.split(","):
+        split = datasets.load(args.data, split_name)
+        for variant in args.variants.split(","):
+            config = FedMFConfig(variant=variant, rounds=args.rounds)
+            record, _, _ = run_fedmf(split, FedMFRun(config=config, seed=args.seed, progress=False))
+            record["split"] = split_name
+            rows.append(record)
+            print(
+                f"{split_name} {variant}: rmse {record['rmse']:.4f} mae {record['mae']:.4f} "
+                f"({record['seconds']:.1f} s)",
+                flush=True,
+            )
+    summary = []
+    for variant in args.variants.split(","):
+        mine = [r for r in rows if r["variant"] == variant]
+        summary.append(
+            {
+                "variant": variant,
+                "splits": len(mine),
+                "rmse_mean": float(np.mean([r["rmse"] for r in mine])),
+                "rmse_std": float(np.std([r["rmse"] for r in mine])),
+                "mae_mean": float(np.mean([r["mae"] for r in mine])),
+                "seconds_mean": float(np.mean([r["seconds"] for r in mine])),
+            }
+        )
+    table = markdown_table(
+        summary, ["variant", "splits", "rmse_mean", "rmse_std", "mae_mean", "seconds_mean"]
+    )
+    _write("fedmf_splits", {"runs": rows, "summary": summary}, table, Path(args.out))
+    return 0
+
+
+# ---------------------------------------------------------------------- transports vs plaintext
+def transports(args: argparse.Namespace) -> int:
+    """The same runs in plaintext and through ``--transport``: test RMSE difference and cost."""
+    split = datasets.load(args.data, args.split)
+    rows = []
+    for variant in args.variants.split(","):
+        for dropout in [float(x) for x in args.dropout.split(",")]:
+            config = FedMFConfig(
+                variant=variant, rounds=args.rounds, upload="full", dropout=dropout
+            )
+            records = {}
+            for transport in ("plaintext", args.transport):
+                run = FedMFRun(config=config, transport=transport, seed=args.seed, progress=False)
+                records[transport], _, _ = run_fedmf(split, run)
+            private, plain = records[args.transport], records["plaintext"]
+            rows.append(
+                {
+                    "variant": variant,
+                    "dropout": dropout,
+                    "rounds": args.rounds,
+                    "rmse_plaintext": plain["rmse"],
+                    f"rmse_{args.transport}": private["rmse"],
+                    "rmse_difference": private["rmse"] - plain["rmse"],
+                    "seconds_plaintext": plain["seconds"],
+                    f"seconds_{args.transport}": private["seconds"],
+                    "time_ratio": private["seconds"] / plain["seconds"],
+                    "kib_up_per_client_round": private["bytes_up_per_client"] / 1024,
+                }
+            )
+            print(rows[-1], flush=True)
+    columns = list(rows[0])
+    _write(
+        f"fedmf_{args.transport.replace('+', '_')}_vs_plaintext",
+        {"rows": rows},
+        markdown_table(rows, columns),
+        Path(args.out),
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- FedRec+ weights
+def weights(args: argparse.Namespace) -> int:
+    """FedRec+ with uniform, sample-count and Wasserstein client weights."""
+    split = datasets.load(args.data, args.split)
+    rows = []
+    for weighting in ("uniform", "count", "wasserstein"):
+        config = FedMFConfig(variant="fedrec+", rounds=args.rounds, weighting=weighting)
+        record, _, _ = run_fedmf(split, FedMFRun(config=config, seed=args.seed, progress=False))
+        rows.append(
+            {
+                "weighting": weighting,
+                "rmse": record["rmse"],
+                "mae": record["mae"],
+                "seconds": record["seconds"],
+            }
+        )
+        print(rows[-1], flush=True)
+    _write(
+        "fedrec_plus_weights",
+        {"rows": rows, "data": split.name},
+        markdown_table(rows, ["weighting", "rmse", "mae", "seconds"]),
+        Path(args.out),
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- speed and scale
+def centralised_step(csr: sparse.csr_matrix, U: np.ndarray, V: np.ndarray, config: FedMFConfig):
+    """One full-batch gradient step of the same objective, computed centrally (the reference).
+
+    ``U`` steps with the per-user mean of its residuals, ``V`` with the per-item mean, exactly
+    the update a FedMF round computes, but without building any client's upload. ``csr`` is the
+    training matrix (users x items), built once as the federated model also does.
+    """
+    users = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    errors = csr.data - rated_dot(U, V, users, csr.indices)
+    residuals = sparse.csr_matrix((errors, csr.indices, csr.indptr), shape=csr.shape)
+    user_counts = np.maximum(np.diff(csr.indptr), 1)[:, None]
+    item_counts = np.bincount(csr.indices, minlength=csr.shape[1])[:, None]
+    new_u = U - config.lr * (-2 * (residuals @ V) / user_counts + 2 * config.reg_user * U)
+    item_grad = -2 * (residuals.T @ U) + 2 * config.reg_item * item_counts * V
+    new_v = V - config.server_lr * item_grad / np.maximum(item_counts, 1)
+    return new_u, new_v
+
+
+def _median_seconds(function, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def perf(args: argparse.Namespace) -> int:
+    """A FedMF round against a centralised full-batch step, and a round at scale."""
+    split = datasets.load(args.data, args.split)
+    train, config, seeds = split.train, FedMFConfig(), SeedTree(0)
+    model = FedMF(train, config, seeds)
+    clients = np.arange(train.n_users)
+
+    def federated(keep):
+        transport = PlaintextTransport(keep_payloads=RoundSelection(every=keep))
+        model.run_round(0, clients, transport, seeds)
+
+    state = model.state_dict()
+
+    def reset():
+        model.load_state_dict(state)
+
+    csr = train.to_csr()
+    centralised = _median_seconds(
+        lambda: centralised_step(csr, model.U, model.V, config), args.repeats
+    )
+    plain = _median_seconds(lambda: (reset(), federated(False)), args.repeats)
+    recorded = _median_seconds(lambda: (reset(), federated(True)), args.repeats)
+    rows = [
+        {
+            "data": split.name,
+            "users": train.n_users,
+            "items": train.n_items,
+            "ratings": len(train),
+            "centralised_step_ms": centralised * 1e3,
+            "fedmf_round_ms": plain * 1e3,
+            "round_over_centralised": plain / centralised,
+            "round_with_recording_ms": recorded * 1e3,
+            "recording_over_plain": recorded / plain,
+        }
+    ]
+    print(markdown_table(rows, list(rows[0])), flush=True)
+    scale_rows = []
+    if args.scale_users:
+        scale_rows.append(_scale(args))
+        print(markdown_table(scale_rows, list(scale_rows[0])), flush=True)
+    table = markdown_table(rows, list(rows[0]))
+    if scale_rows:
+        table += "\n\n" + markdown_table(scale_rows, list(scale_rows[0]))
+    _write("fedmf_perf", {"round": rows, "scale": scale_rows}, table, Path(args.out))
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> dict:
+    """One round on a synthetic set: time and the round's peak memory against the ratings' size."""
+    started = time.perf_counter()
+    ratings = synthetic_ratings(args.scale_users, args.scale_items, args.scale_ratings, seed=0)
+    generated = time.perf_counter() - started
+    config = FedMFConfig(dim=args.scale_dim)
+    seeds = SeedTree(0)
+    model = FedMF(ratings, config, seeds)
+    transport = PlaintextTransport()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    baseline, _ = tracemalloc.get_traced_memory()
+    started = time.perf_counter()
+    model.run_round(0, np.arange(ratings.n_users), transport, seeds)
+    seconds = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    model_state = (
+        model.U.nbytes
+        + model.V.nbytes
+        + model.indptr.nbytes
+        + model.items.nbytes
+        + model.ratings.nbytes
+    )
+    return {
+        "users": ratings.n_users,
+        "items": ratings.n_items,
+        "ratings": len(ratings),
+        "dim": config.dim,
+        "generate_s": generated,
+        "round_s": seconds,
+        "ratings_mb": ratings.nbytes / 2**20,
+        "round_peak_extra_mb": (peak - baseline) / 2**20,
+        "round_peak_over_ratings": (peak - baseline) / ratings.nbytes,
+        "model_state_mb": model_state / 2**20,
+    }
+
+
+# ---------------------------------------------------------------------- registration
+def register(benches) -> None:
+    def common(parser, data="ml-100k", split="u1"):
+        parser.add_argument("--data", default=data)
+        parser.add_argument("--split", default=split)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--out", default=str(RESULTS))
+
+    parser = benches.add_parser("fedmf-splits", help="FedMF/FedRec/FedRec+ on ML-100K u1..u5")
+    common(parser)
+    parser.add_argument("--splits", default="u1,u2,u3,u4,u5")
+    parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
+    parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
+    parser.set_defaults(func=splits)
+
+    parser = benches.add_parser("fedmf-transport", help="a transport against plaintext")
+    common(parser)
+    parser.add_argument("--transport", default="secagg")
+    parser.add_argument("--variants", default="fedmf,fedrec+")
+    parser.add_argument("--dropout", default="0,0.1")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.set_defaults(func=transports)
+
+    parser = benches.add_parser("fedrec-weights", help="FedRec+ client weightings compared")
+    common(parser)
+    parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
+    parser.set_defaults(func=weights)
+
+    parser = benches.add_parser("fedmf-perf", help="round vs centralised step; scale")
+    common(parser)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--scale-users", type=int, default=100_000)
+    parser.add_argument("--scale-items", type=int, default=20_000)
+    parser.add_argument("--scale-ratings", type=int, default=10_000_000)
+    parser.add_argument("--scale-dim", type=int, default=20)
+    parser.set_defaults(func=perf)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fedmf")
+    register(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

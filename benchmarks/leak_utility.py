@@ -1,0 +1,301 @@
+"""Leak versus utility: train each FedMF variant over each transport, attack every view.
+
+For every (variant, transport) cell: train on the training split, measure test RMSE/MAE, then hand
+the ServerView of the last two rounds to :func:`attacks.verify` and score what it recovers
+against the true training ratings (share of ratings recovered exactly, rating-recovery RMSE,
+rated-item precision/recall/F1) beside a chance baseline. A transport that cannot run here
+appears as a row that says why. Output: ``leak_utility.json``, ``leak_utility.md`` and
+``leak_utility.png`` in ``--out``.
+
+Transport specs: ``plaintext``, ``secagg``, ``ckks``, ``dp:EPS`` (central DP at epsilon EPS),
+``secagg+dp:EPS`` (distributed DP under secure aggregation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from attacks import verify
+from benchmarks import datasets
+from benchmarks.bench_fedmf import markdown_table
+from benchmarks.experiment import FedMFRun, run_fedmf, save_json
+from benchmarks.transports import TransportUnavailable
+from recsys.data import Ratings, Split, random_split, reindex
+from recsys.fedmf import FedMFConfig
+from securefed import RoundSelection
+
+DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
+LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
+
+
+@dataclass(frozen=True)
+class LeakUtilityConfig:
+    """What the benchmark runs.
+
+    Attributes:
+        data: data set (``ml-latest-small`` embedded, ``ml-100k``, or a path).
+        split: split name (``u1`` for ML-100K; random otherwise).
+        rounds: training rounds of every cell.
+        variants: FedMF variants.
+        transports: transport specs (module docstring).
+        seed: the run seed.
+        max_users, max_items: keep only the most active users / most rated items (0: all), to
+            make a small version (the demo).
+        dp_clip: per-client L2 clip of the DP transports.
+    """
+
+    data: str = "ml-latest-small"
+    split: str | None = None
+    rounds: int = 200
+    variants: tuple[str, ...] = ("fedmf", "fedrec", "fedrec+")
+    transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS.split(","))
+    seed: int = 0
+    max_users: int = 0
+    max_items: int = 0
+    dp_clip: float = 1.0
+    progress: bool = True
+    extra_config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rounds < 2:
+            raise ValueError("the attack needs two rounds: rounds must be >= 2")
+
+
+def parse_transport(spec: str) -> tuple[str, dict]:
+    """``"dp:4"`` -> ``("dp", {"epsilon": 4.0})``; ``"secagg"`` -> ``("secagg", {})``."""
+    name, _, argument = spec.partition(":")
+    if not argument:
+        return name, {}
+    return name, {"epsilon": float(argument)}
+
+
+def restrict(ratings: Ratings, max_users: int, max_items: int) -> Ratings:
+    """The ``max_items`` most rated items and, among their raters, the ``max_users`` most active."""
+    keep = np.ones(len(ratings), bool)
+    if max_items:
+        popular = np.argsort(-np.bincount(ratings.items, minlength=ratings.n_items))[:max_items]
+        keep &= np.isin(ratings.items, popular)
+    if max_users:
+        activity = np.bincount(ratings.users[keep], minlength=ratings.n_users)
+        active = np.argsort(-activity)[:max_users]
+        keep &= np.isin(ratings.users, active)
+    users, items, user_ids, item_ids = reindex(
+        ratings.user_ids[ratings.users[keep]], ratings.item_ids[ratings.items[keep]]
+    )
+    return Ratings(
+        users,
+        items,
+        ratings.ratings[keep],
+        None if ratings.timestamps is None else ratings.timestamps[keep],
+        len(user_ids),
+        len(item_ids),
+        ratings.scale,
+        user_ids,
+        item_ids,
+        name=f"{ratings.name}[{len(user_ids)}x{len(item_ids)}]",
+    )
+
+
+def load_split(config: LeakUtilityConfig) -> Split:
+    split = datasets.load(config.data, config.split, seed=config.seed)
+    if not (config.max_users or config.max_items):
+        return split
+    whole = np.concatenate  # re-split the restricted union so train and test share an index space
+    union = Ratings(
+        whole([split.train.users, split.test.users]),
+        whole([split.train.items, split.test.items]),
+        whole([split.train.ratings, split.test.ratings]),
+        None,
+        split.train.n_users,
+        split.train.n_items,
+        split.train.scale,
+        split.train.user_ids,
+        split.train.item_ids,
+        name=split.name,
+    )
+    small = restrict(union, config.max_users, config.max_items)
+    return random_split(small, 0.2, np.random.default_rng(config.seed))
+
+
+def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -> dict:
+    """Train one (variant, transport) cell, attack its view, return the table row."""
+    name, options = parse_transport(spec)
+    hiding = name != "plaintext"
+    model_config = FedMFConfig(
+        variant=variant,
+        rounds=config.rounds,
+        upload="full" if hiding else "part",
+        **config.extra_config,
+    )
+    if name in ("dp", "secagg+dp"):
+        options["clip"] = config.dp_clip
+    run = FedMFRun(
+        config=model_config,
+        transport=name,
+        seed=config.seed,
+        keep_payloads=RoundSelection(last=2),
+        progress=False,
+        transport_options=options,
+    )
+    row = {"variant": variant, "transport": spec, "status": "ok"}
+    started = time.perf_counter()
+    try:
+        record, _, transport = run_fedmf(split, run)
+    except TransportUnavailable as error:
+        return row | {"status": f"unavailable: {error}"}
+    attack_started = time.perf_counter()
+    report = verify(transport.view, split.train)
+    row |= {
+        "rmse": record["rmse"],
+        "mae": record["mae"],
+        "epsilon": record.get("epsilon"),
+        "kib_up_per_client_round": record["bytes_up_per_client"] / 1024,
+        "train_seconds": record["seconds"],
+        "attack_seconds": time.perf_counter() - attack_started,
+        "seconds": time.perf_counter() - started,
+        "attacks": ",".join(report.attacks_applied) or "none",
+    }
+    for key in LEAK_COLUMNS:
+        row[f"leak_{key}"] = report.overall.get(key, float("nan"))
+        row[f"chance_{key}"] = report.baseline.get(key, float("nan"))
+    row["notes"] = " ".join(report.notes)
+    return row
+
+
+def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
+    """Every cell, then the JSON, markdown and PNG outputs."""
+    from tqdm.auto import tqdm
+
+    split = load_split(config)
+    cells = [(v, t) for v in config.variants for t in config.transports]
+    rows = []
+    bar = tqdm(cells, desc="leak-utility", disable=not config.progress)
+    for variant, spec in bar:
+        bar.set_postfix_str(f"{variant} / {spec}")
+        rows.append(run_cell(split, variant, spec, config))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "data": split.name,
+        "users": split.train.n_users,
+        "items": split.train.n_items,
+        "train": len(split.train),
+        "test": len(split.test),
+        "rounds": config.rounds,
+        "seed": config.seed,
+    }
+    save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
+    columns = [
+        "variant",
+        "transport",
+        "status",
+        "rmse",
+        "epsilon",
+        "leak_exact_share",
+        "chance_exact_share",
+        "leak_rmse",
+        "chance_rmse",
+        "leak_f1",
+        "chance_f1",
+        "kib_up_per_client_round",
+        "seconds",
+    ]
+    header = (
+        f"Data: {meta['data']} ({meta['users']} users, {meta['items']} items, "
+        f"{meta['train']} train / {meta['test']} test ratings), {config.rounds} rounds, "
+        f"seed {config.seed}.\n\n"
+    )
+    table = header + markdown_table(rows, columns)
+    (out / "leak_utility.md").write_text(table + "\n")
+    plot(rows, out / "leak_utility.png", meta)
+    print(table)
+    print(f"\nwritten: {out}/leak_utility.json, .md, .png")
+    return rows
+
+
+def plot(rows: list[dict], path: Path, meta: dict) -> None:
+    """Test RMSE against the two leak measures, one point per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "ok"]
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    markers = {"fedmf": "o", "fedrec": "s", "fedrec+": "^"}
+    for axis, key, label in (
+        (axes[0], "leak_exact_share", "ratings recovered exactly"),
+        (axes[1], "leak_f1", "rated-item F1"),
+    ):
+        for row in done:
+            axis.scatter(row[key], row["rmse"], marker=markers.get(row["variant"], "o"), s=50)
+            axis.annotate(
+                f"{row['variant']}/{row['transport']}",
+                (row[key], row["rmse"]),
+                fontsize=7,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
+        axis.set_xlabel(f"leak: {label} (honest-but-curious server)")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("test RMSE (utility: lower is better)")
+    figure.suptitle(f"Leak versus utility on {meta['data']} ({meta['rounds']} rounds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def demo(data: str = "ml-latest-small", out: str = "results/demo") -> int:
+    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes)."""
+    config = LeakUtilityConfig(
+        data=data,
+        rounds=60,
+        max_users=150,
+        max_items=300,
+        transports=("plaintext", "secagg", "dp:8", "secagg+dp:8"),
+        extra_config={"lr": 0.15, "server_lr": 0.15},
+    )
+    print(
+        f"securefed demo: FedMF, FedRec and FedRec+ on {data} (150 most active users x 300 "
+        "most rated items), plaintext / secure aggregation / DP; each view is attacked.\n"
+    )
+    run(config, out)
+    return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = LeakUtilityConfig(
+        data=args.data,
+        split=args.split,
+        rounds=args.rounds,
+        variants=tuple(args.variants.split(",")),
+        transports=tuple(args.transports.split(",")),
+        seed=args.seed,
+        max_users=args.max_users,
+        max_items=args.max_items,
+        dp_clip=args.dp_clip,
+    )
+    run(config, args.out)
+    return 0
+
+
+def register(benches) -> None:
+    parser = benches.add_parser(
+        "leak-utility", help="leak versus utility, every variant x transport"
+    )
+    parser.add_argument("--data", default="ml-latest-small")
+    parser.add_argument("--split", default=None)
+    parser.add_argument("--rounds", type=int, default=LeakUtilityConfig.rounds)
+    parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
+    parser.add_argument("--transports", default=DEFAULT_TRANSPORTS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-users", type=int, default=0)
+    parser.add_argument("--max-items", type=int, default=0)
+    parser.add_argument("--dp-clip", type=float, default=1.0)
+    parser.add_argument("--out", default="results/leak_utility")
+    parser.set_defaults(func=_main)
