@@ -400,8 +400,8 @@ class FedMF:
         """Build the ``(n_items + 2, dim + 1)`` row blocks of a group of clients.
 
         Each client's two statistics rows are laid out after its item rows with a zero item
-        vector and a zero error, so every row's gradient comes out of one vectorised pass and
-        only the ``2 * len(clients)`` statistics rows are written afterwards.
+        vector and a zero error, so every row comes out of one vectorised pass and only the
+        ``2 * len(clients)`` statistics rows are written afterwards.
         """
         cfg = self.config
         n, d = len(clients), cfg.dim
@@ -412,17 +412,19 @@ class FedMF:
         rows[at_items], errors[at_items] = data.items, data.errors
         rows[at_stats] = np.tile([self.n_items, self.n_items + 1], n)
         owner = row_ids(indptr)
-        item_factors = np.vstack([self.V, np.zeros((2, d))])
-        gradients = np.take(gradient_user, owner, axis=0)
-        gradients *= (-2.0 * errors)[:, None]
-        regularisation = np.take(item_factors, rows, axis=0)
-        regularisation *= 2.0 * cfg.reg_item
-        gradients += regularisation
-        del regularisation
+        # Row k is [-2 e_k U_owner + 2 mu V_item, 1]: gather [U, 0] and [2 mu V, 1] (statistics
+        # rows gather zeros) so the whole block comes out of two contiguous gathers.
+        user_part = np.hstack([gradient_user, np.zeros((n, 1))])
+        item_part = np.zeros((self.n_items + 2, d + 1))
+        item_part[: self.n_items, :d] = 2.0 * cfg.reg_item * self.V
+        item_part[: self.n_items, d] = 1.0
+        values = np.take(user_part, owner, axis=0)
+        values *= (-2.0 * errors)[:, None]
+        values += np.take(item_part, rows, axis=0)
         uploaded = np.diff(data.indptr).astype(np.float64)
         if cfg.client_weighting == "wasserstein":
-            gradient_sum = segment_sum(gradients, indptr)
-            gradient_sq = segment_sum(gradients**2, indptr)
+            gradient_sum = segment_sum(values[:, :d], indptr)
+            gradient_sq = segment_sum(values[:, :d] ** 2, indptr)
         else:  # the statistics only feed the Wasserstein weights
             gradient_sum = gradient_sq = np.zeros((n, d))
         weights = client_weights(
@@ -436,10 +438,7 @@ class FedMF:
             cfg.count_cap,
         )
         if cfg.client_weighting != "uniform":
-            gradients *= weights[owner, None]
-        values = np.empty((indptr[-1], d + 1))
-        values[:, :d] = gradients
-        values[:, d] = weights[owner]
+            values *= weights[owner, None]
         values[at_stats[0::2], :d], values[at_stats[0::2], d] = gradient_sum, uploaded
         values[at_stats[1::2], :d], values[at_stats[1::2], d] = gradient_sq, weights
         return RowUpdates(

@@ -27,10 +27,6 @@ def pseudo_counts(
     return np.minimum(wanted, n_items - rated_counts)
 
 
-def _rated_keys(indptr: np.ndarray, items: np.ndarray, n_items: int) -> np.ndarray:
-    return np.sort(row_ids(indptr) * n_items + items)
-
-
 def sample_unrated(
     indptr: np.ndarray,
     items: np.ndarray,
@@ -49,30 +45,54 @@ def sample_unrated(
     Returns:
         ``(pseudo_indptr, pseudo_items)``, CSR by user, items sorted within each user.
     """
-    rated = _rated_keys(indptr, items, n_items)
     n_users = len(indptr) - 1
-    chosen = np.zeros(0, dtype=np.int64)
-    missing = counts.astype(np.int64).copy()
+    counts = counts.astype(np.int64)
+    rated_counts = np.diff(indptr)
+    unrated = n_items - rated_counts
+    # Position p among user u's unrated items is item p + #{rated items r_j with r_j - j <= p}
+    # (items sorted within each user), so sampling positions needs no membership tests.
+    rank = np.arange(len(items)) - np.repeat(indptr[:-1], rated_counts)
+    shifted = row_ids(indptr) * n_items + items - rank
+    # Users who need most of their unrated items: exact draw without replacement (rejection
+    # would crawl near saturation). Everyone else: vectorised draws with replacement, deduplicated.
+    crowded = np.flatnonzero(counts > unrated // 2)
+    chosen_parts = [
+        user * n_items + rng.choice(unrated[user], counts[user], replace=False) for user in crowded
+    ]
+    need = counts.copy()
+    need[crowded] = 0
+    chosen_parts.append(_distinct_positions(need, unrated, n_items, rng))
+    positions = np.sort(np.concatenate(chosen_parts))
+    owner = positions // n_items
+    offset = np.searchsorted(shifted, positions, side="right") - indptr[owner]
+    pseudo_items = positions % n_items + offset
+    pseudo_indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=n_users), out=pseudo_indptr[1:])
+    return pseudo_indptr, pseudo_items
+
+
+def _distinct_positions(
+    need: np.ndarray, population: np.ndarray, n_items: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``need[u]`` distinct positions in ``[0, population[u])`` per user, as keys
+    ``u * n_items + position``: oversample with replacement, keep the first distinct draws in draw
+    order, and redraw only for the users still short (rare when ``need <= population / 2``)."""
+    chosen, missing = [], need.copy()
     while missing.sum() > 0:
-        # Oversample, then drop rated items and repeats; loop for the (rare) shortfall.
-        draws = np.ceil(missing * 1.3).astype(np.int64) + 2 * (missing > 0)
-        users = np.repeat(np.arange(n_users), draws)
-        keys = users * n_items + rng.integers(0, n_items, len(users))
-        at = np.searchsorted(rated, keys)
-        keys = keys[(at >= len(rated)) | (rated[np.minimum(at, len(rated) - 1)] != keys)]
-        keys = np.setdiff1d(keys, chosen, assume_unique=False)  # sorted, unique
-        keys = rng.permutation(keys)
+        users = np.repeat(np.arange(len(need)), 2 * missing + 4 * (missing > 0))
+        keys = users * n_items + (rng.random(len(users)) * population[users]).astype(np.int64)
+        if chosen:
+            keys = keys[~np.isin(keys, np.concatenate(chosen))]
+        keys, first = np.unique(keys, return_index=True)
+        keys = keys[np.argsort(first)]  # draw order decides which distinct draws are kept
         owner = keys // n_items
         order = np.argsort(owner, kind="stable")
         keys, owner = keys[order], owner[order]
-        first = np.searchsorted(owner, np.arange(n_users))
-        rank = np.arange(len(keys)) - first[owner]
-        take = keys[rank < missing[owner]]
-        chosen = np.union1d(chosen, take)
-        missing = counts - np.bincount(chosen // n_items, minlength=n_users)
-    pseudo_indptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(np.bincount(chosen // n_items, minlength=n_users), out=pseudo_indptr[1:])
-    return pseudo_indptr, chosen % n_items
+        rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
+        kept = keys[rank < missing[owner]]
+        chosen.append(kept)
+        missing = missing - np.bincount(kept // n_items, minlength=len(need))
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def normalise_rows(features: np.ndarray) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""Federated reinforcement learning on securefed: FedHPD and its baselines."""
