@@ -47,10 +47,12 @@ from scipy import sparse
 
 from recsys.data import Ratings, RatingScale
 from recsys.filling import (
+    keyed_uniforms,
     most_similar_unrated,
     pseudo_counts,
     sample_unrated,
     similarity_weighted_ratings,
+    stochastic_snap,
     user_mean_ratings,
 )
 from recsys.sparse_rows import merge_rows, rated_dot, row_ids, segment_sum, take_rows
@@ -87,6 +89,14 @@ class FedMFConfig:
             published; False for FedRec+).
         virtual_on_scale: snap virtual ratings onto the rating scale (``None``: False for FedRec,
             as published; True for FedRec+).
+        virtual_rating: where virtual ratings come from: ``"hybrid"`` (FedRec: the user's mean
+            for ``warmup_rounds``, then its prediction), ``"similar"`` (similarity-weighted mean
+            of the user's ratings; FedRec+ default) or ``"prediction"`` (the user's prediction
+            from the start: most accurate, but recomputable by the server). ``None``: the
+            variant's default.
+        virtual_rounding: how virtual ratings are put on the scale: ``"nearest"`` grid point, or
+            ``"stochastic"`` (the grid point below or above with probabilities that keep the
+            expected value, fresh each round: unbiased filling at the price of noise).
         weighting: client weights, ``"uniform"``, ``"count"`` or ``"wasserstein"`` (``None``:
             Wasserstein for FedRec+, uniform otherwise).
         tau: temperature of the Wasserstein weights.
@@ -113,6 +123,8 @@ class FedMFConfig:
     warmup_rounds: int = 10
     resample_pseudo: bool | None = None
     virtual_on_scale: bool | None = None
+    virtual_rating: Literal["hybrid", "similar", "prediction"] | None = None
+    virtual_rounding: Literal["nearest", "stochastic"] = "nearest"
     weighting: Literal["uniform", "count", "wasserstein"] | None = None
     tau: float = 1.0
     count_cap: float = 1000.0
@@ -130,6 +142,14 @@ class FedMFConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.virtual_rating not in (None, "hybrid", "similar", "prediction"):
+            raise ValueError(
+                f"virtual_rating must be hybrid, similar or prediction, got {self.virtual_rating!r}"
+            )
+        if self.virtual_rounding not in ("nearest", "stochastic"):
+            raise ValueError(
+                f"virtual_rounding must be nearest or stochastic, got {self.virtual_rounding!r}"
+            )
         if self.weighting is not None and self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         for name in ("dim", "local_steps", "chunk_ratings"):
@@ -167,6 +187,12 @@ class FedMFConfig:
         return self.variant == "fedrec+"
 
     @property
+    def virtual_source(self) -> str:
+        if self.virtual_rating is not None:
+            return self.virtual_rating
+        return "similar" if self.variant == "fedrec+" else "hybrid"
+
+    @property
     def client_weighting(self) -> str:
         if self.weighting is not None:
             return self.weighting
@@ -179,6 +205,7 @@ class FedMFConfig:
             "pseudo_items_resampled": self.fills and self.pseudo_resampled,
             "virtual_ratings_on_scale": (not self.fills) or self.virtual_snapped,
             "weighting": self.client_weighting,
+            "virtual_rating": self.virtual_source,
         }
 
 
@@ -324,7 +351,7 @@ class FedMF:
             return _RoundData(indptr, items, real_errors, n_real)
         pseudo_indptr, pseudo_items = self._pseudo_sets(round_id, clients, indptr, items, seeds)
         virtual = self._virtual_ratings(
-            round_id, clients, indptr, items, pseudo_indptr, pseudo_items
+            round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds
         )
         pseudo_owner = row_ids(pseudo_indptr)
         pseudo_errors = virtual - rated_dot(gradient_user, self.V, pseudo_owner, pseudo_items)
@@ -377,22 +404,32 @@ class FedMF:
         self.pseudo_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.pseudo_chosen[users] = True
 
-    def _virtual_ratings(self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items):
+    def _virtual_ratings(
+        self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds
+    ):
         cfg = self.config
         owner = row_ids(pseudo_indptr)
-        if cfg.variant == "fedrec+":
-            # Always from the similar rated items: a prediction <U_u, V_j> would equal what the
-            # server computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
+        if cfg.virtual_source == "similar":
+            # From the similar rated items: a prediction <U_u, V_j> would equal what the server
+            # computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
             entries, _ = take_rows(self.indptr, clients)
             virtual = similarity_weighted_ratings(
                 indptr, items, self.ratings[entries], pseudo_indptr, pseudo_items, self.V
             )
-        elif round_id >= cfg.warmup_rounds:
+        elif round_id >= cfg.warmup_rounds or cfg.virtual_source == "prediction":
             virtual = rated_dot(self.U[clients], self.V, owner, pseudo_items)
         else:
             virtual = self.user_mean[clients][owner]
         virtual = self.scale.clip(virtual)
-        return self.scale.snap(virtual) if cfg.virtual_snapped else virtual
+        if not cfg.virtual_snapped:
+            return virtual
+        if cfg.virtual_rounding == "nearest":
+            return self.scale.snap(virtual)
+        seed = int.from_bytes(seeds.key("virtual", round_id, nbytes=8), "little")
+        uniforms = keyed_uniforms(seed, clients[owner] * self.n_items + pseudo_items)
+        return self.scale.clip(
+            stochastic_snap(virtual, self.scale.minimum, self.scale.step, uniforms)
+        )
 
     def _encode_uploads(
         self, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray

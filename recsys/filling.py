@@ -172,3 +172,25 @@ def similarity_weighted_ratings(
     fallback = rating_sums[owners] / np.maximum(counts[owners], 1)
     safe = denominator > 1e-9
     return np.where(safe, numerator / np.where(safe, denominator, 1.0), fallback)
+
+
+def keyed_uniforms(seed: int, keys: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1) that depend only on ``(seed, key)``: one splitmix64 hash per key.
+
+    Counter-based, so a pair's draw does not depend on how clients are grouped or ordered.
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(keys, dtype=np.uint64) + np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+        z = z * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def stochastic_snap(values: np.ndarray, levels_min: float, step: float, uniforms: np.ndarray):
+    """Round each value to the grid point below or above it with probabilities that make the
+    result unbiased (``E[snap(v)] = v`` inside the scale)."""
+    position = (np.asarray(values, dtype=np.float64) - levels_min) / step
+    lower = np.floor(position)
+    return levels_min + step * (lower + (uniforms < position - lower))

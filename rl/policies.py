@@ -48,8 +48,7 @@ class AgentSpec:
             raise ValueError(f"hidden must be one or more positive widths, got {self.hidden}")
         if len(self.activations) != len(self.hidden):
             raise ValueError(
-                f"{len(self.hidden)} hidden layers need as many activations, "
-                f"got {self.activations}"
+                f"{len(self.hidden)} hidden layers need as many activations, got {self.activations}"
             )
         unknown = set(self.activations) - set(ACTIVATIONS)
         if unknown:
@@ -227,7 +226,9 @@ def load_vector(policy: nn.Module, vector: np.ndarray) -> nn.Module:
     flat = torch.as_tensor(np.asarray(vector), dtype=reference.dtype)
     n = sum(p.numel() for p in policy.parameters())
     if flat.shape != (n,):
-        raise ValueError(f"this policy has {n} parameters, the vector has shape {tuple(flat.shape)}")
+        raise ValueError(
+            f"this policy has {n} parameters, the vector has shape {tuple(flat.shape)}"
+        )
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(flat, policy.parameters())
     return policy

@@ -1,0 +1,780 @@
+"""The fast FedHPD learner: the mathematics of :mod:`rl.fedhpd`, vectorised.
+
+Where the time goes in the step-by-step learner is per-step framework overhead of many tiny
+networks (spec section 7), so this learner removes overhead without touching the mathematics:
+
+* Populations. Any number of runs (settings x seeds) of one task advance round by round together.
+  Their agents are grouped by architecture (widths and activations) across runs: each group's
+  parameters are stacked (``torch.func.stack_module_state``) into one ``(copies, n_params)``
+  tensor, so one batched matrix product serves every copy (what ``vmap`` over the stacked modules
+  computes, written as ``baddbmm`` to skip vmap's per-call overhead).
+* Rollouts without autograd (spec section 2). Every environment of the population steps as one
+  batch (:class:`CartPoleBatch` integrates CartPole-v1's equations for all copies at once with
+  numpy; other tasks step a list of gymnasium environments); the policies act through numpy views
+  of the stacked parameters. Actions are drawn by the same inverse-CDF / ``mean + std * z`` rule
+  from the same noise as the reference learner.
+* One batched recompute per round: each group recomputes the log-probabilities of all its copies'
+  episodes in one padded batch (zero returns past an episode's end) and takes one gradient. Same
+  parameters, same actions, so the same gradient as the graph kept step by step.
+* Adam / AdamW per copy on the stacked tensor: the element-wise formulas of ``torch.optim.Adam``
+  (single-tensor path) with a per-copy step count and learning rate (StepLR per copy), so copies
+  that skip a step (a NoFed run while a FedHPD run distils) keep their state untouched.
+* Distillation and DPA queries batch the copies of the runs that distil this round; every run
+  still sends its own uploads through its own transport.
+
+Results equal the reference learner's up to floating-point summation order (batched products add
+in another order): the same episode returns on short schedules and parameters equal to about
+1e-6; ``securefed bench fedhpd-speed`` and tests/test_fedhpd.py check it.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from rl.fedhpd import (
+    ADAM_BETAS,
+    ADAM_EPS,
+    ADAMW_WEIGHT_DECAY,
+    FedHPDConfig,
+    RunResult,
+    RunSpec,
+    TaskSpec,
+    aggregate_uploads,
+    consensus,
+    discounted_returns,
+    dpa_loss,
+    dpa_server_step,
+    distill_loss,
+    initial_policies,
+    make_env,
+    make_public_states,
+    parts,
+    round_noise,
+    stream_seed,
+)
+from rl.policies import (
+    MIN_STD,
+    MLPPolicy,
+    gaussian_log_prob,
+    sample_categorical,
+    sample_gaussian,
+    softmax_np,
+    softplus_np,
+)
+from securefed import PlaintextTransport, SeedTree
+
+
+# == Vectorised environments ==================================================================
+class CartPoleBatch:
+    """``n`` CartPole-v1 environments integrated together (gymnasium 1.x dynamics, float64 state,
+    Euler integration, reward 1 per step including the terminating one, truncation at ``cap``).
+
+    Each copy keeps its own ``numpy`` Generator made like gymnasium's ``reset(seed=s)``
+    (``gymnasium.utils.seeding.np_random``), so a copy reset with seed ``s`` and then without a
+    seed starts every episode where ``gym.make("CartPole-v1")`` would.
+    """
+
+    gravity, masscart, masspole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
+    total_mass = masspole + masscart
+    polemass_length = masspole * length
+    theta_threshold = 12 * 2 * math.pi / 360
+    x_threshold = 2.4
+
+    def __init__(self, n: int, cap: int) -> None:
+        self.n, self.cap = n, cap
+        self.state = np.zeros((n, 4))
+        self.steps = np.zeros(n, dtype=np.int64)
+        self.rngs: list[np.random.Generator | None] = [None] * n
+        self._new = np.zeros((n, 4))
+        self._ones = np.ones(n)
+
+    def reset(self, which: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
+        from gymnasium.utils import seeding
+
+        for i, seed in zip(np.asarray(which).tolist(), seeds):
+            if seed is not None:
+                self.rngs[i] = seeding.np_random(int(seed))[0]
+            elif self.rngs[i] is None:
+                raise ValueError(f"environment {i} was never seeded")
+            self.state[i] = self.rngs[i].uniform(low=-0.05, high=0.05, size=(4,))
+            self.steps[i] = 0
+        return self.state.astype(np.float32)
+
+    def step(
+        self, actions: np.ndarray, active: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        state, new = self.state, self._new
+        x, x_dot, theta, theta_dot = state[:, 0], state[:, 1], state[:, 2], state[:, 3]
+        force = np.where(np.asarray(actions) == 1, self.force_mag, -self.force_mag)
+        costheta, sintheta = np.cos(theta), np.sin(theta)
+        temp = (force + self.polemass_length * np.square(theta_dot) * sintheta) / self.total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * np.square(costheta) / self.total_mass)
+        )
+        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        np.add(x, self.tau * x_dot, out=new[:, 0])
+        np.add(x_dot, self.tau * xacc, out=new[:, 1])
+        np.add(theta, self.tau * theta_dot, out=new[:, 2])
+        np.add(theta_dot, self.tau * thetaacc, out=new[:, 3])
+        np.copyto(state, new, where=active[:, None])
+        self.steps += active
+        x, theta = state[:, 0], state[:, 2]
+        done = (np.abs(x) > self.x_threshold) | (np.abs(theta) > self.theta_threshold)
+        done |= self.steps >= self.cap
+        return state.astype(np.float32), self._ones, done
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class GymBatch:
+    """``n`` gymnasium environments of a task stepped in a loop (Box2D and MuJoCo tasks)."""
+
+    def __init__(self, spec: TaskSpec, n: int) -> None:
+        self.spec = spec
+        self.envs = [make_env(spec) for _ in range(n)]
+        self.obs = np.zeros((n, spec.obs_dim), dtype=np.float32)
+        self.reward = np.zeros(n)
+        self.done = np.zeros(n, dtype=bool)
+
+    def reset(self, which: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
+        for i, seed in zip(np.asarray(which).tolist(), seeds):
+            obs, _ = self.envs[i].reset(seed=None if seed is None else int(seed))
+            self.obs[i] = obs
+        return self.obs.copy()
+
+    def step(
+        self, actions: np.ndarray, active: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        discrete = self.spec.kind == "categorical"
+        self.reward[:] = 0.0
+        for i in np.flatnonzero(active).tolist():
+            action = int(actions[i]) if discrete else actions[i]
+            obs, reward, terminated, truncated, _ = self.envs[i].step(action)
+            self.obs[i], self.reward[i], self.done[i] = obs, reward, terminated or truncated
+        return self.obs.copy(), self.reward.copy(), self.done.copy()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def make_env_batch(spec: TaskSpec, n: int) -> CartPoleBatch | GymBatch:
+    """A batch of ``n`` environments of ``spec``: vectorised for CartPole, a list otherwise."""
+    if spec.name == "cartpole":
+        return CartPoleBatch(n, spec.episode_cap)
+    return GymBatch(spec, n)
+
+
+# == Stacked agents ===========================================================================
+class _Group:
+    """The copies of one architecture across the population, stacked, with their Adam state.
+
+    Args:
+        policies: the copies' initial policies (same architecture).
+        lrs: each copy's learning rate.
+        spec: the task.
+    """
+
+    def __init__(self, policies: Sequence[MLPPolicy], lrs: Sequence[float], spec: TaskSpec):
+        first = policies[0]
+        self.kind, self.activations, self.spec = first.kind, first.spec.activations, spec
+        self.size = len(policies)
+        params, _ = torch.func.stack_module_state(list(policies))
+        names = [name for name, _ in first.named_parameters()]
+        self.flat = torch.cat([params[n].detach().reshape(self.size, -1) for n in names], 1)
+        self.flat = self.flat.contiguous()
+        self.dtype = self.flat.dtype
+        offsets, start = {}, 0
+        for name, param in first.named_parameters():
+            offsets[name] = (slice(start, start + param.numel()), tuple(param.shape))
+            start += param.numel()
+        n_layers = len(first.layers)
+        self.layers = [self._linear(offsets, f"layers.{i}") for i in range(n_layers)]
+        self.head = self._linear(offsets, "head")
+        self.std_head = self._linear(offsets, "std_head") if self.kind == "gaussian" else None
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self.steps = [0] * self.size
+        self.lr = [float(lr) for lr in lrs]
+        self.schedule_steps = [0] * self.size
+        self.on_change = None
+
+    @staticmethod
+    def _linear(offsets, prefix):
+        (w, (out, inp)), (b, _) = offsets[f"{prefix}.weight"], offsets[f"{prefix}.bias"]
+        return w, b, out, inp
+
+    # -- forward passes ---------------------------------------------------------------------
+    def forward(
+        self, params: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stacked forward: ``params (C, P)``, ``x (C, B, in)`` -> logits or ``(mean, std)``."""
+        c = params.shape[0]
+
+        def linear(layer, h):
+            w, b, out, inp = layer
+            weight = params[:, w].view(c, out, inp).transpose(1, 2)
+            return torch.baddbmm(params[:, b].view(c, 1, out), h, weight)
+
+        h = x
+        for layer, activation in zip(self.layers, self.activations):
+            h = linear(layer, h)
+            h = torch.relu(h) if activation == "relu" else torch.tanh(h)
+        if self.std_head is None:
+            return linear(self.head, h), None
+        return linear(self.head, h), F.softplus(linear(self.std_head, h)) + MIN_STD
+
+    def weights(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(W^T (C, in, out), b (C, out))`` per layer (hidden layers, head, std head), numpy."""
+        flat = self.flat.numpy()
+        out = []
+        for w, b, n_out, n_in in [
+            *self.layers,
+            self.head,
+            *([self.std_head] * bool(self.std_head)),
+        ]:
+            weight = flat[:, w].reshape(self.size, n_out, n_in).transpose(0, 2, 1)
+            out.append((weight, flat[:, b]))
+        return out
+
+    def refresh(self) -> None:
+        """Tell the rollout side that the parameters changed."""
+        if self.on_change is not None:
+            self.on_change(self)
+
+    # -- the optimiser ----------------------------------------------------------------------
+    def adam_step(self, rows: np.ndarray, grad: torch.Tensor, *, schedule: bool) -> None:
+        """``torch.optim.Adam`` / ``AdamW`` (single-tensor formulas) on the copies ``rows``."""
+        beta1, beta2 = ADAM_BETAS
+        rows_list = rows.tolist()
+        index = torch.as_tensor(rows, dtype=torch.long)
+        every = len(rows_list) == self.size
+        param = self.flat if every else self.flat[index]
+        exp_avg = self.exp_avg if every else self.exp_avg[index]
+        exp_avg_sq = self.exp_avg_sq if every else self.exp_avg_sq[index]
+
+        def column(values):
+            return torch.tensor(values, dtype=self.dtype).view(-1, 1)
+
+        for r in rows_list:
+            self.steps[r] += 1
+        lrs = [self.lr[r] for r in rows_list]
+        steps = [float(self.steps[r]) for r in rows_list]
+        if self.spec.optimizer == "adamw":
+            param.mul_(column([1 - lr * ADAMW_WEIGHT_DECAY for lr in lrs]))
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step_size = [lr / (1 - beta1**s) for lr, s in zip(lrs, steps)]
+        bias_correction2_sqrt = [(1 - beta2**s) ** 0.5 for s in steps]
+        denom = (exp_avg_sq.sqrt() / column(bias_correction2_sqrt)).add_(ADAM_EPS)
+        param.add_(column([-s for s in step_size]) * exp_avg / denom)
+        if not every:
+            self.flat[index], self.exp_avg[index], self.exp_avg_sq[index] = (
+                param,
+                exp_avg,
+                exp_avg_sq,
+            )
+        if schedule and self.spec.lr_decay is not None:
+            for r in rows_list:
+                self.schedule_steps[r] += 1
+                if self.schedule_steps[r] % self.spec.lr_decay_every == 0:
+                    self.lr[r] *= self.spec.lr_decay
+        self.refresh()
+
+
+class _ActGroup:
+    """Rollout-side copies of one depth and activation pattern, zero-padded to common widths.
+
+    Padding is exact: a padded unit has zero weights in and out, so it outputs ``act(0) = 0``
+    (relu and tanh) and adds nothing. Merging several architectures into one batched forward
+    cuts the per-step numpy calls, which dominate rollouts of tiny networks.
+
+    Args:
+        groups: parameter groups sharing depth and activations, in global order.
+        kind: ``categorical`` or ``gaussian``.
+        obs_dim, act_dim: input and output sizes.
+        dtype: numpy dtype of the parameters.
+    """
+
+    def __init__(self, groups: Sequence[_Group], obs_dim: int, act_dim: int, dtype) -> None:
+        self.activations = groups[0].activations
+        self.gaussian = groups[0].std_head is not None
+        widths = [max(g.layers[i][2] for g in groups) for i in range(len(self.activations))]
+        sizes = list(zip([obs_dim, *widths], [*widths, act_dim]))
+        if self.gaussian:
+            sizes.append((widths[-1], act_dim))
+        total = sum(g.size for g in groups)
+        self.arrays = [
+            (np.zeros((total, n_in, n_out), dtype), np.zeros((total, 1, n_out), dtype))
+            for n_in, n_out in sizes
+        ]
+        self.offset = {}
+        start = 0
+        for group in groups:
+            self.offset[id(group)] = start
+            start += group.size
+            group.on_change = self.load
+            self.load(group)
+
+    def load(self, group: _Group) -> None:
+        s = self.offset[id(group)]
+        e = s + group.size
+        for (weight, bias), (w, b) in zip(self.arrays, group.weights()):
+            n_in, n_out = w.shape[1:]
+            weight[s:e, :n_in, :n_out] = w
+            bias[s:e, 0, :n_out] = b
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rollout forward without autograd: ``obs (C, in)`` -> ``(C, A)`` logits or means."""
+        h = obs[:, None, :]
+        n_hidden = len(self.activations)
+        for (weight, bias), activation in zip(self.arrays[:n_hidden], self.activations):
+            h = np.matmul(h, weight)
+            h += bias
+            if activation == "relu":
+                np.maximum(h, 0, out=h)
+            else:
+                np.tanh(h, out=h)
+        weight, bias = self.arrays[n_hidden]
+        first = np.matmul(h, weight) + bias
+        if not self.gaussian:
+            return first[:, 0], None
+        weight, bias = self.arrays[n_hidden + 1]
+        std = softplus_np(np.matmul(h, weight) + bias) + np.asarray(MIN_STD, weight.dtype)
+        return first[:, 0], std[:, 0]
+
+
+def act_buckets(
+    groups: Sequence[_Group], small: int = 20_000, ratio: float = 4.0
+) -> list[list[int]]:
+    """Which parameter groups share a padded rollout forward.
+
+    Groups of the same depth and activations join the bucket of the largest one when padding
+    costs little: the padded network has at most ``small`` parameters (tiny networks, where
+    per-call overhead dominates) or at most ``ratio`` times the group's own.
+    """
+    classes: dict[tuple, list[int]] = {}
+    for i, group in enumerate(groups):
+        classes.setdefault(group.activations, []).append(i)
+    buckets = []
+    for members in classes.values():
+        members = sorted(members, key=lambda i: -groups[i].flat.shape[1])
+        open_buckets: list[list[int]] = []
+        for i in members:
+            size = groups[i].flat.shape[1]
+            for bucket in open_buckets:
+                lead = groups[bucket[0]].flat.shape[1]
+                if lead <= max(small, ratio * size):
+                    bucket.append(i)
+                    break
+            else:
+                open_buckets.append([i])
+        buckets.extend(open_buckets)
+    return buckets
+
+
+# == The population learner ===================================================================
+class Population:
+    """Runs of one task trained together, round by round (see the module docstring).
+
+    Args:
+        runs: the runs; all must share the task, the number of rounds and the dtype.
+    """
+
+    def __init__(self, runs: Sequence[RunSpec]) -> None:
+        if not runs:
+            raise ValueError("a population needs at least one run")
+        first = runs[0].config
+        for run in runs:
+            if (run.config.task, run.config.rounds, run.config.dtype) != (
+                first.task,
+                first.rounds,
+                first.dtype,
+            ):
+                raise ValueError("runs of one population must share task, rounds and dtype")
+        self.spec = spec = first.spec
+        self.rounds, self.cap = first.rounds, spec.episode_cap
+        self.np_dtype = np.float32 if first.dtype == "float32" else np.float64
+        self.configs = [run.config for run in runs]
+        self.seeds = [run.seed for run in runs]
+        self.trees = [SeedTree(run.seed) for run in runs]
+        self.transports = [run.transport or PlaintextTransport() for run in runs]
+        self.aggregations = [0] * len(runs)
+        self.snapshot_rounds = [set(run.snapshot_rounds) for run in runs]
+        self.public = [
+            None
+            if run.config.algorithm != "fedhpd"
+            else np.asarray(
+                make_public_states(run.config) if run.public_states is None else run.public_states,
+                dtype=self.np_dtype,
+            )
+            for run in runs
+        ]
+        # Agents grouped by architecture; global index order is group by group.
+        by_arch: dict[tuple, list[tuple[int, int, MLPPolicy]]] = {}
+        for r, (config, tree) in enumerate(zip(self.configs, self.trees)):
+            for k, (policy, agent) in enumerate(
+                zip(initial_policies(config, tree), config.agent_specs)
+            ):
+                by_arch.setdefault(agent.architecture, []).append((r, k, policy))
+        built = []
+        for members in by_arch.values():
+            lrs = [self.configs[r].agent_specs[k].lr for r, k, _ in members]
+            built.append((_Group([p for _, _, p in members], lrs, spec), members))
+        buckets = act_buckets([group for group, _ in built])
+        self.groups: list[_Group] = []
+        self.bounds: list[tuple[int, int]] = []
+        self.members: list[list[tuple[int, int]]] = []
+        self.position: list[dict[int, int]] = [{} for _ in runs]
+        self.act_groups: list[tuple[_ActGroup, int, int]] = []
+        start = 0
+        for bucket in buckets:
+            bucket_start = start
+            for index in bucket:
+                group, members = built[index]
+                self.groups.append(group)
+                self.bounds.append((start, start + group.size))
+                self.members.append([(r, k) for r, k, _ in members])
+                for i, (r, k, _) in enumerate(members):
+                    self.position[r][k] = start + i
+                start += group.size
+            act = _ActGroup(
+                [built[i][0] for i in bucket], spec.obs_dim, spec.act_dim, self.np_dtype
+            )
+            self.act_groups.append((act, bucket_start, start))
+        self.n = start
+        self.envs = make_env_batch(spec, self.n)
+        self.env_seeds = [0] * self.n
+        for r, tree in enumerate(self.trees):
+            for k, i in self.position[r].items():
+                self.env_seeds[i] = stream_seed(tree, "env", k)
+        shape = (self.n, self.cap)
+        self.obs_buf = np.zeros((*shape, spec.obs_dim), dtype=self.np_dtype)
+        if spec.kind == "categorical":
+            self.act_buf = np.zeros(shape, dtype=np.int64)
+        else:
+            self.act_buf = np.zeros((*shape, spec.act_dim), dtype=self.np_dtype)
+        self.rew_buf = np.zeros(shape)
+        self.server_envs: dict[int, object] = {}
+        self.server_obs: dict[int, np.ndarray] = {}
+        for r, config in enumerate(self.configs):
+            if config.algorithm == "dpa":
+                self.server_envs[r] = make_env(spec)
+                self.server_obs[r], _ = self.server_envs[r].reset(
+                    seed=stream_seed(self.trees[r], "server_env")
+                )
+
+    # -- one round ------------------------------------------------------------------------------
+    def _noise(self, round_id: int) -> np.ndarray:
+        shape = (self.n, self.cap) if self.spec.kind == "categorical" else (
+            self.n, self.cap, self.spec.act_dim
+        )  # fmt: skip
+        noise = np.empty(shape)
+        for r, (config, tree) in enumerate(zip(self.configs, self.trees)):
+            rows = [self.position[r][k] for k in range(config.n_agents)]
+            noise[rows] = round_noise(tree, round_id, config)
+        return noise
+
+    def play(self, round_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every agent plays one episode (no autograd); returns ``(returns, lengths)``."""
+        noise = self._noise(round_id)
+        seeds = self.env_seeds if round_id == 0 else [None] * self.n
+        obs = self.envs.reset(np.arange(self.n), seeds).astype(self.np_dtype)
+        alive = np.ones(self.n, dtype=bool)
+        lengths = np.zeros(self.n, dtype=np.int64)
+        discrete = self.spec.kind == "categorical"
+        first = np.zeros((self.n, self.spec.act_dim), dtype=self.np_dtype)
+        std = np.zeros_like(first)
+        for t in range(self.cap):
+            self.obs_buf[:, t] = obs
+            for group, s, e in self.act_groups:
+                out, out_std = group.act(obs[s:e])
+                first[s:e] = out
+                if out_std is not None:
+                    std[s:e] = out_std
+            if discrete:
+                actions = sample_categorical(softmax_np(first), noise[:, t])
+            else:
+                actions = sample_gaussian(first, std, noise[:, t])
+            self.act_buf[:, t] = actions
+            obs, reward, done = self.envs.step(actions, alive)
+            obs = obs.astype(self.np_dtype)
+            self.rew_buf[:, t] = np.where(alive, reward, 0.0)
+            lengths += alive
+            alive &= ~done
+            if not alive.any():
+                break
+        returns = np.array([np.sum(self.rew_buf[i, :n]) for i, n in enumerate(lengths.tolist())])
+        return returns, lengths
+
+    def learn(self, lengths: np.ndarray) -> None:
+        """One REINFORCE step per agent: each group recomputes its episodes' log-probs at once."""
+        for group, (s, e), members in zip(self.groups, self.bounds, self.members):
+            horizon = int(lengths[s:e].max())
+            g = np.zeros((e - s, horizon))
+            for c, (r, _) in enumerate(members):
+                n = int(lengths[s + c])
+                g[c, :n] = discounted_returns(
+                    self.rew_buf[s + c, :n], self.configs[r].gamma, self.spec.normalise_returns
+                )
+            x = torch.from_numpy(self.obs_buf[s:e, :horizon])
+            actions = torch.from_numpy(self.act_buf[s:e, :horizon])
+            params = group.flat.detach().requires_grad_(True)
+            out, std = group.forward(params, x)
+            if std is None:
+                log_p = F.log_softmax(out, dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
+            else:
+                log_p = gaussian_log_prob(out, std, actions).mean(-1)
+            loss = -(log_p * torch.as_tensor(g, dtype=group.dtype)).sum()
+            (grad,) = torch.autograd.grad(loss, params)
+            group.adam_step(np.arange(e - s), grad, schedule=True)
+
+    def _consensus(self, r: int, uploads: np.ndarray) -> np.ndarray:
+        mean = aggregate_uploads(self.transports[r], self.aggregations[r], uploads, self.trees[r])
+        self.aggregations[r] += 1
+        return consensus(mean, self.spec.kind, self.spec.act_dim)
+
+    def _rows(self, runs: set[int]) -> list[np.ndarray]:
+        return [
+            np.array([c for c, (r, _) in enumerate(m) if r in runs], dtype=np.int64)
+            for m in self.members
+        ]
+
+    def distill(self, runs: list[int]) -> None:
+        """One distillation event for ``runs`` (all share loops and part sizes)."""
+        config = self.configs[runs[0]]
+        if any(
+            (self.configs[r].distill_loops, self.configs[r].part_size)
+            != (config.distill_loops, config.part_size)
+            for r in runs
+        ):
+            raise ValueError("runs distilling together must share distill_loops and part_size")
+        rows = self._rows(set(runs))
+        split = {r: parts(self.public[r], config.part_size) for r in runs}
+        width = self.spec.act_dim * (1 if self.spec.kind == "categorical" else 2)
+        for _ in range(config.distill_loops):
+            for j in range(len(split[runs[0]])):
+                n_states = len(split[runs[0]][j])
+                uploads = {r: np.empty((self.configs[r].n_agents, n_states, width)) for r in runs}
+                outputs = []
+                for group, members, group_rows in zip(self.groups, self.members, rows):
+                    if not len(group_rows):
+                        outputs.append(None)
+                        continue
+                    owners = [members[c] for c in group_rows.tolist()]
+                    x = torch.from_numpy(np.stack([split[r][j] for r, _ in owners]))
+                    params = group.flat[torch.as_tensor(group_rows)].requires_grad_(True)
+                    out, std = group.forward(params, x)
+                    with torch.no_grad():
+                        dist = torch.softmax(out, -1) if std is None else torch.cat([out, std], -1)
+                    for (r, k), d in zip(owners, dist.numpy()):
+                        uploads[r][k] = d
+                    outputs.append((params, out, std, owners))
+                targets = {r: self._consensus(r, uploads[r]) for r in runs}
+                for group, group_rows, output in zip(self.groups, rows, outputs):
+                    if output is None:
+                        continue
+                    params, out, std, owners = output
+                    target = torch.as_tensor(
+                        np.stack([targets[r] for r, _ in owners]), dtype=group.dtype
+                    )
+                    directions = np.array([self.configs[r].direction for r, _ in owners])
+                    loss = 0.0
+                    for direction in np.unique(directions).tolist():
+                        mask = torch.as_tensor(directions == direction)
+                        loss = (
+                            loss
+                            + distill_loss(
+                                out[mask],
+                                None if std is None else std[mask],
+                                target[mask],
+                                direction,
+                            ).sum()
+                        )
+                    (grad,) = torch.autograd.grad(loss, params)
+                    group.adam_step(group_rows, grad, schedule=False)
+
+    def dpa_query(self, runs: list[int], round_id: int) -> None:
+        """One DPA-FedRL query for ``runs``: consensus at each server's state, one step each."""
+        rows = self._rows(set(runs))
+        uploads = {r: np.empty((self.configs[r].n_agents, 1, self.spec.act_dim)) for r in runs}
+        outputs = []
+        for group, members, group_rows in zip(self.groups, self.members, rows):
+            if not len(group_rows):
+                outputs.append(None)
+                continue
+            owners = [members[c] for c in group_rows.tolist()]
+            x = np.stack([self.server_obs[r][None] for r, _ in owners]).astype(self.np_dtype)
+            params = group.flat[torch.as_tensor(group_rows)].requires_grad_(True)
+            out, _ = group.forward(params, torch.from_numpy(x))
+            probs = torch.softmax(out, -1)
+            for (r, k), p in zip(owners, probs.detach().numpy()):
+                uploads[r][k] = p
+            outputs.append((params, probs, owners))
+        means = {r: self._consensus(r, uploads[r]) for r in runs}
+        for group, group_rows, output in zip(self.groups, rows, outputs):
+            if output is None:
+                continue
+            params, probs, owners = output
+            target = torch.as_tensor(np.stack([means[r] for r, _ in owners]), dtype=group.dtype)
+            (grad,) = torch.autograd.grad(dpa_loss(probs, target).sum(), params)
+            schedule = [self.configs[r].dpa_schedule_step for r, _ in owners]
+            if all(schedule) or not any(schedule):
+                group.adam_step(group_rows, grad, schedule=schedule[0])
+            else:
+                for flag in (True, False):
+                    pick = np.array([s == flag for s in schedule])
+                    group.adam_step(group_rows[pick], grad[torch.as_tensor(pick)], schedule=flag)
+        for r in runs:
+            self.server_obs[r] = dpa_server_step(
+                self.server_envs[r], means[r], self.trees[r], round_id
+            )
+
+    # -- the whole run --------------------------------------------------------------------------
+    def vectors(self, r: int) -> list[np.ndarray]:
+        """Run ``r``'s agents' parameters, flat, in agent order."""
+        out = []
+        for k in range(self.configs[r].n_agents):
+            i = self.position[r][k]
+            g = next(j for j, (s, e) in enumerate(self.bounds) if s <= i < e)
+            out.append(self.groups[g].flat[i - self.bounds[g][0]].numpy().copy())
+        return out
+
+    def run(self, log_every: int = 0) -> list[RunResult]:
+        """Train every run to the end; ``log_every > 0`` prints progress to stderr."""
+        returns = [np.zeros((self.rounds, c.n_agents)) for c in self.configs]
+        snapshots: list[dict[int, list[np.ndarray]]] = [{} for _ in self.configs]
+        start = time.perf_counter()
+        for round_id in range(self.rounds):
+            episode_returns, lengths = self.play(round_id)
+            self.learn(lengths)
+            for r, config in enumerate(self.configs):
+                rows = [self.position[r][k] for k in range(config.n_agents)]
+                returns[r][round_id] = episode_returns[rows]
+            due = [r for r, c in enumerate(self.configs) if c.distills(round_id)]
+            distilling = [r for r in due if self.configs[r].algorithm == "fedhpd"]
+            querying = [r for r in due if self.configs[r].algorithm == "dpa"]
+            if distilling:
+                self.distill(distilling)
+            if querying:
+                self.dpa_query(querying, round_id)
+            for r, wanted in enumerate(self.snapshot_rounds):
+                if round_id + 1 in wanted:
+                    snapshots[r][round_id + 1] = self.vectors(r)
+            if log_every and (round_id + 1) % log_every == 0:
+                elapsed = time.perf_counter() - start
+                recent = float(
+                    np.mean([ret[max(0, round_id - 49) : round_id + 1] for ret in returns])
+                )
+                print(
+                    f"[fedhpd pid {os.getpid()}] round {round_id + 1}/{self.rounds}, "
+                    f"{len(self.configs)} runs, {elapsed:.0f} s, mean return (50 rounds) {recent:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        seconds = time.perf_counter() - start
+        self.envs.close()
+        for env in self.server_envs.values():
+            env.close()
+        results = []
+        for r, (config, transport) in enumerate(zip(self.configs, self.transports)):
+            up, down = transport.view.total_bytes()
+            results.append(
+                RunResult(
+                    config,
+                    self.seeds[r],
+                    "fast",
+                    transport.name,
+                    returns[r],
+                    self.vectors(r),
+                    seconds,
+                    up,
+                    down,
+                    snapshots[r],
+                )  # fmt: skip
+            )
+        return results
+
+
+def train_population(runs: Sequence[RunSpec], log_every: int = 0) -> list[RunResult]:
+    """Train ``runs`` (one task, same rounds) together in this process; results in run order.
+
+    Call ``torch.set_num_threads(1)`` first for the speed this module is built for (tiny
+    networks run slower with more threads).
+    """
+    return Population(runs).run(log_every)
+
+
+# == Processes ================================================================================
+def _worker(runs: Sequence[RunSpec], connection, log_every: int) -> None:
+    torch.set_num_threads(1)
+    try:
+        connection.send(("ok", train_population(runs, log_every)))
+    except BaseException as error:  # report, never hang the parent
+        connection.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        connection.close()
+
+
+def balanced_chunks(runs: Sequence[RunSpec], workers: int) -> list[list[int]]:
+    """Indices of ``runs`` dealt round-robin by setting, so every chunk gets a mix of settings."""
+    order = sorted(range(len(runs)), key=lambda i: (runs[i].config.label(), runs[i].seed))
+    chunks = [order[w::workers] for w in range(workers)]
+    return [c for c in chunks if c]
+
+
+def train_parallel(
+    runs: Sequence[RunSpec], workers: int = 2, log_every: int = 0
+) -> list[RunResult]:
+    """Train ``runs`` in up to ``workers`` forked processes, one population each.
+
+    Transports and public states travel into the children by ``fork``; results come back through
+    pipes. ``workers=1`` trains in this process.
+
+    Raises:
+        RuntimeError: naming the error a worker reported.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    chunks = balanced_chunks(runs, workers)
+    if len(chunks) <= 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return train_population(runs, log_every)
+        finally:
+            torch.set_num_threads(threads)
+    context = multiprocessing.get_context("fork")
+    pending = []
+    for chunk in chunks:
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_worker, args=([runs[i] for i in chunk], send, log_every))
+        process.start()
+        send.close()
+        pending.append((chunk, receive, process))
+    results: list[RunResult | None] = [None] * len(runs)
+    errors = []
+    for chunk, receive, process in pending:
+        try:
+            status, payload = receive.recv()
+        except EOFError:
+            status, payload = "error", f"worker exited with code {process.exitcode}"
+        process.join()
+        if status != "ok":
+            errors.append(payload)
+            continue
+        for i, result in zip(chunk, payload):
+            results[i] = result
+    if errors:
+        raise RuntimeError("FedHPD worker failed: " + "; ".join(errors))
+    return results  # type: ignore[return-value]

@@ -1,0 +1,592 @@
+"""CKKS aggregation: clients encrypt, the server adds ciphertexts, key holders decrypt the sum.
+
+Key management as in Chai et al. 2020 ("Secure Federated Matrix Factorization", Sec. 3): the users
+share one CKKS secret key that the server lacks (``key_model="shared"``, the default). Each round
+
+1. every client packs its update densely (a :class:`RowUpdates` block is densified: rows it did not
+   touch are zeros, so the server cannot tell which rows it touched), applies its weight
+   client-side (``w * x``, then ``w`` as one extra slot when the round is weighted), and encrypts
+   it into ``ceil(values / slots)`` ciphertexts that fill every slot (``slots = N / 2``: 4096 at
+   degree 8192, so a FedMF ML-100K block of 1684 x 21 = 35,364 values takes 9 ciphertexts);
+2. the server, which holds only the :class:`~securefed.crypto.ckks.PublicContext`, adds the
+   ciphertexts slot-block by slot-block as they arrive (it never decrypts, and cannot);
+3. at ``result()`` a key holder (:class:`KeyHolder`; in the shared model one surviving
+   contributor, chosen as the lowest id) receives the summed ciphertexts, decrypts them, floods and
+   rounds the values (:class:`~securefed.crypto.ckks.Flooding`, against the key-recovery attack of
+   Li and Micciancio 2021) and returns the aggregate to the server.
+
+``key_model="committee"`` is the variant in which clients only get the public context (public-key
+encryption, counted once per client as bytes down) and a separate key-holder committee decrypts:
+a client colluding with the server then learns nothing it should not. In both models a key holder
+colluding with the server decrypts every upload, and nothing protects against a malicious server
+(it may drop, replay or alter ciphertexts; see docs/ckks.md).
+
+Chai et al.'s own variant, in which the item matrix stays encrypted at the server and the users
+decrypt it each round, is :class:`EncryptedState` with :meth:`CKKSRound.fold_into` (the round's
+summed ciphertexts are added to ``[[V]]``; nothing is decrypted at all). FedMF needs a hook to use
+it (docs/ckks.md, "Encrypted item matrix").
+
+What the view records: per client the ciphertext sizes and SHA-256 digests (``ciphertext_sizes``,
+``ciphertext_sha256``; the full bytes as ``ciphertexts`` only with ``keep_ciphertext_bytes``:
+943 clients x 9 x 131 KB is 1.1 GB a round), bytes up = serialized ciphertext bytes, bytes down =
+the public context when a client is sent one (committee model) and, for the decrypting key holder,
+the summed ciphertexts (with its plaintext reply as bytes up). The aggregate is what the server
+learns, as under secure aggregation.
+
+Refusals: more clients in a round than the parameters were sized for
+(:class:`~securefed.errors.AggregationError`); a value ``|w x|`` or weight above ``value_bound``
+(``ValueError``: it could overflow the decryption modulus, never silently); a ciphertext made under
+another key (:class:`~securefed.crypto.ckks.ContextMismatchError`); insecure parameters
+(:class:`~securefed.errors.InsecureParameterError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import tenseal as ts
+
+from securefed.crypto.ckks import (
+    AggregationCircuit,
+    Ciphertext,
+    Flooding,
+    PublicContext,
+    SecretContext,
+    chunk_count,
+    ckks_context,
+)
+from securefed.errors import AggregationError
+from securefed.privacy.noise import noise_source
+from securefed.randomness import SeedTree
+from securefed.transport.base import FLOAT_BYTES, Aggregate, AggregationRound, RowUpdates, Transport
+from securefed.views import NO_PAYLOADS, RoundSelection, RoundView
+
+KEY_MODELS: tuple[str, ...] = ("shared", "committee")
+STAGES = ("encrypt", "serialize", "server_add", "decrypt")
+
+
+# ----------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class CKKSConfig:
+    """Parameters of the CKKS transport (all public).
+
+    Attributes:
+        key_model: ``"shared"`` (Chai et al.: every user holds the secret key; symmetric
+            encryption, about twice as fast) or ``"committee"`` (clients hold the public context
+            only; public-key encryption; a key-holder committee decrypts).
+        max_clients: most clients per round the parameters are sized for.
+        value_bound: public bound on every uploaded ``|w * x|`` and ``w``.
+        poly_modulus_degree, coeff_mod_bit_sizes, scale_bits: override the parameters that
+            :func:`~securefed.crypto.ckks.parameters_for` picks (validated the same way).
+        flooding: noise and rounding applied by the key holder before releasing the aggregate.
+        keep_ciphertext_bytes: in rounds that keep payloads, keep every ciphertext's bytes
+            (otherwise sizes and SHA-256 digests only).
+    """
+
+    key_model: Literal["shared", "committee"] = "shared"
+    max_clients: int = 1024
+    value_bound: float = 65536.0
+    poly_modulus_degree: int | None = None
+    coeff_mod_bit_sizes: tuple[int, ...] | None = None
+    scale_bits: int | None = None
+    flooding: Flooding = field(default_factory=Flooding)
+    keep_ciphertext_bytes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.key_model not in KEY_MODELS:
+            raise ValueError(f"key_model must be one of {KEY_MODELS}, got {self.key_model!r}")
+        AggregationCircuit(self.max_clients, self.value_bound)  # validates both
+        if not isinstance(self.flooding, Flooding):
+            raise TypeError(f"flooding must be a Flooding, got {type(self.flooding).__name__}")
+        if self.coeff_mod_bit_sizes is not None:
+            object.__setattr__(
+                self, "coeff_mod_bit_sizes", tuple(int(b) for b in self.coeff_mod_bit_sizes)
+            )
+
+    @property
+    def circuit(self) -> AggregationCircuit:
+        return AggregationCircuit(self.max_clients, self.value_bound)
+
+    @property
+    def encryption(self) -> str:
+        return "symmetric" if self.key_model == "shared" else "public-key"
+
+    def make_keys(self) -> SecretContext:
+        """Generate the key holders' context for these parameters."""
+        return ckks_context(
+            self.circuit,
+            poly_modulus_degree=self.poly_modulus_degree,
+            coeff_mod_bit_sizes=self.coeff_mod_bit_sizes,
+            scale_bits=self.scale_bits,
+            encryption=self.encryption,
+        )
+
+    def public(self) -> dict[str, object]:
+        return {
+            "key_model": self.key_model,
+            "max_clients": self.max_clients,
+            "value_bound": self.value_bound,
+            "keep_ciphertext_bytes": self.keep_ciphertext_bytes,
+            **self.flooding.public(),
+        }
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def pack_update(block: np.ndarray, weight: float | None) -> np.ndarray:
+    """The plaintext a client encrypts: ``w * block`` flattened, then ``w`` (weighted rounds)."""
+    flat = np.asarray(block, dtype=np.float64).ravel()
+    if weight is None:
+        return flat
+    packed = np.empty(flat.size + 1)
+    np.multiply(flat, weight, out=packed[:-1])
+    packed[-1] = weight
+    return packed
+
+
+def check_bound(client: int, values: np.ndarray, bound: float) -> None:
+    """Refuse a packed update with an entry beyond ``bound`` (it could overflow the modulus).
+
+    Raises:
+        ValueError: naming the client, the position and the value.
+    """
+    if values.size == 0:
+        return
+    position = int(np.argmax(np.abs(values)))
+    if abs(values[position]) > bound:
+        raise ValueError(
+            f"client {client}'s packed update has {values[position]:g} at position {position}, "
+            f"beyond the CKKS value_bound {bound:g}: the encrypted sum could overflow the "
+            "decryption modulus (raise value_bound, which lowers the precision)"
+        )
+
+
+def digests(ciphertexts: Sequence[Ciphertext]) -> np.ndarray:
+    """``(n, 32)`` uint8 SHA-256 digests of the serialized ciphertexts."""
+    if not ciphertexts:
+        return np.zeros((0, 32), np.uint8)
+    return np.stack([np.frombuffer(c.digest(), np.uint8) for c in ciphertexts])
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+
+    def add(self, stage: str, start: float) -> float:
+        now = time.perf_counter()
+        self.seconds[stage] += now - start
+        return now
+
+
+# ----------------------------------------------------------------------------- the parties
+class KeyHolder:
+    """A holder of the shared secret key who decrypts only what it is asked to: the aggregate.
+
+    Args:
+        secret: the key holders' context.
+        flooding: noise and rounding before a decryption is released to the server.
+    """
+
+    def __init__(self, secret: SecretContext, flooding: Flooding) -> None:
+        if not isinstance(secret, SecretContext):
+            raise TypeError(f"a KeyHolder needs a SecretContext, got {type(secret).__name__}")
+        self._secret = secret
+        self.flooding = flooding
+
+    @property
+    def key_id(self) -> str:
+        return self._secret.key_id
+
+    def encrypt(self, values: np.ndarray) -> list[Ciphertext]:
+        """Encrypt as a client of the shared-key model (every user is a key holder)."""
+        return self._secret.encrypt(values)
+
+    def decrypt_for_clients(self, ciphertexts: Sequence[Ciphertext]) -> np.ndarray:
+        """Decrypt for key-holding clients themselves (values that never go back to the server)."""
+        return self._secret.decrypt(list(ciphertexts))
+
+    def decrypt_aggregate(self, summed: Sequence[Ciphertext], length: int, noise) -> np.ndarray:
+        """Decrypt the summed ciphertexts, flood and round, return the first ``length`` values."""
+        values = self._secret.decrypt(list(summed))
+        if len(values) < length:
+            raise AggregationError(f"the summed ciphertexts hold {len(values)} < {length} values")
+        return self.flooding.apply(values[:length], noise)
+
+
+class AggregatingServer:
+    """The server side of one round: a PublicContext and one running sum per slot block.
+
+    It can add ciphertexts and serialize the sums; it holds no secret key, so it cannot decrypt.
+    """
+
+    def __init__(self, context: PublicContext, n_blocks: int) -> None:
+        if not isinstance(context, PublicContext):
+            raise TypeError(f"the server holds a PublicContext, got {type(context).__name__}")
+        self.context = context
+        self.n_blocks = n_blocks
+        self._sums: list[ts.CKKSVector | None] = [None] * n_blocks
+        self._lengths = [0] * n_blocks
+
+    def receive(self, ciphertexts: Sequence[Ciphertext]) -> None:
+        """Deserialize one client's ciphertexts and add them in place to the running sums.
+
+        Raises:
+            ValueError: a wrong number of ciphertexts.
+            ContextMismatchError: a ciphertext made under another key.
+        """
+        if len(ciphertexts) != self.n_blocks:
+            raise ValueError(
+                f"an upload of this round has {self.n_blocks} ciphertexts, got {len(ciphertexts)}"
+            )
+        vectors = [self.context.load(c) for c in ciphertexts]  # all checked before any is added
+        for block, (vector, envelope) in enumerate(zip(vectors, ciphertexts, strict=True)):
+            if self._sums[block] is None:
+                self._sums[block] = vector  # no copy: the deserialized vector is ours
+                self._lengths[block] = envelope.length
+            else:
+                self._sums[block].add_(vector)
+
+    @property
+    def empty(self) -> bool:
+        return self._sums[0] is None
+
+    def summed(self) -> list[Ciphertext]:
+        """The sums as envelopes, for the key holder."""
+        if self.empty:
+            raise AggregationError("no ciphertext was received")
+        return [
+            self.context.dump(vector, length)
+            for vector, length in zip(self._sums, self._lengths, strict=True)
+        ]
+
+
+# ----------------------------------------------------------------------------- the round
+class CKKSRound(AggregationRound):
+    """One CKKS aggregation round (see the module docstring).
+
+    Attributes:
+        server: the :class:`AggregatingServer` (PublicContext only).
+        n_ciphertexts: ciphertexts per client upload.
+        timings: seconds per stage, all clients and the server together.
+        decryptor: the client that decrypted the aggregate (shared model), else ``None``.
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        *,
+        shape: tuple[int, int],
+        view: RoundView,
+        seeds: SeedTree,
+        transport: CKKSTransport,
+    ) -> None:
+        super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
+        self.config = transport.config
+        self._transport = transport
+        self._weighted: bool | None = None
+        self._length: int | None = None
+        self.server: AggregatingServer | None = None
+        self.n_ciphertexts = 0
+        self.decryptor: int | None = None
+        self._folded = False
+        self.timer = _Timer()
+        self.timings = self.timer.seconds
+        if len(self.clients) > self.config.max_clients:
+            raise AggregationError(
+                f"round {round_id} has {len(self.clients)} clients but the CKKS parameters were "
+                f"sized for at most {self.config.max_clients} (value_bound "
+                f"{self.config.value_bound:g}): the sum could overflow; raise max_clients"
+            )
+        if self.config.key_model == "committee":
+            fresh = transport.clients_without_context(self.clients)
+            self.view.add_bytes_down(fresh, transport.server_context.nbytes)
+        view.public.update({"ckks_key_model": self.config.key_model})
+
+    # -- stage 1 and 2: clients encrypt, the server adds -----------------------------------
+    def _accept(self, updates: RowUpdates) -> None:
+        if self._folded:
+            raise AggregationError(
+                f"round {self.round_id} was folded into the encrypted state; open a new round"
+            )
+        weighted = updates.weights is not None
+        if self._weighted is not None and self._weighted != weighted:
+            raise ValueError(
+                "every client of a CKKS round must submit with a weight, or none must (this "
+                f"round's first submission {'had' if self._weighted else 'had no'} weight)"
+            )
+        if self._weighted is None:
+            self._weighted = weighted
+            self._length = self.shape[0] * self.shape[1] + int(weighted)
+            self.n_ciphertexts = chunk_count(self._length, self._transport.params.slots)
+            self.server = AggregatingServer(self._transport.server_context, self.n_ciphertexts)
+            self.view.public.update(
+                {"ckks_values_per_client": self._length, "ckks_ciphertexts": self.n_ciphertexts}
+            )
+        weights = updates.client_weights()
+        encrypt = self._transport.client_encrypt
+        bound = self.config.value_bound
+        sizes = np.zeros(len(updates.clients), np.int64)
+        # Validate every client of the batch before any ciphertext reaches the server.
+        packed = []
+        for k, client in enumerate(updates.clients.tolist()):
+            values = pack_update(updates.client_block(k), weights[k] if weighted else None)
+            check_bound(client, values, bound)
+            packed.append(values)
+        for k, client in enumerate(updates.clients.tolist()):
+            start = time.perf_counter()
+            ciphertexts = encrypt(packed[k])
+            start = self.timer.add("encrypt", start)
+            self.server.receive(ciphertexts)
+            self.timer.add("server_add", start)
+            packed[k] = None  # free the plaintext early on big batches
+            sizes[k] = sum(c.nbytes for c in ciphertexts)
+            if self.view.keep_payloads:
+                fields = {
+                    "ciphertext_sizes": np.array([c.nbytes for c in ciphertexts], np.int64),
+                    "ciphertext_sha256": digests(ciphertexts),
+                }
+                if self.config.keep_ciphertext_bytes:
+                    fields["ciphertexts"] = np.frombuffer(
+                        b"".join(c.data for c in ciphertexts), np.uint8
+                    ).copy()
+                self.view.record_payload(client, fields)
+        self.view.add_bytes_up(updates.clients, sizes)
+
+    # -- stage 3: a key holder decrypts the sum ----------------------------------------------
+    def _finish(self) -> Aggregate:
+        if self._folded:
+            raise AggregationError(
+                f"round {self.round_id}'s sum was folded into the encrypted state: nobody "
+                "decrypted it, so there is no aggregate to return (that is the point)"
+            )
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        n_values = self.shape[0] * self.shape[1]
+        if len(contributors) == 0 or self.server is None:
+            return Aggregate(np.zeros(self.shape), 0.0, contributors)
+        start = time.perf_counter()
+        summed = self.server.summed()
+        start = self.timer.add("serialize", start)
+        summed_bytes = sum(c.nbytes for c in summed)
+        if self.config.key_model == "shared":
+            survivors = [c for c in self.clients.tolist() if c not in self.dropped]
+            present = [c for c in contributors.tolist() if c not in self.dropped] or survivors
+            if not present:
+                raise AggregationError(
+                    f"round {self.round_id}: every client dropped; no key holder is left to "
+                    "decrypt the aggregate"
+                )
+            self.decryptor = int(present[0])
+            self.view.add_bytes_down([self.decryptor], summed_bytes)
+            self.view.add_bytes_up([self.decryptor], self._length * FLOAT_BYTES)
+            self.view.public["ckks_decryptor"] = self.decryptor
+        else:
+            self.view.public["ckks_committee_bytes"] = [summed_bytes, self._length * FLOAT_BYTES]
+        noise = noise_source(self.seeds, "ckks", "flood", self.round_id)
+        values = self._transport.key_holder.decrypt_aggregate(summed, self._length, noise)
+        self.timer.add("decrypt", start)
+        self.view.aggregate["summed_ciphertext_sha256"] = digests(summed)
+        self._transport.add_timings(self.timings)
+        weight = float(values[-1]) if self._weighted else float(len(contributors))
+        return Aggregate(values[:n_values].reshape(self.shape), weight, contributors)
+
+    def fold_into(self, state: EncryptedState) -> None:
+        """Add this round's summed ciphertexts to ``state`` at the server; nothing is decrypted.
+
+        After this, ``result()`` raises: the server never learns the aggregate.
+
+        Raises:
+            AggregationError: a weighted round, a shape other than the state's, or nothing to fold.
+        """
+        self._check_open()
+        if self.server is None or self.server.empty:
+            raise AggregationError(f"round {self.round_id} received no upload to fold")
+        if self._weighted:
+            raise AggregationError(
+                "only unweighted rounds fold into an encrypted state (apply any weight and step "
+                "size on the client side)"
+            )
+        state.add(self.server, self.shape)
+        self._folded = True
+        self.view.public["ckks_folded_into_state"] = True
+
+    def error_bound(self) -> float:
+        """A generous bound on ``|result - exact sum|`` per value (tests use it).
+
+        Fresh CKKS error per slot is below ``2^(14 - scale_bits)`` (measured ``2^(13 - s)``),
+        adding ``n`` uploads adds their errors, and flooding adds ``6 std + step``.
+        """
+        params = self._transport.params
+        n = max(len(self.submitted), 1)
+        flooding = self.config.flooding
+        return n * 2.0 ** (14 - params.scale_bits) + 6 * flooding.std + flooding.step
+
+
+# ----------------------------------------------------------------------------- encrypted state
+class EncryptedState:
+    """A matrix that stays encrypted at the server: Chai et al.'s FedMF item matrix ``[[V]]``.
+
+    In Chai et al. (2020, Sec. 3.2) the server never holds ``V`` in the clear: a key holder
+    encrypts the initial matrix once; each round every participating user downloads ``[[V]]`` and
+    decrypts it, computes its gradient, applies the step size itself and uploads
+    ``[[-eta * g]]``; the server adds the uploads into ``[[V]]``. The server learns neither ``V``
+    nor any aggregate. Same packing as the aggregation rounds (row-major, ``slots`` per
+    ciphertext), so a round of the same shape folds in by ciphertext additions only
+    (:meth:`CKKSRound.fold_into`).
+
+    What it costs: every participant downloads the whole encrypted matrix every round (9
+    ciphertexts, about 1.2 MB, for a 1682 x 21 block at degree 8192), and the sum of all
+    updates must stay within the parameters' ``value_bound`` times ``max_clients`` headroom.
+
+    Args:
+        transport: the CKKS transport whose keys and server context to use.
+        initial: the matrix, encrypted by a key holder.
+    """
+
+    def __init__(self, transport: CKKSTransport, initial: np.ndarray) -> None:
+        if transport.config.key_model != "shared":
+            raise ValueError(
+                "an encrypted state needs the shared key model: every client decrypts it"
+            )
+        initial = np.asarray(initial, dtype=np.float64)
+        if initial.ndim != 2:
+            raise ValueError(f"the state must be a matrix, got shape {initial.shape}")
+        check_bound(-1, initial.ravel(), transport.params.max_abs_value(0) / 2)
+        self.shape = initial.shape
+        self._transport = transport
+        self._server = AggregatingServer(
+            transport.server_context, chunk_count(initial.size, transport.params.slots)
+        )
+        self._server.receive(transport.key_holder.encrypt(initial.ravel()))
+        self.updates = 0
+
+    def ciphertexts(self) -> list[Ciphertext]:
+        """What the server holds and sends: the serialized state."""
+        return self._server.summed()
+
+    def download(self, rnd: CKKSRound) -> np.ndarray:
+        """Every client of ``rnd`` receives the ciphertexts (bytes down) and decrypts them.
+
+        Returns the matrix as the clients see it. The view records the ciphertexts' digests in
+        the round's broadcast (when the round keeps payloads), never the values.
+        """
+        envelopes = self.ciphertexts()
+        rnd.view.add_bytes_down(rnd.clients, sum(c.nbytes for c in envelopes))
+        rnd.view.record_broadcast("encrypted_state_sha256", digests(envelopes))
+        return self.reveal()
+
+    def add(self, server: AggregatingServer, shape: tuple[int, int]) -> None:
+        """Add a round's summed ciphertexts (same shape, same packing) to the state."""
+        if tuple(shape) != tuple(self.shape):
+            raise AggregationError(f"a round of shape {shape} cannot fold into state {self.shape}")
+        self._server.receive(server.summed())
+        self.updates += 1
+
+    def reveal(self) -> np.ndarray:
+        """The key holders' decryption of the state (what a client sees; evaluation at the end)."""
+        values = self._transport.key_holder.decrypt_for_clients(self.ciphertexts())
+        return values[: self.shape[0] * self.shape[1]].reshape(self.shape)
+
+
+# ----------------------------------------------------------------------------- the transport
+class CKKSTransport(Transport):
+    """CKKS encryption behind the aggregation seam (TenSEAL).
+
+    The transport object stands for the whole federation in one process, but keeps the roles
+    apart: :attr:`server_context` (a PublicContext) is all the round's server object gets;
+    :attr:`key_holder` holds the SecretContext; clients encrypt through :meth:`client_encrypt`
+    (the shared secret key, or the public context in the committee model).
+
+    Args:
+        config: parameters (default :class:`CKKSConfig`).
+        secret: the key holders' context (default: fresh keys for ``config``); it must use the
+            encryption type of ``config.key_model``.
+        keep_payloads: rounds whose per-client payloads the view keeps.
+        total_rounds: run length, to resolve ``RoundSelection(last=k)``.
+
+    Example:
+        >>> from securefed import SeedTree
+        >>> transport = CKKSTransport()
+        >>> rnd = transport.open_round(0, range(3), shape=(1, 2), seeds=SeedTree(0))
+        >>> for c in range(3):
+        ...     rnd.submit(c, np.array([0.5, -1.0]))
+        >>> np.round(rnd.result().total, 4).tolist()
+        [[1.5, -3.0]]
+    """
+
+    name = "ckks"
+
+    def __init__(
+        self,
+        config: CKKSConfig | None = None,
+        *,
+        secret: SecretContext | None = None,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
+    ) -> None:
+        self.config = CKKSConfig() if config is None else config
+        secret = self.config.make_keys() if secret is None else secret
+        if secret.params.encryption != self.config.encryption:
+            raise ValueError(
+                f"key_model {self.config.key_model!r} needs {self.config.encryption} encryption, "
+                f"the given keys use {secret.params.encryption}"
+            )
+        self.params = secret.params
+        self.key_holder = KeyHolder(secret, self.config.flooding)
+        self.server_context = secret.public()
+        self._have_context: set[int] = set()
+        self.timings = dict.fromkeys(STAGES, 0.0)
+        super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
+
+    def client_encrypt(self, values: np.ndarray) -> list[Ciphertext]:
+        """What a client does with its packed update: the shared key, or the public context."""
+        if self.config.key_model == "shared":
+            return self.key_holder.encrypt(values)
+        return self.server_context.encrypt(values)
+
+    def clients_without_context(self, clients: np.ndarray) -> list[int]:
+        """Clients that have not yet been sent the public context (and mark them as sent)."""
+        fresh = [int(c) for c in clients if int(c) not in self._have_context]
+        self._have_context.update(fresh)
+        return fresh
+
+    def add_timings(self, seconds: dict[str, float]) -> None:
+        for stage, value in seconds.items():
+            self.timings[stage] += value
+
+    def open_round(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        *,
+        shape: tuple[int, int],
+        seeds: SeedTree,
+    ) -> CKKSRound:
+        """Start round ``round_id``.
+
+        Raises:
+            AggregationError: more clients than the parameters were sized for.
+        """
+        ids = np.unique(np.asarray(clients, dtype=np.int64))
+        round_view = self.view.open(round_id, ids)
+        return CKKSRound(round_id, ids, shape=shape, view=round_view, seeds=seeds, transport=self)
+
+    def _round_class(self) -> type[AggregationRound]:
+        return CKKSRound
+
+    def public_parameters(self) -> dict[str, object]:
+        context = self.server_context
+        return {
+            "transport": self.name,
+            "protocol": "CKKS aggregation (Chai et al. 2020 key model), honest-but-curious server",
+            # ckks_-prefixed, as securefed.audit reads them (ckks_poly_modulus_degree, ...).
+            **{f"ckks_{key}": value for key, value in self.params.public().items()},
+            **self.config.public(),
+            "key_id": context.key_id,
+            "server_context_bytes": context.nbytes,
+            "server_context_sha256": hashlib.sha256(context.serialized).hexdigest(),
+        }
