@@ -88,8 +88,15 @@ def run_column(args: argparse.Namespace) -> dict:
     import torch
 
     from rl.fast import train_parallel
-    from rl.fedhpd import FedHPDConfig, RunSpec, make_public_states, plot_agents, plot_system
-    from rl.fedhpd import system_average_reward, task_spec
+    from rl.fedhpd import (
+        FedHPDConfig,
+        RunSpec,
+        make_public_states,
+        plot_agents,
+        plot_system,
+        system_average_reward,
+        task_spec,
+    )
 
     torch.set_num_threads(1)
     spec = task_spec(args.task)
@@ -103,7 +110,7 @@ def run_column(args: argparse.Namespace) -> dict:
         "virtual_rounds": args.virtual_rounds,
     }
     configs = [FedHPDConfig(algorithm=a, d=d, **common) for a, d in settings]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_time()
     public = None
     if any(c.algorithm == "fedhpd" for c in configs):
         public = make_public_states(next(c for c in configs if c.algorithm == "fedhpd"))
@@ -113,18 +120,20 @@ def run_column(args: argparse.Namespace) -> dict:
         make = transport_factory(args.transport, config, transport_extra(args))
         for seed in seeds:
             runs.append(RunSpec(config, seed, make(), public))
-    results = train_parallel(runs, args.workers, log_every=args.log_every)
+    results = train_parallel(runs, args.workers, log_every=args.log_every, progress_dir=args.out)
+    cpu_seconds = cpu_time() - cpu_started
     seconds = time.perf_counter() - started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curves, rows, arrays = {}, [], {}
+    window = min(50, configs[0].rounds)
     for config in configs:
         mine = [r for r in results if r.config == config]
         returns = np.stack([r.returns for r in mine])
         label = config.label()
         curves[label] = returns
         arrays[paper_key(config.algorithm, config.d)] = returns
-        measured = system_average_reward(returns)
+        measured = system_average_reward(returns, window)
         paper = spec.paper.get(paper_key(config.algorithm, config.d))
         rows.append(
             {
@@ -135,7 +144,7 @@ def run_column(args: argparse.Namespace) -> dict:
                 "paper": paper,
                 "deviation": None if paper is None else (measured - paper) / paper,
                 "plain_mean": float(returns.mean()),
-                "per_seed": [system_average_reward(r.returns[None]) for r in mine],
+                "per_seed": [system_average_reward(r.returns[None], window) for r in mine],
                 "bytes_up_per_run": float(np.mean([r.bytes_up for r in mine])),
             }
         )
@@ -144,6 +153,7 @@ def run_column(args: argparse.Namespace) -> dict:
     record = {
         "task": spec.name,
         "rounds": configs[0].rounds,
+        "window": window,
         "seeds": seeds,
         "agents": configs[0].n_agents,
         "transport": args.transport,
@@ -151,6 +161,8 @@ def run_column(args: argparse.Namespace) -> dict:
         "learner": "fast",
         "workers": args.workers,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "worker_cpu_seconds": sorted({round(r.cpu_seconds, 1) for r in results}),
         "public_set_seconds": public_seconds,
         "public_set_size": None if public is None else len(public),
         "machine": machine(),
@@ -160,11 +172,12 @@ def run_column(args: argparse.Namespace) -> dict:
     (out / f"fedhpd_{spec.name}.json").write_text(json.dumps(record, indent=1))
     np.savez_compressed(out / f"fedhpd_{spec.name}_returns.npz", **arrays)
     title = f"{spec.env_id}: {len(seeds)} seeds x {configs[0].n_agents} agents"
-    plot_system(curves, out / f"fedhpd_{spec.name}_system.png", title=title)
+    plot_system(curves, out / f"fedhpd_{spec.name}_system.png", window=window, title=title)
     plot_agents(
         curves,
         out / f"fedhpd_{spec.name}_agents.png",
         agent_labels=[a.describe() for a in configs[0].agent_specs],
+        window=window,
         title=title,
     )
     return record
@@ -176,6 +189,15 @@ def transport_extra(args: argparse.Namespace) -> dict:
         "noise_multiplier": getattr(args, "noise_multiplier", None),
         "clip": getattr(args, "clip", None),
     }
+
+
+def cpu_time() -> float:
+    """CPU seconds of this process and its finished children (the workers)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def machine() -> dict:
@@ -205,6 +227,7 @@ def print_column(record: dict) -> None:
         print(f"FedHPD d=5 over NoFed: {100 * gain:+.1f}% ({verdict} the 25% goal)")
     print(
         f"wall time {record['seconds']:.0f} s (public set {record['public_set_seconds']:.0f} s), "
+        f"CPU time {record['cpu_seconds']:.0f} s (workers {record['worker_cpu_seconds']} s), "
         f"{record['workers']} worker(s), load average {record['machine']['load_average']}"
     )
 
@@ -254,7 +277,9 @@ def speed(args: argparse.Namespace) -> int:
         train_population(runs)
         population = time.perf_counter() - start
     steps = int(reference.returns.sum()) if config.spec.name == "cartpole" else None
-    diffs = [float(np.max(np.abs(a - b))) for a, b in zip(reference.params, fast.params)]
+    diffs = [
+        float(np.max(np.abs(a - b))) for a, b in zip(reference.params, fast.params, strict=True)
+    ]
     scale = max(float(np.max(np.abs(a))) for a in reference.params)
     record = {
         "task": config.task,

@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Train FedHPD, NoFed or DPA-FedRL on CartPole, LunarLander or "
         "InvertedPendulum and report the system average reward.",
     )
-    parser.add_argument("--task", default="cartpole", help="cartpole, lunarlander, invertedpendulum")
+    parser.add_argument(
+        "--task", default="cartpole", help="cartpole, lunarlander, invertedpendulum"
+    )
     parser.add_argument("--algorithm", default="fedhpd", choices=["fedhpd", "nofed", "dpa"])
     parser.add_argument("--d", type=int, default=None, help="interval (FedHPD 5, DPA 1)")
     parser.add_argument("--seeds", default="20,25,30,35,40")

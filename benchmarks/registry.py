@@ -8,6 +8,7 @@ BENCH_MODULES = (
     "benchmarks.bench_fedmf",
     "benchmarks.leak_utility",
     "benchmarks.bench_secagg",
+    "benchmarks.bench_ckks",
 )
 
 

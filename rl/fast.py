@@ -44,16 +44,15 @@ from rl.fedhpd import (
     ADAM_BETAS,
     ADAM_EPS,
     ADAMW_WEIGHT_DECAY,
-    FedHPDConfig,
     RunResult,
     RunSpec,
     TaskSpec,
     aggregate_uploads,
     consensus,
     discounted_returns,
+    distill_loss,
     dpa_loss,
     dpa_server_step,
-    distill_loss,
     initial_policies,
     make_env,
     make_public_states,
@@ -100,7 +99,7 @@ class CartPoleBatch:
     def reset(self, which: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
         from gymnasium.utils import seeding
 
-        for i, seed in zip(np.asarray(which).tolist(), seeds):
+        for i, seed in zip(np.asarray(which).tolist(), seeds, strict=True):
             if seed is not None:
                 self.rngs[i] = seeding.np_random(int(seed))[0]
             elif self.rngs[i] is None:
@@ -147,7 +146,7 @@ class GymBatch:
         self.done = np.zeros(n, dtype=bool)
 
     def reset(self, which: np.ndarray, seeds: Sequence[int | None]) -> np.ndarray:
-        for i, seed in zip(np.asarray(which).tolist(), seeds):
+        for i, seed in zip(np.asarray(which).tolist(), seeds, strict=True):
             obs, _ = self.envs[i].reset(seed=None if seed is None else int(seed))
             self.obs[i] = obs
         return self.obs.copy()
@@ -227,7 +226,7 @@ class _Group:
             return torch.baddbmm(params[:, b].view(c, 1, out), h, weight)
 
         h = x
-        for layer, activation in zip(self.layers, self.activations):
+        for layer, activation in zip(self.layers, self.activations, strict=True):
             h = linear(layer, h)
             h = torch.relu(h) if activation == "relu" else torch.tanh(h)
         if self.std_head is None:
@@ -274,7 +273,7 @@ class _Group:
             param.mul_(column([1 - lr * ADAMW_WEIGHT_DECAY for lr in lrs]))
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size = [lr / (1 - beta1**s) for lr, s in zip(lrs, steps)]
+        step_size = [lr / (1 - beta1**s) for lr, s in zip(lrs, steps, strict=True)]
         bias_correction2_sqrt = [(1 - beta2**s) ** 0.5 for s in steps]
         denom = (exp_avg_sq.sqrt() / column(bias_correction2_sqrt)).add_(ADAM_EPS)
         param.add_(column([-s for s in step_size]) * exp_avg / denom)
@@ -310,7 +309,7 @@ class _ActGroup:
         self.activations = groups[0].activations
         self.gaussian = groups[0].std_head is not None
         widths = [max(g.layers[i][2] for g in groups) for i in range(len(self.activations))]
-        sizes = list(zip([obs_dim, *widths], [*widths, act_dim]))
+        sizes = list(zip([obs_dim, *widths], [*widths, act_dim], strict=True))
         if self.gaussian:
             sizes.append((widths[-1], act_dim))
         total = sum(g.size for g in groups)
@@ -329,7 +328,7 @@ class _ActGroup:
     def load(self, group: _Group) -> None:
         s = self.offset[id(group)]
         e = s + group.size
-        for (weight, bias), (w, b) in zip(self.arrays, group.weights()):
+        for (weight, bias), (w, b) in zip(self.arrays, group.weights(), strict=True):
             n_in, n_out = w.shape[1:]
             weight[s:e, :n_in, :n_out] = w
             bias[s:e, 0, :n_out] = b
@@ -338,7 +337,9 @@ class _ActGroup:
         """Rollout forward without autograd: ``obs (C, in)`` -> ``(C, A)`` logits or means."""
         h = obs[:, None, :]
         n_hidden = len(self.activations)
-        for (weight, bias), activation in zip(self.arrays[:n_hidden], self.activations):
+        for (weight, bias), activation in zip(
+            self.arrays[:n_hidden], self.activations, strict=True
+        ):
             h = np.matmul(h, weight)
             h += bias
             if activation == "relu":
@@ -422,9 +423,9 @@ class Population:
         ]
         # Agents grouped by architecture; global index order is group by group.
         by_arch: dict[tuple, list[tuple[int, int, MLPPolicy]]] = {}
-        for r, (config, tree) in enumerate(zip(self.configs, self.trees)):
+        for r, (config, tree) in enumerate(zip(self.configs, self.trees, strict=True)):
             for k, (policy, agent) in enumerate(
-                zip(initial_policies(config, tree), config.agent_specs)
+                zip(initial_policies(config, tree), config.agent_specs, strict=True)
             ):
                 by_arch.setdefault(agent.architecture, []).append((r, k, policy))
         built = []
@@ -480,7 +481,7 @@ class Population:
             self.n, self.cap, self.spec.act_dim
         )  # fmt: skip
         noise = np.empty(shape)
-        for r, (config, tree) in enumerate(zip(self.configs, self.trees)):
+        for r, (config, tree) in enumerate(zip(self.configs, self.trees, strict=True)):
             rows = [self.position[r][k] for k in range(config.n_agents)]
             noise[rows] = round_noise(tree, round_id, config)
         return noise
@@ -519,7 +520,7 @@ class Population:
 
     def learn(self, lengths: np.ndarray) -> None:
         """One REINFORCE step per agent: each group recomputes its episodes' log-probs at once."""
-        for group, (s, e), members in zip(self.groups, self.bounds, self.members):
+        for group, (s, e), members in zip(self.groups, self.bounds, self.members, strict=True):
             horizon = int(lengths[s:e].max())
             g = np.zeros((e - s, horizon))
             for c, (r, _) in enumerate(members):
@@ -567,7 +568,7 @@ class Population:
                 n_states = len(split[runs[0]][j])
                 uploads = {r: np.empty((self.configs[r].n_agents, n_states, width)) for r in runs}
                 outputs = []
-                for group, members, group_rows in zip(self.groups, self.members, rows):
+                for group, members, group_rows in zip(self.groups, self.members, rows, strict=True):
                     if not len(group_rows):
                         outputs.append(None)
                         continue
@@ -577,11 +578,11 @@ class Population:
                     out, std = group.forward(params, x)
                     with torch.no_grad():
                         dist = torch.softmax(out, -1) if std is None else torch.cat([out, std], -1)
-                    for (r, k), d in zip(owners, dist.numpy()):
+                    for (r, k), d in zip(owners, dist.numpy(), strict=True):
                         uploads[r][k] = d
                     outputs.append((params, out, std, owners))
                 targets = {r: self._consensus(r, uploads[r]) for r in runs}
-                for group, group_rows, output in zip(self.groups, rows, outputs):
+                for group, group_rows, output in zip(self.groups, rows, outputs, strict=True):
                     if output is None:
                         continue
                     params, out, std, owners = output
@@ -609,7 +610,7 @@ class Population:
         rows = self._rows(set(runs))
         uploads = {r: np.empty((self.configs[r].n_agents, 1, self.spec.act_dim)) for r in runs}
         outputs = []
-        for group, members, group_rows in zip(self.groups, self.members, rows):
+        for group, members, group_rows in zip(self.groups, self.members, rows, strict=True):
             if not len(group_rows):
                 outputs.append(None)
                 continue
@@ -618,11 +619,11 @@ class Population:
             params = group.flat[torch.as_tensor(group_rows)].requires_grad_(True)
             out, _ = group.forward(params, torch.from_numpy(x))
             probs = torch.softmax(out, -1)
-            for (r, k), p in zip(owners, probs.detach().numpy()):
+            for (r, k), p in zip(owners, probs.detach().numpy(), strict=True):
                 uploads[r][k] = p
             outputs.append((params, probs, owners))
         means = {r: self._consensus(r, uploads[r]) for r in runs}
-        for group, group_rows, output in zip(self.groups, rows, outputs):
+        for group, group_rows, output in zip(self.groups, rows, outputs, strict=True):
             if output is None:
                 continue
             params, probs, owners = output
@@ -650,11 +651,16 @@ class Population:
             out.append(self.groups[g].flat[i - self.bounds[g][0]].numpy().copy())
         return out
 
-    def run(self, log_every: int = 0) -> list[RunResult]:
-        """Train every run to the end; ``log_every > 0`` prints progress to stderr."""
+    def run(self, log_every: int = 0, progress: str | None = None) -> list[RunResult]:
+        """Train every run to the end.
+
+        Args:
+            log_every: print progress to stderr every this many rounds (0: never).
+            progress: also save the returns so far to this ``.npz`` file then.
+        """
         returns = [np.zeros((self.rounds, c.n_agents)) for c in self.configs]
         snapshots: list[dict[int, list[np.ndarray]]] = [{} for _ in self.configs]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for round_id in range(self.rounds):
             episode_returns, lengths = self.play(round_id)
             self.learn(lengths)
@@ -678,16 +684,26 @@ class Population:
                 )
                 print(
                     f"[fedhpd pid {os.getpid()}] round {round_id + 1}/{self.rounds}, "
-                    f"{len(self.configs)} runs, {elapsed:.0f} s, mean return (50 rounds) {recent:.1f}",
+                    f"{len(self.configs)} runs, {elapsed:.0f} s, "
+                    f"mean return (last 50 rounds) {recent:.1f}",
                     file=sys.stderr,
                     flush=True,
                 )
-        seconds = time.perf_counter() - start
+                if progress:
+                    np.savez(
+                        progress,
+                        rounds_done=round_id + 1,
+                        labels=np.array([c.label() for c in self.configs]),
+                        seeds=np.array(self.seeds),
+                        cpu_seconds=time.process_time() - cpu,
+                        **{f"run{r}": ret[: round_id + 1] for r, ret in enumerate(returns)},
+                    )
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         self.envs.close()
         for env in self.server_envs.values():
             env.close()
         results = []
-        for r, (config, transport) in enumerate(zip(self.configs, self.transports)):
+        for r, (config, transport) in enumerate(zip(self.configs, self.transports, strict=True)):
             up, down = transport.view.total_bytes()
             results.append(
                 RunResult(
@@ -701,29 +717,39 @@ class Population:
                     up,
                     down,
                     snapshots[r],
-                )  # fmt: skip
+                    cpu,
+                )
             )
         return results
 
 
-def train_population(runs: Sequence[RunSpec], log_every: int = 0) -> list[RunResult]:
+def train_population(
+    runs: Sequence[RunSpec], log_every: int = 0, progress: str | None = None
+) -> list[RunResult]:
     """Train ``runs`` (one task, same rounds) together in this process; results in run order.
 
     Call ``torch.set_num_threads(1)`` first for the speed this module is built for (tiny
     networks run slower with more threads).
     """
-    return Population(runs).run(log_every)
+    return Population(runs).run(log_every, progress)
 
 
 # == Processes ================================================================================
-def _worker(runs: Sequence[RunSpec], connection, log_every: int) -> None:
+def _worker(runs: Sequence[RunSpec], connection, log_every: int, progress: str | None) -> None:
     torch.set_num_threads(1)
     try:
-        connection.send(("ok", train_population(runs, log_every)))
+        connection.send(("ok", train_population(runs, log_every, progress)))
     except BaseException as error:  # report, never hang the parent
         connection.send(("error", f"{type(error).__name__}: {error}"))
     finally:
         connection.close()
+
+
+def _progress_file(directory: str | os.PathLike | None, worker: int) -> str | None:
+    if directory is None:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(os.fspath(directory), f"progress_{worker}.npz")
 
 
 def balanced_chunks(runs: Sequence[RunSpec], workers: int) -> list[list[int]]:
@@ -734,12 +760,16 @@ def balanced_chunks(runs: Sequence[RunSpec], workers: int) -> list[list[int]]:
 
 
 def train_parallel(
-    runs: Sequence[RunSpec], workers: int = 2, log_every: int = 0
+    runs: Sequence[RunSpec],
+    workers: int = 2,
+    log_every: int = 0,
+    progress_dir: str | os.PathLike | None = None,
 ) -> list[RunResult]:
     """Train ``runs`` in up to ``workers`` forked processes, one population each.
 
     Transports and public states travel into the children by ``fork``; results come back through
-    pipes. ``workers=1`` trains in this process.
+    pipes. ``workers=1`` trains in this process. With ``progress_dir``, each population saves its
+    returns so far to ``progress_<i>.npz`` there every ``log_every`` rounds.
 
     Raises:
         RuntimeError: naming the error a worker reported.
@@ -751,14 +781,15 @@ def train_parallel(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return train_population(runs, log_every)
+            return train_population(runs, log_every, _progress_file(progress_dir, 0))
         finally:
             torch.set_num_threads(threads)
     context = multiprocessing.get_context("fork")
     pending = []
-    for chunk in chunks:
+    for w, chunk in enumerate(chunks):
         receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_worker, args=([runs[i] for i in chunk], send, log_every))
+        args = ([runs[i] for i in chunk], send, log_every, _progress_file(progress_dir, w))
+        process = context.Process(target=_worker, args=args)
         process.start()
         send.close()
         pending.append((chunk, receive, process))
@@ -773,7 +804,7 @@ def train_parallel(
         if status != "ok":
             errors.append(payload)
             continue
-        for i, result in zip(chunk, payload):
+        for i, result in zip(chunk, payload, strict=True):
             results[i] = result
     if errors:
         raise RuntimeError("FedHPD worker failed: " + "; ".join(errors))

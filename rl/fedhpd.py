@@ -41,7 +41,6 @@ import torch
 from scipy.signal import lfilter
 from torch.nn import functional as F
 
-from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
 from rl.policies import (
     AGENTS,
     MIN_STD,
@@ -56,6 +55,7 @@ from rl.policies import (
     sample_gaussian,
     softmax_np,
 )
+from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
 
 ALGORITHMS = ("fedhpd", "nofed", "dpa")
 KL_DIRECTIONS = ("auto", "mean_to_local", "local_to_mean")
@@ -314,6 +314,7 @@ class RunResult:
         bytes_up: bytes the agents sent (per the transport's ServerView).
         bytes_down: bytes the server sent.
         snapshots: ``{round: [per-agent parameters]}`` for the requested rounds.
+        cpu_seconds: CPU time of the process that trained it (a population: all its runs).
     """
 
     config: FedHPDConfig
@@ -326,6 +327,7 @@ class RunResult:
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     snapshots: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
 
     def system_average_reward(self, window: int = 50) -> float:
         return system_average_reward(self.returns[None], window)
@@ -338,6 +340,7 @@ class RunResult:
             "learner": self.learner,
             "transport": self.transport,
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "returns": self.returns.tolist(),
@@ -719,7 +722,7 @@ class ReferenceRun:
         self.agents = [
             _Agent(policy, agent, spec, make_env(spec), stream_seed(self.tree, "env", k))
             for k, (policy, agent) in enumerate(
-                zip(initial_policies(config, self.tree), config.agent_specs)
+                zip(initial_policies(config, self.tree), config.agent_specs, strict=True)
             )
         ]
         self.server_env = self.server_obs = None
@@ -732,7 +735,7 @@ class ReferenceRun:
         config = self.config
         returns = np.zeros((config.rounds, config.n_agents))
         snapshots: dict[int, list[np.ndarray]] = {}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for round_id in range(config.rounds):
             noise = round_noise(self.tree, round_id, config)
             for k, agent in enumerate(self.agents):
@@ -751,6 +754,7 @@ class ReferenceRun:
         return RunResult(
             config, self.seed, "reference", self.transport.name, returns,
             [policy_vector(a.policy) for a in self.agents], seconds, up, down, snapshots,
+            time.process_time() - cpu,
         )  # fmt: skip
 
     def _consensus(self, uploads: np.ndarray) -> np.ndarray:

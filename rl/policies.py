@@ -13,6 +13,7 @@ draw the same actions from the same numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -153,13 +154,13 @@ class MLPPolicy(nn.Module):
             raise ValueError(f"obs_dim and act_dim must be >= 1, got {obs_dim}, {act_dim}")
         self.spec, self.kind, self.obs_dim, self.act_dim = spec, kind, obs_dim, act_dim
         widths = (obs_dim, *spec.hidden)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.head = nn.Linear(widths[-1], act_dim)
         self.std_head = nn.Linear(widths[-1], act_dim) if kind == "gaussian" else None
 
     def trunk(self, obs: torch.Tensor) -> torch.Tensor:
         h = obs
-        for layer, activation in zip(self.layers, self.spec.activations):
+        for layer, activation in zip(self.layers, self.spec.activations, strict=True):
             h = layer(h)
             h = torch.relu(h) if activation == "relu" else torch.tanh(h)
         return h
@@ -179,7 +180,7 @@ class MLPPolicy(nn.Module):
         return gaussian_log_prob(first, std, actions).mean(-1)
 
     def distribution(self, obs: torch.Tensor) -> torch.Tensor:
-        """What an agent uploads per state: probabilities ``(B, A)``, or ``[mean, std]`` ``(B, 2A)``."""
+        """An agent's upload per state: probabilities ``(B, A)`` or ``[mean, std]`` ``(B, 2A)``."""
         first, std = self(obs)
         if std is None:
             return torch.softmax(first, dim=-1)

@@ -78,7 +78,8 @@ __all__ = [
 
 SLATE_METHODS = ("topk", "greedy", "lp")
 TARGETS = ("qlearning", "sarsa")
-ACTIVATIONS = ("mish", "relu", "tanh", "identity")
+ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity")
+LOCAL_ARCHS = ("item", "flat")
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,18 +200,16 @@ def greedy_slates(q: np.ndarray, v: np.ndarray, v_null: np.ndarray, n: int) -> n
     _check_selection(q, v, n)
     rows = np.arange(q.shape[0])
     vq = v * q
+    open_vq = vq.copy()  # -inf marks items already in the slate
     num = np.zeros(q.shape[0])
     den = np.broadcast_to(np.asarray(v_null, dtype=np.float64), (q.shape[0],)).copy()
-    taken = np.zeros(q.shape, dtype=bool)
     slates = np.empty((q.shape[0], n), dtype=np.int64)
     for t in range(n):
-        ratio = (num[:, None] + vq) / (den[:, None] + v)
-        ratio[taken] = -np.inf
-        best = ratio.argmax(axis=1)
+        best = ((num[:, None] + open_vq) / (den[:, None] + v)).argmax(axis=1)
         slates[:, t] = best
-        taken[rows, best] = True
         num += vq[rows, best]
         den += v[rows, best]
+        open_vq[rows, best] = -np.inf
     return slates
 
 
@@ -302,17 +301,18 @@ def select_slates(
 
 
 def explore(
-    slates: np.ndarray, epsilon: float, rngs: Sequence[np.random.Generator], num_candidates: int
+    slates: np.ndarray, epsilon: float, rng: np.random.Generator, num_candidates: int
 ) -> np.ndarray:
-    """Epsilon-greedy over slates: member ``s`` replaces its slate by a uniformly random one
-    (``n`` distinct candidates) with probability ``epsilon``, drawing from ``rngs[s]``."""
+    """Epsilon-greedy over slates: each row is replaced, with probability ``epsilon``, by a
+    uniformly random slate of ``n`` distinct candidates."""
     if epsilon <= 0.0:
         return slates
-    out = slates.copy()
+    rows = np.flatnonzero(rng.random(len(slates)) < epsilon)
+    if rows.size == 0:
+        return slates
     n = slates.shape[1]
-    for s, rng in enumerate(rngs):
-        if rng.random() < epsilon:
-            out[s] = rng.choice(num_candidates, n, replace=False)
+    out = slates.copy()
+    out[rows] = np.argpartition(rng.random((rows.size, num_candidates)), n - 1, axis=1)[:, :n]
     return out
 
 
@@ -326,7 +326,23 @@ def torch_generator(tree: SeedTree, *path: int | str) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _np_activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    if name == "silu":
+        return lambda x: x / (1.0 + np.exp(-x))
+    if name == "mish":
+        return lambda x: x * np.tanh(np.logaddexp(0.0, x))
+    if name == "relu":
+        return lambda x: np.maximum(x, 0.0)
+    if name == "tanh":
+        return np.tanh
+    if name == "identity":
+        return lambda x: x
+    raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
+
+
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name == "silu":
+        return F.silu
     if name == "mish":
         return F.mish
     if name == "relu":
@@ -370,6 +386,9 @@ class EnsembleMLP(nn.Module):
         self.members = members
         self.activation = _activation(activation)
         self.output_activation = _activation(output_activation)
+        self._np_act = _np_activation(activation)
+        self._np_out = _np_activation(output_activation)
+        self._views: list[tuple[np.ndarray, np.ndarray]] | None = None
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in itertools.pairwise(self.sizes):
@@ -390,6 +409,105 @@ class EnsembleMLP(nn.Module):
             x = torch.baddbmm(b, x, w)
             x = self.activation(x) if i < last else self.output_activation(x)
         return x
+
+    def numpy_forward(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`forward` in numpy on views of the parameters (acting: no autograd overhead).
+
+        The views share memory with the parameters, so they follow in-place optimiser steps
+        and ``load_state_dict``.
+        """
+        if self._views is None:
+            self._views = [
+                (w.detach().numpy(), b.detach().numpy())
+                for w, b in zip(self.weights, self.biases, strict=True)
+            ]
+        last = len(self._views) - 1
+        for i, (w, b) in enumerate(self._views):
+            x = np.matmul(x, w) + b
+            x = self._np_act(x) if i < last else self._np_out(x)
+        return x
+
+
+class LocalQNetwork(nn.Module):
+    """A platform's Q-network: ``Qbar(s, i)`` for its ``N`` candidates, for ``S`` members.
+
+    The state is ``[sat, k_1..k_N, history]`` (spec section 2). Two architectures:
+
+    * ``"item"`` (default): SlateQ's per-item value (Ie et al.; RecSim's per-item network on
+      ``(user, document)``) in a form whose cost does not grow with hidden width times ``N``:
+      an MLP of the user features ``[sat, history]`` outputs the coefficients ``c_0..c_d`` of a
+      polynomial in the item's feature, ``Qbar(s, i) = sum_m c_m(s) k_i^m``. The weights are
+      shared over candidates, so every click informs every candidate's value.
+    * ``"flat"``: the paper's MLP from the whole state to ``N`` outputs (one head per candidate
+      position, nothing shared); docs/fedslate.md shows that small widths of it rank poorly.
+
+    Args:
+        members: ``S``.
+        state_dim: ``1 + N (+ H n)``.
+        num_candidates: ``N``.
+        hidden: hidden widths of the MLP.
+        arch: ``"item"`` or ``"flat"``.
+        activation, output_activation: see :class:`EnsembleMLP` (the output activation is
+            applied to ``Qbar``).
+        degree: polynomial degree of the ``"item"`` architecture.
+        generator: for the initial weights.
+    """
+
+    def __init__(
+        self,
+        members: int,
+        state_dim: int,
+        num_candidates: int,
+        hidden: Sequence[int],
+        *,
+        arch: str = "item",
+        activation: str = "silu",
+        output_activation: str = "identity",
+        degree: int = 3,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        if arch not in LOCAL_ARCHS:
+            raise ValueError(f"arch must be one of {LOCAL_ARCHS}, got {arch!r}")
+        if state_dim < 1 + num_candidates:
+            raise ValueError(f"state_dim {state_dim} < 1 + num_candidates {num_candidates}")
+        if degree < 1:
+            raise ValueError(f"degree must be >= 1, got {degree}")
+        self.arch, self.num_candidates, self.degree = arch, num_candidates, degree
+        self.output_activation = _activation(output_activation)
+        self._np_out = _np_activation(output_activation)
+        if arch == "item":
+            user_dim = state_dim - num_candidates
+            sizes = [user_dim, *hidden, degree + 1]
+        else:
+            sizes = [state_dim, *hidden, num_candidates]
+        self.mlp = EnsembleMLP(members, sizes, activation=activation, generator=generator)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(S, B, state_dim)`` states to ``(S, B, N)`` item values."""
+        n_cand = self.num_candidates
+        if self.arch == "flat":
+            return self.output_activation(self.mlp(x))
+        user = torch.cat([x[..., :1], x[..., 1 + n_cand :]], dim=-1)
+        coef = self.mlp(user)
+        k = x[..., 1 : 1 + n_cand]
+        q = coef[..., -1:].expand_as(k)
+        for m in range(self.degree - 1, -1, -1):  # Horner's rule
+            q = torch.addcmul(coef[..., m : m + 1], q, k)
+        return self.output_activation(q)
+
+    def numpy_forward(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`forward` in numpy (acting)."""
+        n_cand = self.num_candidates
+        if self.arch == "flat":
+            return self._np_out(self.mlp.numpy_forward(x))
+        user = np.concatenate([x[..., :1], x[..., 1 + n_cand :]], axis=-1)
+        coef = self.mlp.numpy_forward(user)
+        k = x[..., 1 : 1 + n_cand]
+        q = np.broadcast_to(coef[..., -1:], k.shape)
+        for m in range(self.degree - 1, -1, -1):  # Horner's rule
+            q = q * k + coef[..., m : m + 1]
+        return self._np_out(q)
 
 
 def masked_huber(
@@ -466,8 +584,8 @@ class ReplayBuffer:
         self.head = (self.head + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def sample(self, rngs: Sequence[np.random.Generator], batch: int, sarsa: bool) -> np.ndarray:
-        """``(S, batch)`` row indices, member ``s`` drawing from ``rngs[s]`` with replacement.
+    def sample(self, rng: np.random.Generator, batch: int, sarsa: bool) -> np.ndarray:
+        """``(S, batch)`` row indices drawn with replacement, independently per member.
 
         For SARSA the newest row is left out unless it ends an episode (its next slate is not
         known yet).
@@ -476,10 +594,10 @@ class ReplayBuffer:
         span = self.size - (1 if exclude else 0)
         if span < 1:
             raise ValueError("the replay buffer holds no sampleable row")
-        idx = np.stack([rng.integers(0, span, batch) for rng in rngs])
-        if exclude:
+        idx = rng.integers(0, span, (self.members, batch))
+        if exclude and self.size == self.capacity:
             # Map [0, span) onto the valid rows, skipping the newest one.
-            idx = np.where(idx >= self._last, idx + 1, idx) if self.size == self.capacity else idx
+            idx = np.where(idx >= self._last, idx + 1, idx)
         return idx
 
     def gather(self, field_list: list[np.ndarray], platform: int, idx: np.ndarray) -> np.ndarray:
@@ -503,7 +621,10 @@ class SlateQConfig:
     Learning (defaults: FedSlate's code, spec section 2): ``episodes``, ``members`` (independent
     runs advanced together, each its own network, replay and streams), ``seed``,
     ``local_hidden`` (hidden widths of each platform's Q-network; the code used five layers of
-    4096, see docs/fedslate.md for the choice), ``activation``, ``output_activation``,
+    4096, see docs/fedslate.md for the choice), ``local_arch`` and ``item_degree`` (see
+    :class:`LocalQNetwork`), ``activation`` (SiLU by default: the paper's Mish has the same
+    self-gated shape, and torch's CPU Mish kernel is several times slower, measured in
+    docs/fedslate.md), ``output_activation``,
     ``reward_scale``, ``history_scale`` (factor on the engagement history features), ``lr``,
     ``gamma``, ``huber_delta``, ``buffer_size``, ``batch_size``, ``burn_in`` (rounds before
     learning), ``learn_every`` (rounds), ``target_sync`` (rounds), ``eps_start``, ``eps_decay``
@@ -522,8 +643,10 @@ class SlateQConfig:
     episodes: int = 5000
     members: int = 1
     seed: int = 0
-    local_hidden: tuple[int, ...] = (256, 256)
-    activation: str = "mish"
+    local_hidden: tuple[int, ...] = (64, 64)
+    local_arch: str = "item"
+    item_degree: int = 3
+    activation: str = "silu"
     output_activation: str = "identity"
     reward_scale: float = 0.01
     history_scale: float = 0.05
@@ -566,6 +689,10 @@ class SlateQConfig:
             raise ValueError("burn_in and log_every must be >= 0")
         if any(w < 1 for w in self.local_hidden):
             raise ValueError(f"local_hidden widths must be >= 1, got {self.local_hidden}")
+        if self.local_arch not in LOCAL_ARCHS:
+            raise ValueError(f"local_arch must be one of {LOCAL_ARCHS}, got {self.local_arch!r}")
+        if self.item_degree < 1:
+            raise ValueError(f"item_degree must be >= 1, got {self.item_degree}")
         for name in ("activation", "output_activation"):
             if getattr(self, name) not in ACTIVATIONS:
                 raise ValueError(
@@ -635,6 +762,23 @@ class RunResult:
         return self.episode_rewards.shape[0] / max(self.seconds, 1e-9)
 
 
+def local_network(
+    config: SlateQConfig, state_dim: int, generator: torch.Generator | None = None
+) -> LocalQNetwork:
+    """A platform's :class:`LocalQNetwork` as ``config`` describes it."""
+    return LocalQNetwork(
+        config.members,
+        state_dim,
+        config.num_candidates,
+        config.local_hidden,
+        arch=config.local_arch,
+        activation=config.activation,
+        output_activation=config.output_activation,
+        degree=config.item_degree,
+        generator=generator,
+    )
+
+
 def features(obs: PlatformObservation, config: SlateQConfig) -> np.ndarray:
     """``(U, d)`` state features of a platform's observation (spec section 2's states)."""
     return obs.features(config.history_scale)
@@ -701,25 +845,14 @@ def run_slateq(config: SlateQConfig) -> RunResult:
     dims = [cfg_env.state_dim(p) for p in range(k_plat)]
     nets, targets, optims = {}, {}, {}
     for p in learners:
-        nets[p] = EnsembleMLP(
-            members,
-            [dims[p], *config.local_hidden, n_cand],
-            activation=config.activation,
-            output_activation=config.output_activation,
-            generator=torch_generator(tree, "init", "local", p),
-        )
-        targets[p] = EnsembleMLP(
-            members,
-            [dims[p], *config.local_hidden, n_cand],
-            activation=config.activation,
-            output_activation=config.output_activation,
-        )
+        nets[p] = local_network(config, dims[p], torch_generator(tree, "init", "local", p))
+        targets[p] = local_network(config, dims[p])
         targets[p].load_state_dict(nets[p].state_dict())
         targets[p].requires_grad_(False)
-        optims[p] = torch.optim.Adam(nets[p].parameters(), lr=config.lr)
-    act_rngs = [tree.generator("agent", s, "explore") for s in range(members)]
-    random_rngs = [tree.generator("agent", s, "random-slates") for s in range(members)]
-    replay_rngs = [tree.generator("agent", s, "replay") for s in range(members)]
+        optims[p] = torch.optim.Adam(nets[p].parameters(), lr=config.lr, foreach=True)
+    act_rng = tree.generator("agent", "explore")
+    random_rng = tree.generator("agent", "random-slates")
+    replay_rng = tree.generator("agent", "replay")
     replay = ReplayBuffer(config.buffer_size, members, dims, n)
     rewards = np.zeros((config.episodes, members, k_plat))
     updates = {f"local{p}": 0 for p in learners}
@@ -728,7 +861,7 @@ def run_slateq(config: SlateQConfig) -> RunResult:
     start = time.perf_counter()
 
     def learn() -> None:
-        idx = replay.sample(replay_rngs, config.batch_size, sarsa)
+        idx = replay.sample(replay_rng, config.batch_size, sarsa)
         for p in learners:
             x = replay.gather(replay.x, p, idx)
             x_next = replay.gather(replay.x_next, p, idx)
@@ -762,13 +895,12 @@ def run_slateq(config: SlateQConfig) -> RunResult:
             eps = config.epsilon(rounds)
             for p in range(k_plat):
                 if p in nets:
-                    with torch.no_grad():
-                        q = nets[p](torch.from_numpy(x[p])[:, None, :])[:, 0].numpy()
+                    q = nets[p].numpy_forward(x[p][:, None, :])[:, 0]
                     v, v_null = choice_weights(choice, x[p], n_cand)
                     slates = select_slates(config.slate_method, q, v, v_null, n)
-                    slates = explore(slates, eps, act_rngs, n_cand)
+                    slates = explore(slates, eps, act_rng, n_cand)
                 else:
-                    slates = explore(np.zeros((members, n), np.int64), 1.0, random_rngs, n_cand)
+                    slates = explore(np.zeros((members, n), np.int64), 1.0, random_rng, n_cand)
                 out = env.step(p, slates)
                 rewards[episode, :, p] += out.engagement
                 x_next = features(env.observation(p), config)

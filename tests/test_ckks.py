@@ -264,7 +264,7 @@ def test_wrong_shapes_and_bounds_give_clear_errors(shared_keys):
         CKKSTransport(CKKSConfig(key_model="committee"), secret=shared_keys)
 
 
-def test_view_records_ciphertexts_and_bytes(shared_keys):
+def test_view_records_ciphertexts_and_bytes(shared_keys, tmp_path):
     n, shape = 4, (10, 3)
     transport = _transport(shared_keys, keep_ciphertext_bytes=True)
     rnd = transport.open_round(0, range(n), shape=shape, seeds=SeedTree(0))
@@ -297,6 +297,12 @@ def test_view_records_ciphertexts_and_bytes(shared_keys):
     assert "summed_ciphertext_sha256" in view.aggregate
     assert transport.view.public["server_context_bytes"] == transport.server_context.nbytes
     assert transport.timings["encrypt"] > 0
+    from securefed import ServerView
+
+    loaded = ServerView.load(transport.view.save(tmp_path / "view"))
+    np.testing.assert_array_equal(
+        loaded.round(0).payload(1)["ciphertext_sha256"], view.payload(1)["ciphertext_sha256"]
+    )
 
 
 def test_committee_model_sends_the_public_context_once():
@@ -380,3 +386,28 @@ def test_transport_pickles_for_process_parallel_runs(shared_keys):
     np.testing.assert_allclose(rnd.result().total, [[0.5, -2.0]], atol=1e-4)
     # The public context pickles as its own serialization: no secret key inside.
     assert len(pickle.dumps(shared_keys.public())) < 2000
+
+
+def test_batch_bound_check_names_the_client_without_densifying():
+    from securefed.transport.ckks import check_batch_bound
+
+    updates = RowUpdates(
+        clients=np.array([7, 8, 9]),
+        indptr=np.array([0, 1, 1, 3]),
+        rows=np.array([0, 1, 2]),
+        values=np.array([[1.0, -2.0], [0.5, 0.5], [3.0, -40.0]]),
+        n_rows=4,
+    )
+    check_batch_bound(updates, 40.0)
+    with pytest.raises(ValueError, match=r"client 9's .*-40"):
+        check_batch_bound(updates, 39.0)
+    weighted = RowUpdates(
+        updates.clients, updates.indptr, updates.rows, updates.values, 4, weights=[30.0, 50.0, 0.1]
+    )
+    with pytest.raises(ValueError, match="client 7"):  # 30 * 2 = 60 > 45
+        check_batch_bound(weighted, 45.0)
+    heavy = RowUpdates(
+        updates.clients, updates.indptr, updates.rows, updates.values, 4, weights=[0.1, 50.0, 0.1]
+    )
+    with pytest.raises(ValueError, match="client 8"):  # the weight itself travels: 50 > 45
+        check_batch_bound(heavy, 45.0)

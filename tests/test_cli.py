@@ -47,11 +47,18 @@ def test_fedmf_command_writes_json_and_view(tmp_path, capsys):
     assert view.public["variant"] == "fedrec+"
 
 
-def test_fedmf_command_reports_bad_input(capsys):
+def test_fedmf_command_reports_bad_input(capsys, monkeypatch):
+    from benchmarks import transports
+
     assert main(["fedmf", "--data", "/no/such/ratings.csv", "--rounds", "1"]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main(["fedmf", "--transport", "rot13", "--rounds", "1", "--no-progress"]) == 2
+    assert "unknown transport" in capsys.readouterr().err
+    transports._load_optional_factories()
+    monkeypatch.delitem(transports.FACTORIES, "ckks")
+    monkeypatch.setitem(transports.UNAVAILABLE, "ckks", "missing dependency 'tenseal'")
     assert main(["fedmf", "--transport", "ckks", "--rounds", "1", "--no-progress"]) == 2
-    assert "unavailable" in capsys.readouterr().err
+    assert "unavailable: missing dependency 'tenseal'" in capsys.readouterr().err
 
 
 def test_privacy_command_is_wired(capsys):
@@ -90,7 +97,10 @@ def test_leak_utility_rows_on_a_small_set(tmp_path):
     assert plain["leak_exact_share"] > 0.99  # the gradient leak, in the clear
     assert masked["leak_exact_share"] == pytest.approx(masked["chance_exact_share"])
     assert abs(masked["rmse"] - plain["rmse"]) < 2e-3  # same run, different transport
-    assert by_transport["ckks"]["status"].startswith("unavailable")
+    encrypted = by_transport["ckks"]
+    assert encrypted["status"] == "ok"
+    assert encrypted["leak_exact_share"] == pytest.approx(encrypted["chance_exact_share"])
+    assert abs(encrypted["rmse"] - plain["rmse"]) < 2e-3
     for name in ("leak_utility.json", "leak_utility.md", "leak_utility.png"):
         assert (tmp_path / name).stat().st_size > 0
 

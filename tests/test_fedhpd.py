@@ -67,7 +67,7 @@ def assert_same_run(reference, fast, atol=1e-5):
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
-# -- configuration -----------------------------------------------------------------------------
+# -- configuration --------------------------------------------------------------------------------
 def test_config_fills_task_defaults_and_refuses_bad_input():
     config = FedHPDConfig()
     assert (config.rounds, config.public_size, config.n_agents) == (2000, 5000, 10)
@@ -91,7 +91,7 @@ def test_agent_tables_follow_the_spec():
     assert AGENTS["lunarlander"][9].hidden == (1024,) and AGENTS["lunarlander"][9].lr == 1e-4
 
 
-# -- REINFORCE pieces ----------------------------------------------------------------------------
+# -- REINFORCE pieces -----------------------------------------------------------------------------
 def test_discounted_returns_and_normalisation():
     g = discounted_returns(np.array([1.0, 1.0, 1.0]), 0.5, normalise=False)
     np.testing.assert_allclose(g, [1.75, 1.5, 1.0])
@@ -151,7 +151,7 @@ def test_stacked_adam_is_torch_adam_bit_for_bit(task):
         assert torch.equal(expected, group.flat[i])
 
 
-# -- the distillation step on a tiny example --------------------------------------------------
+# -- the distillation step on a tiny example ------------------------------------------------------
 def test_categorical_kl_both_directions_and_gradient():
     p_k = torch.tensor([[[0.7, 0.3], [0.2, 0.8]]])
     p_mean = torch.tensor([[0.5, 0.5], [0.4, 0.6]])
@@ -218,7 +218,7 @@ def test_secure_aggregation_gives_the_same_mean():
     assert (consensus(mean, "categorical", 3) >= 0).all()
 
 
-# -- the fast learner against the reference ---------------------------------------------------
+# -- the fast learner against the reference -------------------------------------------------------
 @pytest.fixture(scope="module")
 def public_states():
     return make_public_states(tiny())
@@ -275,7 +275,7 @@ def test_training_under_secure_aggregation_matches_plaintext(public_states):
     assert b.transport == "secagg" and b.bytes_up > a.bytes_up > 0
 
 
-# -- other tasks, end to end ------------------------------------------------------------------------
+# -- other tasks, end to end ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("task", "agents"),
     [
@@ -299,7 +299,7 @@ def test_other_tasks_end_to_end(task, agents):
     assert_same_run(reference, fast, atol=1e-4)
 
 
-# -- the metric, plots, command line ----------------------------------------------------------------
+# -- the metric, plots, command line --------------------------------------------------------------
 def test_system_average_reward_is_the_moving_average_mean():
     rng = np.random.default_rng(0)
     returns = rng.uniform(0, 500, (5, 120, 10))

@@ -227,6 +227,9 @@ def test_ckks_channel_errors(fusion_keys):
         channel.backward({"a": g["a"][:2], "b": g["b"][:2]})
     with pytest.raises(ValueError, match="lr"):
         CKKSFusionConfig(lr=0.0)
+    symmetric = ckks_context(SPEC.circuit(), encryption="symmetric")
+    with pytest.raises(ValueError, match="public-key"):
+        CKKSFusionChannel(SPEC, weights, seeds=SeedTree(0), secret=symmetric)
 
 
 def test_ckks_channel_in_secure_mode(fusion_keys):

@@ -227,13 +227,8 @@ def distinct_mask(slates: np.ndarray) -> np.ndarray:
     A slate that repeats a document shows it once (the user chooses among distinct documents).
     """
     slates = np.asarray(slates)
-    order = np.argsort(slates, axis=1, kind="stable")
-    ordered = np.take_along_axis(slates, order, axis=1)
-    first_sorted = np.ones_like(ordered, dtype=bool)
-    first_sorted[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    mask = np.empty_like(first_sorted)
-    np.put_along_axis(mask, order, first_sorted, axis=1)
-    return mask
+    equal = slates[:, :, None] == slates[:, None, :]
+    return ~np.tril(equal, k=-1).any(axis=2)
 
 
 def choice_probabilities(k_slate: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -306,6 +301,7 @@ class ChocKaleBatch:
         self.turn = 0
         self.remaining = 0
         self._started = False
+        self._rows = np.arange(self.num_users)
 
     @property
     def sat(self) -> np.ndarray:
@@ -388,15 +384,15 @@ class ChocKaleBatch:
         if platform != self.turn:
             raise ValueError(f"it is platform {self.turn}'s turn, not platform {platform}'s")
         slates = self.check_slates(slates)
-        rows = np.arange(self.num_users)
+        rows = self._rows
         response = self.streams.response
 
-        k_slate = np.take_along_axis(self.docs[:, platform], slates, axis=1)
-        probs = choice_probabilities(k_slate, distinct_mask(slates))
+        k_slate = self.docs[rows[:, None], platform, slates]
+        weights = np.exp(1.0 - k_slate) * distinct_mask(slates)
         # Inverse-CDF sampling of one click per user (exactly one: no null item).
-        u = response.random(self.num_users)
-        cdf = np.cumsum(probs, axis=1)
-        position = np.minimum((cdf < u[:, None] * cdf[:, -1:]).sum(axis=1), cfg.slate_size - 1)
+        cdf = np.cumsum(weights, axis=1)
+        u = response.random(self.num_users) * cdf[:, -1]
+        position = np.minimum((cdf < u[:, None]).sum(axis=1), cfg.slate_size - 1)
         clicked = slates[rows, position]
         k = k_slate[rows, position]
 

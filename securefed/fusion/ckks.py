@@ -403,6 +403,11 @@ class FusionServer:
             raise TypeError(f"the server holds a PublicContext, got {type(context).__name__}")
         if not context.has_relin_keys:
             raise ValueError("the server's public context needs relinearization keys")
+        if config.output_noise_std > 0 and not context.can_encrypt:
+            raise ValueError(
+                "re-randomizing the ciphertexts returned to the parties needs public-key "
+                "encryption: use a public-key context, or output_noise_std=0 (no circuit privacy)"
+            )
         self.spec = spec
         self.weights = weights.check(spec)
         self.context = context

@@ -165,6 +165,33 @@ def check_bound(client: int, values: np.ndarray, bound: float) -> None:
         )
 
 
+def check_batch_bound(updates: RowUpdates, bound: float) -> None:
+    """:func:`check_bound` for every client of a batch, without densifying any of them.
+
+    Raises:
+        ValueError: naming the first client whose ``|w x|`` or ``w`` exceeds ``bound``.
+    """
+    counts = np.diff(updates.indptr)
+    largest = np.zeros(len(updates.clients))
+    if updates.values.size:
+        row_max = np.abs(updates.values).max(axis=1)
+        nonempty = counts > 0
+        # Empty clients own no rows, so consecutive non-empty starts delimit each client's rows.
+        largest[nonempty] = np.maximum.reduceat(row_max, updates.indptr[:-1][nonempty])
+    if updates.weights is not None:
+        largest = np.maximum(largest * updates.weights, updates.weights)
+    beyond = np.flatnonzero(largest > bound)
+    if len(beyond):
+        k = int(beyond[0])
+        check_bound(
+            int(updates.clients[k]),
+            pack_update(
+                updates.client_block(k), None if updates.weights is None else updates.weights[k]
+            ),
+            bound,
+        )
+
+
 def digests(ciphertexts: Sequence[Ciphertext]) -> np.ndarray:
     """``(n, 32)`` uint8 SHA-256 digests of the serialized ciphertexts."""
     if not ciphertexts:
@@ -332,18 +359,14 @@ class CKKSRound(AggregationRound):
         bound = self.config.value_bound
         sizes = np.zeros(len(updates.clients), np.int64)
         # Validate every client of the batch before any ciphertext reaches the server.
-        packed = []
-        for k, client in enumerate(updates.clients.tolist()):
-            values = pack_update(updates.client_block(k), weights[k] if weighted else None)
-            check_bound(client, values, bound)
-            packed.append(values)
+        check_batch_bound(updates, bound)
         for k, client in enumerate(updates.clients.tolist()):
             start = time.perf_counter()
-            ciphertexts = encrypt(packed[k])
+            packed = pack_update(updates.client_block(k), weights[k] if weighted else None)
+            ciphertexts = encrypt(packed)
             start = self.timer.add("encrypt", start)
             self.server.receive(ciphertexts)
             self.timer.add("server_add", start)
-            packed[k] = None  # free the plaintext early on big batches
             sizes[k] = sum(c.nbytes for c in ciphertexts)
             if self.view.keep_payloads:
                 fields = {
