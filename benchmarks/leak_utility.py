@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from benchmarks.experiment import FedMFRun, run_fedmf, save_json
 from benchmarks.transports import TransportUnavailable
 from recsys.data import Ratings, Split, random_split, reindex
 from recsys.fedmf import FedMFConfig
-from securefed import RoundSelection
+from securefed import RoundSelection, SecurefedError
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
 LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
@@ -134,6 +134,8 @@ def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -
     )
     if name in ("dp", "secagg+dp"):
         options["clip"] = config.dp_clip
+        # Noisy per-item counts near zero would blow the per-item mean up.
+        model_config = replace(model_config, min_item_weight=1.0)
     run = FedMFRun(
         config=model_config,
         transport=name,
@@ -148,6 +150,8 @@ def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -
         record, _, transport = run_fedmf(split, run)
     except TransportUnavailable as error:
         return row | {"status": f"unavailable: {error}"}
+    except (ValueError, SecurefedError) as error:  # e.g. a diverged run, a spent budget
+        return row | {"status": f"failed: {error}", "seconds": time.perf_counter() - started}
     attack_started = time.perf_counter()
     report = verify(transport.view, split.train)
     row |= {

@@ -102,6 +102,9 @@ class FedMFConfig:
         tau: temperature of the Wasserstein weights.
         count_cap: public cap dividing counts so weights lie in [0, 1].
         dropout: fraction of each round's clients that drop out before uploading (simulation).
+        min_item_weight: floor of the per-item divisor of ``aggregation="mean"`` (items whose
+            aggregated weight is not positive get no update). Raise it (e.g. to 1) under DP,
+            where noisy counts near zero would blow the mean up.
         chunk_ratings: clients are processed in groups of about this many ratings, which bounds
             the round's working memory on large data sets (results do not depend on it).
     """
@@ -129,6 +132,7 @@ class FedMFConfig:
     tau: float = 1.0
     count_cap: float = 1000.0
     dropout: float = 0.0
+    min_item_weight: float = 1e-12
     chunk_ratings: int = 1 << 20
 
     def __post_init__(self) -> None:
@@ -158,7 +162,7 @@ class FedMFConfig:
         for name in ("rounds", "warmup_rounds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "server_lr", "init_std", "tau", "count_cap"):
+        for name in ("lr", "server_lr", "init_std", "tau", "count_cap", "min_item_weight"):
             value = getattr(self, name)
             if not np.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be finite and > 0, got {value!r}")
@@ -492,9 +496,8 @@ class FedMF:
         item_gradient, item_weight = total[: self.n_items, :-1], total[: self.n_items, -1]
         stats_sum, stats_sq = total[self.n_items], total[self.n_items + 1]
         if cfg.aggregation == "mean":
-            scale = np.divide(
-                1.0, item_weight, out=np.zeros_like(item_weight), where=item_weight > 1e-12
-            )
+            floor = np.maximum(item_weight, cfg.min_item_weight)
+            scale = np.divide(1.0, floor, out=np.zeros_like(floor), where=item_weight > 1e-12)
         else:
             weight_total = stats_sq[-1]
             factor = contributors / weight_total if weight_total > 1e-12 else 0.0

@@ -459,7 +459,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         target.requires_grad_(False)
         local.append(net)
         local_target.append(target)
-        local_opt.append(torch.optim.Adam(net.parameters(), lr=config.lr, foreach=True))
+        local_opt.append(torch.optim.Adam(net.parameters(), lr=config.lr, fused=True))
 
     # Server: the fusion network, its target copy, its optimiser, and the channels.
     linear = config.variant == "linear"
@@ -481,7 +481,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
     server_target.load_state_dict(server.state_dict())
     server_target.requires_grad_(False)
     server_opt = torch.optim.Adam(
-        server.parameters(), lr=config.server_lr or config.lr, foreach=True
+        server.parameters(), lr=config.server_lr or config.lr, fused=True
     )
     cross = config.variant != "fedq"
     fusion = factory(server, names, cross)
@@ -496,11 +496,18 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
     updates = {f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0}
     sarsa = config.target == "sarsa"
     rounds = learn_steps = 0
+    timings = {"acting": 0.0, "learning": 0.0}
     start = time.perf_counter()
+
+    def x_round_pad(xs: list[np.ndarray]) -> list[np.ndarray]:
+        """Pad the platforms' feature arrays to one width (choice weights read columns
+        ``0..N`` only, which every platform's features share)."""
+        width = max(a.shape[1] for a in xs)
+        return [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in xs]
 
     def step_update(
         p: int,
-        loss_of: Callable[[torch.Tensor], torch.Tensor],
+        loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         xs: list[torch.Tensor],
         positions: torch.Tensor | Callable[[dict[str, torch.Tensor]], torch.Tensor],
     ) -> None:
@@ -519,7 +526,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
             positions = positions({k: m.detach() for k, m in msgs.items()})
         fused = fusion.forward(msgs, [names[p]], {names[p]: positions})[names[p]]
         fused = fused.requires_grad_(True)  # what party p received
-        loss = loss_of(fused)
+        loss = loss_of(fused, positions)
         local_opt[p].zero_grad(set_to_none=True)
         server_opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -554,7 +561,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
             clicked = torch.from_numpy(replay.gather(replay.clicked, p, idx))[..., None]
             y_t, m_t = torch.from_numpy(targets_y[p]), torch.from_numpy(valid[p])
 
-            def loss_clicked(fused, y_t=y_t, m_t=m_t):
+            def loss_clicked(fused, positions, y_t=y_t, m_t=m_t):
                 return masked_huber(fused[..., 0], y_t, m_t, config.huber_delta)
 
             step_update(p, loss_clicked, xs, clicked)
@@ -567,36 +574,38 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         team_y = (stack_y * stack_m).sum(axis=0) / np.maximum(stack_m.sum(axis=0), 1)
         y_t, m_t = torch.from_numpy(team_y.astype(np.float32)), torch.from_numpy(team_valid)
         for p in without_rewards:
-            x_np = xs[p].numpy()
-            v, v_null = choice_weights(choice, x_np, n_cand)
-            with torch.no_grad():  # B's greedy slate on Qf_B, with the updated networks
-                msgs = {names[q]: local[q](xs[q]) for q in range(k_plat)}
-                qf = fusion.forward(msgs, [names[p]])[names[p]].numpy()
-            s_, b_ = qf.shape[:2]
-            slates = select_slates(
-                config.slate_method,
-                qf.reshape(s_ * b_, n_cand),
-                v.reshape(s_ * b_, n_cand),
-                v_null.reshape(s_ * b_),
-                n,
-            ).reshape(s_, b_, n)
-            slates_t = torch.from_numpy(slates)
+            v, v_null = choice_weights(choice, xs[p].numpy(), n_cand)
             v_t = torch.from_numpy(v.astype(np.float32))
             vn_t = torch.from_numpy(v_null.astype(np.float32))
 
-            def loss_value(fused, v_t=v_t, vn_t=vn_t, slates_t=slates_t):
+            def greedy_positions(msgs, p=p, v=v, v_null=v_null):
+                # B's greedy slate on Qf_B, from the networks as updated so far this step.
+                with torch.no_grad():
+                    qf = fusion.forward(msgs, [names[p]])[names[p]].numpy()
+                s_, b_ = qf.shape[:2]
+                slates = select_slates(
+                    config.slate_method,
+                    qf.reshape(s_ * b_, n_cand),
+                    v.reshape(s_ * b_, n_cand),
+                    v_null.reshape(s_ * b_),
+                    n,
+                )
+                return torch.from_numpy(slates.reshape(s_, b_, n))
+
+            def loss_value(fused, slates, v_t=v_t, vn_t=vn_t):
                 # fused holds Qf_B at the slate's positions: V_B = sum_j P(j) Qf_B(j).
-                chosen_v = torch.gather(v_t, 2, slates_t)
+                chosen_v = torch.gather(v_t, 2, slates)
                 probs = chosen_v / (vn_t[..., None] + chosen_v.sum(dim=2, keepdim=True))
                 value = (probs * fused).sum(dim=2)
                 return masked_huber(value, y_t, m_t, config.huber_delta)
 
-            step_update(p, loss_value, xs, slates_t)
+            step_update(p, loss_value, xs, greedy_positions)
 
     for episode in range(config.episodes):
         env.reset()
         x = [features(env.observation(p), config) for p in range(k_plat)]
         done = False
+        tock = time.perf_counter()
         while not done:
             eps = config.epsilon(rounds)
             # Acting: one inquiry per round; every platform gets its fused Q-values.
@@ -609,16 +618,22 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
                         {k: torch.from_numpy(v) for k, v in q_np.items()}, list(names)
                     )
                 qf = {k: t.numpy()[:, 0] for k, t in fused.items()}
+            # Every platform's slate from the round's inquiry, in one batch (rows p * S + s).
+            x_all = np.concatenate(x_round_pad(x))
+            v, v_null = choice_weights(choice, x_all, n_cand)
+            q_all = np.concatenate([qf[names[p]] for p in range(k_plat)])
+            slates_all = select_slates(config.slate_method, q_all, v, v_null, n)
+            slates_all = explore(slates_all, eps, act_rng, n_cand).reshape(k_plat, members, n)
             for p in range(k_plat):
-                v, v_null = choice_weights(choice, x[p], n_cand)
-                slates = select_slates(config.slate_method, qf[names[p]], v, v_null, n)
-                slates = explore(slates, eps, act_rng, n_cand)
+                slates = slates_all[p]
                 out = env.step(p, slates)
                 rewards[episode, :, p] += out.engagement
                 x_next = features(env.observation(p), config)
                 replay.add(p, x[p], slates, out.clicked, out.feedback, x_next)
                 x[p] = x_next
                 done = out.done
+            tick = time.perf_counter()
+            timings["acting"] += tick - tock
             replay.commit(done)
             rounds += 1
             if rounds > config.burn_in and rounds % config.learn_every == 0:
@@ -628,6 +643,8 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
                 for p in range(k_plat):
                     local_target[p].load_state_dict(local[p].state_dict())
                 server_target.load_state_dict(server.state_dict())
+            tock = time.perf_counter()
+            timings["learning"] += tock - tick
         if config.log_every and (episode + 1) % config.log_every == 0:
             recent = rewards[max(0, episode - config.log_every + 1) : episode + 1].mean(axis=(0, 1))
             print(
@@ -644,4 +661,5 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         rounds=rounds,
         learn_steps=learn_steps,
         updates=updates,
+        timings=timings,
     )

@@ -746,6 +746,7 @@ class RunResult:
         rounds: rounds played per member.
         learn_steps: learning steps taken.
         updates: per network name, optimiser steps taken.
+        timings: seconds spent acting (inquiry, slates, environment) and learning.
     """
 
     algorithm: str
@@ -755,6 +756,7 @@ class RunResult:
     rounds: int
     learn_steps: int
     updates: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def episodes_per_second(self) -> float:
@@ -849,7 +851,7 @@ def run_slateq(config: SlateQConfig) -> RunResult:
         targets[p] = local_network(config, dims[p])
         targets[p].load_state_dict(nets[p].state_dict())
         targets[p].requires_grad_(False)
-        optims[p] = torch.optim.Adam(nets[p].parameters(), lr=config.lr, foreach=True)
+        optims[p] = torch.optim.Adam(nets[p].parameters(), lr=config.lr, fused=True)
     act_rng = tree.generator("agent", "explore")
     random_rng = tree.generator("agent", "random-slates")
     replay_rng = tree.generator("agent", "replay")

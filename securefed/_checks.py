@@ -12,7 +12,9 @@ def finite_array(name: str, values: np.ndarray) -> np.ndarray:
         ValueError: naming ``name`` and the first offending position.
     """
     array = np.asarray(values, dtype=np.float64)
-    if np.isfinite(np.add.reduce(array, axis=None)):
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(array, axis=None)
+    if np.isfinite(total):
         return array  # a finite sum has no NaN or infinity among its terms
     bad = ~np.isfinite(array)
     if bad.any():
