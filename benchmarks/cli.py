@@ -33,6 +33,13 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument("--server-lr", type=float, default=0.1, help="server step size (eta)")
     parser.add_argument("--reg", type=float, default=0.12, help="lambda = mu, L2 weight")
     parser.add_argument("--upload", default="part", choices=["part", "full"])
+    parser.add_argument("--aggregation", default="mean", choices=["mean", "sum"])
+    parser.add_argument(
+        "--server-state",
+        default="plain",
+        choices=["plain", "encrypted"],
+        help="encrypted: [[V]] stays encrypted on the server (ckks, Chai et al.)",
+    )
     parser.add_argument("--rho", type=float, default=1.0, help="pseudo items per rated item")
     parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
     parser.add_argument("--dropout", type=float, default=0.0, help="fraction of clients dropping")

@@ -105,6 +105,12 @@ class FedMFConfig:
         min_item_weight: floor of the per-item divisor of ``aggregation="mean"`` (items whose
             aggregated weight is not positive get no update). Raise it (e.g. to 1) under DP,
             where noisy counts near zero would blow the mean up.
+        server_state: ``"plain"`` (the server holds ``V``) or ``"encrypted"`` (Chai et al.'s
+            variant: ``[[V]]`` stays encrypted on the server, every round's users download and
+            decrypt it, apply ``-server_lr`` to their own item gradients and upload them, and the
+            server adds the ciphertexts into ``[[V]]``; needs the ``ckks`` transport,
+            ``aggregation="sum"`` and ``weighting="uniform"``, since the server can neither
+            divide nor weigh what it cannot read).
         chunk_ratings: clients are processed in groups of about this many ratings, which bounds
             the round's working memory on large data sets (results do not depend on it).
     """
@@ -133,6 +139,7 @@ class FedMFConfig:
     count_cap: float = 1000.0
     dropout: float = 0.0
     min_item_weight: float = 1e-12
+    server_state: Literal["plain", "encrypted"] = "plain"
     chunk_ratings: int = 1 << 20
 
     def __post_init__(self) -> None:
@@ -170,6 +177,15 @@ class FedMFConfig:
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if self.server_state not in ("plain", "encrypted"):
+            raise ValueError(f"server_state must be plain or encrypted, got {self.server_state!r}")
+        if self.server_state == "encrypted" and (
+            self.aggregation != "sum" or self.client_weighting != "uniform"
+        ):
+            raise ValueError(
+                "server_state='encrypted' needs aggregation='sum' and uniform weighting: the "
+                "server cannot divide or weigh an item matrix it cannot read"
+            )
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
 
@@ -213,6 +229,23 @@ class FedMFConfig:
         }
 
 
+def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
+    """The item rows of each client's block, times ``-server_lr`` (encrypted server state)."""
+    n_items = uploads.n_rows - 2
+    keep = uploads.rows < n_items
+    counts = np.add.reduceat(keep, uploads.indptr[:-1]) if len(keep) else np.zeros(0, int)
+    counts[np.diff(uploads.indptr) == 0] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    return RowUpdates(
+        uploads.clients,
+        indptr,
+        uploads.rows[keep],
+        -server_lr * uploads.values[keep, :-1],
+        n_items,
+        dense=True,
+    )
+
+
 @dataclass(frozen=True)
 class _RoundData:
     """The uploads of one round, CSR by participating client (local index)."""
@@ -250,6 +283,7 @@ class FedMF:
         )
         self.global_mean: np.ndarray | None = None
         self.global_std: np.ndarray | None = None
+        self._state = None  # [[V]] under server_state="encrypted"
         # Stable pseudo sets (FedRec+ default): chosen once per user at its first round.
         self.pseudo_chosen = np.zeros(self.n_clients, dtype=bool)
         self.pseudo_indptr = np.zeros(self.n_clients + 1, dtype=np.int64)
@@ -261,12 +295,16 @@ class FedMF:
     ) -> dict[str, float]:
         """One synchronous round over ``clients`` (see the module docstring)."""
         cfg = self.config
-        n_rows, width = self.n_items + 2, cfg.dim + 1
+        encrypted = cfg.server_state == "encrypted"
+        n_rows, width = (self.n_items, cfg.dim) if encrypted else (self.n_items + 2, cfg.dim + 1)
         rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
         if round_id == 0 or not transport.view.public.get("protocol"):
             transport.view.public.update(self.public_parameters())
         rnd.view.public.update({"lr": cfg.lr, "server_lr": cfg.server_lr})
-        rnd.broadcast("V", self.V)
+        if encrypted:
+            self.V = self._encrypted_state(transport).download(rnd)  # users decrypt [[V]]
+        else:
+            rnd.broadcast("V", self.V)
         if self.global_mean is not None and cfg.client_weighting == "wasserstein":
             rnd.broadcast("global_stats", np.stack([self.global_mean, self.global_std]))
         clients = rnd.clients
@@ -278,16 +316,32 @@ class FedMF:
         squared_error, n_ratings = 0.0, 0
         for group in self._client_groups(clients):
             new_user_vectors, uploads, errors = self._clients_compute(round_id, group, seeds)
-            rnd.submit_batch(uploads)
+            rnd.submit_batch(_item_steps(uploads, cfg.server_lr) if encrypted else uploads)
             # Safe before the aggregate: groups are disjoint and V only changes below.
             self.U[group] = new_user_vectors
             squared_error, n_ratings = (
                 squared_error + float(errors @ errors),
                 n_ratings + len(errors),
             )
-        aggregate = rnd.result()
-        self._server_step(aggregate.total, len(aggregate.contributors))
+        if encrypted:
+            rnd.fold_into(self._state)  # [[V]] += sum of [[-eta g]]: nothing is decrypted
+            self.V = self._state.reveal()  # the users' view, for evaluation and checkpoints
+        else:
+            aggregate = rnd.result()
+            self._server_step(aggregate.total, len(aggregate.contributors))
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
+
+    def _encrypted_state(self, transport: Transport):
+        """``[[V]]`` on the server, encrypted by a key holder when first needed."""
+        if self._state is None:
+            if not hasattr(transport, "key_holder"):
+                raise ValueError(
+                    f"server_state='encrypted' needs the ckks transport, not {transport.name!r}"
+                )
+            from securefed.transport.ckks import EncryptedState
+
+            self._state = EncryptedState(transport, self.V)
+        return self._state
 
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
         """Split the round's clients into groups of about ``chunk_ratings`` ratings."""

@@ -68,6 +68,7 @@ from torch import nn
 
 from rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from rl.slateq import (
+    PLATFORM_LETTERS,
     EnsembleMLP,
     ReplayBuffer,
     RunResult,
@@ -102,7 +103,7 @@ __all__ = [
 
 VARIANTS = ("fedslate", "extended", "fedq", "linear")
 SERVER_ARCHS = ("position", "flat")
-PLATFORM_NAMES = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
 
 
 @dataclass(frozen=True)
@@ -287,9 +288,7 @@ class PlaintextFusion:
             raise ValueError(f"fusion needs every party's Q-values; missing {sorted(missing)}")
         positions = positions or {}
         if not torch.is_grad_enabled():
-            return {
-                p: self.network(self._ordered(inputs, p), positions.get(p)) for p in outputs
-            }
+            return {p: self.network(self._ordered(inputs, p), positions.get(p)) for p in outputs}
         # What the server received: leaves, so that backward can return dL/dQ per party.
         self._inputs = {q: inputs[q].detach().requires_grad_(True) for q in self.parties}
         self._outputs = {
@@ -480,9 +479,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
     server_target = ServerNetwork(members, k_plat, n_cand, hidden, **server_kwargs)
     server_target.load_state_dict(server.state_dict())
     server_target.requires_grad_(False)
-    server_opt = torch.optim.Adam(
-        server.parameters(), lr=config.server_lr or config.lr, fused=True
-    )
+    server_opt = torch.optim.Adam(server.parameters(), lr=config.server_lr or config.lr, fused=True)
     cross = config.variant != "fedq"
     fusion = factory(server, names, cross)
     target_fusion = factory(server_target, names, cross)
@@ -545,9 +542,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         targets_y, valid = {}, {}
         with torch.no_grad():
             x_next = [replay.gather(replay.x_next, p, idx) for p in range(k_plat)]
-            q_next = {
-                names[p]: local_target[p](torch.from_numpy(x_next[p])) for p in range(k_plat)
-            }
+            q_next = {names[p]: local_target[p](torch.from_numpy(x_next[p])) for p in range(k_plat)}
             for p in with_rewards:
                 qf_next = target_fusion.forward(q_next, [names[p]])[names[p]].numpy()
                 nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
@@ -662,4 +657,5 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         learn_steps=learn_steps,
         updates=updates,
         timings=timings,
+        networks={f"local_{names[p]}": local[p] for p in range(k_plat)} | {"server": server},
     )

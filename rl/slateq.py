@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 SLATE_METHODS = ("topk", "greedy", "lp")
+PLATFORM_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TARGETS = ("qlearning", "sarsa")
 ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity")
 LOCAL_ARCHS = ("item", "flat")
@@ -747,6 +748,8 @@ class RunResult:
         learn_steps: learning steps taken.
         updates: per network name, optimiser steps taken.
         timings: seconds spent acting (inquiry, slates, environment) and learning.
+        networks: the trained online networks by name (``local_A``, ..., ``server``); not
+            serialised with the result.
     """
 
     algorithm: str
@@ -757,6 +760,7 @@ class RunResult:
     learn_steps: int
     updates: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    networks: dict[str, nn.Module] = field(default_factory=dict, repr=False)
 
     @property
     def episodes_per_second(self) -> float:
@@ -857,7 +861,7 @@ def run_slateq(config: SlateQConfig) -> RunResult:
     replay_rng = tree.generator("agent", "replay")
     replay = ReplayBuffer(config.buffer_size, members, dims, n)
     rewards = np.zeros((config.episodes, members, k_plat))
-    updates = {f"local{p}": 0 for p in learners}
+    updates = {f"local_{PLATFORM_LETTERS[p]}": 0 for p in learners}
     rounds = learn_steps = 0
     sarsa = config.target == "sarsa"
     start = time.perf_counter()
@@ -887,7 +891,7 @@ def run_slateq(config: SlateQConfig) -> RunResult:
             optims[p].zero_grad(set_to_none=True)
             loss.backward()
             optims[p].step()
-            updates[f"local{p}"] += 1
+            updates[f"local_{PLATFORM_LETTERS[p]}"] += 1
 
     for episode in range(config.episodes):
         env.reset()
@@ -932,4 +936,5 @@ def run_slateq(config: SlateQConfig) -> RunResult:
         rounds=rounds,
         learn_steps=learn_steps,
         updates=updates,
+        networks={f"local_{PLATFORM_LETTERS[p]}": nets[p] for p in learners},
     )

@@ -411,3 +411,28 @@ def test_batch_bound_check_names_the_client_without_densifying():
     )
     with pytest.raises(ValueError, match="client 8"):  # the weight itself travels: 50 > 45
         check_batch_bound(heavy, 45.0)
+
+
+def test_fedmf_with_the_item_matrix_encrypted_on_the_server(small_split):
+    """Chai et al.'s variant: [[V]] never leaves encryption at the server; same model as the
+    plaintext run of the same (sum-aggregated) protocol."""
+    from recsys.fedmf import FedMF, FedMFConfig
+    from securefed import PlaintextTransport, RunOptions, SeedTree, run_rounds
+    from securefed.transport.ckks import CKKSTransport
+
+    base = {"dim": 4, "rounds": 3, "aggregation": "sum", "lr": 0.05, "server_lr": 0.01}
+    plain = FedMF(small_split.train, FedMFConfig(**base), SeedTree(0))
+    run_rounds(plain, PlaintextTransport(), SeedTree(0), RunOptions(rounds=3, progress=False))
+    encrypted = FedMF(small_split.train, FedMFConfig(**base, server_state="encrypted"), SeedTree(0))
+    transport = CKKSTransport()
+    run_rounds(encrypted, transport, SeedTree(0), RunOptions(rounds=3, progress=False))
+    np.testing.assert_allclose(encrypted.V, plain.V, atol=1e-4)
+    assert transport.view.public.get("ckks_folded_into_state") or any(
+        r.public.get("ckks_folded_into_state") for r in transport.view
+    )
+    assert all("total" not in r.aggregate for r in transport.view)  # no aggregate decrypted
+    with pytest.raises(ValueError, match="needs the ckks transport"):
+        other = FedMF(small_split.train, FedMFConfig(**base, server_state="encrypted"), SeedTree(0))
+        other.run_round(0, np.arange(5), PlaintextTransport(), SeedTree(0))
+    with pytest.raises(ValueError, match="aggregation='sum'"):
+        FedMFConfig(server_state="encrypted")

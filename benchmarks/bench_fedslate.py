@@ -1,0 +1,493 @@
+"""FedSlate's tables on the multi-platform choc-vs-kale simulator (``securefed bench fedslate``).
+
+Run from the repository root::
+
+    securefed bench fedslate                                  # the paper's table, 5000 episodes
+    securefed bench fedslate --episodes 2000 --members 3      # reduced
+    securefed bench fedslate --experiments table,ablation,sparse,platforms,choice,corpus
+    python -m benchmarks.bench_fedslate --quick               # smoke run, about a minute
+
+Experiments (each run is cached as JSON under ``<out>/runs/``; a rerun with the same
+configuration reuses it, so an interrupted benchmark resumes):
+
+* ``table``: settings (N candidates, slate n) in {(10, 3), (100, 10), (500, 10)}: random and
+  highest-k-first references, SlateQ (platform A learns alone, B random) and FedSlate (A with
+  feedback, B without), ``--members`` independent seeds each.
+* ``ablation``: the linear server network and FedQ (no cross-platform fusion) against FedSlate.
+* ``sparse``: "sparse team reward" (feedback revealed on 10% of steps): FedSlate against the
+  extended variant (paper Algorithm 4).
+* ``platforms``: K = 5, all with feedback and two without, against SlateQ on each platform.
+* ``choice``: FedSlate with the paper code's choice model instead of the environment's.
+* ``corpus``: FedSlate with identical corpora on A and B (the paper script's defect).
+* ``sizes``: the default networks against larger ones and the paper's flat architecture.
+
+Metrics (docs/fedslate.md): per-platform episode reward; optimal reward = best 100-episode moving
+average; ETROR = first episode at which the 100-episode moving average reaches 99% of that run's
+optimal reward; final = mean of the last 500 episodes. Outputs: ``<out>/fedslate.json``,
+``<out>/fedslate.md`` and learning-curve PNGs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform as platform_mod
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rl.fedslate import (
+    PLATFORM_NAMES,
+    FedSlateConfig,
+    etror,
+    moving_average,
+    optimal_reward,
+    run_fedslate,
+    run_reference,
+)
+from rl.slateq import RunResult, SlateQConfig, run_slateq
+
+SETTINGS = ((10, 3), (100, 10), (500, 10))
+EXPERIMENTS = ("table", "ablation", "sparse", "platforms", "choice", "corpus", "sizes")
+SPARSE_PROB = 0.1
+WINDOW = 100
+
+
+# --------------------------------------------------------------------------------------------
+# Runs, cached
+
+
+def _config_key(config: SlateQConfig, kind: str) -> str:
+    fields = config.to_dict() | {"kind": kind}
+    fields.pop("log_every", None)
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def run_cell(
+    name: str, kind: str, config: SlateQConfig, out_dir: Path, *, force: bool = False
+) -> dict[str, object]:
+    """Run (or load from ``out_dir/runs/name.json``) one configuration.
+
+    ``kind``: ``"fedslate"`` (any FedSlate variant), ``"slateq"``, ``"random"`` or
+    ``"highest_k"``. Returns the record: config, episode rewards ``[episode][member][platform]``,
+    timings.
+    """
+    path = out_dir / "runs" / f"{name}.json"
+    key = _config_key(config, kind)
+    if path.exists() and not force:
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return record
+    print(f"[fedslate bench] running {name} ({kind})", file=sys.stderr, flush=True)
+    if kind == "fedslate":
+        result = run_fedslate(config)
+    elif kind == "slateq":
+        result = run_slateq(config)
+    elif kind in ("random", "highest_k"):
+        result = run_reference(config, kind, users=config.members)
+    else:
+        raise ValueError(f"unknown run kind {kind!r}")
+    record = _record(name, kind, key, result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return record
+
+
+def _record(name: str, kind: str, key: str, result: RunResult) -> dict[str, object]:
+    return {
+        "name": name,
+        "kind": kind,
+        "algorithm": result.algorithm,
+        "key": key,
+        "config": result.config,
+        "seconds": result.seconds,
+        "episodes_per_second": result.episodes_per_second,
+        "timings": result.timings,
+        "learn_steps": result.learn_steps,
+        "updates": result.updates,
+        "rewards": np.round(result.episode_rewards, 2).tolist(),
+    }
+
+
+def metrics(record: dict[str, object], platform: int) -> dict[str, object]:
+    """Optimal reward, ETROR, final and overall mean of one platform, per member and summary."""
+    rewards = np.asarray(record["rewards"])[:, :, platform]
+    episodes = rewards.shape[0]
+    window = min(WINDOW, episodes)
+    per = {
+        "optimal_reward": [optimal_reward(rewards[:, s], window) for s in range(rewards.shape[1])],
+        "etror": [etror(rewards[:, s], window) for s in range(rewards.shape[1])],
+        "final": [float(rewards[-min(500, episodes) :, s].mean()) for s in range(rewards.shape[1])],
+        "mean": [float(rewards[:, s].mean()) for s in range(rewards.shape[1])],
+    }
+    out: dict[str, object] = {"per_member": per}
+    for key, values in per.items():
+        arr = np.asarray(values, dtype=float)
+        out[key] = {
+            "mean": float(arr.mean()),
+            "std": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0,
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Experiments
+
+
+def _base(args: argparse.Namespace, n_cand: int, slate: int, **changes) -> dict[str, object]:
+    return {
+        "num_candidates": n_cand,
+        "slate_size": slate,
+        "episodes": args.episodes,
+        "members": args.members,
+        "seed": args.seed,
+        "log_every": args.log_every,
+    } | changes
+
+
+def experiment_table(args, out_dir: Path) -> dict[str, object]:
+    rows = {}
+    for n_cand, slate in args.settings:
+        tag = f"N{n_cand}_n{slate}"
+        base = _base(args, n_cand, slate)
+        cells = {
+            "random": run_cell(f"{tag}_random", "random", SlateQConfig(**base), out_dir),
+            "highest_k": run_cell(f"{tag}_highest_k", "highest_k", SlateQConfig(**base), out_dir),
+            "slateq": run_cell(f"{tag}_slateq", "slateq", SlateQConfig(**base), out_dir),
+            "fedslate": run_cell(f"{tag}_fedslate", "fedslate", FedSlateConfig(**base), out_dir),
+        }
+        rows[tag] = {
+            "setting": [n_cand, slate],
+            "cells": {k: {p: metrics(v, i) for i, p in enumerate("AB")} for k, v in cells.items()},
+            "episodes_per_second": {k: cells[k]["episodes_per_second"] for k in cells},
+            "seconds": {k: cells[k]["seconds"] for k in cells},
+            "records": cells,
+        }
+    return rows
+
+
+def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, object]:
+    n_cand, slate = args.ablation_setting
+    tag = f"N{n_cand}_n{slate}"
+    base = _base(args, n_cand, slate, episodes=args.variant_episodes or args.episodes)
+    runs: dict[str, tuple[str, SlateQConfig]] = {}
+    if experiment == "ablation":
+        runs = {
+            "fedslate": ("fedslate", FedSlateConfig(**base)),
+            "linear": ("fedslate", FedSlateConfig(**base, variant="linear")),
+            "fedq": ("fedslate", FedSlateConfig(**base, variant="fedq")),
+            "random": ("random", SlateQConfig(**base)),
+        }
+    elif experiment == "sparse":
+        sparse = base | {"feedback_prob": SPARSE_PROB}
+        runs = {
+            "fedslate": ("fedslate", FedSlateConfig(**sparse)),
+            "extended": ("fedslate", FedSlateConfig(**sparse, variant="extended")),
+            "slateq": ("slateq", SlateQConfig(**sparse)),
+            "random": ("random", SlateQConfig(**base)),
+        }
+    elif experiment == "platforms":
+        k5 = base | {"num_platforms": 5, "episodes": args.platform_episodes}
+        all_fb = (True,) * 5
+        two_without = (True, True, True, False, False)
+        runs = {
+            "fedslate_all": ("fedslate", FedSlateConfig(**k5, feedback=all_fb)),
+            "fedslate_two_without": ("fedslate", FedSlateConfig(**k5, feedback=two_without)),
+            "slateq_all": ("slateq", SlateQConfig(**k5, feedback=all_fb)),
+            "random": ("random", SlateQConfig(**k5)),
+        }
+    elif experiment == "choice":
+        runs = {
+            "fedslate": ("fedslate", FedSlateConfig(**base)),
+            "fedslate_paper_code": ("fedslate", FedSlateConfig(**base, choice_model="paper_code")),
+            "slateq_paper_code": ("slateq", SlateQConfig(**base, choice_model="paper_code")),
+            "random": ("random", SlateQConfig(**base)),
+        }
+    elif experiment == "corpus":
+        runs = {
+            "fedslate": ("fedslate", FedSlateConfig(**base)),
+            "fedslate_shared": ("fedslate", FedSlateConfig(**base, shared_corpus=True)),
+            "random": ("random", SlateQConfig(**base)),
+        }
+    elif experiment == "sizes":
+        n_cand, slate = args.sizes_setting
+        tag = f"N{n_cand}_n{slate}"
+        base = _base(args, n_cand, slate, episodes=args.sizes_episodes)
+        runs = {
+            "slateq": ("slateq", SlateQConfig(**base)),
+            "slateq_large": ("slateq", SlateQConfig(**base, local_hidden=(256, 256, 256))),
+            "slateq_flat_256": (
+                "slateq",
+                SlateQConfig(**base, local_arch="flat", local_hidden=(256, 256)),
+            ),
+            "slateq_mish": ("slateq", SlateQConfig(**base, activation="mish")),
+            "random": ("random", SlateQConfig(**base)),
+        }
+    else:
+        raise ValueError(f"unknown experiment {experiment!r}")
+    cells = {
+        name: run_cell(f"{experiment}_{tag}_{name}", kind, config, out_dir)
+        for name, (kind, config) in runs.items()
+    }
+    k_plat = len(cells[next(iter(cells))]["rewards"][0][0])
+    return {
+        "setting": [n_cand, slate],
+        "cells": {
+            name: {PLATFORM_NAMES[p]: metrics(rec, p) for p in range(k_plat)}
+            for name, rec in cells.items()
+        },
+        "episodes_per_second": {k: cells[k]["episodes_per_second"] for k in cells},
+        "records": cells,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _fmt(m: dict[str, object], key: str, digits: int = 1) -> str:
+    return f"{m[key]['mean']:.{digits}f} ± {m[key]['std']:.{digits}f}"
+
+
+def checks(results: dict[str, object]) -> list[str]:
+    """The issue's acceptance statements, each PASS/FAIL with the numbers behind it."""
+    lines = []
+    table = results.get("table", {})
+    etror_wins = 0
+    for tag, row in table.items():
+        cells = row["cells"]
+        random_mean = cells["random"]["B"]["mean"]["mean"]
+        b_opt = cells["fedslate"]["B"]["optimal_reward"]["mean"]
+        ratio = b_opt / random_mean
+        lines.append(
+            f"{'PASS' if ratio >= 1.15 else 'FAIL'} {tag}: FedSlate B optimal reward {b_opt:.1f} "
+            f"= {ratio:.3f} x random mean {random_mean:.1f} (needs >= 1.15)"
+        )
+        e_fed = cells["fedslate"]["A"]["etror"]["mean"]
+        e_sq = cells["slateq"]["A"]["etror"]["mean"]
+        etror_wins += e_fed <= e_sq
+        lines.append(f"     {tag}: ETROR A FedSlate {e_fed:.0f} vs SlateQ {e_sq:.0f}")
+    if table:
+        lines.append(
+            f"{'PASS' if etror_wins >= 2 else 'FAIL'} FedSlate ETROR(A) <= SlateQ's in "
+            f"{etror_wins} of {len(table)} settings (needs >= 2)"
+        )
+    if "ablation" in results:
+        cells = results["ablation"]["cells"]
+        for p in "AB":
+            fed, lin = cells["fedslate"][p]["final"]["mean"], cells["linear"][p]["final"]["mean"]
+            lines.append(
+                f"{'PASS' if lin < fed - 20 else 'FAIL'} linear server: final {p} {lin:.1f} vs "
+                f"FedSlate {fed:.1f} (clearly worse: > 20 below)"
+            )
+    if "sparse" in results:
+        cells = results["sparse"]["cells"]
+        for p in "AB":
+            org = cells["fedslate"][p]["optimal_reward"]["mean"]
+            ext = cells["extended"][p]["optimal_reward"]["mean"]
+            lines.append(
+                f"{'PASS' if ext > org else 'FAIL'} sparse team reward: extended optimal {p} "
+                f"{ext:.1f} vs original {org:.1f}"
+            )
+    return lines
+
+
+def _table_markdown(title: str, cells: dict[str, dict[str, object]]) -> list[str]:
+    lines = [
+        f"### {title}",
+        "",
+        "| run | platform | optimal reward | ETROR | final (last 500) | mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, per_platform in cells.items():
+        for p, m in per_platform.items():
+            lines.append(
+                f"| {name} | {p} | {_fmt(m, 'optimal_reward')} | {_fmt(m, 'etror', 0)} | "
+                f"{_fmt(m, 'final')} | {_fmt(m, 'mean')} |"
+            )
+    return [*lines, ""]
+
+
+def markdown(results: dict[str, object], meta: dict[str, object]) -> str:
+    lines = [
+        "# FedSlate on the multi-platform choc-vs-kale simulator",
+        "",
+        f"Episodes {meta['episodes']}, members (independent seeds) {meta['members']}, "
+        f"seed {meta['seed']}; {meta['machine']}; wall time {meta['seconds']:.0f} s.",
+        "Optimal reward = best 100-episode moving average of the per-platform episode reward; "
+        "ETROR = first episode at which that moving average reaches 99% of the run's optimal "
+        "reward; final = mean of the last 500 episodes; mean ± std over members.",
+        "",
+        "## Checks",
+        "",
+        *[f"    {line}" for line in checks(results)],
+        "",
+    ]
+    for row in results.get("table", {}).values():
+        lines += _table_markdown(
+            f"Table: N={row['setting'][0]}, n={row['setting'][1]}", row["cells"]
+        )
+        speed = ", ".join(f"{k} {v:.2f}" for k, v in row["episodes_per_second"].items())
+        lines += [f"Episodes per second (all members together): {speed}", ""]
+    for name in EXPERIMENTS[1:]:
+        if name in results:
+            row = results[name]
+            lines += _table_markdown(
+                f"{name}: N={row['setting'][0]}, n={row['setting'][1]}", row["cells"]
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, object], path: Path) -> Path | None:
+    """Learning curves (100-episode moving averages), one panel per table setting/experiment."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    panels = [
+        (f"N={r['setting'][0]}, n={r['setting'][1]}", r) for r in results.get("table", {}).values()
+    ]
+    panels += [(name, results[name]) for name in EXPERIMENTS[1:] if name in results]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (title, row) in zip(axes[0], panels, strict=True):
+        for name, rec in row["records"].items():
+            rewards = np.asarray(rec["rewards"])
+            window = min(WINDOW, rewards.shape[0])
+            for p in range(rewards.shape[2]):
+                if rec["kind"] in ("random", "highest_k") and p > 0:
+                    continue
+                curve = np.mean(
+                    [moving_average(rewards[:, s, p], window) for s in range(rewards.shape[1])],
+                    axis=0,
+                )
+                ax.plot(
+                    np.arange(window, rewards.shape[0] + 1),
+                    curve,
+                    label=f"{name} {PLATFORM_NAMES[p]}",
+                    lw=1,
+                )
+        ax.set_title(title)
+        ax.set_xlabel("episode")
+        ax.set_ylabel("episode reward (100-episode MA)")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results: dict[str, object] = {}
+    for name in args.experiments:
+        if name == "table":
+            results["table"] = experiment_table(args, out_dir)
+        else:
+            results[name] = experiment_variants(args, out_dir, name)
+    meta = {
+        "episodes": args.episodes,
+        "members": args.members,
+        "seed": args.seed,
+        "machine": f"{platform_mod.processor() or platform_mod.machine()}, torch threads 1",
+        "seconds": time.perf_counter() - start,
+    }
+    slim = {
+        name: (
+            {tag: {k: v for k, v in row.items() if k != "records"} for tag, row in value.items()}
+            if name == "table"
+            else {k: v for k, v in value.items() if k != "records"}
+        )
+        for name, value in results.items()
+    }
+    (out_dir / "fedslate.json").write_text(
+        json.dumps({"meta": meta, "results": slim, "checks": checks(results)}, indent=1)
+    )
+    (out_dir / "fedslate.md").write_text(markdown(results, meta))
+    png = plot(results, out_dir / "fedslate_curves.png")
+    print(markdown(results, meta))
+    if png:
+        print(f"\nlearning curves: {png}")
+    return results
+
+
+def _settings(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        n_cand, slate = part.split("x")
+        out.append((int(n_cand), int(slate)))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="results/fedslate")
+    parser.add_argument("--episodes", type=int, default=5000)
+    parser.add_argument("--members", type=int, default=3, help="independent seeds per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--settings",
+        type=_settings,
+        default=list(SETTINGS),
+        help="NxN list for the table, e.g. 10x3,100x10,500x10",
+    )
+    parser.add_argument(
+        "--experiments",
+        default="table",
+        help=f"comma list of {','.join(EXPERIMENTS)} (or 'all')",
+    )
+    parser.add_argument("--ablation-setting", type=lambda t: _settings(t)[0], default=(10, 3))
+    parser.add_argument("--sizes-setting", type=lambda t: _settings(t)[0], default=(100, 10))
+    parser.add_argument(
+        "--variant-episodes",
+        type=int,
+        default=None,
+        help="episodes of ablation/sparse/choice/corpus runs (default --episodes)",
+    )
+    parser.add_argument("--sizes-episodes", type=int, default=1500)
+    parser.add_argument("--platform-episodes", type=int, default=1500)
+    parser.add_argument("--log-every", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (about a minute)")
+
+
+def _finish(args: argparse.Namespace) -> argparse.Namespace:
+    names = EXPERIMENTS if args.experiments == "all" else tuple(args.experiments.split(","))
+    unknown = set(names) - set(EXPERIMENTS)
+    if unknown:
+        raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
+    args.experiments = names
+    if args.quick:
+        args.episodes = args.sizes_episodes = args.platform_episodes = 120
+        args.variant_episodes = None
+        args.members = 2
+        args.settings = [(10, 3)]
+    return args
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    run(_finish(args))
+    return 0
+
+
+def register(benches) -> None:
+    """Add ``fedslate`` to the ``securefed bench`` subcommands."""
+    parser = benches.add_parser("fedslate", help="FedSlate's tables on the choc-vs-kale simulator")
+    add_arguments(parser)
+    parser.set_defaults(func=_run_cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return _run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""``securefed fedslate``: one FedSlate (or SlateQ / reference) run with JSON and a learning curve.
+
+::
+
+    securefed fedslate --candidates 100 --slate 10 --episodes 5000 --json run.json --plot run.png
+    securefed fedslate --algorithm slateq --candidates 10 --slate 3 --episodes 1500 --members 3
+    securefed fedslate --variant extended --feedback-prob 0.1
+    securefed fedslate --platforms 5 --feedback 1,1,1,0,0
+
+The main CLI calls :func:`register` with its subparsers; the leaf parser sets ``func`` (a
+callable taking the parsed namespace and returning an exit code). :func:`main` runs the command
+on its own (tests, ``python -m benchmarks.cli_fedslate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rl.fedslate import (
+    PLATFORM_NAMES,
+    SERVER_ARCHS,
+    VARIANTS,
+    FedSlateConfig,
+    moving_average,
+    run_fedslate,
+    run_reference,
+    summarize,
+)
+from rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
+
+ALGORITHMS = ("fedslate", "slateq", "random", "highest_k")
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    return tuple(int(w) for w in text.split(",") if w)
+
+
+def _flags(text: str) -> tuple[bool, ...]:
+    return tuple(part.strip() not in ("0", "false", "no") for part in text.split(","))
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``fedslate`` command to ``subparsers``."""
+    parser = subparsers.add_parser(
+        "fedslate",
+        help="train FedSlate (or SlateQ) on the multi-platform choc-vs-kale simulator",
+        description="One run; prints the per-platform metrics (optimal reward = best "
+        "100-episode moving average, ETROR = first episode reaching 99% of it).",
+    )
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="fedslate")
+    parser.add_argument("--variant", choices=VARIANTS, default="fedslate")
+    parser.add_argument("--candidates", type=int, default=10, help="N candidates per step")
+    parser.add_argument("--slate", type=int, default=3, help="slate size n")
+    parser.add_argument("--platforms", type=int, default=2, help="K platforms")
+    parser.add_argument(
+        "--feedback", type=_flags, default=None, help="per platform 1/0 (default: A only)"
+    )
+    parser.add_argument("--feedback-prob", type=float, default=1.0, help="sparse feedback rate")
+    parser.add_argument("--shared-corpus", action="store_true", help="the paper script's defect")
+    parser.add_argument("--episodes", type=int, default=5000)
+    parser.add_argument("--members", type=int, default=1, help="independent seeds run together")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--local-hidden", type=_widths, default=(64, 64))
+    parser.add_argument("--local-arch", choices=LOCAL_ARCHS, default="item")
+    parser.add_argument("--server-hidden", type=_widths, default=(16, 16))
+    parser.add_argument("--server-arch", choices=SERVER_ARCHS, default="position")
+    parser.add_argument("--activation", default="silu")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
+    parser.add_argument("--slate-method", choices=SLATE_METHODS, default="greedy")
+    parser.add_argument("--target", choices=("qlearning", "sarsa"), default="qlearning")
+    parser.add_argument("--burn-in", type=int, default=5000, help="rounds before learning")
+    parser.add_argument("--json", default=None, help="write the run record here")
+    parser.add_argument("--plot", default=None, help="write the learning curve PNG here")
+    parser.add_argument("--log-every", type=int, default=0, help="progress every K episodes")
+    parser.set_defaults(func=_run)
+    return parser
+
+
+def _config(args: argparse.Namespace) -> SlateQConfig:
+    common = {
+        "num_candidates": args.candidates,
+        "slate_size": args.slate,
+        "num_platforms": args.platforms,
+        "feedback": args.feedback,
+        "feedback_prob": args.feedback_prob,
+        "shared_corpus": args.shared_corpus,
+        "episodes": args.episodes,
+        "members": args.members,
+        "seed": args.seed,
+        "local_hidden": args.local_hidden,
+        "local_arch": args.local_arch,
+        "activation": args.activation,
+        "lr": args.lr,
+        "choice_model": args.choice_model,
+        "slate_method": args.slate_method,
+        "target": args.target,
+        "burn_in": args.burn_in,
+        "log_every": args.log_every,
+    }
+    if args.algorithm == "fedslate":
+        return FedSlateConfig(
+            **common,
+            variant=args.variant,
+            server_hidden=args.server_hidden,
+            server_arch=args.server_arch,
+        )
+    return SlateQConfig(**common)
+
+
+def _plot(rewards: np.ndarray, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window = min(100, rewards.shape[0])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in range(rewards.shape[2]):
+        curves = [moving_average(rewards[:, s, p], window) for s in range(rewards.shape[1])]
+        ax.plot(
+            np.arange(window, rewards.shape[0] + 1),
+            np.mean(curves, axis=0),
+            label=f"platform {PLATFORM_NAMES[p]}",
+        )
+    ax.set_xlabel("episode")
+    ax.set_ylabel(f"episode reward ({window}-episode moving average)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.algorithm == "fedslate":
+        result = run_fedslate(config)
+    elif args.algorithm == "slateq":
+        result = run_slateq(config)
+    else:
+        result = run_reference(config, args.algorithm, users=args.members)
+    window = min(100, config.episodes)
+    summary = summarize(result, window=window)
+    record = {
+        "algorithm": result.algorithm,
+        "config": result.config,
+        "seconds": result.seconds,
+        "episodes_per_second": result.episodes_per_second,
+        "timings": result.timings,
+        "learn_steps": result.learn_steps,
+        "updates": result.updates,
+        "metrics": summary,
+        "rewards": np.round(result.episode_rewards, 2).tolist(),
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record))
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        _plot(
+            result.episode_rewards,
+            args.plot,
+            f"{result.algorithm}, N={config.num_candidates}, n={config.slate_size}",
+        )
+    shown = {k: record[k] for k in ("algorithm", "seconds", "episodes_per_second", "updates")}
+    shown["metrics"] = summary
+    print(json.dumps(shown, indent=1, default=float))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="securefed")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["fedslate", *(argv or [])])
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as error:
+        print(f"securefed: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
