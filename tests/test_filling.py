@@ -57,7 +57,7 @@ def test_pseudo_counts_pad_and_cap():
 def test_most_similar_unrated_picks_the_closest_items():
     features = np.array([[1.0, 0], [0.9, 0.1], [0, 1.0], [-1.0, 0], [0.8, 0.2]])
     indptr, items = np.array([0, 1]), np.array([0])
-    pseudo_indptr, pseudo = most_similar_unrated(indptr, items, features, np.array([2]))
+    _, pseudo = most_similar_unrated(indptr, items, features, np.array([2]))
     assert pseudo.tolist() == [1, 4]
 
 
