@@ -144,7 +144,11 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
         from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
         from flwr.simulation import run_simulation
 
+        from flwr.common import parameters_to_ndarrays
+        import flwr.compat.common.recorddict_compat as compat
+
         vector = np.random.default_rng(0).uniform(-1, 1, length)
+        received: dict[str, np.ndarray] = {}
 
         class _Client(NumPyClient):
             def fit(self, parameters, config):
@@ -168,15 +172,21 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
                 )
             )
             workflow(grid, legacy)
+            record = legacy.state.array_records["parameters"]  # Flower's MAIN_PARAMS_RECORD
+            received["aggregate"] = parameters_to_ndarrays(
+                compat.arrayrecord_to_parameters(record, keep_input=True)
+            )[0]
 
         start = time.perf_counter()
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients)
-        return {
-            "status": "ok",
-            "clients": clients,
-            "length": length,
-            "seconds": time.perf_counter() - start,
-        }
+        seconds = time.perf_counter() - start
+        result = {"status": "ok", "clients": clients, "length": length, "seconds": seconds}
+        if "aggregate" in received:
+            # Every client sends the same vector, so FedAvg's mean should equal it.
+            error = np.abs(np.asarray(received["aggregate"], dtype=np.float64) - vector)
+            result |= {"max_abs_error": float(error.max()),
+                       "max_rel_error": float(error.max() / np.abs(vector).max())}
+        return result
     except Exception as error:  # a foreign API: report the failure, do not crash the benchmark
         return {
             "status": f"flwr importable but its SecAgg+ run failed: {type(error).__name__}: {error}"

@@ -258,14 +258,14 @@ def demo(data: str = "ml-latest-small", out: str = "results/demo") -> int:
     """``securefed demo``: a small leak-utility table on the embedded data (a few minutes)."""
     config = LeakUtilityConfig(
         data=data,
-        rounds=60,
-        max_users=150,
-        max_items=300,
-        transports=("plaintext", "secagg", "dp:8", "secagg+dp:8"),
+        rounds=40,
+        max_users=100,
+        max_items=200,
+        transports=("plaintext", "secagg", "dp:8"),
         extra_config={"lr": 0.15, "server_lr": 0.15},
     )
     print(
-        f"securefed demo: FedMF, FedRec and FedRec+ on {data} (150 most active users x 300 "
+        f"securefed demo: FedMF, FedRec and FedRec+ on {data} (100 most active users x 200 "
         "most rated items), plaintext / secure aggregation / DP; each view is attacked.\n"
     )
     run(config, out)
