@@ -137,15 +137,14 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
     if importlib.util.find_spec("flwr") is None:
         return {"status": "flwr not installed: Flower's SecAgg+ was not timed"}
     try:
+        import flwr.compat.common.recorddict_compat as compat
         from flwr.client import ClientApp, NumPyClient
         from flwr.client.mod import secaggplus_mod
+        from flwr.common import parameters_to_ndarrays
         from flwr.server import LegacyContext, ServerApp, ServerConfig
         from flwr.server.strategy import FedAvg
         from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
         from flwr.simulation import run_simulation
-
-        from flwr.common import parameters_to_ndarrays
-        import flwr.compat.common.recorddict_compat as compat
 
         vector = np.random.default_rng(0).uniform(-1, 1, length)
         received: dict[str, np.ndarray] = {}
@@ -184,8 +183,10 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
         if "aggregate" in received:
             # Every client sends the same vector, so FedAvg's mean should equal it.
             error = np.abs(np.asarray(received["aggregate"], dtype=np.float64) - vector)
-            result |= {"max_abs_error": float(error.max()),
-                       "max_rel_error": float(error.max() / np.abs(vector).max())}
+            result |= {
+                "max_abs_error": float(error.max()),
+                "max_rel_error": float(error.max() / np.abs(vector).max()),
+            }
         return result
     except Exception as error:  # a foreign API: report the failure, do not crash the benchmark
         return {
