@@ -187,6 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, FloatingPointError) as error:
         print(f"securefed: error: {error}", file=sys.stderr)
         return 2

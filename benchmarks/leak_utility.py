@@ -150,7 +150,7 @@ def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -
         record, _, transport = run_fedmf(split, run)
     except TransportUnavailable as error:
         return row | {"status": f"unavailable: {error}"}
-    except (ValueError, SecurefedError) as error:  # e.g. a diverged run, a spent budget
+    except (ValueError, FloatingPointError, SecurefedError) as error:  # diverged, budget spent
         return row | {"status": f"failed: {error}", "seconds": time.perf_counter() - started}
     attack_started = time.perf_counter()
     report = verify(transport.view, split.train)
@@ -262,7 +262,7 @@ def demo(data: str = "ml-latest-small", out: str = "results/demo") -> int:
         max_users=100,
         max_items=200,
         transports=("plaintext", "secagg", "dp:8"),
-        extra_config={"lr": 0.15, "server_lr": 0.15},
+        extra_config={"lr": 0.15, "server_lr": 0.15, "init_std": 0.6},
     )
     print(
         f"securefed demo: FedMF, FedRec and FedRec+ on {data} (100 most active users x 200 "

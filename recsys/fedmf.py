@@ -373,6 +373,11 @@ class FedMF:
         counts = np.diff(indptr).astype(np.float64)
         user = self.U[clients]
         errors = ratings - rated_dot(user, self.V, owner, items)
+        if not np.isfinite(errors).all():
+            raise FloatingPointError(
+                f"FedMF diverged by round {round_id}: predictions are no longer finite; "
+                "lower lr / server_lr (or, under DP, raise the clip or min_item_weight)"
+            )
         before, errors_before = user, errors
         for step in range(cfg.local_steps):
             if step:

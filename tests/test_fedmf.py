@@ -230,3 +230,8 @@ def test_client_groups_do_not_change_the_result(small_split):
     grouped = _train(small_split, 5, variant="fedrec+", chunk_ratings=97)
     np.testing.assert_allclose(grouped.V, whole.V, rtol=0, atol=1e-12)
     np.testing.assert_allclose(grouped.U, whole.U, rtol=0, atol=1e-12)
+
+
+def test_divergence_is_reported_with_its_cause(small_split):
+    with pytest.raises(FloatingPointError, match="diverged by round"):
+        _train(small_split, 0, rounds=30, lr=50.0, server_lr=50.0)
