@@ -7,8 +7,9 @@ Run from the repository root::
     securefed bench fedslate --experiments table,ablation,sparse,platforms,choice,corpus
     python -m benchmarks.bench_fedslate --quick               # smoke run, about a minute
 
-Experiments (each run is cached as JSON under ``<out>/runs/``; a rerun with the same
-configuration reuses it, so an interrupted benchmark resumes):
+Experiments (each run is cached as JSON under ``<out>/runs/``; a run whose configuration is
+already cached, under any name, is reused, so an interrupted benchmark resumes and experiments
+share their common runs):
 
 * ``table``: settings (N candidates, slate n) in {(10, 3), (100, 10), (500, 10)}: random and
   highest-k-first references, SlateQ (platform A learns alone, B random) and FedSlate (A with
@@ -76,10 +77,14 @@ def run_cell(
     """
     path = out_dir / "runs" / f"{name}.json"
     key = _config_key(config, kind)
-    if path.exists() and not force:
-        record = json.loads(path.read_text())
-        if record.get("key") == key:
-            return record
+    if not force:
+        # The named file first, then any cached run of the same configuration.
+        others = sorted(p for p in path.parent.glob("*.json") if p != path)
+        for candidate in [path, *others] if path.parent.exists() else []:
+            if candidate.exists():
+                record = json.loads(candidate.read_text())
+                if record.get("key") == key:
+                    return record
     print(f"[fedslate bench] running {name} ({kind})", file=sys.stderr, flush=True)
     if kind == "fedslate":
         result = run_fedslate(config)

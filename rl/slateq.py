@@ -329,7 +329,12 @@ def torch_generator(tree: SeedTree, *path: int | str) -> torch.Generator:
 
 def _np_activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
     if name == "silu":
-        return lambda x: x / (1.0 + np.exp(-x))
+
+        def silu(x: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore"):  # exp(-x) = inf for x << 0 gives the limit 0
+                return x / (1.0 + np.exp(-x))
+
+        return silu
     if name == "mish":
         return lambda x: x * np.tanh(np.logaddexp(0.0, x))
     if name == "relu":
