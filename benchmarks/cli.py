@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.cli_privacy import register as register_privacy
 
     register_privacy(subparsers)
+    from benchmarks.cli_fedhpd import register as register_fedhpd
+
+    register_fedhpd(subparsers)
     return parser
 
 

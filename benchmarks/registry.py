@@ -9,6 +9,7 @@ BENCH_MODULES = (
     "benchmarks.leak_utility",
     "benchmarks.bench_secagg",
     "benchmarks.bench_ckks",
+    "benchmarks.bench_fedhpd",
 )
 
 
