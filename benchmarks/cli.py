@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.cli_fedhpd import register as register_fedhpd
 
     register_fedhpd(subparsers)
+    from benchmarks.cli_fedslate import register as register_fedslate
+
+    register_fedslate(subparsers)
     return parser
 
 

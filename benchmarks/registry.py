@@ -10,6 +10,7 @@ BENCH_MODULES = (
     "benchmarks.bench_secagg",
     "benchmarks.bench_ckks",
     "benchmarks.bench_fedhpd",
+    "benchmarks.bench_fedslate",
 )
 
 
