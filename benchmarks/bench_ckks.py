@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.experiment import save_json
+from benchmarks.bench_fedmf import markdown_table, write_outputs
 from securefed import SeedTree
 from securefed.crypto.ckks import ckks_context
 from securefed.fusion import FusionSpec, PlaintextFusionChannel, forward_numpy, init_weights
@@ -39,27 +39,8 @@ def fedslate_spec(hidden: int = 16) -> FusionSpec:
     )
 
 
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    """A markdown table; small floats in scientific notation (agreement errors are ~1e-6)."""
-
-    def cell(value) -> str:
-        if isinstance(value, float):
-            if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e5):
-                return f"{value:.2e}"
-            return f"{value:.4f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _write(name: str, payload: dict, table: str, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    save_json(payload, out / f"ckks_{name}.json")
-    (out / f"ckks_{name}.md").write_text(table + "\n")
-    print(table)
-    print(f"\nwritten: {out / ('ckks_' + name)}.json, .md", flush=True)
+    write_outputs(f"ckks_{name}", payload, table, out)
 
 
 # ----------------------------------------------------------------------------- agreement

@@ -28,9 +28,11 @@ RESULTS = Path("results")
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
     """A GitHub markdown table of ``rows`` restricted to ``columns`` (floats to 4 digits)."""
 
-    def cell(value):
+    def cell(value) -> str:
         if isinstance(value, float):
-            return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.3g}"
+            if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e5):
+                return f"{value:.2e}"
+            return f"{value:.4f}"
         return str(value)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -38,7 +40,8 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _write(name: str, payload: dict, table: str, out: Path) -> None:
+def write_outputs(name: str, payload: dict, table: str, out: Path) -> None:
+    """Write ``name.json`` and ``name.md`` into ``out`` and print the table."""
     out.mkdir(parents=True, exist_ok=True)
     save_json(payload, out / f"{name}.json")
     (out / f"{name}.md").write_text(table + "\n")
@@ -78,7 +81,7 @@ def splits(args: argparse.Namespace) -> int:
     table = markdown_table(
         summary, ["variant", "splits", "rmse_mean", "rmse_std", "mae_mean", "seconds_mean"]
     )
-    _write("fedmf_splits", {"runs": rows, "summary": summary}, table, Path(args.out))
+    write_outputs("fedmf_splits", {"runs": rows, "summary": summary}, table, Path(args.out))
     return 0
 
 
@@ -113,7 +116,7 @@ def transports(args: argparse.Namespace) -> int:
             )
             print(rows[-1], flush=True)
     columns = list(rows[0])
-    _write(
+    write_outputs(
         f"fedmf_{args.transport.replace('+', '_')}_vs_plaintext",
         {"rows": rows},
         markdown_table(rows, columns),
@@ -139,7 +142,7 @@ def weights(args: argparse.Namespace) -> int:
             }
         )
         print(rows[-1], flush=True)
-    _write(
+    write_outputs(
         "fedrec_plus_weights",
         {"rows": rows, "data": split.name},
         markdown_table(rows, ["weighting", "rmse", "mae", "seconds"]),
@@ -219,7 +222,7 @@ def perf(args: argparse.Namespace) -> int:
     table = markdown_table(rows, list(rows[0]))
     if scale_rows:
         table += "\n\n" + markdown_table(scale_rows, list(scale_rows[0]))
-    _write("fedmf_perf", {"round": rows, "scale": scale_rows}, table, Path(args.out))
+    write_outputs("fedmf_perf", {"round": rows, "scale": scale_rows}, table, Path(args.out))
     return 0
 
 
@@ -390,7 +393,7 @@ def dp_utility(args: argparse.Namespace) -> int:
         ],
     )
     _plot_dp(rows, plain["rmse"], Path(args.out) / "fedmf_dp.png")
-    _write(
+    write_outputs(
         "fedmf_dp",
         {
             "rows": rows,
