@@ -12,15 +12,17 @@ already cached, under any name, is reused, so an interrupted benchmark resumes a
 share their common runs):
 
 * ``table``: settings (N candidates, slate n) in {(10, 3), (100, 10), (500, 10)}: random and
-  highest-k-first references, SlateQ (platform A learns alone, B random) and FedSlate (A with
-  feedback, B without), ``--members`` independent seeds each.
+  highest-k-first references (and A highest-k with B random or lowest-k: the coupling of the
+  platforms through the shared user), SlateQ (platform A learns alone, B random) and FedSlate
+  (A with feedback, B without), ``--members`` independent seeds each.
 * ``ablation``: the linear server network and FedQ (no cross-platform fusion) against FedSlate.
 * ``sparse``: "sparse team reward" (feedback revealed on 10% of steps): FedSlate against the
   extended variant (paper Algorithm 4).
 * ``platforms``: K = 5, all with feedback and two without, against SlateQ on each platform.
 * ``choice``: FedSlate with the paper code's choice model instead of the environment's.
 * ``corpus``: FedSlate with identical corpora on A and B (the paper script's defect).
-* ``sizes``: the default networks against larger ones and the paper's flat architecture.
+* ``sizes``: the default networks against larger ones, the paper's flat architecture, Mish, a
+  smaller learning rate and a wider server.
 
 Metrics (docs/fedslate.md): per-platform episode reward; optimal reward = best 100-episode moving
 average; ETROR = first episode at which the 100-episode moving average reaches 99% of that run's
@@ -41,6 +43,7 @@ import numpy as np
 
 from rl.fedslate import (
     PLATFORM_NAMES,
+    REFERENCE_POLICIES,
     FedSlateConfig,
     etror,
     moving_average,
@@ -72,8 +75,8 @@ def run_cell(
     """Run (or load from ``out_dir/runs/name.json``) one configuration.
 
     ``kind``: ``"fedslate"`` (any FedSlate variant), ``"slateq"``, ``"random"`` or
-    ``"highest_k"``. Returns the record: config, episode rewards ``[episode][member][platform]``,
-    timings.
+    ``"highest_k"`` or any other :func:`~rl.fedslate.run_reference` policy. Returns the
+    record: config, episode rewards ``[episode][member][platform]``, timings.
     """
     path = out_dir / "runs" / f"{name}.json"
     key = _config_key(config, kind)
@@ -90,7 +93,7 @@ def run_cell(
         result = run_fedslate(config)
     elif kind == "slateq":
         result = run_slateq(config)
-    elif kind in ("random", "highest_k"):
+    elif kind in REFERENCE_POLICIES or "+" in kind:
         result = run_reference(config, kind, users=config.members)
     else:
         raise ValueError(f"unknown run kind {kind!r}")
@@ -160,6 +163,13 @@ def experiment_table(args, out_dir: Path) -> dict[str, object]:
         cells = {
             "random": run_cell(f"{tag}_random", "random", SlateQConfig(**base), out_dir),
             "highest_k": run_cell(f"{tag}_highest_k", "highest_k", SlateQConfig(**base), out_dir),
+            # How B's slates move A's reward through the shared user (spec section 1).
+            "A_highest_k+B_random": run_cell(
+                f"{tag}_hk_random", "highest_k+random", SlateQConfig(**base), out_dir
+            ),
+            "A_highest_k+B_lowest_k": run_cell(
+                f"{tag}_hk_lk", "highest_k+lowest_k", SlateQConfig(**base), out_dir
+            ),
             "slateq": run_cell(f"{tag}_slateq", "slateq", SlateQConfig(**base), out_dir),
             "fedslate": run_cell(f"{tag}_fedslate", "fedslate", FedSlateConfig(**base), out_dir),
         }
@@ -228,6 +238,9 @@ def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, objec
                 SlateQConfig(**base, local_arch="flat", local_hidden=(256, 256)),
             ),
             "slateq_mish": ("slateq", SlateQConfig(**base, activation="mish")),
+            "slateq_lr3e-4": ("slateq", SlateQConfig(**base, lr=3e-4)),
+            "fedslate": ("fedslate", FedSlateConfig(**base)),
+            "fedslate_server_64": ("fedslate", FedSlateConfig(**base, server_hidden=(64, 64))),
             "random": ("random", SlateQConfig(**base)),
         }
     else:
@@ -366,7 +379,7 @@ def plot(results: dict[str, object], path: Path) -> Path | None:
             rewards = np.asarray(rec["rewards"])
             window = min(WINDOW, rewards.shape[0])
             for p in range(rewards.shape[2]):
-                if rec["kind"] in ("random", "highest_k") and p > 0:
+                if (rec["kind"] in REFERENCE_POLICIES or "+" in rec["kind"]) and p > 0:
                     continue
                 curve = np.mean(
                     [moving_average(rewards[:, s, p], window) for s in range(rewards.shape[1])],

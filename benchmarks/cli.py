@@ -25,24 +25,33 @@ def _add_fedmf(subparsers) -> None:
         default=None,
         help="u1..u5/ua/ub for ML-100K; random or temporal (default random)",
     )
-    parser.add_argument("--variant", default="fedmf", choices=["fedmf", "fedrec", "fedrec+"])
+    parser.add_argument(
+        "--preset",
+        default="paper",
+        choices=["paper", "dp"],
+        help="starting settings: paper (FedMFConfig defaults) or dp (user_level_dp_config: "
+        "fixed-denominator aggregation, user-mean offset); the options below override them",
+    )
+    parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
     parser.add_argument("--transport", default="plaintext")
-    parser.add_argument("--dim", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=500)
-    parser.add_argument("--lr", type=float, default=0.1, help="users' step size (gamma)")
-    parser.add_argument("--server-lr", type=float, default=0.1, help="server step size (eta)")
-    parser.add_argument("--reg", type=float, default=0.12, help="lambda = mu, L2 weight")
-    parser.add_argument("--upload", default="part", choices=["part", "full"])
-    parser.add_argument("--aggregation", default="mean", choices=["mean", "sum"])
+    parser.add_argument("--dim", type=int, default=None, help="latent dimension (20)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (500)")
+    parser.add_argument("--lr", type=float, default=None, help="users' step size gamma (0.1)")
+    parser.add_argument("--server-lr", type=float, default=None, help="server step eta (0.1)")
+    parser.add_argument("--reg", type=float, default=None, help="lambda = mu, L2 weight (0.12)")
+    parser.add_argument("--init-std", type=float, default=None, help="initial factor std (0.3)")
+    parser.add_argument("--upload", default=None, choices=["part", "full"])
+    parser.add_argument("--aggregation", default=None, choices=["mean", "sum", "fixed"])
+    parser.add_argument("--offset", default=None, choices=["none", "user_mean"])
     parser.add_argument(
         "--server-state",
-        default="plain",
+        default=None,
         choices=["plain", "encrypted"],
         help="encrypted: [[V]] stays encrypted on the server (ckks, Chai et al.)",
     )
-    parser.add_argument("--rho", type=float, default=1.0, help="pseudo items per rated item")
+    parser.add_argument("--rho", type=float, default=None, help="pseudo items per rated item (1)")
     parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
-    parser.add_argument("--dropout", type=float, default=0.0, help="fraction of clients dropping")
+    parser.add_argument("--dropout", type=float, default=None, help="fraction of clients dropping")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clients-per-round",
@@ -78,22 +87,28 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from benchmarks import datasets
     from benchmarks.experiment import FedMFRun, run_fedmf, save_json
     from benchmarks.transports import TransportUnavailable
-    from recsys.fedmf import FedMFConfig
+    from recsys.fedmf import FedMFConfig, user_level_dp_config
 
     split = datasets.load(args.data, args.split, seed=args.seed)
-    config = FedMFConfig(
-        variant=args.variant,
-        dim=args.dim,
-        rounds=args.rounds,
-        lr=args.lr,
-        server_lr=args.server_lr,
-        reg_user=args.reg,
-        reg_item=args.reg,
-        upload=args.upload,
-        rho=args.rho,
-        weighting=args.weighting,
-        dropout=args.dropout,
-    )
+    given = {
+        "variant": args.variant,
+        "dim": args.dim,
+        "rounds": args.rounds,
+        "lr": args.lr,
+        "server_lr": args.server_lr,
+        "reg_user": args.reg,
+        "reg_item": args.reg,
+        "init_std": args.init_std,
+        "upload": args.upload,
+        "aggregation": args.aggregation,
+        "offset": args.offset,
+        "server_state": args.server_state,
+        "rho": args.rho,
+        "weighting": args.weighting,
+        "dropout": args.dropout,
+    }
+    overrides = {name: value for name, value in given.items() if value is not None}
+    config = user_level_dp_config(**overrides) if args.preset == "dp" else FedMFConfig(**overrides)
     sampling = (
         ClientSampling()
         if args.clients_per_round is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,10 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
     participating client per round), and the data set's name and sizes.
     """
     cfg = run.config
+    if cfg.aggregation == "fixed" and cfg.expected_clients is None:
+        # The public denominator: the expected number of uploads under the run's sampling.
+        expected = run.sampling.rate(split.train.n_users) * split.train.n_users
+        cfg = replace(cfg, expected_clients=expected * (1 - cfg.dropout))
     seeds = SeedTree(run.seed)
     options = TransportOptions(
         keep_payloads=run.keep_payloads,

@@ -372,15 +372,26 @@ def summarize(result: RunResult, window: int = 100, tail: int = 500) -> dict[str
 # Reference policies
 
 
-def run_reference(config: SlateQConfig, policy: str, users: int = 1000) -> RunResult:
-    """Episode rewards of a fixed policy on every platform, ``users`` users in one batch.
+REFERENCE_POLICIES = ("random", "highest_k", "lowest_k")
 
-    ``policy``: ``"random"`` (uniform slates of distinct candidates; the paper's baseline) or
-    ``"highest_k"`` (the ``n`` highest-kaleness candidates, the near-optimal myopic reference of
-    spec section 1). ``config.episodes`` episodes; the result has ``users`` members.
+
+def run_reference(config: SlateQConfig, policy: str, users: int = 1000) -> RunResult:
+    """Episode rewards of fixed policies, ``users`` users in one batch.
+
+    ``policy``: ``"random"`` (uniform slates of distinct candidates; the paper's baseline),
+    ``"highest_k"`` (the ``n`` highest-kaleness candidates, the myopic reference of spec
+    section 1) or ``"lowest_k"``; or one per platform joined by ``+`` (e.g.
+    ``"highest_k+lowest_k"``), to measure how one platform's slates move the others' rewards
+    through the shared user. ``config.episodes`` episodes; the result has ``users`` members.
     """
-    if policy not in ("random", "highest_k"):
-        raise ValueError(f"policy must be 'random' or 'highest_k', got {policy!r}")
+    per_platform = policy.split("+") if "+" in policy else [policy] * config.num_platforms
+    if len(per_platform) != config.num_platforms or any(
+        q not in REFERENCE_POLICIES for q in per_platform
+    ):
+        raise ValueError(
+            f"policy must be one of {REFERENCE_POLICIES} or one per platform joined by '+', "
+            f"got {policy!r}"
+        )
     start = time.perf_counter()
     tree = SeedTree(config.seed)
     cfg_env = config.env_config()
@@ -397,11 +408,12 @@ def run_reference(config: SlateQConfig, policy: str, users: int = 1000) -> RunRe
         done = False
         while not done:
             p = env.turn
-            if policy == "random":
+            if per_platform[p] == "random":
                 slates = explore(np.zeros((users, n), np.int64), 1.0, rng, config.num_candidates)
             else:
                 docs = env.observation(p).docs
-                slates = np.argpartition(-docs, n - 1, axis=1)[:, :n]
+                sign = -1.0 if per_platform[p] == "highest_k" else 1.0
+                slates = np.argpartition(sign * docs, n - 1, axis=1)[:, :n]
             out = env.step(p, slates)
             rewards[episode, :, p] += out.engagement
             done = out.done

@@ -26,7 +26,7 @@ def reference_round(model: FedMF, round_id: int, clients, pseudo=None, virtual=N
     per_client_rows = {}
     for k, u in enumerate(clients):
         lo, hi = model.indptr[u], model.indptr[u + 1]
-        items, ratings = model.items[lo:hi], model.ratings[lo:hi]
+        items, ratings = model.items[lo:hi], model.ratings[lo:hi] - model.offsets[u]
         user = U[u].copy()
         errors_before = np.array([r - user @ V[i] for i, r in zip(items, ratings, strict=True)])
         for step in range(cfg.local_steps):
@@ -42,11 +42,14 @@ def reference_round(model: FedMF, round_id: int, clients, pseudo=None, virtual=N
         new_users[u] = user
         grad_user = U[u] if cfg.gradient_user_vector == "before" else user
         all_items = list(items) + (list(pseudo[u]) if pseudo is not None else [])
-        all_ratings = list(ratings) + (list(virtual[u]) if pseudo is not None else [])
+        all_ratings = list(ratings) + (
+            list(virtual[u] - model.offsets[u]) if pseudo is not None else []
+        )
+        fixed = cfg.aggregation == "fixed"
         rows = {}
         for i, r in zip(all_items, all_ratings, strict=True):
             e = r - grad_user @ V[i]
-            rows[i] = -2 * e * grad_user + 2 * cfg.reg_item * V[i]
+            rows[i] = -2 * e * grad_user + (0 if fixed else 2 * cfg.reg_item * V[i])
         per_client_rows[u] = rows
         grads = np.array(list(rows.values()))
         rows_sum[k], rows_sq[k], counts[k] = grads.sum(0), (grads**2).sum(0), len(rows)
@@ -63,16 +66,19 @@ def reference_round(model: FedMF, round_id: int, clients, pseudo=None, virtual=N
     for k, u in enumerate(clients):
         block = np.zeros((n_items + 2, d + 1))
         for i, g in per_client_rows[u].items():
-            block[i, :d], block[i, d] = weights[k] * g, weights[k]
+            block[i, :d], block[i, d] = weights[k] * g, 0 if fixed else weights[k]
         wasserstein = cfg.client_weighting == "wasserstein"
-        block[n_items] = np.append(rows_sum[k] if wasserstein else np.zeros(d), counts[k])
-        block[n_items + 1] = np.append(rows_sq[k] if wasserstein else np.zeros(d), weights[k])
+        if not fixed:  # "fixed" uploads gradient rows only
+            block[n_items] = np.append(rows_sum[k] if wasserstein else np.zeros(d), counts[k])
+            block[n_items + 1] = np.append(rows_sq[k] if wasserstein else np.zeros(d), weights[k])
         blocks[u] = block
     total = sum(blocks.values())
     if cfg.aggregation == "mean":
         grad = np.array(
             [total[i, :d] / total[i, d] if total[i, d] > 0 else np.zeros(d) for i in range(n_items)]
         )
+    elif cfg.aggregation == "fixed":
+        grad = total[:n_items, :d] / model.expected_clients + 2 * cfg.reg_item * V
     else:
         grad = total[:n_items, :d] * len(clients) / total[n_items + 1, d]
     V_new = V - cfg.server_lr * grad
@@ -86,6 +92,8 @@ CASES = [
     {"user_step": "sum", "lr": 0.01, "aggregation": "sum"},
     {"gradient_user_vector": "after", "local_steps": 2},
     {"upload": "full", "weighting": "count"},
+    {"aggregation": "fixed", "offset": "user_mean", "expected_clients": 40.0},
+    {"aggregation": "fixed", "upload": "full"},
 ]
 
 
@@ -109,9 +117,16 @@ def test_vectorised_round_equals_per_client_loop(small_split, overrides):
             np.testing.assert_allclose(block, blocks[u], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("variant", ["fedrec", "fedrec+"])
-def test_filling_round_equals_per_client_loop(small_split, variant):
-    cfg = FedMFConfig(variant=variant, dim=5, rounds=4, warmup_rounds=1)
+@pytest.mark.parametrize(
+    "variant, overrides",
+    [
+        ("fedrec", {}),
+        ("fedrec+", {}),
+        ("fedrec", {"offset": "user_mean", "aggregation": "fixed"}),
+    ],
+)
+def test_filling_round_equals_per_client_loop(small_split, variant, overrides):
+    cfg = FedMFConfig(variant=variant, dim=5, rounds=4, warmup_rounds=1, **overrides)
     seeds = SeedTree(2)
     model = FedMF(small_split.train, cfg, seeds)
     transport = PlaintextTransport(keep_payloads=RoundSelection.parse("all"))
@@ -156,7 +171,7 @@ def _reference_virtual(model: FedMF, round_id: int, u: int, items) -> list[float
             weights = [(1 + vj @ (model.V[i] / np.linalg.norm(model.V[i]))) / 2 for i in rated]
             value = np.dot(weights, ratings) / np.sum(weights)
         elif round_id >= cfg.warmup_rounds:
-            value = model.U[u] @ model.V[j]
+            value = model.offsets[u] + model.U[u] @ model.V[j]
         else:
             value = ratings.mean()
         value = scale.clip(np.array(value))
@@ -223,6 +238,44 @@ def test_config_validation():
         FedMFConfig(lr=0)
     with pytest.raises(ValueError, match="dropout"):
         FedMFConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="statistics rows"):
+        FedMFConfig(variant="fedrec+", aggregation="fixed")
+    with pytest.raises(ValueError, match="expected_clients"):
+        FedMFConfig(aggregation="fixed", expected_clients=0.0)
+    with pytest.raises(ValueError, match="offset"):
+        FedMFConfig(offset="global")
+
+
+def test_user_mean_offset_predicts_the_users_mean_when_factors_vanish(small_split):
+    model = FedMF(small_split.train, FedMFConfig(offset="user_mean"), SeedTree(0))
+    model.U[:] = 0.0
+    users = np.arange(model.n_clients)
+    lo, hi = model.indptr[:-1], model.indptr[1:]
+    means = np.array([model.ratings[a:b].mean() for a, b in zip(lo, hi, strict=True)])
+    np.testing.assert_allclose(model.predict(users, np.zeros_like(users)), means)
+
+
+def test_user_level_dp_fedmf_learns_under_noise(small_split):
+    """Central DP at epsilon 8: the DP settings stay finite and beat the users' mean alone."""
+    from benchmarks.bench_fedmf import user_mean_rmse
+    from recsys.fedmf import user_level_dp_config
+    from recsys.metrics import rmse
+    from securefed.privacy import PrivacyLedger
+    from securefed.privacy.calibration import noise_for_target
+    from securefed.transport.dp import DPTransport
+
+    cfg = user_level_dp_config(rounds=40, dim=4, server_lr=2.0)
+    sigma = noise_for_target(8.0, 1e-5, 1.0, cfg.rounds)
+    transport = DPTransport(
+        PlaintextTransport(), clip=1.0, noise_multiplier=sigma, ledger=PrivacyLedger(), delta=1e-5
+    )
+    seeds = SeedTree(1)
+    model = FedMF(small_split.train, cfg, seeds)
+    run_rounds(model, transport, seeds, RunOptions(rounds=cfg.rounds, progress=False))
+    test = small_split.test
+    private = rmse(model.predict(test.users, test.items), test.ratings)
+    assert transport.epsilon() == pytest.approx(8.0, rel=0.01)
+    assert private < user_mean_rmse(small_split) - 0.02
 
 
 def test_client_groups_do_not_change_the_result(small_split):

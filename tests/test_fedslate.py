@@ -476,7 +476,9 @@ def test_bench_registers_and_reports(tmp_path):
     args = bench_fedslate._finish(args)
     results = bench_fedslate.run(args)
     row = results["table"]["N6_n2"]
-    assert set(row["cells"]) == {"random", "highest_k", "slateq", "fedslate"}
+    assert {"random", "highest_k", "slateq", "fedslate", "A_highest_k+B_lowest_k"} <= set(
+        row["cells"]
+    )
     assert (tmp_path / "fedslate.md").exists() and (tmp_path / "fedslate_curves.png").exists()
     saved = json.loads((tmp_path / "fedslate.json").read_text())
     assert saved["checks"] and "N6_n2" in saved["results"]["table"]
@@ -487,3 +489,13 @@ def test_bench_registers_and_reports(tmp_path):
         tmp_path,
     )
     assert cached["rewards"] == row["records"]["random"]["rewards"]
+
+
+def test_platforms_are_coupled_through_the_shared_user():
+    """B's kale slates raise A's reward: the team target rewards B for showing kale."""
+    config = SlateQConfig(episodes=1, num_candidates=10, slate_size=3)
+    both_high = run_reference(config, "highest_k", users=300).episode_rewards.mean(axis=(0, 1))
+    b_low = run_reference(config, "highest_k+lowest_k", users=300).episode_rewards.mean(axis=(0, 1))
+    assert b_low[0] > both_high[0] + 40 and b_low[1] < both_high[1] - 150
+    with pytest.raises(ValueError, match="policy"):
+        run_reference(config, "highest_k+best", users=2)
