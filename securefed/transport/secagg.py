@@ -4,7 +4,8 @@ The server learns the sum of the surviving clients' (weighted) updates and nothi
 single update, against an honest-but-curious server (and clients who do not collude with it beyond
 the threshold). Every message of the protocol is really produced and consumed, with the real
 cryptography (X25519, HKDF-SHA256, AES-GCM / ChaCha20-Poly1305, AES-256-CTR / ChaCha20 masks,
-Shamir over GF(2^256 + 297)); only the network is simulated, in one process.
+Shamir over GF(2^256 + 297)); the network is simulated in one process, or real across machines
+with ``securefed.flower``.
 
 Stages (Bonawitz et al. 2017, Fig. 4; Bell et al. 2020, Sec. 4) and where they run here:
 
@@ -41,6 +42,12 @@ learn each part's sum); a share that fails authentication (tampered, misrouted o
 Not covered (see docs/secagg.md): the active-adversary variant (signatures and the
 ConsistencyCheck round); a malicious server could lie about who dropped.
 
+The clients' side of each stage is :class:`SecAggClient`; the server's side is
+:class:`SecAggRound`, whose stage methods (``receive_keys``, ``share_request``/``receive_shares``,
+``mask_request``/``receive_masked``, ``unmask_requests``/``receive_reveals``) are public so that
+the same protocol runs across machines (``SecAggTransport(remote_clients=True)``; in one process the
+round drives simulated clients through the same methods).
+
 Randomness: with ``seeds.secure`` key pairs come from ``X25519PrivateKey.generate()`` and seeds,
 Shamir coefficients, nonces and rounding keys from ``os.urandom``. Otherwise (seeded mode, for
 tests and benchmarks only: every secret is reproducible from the run's seed) they come from
@@ -54,7 +61,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -359,7 +366,7 @@ def plan_unmasking(
     )
 
 
-# ----------------------------------------------------------------------------- simulated clients
+# ----------------------------------------------------------------------------- the clients' side
 class _ClientRandomness:
     """A client's private randomness: the OS in secure mode, the seed tree in seeded mode."""
 
@@ -394,7 +401,7 @@ class _Timer:
 
 
 class _Workspace:
-    """Scratch buffers shared by the simulated clients of a round (they run one after another)."""
+    """Scratch buffers of a round's masking (the simulated clients run one after another)."""
 
     def __init__(self, length: int, config: SecAggConfig) -> None:
         self.encoder = Encoder(config.fixed_point, length)
@@ -402,21 +409,123 @@ class _Workspace:
         self.expander = prg_mod.MaskExpander(length, bits=config.bits, prg=config.prg)
 
 
-class _Client:
-    """One simulated client: its secrets and its side of each stage. The server never reads it."""
+def masking_workspace(length: int, config: SecAggConfig) -> _Workspace:
+    """Buffers for masking vectors of ``length`` ring elements (one per process is enough)."""
+    return _Workspace(length, config)
 
-    def __init__(self, client: int, round_id: int, config: SecAggConfig, seeds: SeedTree) -> None:
-        self.id = client
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """What the server relays to a client for ShareKeys: its neighbours and their ``c`` keys.
+
+    Attributes:
+        neighbours: the neighbours' ids (public graph).
+        xs: the Shamir evaluation points of the neighbours (position + 1, public).
+        c_publics: each neighbour's advertised ``c`` public key.
+        threshold: the Shamir threshold ``t``.
+    """
+
+    neighbours: tuple[int, ...]
+    xs: tuple[int, ...]
+    c_publics: tuple[bytes, ...]
+    threshold: int
+
+
+@dataclass(frozen=True)
+class MaskRequest:
+    """What the server relays to a client for MaskedInputCollection: the neighbours' ``s`` keys."""
+
+    neighbours: tuple[int, ...]
+    s_publics: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """What the server sends a surviving client for Unmasking.
+
+    Attributes:
+        inbox: ``sender -> sealed share`` addressed to this client (relayed at ShareKeys).
+        contributors: the clients whose masked input arrived (their ``b``-shares are asked for;
+            every other sender's ``s``-share is).
+    """
+
+    inbox: dict[int, bytes]
+    contributors: frozenset[int]
+
+
+SECRET_FIELDS = ("c", "s", "b", "share_peers", "share_keys")
+
+
+class SecAggClient:
+    """One client's side of a round: its secrets and one method per stage.
+
+    In one process (:class:`SecAggTransport`) the round drives a ``SecAggClient`` per client; in a
+    federation (``securefed.flower``) each node runs the ones of the users it hosts, one stage per
+    message, keeping :meth:`export_secrets` in its local state between messages. The server never
+    holds this object.
+
+    Args:
+        client: the client's id.
+        round_id: the round.
+        config: the protocol parameters.
+        seeds: the run's seed tree (secure mode: keys and secrets come from the OS).
+        secrets: restore a client that advertised (and perhaps shared) in an earlier message
+            (:meth:`export_secrets`); ``None`` makes fresh key pairs (AdvertiseKeys).
+    """
+
+    def __init__(
+        self,
+        client: int,
+        round_id: int,
+        config: SecAggConfig,
+        seeds: SeedTree,
+        *,
+        secrets: dict[str, bytes] | None = None,
+    ) -> None:
+        self.id = int(client)
         self.round_id = round_id
         self.config = config
-        self.random = _ClientRandomness(seeds, round_id, client)
-        self.c = self.random.keypair("c")
-        self.s = self.random.keypair("s")
+        self.random = _ClientRandomness(seeds, round_id, self.id)
         self.share_keys: dict[int, bytes] = {}  # neighbour -> AEAD key (symmetric per pair)
         self.b = b""  # the self-mask seed, drawn at ShareKeys
+        if secrets is None:
+            self.c = self.random.keypair("c")
+            self.s = self.random.keypair("s")
+        else:
+            self._restore(secrets)
+
+    def _restore(self, secrets: dict[str, bytes]) -> None:
+        unknown = set(secrets) - set(SECRET_FIELDS)
+        if unknown or not {"c", "s"} <= set(secrets):
+            raise ValueError(
+                f"client {self.id}'s saved secrets must hold c and s (and optionally "
+                f"{', '.join(SECRET_FIELDS[2:])}), got {sorted(secrets)}"
+            )
+        self.c = kx.keypair_from_seed(bytes(secrets["c"]))
+        self.s = kx.keypair_from_seed(bytes(secrets["s"]))
+        self.b = bytes(secrets.get("b", b""))
+        peers = np.frombuffer(bytes(secrets.get("share_peers", b"")), dtype=">i8")
+        keys = bytes(secrets.get("share_keys", b""))
+        if len(keys) != len(peers) * kx.KEY_BYTES:
+            raise ValueError(f"client {self.id}'s saved share keys do not match its peers")
+        self.share_keys = {
+            int(v): keys[i * kx.KEY_BYTES : (i + 1) * kx.KEY_BYTES] for i, v in enumerate(peers)
+        }
+
+    def export_secrets(self) -> dict[str, bytes]:
+        """Everything a later stage needs, as bytes (keep it on the client's own machine)."""
+        peers = list(self.share_keys)
+        return {
+            "c": self.c.private_bytes(),
+            "s": self.s.private_bytes(),
+            "b": self.b,
+            "share_peers": np.asarray(peers, dtype=">i8").tobytes(),
+            "share_keys": b"".join(self.share_keys[v] for v in peers),
+        }
 
     # Stage 1
     def advertise(self) -> tuple[bytes, bytes]:
+        """AdvertiseKeys: the ``c`` and ``s`` public keys."""
         return self.c.public, self.s.public
 
     # Stage 2
@@ -426,9 +535,14 @@ class _Client:
         xs: Sequence[int],
         c_publics: Sequence[bytes],
         threshold: int,
-        timer: _Timer,
+        timer: _Timer | None = None,
     ) -> list[bytes]:
-        """Shamir-share ``b_u`` and ``s_u`` among ``neighbours``: one sealed message each."""
+        """ShareKeys: Shamir-share ``b_u`` and ``s_u`` among ``neighbours``, one sealed share each.
+
+        Returns:
+            One sealed share per neighbour, in the order of ``neighbours``.
+        """
+        timer = _Timer() if timer is None else timer
         start = time.perf_counter()
         for v, public in zip(neighbours, c_publics, strict=True):
             self.share_keys[v] = kx.pair_key(
@@ -455,9 +569,18 @@ class _Client:
         neighbours: Sequence[int],
         s_publics: Sequence[bytes],
         workspace: _Workspace,
-        timer: _Timer,
+        timer: _Timer | None = None,
     ) -> tuple[np.ndarray, int]:
-        """``y_u`` (a fresh ring vector) and the number of values clipped while encoding."""
+        """MaskedInputCollection: ``y_u`` (a fresh ring vector) and the number of values clipped.
+
+        Raises:
+            AggregationError: if this client has not shared its keys (no self-mask seed yet).
+        """
+        if not self.b:
+            raise AggregationError(
+                f"client {self.id} has no self-mask seed: it must run ShareKeys before masking"
+            )
+        timer = _Timer() if timer is None else timer
         start = time.perf_counter()
         uniform = workspace.uniform.draw(self.random.secret("rounding"))
         masked, n_clipped = workspace.encoder.encode(values, uniform)
@@ -510,12 +633,51 @@ class _Client:
         return revealed
 
 
+_Client = SecAggClient  # the name this module used before the class became public
+
+
+def pack_values(block: np.ndarray, weight: float | None) -> np.ndarray:
+    """What a client masks: ``w * block`` flattened, then ``w`` (weighted rounds)."""
+    flat = np.asarray(block, dtype=np.float64).ravel()
+    if weight is None:
+        return flat
+    values = np.empty(flat.size + 1)
+    np.multiply(flat, weight, out=values[:-1])
+    values[-1] = weight
+    return values
+
+
+def check_weights(updates: RowUpdates, clip: float) -> None:
+    """Refuse a weight beyond the clip range (it could not be encoded without wrapping).
+
+    Raises:
+        ValueError: naming the client and its weight.
+    """
+    if updates.weights is None:
+        return
+    too_heavy = updates.weights > clip
+    if too_heavy.any():
+        k = int(np.flatnonzero(too_heavy)[0])
+        raise ValueError(
+            f"client {int(updates.clients[k])} has weight {updates.weights[k]} beyond the clip "
+            f"range [0, {clip}]: it cannot be encoded without wrapping the sum"
+        )
+
+
 # ----------------------------------------------------------------------------- the round
 class SecAggRound(AggregationRound):
-    """One secure-aggregation round (see the module docstring for the stages).
+    """One secure-aggregation round: the server's side of every stage (module docstring).
 
-    Opening the round runs AdvertiseKeys and ShareKeys for all its clients; ``submit`` masks a
-    client's update; ``result`` unmasks. Public, for tests and audits:
+    With simulated clients (the default) opening the round runs AdvertiseKeys and ShareKeys for
+    all its clients, ``submit`` masks a client's update and ``result`` unmasks, each client's side
+    done by a :class:`SecAggClient` the round holds. With ``remote_clients=True`` the round holds
+    no client: whoever carries the messages (``securefed.flower``) runs the clients elsewhere and
+    feeds the server's stage methods, in order: :meth:`receive_keys`; :meth:`share_request` and
+    :meth:`receive_shares` per client; :meth:`mask_request` and :meth:`receive_masked` per client
+    (or :meth:`~AggregationRound.drop`); :meth:`unmask_requests` and :meth:`receive_reveals`;
+    then :meth:`~AggregationRound.result`. Both modes run the same server code.
+
+    Public, for tests and audits:
 
     Attributes:
         neighbours_k: the graph degree ``k`` of this round.
@@ -524,7 +686,7 @@ class SecAggRound(AggregationRound):
         share_store: ``(sender, recipient) -> sealed share``: the ciphertexts the server relays.
             The server could alter or swap them; tests do, and the round must then refuse.
         clipped: ``client -> number of values clipped while encoding`` (client-side diagnostic,
-            not something the server sees).
+            not something the server sees; simulated clients only).
         timings: seconds per stage (all clients and the server together).
     """
 
@@ -537,9 +699,11 @@ class SecAggRound(AggregationRound):
         view: RoundView,
         seeds: SeedTree,
         config: SecAggConfig,
+        remote_clients: bool = False,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config
+        self.remote_clients = remote_clients
         self.fixed_point = config.fixed_point
         self.timer = _Timer()
         self.timings = self.timer.seconds
@@ -551,11 +715,13 @@ class SecAggRound(AggregationRound):
         self._weighted: bool | None = None
         self._sum: np.ndarray | None = None
         self._workspace: _Workspace | None = None
+        self._reveals: dict[int, dict[int, tuple[str, int]]] | None = None
+        self._shared: set[int] = set()
         n = len(self._ids)
+        self._clients: dict[int, SecAggClient] = {}
         if n == 0:
             self.neighbours_k, self.threshold = 0, 0
             self._graph = np.zeros((0, 0), np.int64)
-            self._clients: dict[int, _Client] = {}
             return
         if n == 1:
             raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
@@ -571,9 +737,14 @@ class SecAggRound(AggregationRound):
                 "secagg_secure_randomness": bool(seeds.secure),
             }
         )
-        self._clients = {}
-        self._advertise_keys(seeds)
-        self._share_keys()
+        if not remote_clients:
+            self._advertise_keys(seeds)
+            self._share_keys()
+
+    @property
+    def shared_clients(self) -> frozenset[int]:
+        """The clients whose sealed shares arrived (only they may submit a masked input)."""
+        return frozenset(self._shared)
 
     # -- public graph ---------------------------------------------------------------------
     def neighbours(self, client: int) -> np.ndarray:
@@ -585,9 +756,33 @@ class SecAggRound(AggregationRound):
     def _advertise_keys(self, seeds: SeedTree) -> None:
         start = time.perf_counter()
         for client in self._ids:
-            self._clients[client] = _Client(client, self.round_id, self.config, seeds)
-            self.public_keys[client] = self._clients[client].advertise()
+            self._clients[client] = SecAggClient(client, self.round_id, self.config, seeds)
         self.timer.add("key_agreement", start)
+        self.receive_keys({c: self._clients[c].advertise() for c in self._ids})
+
+    def receive_keys(self, keys: Mapping[int, tuple[bytes, bytes]]) -> None:
+        """AdvertiseKeys, server side: every client's ``(c public, s public)``; relayed to peers.
+
+        Raises:
+            AggregationError: a client of the round did not advertise (open the round with the
+                clients that did), keys were already received, or two keys coincide.
+            ValueError: a key of the wrong length, or a client outside the round.
+        """
+        self._check_usable()
+        if self.public_keys:
+            raise AggregationError(f"round {self.round_id} already received its public keys")
+        self.view.positions(list(keys))
+        missing = sorted(set(self._ids) - {int(c) for c in keys})
+        if missing:
+            raise AggregationError(
+                f"round {self.round_id}: client(s) {missing[:5]} advertised no keys; a round must "
+                "be opened with the clients that advertised (Bonawitz et al.'s U_1)"
+            )
+        for client in self._ids:
+            c_public, s_public = keys[client]
+            if len(c_public) != kx.PUBLIC_KEY_BYTES or len(s_public) != kx.PUBLIC_KEY_BYTES:
+                raise ValueError(f"client {client} advertised a key that is not 32 bytes")
+            self.public_keys[client] = (bytes(c_public), bytes(s_public))
         flat = [key for pair in self.public_keys.values() for key in pair]
         if len(set(flat)) != len(flat):
             raise AggregationError("two advertised public keys coincide; refusing the round")
@@ -599,70 +794,135 @@ class SecAggRound(AggregationRound):
 
     # -- stage 2 --------------------------------------------------------------------------
     def _share_keys(self) -> None:
-        for position, client in enumerate(self._ids):
-            neighbour_positions = self._graph[position]
-            neighbours = [self._ids[p] for p in neighbour_positions]
+        for client in self._ids:
+            request = self.share_request(client)
             sealed = self._clients[client].share(
-                neighbours,
-                [int(p) + 1 for p in neighbour_positions],  # Shamir x = position + 1 (public)
-                [self.public_keys[v][0] for v in neighbours],
-                self.threshold,
-                self.timer,
+                request.neighbours, request.xs, request.c_publics, request.threshold, self.timer
             )
-            for v, blob in zip(neighbours, sealed, strict=True):
-                self.share_store[(client, v)] = blob
-            self._record(
-                client,
-                shares_sent=np.frombuffer(b"".join(sealed), np.uint8),
-                share_recipients=np.asarray(neighbours, np.int64),
+            self.receive_shares(client, sealed)
+
+    def share_request(self, client: int) -> ShareRequest:
+        """ShareKeys, what the server sends ``client``: neighbours, their points and ``c`` keys."""
+        if not self.public_keys:
+            raise AggregationError(f"round {self.round_id}: no public keys received yet")
+        positions = self._graph[int(self.view.positions([client])[0])]
+        neighbours = tuple(self._ids[p] for p in positions)
+        return ShareRequest(
+            neighbours,
+            tuple(int(p) + 1 for p in positions),  # Shamir x = position + 1 (public)
+            tuple(self.public_keys[v][0] for v in neighbours),
+            self.threshold,
+        )
+
+    def receive_shares(self, client: int, sealed: Sequence[bytes]) -> None:
+        """ShareKeys, server side: ``client``'s sealed shares, one per neighbour, to relay.
+
+        Raises:
+            AggregationError: shares already received from ``client``.
+            ValueError: not one share of the sealed size per neighbour.
+        """
+        self._check_usable()
+        client = int(client)
+        neighbours = self.neighbours(client).tolist()
+        if client in self._shared:
+            raise AggregationError(f"client {client} already sent its shares")
+        if len(sealed) != len(neighbours) or any(len(b) != SEALED_SHARE_BYTES for b in sealed):
+            raise ValueError(
+                f"client {client} must send {len(neighbours)} sealed shares of "
+                f"{SEALED_SHARE_BYTES} bytes (one per neighbour)"
             )
+        for v, blob in zip(neighbours, sealed, strict=True):
+            self.share_store[(client, v)] = bytes(blob)
+        self._shared.add(client)
+        self._record(
+            client,
+            shares_sent=np.frombuffer(b"".join(sealed), np.uint8),
+            share_recipients=np.asarray(neighbours, np.int64),
+        )
         per_client = self.neighbours_k * (ID_BYTES + SEALED_SHARE_BYTES)
-        self.view.add_bytes_up(self.clients, per_client)
-        self.view.add_bytes_down(self.clients, per_client)
+        self.view.add_bytes_up([client], per_client)
+        self.view.add_bytes_down([client], per_client)
 
     # -- stage 3 --------------------------------------------------------------------------
-    def _accept(self, updates: RowUpdates) -> None:
-        self._check_usable()
-        weighted = updates.weights is not None
+    def mask_request(self, client: int) -> MaskRequest:
+        """MaskedInputCollection, what the server sends ``client``: its neighbours' ``s`` keys."""
+        neighbours = tuple(self.neighbours(client).tolist())
+        return MaskRequest(neighbours, tuple(self.public_keys[v][1] for v in neighbours))
+
+    def _check_weighting(self, weighted: bool) -> None:
         if self._weighted is not None and self._weighted != weighted:
             raise ValueError(
                 "every client of a secure-aggregation round must submit with a weight, or none "
                 f"must (this round's first submission "
                 f"{'had' if self._weighted else 'had no'} weight)"
             )
-        weights = updates.client_weights()
-        too_heavy = weights > self.config.clip
-        if weighted and too_heavy.any():
-            k = int(np.flatnonzero(too_heavy)[0])
-            raise ValueError(
-                f"client {int(updates.clients[k])} has weight {weights[k]} beyond the clip range "
-                f"[0, {self.config.clip}]: it cannot be encoded without wrapping the sum"
-            )
+
+    def _start_masking(self, weighted: bool) -> int:
+        """Fix the round's weighting at its first upload; return the masked vector's length."""
+        self._check_weighting(weighted)
         self._weighted = weighted
         length = self.shape[0] * self.shape[1] + int(weighted)
         if self._sum is None:
             self._sum = np.zeros(length, self.fixed_point.dtype)
             self._workspace = _Workspace(length, self.config)
+        return length
+
+    def _add_masked(self, client: int, masked: np.ndarray) -> None:
+        np.add(self._sum, masked, out=self._sum)  # the server's running sum of uploads
+        self._record(client, masked=masked)
+
+    def _accept(self, updates: RowUpdates) -> None:
+        self._check_usable()
+        if self.remote_clients:
+            raise AggregationError(
+                "this round's clients are remote: they mask their own updates and the server "
+                "takes them with receive_masked(), never a plaintext submit"
+            )
+        weighted = updates.weights is not None
+        self._check_weighting(weighted)
+        check_weights(updates, self.config.clip)
+        length = self._start_masking(weighted)
+        weights = updates.client_weights()
         for k, client in enumerate(updates.clients.tolist()):
-            block = updates.client_block(k).ravel()
-            if weighted:
-                values = np.empty(length)
-                np.multiply(block, weights[k], out=values[:-1])
-                values[-1] = weights[k]
-            else:
-                values = block
-            neighbours = self.clients[self._graph[self.view.positions([client])[0]]].tolist()
+            values = pack_values(updates.client_block(k), weights[k] if weighted else None)
+            request = self.mask_request(client)
             masked, n_clipped = self._clients[client].mask(
-                values,
-                neighbours,
-                [self.public_keys[v][1] for v in neighbours],
-                self._workspace,
-                self.timer,
+                values, request.neighbours, request.s_publics, self._workspace, self.timer
             )
             self.clipped[client] = n_clipped
-            np.add(self._sum, masked, out=self._sum)  # the server's running sum of uploads
-            self._record(client, masked=masked)
+            self._add_masked(client, masked)
         self.view.add_bytes_up(updates.clients, length * self.config.bits // 8)
+
+    def receive_masked(self, client: int, masked: np.ndarray, *, weighted: bool) -> None:
+        """MaskedInputCollection, server side: ``client``'s masked vector ``y_u`` (remote clients).
+
+        Raises:
+            AggregationError: the round is finished or refused, or ``client`` already submitted
+                or dropped.
+            ValueError: a vector of the wrong length or type, or mixed weighting.
+        """
+        self._check_open()
+        self._check_usable()
+        client = int(client)
+        self.view.positions([client])
+        if client in self.submitted:
+            raise AggregationError(f"client(s) [{client}] already submitted in this round")
+        if client in self.dropped:
+            raise AggregationError(f"client(s) [{client}] dropped out and cannot submit")
+        if client not in self._shared:
+            raise AggregationError(
+                f"client {client} sent no shares, so its masks cannot be removed"
+            )
+        length = self._start_masking(bool(weighted))
+        masked = np.asarray(masked)
+        if masked.shape != (length,) or masked.dtype != self.fixed_point.dtype:
+            raise ValueError(
+                f"client {client}'s masked input must be {length} values of "
+                f"{self.fixed_point.dtype}, got shape {masked.shape} of {masked.dtype}"
+            )
+        self._add_masked(client, masked)
+        self.submitted.add(client)
+        self.view.add_bytes_up([client], length * self.config.bits // 8)
 
     # -- stage 4 --------------------------------------------------------------------------
     def _finish(self) -> Aggregate:
@@ -677,8 +937,7 @@ class SecAggRound(AggregationRound):
             self._failure = str(error)
             raise
 
-    def _unmask(self, contributors: np.ndarray, n_values: int) -> Aggregate:
-        start = time.perf_counter()
+    def _plan(self, contributors: np.ndarray) -> UnmaskingPlan:
         contributed = np.isin(self.clients, contributors)
         present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
         plan = plan_unmasking(self._graph, contributed, present, self.threshold)
@@ -698,17 +957,69 @@ class SecAggRound(AggregationRound):
                 f"{plan.components} parts after dropouts; unmasking would reveal each part's sum, "
                 "so the round is refused (raise neighbours or lower dropout)"
             )
-        contributor_set = set(contributors.tolist())
-        helper_ids = [self._ids[p] for p in plan.helpers]
-        # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
-        responses = {}
-        for v in helper_ids:
+        return plan
+
+    def unmask_requests(self) -> dict[int, UnmaskRequest]:
+        """Unmasking, what the server sends each surviving contributor ("helper").
+
+        Raises:
+            AggregationError: too few helpers for some needed secret, or the contributors' graph
+                fell apart (the round is then refused for good).
+            ShareDecryptionError: the server holds no share where one is needed.
+        """
+        self._check_usable()
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        if len(contributors) == 0:
+            return {}
+        try:
+            plan = self._plan(contributors)
+        except AggregationError as error:
+            self._failure = str(error)
+            raise
+        contributor_set = frozenset(contributors.tolist())
+        requests = {}
+        for p in plan.helpers.tolist():
+            v = self._ids[p]
             inbox = {}
             for u in self.neighbours(v).tolist():
                 if (u, v) not in self.share_store:
                     raise kx.ShareDecryptionError(f"the server holds no share from {u} to {v}")
                 inbox[u] = self.share_store[(u, v)]
-            responses[v] = self._clients[v].reveal(inbox, contributor_set)
+            requests[v] = UnmaskRequest(inbox, contributor_set)
+        return requests
+
+    def receive_reveals(self, responses: Mapping[int, Mapping[int, tuple[str, int]]]) -> None:
+        """Unmasking, server side: each helper's revealed shares, ``owner -> (kind, share)``.
+
+        ``result()`` then rebuilds the secrets and removes the masks.
+        """
+        self._check_open()
+        self._check_usable()
+        self._reveals = {int(v): dict(r) for v, r in responses.items()}
+
+    def _unmask(self, contributors: np.ndarray, n_values: int) -> Aggregate:
+        start = time.perf_counter()
+        plan = self._plan(contributors)
+        contributor_set = set(contributors.tolist())
+        if self._reveals is not None:
+            responses = self._reveals
+        elif self.remote_clients:
+            raise AggregationError(
+                f"round {self.round_id}: the helpers' revealed shares have not arrived; call "
+                "unmask_requests() and receive_reveals() before result()"
+            )
+        else:
+            # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
+            responses = {
+                v: self._clients[v].reveal(request.inbox, set(request.contributors))
+                for v, request in self.unmask_requests().items()
+            }
+        helper_ids = {self._ids[p] for p in plan.helpers.tolist()}
+        if set(responses) - helper_ids:
+            raise AggregationError(
+                f"round {self.round_id}: revealed shares came from non-helpers "
+                f"{sorted(set(responses) - helper_ids)[:5]}"
+            )
         # The server gathers the revealed shares: owner -> {kind: [(x, y), ...]}.
         gathered: dict[int, dict[str, list[tuple[int, int]]]] = {}
         for v, revealed in responses.items():
@@ -790,6 +1101,9 @@ class SecAggTransport(Transport):
         keep_payloads: rounds whose per-client payloads the view keeps (the masked vectors, the
             public keys, the relayed ciphertexts and the shares revealed at unmasking).
         total_rounds: run length, to resolve ``RoundSelection(last=k)``.
+        remote_clients: the clients run elsewhere and talk to the server's stage methods through
+            a message layer (``securefed.flower``); the rounds then hold no client secrets and
+            refuse a plaintext ``submit`` (:class:`SecAggRound`).
 
     Example:
         >>> from securefed import SeedTree
@@ -809,8 +1123,10 @@ class SecAggTransport(Transport):
         *,
         keep_payloads: RoundSelection = NO_PAYLOADS,
         total_rounds: int | None = None,
+        remote_clients: bool = False,
     ) -> None:
         self.config = SecAggConfig() if config is None else config
+        self.remote_clients = bool(remote_clients)
         super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
 
     def open_round(
@@ -836,7 +1152,13 @@ class SecAggTransport(Transport):
             self.config.round_parameters(len(ids))
         round_view = self.view.open(round_id, ids)
         return SecAggRound(
-            round_id, ids, shape=shape, view=round_view, seeds=seeds, config=self.config
+            round_id,
+            ids,
+            shape=shape,
+            view=round_view,
+            seeds=seeds,
+            config=self.config,
+            remote_clients=self.remote_clients,
         )
 
     def _round_class(self) -> type[AggregationRound]:

@@ -1,0 +1,254 @@
+"""Flower against the in-process runtime: round time, secure aggregation, ML-100K RMSE.
+
+``securefed bench flower`` (or ``python -m benchmarks.bench_flower``) runs the FedMF example app
+(``securefed/flower/app_template``) in Flower's simulation engine and the same configuration in
+one process (``securefed.run_rounds``), in the same run, and reports:
+
+1. the round time of ``--clients`` simulated SuperNodes (one user each) on Flower against the
+   in-process round, plaintext: the overhead ratio;
+2. the same with securefed's secure aggregation carried over Flower message rounds (four per
+   training round) against secure aggregation in one process and against Flower plaintext;
+3. FedMF on MovieLens 100K (u1) over Flower, every user its own SuperNode (``--ml-nodes``
+   nodes), ``--ml-rounds`` rounds, against the in-process test RMSE of the same run (stops with
+   the reason when ML-100K is not on this machine);
+4. the same with the 943 users grouped on ``--ml-grouped-nodes`` SuperNodes: Flower 1.42's
+   simulation engine scans every stored message for every node on each poll
+   (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``), so its cost
+   grows with the square of the number of nodes, and hosting many users per node avoids it.
+
+``--parts`` picks the comparisons (default: all).
+
+Flower's first round includes starting the simulation's Ray workers and importing the app in
+them; round times are the median of the later rounds. The model of each Flower run is compared
+with its in-process twin (max |V difference|). Writes ``flower.json`` and ``flower.md`` under
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import datasets
+from benchmarks.bench_fedmf import RESULTS, markdown_table, write_outputs
+
+BACKEND = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
+}
+
+
+def _example():
+    """The FedMF example app, importable by the simulation's workers too (they get sys.path)."""
+    from securefed.flower.loopback import TEMPLATE
+
+    if str(TEMPLATE) not in sys.path:
+        sys.path.insert(0, str(TEMPLATE))
+    from securefed_fedmf_app import app
+
+    return app
+
+
+def _in_process(example, app) -> tuple[object, list[float]]:
+    """The run in one process, with the seconds of each round."""
+    from recsys.fedmf import FedMF
+    from securefed import RunOptions, run_rounds
+
+    split = example.load_split(app)
+    seeds = app.seeds()
+    model = FedMF(split.train, app.fedmf_config(), seeds)
+    transport = app.make_transport(remote=False)
+    stamps = [time.perf_counter()]
+    run_rounds(
+        model,
+        transport,
+        seeds,
+        RunOptions(rounds=app.rounds, sampling=app.sampling()),
+        on_round=lambda _round, _metrics: stamps.append(time.perf_counter()),
+    )
+    return model, list(np.diff(stamps))
+
+
+def _on_flower(example, app, nodes: int):
+    """The run on Flower's simulation engine; returns the server's outcome and the wall time."""
+    from flwr.simulation import run_simulation
+
+    apps = example.build_apps(app)
+    pythonpath = os.environ.get("PYTHONPATH")
+    start = time.perf_counter()
+    try:
+        run_simulation(
+            server_app=apps.server,
+            client_app=apps.client,
+            num_supernodes=nodes,
+            backend_config=BACKEND,
+        )
+    finally:  # Flower's Ray backend exports this process's sys.path as PYTHONPATH: undo it
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
+    return apps.outcome, time.perf_counter() - start
+
+
+def _test_rmse(example, app, model) -> float:
+    split = example.load_split(app)
+    errors = model.predict(split.test.users, split.test.items) - split.test.ratings
+    return float(np.sqrt(np.mean(errors**2)))
+
+
+def _steady(seconds: list[float]) -> float:
+    """Median round time without the first round (warm-up), or the only one."""
+    return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+
+
+def _compare(example, app, nodes: int, label: str) -> dict:
+    outcome, wall = _on_flower(example, app, nodes)
+    reference, local_seconds = _in_process(example, app)
+    flower_seconds = [r["seconds"] for r in outcome.result.rounds]
+    row = {
+        "case": label,
+        "transport": app.transport,
+        "users": int(reference.n_clients),
+        "nodes": nodes,
+        "rounds": app.rounds,
+        "flower_round_s": _steady(flower_seconds),
+        "flower_first_round_s": flower_seconds[0],
+        "in_process_round_s": _steady(local_seconds),
+        "overhead": _steady(flower_seconds) / _steady(local_seconds),
+        "flower_wall_s": wall,
+        "flower_rmse": outcome.result.evaluations[-1]["rmse"],
+        "in_process_rmse": _test_rmse(example, app, reference),
+        "max_abs_V_diff": float(np.abs(outcome.model.V - reference.V).max()),
+        "message_MB_down": outcome.result.message_bytes["down"] / 2**20,
+        "message_MB_up": outcome.result.message_bytes["up"] / 2**20,
+        "flower_round_seconds": flower_seconds,
+        "in_process_round_seconds": local_seconds,
+    }
+    print({k: v for k, v in row.items() if not k.endswith("_seconds")}, flush=True)
+    return row
+
+
+PARTS = ("synthetic", "ml-100k", "ml-100k-grouped")
+COLUMNS = [
+    "case",
+    "transport",
+    "users",
+    "nodes",
+    "rounds",
+    "flower_round_s",
+    "in_process_round_s",
+    "overhead",
+    "flower_first_round_s",
+    "flower_rmse",
+    "in_process_rmse",
+    "max_abs_V_diff",
+    "message_MB_down",
+    "message_MB_up",
+]
+
+
+def flower(args: argparse.Namespace) -> int:
+    """Run the chosen comparisons and write ``flower.json`` / ``flower.md``."""
+    import importlib.util
+
+    for module in ("flwr", "ray"):
+        if importlib.util.find_spec(module) is None:
+            print(f"bench flower: {module} is not installed: pip install securefed[flower]")
+            return 2
+    example = _example()
+    parts = set(args.parts.split(","))
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown --parts {sorted(unknown)}; known: {', '.join(PARTS)}")
+    rows, notes = [], []
+    if "synthetic" in parts:
+        synthetic = {
+            "data": "synthetic",
+            "synthetic_users": args.clients,
+            "synthetic_items": args.items,
+            "synthetic_ratings": args.clients * args.ratings_per_user,
+            "rounds": args.rounds,
+            "min_nodes": args.clients,
+            "seed": args.seed,
+        }
+        for transport in ("plaintext", "secagg"):
+            app = example.FedMFApp(**synthetic, transport=transport)
+            rows.append(_compare(example, app, args.clients, "synthetic"))
+        ratio = rows[1]["flower_round_s"] / rows[0]["flower_round_s"]
+        notes.append(
+            f"Secure aggregation over Flower costs {ratio:.2f}x Flower plaintext per round "
+            "(four message rounds instead of one)."
+        )
+    ml_nodes = {"ml-100k": args.ml_nodes, "ml-100k-grouped": args.ml_grouped_nodes}
+    if parts & set(ml_nodes):
+        try:
+            path = datasets.resolve(args.data)
+        except datasets.DataUnavailable as error:
+            notes.append(f"ML-100K part not run: {error}")
+            print(notes[-1])
+        else:
+            for part in sorted(parts & set(ml_nodes)):
+                nodes = ml_nodes[part]
+                app = example.FedMFApp(
+                    data=str(path),
+                    split=args.split,
+                    rounds=args.ml_rounds,
+                    min_nodes=nodes,
+                    seed=args.seed,
+                )
+                rows.append(_compare(example, app, nodes, f"{args.data} {args.split}"))
+    notes.append(
+        "Round times: median of the rounds after the first; the first includes starting "
+        f"Flower's Ray workers. Load average at the end: {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} cores (shared machine)."
+    )
+    table = markdown_table(rows, COLUMNS) + "\n" + "".join(f"\n{note}\n" for note in notes)
+    write_outputs(
+        "flower",
+        {
+            "rows": rows,
+            "notes": notes,
+            "backend": BACKEND,
+            "loadavg": os.getloadavg(),
+        },
+        table,
+        Path(args.out),
+    )
+    return 0
+
+
+def register(benches) -> None:
+    parser = benches.add_parser(
+        "flower", help="FedMF on Flower's simulation engine vs in-process (time, secagg, RMSE)"
+    )
+    parser.add_argument("--clients", type=int, default=100, help="simulated nodes, one user each")
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--ratings-per-user", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--data", default="ml-100k")
+    parser.add_argument("--split", default="u1")
+    parser.add_argument("--ml-rounds", type=int, default=3)
+    parser.add_argument("--ml-nodes", type=int, default=943, help="one user per node")
+    parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
+    parser.add_argument("--parts", default=",".join(PARTS), help="which comparisons to run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.set_defaults(func=flower)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_flower")
+    register(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["flower", *(argv if argv is not None else sys.argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

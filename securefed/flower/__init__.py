@@ -1,0 +1,59 @@
+"""securefed on Flower: the same federations across processes and machines (optional extra).
+
+``pip install securefed[flower]`` (Flower >= 1.42, its Message API). A securefed algorithm split
+into a server half (:class:`~securefed.flower.protocol.ServerAlgorithm`, e.g.
+``recsys.fedmf.FedMF``) and a client half per node
+(:class:`~securefed.flower.protocol.ClientNode`) becomes a Flower ``ServerApp``
+(:func:`make_server_app`) and ``ClientApp`` (:func:`make_client_app`), which run in Flower's
+simulation engine (``flwr.simulation.run_simulation``) or as real SuperLink / SuperNode processes
+(:mod:`securefed.flower.loopback` starts them on one machine; docs/flower.md across machines).
+
+Transports carried over Flower messages: plaintext; ``DPTransport`` (central noise on the
+server; local and distributed noise added on the node before its update leaves); securefed's own
+secure aggregation (``SecAggTransport(remote_clients=True)``: one Flower message round per stage,
+the clients' side on the nodes, the server's side in the ServerApp); their compositions. Not
+carried: CKKS (docs/flower.md says why).
+
+The worked example, FedMF on a SuperLink and SuperNodes, is the app template in
+``securefed/flower/app_template`` (:func:`securefed.flower.loopback.write_app`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+if importlib.util.find_spec("flwr") is None:  # pragma: no cover - depends on the environment
+    raise ModuleNotFoundError(
+        "securefed.flower needs Flower: install the optional extra with "
+        "`pip install securefed[flower]` (flwr[simulation] >= 1.42)",
+        name="flwr",
+    )
+
+from securefed.flower.client import ClientSetup, make_client_app
+from securefed.flower.protocol import (
+    ClientNode,
+    FlowerRunOptions,
+    FlowerRunResult,
+    ServerAlgorithm,
+    partition_users,
+)
+from securefed.flower.server import (
+    ServerSetup,
+    describe_transport,
+    make_server_app,
+    run_federation,
+)
+
+__all__ = [
+    "ClientNode",
+    "ClientSetup",
+    "FlowerRunOptions",
+    "FlowerRunResult",
+    "ServerAlgorithm",
+    "ServerSetup",
+    "describe_transport",
+    "make_client_app",
+    "make_server_app",
+    "partition_users",
+    "run_federation",
+]

@@ -1,0 +1,1 @@
+"""FedMF from securefed as a Flower app (see app.py)."""

@@ -1,0 +1,423 @@
+"""FedMF (``recsys.fedmf``) on Flower: the example app of ``securefed.flower``.
+
+The server (``server``) holds the item factors ``V`` and the transport; each SuperNode
+(``client``) holds the ratings and user vectors of the users of its partition
+(``partition_users(n_users, num-partitions, partition-id)``), keeps the vectors in its Flower
+Context between rounds, and computes exactly what FedMF's vectorised client step computes.
+
+Configuration: the ``[tool.flwr.app.config]`` section of ``pyproject.toml`` (run config), read
+into :class:`FedMFApp`; in the simulation engine, :func:`build_apps` takes a :class:`FedMFApp`
+directly. The data set is named in the run config and must be present on every node (each node
+reads only its users' rows). The server reads the data set only for its public shape (numbers of
+users and items, rating scale); in a deployment where the server host has no data, put them in
+the run config instead (``n-users``, ``n-items``) -- the example keeps it simple.
+
+This module is the app layer: it may import ``recsys`` and ``securefed``; ``securefed.flower``
+itself knows nothing of FedMF.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context
+
+from recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
+from recsys.fedmf import FedMF, FedMFConfig
+from securefed import ClientSampling, PlaintextTransport, RunOptions, SeedTree, Transport
+from securefed.flower import (
+    ClientSetup,
+    FlowerRunOptions,
+    FlowerRunResult,
+    ServerSetup,
+    make_client_app,
+    make_server_app,
+    partition_users,
+)
+from securefed.runtime import run_rounds
+from securefed.transport.dp import DPTransport
+from securefed.transport.secagg import SecAggConfig, SecAggTransport
+
+TRANSPORTS = ("plaintext", "secagg", "dp", "dp-local", "secagg+dp")
+
+
+@dataclass(frozen=True)
+class FedMFApp:
+    """The run configuration of the example (one field per ``[tool.flwr.app.config]`` key).
+
+    Attributes:
+        data: ``"synthetic"``, ``"ml-latest-small"`` or a path (e.g. an ``ml-100k`` folder).
+        split: the data set's split (``"u1"``.. for ML-100K; ``""``: the loader's default).
+        synthetic_users, synthetic_items, synthetic_ratings, synthetic_seed: the synthetic set.
+        test_fraction, split_seed: the random split of non-ML-100K data.
+        variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
+            :class:`~recsys.fedmf.FedMFConfig`.
+        seed: the run's seed; ``-1`` is secure mode (OS randomness, nothing reproducible).
+        transport: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local`` or ``secagg+dp``
+            (distributed noise under secure aggregation).
+        secagg_bits, secagg_scale, secagg_clip, secagg_neighbours: secure aggregation's fixed
+            point and graph (0 neighbours: automatic).
+        dp_clip, dp_noise_multiplier: DP parameters.
+        clients_per_round: fixed-size sampling per round (0: every user every round).
+        min_nodes: SuperNodes the server waits for.
+        evaluate_every: held-out evaluation every this many rounds (0: after the last).
+        timeout: seconds a message round may take.
+        output_dir: where the server writes ``result.json`` and ``server.npz`` and each node its
+            ``node-<partition>.npz`` (``""``: nothing is written).
+    """
+
+    data: str = "synthetic"
+    split: str = ""
+    synthetic_users: int = 120
+    synthetic_items: int = 80
+    synthetic_ratings: int = 2400
+    synthetic_seed: int = 3
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    variant: str = "fedmf"
+    dim: int = 20
+    rounds: int = 5
+    lr: float = 0.1
+    server_lr: float = 0.1
+    reg_user: float = 0.12
+    reg_item: float = 0.12
+    init_std: float = 0.3
+    upload: str = "part"
+    seed: int = 0
+    transport: str = "plaintext"
+    secagg_bits: int = 64
+    secagg_scale: float = 2.0**20
+    secagg_clip: float = 4096.0
+    secagg_neighbours: int = 0
+    dp_clip: float = 1.0
+    dp_noise_multiplier: float = 1.0
+    clients_per_round: int = 0
+    min_nodes: int = 2
+    evaluate_every: int = 0
+    timeout: float = 600.0
+    output_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.seed < -1:
+            raise ValueError(f"seed must be >= 0, or -1 for secure mode; got {self.seed}")
+        if self.clients_per_round < 0 or self.min_nodes < 1:
+            raise ValueError("clients-per-round must be >= 0 and min-nodes >= 1")
+        self.fedmf_config()  # validates the FedMF fields
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, object]) -> FedMFApp:
+        """Read Flower's run config (``-`` in keys); unknown keys are refused by name."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in run_config.items():
+            name = key.replace("-", "_")
+            if name not in names:
+                raise ValueError(f"unknown run-config key {key!r} for the FedMF app")
+            kind = type(getattr(cls(), name))
+            values[name] = kind(value)
+        return cls(**values)
+
+    def run_config(self) -> dict[str, object]:
+        """The fields as Flower run-config keys and TOML values."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def fedmf_config(self) -> FedMFConfig:
+        return FedMFConfig(
+            variant=self.variant,
+            dim=self.dim,
+            rounds=self.rounds,
+            lr=self.lr,
+            server_lr=self.server_lr,
+            reg_user=self.reg_user,
+            reg_item=self.reg_item,
+            init_std=self.init_std,
+            upload=self.upload,
+        )
+
+    def seeds(self) -> SeedTree:
+        return SeedTree.secure_mode() if self.seed == -1 else SeedTree(self.seed)
+
+    def sampling(self) -> ClientSampling:
+        if self.clients_per_round == 0:
+            return ClientSampling()
+        return ClientSampling("fixed", self.clients_per_round)
+
+    def make_transport(self, *, remote: bool) -> Transport:
+        """The server's transport; ``remote=False`` is the in-process reference's."""
+        if self.transport == "plaintext":
+            return PlaintextTransport(total_rounds=self.rounds)
+        secagg = SecAggTransport(
+            SecAggConfig(
+                bits=self.secagg_bits,
+                scale=self.secagg_scale,
+                clip=self.secagg_clip,
+                neighbours=self.secagg_neighbours or None,
+            ),
+            total_rounds=self.rounds,
+            remote_clients=remote,
+        )
+        if self.transport == "secagg":
+            return secagg
+        inner = secagg if self.transport == "secagg+dp" else PlaintextTransport()
+        placement = {"dp": "central", "dp-local": "local", "secagg+dp": "distributed"}
+        return DPTransport(
+            inner,
+            clip=self.dp_clip,
+            noise_multiplier=self.dp_noise_multiplier,
+            placement=placement[self.transport],
+        )
+
+
+@lru_cache(maxsize=4)
+def load_split(app: FedMFApp) -> Split:
+    """The data set of ``app`` (cached per process: every message of a node reads it)."""
+    if app.data == "synthetic":
+        ratings = synthetic_ratings(
+            app.synthetic_users,
+            app.synthetic_items,
+            app.synthetic_ratings,
+            rank=4,
+            noise=0.3,
+            scale=ML100K_SCALE,
+            seed=app.synthetic_seed,
+        )
+        return random_split(ratings, app.test_fraction, np.random.default_rng(app.split_seed))
+    return load_dataset(
+        app.data, split=app.split or None, test_fraction=app.test_fraction, seed=app.split_seed
+    )
+
+
+def _data_key(app: FedMFApp) -> FedMFApp:
+    """``app`` with only the fields that choose the data (so runs share the cache)."""
+    return FedMFApp(
+        data=app.data,
+        split=app.split,
+        synthetic_users=app.synthetic_users,
+        synthetic_items=app.synthetic_items,
+        synthetic_ratings=app.synthetic_ratings,
+        synthetic_seed=app.synthetic_seed,
+        test_fraction=app.test_fraction,
+        split_seed=app.split_seed,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _partition(app: FedMFApp, num_partitions: int, partition_id: int) -> tuple:
+    split = load_split(app)
+    users = partition_users(split.train.n_users, num_partitions, partition_id)
+    train = split.train.subset(np.isin(split.train.users, users))
+    test = split.test.subset(np.isin(split.test.users, users))
+    return users, train, test
+
+
+# ----------------------------------------------------------------------------- the node
+class FedMFNode:
+    """The users of one partition: their ratings, their vectors, FedMF's client step.
+
+    A fresh ``FedMF`` over the partition's ratings is built per message (cheap) and the users'
+    vectors (and FedRec+'s stable pseudo sets) come from the node's saved state; before the first
+    round they are FedMF's initial draws, the same as in one process for a seeded run.
+    """
+
+    def __init__(self, app: FedMFApp, num_partitions: int, partition_id: int) -> None:
+        self.users, train, self.test = _partition(_data_key(app), num_partitions, partition_id)
+        self.partition_id = partition_id
+        self.model = FedMF(train, app.fedmf_config(), app.seeds())
+        self.update_shape = (self.model.n_items + 2, app.dim + 1)
+
+    def train(self, round_id, clients, broadcast, seeds):
+        self.model.load_broadcast(broadcast)
+        batches = []
+        squared_error, n_ratings = self.model.client_step(round_id, clients, seeds, batches.append)
+        return batches, {"squared_error": squared_error, "ratings": n_ratings}
+
+    def evaluate(self, broadcast) -> dict[str, float]:
+        self.model.load_broadcast(broadcast)
+        if len(self.test) == 0:
+            return {"test_squared_error": 0.0, "test_absolute_error": 0.0, "test_ratings": 0.0}
+        errors = self.model.predict(self.test.users, self.test.items) - self.test.ratings
+        return {
+            "test_squared_error": float(errors @ errors),
+            "test_absolute_error": float(np.abs(errors).sum()),
+            "test_ratings": float(len(errors)),
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        model = self.model
+        return {
+            "U": model.U[self.users],
+            "pseudo_chosen": model.pseudo_chosen,
+            "pseudo_indptr": model.pseudo_indptr,
+            "pseudo_items": model.pseudo_items,
+        }
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        model = self.model
+        if state["U"].shape != (len(self.users), model.config.dim):
+            raise ValueError(
+                f"saved user vectors have shape {state['U'].shape}, this node hosts "
+                f"{len(self.users)} users of dimension {model.config.dim}"
+            )
+        model.U[self.users] = state["U"]
+        model.pseudo_chosen = np.array(state["pseudo_chosen"])
+        model.pseudo_indptr = np.array(state["pseudo_indptr"])
+        model.pseudo_items = np.array(state["pseudo_items"])
+
+
+def _partition_of(context: Context) -> tuple[int, int]:
+    config = context.node_config
+    if "partition-id" not in config or "num-partitions" not in config:
+        raise ValueError(
+            "this SuperNode has no partition: start it with --node-config "
+            "'partition-id=<i> num-partitions=<n>'"
+        )
+    return int(config["num-partitions"]), int(config["partition-id"])
+
+
+def client_setup(app: FedMFApp, context: Context) -> ClientSetup:
+    """The node's setup for one message."""
+    num_partitions, partition_id = _partition_of(context)
+    node = FedMFNode(app, num_partitions, partition_id)
+    on_evaluate = None
+    if app.output_dir:
+
+        def on_evaluate(done: FedMFNode) -> None:
+            path = Path(app.output_dir) / f"node-{done.partition_id}.npz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, users=done.users, U=done.model.U[done.users])
+
+    return ClientSetup(node, app.seeds(), node.update_shape, on_evaluate)
+
+
+# ----------------------------------------------------------------------------- the server
+@dataclass
+class FedMFOutcome:
+    """What the server ends with (filled when the run finishes)."""
+
+    model: FedMF | None = None
+    transport: Transport | None = None
+    result: FlowerRunResult | None = None
+
+
+def _train_metrics(sums: Mapping[str, float]) -> dict[str, float]:
+    n = sums.get("ratings", 0.0)
+    return {"train_rmse": math.sqrt(sums["squared_error"] / n) if n else float("nan")}
+
+
+def _evaluation_metrics(sums: Mapping[str, float]) -> dict[str, float]:
+    n = sums.get("test_ratings", 0.0)
+    if not n:
+        return {"rmse": float("nan"), "mae": float("nan")}
+    return {
+        "rmse": math.sqrt(sums["test_squared_error"] / n),
+        "mae": sums["test_absolute_error"] / n,
+    }
+
+
+def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSetup:
+    """The server's setup: FedMF without ratings, the remote transport, the loop."""
+    split = load_split(_data_key(app))
+    public_shape = split.train.subset(np.zeros(len(split.train), dtype=bool))  # no ratings
+    seeds = app.seeds()
+    model = FedMF(public_shape, app.fedmf_config(), seeds)
+    transport = app.make_transport(remote=True)
+    outcome = FedMFOutcome() if outcome is None else outcome
+
+    def finish(result: FlowerRunResult) -> None:
+        outcome.model, outcome.transport, outcome.result = model, transport, result
+        if app.output_dir:
+            out = Path(app.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            np.savez(out / "server.npz", V=model.V)
+            summary = {
+                "rounds": result.rounds,
+                "evaluations": result.evaluations,
+                "message_bytes": result.message_bytes,
+                "nodes": result.nodes,
+                "config": app.run_config(),
+            }
+            (out / "result.json").write_text(json.dumps(summary, indent=1))
+
+    options = FlowerRunOptions(
+        rounds=app.rounds,
+        sampling=app.sampling(),
+        min_nodes=app.min_nodes,
+        evaluate_every=app.evaluate_every,
+        timeout=app.timeout,
+    )
+    return ServerSetup(
+        model,
+        transport,
+        seeds,
+        options,
+        train_metrics=_train_metrics,
+        evaluation_metrics=_evaluation_metrics,
+        on_finish=finish,
+    )
+
+
+@dataclass
+class FedMFApps:
+    """A ServerApp and ClientApp for one configuration, and where the server's outcome lands."""
+
+    server: object
+    client: object
+    outcome: FedMFOutcome = field(default_factory=FedMFOutcome)
+
+
+def build_apps(app: FedMFApp) -> FedMFApps:
+    """Apps bound to ``app`` (the simulation engine's Python API has no run config)."""
+    outcome = FedMFOutcome()
+    server_app = make_server_app(lambda context: server_setup(app, outcome))
+    client_app = make_client_app(lambda context: client_setup(app, context))
+    return FedMFApps(server_app, client_app, outcome)
+
+
+def in_process(app: FedMFApp) -> tuple[FedMF, Transport, list[dict[str, float]]]:
+    """The same run in one process (``securefed.run_rounds``): the reference."""
+    split = load_split(_data_key(app))
+    seeds = app.seeds()
+    model = FedMF(split.train, app.fedmf_config(), seeds)
+    transport = app.make_transport(remote=False)
+    history = run_rounds(
+        model, transport, seeds, RunOptions(rounds=app.rounds, sampling=app.sampling())
+    )
+    return model, transport, history.rounds
+
+
+def _from_context(context: Context) -> FedMFApp:
+    return FedMFApp.from_run_config(context.run_config)
+
+
+def _make_server(context: Context) -> ServerSetup:
+    return server_setup(_from_context(context))
+
+
+def _make_client(context: Context) -> ClientSetup:
+    return client_setup(_from_context(context), context)
+
+
+# What `flwr run` loads (pyproject.toml [tool.flwr.app.components]): configured by the run config.
+server = make_server_app(_make_server)
+client = make_client_app(_make_client)
+
+__all__ = [
+    "FedMFApp",
+    "FedMFNode",
+    "build_apps",
+    "client",
+    "client_setup",
+    "in_process",
+    "load_split",
+    "server",
+    "server_setup",
+]

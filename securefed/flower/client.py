@@ -1,0 +1,330 @@
+"""The client half on Flower: a ClientApp that runs the users a SuperNode hosts.
+
+:func:`make_client_app` wraps a factory of :class:`ClientSetup` (the node's
+:class:`~securefed.flower.protocol.ClientNode` and its seed tree) into a
+``flwr.clientapp.ClientApp`` that answers the server's messages (:mod:`securefed.flower.server`):
+
+* ``train``: compute the updates of the round's clients hosted here from the broadcast; under
+  local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
+  reply with them as arrays.
+* ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
+  ``query.secagg_unmask``: the client's side of each stage of secure aggregation, run by one
+  :class:`~securefed.transport.secagg.SecAggClient` per hosted user. Its secrets stay in the
+  node's Flower ``Context.state`` between the four messages (Flower keeps that state on the
+  node; it is never sent) and are deleted after unmasking.
+* ``evaluate``: held-out metric sums of the hosted users.
+
+The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
+message and saved after it, so a node survives Flower starting a fresh ClientApp process per
+message (the deployment engine does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from securefed.crypto import keys as kx
+from securefed.crypto import shamir
+from securefed.errors import AggregationError
+from securefed.flower import records as rec
+from securefed.flower.dp import noise_on_client
+from securefed.flower.protocol import ClientNode
+from securefed.randomness import SeedTree
+from securefed.transport.base import RowUpdates
+from securefed.transport.dp import clip_row_updates
+from securefed.transport.secagg import (
+    SecAggClient,
+    SecAggConfig,
+    masking_workspace,
+    pack_values,
+)
+
+NODE_STATE = "securefed.node"
+SECAGG_STATE = "securefed.secagg"
+
+
+@dataclass
+class ClientSetup:
+    """What a node needs for a message, built from its Flower ``Context``.
+
+    Attributes:
+        node: the users this node hosts and their algorithm (the client half).
+        seeds: the node's seed tree (seeded for tests and benchmarks; ``SeedTree.secure_mode()``
+            in deployment, so that keys, masks and noise come from the OS).
+        update_shape: ``(n_rows, width)`` of one user's update (to shape an empty reply).
+        on_evaluate: called with the node after an evaluation (e.g. to save its state to the
+            node's own disk).
+    """
+
+    node: ClientNode
+    seeds: SeedTree
+    update_shape: tuple[int, int]
+    on_evaluate: Callable[[ClientNode], None] | None = None
+
+
+# ----------------------------------------------------------------------------- node state
+def _load_node(context: Context, node: ClientNode) -> None:
+    if NODE_STATE in context.state:
+        node.load_state_dict(rec.record_arrays(context.state[NODE_STATE]))
+
+
+def _save_node(context: Context, node: ClientNode) -> None:
+    context.state[NODE_STATE] = rec.arrays_record(node.state_dict())
+
+
+def _broadcast(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    prefix = "broadcast."
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _hosted(node: ClientNode, clients: np.ndarray) -> np.ndarray:
+    """The round's clients that this node hosts, sorted."""
+    return np.intersect1d(np.asarray(clients, np.int64), np.asarray(node.users, np.int64))
+
+
+def _reply(request: Message, arrays: Mapping[str, np.ndarray], config: Mapping) -> Message:
+    return Message(rec.content(arrays, config), reply_to=request)
+
+
+def _metric_config(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {f"metric.{k}": float(v) for k, v in metrics.items()}
+
+
+def _train(
+    setup: ClientSetup, context: Context, arrays: Mapping[str, np.ndarray], round_id: int
+) -> tuple[RowUpdates, dict[str, float]]:
+    """The node's users compute their updates (state restored before, saved after)."""
+    node = setup.node
+    _load_node(context, node)
+    clients = _hosted(node, arrays["clients"])
+    batches, metrics = (
+        node.train(round_id, clients, _broadcast(arrays), setup.seeds) if len(clients) else ([], {})
+    )
+    _save_node(context, node)
+    return rec.concat_updates(batches, *setup.update_shape), metrics
+
+
+def _client_dp(
+    updates: RowUpdates, config: Mapping[str, object], round_id: int, seeds: SeedTree
+) -> RowUpdates:
+    """Clip (and noise) on the node when the server's transport asks for it."""
+    if "dp_clip" not in config or len(updates.clients) == 0:
+        return updates
+    clip, std = float(config["dp_clip"]), float(config["dp_std"])
+    if std > 0:
+        return noise_on_client(
+            updates,
+            clip=clip,
+            std=std,
+            round_id=round_id,
+            seeds=seeds,
+            secure=bool(config.get("dp_secure", False)),
+        )
+    return clip_row_updates(updates, clip)[0]
+
+
+# ----------------------------------------------------------------------------- secure aggregation
+def _secagg_config(config: Mapping[str, object]) -> SecAggConfig:
+    return SecAggConfig(
+        bits=int(config["secagg_bits"]),
+        scale=float(config["secagg_scale"]),
+        clip=float(config["secagg_clip"]),
+        prg=str(config["secagg_prg"]),
+        aead=str(config["secagg_aead"]),
+    )
+
+
+def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]]:
+    """The hosted users' secrets of round ``round_id`` from the node's state.
+
+    Raises:
+        AggregationError: the node holds no secrets of this round (it did not advertise in it).
+    """
+    record = context.state.get(SECAGG_STATE)
+    if record is None or int(record.get("round", -1)) != round_id:
+        raise AggregationError(
+            f"this node holds no secure-aggregation secrets for round {round_id}: it did not "
+            "advertise keys in that round"
+        )
+    secrets: dict[int, dict[str, bytes]] = {}
+    for key, value in record.items():
+        if key == "round":
+            continue
+        user, name = key.split(".", 1)
+        secrets.setdefault(int(user), {})[name] = bytes(value)
+    return secrets
+
+
+def _save_secrets(context: Context, round_id: int, clients: Mapping[int, SecAggClient]) -> None:
+    values: dict[str, object] = {"round": round_id}
+    for user, client in clients.items():
+        for name, data in client.export_secrets().items():
+            values[f"{user}.{name}"] = data
+    context.state[SECAGG_STATE] = ConfigRecord(values)
+
+
+def _restore(
+    context: Context, users, round_id: int, config: SecAggConfig, seeds: SeedTree
+) -> dict[int, SecAggClient]:
+    secrets = _load_secrets(context, round_id)
+    missing = [int(u) for u in users if int(u) not in secrets]
+    if missing:
+        raise AggregationError(f"no secure-aggregation secrets for users {missing[:5]} here")
+    return {
+        int(u): SecAggClient(int(u), round_id, config, seeds, secrets=secrets[int(u)])
+        for u in users
+    }
+
+
+def _advertise(setup: ClientSetup, context: Context, message: Message) -> Message:
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    secagg = _secagg_config(config)
+    users = _hosted(setup.node, arrays["clients"])
+    clients = {int(u): SecAggClient(int(u), round_id, secagg, setup.seeds) for u in users.tolist()}
+    _save_secrets(context, round_id, clients)
+    publics = [clients[int(u)].advertise() for u in users]
+    return _reply(
+        message,
+        {
+            "users": users,
+            "c_public": rec.bytes_rows([p[0] for p in publics], kx.PUBLIC_KEY_BYTES),
+            "s_public": rec.bytes_rows([p[1] for p in publics], kx.PUBLIC_KEY_BYTES),
+            "hosted": np.asarray(setup.node.users, np.int64),
+        },
+        {},
+    )
+
+
+def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    users = arrays["users"]
+    clients = _restore(context, users, round_id, _secagg_config(config), setup.seeds)
+    sealed = []
+    for k, user in enumerate(users.tolist()):
+        blobs = clients[user].share(
+            arrays["neighbours"][k].tolist(),
+            arrays["xs"][k].tolist(),
+            rec.rows_bytes(arrays["c_publics"][k]),
+            int(config["threshold"]),
+        )
+        sealed.append(np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1))
+    _save_secrets(context, round_id, clients)
+    return _reply(message, {"users": users, "sealed": np.asarray(sealed, np.uint8)}, {})
+
+
+def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    secagg = _secagg_config(config)
+    updates, metrics = _train(setup, context, arrays, round_id)
+    updates = _client_dp(updates, config, round_id, setup.seeds)
+    users = updates.clients
+    clients = _restore(context, users, round_id, secagg, setup.seeds)
+    row = {int(u): k for k, u in enumerate(arrays["clients"].tolist())}
+    weighted = updates.weights is not None
+    weights = updates.client_weights()
+    length = updates.n_rows * updates.width + int(weighted)
+    workspace = masking_workspace(length, secagg)
+    masked = np.zeros((len(users), length), secagg.fixed_point.dtype)
+    for k, user in enumerate(users.tolist()):
+        values = pack_values(updates.client_block(k), weights[k] if weighted else None)
+        j = row[user]
+        masked[k], _ = clients[user].mask(
+            values,
+            arrays["neighbours"][j].tolist(),
+            rec.rows_bytes(arrays["s_publics"][j]),
+            workspace,
+        )
+    return _reply(
+        message,
+        {
+            "users": users,
+            "masked": masked,
+            "weighted": np.array(weighted),
+            "weight_sq": weights**2,
+        },
+        _metric_config(metrics),
+    )
+
+
+def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    helpers = arrays["helpers"]
+    clients = _restore(context, helpers, round_id, _secagg_config(config), setup.seeds)
+    contributors = set(arrays["contributors"].tolist())
+    blobs = rec.rows_bytes(arrays["blobs"])
+    indptr, senders = arrays["indptr"], arrays["senders"].tolist()
+    owners, kinds, shares, out_indptr = [], [], [], [0]
+    for k, helper in enumerate(helpers.tolist()):
+        span = range(int(indptr[k]), int(indptr[k + 1]))
+        inbox = {senders[j]: blobs[j] for j in span}
+        for owner, (kind, value) in clients[helper].reveal(inbox, contributors).items():
+            owners.append(owner)
+            kinds.append(0 if kind == "b" else 1)
+            shares.append(shamir.encode_share(value))
+        out_indptr.append(len(owners))
+    del context.state[SECAGG_STATE]  # the round is over: its secrets are no longer needed
+    return _reply(
+        message,
+        {
+            "helpers": helpers,
+            "indptr": np.asarray(out_indptr, np.int64),
+            "owners": np.asarray(owners, np.int64),
+            "kinds": np.asarray(kinds, np.uint8),
+            "shares": rec.bytes_rows(shares, shamir.SHARE_BYTES),
+        },
+        {},
+    )
+
+
+# ----------------------------------------------------------------------------- the app
+def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
+    """A Flower ``ClientApp`` whose handlers run the node returned by ``setup(context)``."""
+    app = ClientApp()
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        node_setup = setup(context)
+        arrays, config = rec.message_arrays(message), rec.message_config(message)
+        round_id = int(config["round"])
+        updates, metrics = _train(node_setup, context, arrays, round_id)
+        updates = _client_dp(updates, config, round_id, node_setup.seeds)
+        reply = rec.updates_to_arrays(updates, "update.")
+        reply["hosted"] = np.asarray(node_setup.node.users, np.int64)
+        return _reply(message, reply, _metric_config(metrics))
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        node_setup = setup(context)
+        node = node_setup.node
+        _load_node(context, node)
+        metrics = node.evaluate(_broadcast(rec.message_arrays(message)))
+        if node_setup.on_evaluate is not None:
+            node_setup.on_evaluate(node)
+        return _reply(message, {}, _metric_config(metrics))
+
+    @app.query("secagg_advertise")
+    def advertise(message: Message, context: Context) -> Message:
+        return _advertise(setup(context), context, message)
+
+    @app.query("secagg_share")
+    def share(message: Message, context: Context) -> Message:
+        return _share(setup(context), context, message)
+
+    @app.train("secagg_mask")
+    def mask(message: Message, context: Context) -> Message:
+        return _mask(setup(context), context, message)
+
+    @app.query("secagg_unmask")
+    def unmask(message: Message, context: Context) -> Message:
+        return _unmask(setup(context), context, message)
+
+    return app

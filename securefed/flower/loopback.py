@@ -1,0 +1,273 @@
+"""A real Flower federation on one machine: a SuperLink and SuperNodes as separate processes.
+
+:class:`LoopbackFederation` starts ``flower-superlink`` and ``n`` ``flower-supernode`` processes
+on ``127.0.0.1`` (``--insecure``, free ports, a private ``FLWR_HOME``, no runtime dependency
+installation: everything offline), submits an app with ``flwr run <app-dir> <connection>``, and
+stops every process it started when it leaves its ``with`` block. It is what
+``tests/test_flower.py`` uses, and the commands it runs are the ones docs/flower.md gives for
+several hosts.
+
+How Flower 1.42 submits a run: ``flwr run`` builds a FAB (a zip of the app directory, which holds
+a ``pyproject.toml`` with ``[tool.flwr.app]``) and sends it to the SuperLink named by a
+connection in ``$FLWR_HOME/config.toml`` (``[superlink.<name>] address = "host:port"``,
+``insecure = true``). The SuperLink starts the ServerApp in a subprocess; each SuperNode pulls
+its messages and starts a ClientApp process per message.
+
+:func:`write_app` copies the FedMF example app (``app_template/``) and sets its run config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+TEMPLATE = Path(__file__).resolve().parent / "app_template"
+"""The FedMF example app: ``pyproject.toml`` and the package ``securefed_fedmf_app``."""
+CONNECTION = "loopback"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def toml_value(value: object) -> str:
+    """A scalar as a TOML value (strings, booleans, integers, finite floats).
+
+    Raises:
+        ValueError: for anything else (lists, None, NaN, infinities).
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"TOML has no non-finite float for a run config, got {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string is a JSON string
+    raise ValueError(f"run-config values are str, bool, int or float; got {value!r}")
+
+
+def write_app(dest: str | os.PathLike, run_config: Mapping[str, object] | None = None) -> Path:
+    """Copy the example app to ``dest`` with ``run_config`` in its ``[tool.flwr.app.config]``.
+
+    Keys that the template does not have are added; the template's others keep their values.
+
+    Returns:
+        The app directory (``flwr run`` takes it).
+    """
+    dest = Path(dest)
+    shutil.copytree(
+        TEMPLATE, dest, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+    )
+    pyproject = dest / "pyproject.toml"
+    text = pyproject.read_text()
+    head, marker, section = text.partition("[tool.flwr.app.config]\n")
+    if not marker:
+        raise ValueError(f"{pyproject} has no [tool.flwr.app.config] section")
+    values: dict[str, str] = {}
+    for line in section.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    for key, value in (run_config or {}).items():
+        values[key] = toml_value(value)
+    body = "".join(f"{key} = {value}\n" for key, value in values.items())
+    pyproject.write_text(head + marker + body)
+    return dest
+
+
+def _executable(name: str) -> str:
+    """A Flower command next to this Python (the venv's bin), else from PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found: install securefed[flower] (flwr >= 1.42)")
+    return found
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the SuperLink exited with {process.returncode}; see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"the SuperLink did not listen on port {port} within {timeout} s")
+
+
+class LoopbackFederation:
+    """A SuperLink and ``n_nodes`` SuperNodes on 127.0.0.1, stopped on exit (use ``with``).
+
+    Args:
+        workdir: where ``FLWR_HOME`` and the processes' logs go.
+        n_nodes: SuperNodes to start; node ``i`` gets ``partition-id=i num-partitions=n_nodes``.
+        startup_timeout: seconds for the SuperLink to listen.
+
+    Example:
+        >>> with LoopbackFederation(tmp, 2) as federation:  # doctest: +SKIP
+        ...     federation.submit(write_app(tmp / "app", {"rounds": 3, "output-dir": out}))
+        ...     federation.wait_for(Path(out) / "result.json", timeout=120)
+    """
+
+    def __init__(
+        self, workdir: str | os.PathLike, n_nodes: int, *, startup_timeout: float = 60.0
+    ) -> None:
+        if n_nodes < 1:
+            raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+        self.workdir = Path(workdir)
+        self.n_nodes = n_nodes
+        self.startup_timeout = startup_timeout
+        self.home = self.workdir / "flwr_home"
+        self.port = 0
+        self.processes: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = os.environ | {
+            "FLWR_HOME": str(self.home),
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    # -- processes ------------------------------------------------------------------------
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.workdir,
+                start_new_session=True,  # its own process group: stopped with its children
+            )
+        self.processes.append(process)
+        self.logs.append(log)
+        return process
+
+    def start(self) -> LoopbackFederation:
+        """Start the SuperLink, wait until it listens, then start the SuperNodes."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        superlink = self._start(
+            "superlink",
+            [
+                _executable("flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+            ],
+        )
+        _wait_for_port(self.port, superlink, self.startup_timeout, self.logs[0])
+        for partition in range(self.n_nodes):
+            self._start(
+                f"supernode-{partition}",
+                [
+                    _executable("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"partition-id={partition} num-partitions={self.n_nodes}",
+                ],
+            )
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every process this federation started (SIGTERM, then SIGKILL after ``grace``)."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        self.processes.clear()
+
+    def __enter__(self) -> LoopbackFederation:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # -- runs -----------------------------------------------------------------------------
+    def submit(self, app_dir: str | os.PathLike, timeout: float = 120.0) -> str:
+        """``flwr run <app_dir> loopback``: build the FAB and start the run; returns its id.
+
+        Raises:
+            RuntimeError: naming flwr's output, if the run was not started.
+        """
+        done = subprocess.run(
+            [_executable("flwr"), "run", str(app_dir), CONNECTION, "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.workdir,
+            timeout=timeout,
+            check=False,
+        )
+        try:
+            answer = json.loads(done.stdout[done.stdout.index("{") :])
+        except ValueError:
+            answer = {}
+        if done.returncode != 0 or not answer.get("success"):
+            raise RuntimeError(
+                f"flwr run failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}"
+            )
+        return str(answer["run-id"])
+
+    def wait_for(self, path: str | os.PathLike, timeout: float) -> Path:
+        """Wait until ``path`` exists (e.g. the server's result file) while the processes live.
+
+        Raises:
+            RuntimeError: a process of the federation exited.
+            TimeoutError: naming the logs to read.
+        """
+        path = Path(path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                return path
+            for process, log in zip(self.processes, self.logs, strict=True):
+                if process.poll() is not None:
+                    raise RuntimeError(f"{log.stem} exited with {process.returncode}; see {log}")
+            time.sleep(0.25)
+        raise TimeoutError(f"{path} did not appear within {timeout} s; logs: {self.workdir}")

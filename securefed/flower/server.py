@@ -1,0 +1,598 @@
+"""The server half on Flower: a ServerApp that runs a securefed algorithm's rounds over messages.
+
+:func:`make_server_app` wraps a factory of :class:`ServerSetup` (the algorithm's server half, the
+server's transport, the seed tree, the loop options) into a ``flwr.serverapp.ServerApp``. Its
+``main`` is the template loop of :func:`run_federation`, one training round at a time:
+
+* plaintext, DP (any placement) and their compositions over plaintext: one message round.
+  ``train`` carries the broadcast and the round's clients to the nodes hosting them; each node
+  replies with its users' :class:`~securefed.RowUpdates` (noised on the node under local or
+  distributed DP); the server submits them into the transport round it opened, drops the clients
+  whose node did not answer, and the algorithm steps.
+* securefed's secure aggregation (``SecAggTransport(remote_clients=True)``, optionally inside
+  ``DPTransport``): four message rounds, one per stage of Bonawitz et al. (2017) with SecAgg+'s
+  graph: ``query.secagg_advertise`` (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed
+  shares relayed by the server, which cannot open them), ``train.secagg_mask`` (the broadcast
+  goes out, every node computes its users' updates and uploads them masked) and
+  ``query.secagg_unmask`` (Unmasking). The server's side of each stage is the
+  :class:`~securefed.transport.secagg.SecAggRound` the in-process runtime uses.
+* ``evaluate``: after the last round (and every ``evaluate_every``), the nodes report held-out
+  metric sums of their users.
+
+Clients are sampled per round exactly as ``securefed.run_rounds`` samples them, and the
+algorithm's own ``open_round``/``close_round`` run on the server, so a seeded run gives the same
+model as in one process (``tests/test_flower.py``). Everything the server receives goes through
+its transport, so ``transport.view`` is the server's notebook, as in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from securefed.crypto import keys as kx
+from securefed.crypto import shamir
+from securefed.errors import AggregationError
+from securefed.flower import records as rec
+from securefed.flower.dp import client_noise_std
+from securefed.flower.protocol import (
+    FlowerRunOptions,
+    FlowerRunResult,
+    MetricsFn,
+    ServerAlgorithm,
+    sum_metrics,
+)
+from securefed.randomness import SeedTree
+from securefed.transport.base import AggregationRound, RowUpdates, Transport
+from securefed.transport.dp import DPConfig, DPRound, DPTransport
+from securefed.transport.plaintext import PlaintextTransport
+from securefed.transport.secagg import (
+    SEALED_SHARE_BYTES,
+    SecAggConfig,
+    SecAggRound,
+    SecAggTransport,
+)
+
+LOG = logging.getLogger("securefed.flower")
+
+TRAIN = "train"
+EVALUATE = "evaluate"
+ADVERTISE = "query.secagg_advertise"
+SHARE = "query.secagg_share"
+MASK = "train.secagg_mask"
+UNMASK = "query.secagg_unmask"
+
+
+@dataclass
+class ServerSetup:
+    """Everything the ServerApp needs, built per run from its Flower ``Context``.
+
+    Attributes:
+        algorithm: the algorithm's server half (e.g. ``recsys.fedmf.FedMF`` without ratings).
+        transport: the server's transport; secure aggregation must be
+            ``SecAggTransport(remote_clients=True)`` (its clients run on the nodes).
+        seeds: the server's seed tree (sampling, the algorithm's server-side draws, DP noise).
+        options: the round loop.
+        train_metrics: turns the nodes' summed training metrics into the round's metrics.
+        evaluation_metrics: the same for held-out metrics.
+        on_round: called after every round with its metrics.
+        on_finish: called with the run's result (e.g. to save it where the caller can read it).
+    """
+
+    algorithm: ServerAlgorithm
+    transport: Transport
+    seeds: SeedTree
+    options: FlowerRunOptions
+    train_metrics: MetricsFn | None = None
+    evaluation_metrics: MetricsFn | None = None
+    on_round: Callable[[int, Mapping[str, float]], None] | None = None
+    on_finish: Callable[[FlowerRunResult], None] | None = None
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What the nodes must do with their updates, derived from the server's transport (public).
+
+    Attributes:
+        kind: ``"plaintext"`` or ``"secagg"``.
+        dp: the DP wrapper's configuration, if any.
+        secagg: the secure-aggregation parameters, if any.
+    """
+
+    kind: str
+    dp: DPConfig | None = None
+    secagg: SecAggConfig | None = None
+
+    @property
+    def client_noise(self) -> bool:
+        """Whether nodes add DP noise (local or distributed placement)."""
+        return self.dp is not None and self.dp.placement != "central"
+
+    def node_config(self, n_round_clients: int) -> dict[str, object]:
+        """The public parameters the nodes need, as ``ConfigRecord`` scalars."""
+        config: dict[str, object] = {"wire": self.kind}
+        if self.client_noise:
+            config |= {
+                "dp_clip": self.dp.clip,
+                "dp_std": client_noise_std(
+                    self.dp.placement, self.dp.clip, self.dp.noise_multiplier, n_round_clients
+                ),
+                "dp_secure": bool(self.dp.secure),
+            }
+        elif self.dp is not None and self.kind == "secagg":
+            # Central DP over secure aggregation: the server cannot clip masked updates, so the
+            # nodes clip (as DPRound does before its inner round) and the server adds the noise.
+            config |= {"dp_clip": self.dp.clip, "dp_std": 0.0, "dp_secure": bool(self.dp.secure)}
+        if self.secagg is not None:
+            config |= {
+                "secagg_bits": self.secagg.bits,
+                "secagg_scale": float(self.secagg.scale),
+                "secagg_clip": float(self.secagg.clip),
+                "secagg_prg": self.secagg.prg,
+                "secagg_aead": self.secagg.aead,
+            }
+        return config
+
+
+def describe_transport(transport: Transport) -> Wire:
+    """The :class:`Wire` of a server transport.
+
+    Raises:
+        ValueError: a ``SecAggTransport`` whose clients are simulated in the server's process.
+        NotImplementedError: a transport this adapter cannot carry (naming it).
+    """
+    dp = None
+    base = transport
+    if isinstance(transport, DPTransport):
+        dp, base = transport.config, transport.inner
+    if isinstance(base, PlaintextTransport):
+        return Wire("plaintext", dp)
+    if isinstance(base, SecAggTransport):
+        if not base.remote_clients:
+            raise ValueError(
+                "the server's SecAggTransport simulates its clients in the server's process; on "
+                "Flower the clients run on the nodes: use SecAggTransport(config, "
+                "remote_clients=True)"
+            )
+        return Wire("secagg", dp, base.config)
+    raise NotImplementedError(
+        f"securefed.flower cannot carry the {transport.name!r} transport over Flower messages "
+        "(supported: plaintext, secagg with remote_clients=True, and DPTransport around either)"
+    )
+
+
+# ----------------------------------------------------------------------------- messaging
+@dataclass
+class _Messenger:
+    """Push messages, poll for the replies, count the payload bytes."""
+
+    grid: Grid
+    options: FlowerRunOptions
+    result: FlowerRunResult
+    known_nodes: list[int] = field(default_factory=list)
+
+    def exchange(
+        self, message_type: str, contents: Mapping[int, RecordDict], round_id: int
+    ) -> dict[int, Message]:
+        """Send ``contents[node]`` to each node; return the good replies by node.
+
+        A node that does not answer within ``options.timeout``, or answers with an error, is
+        missing from the result (logged); the caller decides what its absence means.
+        """
+        if not contents:
+            return {}
+        messages = [
+            Message(body, dst_node_id=int(node), message_type=message_type, group_id=str(round_id))
+            for node, body in contents.items()
+        ]
+        self.result.message_bytes["down"] += sum(rec.message_nbytes(m) for m in messages)
+        pending = {mid for mid in self.grid.push_messages(messages) if mid}
+        replies: dict[int, Message] = {}
+        deadline = time.monotonic() + self.options.timeout
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                pending.discard(reply.metadata.reply_to_message_id)
+                node = int(reply.metadata.src_node_id)
+                if reply.has_error():
+                    LOG.warning(
+                        "round %d: node %d failed %s: %s",
+                        round_id,
+                        node,
+                        message_type,
+                        reply.error.reason,
+                    )
+                    continue
+                self.result.message_bytes["up"] += rec.message_nbytes(reply)
+                replies[node] = reply
+            if pending:
+                time.sleep(self.options.poll_interval)
+        if pending:
+            LOG.warning(
+                "round %d: %d node(s) did not answer %s within %.0f s",
+                round_id,
+                len(pending),
+                message_type,
+                self.options.timeout,
+            )
+        return replies
+
+    def nodes(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.1) -> list[int]:
+    """The connected SuperNodes once at least ``count`` are there.
+
+    Raises:
+        TimeoutError: naming how many connected.
+    """
+    deadline = time.monotonic() + timeout
+    while len(nodes := sorted(int(n) for n in grid.get_node_ids())) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"only {len(nodes)} of the {count} SuperNodes needed connected within {timeout} s"
+            )
+        time.sleep(poll)
+    return nodes
+
+
+def _shared_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, Array]:
+    """Serialize arrays once, to reuse in every node's message of a round."""
+    return {name: Array(np.require(value, requirements="C")) for name, value in arrays.items()}
+
+
+def _body(
+    shared: Mapping[str, Array], arrays: Mapping[str, np.ndarray], config: Mapping[str, object]
+) -> RecordDict:
+    record = ArrayRecord(array_dict=dict(shared) | _shared_arrays(arrays))
+    return RecordDict({rec.ARRAYS: record, rec.CONFIG: ConfigRecord(dict(config))})
+
+
+def _broadcast_arrays(algorithm: ServerAlgorithm) -> dict[str, Array]:
+    return _shared_arrays({f"broadcast.{k}": v for k, v in algorithm.broadcast_state().items()})
+
+
+def _by_node(clients: Iterable[int], hosts: Mapping[int, int]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for client in clients:
+        groups.setdefault(hosts[int(client)], []).append(int(client))
+    return groups
+
+
+def _learn_hosts(hosts: dict[int, int], node: int, users: np.ndarray) -> None:
+    for user in np.asarray(users, np.int64).tolist():
+        if hosts.setdefault(user, node) != node:
+            raise AggregationError(
+                f"user {user} is claimed by two nodes ({hosts[user]} and {node}): check the "
+                "nodes' partition-id / num-partitions"
+            )
+
+
+# ----------------------------------------------------------------------------- the round kinds
+def _dp_round(rnd: AggregationRound) -> DPRound | None:
+    return rnd if isinstance(rnd, DPRound) else None
+
+
+def _base_round(rnd: AggregationRound) -> AggregationRound:
+    return rnd.inner if isinstance(rnd, DPRound) else rnd
+
+
+def _noised_by_clients(rnd: AggregationRound, clients: np.ndarray, weight_sq: np.ndarray) -> None:
+    """Tell a ``DPRound`` that these clients submitted updates they noised themselves.
+
+    ``DPRound`` charges its ledger from the clients that submitted and their squared weights
+    (distributed placement); in one process it sees them at ``submit``. Here the noised (and
+    possibly masked) updates go to its inner round directly, so the two records it reads are
+    filled in here.
+    """
+    dp_round = _dp_round(rnd)
+    if dp_round is None:
+        return
+    dp_round.submitted.update(int(c) for c in clients)
+    dp_round._weight_sq.update({int(c): float(w) for c, w in zip(clients, weight_sq, strict=True)})
+
+
+def _drop_missing(rnd: AggregationRound, expected: Iterable[int], arrived: set[int]) -> None:
+    for client in expected:
+        if int(client) not in arrived and int(client) not in rnd.dropped:
+            rnd.drop(int(client))
+
+
+class _Run:
+    """State of one federation run on the server."""
+
+    def __init__(self, grid: Grid, setup: ServerSetup) -> None:
+        self.setup = setup
+        self.algorithm = setup.algorithm
+        self.transport = setup.transport
+        self.seeds = setup.seeds
+        self.options = setup.options
+        self.wire = describe_transport(setup.transport)
+        self.result = FlowerRunResult()
+        self.messenger = _Messenger(grid, setup.options, self.result)
+        self.hosts: dict[int, int] = {}
+
+    # -- one training round, plaintext wire (with or without DP) ----------------------
+    def plain_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
+        rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        shared = _broadcast_arrays(self.algorithm)
+        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        groups = self._targets(active)
+        contents = {
+            node: _body(shared, {"clients": np.asarray(users, np.int64)}, config)
+            for node, users in groups.items()
+        }
+        replies = self.messenger.exchange(TRAIN, contents, round_id)
+        arrived: set[int] = set()
+        parts = []
+        active_set = {int(c) for c in active}
+        for node, reply in sorted(replies.items()):
+            arrays = rec.message_arrays(reply)
+            _learn_hosts(self.hosts, node, arrays["hosted"])
+            updates = rec.arrays_to_updates(arrays, "update.")
+            stray = set(updates.clients.tolist()) - active_set
+            if stray:
+                raise AggregationError(
+                    f"node {node} sent updates for clients {sorted(stray)[:5]} outside the round"
+                )
+            if len(updates.clients):
+                self._submit_plain(rnd, updates)
+            arrived.update(updates.clients.tolist())
+            parts.append(_metrics(reply))
+        _drop_missing(rnd, active, arrived)
+        self.algorithm.close_round(rnd)
+        return sum_metrics(parts)
+
+    def _submit_plain(self, rnd: AggregationRound, updates: RowUpdates) -> None:
+        if self.wire.client_noise:  # noised on the nodes: the DP round must not noise again
+            _base_round(rnd).submit_batch(updates)
+            _noised_by_clients(rnd, updates.clients, updates.client_weights() ** 2)
+        else:
+            rnd.submit_batch(updates)
+
+    # -- one training round, secure aggregation over four message rounds -------------
+    def secagg_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
+        secagg_config = self.wire.node_config(len(clients))
+        # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts.
+        groups = self._targets(clients)
+        base = {"round": round_id} | secagg_config
+        replies = self.messenger.exchange(
+            ADVERTISE,
+            {
+                node: rec.content({"clients": np.asarray(users, np.int64)}, base)
+                for node, users in groups.items()
+            },
+            round_id,
+        )
+        keys: dict[int, tuple[bytes, bytes]] = {}
+        for node, reply in sorted(replies.items()):
+            arrays = rec.message_arrays(reply)
+            _learn_hosts(self.hosts, node, arrays["hosted"])
+            users = arrays["users"].tolist()
+            for user, c_public, s_public in zip(
+                users,
+                rec.rows_bytes(arrays["c_public"]),
+                rec.rows_bytes(arrays["s_public"]),
+                strict=True,
+            ):
+                keys[int(user)] = (c_public, s_public)
+        advertised = np.array(sorted(set(keys) & {int(c) for c in clients}), np.int64)
+        rnd, active = self.algorithm.open_round(round_id, advertised, self.transport, self.seeds)
+        secagg = _base_round(rnd)
+        if not isinstance(secagg, SecAggRound):
+            raise TypeError("the secagg wire needs SecAggRound rounds")
+        if len(advertised) == 0:
+            self.algorithm.close_round(rnd)
+            return {}
+        secagg.receive_keys({int(c): keys[int(c)] for c in advertised})
+        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        self._share(round_id, secagg, config)
+        shared = _broadcast_arrays(self.algorithm)
+        parts = self._mask(round_id, rnd, secagg, active, shared, config)
+        self._unmask(round_id, rnd, secagg, config)
+        self.algorithm.close_round(rnd)
+        return sum_metrics(parts)
+
+    def _share(self, round_id: int, secagg: SecAggRound, config: dict) -> None:
+        contents = {}
+        for node, users in _by_node(secagg.clients.tolist(), self.hosts).items():
+            requests = [secagg.share_request(u) for u in users]
+            contents[node] = rec.content(
+                {
+                    "users": np.asarray(users, np.int64),
+                    "neighbours": np.array([r.neighbours for r in requests], np.int64),
+                    "xs": np.array([r.xs for r in requests], np.int64),
+                    "c_publics": np.stack(
+                        [rec.bytes_rows(r.c_publics, kx.PUBLIC_KEY_BYTES) for r in requests]
+                    ),
+                },
+                config | {"threshold": secagg.threshold},
+            )
+        for node, reply in sorted(self.messenger.exchange(SHARE, contents, round_id).items()):
+            arrays = rec.message_arrays(reply)
+            self._check_users(node, arrays["users"])
+            for user, sealed in zip(arrays["users"].tolist(), arrays["sealed"], strict=True):
+                secagg.receive_shares(int(user), rec.rows_bytes(sealed))
+
+    def _mask(
+        self,
+        round_id: int,
+        rnd: AggregationRound,
+        secagg: SecAggRound,
+        active: np.ndarray,
+        shared: dict[str, Array],
+        config: dict,
+    ) -> list[dict[str, float]]:
+        ready = [int(c) for c in active if int(c) in secagg.shared_clients]
+        contents = {}
+        for node, users in _by_node(ready, self.hosts).items():
+            requests = [secagg.mask_request(u) for u in users]
+            contents[node] = _body(
+                shared,
+                {
+                    "clients": np.asarray(users, np.int64),
+                    "neighbours": np.array([r.neighbours for r in requests], np.int64),
+                    "s_publics": np.stack(
+                        [rec.bytes_rows(r.s_publics, kx.PUBLIC_KEY_BYTES) for r in requests]
+                    ),
+                },
+                config,
+            )
+        arrived: set[int] = set()
+        parts = []
+        for node, reply in sorted(self.messenger.exchange(MASK, contents, round_id).items()):
+            arrays = rec.message_arrays(reply)
+            users = arrays["users"]
+            self._check_users(node, users)
+            weighted = bool(arrays["weighted"])
+            for user, masked in zip(users.tolist(), arrays["masked"], strict=True):
+                secagg.receive_masked(int(user), masked, weighted=weighted)
+            if self.wire.client_noise:
+                _noised_by_clients(rnd, users, arrays["weight_sq"])
+            arrived.update(users.tolist())
+            parts.append(_metrics(reply))
+        _drop_missing(rnd, active, arrived)
+        return parts
+
+    def _unmask(
+        self, round_id: int, rnd: AggregationRound, secagg: SecAggRound, config: dict
+    ) -> None:
+        requests = secagg.unmask_requests()
+        contents = {}
+        for node, helpers in _by_node(requests, self.hosts).items():
+            senders, blobs, indptr = [], [], [0]
+            for v in helpers:
+                inbox = requests[v].inbox
+                senders.extend(inbox)
+                blobs.extend(inbox.values())
+                indptr.append(len(senders))
+            contributors = sorted(requests[helpers[0]].contributors)
+            contents[node] = rec.content(
+                {
+                    "helpers": np.asarray(helpers, np.int64),
+                    "indptr": np.asarray(indptr, np.int64),
+                    "senders": np.asarray(senders, np.int64),
+                    "blobs": rec.bytes_rows(blobs, SEALED_SHARE_BYTES),
+                    "contributors": np.asarray(contributors, np.int64),
+                },
+                config,
+            )
+        responses: dict[int, dict[int, tuple[str, int]]] = {}
+        for node, reply in sorted(self.messenger.exchange(UNMASK, contents, round_id).items()):
+            arrays = rec.message_arrays(reply)
+            self._check_users(node, arrays["helpers"])
+            shares = rec.rows_bytes(arrays["shares"])
+            indptr = arrays["indptr"]
+            for k, helper in enumerate(arrays["helpers"].tolist()):
+                span = range(int(indptr[k]), int(indptr[k + 1]))
+                responses[int(helper)] = {
+                    int(arrays["owners"][j]): (
+                        "b" if arrays["kinds"][j] == 0 else "s",
+                        shamir.decode_share(shares[j]),
+                    )
+                    for j in span
+                }
+        for helper in requests:
+            if helper not in responses and helper not in rnd.dropped:
+                rnd.drop(helper)  # dropped after submitting: still counted, its shares missing
+        secagg.receive_reveals(responses)
+
+    def _targets(self, clients: np.ndarray) -> dict[int, list[int]]:
+        """Which node hears about which clients: their hosts once known, else every node hears
+        the whole list and answers for the users it hosts (the first round)."""
+        ids = [int(c) for c in clients]
+        if all(c in self.hosts for c in ids):
+            return _by_node(ids, self.hosts)
+        return {node: ids for node in self.messenger.nodes()}
+
+    def _check_users(self, node: int, users: np.ndarray) -> None:
+        foreign = [int(u) for u in users if self.hosts.get(int(u)) != node]
+        if foreign:
+            raise AggregationError(f"node {node} answered for users {foreign[:5]} it does not host")
+
+    # -- evaluation and the loop ---------------------------------------------------------
+    def evaluate(self, round_id: int) -> dict[str, float]:
+        shared = _broadcast_arrays(self.algorithm)
+        nodes = sorted(set(self.hosts.values())) or self.messenger.nodes()
+        contents = {node: _body(shared, {}, {"round": round_id}) for node in nodes}
+        replies = self.messenger.exchange(EVALUATE, contents, round_id)
+        sums = sum_metrics([_metrics(r) for r in replies.values()])
+        fn = self.setup.evaluation_metrics
+        metrics = fn(sums) if fn is not None else sums
+        return {"round": float(round_id), "nodes": float(len(replies))} | metrics
+
+    def run(self) -> FlowerRunResult:
+        options = self.options
+        nodes = wait_for_nodes(
+            self.messenger.grid, options.min_nodes, options.connect_timeout, options.poll_interval
+        )
+        self.result.nodes = len(nodes)
+        for round_id in range(options.rounds):
+            start = time.perf_counter()
+            clients = options.sampling.sample(
+                self.algorithm.n_clients, self.seeds.generator("sampling", round_id)
+            )
+            if self.wire.kind == "secagg":
+                sums = self.secagg_round(round_id, clients)
+            else:
+                sums = self.plain_round(round_id, clients)
+            fn = self.setup.train_metrics
+            metrics = dict(fn(sums) if fn is not None else sums)
+            metrics |= {
+                "round": round_id,
+                "clients": len(clients),
+                "seconds": time.perf_counter() - start,
+            }
+            self.result.rounds.append(metrics)
+            if self.setup.on_round is not None:
+                self.setup.on_round(round_id, metrics)
+            last = round_id == options.rounds - 1
+            every = options.evaluate_every
+            if last or (every and (round_id + 1) % every == 0):
+                self.result.evaluations.append(self.evaluate(round_id))
+        if options.rounds == 0:
+            self.result.evaluations.append(self.evaluate(-1))
+        return self.result
+
+
+def _metrics(reply: Message) -> dict[str, float]:
+    config = rec.message_config(reply)
+    return {
+        key[len("metric.") :]: float(value)
+        for key, value in config.items()
+        if key.startswith("metric.")
+    }
+
+
+def run_federation(grid: Grid, setup: ServerSetup) -> FlowerRunResult:
+    """Run ``setup.options.rounds`` rounds of ``setup.algorithm`` over the nodes of ``grid``.
+
+    Returns:
+        Per-round metrics, the held-out evaluations, and the message bytes.
+
+    Raises:
+        TimeoutError: too few SuperNodes connected.
+        AggregationError: the transport could not produce a round's aggregate (e.g. too many
+            nodes dropped for secure aggregation to unmask).
+    """
+    result = _Run(grid, setup).run()
+    if setup.on_finish is not None:
+        setup.on_finish(result)
+    return result
+
+
+def make_server_app(setup: Callable[[Context], ServerSetup]) -> ServerApp:
+    """A Flower ``ServerApp`` whose ``main`` runs :func:`run_federation` with ``setup(context)``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_federation(grid, setup(context))
+
+    return app

@@ -1,0 +1,334 @@
+"""securefed on Flower: the adapters, the simulation engine, and a real loopback federation.
+
+Three claims of issue 9 are checked against the in-process runtime (``securefed.run_rounds``)
+with the same seed:
+
+* the simulation engine in plaintext gives the same model (V and every user vector within 1e-9);
+* securefed's secure aggregation carried over Flower message rounds gives the same model as in
+  one process, and the plaintext model within the fixed-point error bound;
+* a real federation (a SuperLink and two SuperNodes as separate processes on 127.0.0.1, started
+  and stopped here) trains FedMF: the training error falls and the model equals in-process.
+
+Flower's own machinery is never mocked; the unit tests at the top drive the pure pieces (records,
+partitions, client-side noise, the secure-aggregation stage API) directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
+)
+
+from securefed import PlaintextTransport, RowUpdates, SeedTree
+from securefed.errors import AggregationError, InsecureParameterError
+from securefed.flower import describe_transport, partition_users
+from securefed.flower import records as rec
+from securefed.flower.dp import client_noise_std, noise_on_client
+from securefed.flower.loopback import TEMPLATE, LoopbackFederation, write_app
+from securefed.transport.dp import DPTransport
+from securefed.transport.secagg import (
+    SecAggClient,
+    SecAggConfig,
+    SecAggTransport,
+    masking_workspace,
+    pack_values,
+)
+
+SIMULATION_BACKEND = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
+}
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The FedMF example app (app_template), importable as in a SuperNode."""
+    if str(TEMPLATE) not in sys.path:
+        sys.path.insert(0, str(TEMPLATE))
+    from securefed_fedmf_app import app
+
+    return app
+
+
+def _batch(rng, clients, n_rows=6, width=3, weighted=False) -> RowUpdates:
+    counts = rng.integers(0, n_rows + 1, len(clients))
+    rows = np.concatenate([np.sort(rng.choice(n_rows, c, replace=False)) for c in counts])
+    weights = rng.uniform(0.2, 1.0, len(clients)) if weighted else None
+    return RowUpdates(
+        np.asarray(clients),
+        np.concatenate([[0], np.cumsum(counts)]),
+        rows.astype(np.int64),
+        rng.normal(size=(int(counts.sum()), width)),
+        n_rows,
+        weights=weights,
+    )
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def test_partitions_put_every_user_on_exactly_one_node():
+    parts = [partition_users(943, 50, p) for p in range(50)]
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(943))
+    assert {len(p) for p in parts} == {18, 19}
+    assert len(partition_users(3, 5, 4)) == 0  # more nodes than users: some host none
+    with pytest.raises(ValueError, match="partition-id"):
+        partition_users(10, 2, 2)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_updates_survive_flower_records(weighted):
+    rng = np.random.default_rng(0)
+    updates = _batch(rng, [3, 7, 9], weighted=weighted)
+    record = rec.arrays_record(rec.updates_to_arrays(updates, "update."))
+    back = rec.arrays_to_updates(rec.record_arrays(record), "update.")
+    np.testing.assert_array_equal(back.weighted_sum(), updates.weighted_sum())
+    np.testing.assert_array_equal(back.clients, updates.clients)
+    assert back.dense == updates.dense and (back.weights is None) == (not weighted)
+    joined = rec.concat_updates([_batch(rng, [1, 2]), _batch(rng, [5])], 6, 3)
+    assert joined.clients.tolist() == [1, 2, 5]
+    assert len(rec.concat_updates([], 6, 3).clients) == 0
+    with pytest.raises(ValueError, match="lacks"):
+        rec.arrays_to_updates({"clients": updates.clients})
+
+
+def test_client_side_noise_is_the_noise_dp_round_adds():
+    """What a node adds under local DP equals what DPRound adds in one process (same seed)."""
+    rng = np.random.default_rng(1)
+    updates = _batch(rng, [0, 1, 2, 3])
+    seeds = SeedTree(5)
+    dp = DPTransport(PlaintextTransport(), clip=0.5, noise_multiplier=2.0, placement="local")
+    rnd = dp.open_round(4, range(4), shape=updates.shape, seeds=seeds)
+    rnd.submit_batch(updates)
+    noised = noise_on_client(
+        updates, clip=0.5, std=client_noise_std("local", 0.5, 2.0, 4), round_id=4, seeds=seeds
+    )
+    np.testing.assert_array_equal(rnd.result().total, noised.weighted_sum())
+    assert client_noise_std("distributed", 0.5, 2.0, 4) == pytest.approx(0.5)
+    with pytest.raises(InsecureParameterError, match="weight"):
+        heavy = RowUpdates(
+            updates.clients, updates.indptr, updates.rows, updates.values, 6, False, np.full(4, 2.0)
+        )
+        noise_on_client(heavy, clip=0.5, std=1.0, round_id=0, seeds=seeds)
+    with pytest.raises(ValueError, match="central"):
+        client_noise_std("central", 1.0, 1.0, 4)
+
+
+def _remote_round(config, clients, updates, seeds, *, drop=(), restore=False):
+    """Drive a remote-client SecAggRound stage by stage, as the Flower server and nodes do."""
+    transport = SecAggTransport(config, remote_clients=True)
+    rnd = transport.open_round(2, clients, shape=updates.shape, seeds=seeds)
+    parties = {c: SecAggClient(c, 2, config, seeds) for c in clients}
+
+    def again(c):  # a node restores the client from its saved secrets between messages
+        if restore:
+            parties[c] = SecAggClient(c, 2, config, seeds, secrets=parties[c].export_secrets())
+        return parties[c]
+
+    rnd.receive_keys({c: parties[c].advertise() for c in clients})
+    for c in clients:
+        request = rnd.share_request(c)
+        sealed = again(c).share(
+            request.neighbours, request.xs, request.c_publics, request.threshold
+        )
+        rnd.receive_shares(c, sealed)
+    length = updates.n_rows * updates.width
+    workspace = masking_workspace(length, config)
+    for k, c in enumerate(updates.clients.tolist()):
+        if c in drop:
+            rnd.drop(c)
+            continue
+        request = rnd.mask_request(c)
+        masked, _ = again(c).mask(
+            pack_values(updates.client_block(k), None),
+            request.neighbours,
+            request.s_publics,
+            workspace,
+        )
+        rnd.receive_masked(c, masked, weighted=False)
+    rnd.receive_reveals(
+        {v: again(v).reveal(r.inbox, set(r.contributors)) for v, r in rnd.unmask_requests().items()}
+    )
+    return rnd
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_remote_secagg_stages_equal_the_simulated_round(restore):
+    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0, neighbours=4)
+    clients = list(range(8))
+    updates = _batch(np.random.default_rng(2), clients)
+    seeds = SeedTree(9)
+    simulated = SecAggTransport(config).open_round(2, clients, shape=updates.shape, seeds=seeds)
+    kept = np.isin(updates.clients, [c for c in clients if c != 3])
+    survivors = RowUpdates(
+        updates.clients[kept],
+        np.concatenate([[0], np.cumsum(np.diff(updates.indptr)[kept])]),
+        np.concatenate([updates.client_rows(k)[0] for k in np.flatnonzero(kept)]),
+        np.concatenate([updates.client_rows(k)[1] for k in np.flatnonzero(kept)]),
+        updates.n_rows,
+    )
+    simulated.drop(3)
+    simulated.submit_batch(survivors)
+    remote = _remote_round(config, clients, updates, seeds, drop=(3,), restore=restore)
+    np.testing.assert_array_equal(remote.result().total, simulated.result().total)
+    np.testing.assert_allclose(
+        remote.result().total, survivors.weighted_sum(), atol=remote.error_bound()
+    )
+    assert remote.view.bytes_up.tolist() == simulated.view.bytes_up.tolist()
+
+
+def test_remote_secagg_round_refuses_what_it_cannot_check():
+    config = SecAggConfig(neighbours=2)
+    seeds = SeedTree(0)
+    rnd = SecAggTransport(config, remote_clients=True).open_round(
+        0, range(4), shape=(1, 2), seeds=seeds
+    )
+    with pytest.raises(AggregationError, match="advertised no keys"):
+        rnd.receive_keys({0: SecAggClient(0, 0, config, seeds).advertise()})
+    with pytest.raises(AggregationError, match="remote"):
+        rnd.submit(0, np.zeros(2))
+    with pytest.raises(AggregationError, match="self-mask"):
+        SecAggClient(0, 0, config, seeds).mask(np.zeros(2), [], [], masking_workspace(2, config))
+
+
+def test_transports_the_flower_server_can_and_cannot_carry():
+    assert describe_transport(PlaintextTransport()).kind == "plaintext"
+    wire = describe_transport(
+        DPTransport(
+            SecAggTransport(remote_clients=True),
+            clip=1.0,
+            noise_multiplier=1.0,
+            placement="distributed",
+        )
+    )
+    assert wire.kind == "secagg" and wire.client_noise
+    with pytest.raises(ValueError, match="remote_clients=True"):
+        describe_transport(SecAggTransport())
+
+
+def test_the_app_template_takes_its_run_config(example, tmp_path):
+    app = example.FedMFApp(rounds=3, transport="secagg", output_dir=str(tmp_path / "out"))
+    app_dir = write_app(tmp_path / "app", app.run_config())
+    config = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert example.FedMFApp.from_run_config(config["config"]) == app
+    assert config["components"]["clientapp"] == "securefed_fedmf_app.app:client"
+    with pytest.raises(ValueError, match="unknown run-config key"):
+        example.FedMFApp.from_run_config({"roundz": 3})
+    with pytest.raises(ValueError, match="transport"):
+        example.FedMFApp(transport="ckks")
+
+
+# ----------------------------------------------------------------------------- Flower engines
+def _simulate(example, app, nodes: int):
+    from flwr.simulation import run_simulation
+
+    apps = example.build_apps(app)
+    pythonpath = os.environ.get("PYTHONPATH")
+    try:
+        run_simulation(
+            server_app=apps.server,
+            client_app=apps.client,
+            num_supernodes=nodes,
+            backend_config=SIMULATION_BACKEND,
+        )
+    finally:  # Flower's Ray backend exports this process's sys.path as PYTHONPATH: undo it
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
+    return apps.outcome
+
+
+def _node_vectors(out_dir, nodes: int, shape) -> np.ndarray:
+    U = np.full(shape, np.nan)
+    for partition in range(nodes):
+        saved = np.load(out_dir / f"node-{partition}.npz")
+        U[saved["users"]] = saved["U"]
+    return U
+
+
+@pytest.mark.slow  # ~30 s; the loopback test below checks the same equality through processes
+def test_simulation_engine_gives_the_in_process_model(example, tmp_path):
+    pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
+    app = example.FedMFApp(rounds=3, min_nodes=3, output_dir=str(tmp_path))
+    outcome = _simulate(example, app, nodes=3)
+    model, _, history = example.in_process(app)
+    np.testing.assert_allclose(outcome.model.V, model.V, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(_node_vectors(tmp_path, 3, model.U.shape), model.U, atol=1e-9)
+    flower = [r["train_rmse"] for r in outcome.result.rounds]
+    np.testing.assert_allclose(flower, [r["train_rmse"] for r in history], rtol=1e-12)
+    assert flower[-1] < flower[0]
+    split = example.load_split(app)
+    predictions = model.predict(split.test.users, split.test.items)
+    reference = float(np.sqrt(np.mean((predictions - split.test.ratings) ** 2)))
+    assert outcome.result.evaluations[-1]["rmse"] == pytest.approx(reference, rel=1e-12)
+    # The server's notebook is the transport's view, as in one process.
+    assert outcome.transport.view.rounds[-1].bytes_up.sum() > 0
+
+
+def test_secure_aggregation_over_flower_message_rounds(example, tmp_path):
+    """AdvertiseKeys, ShareKeys, masked input and Unmasking each one Flower message round."""
+    pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
+    app = example.FedMFApp(rounds=3, transport="secagg", min_nodes=3, output_dir=str(tmp_path))
+    outcome = _simulate(example, app, nodes=3)
+    secure, _, _ = example.in_process(app)
+    np.testing.assert_allclose(outcome.model.V, secure.V, atol=1e-9)
+    np.testing.assert_allclose(_node_vectors(tmp_path, 3, secure.U.shape), secure.U, atol=1e-9)
+    plain, _, _ = example.in_process(example.FedMFApp(rounds=3))
+    # Each round's sum is within n / scale of the plaintext sum; V moves by server_lr times a
+    # per-item mean of it, so after the run V is within rounds * server_lr * n / scale.
+    bound = app.rounds * app.server_lr * plain.n_clients / app.secagg_scale
+    assert np.abs(outcome.model.V - plain.V).max() < bound
+    view = outcome.transport.view.rounds[-1]
+    assert view.public["secagg_n"] == plain.n_clients  # every user took part, masked
+
+
+def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
+    """A SuperLink and two SuperNodes as processes on 127.0.0.1; the run is submitted with
+    ``flwr run`` and trains FedMF to the in-process model."""
+    missing = [
+        command
+        for command in ("flower-superlink", "flower-supernode", "flwr")
+        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
+    ]
+    if missing:
+        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
+    out = tmp_path / "out"
+    app = example.FedMFApp(rounds=2, min_nodes=2, output_dir=str(out), timeout=120.0)
+    with LoopbackFederation(tmp_path / "federation", n_nodes=2) as federation:
+        federation.submit(write_app(tmp_path / "app", app.run_config()))
+        federation.wait_for(out / "result.json", timeout=240)
+    result = json.loads((out / "result.json").read_text())
+    model, _, history = example.in_process(app)
+    rmse = [r["train_rmse"] for r in result["rounds"]]
+    assert rmse[1] < rmse[0]
+    np.testing.assert_allclose(rmse, [r["train_rmse"] for r in history], rtol=1e-12)
+    np.testing.assert_allclose(np.load(out / "server.npz")["V"], model.V, atol=1e-9)
+    np.testing.assert_allclose(_node_vectors(out, 2, model.U.shape), model.U, atol=1e-9)
+    assert result["nodes"] == 2 and result["evaluations"][-1]["nodes"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["dp-local", "secagg+dp"])
+def test_noise_added_on_the_nodes_matches_in_process(example, tmp_path, transport):
+    pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
+    app = example.FedMFApp(
+        rounds=2,
+        transport=transport,
+        min_nodes=3,
+        dp_clip=4.0,
+        dp_noise_multiplier=0.5,
+        output_dir=str(tmp_path),
+    )
+    outcome = _simulate(example, app, nodes=3)
+    model, _, _ = example.in_process(app)
+    np.testing.assert_allclose(outcome.model.V, model.V, atol=1e-8)
+    np.testing.assert_allclose(_node_vectors(tmp_path, 3, model.U.shape), model.U, atol=1e-8)
