@@ -112,6 +112,9 @@ class FedMFProtocol:
         pseudo_resampled: whether pseudo sets are drawn afresh every round.
         virtual_on_scale: whether virtual ratings are snapped onto the scale.
         warmup_rounds: T', rounds before virtual ratings become the user's own prediction.
+        aggregation: ``"mean"``, ``"sum"`` or ``"fixed"`` (no weight column: rows are read by
+            their gradient, and the rating values are not inverted, see :func:`extract_upload`).
+        offset: ``"none"`` or ``"user_mean"`` (ratings shifted by a private per-user mean).
     """
 
     lr: float
@@ -129,6 +132,13 @@ class FedMFProtocol:
     pseudo_resampled: bool = False
     virtual_on_scale: bool = True
     warmup_rounds: int = 0
+    aggregation: str = "mean"
+    offset: str = "none"
+
+    @property
+    def values_invertible(self) -> bool:
+        """Whether the closed forms apply: an exact client weight and no private offset."""
+        return self.aggregation != "fixed" and self.offset == "none"
 
     REQUIRED = (
         "lr",
@@ -180,6 +190,8 @@ class FedMFProtocol:
             pseudo_resampled=bool(public.get("pseudo_items_resampled", fills)),
             virtual_on_scale=bool(public.get("virtual_ratings_on_scale", not fills)),
             warmup_rounds=int(public.get("warmup_rounds", 0)),  # type: ignore[call-overload]
+            aggregation=str(public.get("aggregation", "mean")),
+            offset=str(public.get("offset", "none")),
         )
 
 
@@ -236,6 +248,11 @@ def extract_upload(
     deviations; with no noise, when it is non-zero. The weight is then estimated as the median
     weight of the uploaded rows.
 
+    Under ``aggregation="fixed"`` the weight column is zero: a row counts as uploaded when its
+    gradient is non-zero (dense noisy payloads: when its squared norm exceeds the chi-square
+    threshold of ``dim`` noise coordinates), and the gradients are returned as they arrived,
+    scaled by the client's unknown clipping factor.
+
     Args:
         client: the client id.
         payload: its payload fields.
@@ -263,6 +280,8 @@ def extract_upload(
     items, block = rows[item_rows], values[item_rows]
     weights = block[:, -1]
     dense = len(items) == n_items and len(np.unique(items)) == n_items
+    if protocol.aggregation == "fixed":
+        return _rows_by_gradient(client, items, block[:, :-1], dense, noise_std)
     noise = 0.0
     if dense:
         noise = robust_std(weights) if noise_std is None else float(noise_std)
@@ -278,6 +297,26 @@ def extract_upload(
         raise InversionError(f"client {client}: non-positive client weight {weight:g}")
     gradients = block[uploaded, :-1] / weight
     return ClientUpload(int(client), items[uploaded], gradients, noise / weight)
+
+
+def _rows_by_gradient(
+    client: int, items: np.ndarray, gradients: np.ndarray, dense: bool, noise_std: float | None
+) -> ClientUpload:
+    """Uploaded rows of a weightless (``aggregation="fixed"``) payload: the non-zero gradients."""
+    squared = np.einsum("ij,ij->i", gradients, gradients)
+    noise = 0.0
+    if dense:
+        noise = robust_std(gradients.ravel()) if noise_std is None else float(noise_std)
+    if noise > 0:
+        threshold = float(
+            stats.chi2.isf(FALSE_ROWS_PER_BLOCK / max(len(items), 2), gradients.shape[1])
+        )
+        uploaded = squared > threshold * noise**2
+    else:
+        uploaded = squared > 0
+    if not np.any(uploaded):
+        raise InversionError(f"client {client}: no item row carries a gradient")
+    return ClientUpload(int(client), items[uploaded], gradients[uploaded], noise)
 
 
 # ------------------------------------------------------------------------------ the algebra

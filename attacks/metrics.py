@@ -140,8 +140,9 @@ def rating_metrics(
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], values[order]
     at = np.searchsorted(keys, true_keys)
-    found = (at < len(keys)) & (keys[np.minimum(at, max(len(keys) - 1, 0))] == true_keys)
-    if not len(keys):
+    if len(keys):
+        found = (at < len(keys)) & (keys[np.minimum(at, len(keys) - 1)] == true_keys)
+    else:  # no value recovered at all (e.g. rows-only attacks)
         found = np.zeros(len(true_keys), dtype=bool)
     guess = np.full(len(true_keys), float(fallback))
     guess[found] = values[at[found]]

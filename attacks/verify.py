@@ -329,7 +329,8 @@ def attack_user(
     applied: list[str] = []
     inversion: Inversion | None = None
     other: Inversion | None = None
-    if two and (not protocol.fills or not exact):
+    invertible = protocol.values_invertible
+    if invertible and two and (not protocol.fills or not exact):
         inversion = _try(
             invert_two_rounds,
             uploads[0],
@@ -342,7 +343,7 @@ def attack_user(
         )
         if inversion is not None:
             applied.append("gradient_inversion.closed_form")
-    if inversion is None and exact:
+    if invertible and inversion is None and exact:
         inversion = _try(
             invert_one_round, base, factors[base_at], protocol, round_id=round_ids[base_at]
         )
@@ -559,6 +560,13 @@ def _read_uploads(
             "payloads are noisy (dense noisy rows, e.g. local DP): rows were detected by a noise "
             "threshold and inverted by the closed form on the noisy values; the exact-value tests "
             "(rating grid, rating scale, virtual rating, update consistency) do not apply"
+        )
+    if not protocol.values_invertible:
+        notes.append(
+            f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r}: rows are read, "
+            "rating values are not inverted (each client's clipping factor and private offset "
+            "are unknown to these closed forms; a stronger attack may still recover them up to a "
+            "per-user affine map): the value leak measured here is a lower bound"
         )
     if protocol.fills:
         notes.append(

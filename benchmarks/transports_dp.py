@@ -34,7 +34,8 @@ def _wrap(inner, options: TransportOptions, placement: str) -> DPTransport:
         clip=options.clip or DEFAULT_CLIP,
         noise_multiplier=noise_multiplier(options),
         placement=options.extra.get("placement", placement),
-        ledger=PrivacyLedger(budget=budget),
+        # A caller may share one ledger between transports (a plaintext-inner warm start).
+        ledger=options.extra.get("ledger") or PrivacyLedger(budget=budget),
         sample_rate=options.sample_rate,
         delta=options.delta,
     )

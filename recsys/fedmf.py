@@ -46,7 +46,7 @@ few sparse products is exact (``tests/test_fedmf.py`` checks it against a per-cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -65,7 +65,7 @@ from recsys.filling import (
 )
 from recsys.sparse_rows import merge_rows, rated_dot, row_ids, segment_sum, take_rows
 from recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
-from securefed import RowUpdates, SeedTree, Transport
+from securefed import AggregationRound, RowUpdates, SeedTree, Transport
 
 VARIANTS = ("fedmf", "fedrec", "fedrec+")
 
@@ -358,12 +358,35 @@ class FedMF:
     def run_round(
         self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
     ) -> dict[str, float]:
-        """One synchronous round over ``clients`` (see the module docstring)."""
+        """One synchronous round over ``clients`` (see the module docstring).
+
+        The round is :meth:`open_round` (server), :meth:`client_step` (the clients, vectorised)
+        and :meth:`close_round` (server); ``securefed.flower`` runs the same three parts with
+        the client step on the nodes that hold the users.
+        """
+        cfg = self.config
+        rnd, clients = self.open_round(round_id, clients, transport, seeds)
+        if cfg.server_state == "encrypted":
+            submit = lambda uploads: rnd.submit_batch(_item_steps(uploads, cfg.server_lr))  # noqa: E731
+        else:
+            submit = rnd.submit_batch
+        squared_error, n_ratings = self.client_step(round_id, clients, seeds, submit)
+        self.close_round(rnd)
+        return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
+
+    def open_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> tuple[AggregationRound, np.ndarray]:
+        """Server side, first half: open the transport round, broadcast, simulate dropouts.
+
+        Returns:
+            The open round and the clients that will compute (``config.dropout`` removes some).
+        """
         cfg = self.config
         encrypted = cfg.server_state == "encrypted"
         n_rows, width = (self.n_items, cfg.dim) if encrypted else (self.n_items + 2, cfg.dim + 1)
         rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
-        if round_id == 0 or not transport.view.public.get("protocol"):
+        if transport.view.public.get("protocol") != "fedmf":  # also after a warm start
             transport.view.public.update(self.public_parameters())
         rnd.view.public.update({"lr": cfg.lr, "server_lr": cfg.server_lr})
         if encrypted:
@@ -378,23 +401,56 @@ class FedMF:
             for client in clients[gone]:
                 rnd.drop(int(client))
             clients = clients[~gone]
+        return rnd, clients
+
+    def broadcast_state(self) -> dict[str, np.ndarray]:
+        """What :meth:`open_round` sends every client: ``V`` (and FedRec+'s global statistics)."""
+        state = {"V": self.V}
+        if self.global_mean is not None and self.config.client_weighting == "wasserstein":
+            state["global_stats"] = np.stack([self.global_mean, self.global_std])
+        return state
+
+    def load_broadcast(self, state: Mapping[str, np.ndarray]) -> None:
+        """Client side: take what :meth:`broadcast_state` sent (on a node holding some users)."""
+        V = np.asarray(state["V"], dtype=np.float64)
+        if V.shape != self.V.shape:
+            raise ValueError(f"the broadcast V has shape {V.shape}, expected {self.V.shape}")
+        self.V = V
+        if "global_stats" in state:
+            self.global_mean, self.global_std = np.asarray(state["global_stats"], np.float64)
+
+    def client_step(
+        self,
+        round_id: int,
+        clients: np.ndarray,
+        seeds: SeedTree,
+        submit: Callable[[RowUpdates], None],
+    ) -> tuple[float, int]:
+        """Client side: each of ``clients`` steps its vector and hands ``submit`` its upload.
+
+        Returns:
+            The clients' summed squared training error and their number of ratings.
+        """
         squared_error, n_ratings = 0.0, 0
-        for group in self._client_groups(clients):
+        for group in self._client_groups(np.asarray(clients, dtype=np.int64)):
             new_user_vectors, uploads, errors = self._clients_compute(round_id, group, seeds)
-            rnd.submit_batch(_item_steps(uploads, cfg.server_lr) if encrypted else uploads)
+            submit(uploads)
             # Safe before the aggregate: groups are disjoint and V only changes below.
             self.U[group] = new_user_vectors
             squared_error, n_ratings = (
                 squared_error + float(errors @ errors),
                 n_ratings + len(errors),
             )
-        if encrypted:
+        return squared_error, n_ratings
+
+    def close_round(self, rnd: AggregationRound) -> None:
+        """Server side, second half: read the aggregate and step ``V`` (or fold ``[[V]]``)."""
+        if self.config.server_state == "encrypted":
             rnd.fold_into(self._state)  # [[V]] += sum of [[-eta g]]: nothing is decrypted
             self.V = self._state.reveal()  # the users' view, for evaluation and checkpoints
         else:
             aggregate = rnd.result()
             self._server_step(aggregate.total, len(aggregate.contributors))
-        return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
 
     def _encrypted_state(self, transport: Transport):
         """``[[V]]`` on the server, encrypted by a key holder when first needed."""

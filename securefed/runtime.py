@@ -96,6 +96,8 @@ class RunOptions:
         resume: continue from the checkpoint in ``checkpoint_dir`` if there is one.
         progress: show a progress bar (``None``: only when stderr is a terminal).
         fingerprint: the run's configuration; a checkpoint of a different one is refused.
+        first_round: the round to start from when no checkpoint is resumed (a run whose earlier
+            rounds went through another transport, e.g. a plaintext warm start).
     """
 
     rounds: int
@@ -105,10 +107,13 @@ class RunOptions:
     resume: bool = True
     progress: bool | None = None
     fingerprint: Mapping[str, object] = field(default_factory=dict)
+    first_round: int = 0
 
     def __post_init__(self) -> None:
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
+        if not 0 <= self.first_round <= self.rounds:
+            raise ValueError(f"first_round must lie in [0, rounds], got {self.first_round}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
 
@@ -141,7 +146,7 @@ def run_rounds(
         The per-round metrics; ``transport.view`` holds what the server saw.
     """
     history = RunHistory()
-    start = 0
+    start = options.first_round
     checkpoints = Checkpoints(options.checkpoint_dir) if options.checkpoint_dir else None
     if checkpoints and options.resume and checkpoints.exists():
         start, history = checkpoints.restore(algorithm, transport.view, seeds, options.fingerprint)

@@ -386,6 +386,25 @@ def test_noisy_dense_payloads_are_inverted_on_the_noisy_values(train):
     assert report.overall["exact_share"] > report.baseline["exact_share"]
 
 
+def test_fixed_aggregation_view_reads_rows_but_not_values(train):
+    """Central-DP-style FedMF (no weight column, private offset): items leak, values are not
+    inverted by these closed forms, and the report says its value leak is a lower bound."""
+    view = run_view(train, aggregation="fixed", offset="user_mean")
+    report = verify(view, train)
+    assert report.overall["f1"] == pytest.approx(1.0)
+    assert report.overall["exact_share"] == pytest.approx(report.baseline["exact_share"])
+    assert any("lower bound" in note for note in report.notes)
+    rng = np.random.default_rng(1)
+    n_rows, width = view.public["block_rows"], view.public["block_columns"]
+    for round_view in view:  # local-DP-like dense noisy payloads: rows by a chi-square test
+        for client, payload in round_view.payloads.items():
+            block = np.zeros((n_rows, width))
+            block[payload["rows"]] = payload["values"]
+            block[:, :-1] += rng.normal(0, 1e-3, (n_rows, width - 1))
+            round_view.payloads[client] = {"rows": np.arange(n_rows), "values": block}
+    assert verify(view, train).overall["f1"] > 0.9
+
+
 def test_not_a_fedmf_view(train):
     view = ServerView("plaintext", public={"protocol": "fedhpd"})
     report = verify(view, train)

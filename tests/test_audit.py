@@ -130,6 +130,8 @@ def test_clean_config_has_no_findings():
             "1/sqrt(n)",
         ),
         ({"delta": "tiny"}, "invalid-value", "error", "not a number"),
+        ({"aggregation": "mean"}, "dp-data-dependent-denominator", "warning", "fixed"),
+        ({"aggregation": "fixed", "transport": "secagg"}, None, None, None),
     ],
 )
 def test_each_finding_from_a_minimal_bad_config(changes, code, severity, words):

@@ -84,17 +84,25 @@ def test_privacy_command_is_wired(capsys):
 
 def test_leak_utility_rows_on_a_small_set(tmp_path):
     config = LeakUtilityConfig(
-        rounds=4,
+        rounds=6,
         variants=("fedmf",),
         max_users=40,
         max_items=60,
-        transports=("plaintext", "secagg", "ckks"),
+        transports=("plaintext", "secagg", "ckks", "dp:8", "secagg+dp:8"),
         progress=False,
     )
-    rows = run(config, tmp_path)
+    rows = run(config, tmp_path)  # two worker processes
+    assert [row["transport"] for row in rows] == list(config.transports)
     by_transport = {row["transport"]: row for row in rows}
     plain, masked = by_transport["plaintext"], by_transport["secagg"]
     assert plain["leak_exact_share"] > 0.99  # the gradient leak, in the clear
+    assert plain["transport_rounds"] == 6 and masked["transport_rounds"] == 2  # warm start
+    central, distributed = by_transport["dp:8"], by_transport["secagg+dp:8"]
+    assert central["status"] == distributed["status"] == "ok"
+    assert central["leak_f1"] == pytest.approx(1.0)  # central DP: the server reads the rows
+    assert distributed["leak_f1"] == pytest.approx(distributed["chance_f1"])
+    # The warm rounds are charged to the same ledger: the whole run's epsilon, not two rounds'.
+    assert 7.9 < distributed["epsilon"] <= 8.0 * 1.0001
     assert masked["leak_exact_share"] == pytest.approx(masked["chance_exact_share"])
     assert abs(masked["rmse"] - plain["rmse"]) < 2e-3  # same run, different transport
     encrypted = by_transport["ckks"]

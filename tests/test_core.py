@@ -215,3 +215,17 @@ def test_resume_refuses_another_configuration(tmp_path):
     _run(tmp_path, 3)
     with pytest.raises(CheckpointError, match="different configuration"):
         _run(tmp_path, 6, fingerprint={"lr": 0.1})
+
+
+def test_a_run_continued_on_another_transport_equals_one_run():
+    """``first_round``: rounds 0-3 on one transport, 4-7 on another, the same as 0-7 on one."""
+    options = {"sampling": ClientSampling("poisson", 4), "progress": False}
+    whole = _Averager()
+    run_rounds(whole, PlaintextTransport(), SeedTree(2), RunOptions(rounds=8, **options))
+    split, second = _Averager(), PlaintextTransport()
+    run_rounds(split, PlaintextTransport(), SeedTree(2), RunOptions(rounds=4, **options))
+    run_rounds(split, second, SeedTree(2), RunOptions(rounds=8, first_round=4, **options))
+    assert np.array_equal(split.state, whole.state)
+    assert [r.round_id for r in second.view] == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="first_round"):
+        RunOptions(rounds=3, first_round=4)

@@ -31,6 +31,7 @@ Keys read (all optional; see ``docs/privacy.md`` for the full table):
 ``tests``                     ``tests = True`` accepts seeded randomness
 ``accountant_sampling``,      the sampling the accountant assumes vs the runtime's mode, and
 ``sampling``, ``sample_rate`` the rate charged
+``aggregation``               FedMF's server denominator: ``"mean"``, ``"sum"``, ``"fixed"``
 ============================= ==============================================================
 """
 
@@ -526,6 +527,24 @@ def check_distributed_dp(config: Mapping[str, object]) -> list[Finding]:
     ]
 
 
+def check_dp_denominator(config: Mapping[str, object]) -> list[Finding]:
+    """FedMF under DP with a data-dependent denominator (``aggregation`` ``mean`` or ``sum``)."""
+    aggregation = _text(config, "aggregation")
+    if "dp" not in _transport_parts(config) or aggregation not in ("mean", "sum"):
+        return []
+    if _text(config, "protocol") not in (None, "fedmf"):
+        return []
+    return [
+        Finding(
+            "warning",
+            "dp-data-dependent-denominator",
+            f"FedMF aggregation={aggregation!r} under DP divides by uploader counts or weights "
+            "that depend on who took part (a count column that also spends the clip); use "
+            "aggregation='fixed' with a public expected_clients (user_level_dp_config)",
+        )
+    ]
+
+
 CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_budget,
     check_delta,
@@ -538,6 +557,7 @@ CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_randomness,
     check_sampling,
     check_distributed_dp,
+    check_dp_denominator,
 )
 
 
