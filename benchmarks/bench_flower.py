@@ -8,6 +8,9 @@ one process (``securefed.run_rounds``), in the same run, and reports:
    in-process round, plaintext: the overhead ratio;
 2. the same with securefed's secure aggregation carried over Flower message rounds (four per
    training round) against secure aggregation in one process and against Flower plaintext;
+   ``--parts ckks``: the same over CKKS (the nodes encrypt with provisioned keys, the server
+   adds ciphertexts, a key-holder node decrypts in one more message round) against in-process
+   CKKS;
 3. FedMF on MovieLens 100K (u1) over Flower, every user its own SuperNode (``--ml-nodes``
    nodes), ``--ml-rounds`` rounds, against the in-process test RMSE of the same run (stops with
    the reason when ML-100K is not on this machine);
@@ -135,7 +138,32 @@ def _compare(example, app, nodes: int, label: str) -> dict:
     return row
 
 
-PARTS = ("synthetic", "ml-100k", "ml-100k-grouped")
+def _ckks_row(example, args: argparse.Namespace) -> dict:
+    """The synthetic federation over CKKS: keys provisioned to files, the nodes encrypt, the
+    server adds ciphertexts, a key-holder node decrypts (against in-process CKKS)."""
+    import tempfile
+
+    from securefed.flower.ckks import provision_keys
+    from securefed.transport.ckks import CKKSConfig
+
+    with tempfile.TemporaryDirectory(prefix="bench-flower-ckks-") as keys:
+        secret, public = provision_keys(keys, CKKSConfig())
+        app = example.FedMFApp(
+            data="synthetic",
+            synthetic_users=args.clients,
+            synthetic_items=args.items,
+            synthetic_ratings=args.clients * args.ratings_per_user,
+            rounds=args.rounds,
+            min_nodes=args.clients,
+            seed=args.seed,
+            transport="ckks",
+            ckks_secret_path=str(secret),
+            ckks_public_path=str(public),
+        )
+        return _compare(example, app, args.clients, "synthetic")
+
+
+PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped")
 COLUMNS = [
     "case",
     "transport",
@@ -186,6 +214,8 @@ def flower(args: argparse.Namespace) -> int:
             f"Secure aggregation over Flower costs {ratio:.2f}x Flower plaintext per round "
             "(four message rounds instead of one)."
         )
+    if "ckks" in parts:
+        rows.append(_ckks_row(example, args))
     ml_nodes = {"ml-100k": args.ml_nodes, "ml-100k-grouped": args.ml_grouped_nodes}
     if parts & set(ml_nodes):
         try:

@@ -223,7 +223,95 @@ def test_the_app_template_takes_its_run_config(example, tmp_path):
     with pytest.raises(ValueError, match="unknown run-config key"):
         example.FedMFApp.from_run_config({"roundz": 3})
     with pytest.raises(ValueError, match="transport"):
+        example.FedMFApp(transport="paillier")
+    with pytest.raises(ValueError, match="ckks-public-path"):
         example.FedMFApp(transport="ckks")
+
+
+# ----------------------------------------------------------------------------- CKKS pieces
+@pytest.fixture(scope="module")
+def ckks_files(tmp_path_factory):
+    """Keys provisioned once, as on a deployment: (secret file, public file), shared model."""
+    from securefed.flower.ckks import provision_keys
+    from securefed.transport.ckks import CKKSConfig
+
+    return provision_keys(tmp_path_factory.mktemp("ckks-keys"), CKKSConfig())
+
+
+def test_ckks_key_files_hold_tenseal_bytes_not_pickle(ckks_files, tmp_path):
+    from securefed.crypto.ckks import (
+        SECRET_FILE_MAGIC,
+        load_public_context,
+        load_secret_context,
+        save_secret_context,
+    )
+
+    secret_path, public_path = ckks_files
+    assert os.stat(secret_path).st_mode & 0o777 == 0o600
+    assert secret_path.read_bytes().startswith(SECRET_FILE_MAGIC)
+    secret, public = load_secret_context(secret_path), load_public_context(public_path)
+    assert secret.key_id == public.key_id and secret.tenseal.has_secret_key()
+    assert not public.tenseal.has_secret_key()
+    [envelope] = secret.encrypt(np.array([1.5, -2.0]))
+    doubled = public.load(envelope) + public.load(envelope)  # the server adds, cannot decrypt
+    np.testing.assert_allclose(secret.decrypt(public.dump(doubled, 2)), [3.0, -4.0], atol=1e-5)
+    copy = save_secret_context(secret, tmp_path / "copy.bin")
+    os.chmod(copy, 0o644)
+    with pytest.raises(InsecureParameterError, match="chmod 600"):
+        load_secret_context(copy)
+    with pytest.raises(ValueError, match="public-context"):
+        load_public_context(secret_path)  # a server's loader never takes the secret file
+    broken = tmp_path / "broken.bin"
+    broken.write_bytes(secret_path.read_bytes()[:-10])
+    os.chmod(broken, 0o600)
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_secret_context(broken)
+
+
+def test_remote_ckks_round_equals_the_in_process_round(ckks_files):
+    """Nodes encrypt, a server without the key adds, a key holder decrypts and floods: the
+    stage API the Flower server and nodes drive gives the in-process round's sum."""
+    from securefed.crypto.ckks import load_public_context, load_secret_context
+    from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
+    from securefed.transport.ckks import CKKSConfig, CKKSTransport
+
+    secret_path, public_path = ckks_files
+    updates = _batch(np.random.default_rng(4), list(range(6)), weighted=True)
+    seeds = SeedTree(8)
+    config = CKKSConfig()
+    local = CKKSTransport(config, secret=load_secret_context(secret_path))
+    reference = local.open_round(3, range(6), shape=updates.shape, seeds=seeds)
+    reference.submit_batch(updates)
+    server = CKKSTransport(config, public=load_public_context(public_path))
+    assert server.key_holder is None and not server.server_context.tenseal.has_secret_key()
+    rnd = server.open_round(3, range(6), shape=updates.shape, seeds=seeds)
+    node = NodeKeys.from_paths(secret_path, None)
+    arrays = rec.record_arrays(rec.arrays_record(node.encrypt_updates(updates, "shared", 2**16)))
+    for user, ciphertexts in zip(
+        arrays["users"].tolist(), arrays_to_ciphertexts(arrays), strict=True
+    ):
+        rnd.receive_ciphertexts(user, ciphertexts, weighted=True)
+    with pytest.raises(AggregationError, match="already submitted"):
+        rnd.receive_ciphertexts(0, arrays_to_ciphertexts(arrays)[0], weighted=True)
+    request = rnd.decryption_request()
+    assert request.decryptor == 0 and request.length == updates.n_rows * updates.width + 1
+    with pytest.raises(AggregationError, match="holds only the public context"):
+        server.open_round(4, range(6), shape=updates.shape, seeds=seeds).submit_batch(updates)
+    rnd.receive_decryption(
+        node.decrypt_sum(request.summed, request.length, config.flooding, 3, seeds)
+    )
+    total, weight = rnd.result().total, rnd.result().weight
+    np.testing.assert_allclose(total, reference.result().total, atol=2 * rnd.error_bound())
+    np.testing.assert_allclose(total, updates.weighted_sum(), atol=rnd.error_bound())
+    assert weight == pytest.approx(updates.weights.sum(), abs=rnd.error_bound())
+    assert rnd.view.bytes_up.tolist() == reference.view.bytes_up.tolist()
+    with pytest.raises(AggregationError, match="decryption_request"):
+        empty = server.open_round(5, [1], shape=updates.shape, seeds=seeds)
+        empty.receive_ciphertexts(1, arrays_to_ciphertexts(arrays)[1], weighted=True)
+        empty.result()
+    with pytest.raises(ValueError, match="holds the users' secret key"):
+        describe_transport(local)
+    assert describe_transport(server).kind == "ckks"
 
 
 # ----------------------------------------------------------------------------- Flower engines
@@ -289,6 +377,85 @@ def test_secure_aggregation_over_flower_message_rounds(example, tmp_path):
     assert np.abs(outcome.model.V - plain.V).max() < bound
     view = outcome.transport.view.rounds[-1]
     assert view.public["secagg_n"] == plain.n_clients  # every user took part, masked
+
+
+def _holds_secret_key(root, seen=None) -> list[str]:
+    """Paths to anything reachable from ``root`` that holds a CKKS secret key."""
+    import tenseal as ts
+
+    from securefed.crypto.ckks import SecretContext
+    from securefed.transport.ckks import KeyHolder
+
+    seen = set() if seen is None else seen
+    found, stack = [], [("root", root)]
+    while stack:
+        path, obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, np.ndarray)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (SecretContext, KeyHolder)):
+            found.append(path)
+            continue
+        if isinstance(obj, ts.Context) and obj.has_secret_key():
+            found.append(path)
+            continue
+        if isinstance(obj, dict):
+            stack.extend((f"{path}[{k!r}]", v) for k, v in obj.items())
+        elif isinstance(obj, (list, tuple, set)):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(obj))
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(
+            ("securefed", "recsys", "tenseal")
+        ):
+            stack.extend((f"{path}.{k}", v) for k, v in vars(obj).items())
+    return found
+
+
+@pytest.mark.parametrize("key_model", ["shared", pytest.param("committee", marks=pytest.mark.slow)])
+def test_ckks_over_flower_equals_in_process_ckks(example, tmp_path, key_model):
+    """The nodes encrypt with the provisioned keys, the server adds ciphertexts under the public
+    context only, a key-holder node decrypts the sum in one more message round."""
+    pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
+    from securefed.flower.ckks import provision_keys
+    from securefed.transport.ckks import CKKSConfig
+
+    config = CKKSConfig(key_model=key_model)
+    secret_path, public_path = provision_keys(tmp_path / "keys", config)
+    app = example.FedMFApp(
+        rounds=2,
+        min_nodes=3,
+        transport="ckks",
+        ckks_key_model=key_model,
+        ckks_secret_path=str(secret_path),
+        ckks_public_path=str(public_path),
+        output_dir=str(tmp_path),
+    )
+    outcome = _simulate(example, app, nodes=3)
+    model, transport, history = example.in_process(app)
+    plain, _, _ = example.in_process(example.FedMFApp(rounds=2))
+    # Per round the CKKS sum is within error_bound of the exact one (fresh encryption error of
+    # each upload, flooding, rounding); V moves by server_lr times per-item means of it.
+    params = transport.params
+    per_round = (
+        plain.n_clients * 2.0 ** (14 - params.scale_bits)
+        + 6 * config.flooding.std
+        + config.flooding.step
+    )
+    bound = app.rounds * app.server_lr * per_round
+    for reference in (model.V, plain.V):
+        assert np.abs(outcome.model.V - reference).max() < bound
+    U = _node_vectors(tmp_path, 3, model.U.shape)
+    assert np.abs(U - model.U).max() < bound
+    flower = [r["train_rmse"] for r in outcome.result.rounds]
+    np.testing.assert_allclose(flower, [r["train_rmse"] for r in history], rtol=1e-6)
+    # The server held the public context only, and its view shows ciphertexts, not updates.
+    server = outcome.transport
+    assert server.key_holder is None and not server.server_context.tenseal.has_secret_key()
+    assert server.server_context.key_id == transport.server_context.key_id
+    assert _holds_secret_key(outcome) == []
+    view = server.view.rounds[-1]
+    assert view.public["ckks_ciphertexts"] == 1 and view.bytes_up.sum() > 100_000 * 120
+    if key_model == "shared":
+        assert view.public["ckks_decryptor"] == 0
 
 
 def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):

@@ -22,6 +22,13 @@ id of the key they were made under); a context refuses an envelope made under an
 :class:`ContextMismatchError` instead of decrypting garbage (SEAL itself cannot tell two keys
 with the same parameters apart).
 
+Key files (provisioning across machines, no pickle): :func:`save_secret_context` writes
+TenSEAL's own ``serialize(save_secret_key=True)`` bytes behind a magic line and a JSON header
+(parameters, key id, SHA-256) to a file of mode 0600, for the key holders only;
+:func:`load_secret_context` refuses a file its group or others may read.
+:func:`save_public_context` / :func:`load_public_context` do the same for the server's context,
+which a loader refuses if it holds a secret key.
+
 Randomness: SEAL draws keys and encryption noise from its own CSPRNG, which cannot be seeded;
 CKKS results are therefore reproducible only to CKKS precision, never bit for bit.
 """
@@ -29,9 +36,14 @@ CKKS results are therefore reproducible only to CKKS precision, never bit for bi
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
+import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -612,13 +624,21 @@ class SecretContext(_ContextBase):
 
     def __reduce__(self):
         # For process-parallel simulations only: the pickle holds the secret key.
-        state = self._context.serialize(
+        state = self.serialize_secret()
+        return (_secret_from_state, (state, self.key_id, self.params, self._relin, self._galois))
+
+    def serialize_secret(self) -> bytes:
+        """TenSEAL's own serialization *with* the secret key (``save_secret_key=True``).
+
+        For provisioning the key holders out of band (:func:`save_secret_context`); never send
+        these bytes to a server.
+        """
+        return self._context.serialize(
             save_public_key=self.params.encryption == "public-key",
             save_secret_key=True,
             save_galois_keys=self._galois,
             save_relin_keys=True,
         )
-        return (_secret_from_state, (state, self.key_id, self.params, self._relin, self._galois))
 
     def serialize_public(self) -> bytes:
         """The context without its secret key (``save_secret_key=False``)."""
@@ -663,10 +683,15 @@ def _public_from_state(serialized: bytes, key_id: str, params: CKKSParameters) -
 
 
 def _secret_from_state(
-    serialized: bytes, key_id: str, params: CKKSParameters, relin: bool, galois: bool
+    serialized: bytes,
+    key_id: str,
+    params: CKKSParameters,
+    relin: bool,
+    galois: bool,
+    context: ts.Context | None = None,
 ) -> SecretContext:
     secret = SecretContext.__new__(SecretContext)
-    context = ts.context_from(serialized, n_threads=1)
+    context = ts.context_from(serialized, n_threads=1) if context is None else context
     context.global_scale = params.scale
     secret._context = context
     secret.params = params
@@ -674,6 +699,165 @@ def _secret_from_state(
     secret.key_id = key_id
     secret._public = None
     return secret
+
+
+# ----------------------------------------------------------------------------- key files
+SECRET_FILE_MAGIC = b"securefed-ckks-secret-context/1\n"
+PUBLIC_FILE_MAGIC = b"securefed-ckks-public-context/1\n"
+SECRET_FILE_MODE = 0o600
+"""A secret-context file is readable and writable by its owner only (as ssh's private keys)."""
+
+
+def _params_header(params: CKKSParameters) -> dict[str, object]:
+    return {
+        "poly_modulus_degree": params.poly_modulus_degree,
+        "coeff_mod_bit_sizes": list(params.coeff_mod_bit_sizes),
+        "scale_bits": params.scale_bits,
+        "encryption": params.encryption,
+    }
+
+
+def _write_key_file(
+    path: str | os.PathLike, magic: bytes, header: dict[str, object], payload: bytes
+) -> Path:
+    """Write ``magic``, one JSON header line and ``payload`` atomically, mode 0600.
+
+    The file is created by :func:`tempfile.mkstemp` (mode 0600 from the start, so the bytes are
+    never readable by others, not even briefly) in the target's directory and renamed over it.
+    """
+    path = Path(path)
+    header = header | {"sha256": hashlib.sha256(payload).hexdigest(), "nbytes": len(payload)}
+    line = json.dumps(header, sort_keys=True).encode() + b"\n"
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(magic + line + payload)
+        os.chmod(temporary, SECRET_FILE_MODE)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read_key_file(path: str | os.PathLike, magic: bytes) -> tuple[dict[str, object], bytes]:
+    """``(header, payload)`` of a key file, its magic line and SHA-256 checked.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a key file of this kind, a malformed header, or corrupted bytes.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if not data.startswith(magic):
+        raise ValueError(
+            f"{path} is not a {magic.decode().strip()} file (it starts with {data[:32]!r})"
+        )
+    end = data.find(b"\n", len(magic))
+    try:
+        header = json.loads(data[len(magic) : end])
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: malformed header: {error}") from error
+    payload = data[end + 1 :]
+    if len(payload) != header.get("nbytes") or (
+        hashlib.sha256(payload).hexdigest() != header.get("sha256")
+    ):
+        raise ValueError(
+            f"{path}: the context bytes do not match the header's size and SHA-256 (truncated "
+            "or corrupted file)"
+        )
+    return header, payload
+
+
+def _params_from_header(path: Path, header: dict[str, object]) -> CKKSParameters:
+    try:
+        return CKKSParameters(
+            int(header["poly_modulus_degree"]),
+            tuple(int(b) for b in header["coeff_mod_bit_sizes"]),
+            int(header["scale_bits"]),
+            str(header["encryption"]),
+        )
+    except KeyError as error:
+        raise ValueError(f"{path}: the header lacks {error}") from error
+
+
+def save_secret_context(secret: SecretContext, path: str | os.PathLike) -> Path:
+    """Write the key holders' context for out-of-band provisioning: no pickle, mode 0600.
+
+    The file is a magic line, one JSON header line (the public parameters, the key id, the
+    SHA-256 and size of the payload) and TenSEAL's own ``serialize(save_secret_key=True)``
+    bytes. Copy it to each key holder over a secure channel (e.g. ``scp``), never to a server;
+    :func:`load_secret_context` reads it and refuses a file others may read.
+
+    Returns:
+        The path written.
+    """
+    if not isinstance(secret, SecretContext):
+        raise TypeError(f"expected a SecretContext, got {type(secret).__name__}")
+    header = _params_header(secret.params) | {
+        "key_id": secret.key_id,
+        "relin_keys": secret._relin,
+        "galois_keys": secret._galois,
+    }
+    return _write_key_file(path, SECRET_FILE_MAGIC, header, secret.serialize_secret())
+
+
+def load_secret_context(path: str | os.PathLike) -> SecretContext:
+    """Read a file of :func:`save_secret_context` (TenSEAL bytes; nothing is unpickled).
+
+    Raises:
+        InsecureParameterError: the file is readable or writable by its group or others (POSIX;
+            ``chmod 600`` it), or holds no secret key.
+        ValueError: not a secret-context file, or corrupted.
+    """
+    path = Path(path)
+    if os.name == "posix":
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise InsecureParameterError(
+                f"{path} holds a CKKS secret key but has mode {mode:04o}: others may read or "
+                f"replace it; run `chmod 600 {path}`"
+            )
+    header, payload = _read_key_file(path, SECRET_FILE_MAGIC)
+    params = _params_from_header(path, header)
+    context = ts.context_from(payload, n_threads=1)
+    if not context.has_secret_key():
+        raise InsecureParameterError(f"{path} holds no secret key: it cannot decrypt")
+    return _secret_from_state(
+        payload,
+        str(header["key_id"]),
+        params,
+        bool(header.get("relin_keys", True)),
+        bool(header.get("galois_keys", False)),
+        context=context,
+    )
+
+
+def save_public_context(public: PublicContext | SecretContext, path: str | os.PathLike) -> Path:
+    """Write the server's context (``serialize(save_secret_key=False)`` bytes, no pickle).
+
+    A :class:`SecretContext` is accepted and reduced to its :meth:`SecretContext.public` view
+    first: the file never holds the secret key.
+    """
+    if isinstance(public, SecretContext):
+        public = public.public()
+    if not isinstance(public, PublicContext):
+        raise TypeError(f"expected a PublicContext, got {type(public).__name__}")
+    header = _params_header(public.params) | {"key_id": public.key_id}
+    return _write_key_file(path, PUBLIC_FILE_MAGIC, header, public.serialized)
+
+
+def load_public_context(path: str | os.PathLike) -> PublicContext:
+    """Read a file of :func:`save_public_context`.
+
+    Raises:
+        InsecureParameterError: the bytes hold a secret key (a server must never load one).
+        ValueError: not a public-context file, or corrupted.
+    """
+    path = Path(path)
+    header, payload = _read_key_file(path, PUBLIC_FILE_MAGIC)
+    params = _params_from_header(path, header)
+    return PublicContext(payload, key_id=str(header["key_id"]), params=params)
 
 
 def ckks_context(

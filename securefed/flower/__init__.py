@@ -11,8 +11,10 @@ simulation engine (``flwr.simulation.run_simulation``) or as real SuperLink / Su
 Transports carried over Flower messages: plaintext; ``DPTransport`` (central noise on the
 server; local and distributed noise added on the node before its update leaves); securefed's own
 secure aggregation (``SecAggTransport(remote_clients=True)``: one Flower message round per stage,
-the clients' side on the nodes, the server's side in the ServerApp); their compositions. Not
-carried: CKKS (docs/flower.md says why).
+the clients' side on the nodes, the server's side in the ServerApp); their compositions; CKKS
+(``CKKSTransport(public=...)``: the nodes encrypt with keys provisioned out of band, the server
+adds ciphertexts under the public context, a key-holder node decrypts the sum;
+:mod:`securefed.flower.ckks`). Not carried: DP around CKKS (docs/flower.md).
 
 The worked example, FedMF on a SuperLink and SuperNodes, is the app template in
 ``securefed/flower/app_template`` (:func:`securefed.flower.loopback.write_app`).

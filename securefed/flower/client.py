@@ -12,6 +12,9 @@
   :class:`~securefed.transport.secagg.SecAggClient` per hosted user. Its secrets stay in the
   node's Flower ``Context.state`` between the four messages (Flower keeps that state on the
   node; it is never sent) and are deleted after unmasking.
+* ``train.ckks`` / ``query.ckks_decrypt``: compute the hosted users' updates and encrypt them
+  here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
+  server's summed ciphertexts, floods and rounds them, and returns only those values.
 * ``evaluate``: held-out metric sums of the hosted users.
 
 The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
@@ -30,8 +33,10 @@ from flwr.clientapp import ClientApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
+from securefed.crypto.ckks import Flooding
 from securefed.errors import AggregationError
 from securefed.flower import records as rec
+from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
 from securefed.flower.dp import noise_on_client
 from securefed.flower.protocol import ClientNode
 from securefed.randomness import SeedTree
@@ -59,12 +64,15 @@ class ClientSetup:
         update_shape: ``(n_rows, width)`` of one user's update (to shape an empty reply).
         on_evaluate: called with the node after an evaluation (e.g. to save its state to the
             node's own disk).
+        ckks: the node's CKKS keys (loaded from files provisioned out of band), when the
+            server's transport is CKKS.
     """
 
     node: ClientNode
     seeds: SeedTree
     update_shape: tuple[int, int]
     on_evaluate: Callable[[ClientNode], None] | None = None
+    ckks: NodeKeys | None = None
 
 
 # ----------------------------------------------------------------------------- node state
@@ -285,6 +293,46 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
     )
 
 
+# ----------------------------------------------------------------------------- CKKS
+def _ckks_keys(setup: ClientSetup, config: Mapping[str, object]) -> NodeKeys:
+    if setup.ckks is None:
+        raise AggregationError(
+            "the server's transport is CKKS but this node has no CKKS keys: provision them "
+            "(securefed.flower.ckks.provision_keys) and give the node their paths"
+        )
+    setup.ckks.check_key(str(config["ckks_key_id"]))
+    return setup.ckks
+
+
+def _ckks_train(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """Compute the hosted users' updates and encrypt them here; only ciphertexts leave."""
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    keys = _ckks_keys(setup, config)
+    round_id = int(config["round"])
+    updates, metrics = _train(setup, context, arrays, round_id)
+    reply = keys.encrypt_updates(
+        updates, str(config["ckks_key_model"]), float(config["ckks_value_bound"])
+    )
+    reply["hosted"] = np.asarray(setup.node.users, np.int64)
+    return _reply(
+        message,
+        reply,
+        _metric_config(metrics) | {"ckks_key_holder": keys.secret is not None},
+    )
+
+
+def _ckks_decrypt(setup: ClientSetup, message: Message) -> Message:
+    """A key holder decrypts the summed ciphertexts, floods and rounds, returns the values."""
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    keys = _ckks_keys(setup, config)
+    [summed] = arrays_to_ciphertexts(arrays)
+    flooding = Flooding(float(config["flood_std"]), float(config["round_step"]))
+    values = keys.decrypt_sum(
+        summed, int(arrays["length"]), flooding, int(config["round"]), setup.seeds
+    )
+    return _reply(message, {"values": values}, {})
+
+
 # ----------------------------------------------------------------------------- the app
 def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     """A Flower ``ClientApp`` whose handlers run the node returned by ``setup(context)``."""
@@ -326,5 +374,13 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     @app.query("secagg_unmask")
     def unmask(message: Message, context: Context) -> Message:
         return _unmask(setup(context), context, message)
+
+    @app.train("ckks")
+    def ckks_train(message: Message, context: Context) -> Message:
+        return _ckks_train(setup(context), context, message)
+
+    @app.query("ckks_decrypt")
+    def ckks_decrypt(message: Message, context: Context) -> Message:
+        return _ckks_decrypt(setup(context), message)
 
     return app

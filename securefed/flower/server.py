@@ -16,6 +16,11 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   goes out, every node computes its users' updates and uploads them masked) and
   ``query.secagg_unmask`` (Unmasking). The server's side of each stage is the
   :class:`~securefed.transport.secagg.SecAggRound` the in-process runtime uses.
+* CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only): two
+  message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
+  adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
+  summed ciphertexts go to one key-holder node, which decrypts, floods and rounds them as
+  ``KeyHolder`` does in one process; ``CKKSRound.receive_decryption``).
 * ``evaluate``: after the last round (and every ``evaluate_every``), the nodes report held-out
   metric sums of their users.
 
@@ -40,6 +45,7 @@ from securefed.crypto import keys as kx
 from securefed.crypto import shamir
 from securefed.errors import AggregationError
 from securefed.flower import records as rec
+from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std
 from securefed.flower.protocol import (
     FlowerRunOptions,
@@ -50,6 +56,7 @@ from securefed.flower.protocol import (
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
+from securefed.transport.ckks import CKKSConfig, CKKSRound, CKKSTransport
 from securefed.transport.dp import DPConfig, DPRound, DPTransport
 from securefed.transport.plaintext import PlaintextTransport
 from securefed.transport.secagg import (
@@ -67,6 +74,8 @@ ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
 MASK = "train.secagg_mask"
 UNMASK = "query.secagg_unmask"
+CKKS_TRAIN = "train.ckks"
+CKKS_DECRYPT = "query.ckks_decrypt"
 
 
 @dataclass
@@ -100,14 +109,18 @@ class Wire:
     """What the nodes must do with their updates, derived from the server's transport (public).
 
     Attributes:
-        kind: ``"plaintext"`` or ``"secagg"``.
+        kind: ``"plaintext"``, ``"secagg"`` or ``"ckks"``.
         dp: the DP wrapper's configuration, if any.
         secagg: the secure-aggregation parameters, if any.
+        ckks: the CKKS parameters, if any.
+        key_id: the id of the CKKS key (the nodes check they hold the same).
     """
 
     kind: str
     dp: DPConfig | None = None
     secagg: SecAggConfig | None = None
+    ckks: CKKSConfig | None = None
+    key_id: str = ""
 
     @property
     def client_noise(self) -> bool:
@@ -129,6 +142,12 @@ class Wire:
             # Central DP over secure aggregation: the server cannot clip masked updates, so the
             # nodes clip (as DPRound does before its inner round) and the server adds the noise.
             config |= {"dp_clip": self.dp.clip, "dp_std": 0.0, "dp_secure": bool(self.dp.secure)}
+        if self.ckks is not None:
+            config |= {
+                "ckks_key_model": self.ckks.key_model,
+                "ckks_value_bound": float(self.ckks.value_bound),
+                "ckks_key_id": self.key_id,
+            }
         if self.secagg is not None:
             config |= {
                 "secagg_bits": self.secagg.bits,
@@ -144,13 +163,27 @@ def describe_transport(transport: Transport) -> Wire:
     """The :class:`Wire` of a server transport.
 
     Raises:
-        ValueError: a ``SecAggTransport`` whose clients are simulated in the server's process.
+        ValueError: a ``SecAggTransport`` whose clients are simulated in the server's process, or
+            a ``CKKSTransport`` that holds the secret key.
         NotImplementedError: a transport this adapter cannot carry (naming it).
     """
     dp = None
     base = transport
     if isinstance(transport, DPTransport):
         dp, base = transport.config, transport.inner
+    if isinstance(base, CKKSTransport):
+        if base.key_holder is not None:
+            raise ValueError(
+                "the server's CKKSTransport holds the users' secret key; on Flower the server "
+                "must hold only the public context: CKKSTransport(config, "
+                "public=load_public_context(path)) (securefed.flower.ckks.provision_keys)"
+            )
+        if dp is not None:
+            raise NotImplementedError(
+                "securefed.flower does not carry DPTransport around CKKS yet (the nodes would "
+                "have to clip and noise before encrypting); use DP over plaintext or secagg"
+            )
+        return Wire("ckks", ckks=base.config, key_id=base.server_context.key_id)
     if isinstance(base, PlaintextTransport):
         return Wire("plaintext", dp)
     if isinstance(base, SecAggTransport):
@@ -163,7 +196,8 @@ def describe_transport(transport: Transport) -> Wire:
         return Wire("secagg", dp, base.config)
     raise NotImplementedError(
         f"securefed.flower cannot carry the {transport.name!r} transport over Flower messages "
-        "(supported: plaintext, secagg with remote_clients=True, and DPTransport around either)"
+        "(supported: plaintext, secagg with remote_clients=True, DPTransport around either, and "
+        "ckks built from the public context)"
     )
 
 
@@ -317,6 +351,7 @@ class _Run:
         self.result = FlowerRunResult()
         self.messenger = _Messenger(grid, setup.options, self.result)
         self.hosts: dict[int, int] = {}
+        self.key_holder_nodes: set[int] = set()
 
     # -- one training round, plaintext wire (with or without DP) ----------------------
     def plain_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
@@ -503,6 +538,77 @@ class _Run:
                 rnd.drop(helper)  # dropped after submitting: still counted, its shares missing
         secagg.receive_reveals(responses)
 
+    # -- one training round, CKKS: the nodes encrypt, a key-holder node decrypts the sum ----
+    def ckks_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
+        rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        if not isinstance(rnd, CKKSRound):
+            raise TypeError("the ckks wire needs CKKSRound rounds")
+        shared = _broadcast_arrays(self.algorithm)
+        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        contents = {
+            node: _body(shared, {"clients": np.asarray(users, np.int64)}, config)
+            for node, users in self._targets(active).items()
+        }
+        arrived: set[int] = set()
+        parts = []
+        active_set = {int(c) for c in active}
+        for node, reply in sorted(self.messenger.exchange(CKKS_TRAIN, contents, round_id).items()):
+            arrays = rec.message_arrays(reply)
+            _learn_hosts(self.hosts, node, arrays["hosted"])
+            if bool(rec.message_config(reply).get("ckks_key_holder", False)):
+                self.key_holder_nodes.add(node)
+            users = arrays["users"].tolist()
+            stray = set(users) - active_set
+            if stray:
+                raise AggregationError(
+                    f"node {node} sent ciphertexts for clients {sorted(stray)[:5]} outside the "
+                    "round"
+                )
+            weighted = bool(arrays["weighted"])
+            for user, ciphertexts in zip(users, arrays_to_ciphertexts(arrays), strict=True):
+                rnd.receive_ciphertexts(int(user), ciphertexts, weighted=weighted)
+            arrived.update(users)
+            parts.append(_metrics(reply))
+        _drop_missing(rnd, active, arrived)
+        self._ckks_decrypt(round_id, rnd, config)
+        self.algorithm.close_round(rnd)
+        return sum_metrics(parts)
+
+    def _ckks_decrypt(self, round_id: int, rnd: CKKSRound, config: dict) -> None:
+        """Stage 3 over one more message round: a key-holder node decrypts the summed ciphertexts.
+
+        Shared key model: the node hosting the round's decryptor (the lowest surviving
+        contributor, as in one process), then any other node hosting a contributor if it fails.
+        Committee: the nodes that announced holding the key, lowest id first.
+
+        Raises:
+            AggregationError: no key-holder node answered.
+        """
+        request = rnd.decryption_request()
+        if request is None:
+            return
+        if request.decryptor is not None:
+            first = self.hosts[request.decryptor]
+            others = {self.hosts[c] for c in rnd.submitted if c not in rnd.dropped} - {first}
+            candidates = [first, *sorted(others)]
+        else:
+            candidates = sorted(self.key_holder_nodes)
+        arrays = {"length": np.array(request.length, np.int64)}
+        arrays |= ciphertexts_to_arrays([request.summed])
+        flooding = self.wire.ckks.flooding
+        body_config = config | {"flood_std": flooding.std, "round_step": flooding.step}
+        for node in candidates:
+            replies = self.messenger.exchange(
+                CKKS_DECRYPT, {node: rec.content(arrays, body_config)}, round_id
+            )
+            if node in replies:
+                rnd.receive_decryption(rec.message_arrays(replies[node])["values"])
+                return
+        raise AggregationError(
+            f"round {round_id}: no CKKS key holder answered the decryption request (asked nodes "
+            f"{candidates}); the server cannot decrypt the sum itself"
+        )
+
     def _targets(self, clients: np.ndarray) -> dict[int, list[int]]:
         """Which node hears about which clients: their hosts once known, else every node hears
         the whole list and answers for the users it hosts (the first round)."""
@@ -540,6 +646,8 @@ class _Run:
             )
             if self.wire.kind == "secagg":
                 sums = self.secagg_round(round_id, clients)
+            elif self.wire.kind == "ckks":
+                sums = self.ckks_round(round_id, clients)
             else:
                 sums = self.plain_round(round_id, clients)
             fn = self.setup.train_metrics

@@ -51,6 +51,7 @@ from typing import Literal
 import numpy as np
 import tenseal as ts
 
+from securefed._checks import finite_array
 from securefed.crypto.ckks import (
     AggregationCircuit,
     Ciphertext,
@@ -134,6 +135,27 @@ class CKKSConfig:
             "keep_ciphertext_bytes": self.keep_ciphertext_bytes,
             **self.flooding.public(),
         }
+
+
+FLOOD_STREAM = ("ckks", "flood")
+"""Seed-tree path (plus the round) of the key holder's flooding noise in seeded runs."""
+
+
+@dataclass(frozen=True)
+class DecryptionRequest:
+    """What the server sends a key holder at the end of a round (stage 3).
+
+    Attributes:
+        round_id: the round (the key holder's flooding stream in seeded runs).
+        decryptor: the client asked to decrypt (shared key model), ``None`` for a committee.
+        summed: the summed ciphertexts.
+        length: meaningful values in them (``n_rows * width``, plus the weight if weighted).
+    """
+
+    round_id: int
+    decryptor: int | None
+    summed: list[Ciphertext]
+    length: int
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -321,6 +343,8 @@ class CKKSRound(AggregationRound):
         self.n_ciphertexts = 0
         self.decryptor: int | None = None
         self._folded = False
+        self._request: DecryptionRequest | None = None
+        self._decrypted: np.ndarray | None = None
         self.timer = _Timer()
         self.timings = self.timer.seconds
         if len(self.clients) > self.config.max_clients:
@@ -341,6 +365,23 @@ class CKKSRound(AggregationRound):
                 f"round {self.round_id} was folded into the encrypted state; open a new round"
             )
         weighted = updates.weights is not None
+        self._start(weighted)
+        weights = updates.client_weights()
+        encrypt = self._transport.client_encrypt
+        bound = self.config.value_bound
+        sizes = np.zeros(len(updates.clients), np.int64)
+        # Validate every client of the batch before any ciphertext reaches the server.
+        check_batch_bound(updates, bound)
+        for k, client in enumerate(updates.clients.tolist()):
+            start = time.perf_counter()
+            packed = pack_update(updates.client_block(k), weights[k] if weighted else None)
+            ciphertexts = encrypt(packed)
+            self.timer.add("encrypt", start)
+            sizes[k] = self._add(client, ciphertexts)
+        self.view.add_bytes_up(updates.clients, sizes)
+
+    def _start(self, weighted: bool) -> None:
+        """Fix the round's packing at its first upload (weighted or not)."""
         if self._weighted is not None and self._weighted != weighted:
             raise ValueError(
                 "every client of a CKKS round must submit with a weight, or none must (this "
@@ -354,50 +395,83 @@ class CKKSRound(AggregationRound):
             self.view.public.update(
                 {"ckks_values_per_client": self._length, "ckks_ciphertexts": self.n_ciphertexts}
             )
-        weights = updates.client_weights()
-        encrypt = self._transport.client_encrypt
-        bound = self.config.value_bound
-        sizes = np.zeros(len(updates.clients), np.int64)
-        # Validate every client of the batch before any ciphertext reaches the server.
-        check_batch_bound(updates, bound)
-        for k, client in enumerate(updates.clients.tolist()):
-            start = time.perf_counter()
-            packed = pack_update(updates.client_block(k), weights[k] if weighted else None)
-            ciphertexts = encrypt(packed)
-            start = self.timer.add("encrypt", start)
-            self.server.receive(ciphertexts)
-            self.timer.add("server_add", start)
-            sizes[k] = sum(c.nbytes for c in ciphertexts)
-            if self.view.keep_payloads:
-                fields = {
-                    "ciphertext_sizes": np.array([c.nbytes for c in ciphertexts], np.int64),
-                    "ciphertext_sha256": digests(ciphertexts),
-                }
-                if self.config.keep_ciphertext_bytes:
-                    fields["ciphertexts"] = np.frombuffer(
-                        b"".join(c.data for c in ciphertexts), np.uint8
-                    ).copy()
-                self.view.record_payload(client, fields)
-        self.view.add_bytes_up(updates.clients, sizes)
+
+    def _add(self, client: int, ciphertexts: Sequence[Ciphertext]) -> int:
+        """The server adds one client's ciphertexts and records them; returns their bytes."""
+        start = time.perf_counter()
+        self.server.receive(ciphertexts)
+        self.timer.add("server_add", start)
+        if self.view.keep_payloads:
+            fields = {
+                "ciphertext_sizes": np.array([c.nbytes for c in ciphertexts], np.int64),
+                "ciphertext_sha256": digests(ciphertexts),
+            }
+            if self.config.keep_ciphertext_bytes:
+                fields["ciphertexts"] = np.frombuffer(
+                    b"".join(c.data for c in ciphertexts), np.uint8
+                ).copy()
+            self.view.record_payload(client, fields)
+        return sum(c.nbytes for c in ciphertexts)
+
+    # -- stages 1 and 2 with the clients elsewhere (securefed.flower) ------------------------
+    def receive_ciphertexts(
+        self, client: int, ciphertexts: Sequence[Ciphertext], *, weighted: bool
+    ) -> None:
+        """Add the ciphertexts ``client`` encrypted on its own machine (stage 2 only).
+
+        What :meth:`submit_batch` does after a client has encrypted, for clients that run
+        elsewhere (``securefed.flower``'s nodes): the same checks of the round's bookkeeping,
+        the same additions, the same view records. The bound on ``|w x|`` is checked by the
+        client before it encrypts (the server cannot check a ciphertext).
+
+        Raises:
+            AggregationError: a client outside the round, one that already submitted or dropped.
+            ValueError: a wrong number of ciphertexts, or weighting unlike the round's.
+            ContextMismatchError: a ciphertext made under another key.
+        """
+        self._check_open()
+        if self._folded:
+            raise AggregationError(
+                f"round {self.round_id} was folded into the encrypted state; open a new round"
+            )
+        client = int(client)
+        self.view.positions([client])  # raises for a client outside the round
+        if client in self.submitted:
+            raise AggregationError(f"client {client} already submitted in this round")
+        if client in self.dropped:
+            raise AggregationError(f"client {client} dropped out and cannot submit")
+        self._start(bool(weighted))
+        size = self._add(client, ciphertexts)
+        self.view.add_bytes_up([client], size)
+        self.submitted.add(client)
 
     # -- stage 3: a key holder decrypts the sum ----------------------------------------------
-    def _finish(self) -> Aggregate:
+    def decryption_request(self) -> DecryptionRequest | None:
+        """What the server sends a key holder: the summed ciphertexts (``None``: nothing to sum).
+
+        Records, as in one process, the decrypting client (shared model: the lowest surviving
+        contributor) and the bytes it receives and returns. Idempotent.
+
+        Raises:
+            AggregationError: the round was folded, or every client dropped (no key holder).
+        """
         if self._folded:
             raise AggregationError(
                 f"round {self.round_id}'s sum was folded into the encrypted state: nobody "
                 "decrypted it, so there is no aggregate to return (that is the point)"
             )
-        contributors = np.array(sorted(self.submitted), dtype=np.int64)
-        n_values = self.shape[0] * self.shape[1]
-        if len(contributors) == 0 or self.server is None:
-            return Aggregate(np.zeros(self.shape), 0.0, contributors)
+        if self._request is not None:
+            return self._request
+        if not self.submitted or self.server is None:
+            return None
         start = time.perf_counter()
         summed = self.server.summed()
-        start = self.timer.add("serialize", start)
+        self.timer.add("serialize", start)
         summed_bytes = sum(c.nbytes for c in summed)
         if self.config.key_model == "shared":
             survivors = [c for c in self.clients.tolist() if c not in self.dropped]
-            present = [c for c in contributors.tolist() if c not in self.dropped] or survivors
+            contributors = sorted(self.submitted)
+            present = [c for c in contributors if c not in self.dropped] or survivors
             if not present:
                 raise AggregationError(
                     f"round {self.round_id}: every client dropped; no key holder is left to "
@@ -409,10 +483,47 @@ class CKKSRound(AggregationRound):
             self.view.public["ckks_decryptor"] = self.decryptor
         else:
             self.view.public["ckks_committee_bytes"] = [summed_bytes, self._length * FLOAT_BYTES]
-        noise = noise_source(self.seeds, "ckks", "flood", self.round_id)
-        values = self._transport.key_holder.decrypt_aggregate(summed, self._length, noise)
-        self.timer.add("decrypt", start)
         self.view.aggregate["summed_ciphertext_sha256"] = digests(summed)
+        self._request = DecryptionRequest(self.round_id, self.decryptor, summed, self._length)
+        return self._request
+
+    def receive_decryption(self, values: np.ndarray) -> None:
+        """The key holder's reply to :meth:`decryption_request`: the flooded, rounded sum.
+
+        Raises:
+            AggregationError: no request was made.
+            ValueError: a reply of the wrong length, or with non-finite values.
+        """
+        if self._request is None:
+            raise AggregationError(
+                f"round {self.round_id}: no decryption was requested (call decryption_request)"
+            )
+        values = finite_array("the key holder's decryption", values)
+        if values.shape != (self._length,):
+            raise ValueError(
+                f"the key holder returned {values.shape} values, the round sums {self._length}"
+            )
+        self._decrypted = values
+
+    def _finish(self) -> Aggregate:
+        request = self.decryption_request()
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        n_values = self.shape[0] * self.shape[1]
+        if request is None:
+            return Aggregate(np.zeros(self.shape), 0.0, contributors)
+        values = self._decrypted
+        if values is None:
+            holder = self._transport.key_holder
+            if holder is None:
+                raise AggregationError(
+                    f"round {self.round_id}: this server holds no secret key (CKKSTransport "
+                    "built from the public context); send decryption_request() to a key holder "
+                    "and pass its reply to receive_decryption() before result()"
+                )
+            start = time.perf_counter()
+            noise = noise_source(self.seeds, *FLOOD_STREAM, self.round_id)
+            values = holder.decrypt_aggregate(request.summed, request.length, noise)
+            self.timer.add("decrypt", start)
         self._transport.add_timings(self.timings)
         weight = float(values[-1]) if self._weighted else float(len(contributors))
         return Aggregate(values[:n_values].reshape(self.shape), weight, contributors)
@@ -475,6 +586,12 @@ class EncryptedState:
             raise ValueError(
                 "an encrypted state needs the shared key model: every client decrypts it"
             )
+        if transport.key_holder is None:
+            raise ValueError(
+                "an encrypted state is encrypted and revealed by key holders; this transport "
+                "holds only the public context (server_state='encrypted' is not carried to "
+                "remote key holders)"
+            )
         initial = np.asarray(initial, dtype=np.float64)
         if initial.ndim != 2:
             raise ValueError(f"the state must be a matrix, got shape {initial.shape}")
@@ -528,6 +645,11 @@ class CKKSTransport(Transport):
         config: parameters (default :class:`CKKSConfig`).
         secret: the key holders' context (default: fresh keys for ``config``); it must use the
             encryption type of ``config.key_model``.
+        public: instead of ``secret``, only the server's :class:`PublicContext`: the transport
+            of a server whose key holders and clients run elsewhere (``securefed.flower``). It
+            holds no secret key (:attr:`key_holder` is ``None``): the clients' ciphertexts
+            arrive through :meth:`CKKSRound.receive_ciphertexts`, and a key holder answers
+            :meth:`CKKSRound.decryption_request` via :meth:`CKKSRound.receive_decryption`.
         keep_payloads: rounds whose per-client payloads the view keeps.
         total_rounds: run length, to resolve ``RoundSelection(last=k)``.
 
@@ -548,26 +670,52 @@ class CKKSTransport(Transport):
         config: CKKSConfig | None = None,
         *,
         secret: SecretContext | None = None,
+        public: PublicContext | None = None,
         keep_payloads: RoundSelection = NO_PAYLOADS,
         total_rounds: int | None = None,
     ) -> None:
         self.config = CKKSConfig() if config is None else config
-        secret = self.config.make_keys() if secret is None else secret
-        if secret.params.encryption != self.config.encryption:
+        if secret is not None and public is not None:
+            raise ValueError(
+                "give the CKKS transport either the key holders' secret context or the "
+                "server's public context, not both"
+            )
+        if public is not None:
+            if not isinstance(public, PublicContext):
+                raise TypeError(f"public must be a PublicContext, got {type(public).__name__}")
+            keys: SecretContext | PublicContext = public
+        else:
+            keys = self.config.make_keys() if secret is None else secret
+        if keys.params.encryption != self.config.encryption:
             raise ValueError(
                 f"key_model {self.config.key_model!r} needs {self.config.encryption} encryption, "
-                f"the given keys use {secret.params.encryption}"
+                f"the given keys use {keys.params.encryption}"
             )
-        self.params = secret.params
-        self.key_holder = KeyHolder(secret, self.config.flooding)
-        self.server_context = secret.public()
+        self.params = keys.params
+        self.key_holder: KeyHolder | None = None
+        if isinstance(keys, SecretContext):
+            self.key_holder = KeyHolder(keys, self.config.flooding)
+            self.server_context = keys.public()
+        else:
+            self.server_context = keys
         self._have_context: set[int] = set()
         self.timings = dict.fromkeys(STAGES, 0.0)
         super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
 
     def client_encrypt(self, values: np.ndarray) -> list[Ciphertext]:
-        """What a client does with its packed update: the shared key, or the public context."""
+        """What a client does with its packed update: the shared key, or the public context.
+
+        Raises:
+            AggregationError: the shared model on a server without the key (its clients encrypt
+                on their own machines; see :meth:`CKKSRound.receive_ciphertexts`).
+        """
         if self.config.key_model == "shared":
+            if self.key_holder is None:
+                raise AggregationError(
+                    "this CKKS transport holds only the public context: in the shared key model "
+                    "the clients encrypt with their own key on their machines and the server "
+                    "takes their ciphertexts with CKKSRound.receive_ciphertexts"
+                )
             return self.key_holder.encrypt(values)
         return self.server_context.encrypt(values)
 

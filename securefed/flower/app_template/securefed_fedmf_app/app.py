@@ -32,6 +32,7 @@ from flwr.app import Context
 from recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
 from recsys.fedmf import FedMF, FedMFConfig
 from securefed import ClientSampling, PlaintextTransport, RunOptions, SeedTree, Transport
+from securefed.crypto.ckks import load_public_context, load_secret_context
 from securefed.flower import (
     ClientSetup,
     FlowerRunOptions,
@@ -41,11 +42,13 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
+from securefed.flower.ckks import NodeKeys
 from securefed.runtime import run_rounds
+from securefed.transport.ckks import KEY_MODELS, CKKSConfig, CKKSTransport
 from securefed.transport.dp import DPTransport
 from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
-TRANSPORTS = ("plaintext", "secagg", "dp", "dp-local", "secagg+dp")
+TRANSPORTS = ("plaintext", "secagg", "dp", "dp-local", "secagg+dp", "ckks")
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,14 @@ class FedMFApp:
         variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
             :class:`~recsys.fedmf.FedMFConfig`.
         seed: the run's seed; ``-1`` is secure mode (OS randomness, nothing reproducible).
-        transport: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local`` or ``secagg+dp``
-            (distributed noise under secure aggregation).
+        transport: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local``, ``secagg+dp``
+            (distributed noise under secure aggregation) or ``ckks`` (the nodes encrypt, the
+            server adds ciphertexts, a key-holder node decrypts the sum).
+        ckks_key_model: ``shared`` (every node holds the users' secret key) or ``committee``.
+        ckks_secret_path: the secret-context file of ``securefed.flower.ckks.provision_keys``
+            on the nodes' hosts (a node's ``--node-config 'ckks-secret-path=...'`` overrides
+            it); the server never reads it.
+        ckks_public_path: the public-context file (the server's; committee-model nodes too).
         secagg_bits, secagg_scale, secagg_clip, secagg_neighbours: secure aggregation's fixed
             point and graph (0 neighbours: automatic).
         dp_clip, dp_noise_multiplier: DP parameters.
@@ -103,10 +112,22 @@ class FedMFApp:
     evaluate_every: int = 0
     timeout: float = 600.0
     output_dir: str = ""
+    ckks_key_model: str = "shared"
+    ckks_secret_path: str = ""
+    ckks_public_path: str = ""
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.ckks_key_model not in KEY_MODELS:
+            raise ValueError(
+                f"ckks-key-model must be one of {KEY_MODELS}, got {self.ckks_key_model!r}"
+            )
+        if self.transport == "ckks" and not self.ckks_public_path:
+            raise ValueError(
+                "transport 'ckks' needs ckks-public-path (the server's public context; write it "
+                "with securefed.flower.ckks.provision_keys)"
+            )
         if self.seed < -1:
             raise ValueError(f"seed must be >= 0, or -1 for secure mode; got {self.seed}")
         if self.clients_per_round < 0 or self.min_nodes < 1:
@@ -155,6 +176,15 @@ class FedMFApp:
         """The server's transport; ``remote=False`` is the in-process reference's."""
         if self.transport == "plaintext":
             return PlaintextTransport(total_rounds=self.rounds)
+        if self.transport == "ckks":
+            config = CKKSConfig(key_model=self.ckks_key_model)
+            if remote:  # the server: the public context only
+                public = load_public_context(self.ckks_public_path)
+                return CKKSTransport(config, public=public, total_rounds=self.rounds)
+            if not self.ckks_secret_path:
+                raise ValueError("the in-process CKKS reference needs ckks-secret-path")
+            secret = load_secret_context(self.ckks_secret_path)
+            return CKKSTransport(config, secret=secret, total_rounds=self.rounds)
         secagg = SecAggTransport(
             SecAggConfig(
                 bits=self.secagg_bits,
@@ -295,7 +325,14 @@ def client_setup(app: FedMFApp, context: Context) -> ClientSetup:
             path.parent.mkdir(parents=True, exist_ok=True)
             np.savez(path, users=done.users, U=done.model.U[done.users])
 
-    return ClientSetup(node, app.seeds(), node.update_shape, on_evaluate)
+    ckks = None
+    if app.transport == "ckks":
+        config = context.node_config
+        ckks = NodeKeys.from_paths(
+            str(config.get("ckks-secret-path", app.ckks_secret_path)),
+            str(config.get("ckks-public-path", app.ckks_public_path)),
+        )
+    return ClientSetup(node, app.seeds(), node.update_shape, on_evaluate, ckks)
 
 
 # ----------------------------------------------------------------------------- the server

@@ -1,0 +1,248 @@
+"""CKKS over Flower: the nodes encrypt and decrypt, the server only adds ciphertexts.
+
+The in-process :class:`~securefed.transport.ckks.CKKSTransport` keeps three roles apart in one
+process (clients encrypt, the server adds under the public context, a key holder decrypts the
+sum and floods it; Chai et al. 2020, Sec. 3; Li and Micciancio 2021 for the flooding). On Flower
+the roles live on different machines:
+
+* **provisioning, out of band**: :func:`provision_keys` generates the keys once and writes the
+  users' shared secret context (TenSEAL's ``serialize(save_secret_key=True)`` bytes, file mode
+  0600, :func:`~securefed.crypto.ckks.save_secret_context`) and the server's public context
+  (:func:`~securefed.crypto.ckks.save_public_context`). The secret file is copied to the key
+  holders' hosts only; no pickle anywhere, and the server never opens it.
+* **the server** holds ``CKKSTransport(config, public=load_public_context(path))``: no secret
+  key. It adds the ciphertexts the nodes send (:meth:`CKKSRound.receive_ciphertexts`) and, at the
+  end of a round, sends the summed ciphertexts to one key-holder node
+  (:meth:`CKKSRound.decryption_request`, one extra Flower message round, ``query.ckks_decrypt``).
+* **the nodes** (:class:`NodeKeys`): each packs its users' updates exactly as the in-process
+  round does (``pack_update``: ``w * x`` then ``w``), checks the public ``value_bound`` and
+  encrypts them (shared model: with the users' secret key; committee model: with the public
+  context); a key-holder node decrypts the sum, floods and rounds it with
+  :class:`~securefed.crypto.ckks.Flooding` from the stream ``("ckks", "flood", round)`` -- what
+  ``KeyHolder.decrypt_aggregate`` does in one process -- and returns only those values.
+
+Ciphertexts travel as one ``uint8`` array of concatenated TenSEAL serializations with int64
+offsets (their sizes vary by a few bytes: SEAL compresses them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from securefed.crypto.ckks import (
+    Ciphertext,
+    ContextMismatchError,
+    Flooding,
+    PublicContext,
+    SecretContext,
+    load_public_context,
+    load_secret_context,
+    save_public_context,
+    save_secret_context,
+)
+from securefed.privacy.noise import noise_source
+from securefed.randomness import SeedTree
+from securefed.transport.base import RowUpdates
+from securefed.transport.ckks import (
+    FLOOD_STREAM,
+    CKKSConfig,
+    KeyHolder,
+    check_batch_bound,
+    pack_update,
+)
+
+SECRET_FILE = "ckks-secret.bin"
+PUBLIC_FILE = "ckks-public.bin"
+
+
+def provision_keys(directory: str | os.PathLike, config: CKKSConfig) -> tuple[Path, Path]:
+    """Generate the keys for ``config`` and write ``(secret file, public file)`` in ``directory``.
+
+    Run once, on a machine the key holders trust; copy the secret file (mode 0600) to each key
+    holder's host over a secure channel and the public file to the server's host.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    secret = config.make_keys()
+    return (
+        save_secret_context(secret, directory / SECRET_FILE),
+        save_public_context(secret, directory / PUBLIC_FILE),
+    )
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    """The CKKS keys one node holds.
+
+    Attributes:
+        secret: the users' shared secret context (shared model: every node; committee model:
+            the committee's nodes only), or ``None``.
+        public: the public context (committee-model clients encrypt with it); taken from
+            ``secret`` when not given.
+
+    Raises:
+        ValueError: neither is given, or they are of different keys.
+    """
+
+    secret: SecretContext | None = None
+    public: PublicContext | None = None
+
+    def __post_init__(self) -> None:
+        if self.secret is None and self.public is None:
+            raise ValueError("a CKKS node needs the secret context, the public context, or both")
+        if self.public is None:
+            object.__setattr__(self, "public", self.secret.public())
+        if self.secret is not None and self.secret.key_id != self.public.key_id:
+            raise ContextMismatchError(
+                f"the node's secret context (key {self.secret.key_id}) and public context (key "
+                f"{self.public.key_id}) are of different keys"
+            )
+
+    @classmethod
+    def from_paths(
+        cls, secret_path: str | os.PathLike | None, public_path: str | os.PathLike | None
+    ) -> NodeKeys:
+        """Load the files of :func:`provision_keys` (empty or ``None`` paths are skipped)."""
+        secret = load_cached_secret(str(secret_path)) if secret_path else None
+        public = load_public_context(public_path) if public_path else None
+        return cls(secret, public)
+
+    @property
+    def key_id(self) -> str:
+        return self.public.key_id
+
+    def check_key(self, key_id: str) -> None:
+        """Refuse a round under another key than this node's (naming both).
+
+        Raises:
+            ContextMismatchError: the server's key id differs.
+        """
+        if key_id != self.key_id:
+            raise ContextMismatchError(
+                f"the server's CKKS key is {key_id}, this node holds key {self.key_id}: "
+                "provision both from the same provision_keys() output"
+            )
+
+    def encrypt_updates(
+        self, updates: RowUpdates, key_model: str, value_bound: float
+    ) -> dict[str, np.ndarray]:
+        """Pack, bound-check and encrypt every client's update of ``updates`` (one node's users).
+
+        Raises:
+            ValueError: an entry beyond ``value_bound`` (naming the client), before anything is
+                encrypted.
+            ContextMismatchError: the shared model on a node without the secret key.
+        """
+        if key_model == "shared" and self.secret is None:
+            raise ContextMismatchError(
+                "the shared key model needs the users' secret context on every node hosting "
+                "users: give the node ckks-secret-path"
+            )
+        encrypt = self.secret.encrypt if key_model == "shared" else self.public.encrypt
+        check_batch_bound(updates, value_bound)
+        weighted = updates.weights is not None
+        weights = updates.client_weights()
+        per_client = [
+            encrypt(pack_update(updates.client_block(k), weights[k] if weighted else None))
+            for k in range(len(updates.clients))
+        ]
+        return {
+            "users": np.asarray(updates.clients, np.int64),
+            "weighted": np.array(weighted),
+            **ciphertexts_to_arrays(per_client),
+        }
+
+    def decrypt_sum(
+        self,
+        summed: Sequence[Ciphertext],
+        length: int,
+        flooding: Flooding,
+        round_id: int,
+        seeds: SeedTree,
+    ) -> np.ndarray:
+        """Decrypt the server's summed ciphertexts, flood and round (``KeyHolder``'s release).
+
+        Raises:
+            ContextMismatchError: this node holds no secret key, or ciphertexts of another key.
+        """
+        if self.secret is None:
+            raise ContextMismatchError(
+                "this node holds no CKKS secret key and cannot decrypt: ask a key holder"
+            )
+        noise = noise_source(seeds, *FLOOD_STREAM, round_id)
+        return KeyHolder(self.secret, flooding).decrypt_aggregate(summed, length, noise)
+
+
+_SECRETS: dict[tuple[str, int, int], SecretContext] = {}
+
+
+def load_cached_secret(path: str) -> SecretContext:
+    """:func:`load_secret_context`, cached per process by path, size and modification time.
+
+    A node loads its key for every message (Flower may start a fresh ClientApp per message);
+    parsing the context once per process is enough.
+    """
+    info = Path(path).stat()
+    key = (str(Path(path).resolve()), info.st_size, info.st_mtime_ns)
+    if key not in _SECRETS:
+        _SECRETS.clear()
+        _SECRETS[key] = load_secret_context(path)
+    return _SECRETS[key]
+
+
+# ----------------------------------------------------------------------------- wire format
+def ciphertexts_to_arrays(per_client: Sequence[Sequence[Ciphertext]]) -> dict[str, np.ndarray]:
+    """Every client's ciphertexts as ``ct_bytes`` (uint8), ``ct_offsets``, ``ct_lengths``,
+    ``ct_counts`` (ciphertexts per client) and ``ct_key`` (the key id, as bytes)."""
+    flat = [c for cts in per_client for c in cts]
+    sizes = [c.nbytes for c in flat]
+    key_ids = {c.key_id for c in flat}
+    if len(key_ids) > 1:
+        raise ContextMismatchError(f"ciphertexts of several keys in one message: {key_ids}")
+    key_id = key_ids.pop() if key_ids else ""
+    return {
+        "ct_bytes": np.frombuffer(b"".join(c.data for c in flat), np.uint8).copy(),
+        "ct_offsets": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
+        "ct_lengths": np.array([c.length for c in flat], np.int64),
+        "ct_counts": np.array([len(cts) for cts in per_client], np.int64),
+        "ct_key": np.frombuffer(key_id.encode(), np.uint8).copy(),
+    }
+
+
+def arrays_to_ciphertexts(arrays: Mapping[str, np.ndarray]) -> list[list[Ciphertext]]:
+    """Rebuild :func:`ciphertexts_to_arrays` (one list per client).
+
+    Raises:
+        ValueError: a field is missing or the offsets and counts do not fit the bytes.
+    """
+    missing = [
+        name
+        for name in ("ct_bytes", "ct_offsets", "ct_lengths", "ct_counts", "ct_key")
+        if name not in arrays
+    ]
+    if missing:
+        raise ValueError(f"a CKKS message lacks {missing}")
+    data = np.asarray(arrays["ct_bytes"], np.uint8).tobytes()
+    offsets = np.asarray(arrays["ct_offsets"], np.int64)
+    lengths = np.asarray(arrays["ct_lengths"], np.int64)
+    counts = np.asarray(arrays["ct_counts"], np.int64)
+    key_id = np.asarray(arrays["ct_key"], np.uint8).tobytes().decode()
+    if (
+        len(offsets) != len(lengths) + 1
+        or counts.sum() != len(lengths)
+        or offsets[0] != 0
+        or offsets[-1] != len(data)
+        or np.any(np.diff(offsets) <= 0)
+    ):
+        raise ValueError("the ciphertext offsets, lengths and counts do not fit the bytes")
+    flat = [
+        Ciphertext(key_id, data[int(offsets[j]) : int(offsets[j + 1])], int(lengths[j]))
+        for j in range(len(lengths))
+    ]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [flat[int(starts[k]) : int(starts[k + 1])] for k in range(len(counts))]
