@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,he,dp,rl
+EXTRAS ?= dev,he,dp,rl,flower
 
 .PHONY: install demo test lint bench clean
 

@@ -635,7 +635,9 @@ def _chance_baseline(
 ) -> tuple[UserSets, float]:
     """Stage 5: the baseline's item guesses per evaluated user and its rating guess."""
     n_items = protocol.n_items if protocol is not None else (truth.n_items if truth else 0)
-    popularity = popularity_from_view(view, n_items, chosen) if protocol is not None else None
+    # Under aggregation="fixed" the aggregate carries no uploader counts.
+    counted = protocol is not None and protocol.aggregation != "fixed"
+    popularity = popularity_from_view(view, n_items, chosen) if counted else None
     if popularity is None and truth is not None:
         popularity = np.bincount(truth.items, minlength=truth.n_items).astype(np.float64)
         notes.append("no aggregate in the view: baseline popularity from the truth's item counts")
@@ -643,7 +645,7 @@ def _chance_baseline(
         counts = truth_set.counts()
         guess_rating = float(np.mean(truth.ratings)) if len(truth) else float("nan")
     else:
-        expected = expected_rated_count(view, protocol, chosen) if protocol else float("nan")
+        expected = expected_rated_count(view, protocol, chosen) if counted else float("nan")
         counts = np.full(n_users, int(np.rint(expected)) if np.isfinite(expected) else 0)
         guess_rating = float("nan")
     if popularity is None:
