@@ -6,6 +6,13 @@
   (specs/fedmf.md section 3).
 * :mod:`attacks.metrics`: exact share, RMSE, precision / recall / F1.
 * :func:`verify`: every applicable attack on a view, with the chance baseline (docs/attacks.md).
+* :mod:`attacks.policy_leak`: FedHPD, an agent's recent return from its uploaded action
+  distributions (:func:`verify_policy_leak`).
+* :mod:`attacks.qvalue_leak`: FedSlate, the user's hidden state from the platforms' Q-values
+  (:class:`FusionRecorder`, :func:`verify_qvalue_leak`).
+
+The two RL modules need torch and gymnasium (the ``rl`` extra); their names are exported lazily,
+so ``import attacks`` works without them.
 
 Note: ``attacks.verify`` is the function; the module is ``attacks.verify`` in ``sys.modules``
 (import its helpers with ``from attacks.verify import ...``).
@@ -30,6 +37,28 @@ from attacks.item_inference import (
 from attacks.metrics import UserSets, item_metrics, overall_metrics, rating_metrics
 from attacks.verify import ITEM_ATTACKS, LeakReport, verify
 
+_LAZY = {
+    "CloneConfig": "attacks.policy_leak",
+    "PolicyLeakReport": "attacks.policy_leak",
+    "PolicyProtocol": "attacks.policy_leak",
+    "verify_policy_leak": "attacks.policy_leak",
+    "FusionRecorder": "attacks.qvalue_leak",
+    "QLeakConfig": "attacks.qvalue_leak",
+    "QValueLeakReport": "attacks.qvalue_leak",
+    "replay_truth": "attacks.qvalue_leak",
+    "verify_qvalue_leak": "attacks.qvalue_leak",
+}
+
+
+def __getattr__(name: str):
+    """Import the RL attacks' names on first use (they need torch and gymnasium)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attacks' has no attribute {name!r}")
+
+
 __all__ = [
     "ITEM_ATTACKS",
     "ClientUpload",
@@ -50,4 +79,5 @@ __all__ = [
     "update_consistency_test",
     "upload_order_test",
     "verify",
+    *_LAZY,
 ]

@@ -11,6 +11,7 @@ BENCH_MODULES = (
     "benchmarks.bench_ckks",
     "benchmarks.bench_fedhpd",
     "benchmarks.bench_fedslate",
+    "benchmarks.bench_rl_leak",
     "benchmarks.bench_flower",
 )
 
