@@ -638,8 +638,12 @@ def _public_states(
 
 
 # == 5 and 6. The step-by-step reference learner (FedHPD, NoFed, DPA-FedRL) ===================
-class _Agent:
-    """One agent of the reference learner: its policy, optimiser, schedule and environment."""
+class Agent:
+    """One agent of the reference learner: its policy, optimiser, schedule and environment.
+
+    ``ReferenceRun`` holds all of them in one process; ``rl.flower_fedhpd`` holds each on the node
+    that hosts it.
+    """
 
     def __init__(self, policy: MLPPolicy, spec: AgentSpec, task: TaskSpec, env, env_seed: int):
         self.policy, self.task, self.env, self.env_seed = policy, task, env, env_seed
@@ -667,6 +671,17 @@ class _Agent:
         self.optimizer.step()
         if schedule and self.scheduler is not None:
             self.scheduler.step()
+
+    def upload(self, part: torch.Tensor) -> np.ndarray:
+        """The agent's action distributions on a part of ``S_p`` (what it sends to the server)."""
+        with torch.no_grad():
+            return self.policy.distribution(part).numpy()
+
+    def distill_step(self, part: torch.Tensor, target: torch.Tensor, direction: str) -> None:
+        """One optimiser step (no schedule step) on the KL term to the consensus ``target``."""
+        first, std = self.policy(part)
+        loss = distill_loss(first[None], None if std is None else std[None], target, direction)[0]
+        self.step(loss, schedule=False)
 
     def play_and_learn(self, noise: np.ndarray, gamma: float) -> float:
         """One episode, keeping the graph step by step, then one REINFORCE step."""
@@ -720,7 +735,7 @@ class ReferenceRun:
         self.snapshot_rounds = set(run.snapshot_rounds)
         spec = config.spec
         self.agents = [
-            _Agent(policy, agent, spec, make_env(spec), stream_seed(self.tree, "env", k))
+            Agent(policy, agent, spec, make_env(spec), stream_seed(self.tree, "env", k))
             for k, (policy, agent) in enumerate(
                 zip(initial_policies(config, self.tree), config.agent_specs, strict=True)
             )
@@ -767,15 +782,10 @@ class ReferenceRun:
         config = self.config
         for _ in range(config.distill_loops):
             for part in parts(self.public, config.part_size):
-                with torch.no_grad():
-                    uploads = np.stack([a.policy.distribution(part).numpy() for a in self.agents])
+                uploads = np.stack([agent.upload(part) for agent in self.agents])
                 target = torch.as_tensor(self._consensus(uploads), dtype=config.torch_dtype)
                 for agent in self.agents:
-                    first, std = agent.policy(part)
-                    loss = distill_loss(
-                        first[None], None if std is None else std[None], target, config.direction
-                    )[0]
-                    agent.step(loss, schedule=False)
+                    agent.distill_step(part, target, config.direction)
 
     def dpa_query(self, round_id: int) -> None:
         """DPA-FedRL: the server acts from the agents' average at its state ``s``; each agent steps

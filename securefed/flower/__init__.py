@@ -17,7 +17,8 @@ adds ciphertexts under the public context, a key-holder node decrypts the sum;
 :mod:`securefed.flower.ckks`). Not carried: DP around CKKS (docs/flower.md).
 
 The worked example, FedMF on a SuperLink and SuperNodes, is the app template in
-``securefed/flower/app_template`` (:func:`securefed.flower.loopback.write_app`).
+``securefed/flower/app_template`` (:func:`securefed.flower.loopback.write_app`). FedHPD's halves
+(agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,563 @@
+"""FedHPD (``rl.fedhpd``) on Flower: the agents on the SuperNodes, the consensus on the server.
+
+The split follows ``securefed.flower``'s protocol (docs/flower.md): one Flower training round is
+one transport round of the run, i.e. one part of ``S_p`` in one loop of one distillation event
+(``FedHPDConfig.aggregation_rounds()`` rounds in all).
+
+* :class:`FedHPDServer` (``ServerAlgorithm``) holds ``S_p`` and the last consensus. It opens each
+  transport round (client id = agent index, as ``aggregate_uploads``), broadcasts the previous
+  round's consensus (and ``S_p`` once, in round 0), and keeps only the transport's mean
+  (:func:`rl.fedhpd.consensus`).
+* :class:`FedHPDNode` (``ClientNode``) hosts the agents ``partition_users(n_agents,
+  num-partitions, partition-id)``. For round ``j`` it first takes the KL step on the consensus of
+  round ``j - 1`` (if it uploaded in it), plays the episodes and REINFORCE steps of the rounds up
+  to the event of ``j``, then uploads its agents' distributions on the part of ``j``. The final
+  ``evaluate`` message carries the last consensus: the node takes that KL step and plays the
+  rounds after the last event. Agents, optimisers, schedules, episode counters and the
+  environments' generators stay on the node, in its Flower ``Context.state`` as numpy arrays
+  (:meth:`FedHPDNode.state_dict`: torch state dicts as arrays, no pickle).
+
+Each agent runs :class:`rl.fedhpd.Agent`, the step-by-step reference learner, so a seeded
+plaintext run equals :class:`rl.fedhpd.ReferenceRun` (``tests/test_flower_fedhpd.py``).
+
+This module is the app layer: it imports ``rl`` and ``securefed.flower``; ``securefed`` knows
+nothing of FedHPD.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Context
+
+from rl.fedhpd import (
+    Agent,
+    FedHPDConfig,
+    consensus,
+    initial_policies,
+    make_env,
+    make_public_states,
+    round_noise,
+    stream_seed,
+)
+from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
+from securefed.flower import (
+    ClientSetup,
+    FlowerRunOptions,
+    FlowerRunResult,
+    ServerSetup,
+    make_client_app,
+    make_server_app,
+    partition_users,
+)
+from securefed.transport.base import AggregationRound
+
+_MASK64 = (1 << 64) - 1
+
+
+# ----------------------------------------------------------------------------- the schedule
+@dataclass(frozen=True)
+class Schedule:
+    """Where transport round ``j`` of a FedHPD run falls (public: both halves compute it).
+
+    Args:
+        config: the run's configuration (``algorithm="fedhpd"``).
+
+    Raises:
+        ValueError: for NoFed or DPA-FedRL (not carried on Flower).
+    """
+
+    config: FedHPDConfig
+
+    def __post_init__(self) -> None:
+        if self.config.algorithm != "fedhpd":
+            raise ValueError(
+                f"rl.flower_fedhpd carries FedHPD only, got algorithm={self.config.algorithm!r}"
+            )
+
+    @property
+    def rounds(self) -> int:
+        """Transport (and Flower training) rounds of the run."""
+        return self.config.aggregation_rounds()
+
+    @property
+    def width(self) -> int:
+        """Values per public state in an upload (probabilities, or ``[mean, std]``)."""
+        spec = self.config.spec
+        return spec.act_dim if spec.kind == "categorical" else 2 * spec.act_dim
+
+    def part_slice(self, round_id: int) -> slice:
+        """The states of ``S_p`` whose distributions round ``round_id`` aggregates."""
+        part = round_id % self.config.n_parts()
+        start = part * self.config.part_size
+        return slice(start, min(start + self.config.part_size, self.config.public_size))
+
+    def played_before(self, round_id: int) -> int:
+        """Training rounds played before the upload of ``round_id`` (through its event)."""
+        per_event = self.config.distill_loops * self.config.n_parts()
+        return (round_id // per_event + 1) * self.config.d
+
+    def check(self, round_id: int) -> None:
+        if not 0 <= round_id < self.rounds:
+            raise ValueError(f"round {round_id} outside the run's {self.rounds} transport rounds")
+
+
+# ----------------------------------------------------------------------------- the server half
+class FedHPDServer:
+    """The server half: ``S_p``, the transport rounds and the consensus (only the mean).
+
+    Args:
+        config: the run's configuration.
+        public_states: ``S_p`` (``(public_size, obs_dim)``), made once by the server.
+    """
+
+    def __init__(self, config: FedHPDConfig, public_states: np.ndarray) -> None:
+        self.schedule = Schedule(config)
+        self.config = config
+        self.public = np.ascontiguousarray(public_states)
+        expected = (config.public_size, config.spec.obs_dim)
+        if self.public.shape != expected:
+            raise ValueError(f"public_states must have shape {expected}, got {self.public.shape}")
+        self.n_clients = config.n_agents
+        self.round_id = -1
+        self.consensus: np.ndarray | None = None
+        self.consensus_round = -1
+
+    def open_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> tuple[AggregationRound, np.ndarray]:
+        self.schedule.check(round_id)
+        n = len(range(self.config.public_size)[self.schedule.part_slice(round_id)])
+        rnd = transport.open_round(round_id, clients, shape=(n, self.schedule.width), seeds=seeds)
+        self.round_id = round_id
+        return rnd, np.asarray(clients, np.int64)
+
+    def broadcast_state(self) -> dict[str, np.ndarray]:
+        state: dict[str, np.ndarray] = {}
+        if self.round_id == 0:  # S_p travels once, with the first round
+            state["public"] = self.public
+        if self.consensus is not None:
+            state["consensus"] = self.consensus
+            state["consensus_round"] = np.array(self.consensus_round, np.int64)
+        return state
+
+    def close_round(self, rnd: AggregationRound) -> None:
+        spec = self.config.spec
+        self.consensus = consensus(rnd.result().mean(), spec.kind, spec.act_dim)
+        self.consensus_round = self.round_id
+
+
+# ----------------------------------------------------------------------------- agent state
+def _rng_words(generator: np.random.Generator) -> np.ndarray:
+    state = generator.bit_generator.state
+    if state["bit_generator"] != "PCG64":
+        raise TypeError(f"cannot save a {state['bit_generator']} environment generator")
+    inner = state["state"]
+    return np.array(
+        [
+            inner["state"] >> 64,
+            inner["state"] & _MASK64,
+            inner["inc"] >> 64,
+            inner["inc"] & _MASK64,
+            state["has_uint32"],
+            state["uinteger"],
+        ],
+        np.uint64,
+    )
+
+
+def _rng_from_words(words: np.ndarray) -> np.random.Generator:
+    w = [int(x) for x in np.asarray(words, np.uint64)]
+    generator = np.random.Generator(np.random.PCG64())
+    generator.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+        "has_uint32": w[4],
+        "uinteger": w[5],
+    }
+    return generator
+
+
+def agent_state(agent: Agent, prefix: str) -> dict[str, np.ndarray]:
+    """Everything an agent carries between messages, as numpy arrays under ``prefix``.
+
+    Parameters, the optimiser's per-parameter state and learning rate, the schedule's counters,
+    the episode count, and the environment's generator (the agent is always between episodes
+    here, so the generator is the environment's whole state).
+    """
+    arrays = {
+        f"{prefix}param.{name}": value.detach().numpy().copy()
+        for name, value in agent.policy.state_dict().items()
+    }
+    optimizer = agent.optimizer.state_dict()
+    for index, entries in optimizer["state"].items():
+        for name, value in entries.items():
+            arrays[f"{prefix}opt.{index}.{name}"] = torch.as_tensor(value).numpy().copy()
+    arrays[f"{prefix}lr"] = np.array(optimizer["param_groups"][0]["lr"], np.float64)
+    if agent.scheduler is not None:
+        schedule = agent.scheduler.state_dict()
+        arrays[f"{prefix}sched"] = np.array(
+            [schedule["last_epoch"], schedule["_step_count"]], np.int64
+        )
+        arrays[f"{prefix}sched_lr"] = np.array(schedule["_last_lr"], np.float64)
+    arrays[f"{prefix}episodes"] = np.array(agent.episodes, np.int64)
+    if agent.episodes:
+        arrays[f"{prefix}env_rng"] = _rng_words(agent.env.unwrapped.np_random)
+    return arrays
+
+
+def load_agent_state(agent: Agent, state: Mapping[str, np.ndarray], prefix: str) -> None:
+    """Restore :func:`agent_state` into a freshly built agent (same spec and task).
+
+    Raises:
+        ValueError: the saved parameters do not fit the agent.
+    """
+    params = {
+        name[len(prefix) + len("param.") :]: torch.from_numpy(np.array(value))
+        for name, value in state.items()
+        if name.startswith(f"{prefix}param.")
+    }
+    try:
+        agent.policy.load_state_dict(params)
+    except RuntimeError as error:
+        raise ValueError(
+            f"saved parameters under {prefix!r} do not fit the agent: {error}"
+        ) from None
+    optimizer = agent.optimizer.state_dict()
+    entries: dict[int, dict[str, torch.Tensor]] = {}
+    opt_prefix = f"{prefix}opt."
+    for name, value in state.items():
+        if name.startswith(opt_prefix):
+            index, field_name = name[len(opt_prefix) :].split(".", 1)
+            entries.setdefault(int(index), {})[field_name] = torch.from_numpy(np.array(value))
+    optimizer["state"] = entries
+    optimizer["param_groups"][0]["lr"] = float(state[f"{prefix}lr"])
+    agent.optimizer.load_state_dict(optimizer)
+    if agent.scheduler is not None:
+        schedule = agent.scheduler.state_dict()
+        last_epoch, step_count = (int(x) for x in state[f"{prefix}sched"])
+        schedule |= {
+            "last_epoch": last_epoch,
+            "_step_count": step_count,
+            "_last_lr": [float(x) for x in state[f"{prefix}sched_lr"]],
+        }
+        agent.scheduler.load_state_dict(schedule)
+    agent.episodes = int(state[f"{prefix}episodes"])
+    if agent.episodes:
+        agent.env.unwrapped.np_random = _rng_from_words(state[f"{prefix}env_rng"])
+
+
+# ----------------------------------------------------------------------------- the node half
+class FedHPDNode:
+    """The agents one SuperNode hosts: their policies, optimisers and environments.
+
+    Built fresh for every message (agents from their ``("init", k)`` draws); the saved state, if
+    any, is then loaded by ``securefed.flower`` through :meth:`load_state_dict`.
+
+    Args:
+        config: the run's configuration.
+        agents: the global indices of the hosted agents.
+        seeds: the node's seed tree (the run's ``SeedTree(seed)`` for a reproducible run).
+    """
+
+    def __init__(self, config: FedHPDConfig, agents: np.ndarray, seeds: SeedTree) -> None:
+        self.schedule = Schedule(config)
+        self.config = config
+        self.users = np.asarray(agents, np.int64)
+        if len(self.users) and not (self.users.min() >= 0 and self.users.max() < config.n_agents):
+            raise ValueError(f"agents must lie in [0, {config.n_agents}), got {self.users}")
+        self.seeds = seeds
+        spec = config.spec
+        policies = initial_policies(config, seeds)
+        self.agents = {
+            int(k): Agent(
+                policies[k],
+                config.agent_specs[k],
+                spec,
+                make_env(spec),
+                stream_seed(seeds, "env", int(k)),
+            )
+            for k in self.users
+        }
+        self.returns = np.zeros((config.rounds, len(self.users)))
+        self.played = 0
+        self.uploaded = 0  # transport rounds this node has uploaded in
+        self.pending = -1  # the round whose consensus this node still has to step on
+        self.public: np.ndarray | None = None
+
+    # -- the protocol -------------------------------------------------------------------
+    def train(
+        self,
+        round_id: int,
+        clients: np.ndarray,
+        broadcast: Mapping[str, np.ndarray],
+        seeds: SeedTree,
+    ) -> tuple[list[RowUpdates], dict[str, float]]:
+        """Step on the last consensus, play up to this round's event, upload the part."""
+        self.schedule.check(round_id)
+        self._absorb(broadcast)
+        if self.public is None:
+            raise ValueError("this node never received the public state set S_p (round 0)")
+        before = self.played
+        self._play(self.schedule.played_before(round_id))
+        played = self.returns[before : self.played]
+        hosted = {int(k): j for j, k in enumerate(self.users)}
+        clients = [int(c) for c in clients if int(c) in hosted]
+        part = self._part(round_id)
+        uploads = np.stack([self.agents[c].upload(part) for c in clients]).astype(np.float64)
+        k, n, w = uploads.shape
+        batch = RowUpdates(
+            clients=np.asarray(clients, np.int64),
+            indptr=np.arange(k + 1, dtype=np.int64) * n,
+            rows=np.tile(np.arange(n, dtype=np.int64), k),
+            values=uploads.reshape(k * n, w),
+            n_rows=n,
+            dense=True,
+        )
+        self.pending, self.uploaded = round_id, round_id + 1
+        return [batch], {"return_sum": float(played.sum()), "episodes": float(played.size)}
+
+    def evaluate(self, broadcast: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """After the last round: the last KL step and the rounds after the last event.
+
+        Returns:
+            Sums over the hosted agents of their return in the last round, and their count.
+        """
+        self._absorb(broadcast)
+        if self.uploaded == self.schedule.rounds:
+            self._play(self.config.rounds)
+        last = self.returns[self.played - 1] if self.played else np.zeros(len(self.users))
+        return {"final_return_sum": float(last.sum()), "agents": float(len(self.users))}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        state = {
+            "agents": self.users,
+            "returns": self.returns,
+            "counters": np.array([self.played, self.uploaded, self.pending], np.int64),
+        }
+        if self.public is not None:
+            state["public"] = self.public
+        for k, agent in self.agents.items():
+            state |= agent_state(agent, f"agent{k}.")
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        if not np.array_equal(state["agents"], self.users):
+            raise ValueError(
+                f"the saved state is of agents {state['agents'].tolist()}, this node hosts "
+                f"{self.users.tolist()}"
+            )
+        self.returns = np.array(state["returns"])
+        self.played, self.uploaded, self.pending = (int(x) for x in state["counters"])
+        self.public = np.array(state["public"]) if "public" in state else None
+        for k, agent in self.agents.items():
+            load_agent_state(agent, state, f"agent{k}.")
+
+    def parameters(self) -> dict[int, np.ndarray]:
+        """Each hosted agent's parameters, flat in ``parameters()`` order."""
+        from rl.policies import policy_vector
+
+        return {k: policy_vector(agent.policy) for k, agent in self.agents.items()}
+
+    # -- the learner ----------------------------------------------------------------------
+    def _absorb(self, broadcast: Mapping[str, np.ndarray]) -> None:
+        """Keep ``S_p`` if it came; step on the consensus of the round uploaded last."""
+        if "public" in broadcast:
+            self.public = np.array(broadcast["public"])
+        if self.pending < 0:
+            return
+        if int(broadcast.get("consensus_round", -1)) != self.pending:
+            raise ValueError(
+                f"the broadcast lacks the consensus of round {self.pending}, which this node "
+                "uploaded in"
+            )
+        part = self._part(self.pending)
+        target = torch.as_tensor(broadcast["consensus"], dtype=self.config.torch_dtype)
+        for agent in self.agents.values():
+            agent.distill_step(part, target, self.config.direction)
+        self.pending = -1
+
+    def _part(self, round_id: int) -> torch.Tensor:
+        public = torch.as_tensor(self.public, dtype=self.config.torch_dtype)
+        return public[self.schedule.part_slice(round_id)]
+
+    def _play(self, until: int) -> None:
+        for round_id in range(self.played, until):
+            noise = round_noise(self.seeds, round_id, self.config)
+            for j, k in enumerate(self.users):
+                self.returns[round_id, j] = self.agents[int(k)].play_and_learn(
+                    noise[k], self.config.gamma
+                )
+        self.played = max(self.played, until)
+
+
+# ----------------------------------------------------------------------------- the apps
+@dataclass(frozen=True)
+class FedHPDFlowerRun:
+    """One FedHPD run on Flower.
+
+    Attributes:
+        config: the run's configuration (``algorithm="fedhpd"``).
+        seed: the run's seed (server and nodes use ``SeedTree(seed)``: the run is reproducible
+            and equals ``ReferenceRun`` in plaintext).
+        min_nodes: SuperNodes the server waits for (the agents are split over them).
+        output_dir: where each node writes ``node-<partition>.npz`` (its agents, returns and
+            parameters) after the run (``""``: nothing is written).
+        timeout: seconds one message round may take.
+    """
+
+    config: FedHPDConfig
+    seed: int = 0
+    min_nodes: int = 1
+    output_dir: str = ""
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        Schedule(self.config)
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.min_nodes < 1:
+            raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+
+
+@dataclass
+class FedHPDOutcome:
+    """What the server ends with (filled when the run finishes)."""
+
+    server: FedHPDServer | None = None
+    transport: Transport | None = None
+    result: FlowerRunResult | None = None
+
+
+def _train_metrics(sums: Mapping[str, float]) -> dict[str, float]:
+    n = sums.get("episodes", 0.0)
+    return {"mean_return": sums.get("return_sum", 0.0) / n if n else math.nan, "episodes": n}
+
+
+def _evaluation_metrics(sums: Mapping[str, float]) -> dict[str, float]:
+    n = sums.get("agents", 0.0)
+    return {"final_mean_return": sums["final_return_sum"] / n if n else math.nan}
+
+
+def server_setup(
+    run: FedHPDFlowerRun,
+    transport: Transport | None = None,
+    public_states: np.ndarray | None = None,
+    outcome: FedHPDOutcome | None = None,
+) -> ServerSetup:
+    """The server's setup: ``S_p`` (made here when not given), the transport, the loop.
+
+    ``transport`` defaults to plaintext; secure aggregation must be
+    ``SecAggTransport(..., remote_clients=True)`` (its clients are the nodes).
+    """
+    config = run.config
+    public = make_public_states(config) if public_states is None else public_states
+    server = FedHPDServer(config, public)
+    transport = PlaintextTransport() if transport is None else transport
+    outcome = FedHPDOutcome() if outcome is None else outcome
+
+    def finish(result: FlowerRunResult) -> None:
+        outcome.server, outcome.transport, outcome.result = server, transport, result
+
+    options = FlowerRunOptions(
+        rounds=server.schedule.rounds, min_nodes=run.min_nodes, timeout=run.timeout
+    )
+    return ServerSetup(
+        server,
+        transport,
+        SeedTree(run.seed),
+        options,
+        train_metrics=_train_metrics,
+        evaluation_metrics=_evaluation_metrics,
+        on_finish=finish,
+    )
+
+
+def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
+    """The node's setup for one message: its agents from its ``partition-id``."""
+    node_config = context.node_config
+    if "partition-id" not in node_config or "num-partitions" not in node_config:
+        raise ValueError(
+            "this SuperNode has no partition: start it with --node-config "
+            "'partition-id=<i> num-partitions=<n>'"
+        )
+    partition = int(node_config["partition-id"])
+    agents = partition_users(run.config.n_agents, int(node_config["num-partitions"]), partition)
+    node = FedHPDNode(run.config, agents, SeedTree(run.seed))
+    on_evaluate: Callable[[FedHPDNode], None] | None = None
+    if run.output_dir:
+
+        def on_evaluate(done: FedHPDNode) -> None:
+            path = Path(run.output_dir) / f"node-{partition}.npz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            params = {f"param{k}": v for k, v in done.parameters().items()}
+            np.savez(path, agents=done.users, returns=done.returns, **params)
+
+    schedule = node.schedule
+    shape = (len(range(run.config.public_size)[schedule.part_slice(0)]), schedule.width)
+    return ClientSetup(node, node.seeds, shape, on_evaluate)
+
+
+@dataclass
+class FedHPDApps:
+    """A ServerApp and ClientApp for one run, and where the server's outcome lands."""
+
+    server: object
+    client: object
+    outcome: FedHPDOutcome = field(default_factory=FedHPDOutcome)
+
+
+def build_apps(
+    run: FedHPDFlowerRun,
+    transport: Callable[[], Transport] | None = None,
+    public_states: np.ndarray | None = None,
+) -> FedHPDApps:
+    """Apps bound to ``run`` (for the simulation engine, whose Python API has no run config).
+
+    Args:
+        run: the run.
+        transport: makes the server's transport (default: plaintext).
+        public_states: ``S_p`` (default: made by the server with ``make_public_states``).
+    """
+    outcome = FedHPDOutcome()
+    server_app = make_server_app(
+        lambda context: server_setup(
+            run, None if transport is None else transport(), public_states, outcome
+        )
+    )
+    client_app = make_client_app(lambda context: client_setup(run, context))
+    return FedHPDApps(server_app, client_app, outcome)
+
+
+def node_results(out_dir: str | Path, nodes: int, n_agents: int) -> tuple[np.ndarray, list]:
+    """Join the nodes' ``node-<partition>.npz``: returns ``(rounds, agents)`` and parameters."""
+    returns, params = None, [None] * n_agents
+    for partition in range(nodes):
+        saved = np.load(Path(out_dir) / f"node-{partition}.npz")
+        if returns is None:
+            returns = np.full((saved["returns"].shape[0], n_agents), np.nan)
+        for j, k in enumerate(saved["agents"].tolist()):
+            returns[:, k] = saved["returns"][:, j]
+            params[k] = saved[f"param{k}"]
+    return returns, params
+
+
+__all__ = [
+    "FedHPDApps",
+    "FedHPDFlowerRun",
+    "FedHPDNode",
+    "FedHPDOutcome",
+    "FedHPDServer",
+    "Schedule",
+    "agent_state",
+    "build_apps",
+    "client_setup",
+    "load_agent_state",
+    "node_results",
+    "server_setup",
+]
