@@ -59,6 +59,26 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
+def _dp_record(runs, epsilon_target: float | None) -> dict[str, object]:
+    """The DP parameters of the runs' transports; epsilon spent where the ledger is in this
+    process (one run, or one worker: forked workers keep their ledgers)."""
+    private = [run.transport for run in runs if hasattr(run.transport, "ledger")]
+    if not private:
+        return {}
+    first = private[0]
+    spent = [t.epsilon() for t in private if t.ledger is not None and t.ledger.steps]
+    return {
+        "dp": {
+            "placement": first.config.placement,
+            "noise_multiplier": first.config.noise_multiplier,
+            "clip": first.config.clip,
+            "delta": first.delta,
+            "epsilon_target": epsilon_target,
+            "epsilon_spent": max(spent) if spent else None,
+        }
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -129,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         "bytes_up_per_run": float(np.mean([r.bytes_up for r in results])),
         "bytes_down_per_run": float(np.mean([r.bytes_down for r in results])),
     }
+    record |= _dp_record(runs, args.epsilon)
     print(json.dumps(record, indent=1))
     if args.out:
         out = Path(args.out)
