@@ -104,19 +104,7 @@ def run_cell(
 
 
 def _record(name: str, kind: str, key: str, result: RunResult) -> dict[str, object]:
-    return {
-        "name": name,
-        "kind": kind,
-        "algorithm": result.algorithm,
-        "key": key,
-        "config": result.config,
-        "seconds": result.seconds,
-        "episodes_per_second": result.episodes_per_second,
-        "timings": result.timings,
-        "learn_steps": result.learn_steps,
-        "updates": result.updates,
-        "rewards": np.round(result.episode_rewards, 2).tolist(),
-    }
+    return {"name": name, "kind": kind, "key": key} | result.to_record()
 
 
 def metrics(record: dict[str, object], platform: int) -> dict[str, object]:

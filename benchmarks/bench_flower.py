@@ -80,24 +80,12 @@ def _in_process(example, app) -> tuple[object, list[float]]:
 
 def _on_flower(example, app, nodes: int):
     """The run on Flower's simulation engine; returns the server's outcome and the wall time."""
-    from flwr.simulation import run_simulation
+    from securefed.flower.simulation import run_in_simulation
 
     apps = example.build_apps(app)
-    pythonpath = os.environ.get("PYTHONPATH")
     start = time.perf_counter()
-    try:
-        run_simulation(
-            server_app=apps.server,
-            client_app=apps.client,
-            num_supernodes=nodes,
-            backend_config=BACKEND,
-        )
-    finally:  # Flower's Ray backend exports this process's sys.path as PYTHONPATH: undo it
-        if pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = pythonpath
-    return apps.outcome, time.perf_counter() - start
+    outcome = run_in_simulation(apps, nodes, BACKEND)
+    return outcome, time.perf_counter() - start
 
 
 def _test_rmse(example, app, model) -> float:

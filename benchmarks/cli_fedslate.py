@@ -148,17 +148,7 @@ def _run(args: argparse.Namespace) -> int:
         result = run_reference(config, args.algorithm, users=args.members)
     window = min(100, config.episodes)
     summary = summarize(result, window=window)
-    record = {
-        "algorithm": result.algorithm,
-        "config": result.config,
-        "seconds": result.seconds,
-        "episodes_per_second": result.episodes_per_second,
-        "timings": result.timings,
-        "learn_steps": result.learn_steps,
-        "updates": result.updates,
-        "metrics": summary,
-        "rewards": np.round(result.episode_rewards, 2).tolist(),
-    }
+    record = result.to_record() | {"metrics": summary}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record))

@@ -121,8 +121,9 @@ class FedMFConfig:
         count_cap: public cap dividing counts so weights lie in [0, 1].
         dropout: fraction of each round's clients that drop out before uploading (simulation).
         min_item_weight: floor of the per-item divisor of ``aggregation="mean"`` (items whose
-            aggregated weight is not positive get no update). Raise it (e.g. to 1) under DP,
-            where noisy counts near zero would blow the mean up.
+            aggregated weight is not positive get no update). Under DP use
+            ``aggregation="fixed"`` instead (:func:`user_level_dp_config`): noisy counts near
+            zero blow the mean up.
         server_state: ``"plain"`` (the server holds ``V``) or ``"encrypted"`` (Chai et al.'s
             variant: ``[[V]]`` stays encrypted on the server, every round's users download and
             decrypt it, apply ``-server_lr`` to their own item gradients and upload them, and the
@@ -498,7 +499,7 @@ class FedMF:
         if not np.isfinite(errors).all():
             raise FloatingPointError(
                 f"FedMF diverged by round {round_id}: predictions are no longer finite; "
-                "lower lr / server_lr (or, under DP, raise the clip or min_item_weight)"
+                "lower lr / server_lr (under DP: aggregation='fixed', user_level_dp_config)"
             )
         before, errors_before = user, errors
         for step in range(cfg.local_steps):

@@ -772,6 +772,19 @@ class RunResult:
         """Episodes per second of one member (all members advance together)."""
         return self.episode_rewards.shape[0] / max(self.seconds, 1e-9)
 
+    def to_record(self) -> dict[str, object]:
+        """The JSON-serialisable fields (networks left out, rewards rounded to 0.01)."""
+        return {
+            "algorithm": self.algorithm,
+            "config": self.config,
+            "seconds": self.seconds,
+            "episodes_per_second": self.episodes_per_second,
+            "timings": self.timings,
+            "learn_steps": self.learn_steps,
+            "updates": self.updates,
+            "rewards": np.round(self.episode_rewards, 2).tolist(),
+        }
+
 
 def local_network(
     config: SlateQConfig, state_dim: int, generator: torch.Generator | None = None

@@ -36,3 +36,14 @@ def small_split() -> Split:
     """120 users x 80 items, about 2400 ratings on the 1..5 scale."""
     ratings = synthetic_ratings(120, 80, 2400, rank=4, noise=0.3, scale=ML100K_SCALE, seed=3)
     return random_split(ratings, 0.2, np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """torch on one thread for the module (the RL learners' setting), restored afterwards."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -42,12 +42,7 @@ HPD_SEED = 20
 SLATE_SEED = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 # -- FedHPD ---------------------------------------------------------------------------------------

@@ -38,12 +38,7 @@ CARTPOLE = AGENTS["cartpole"]
 SMALL_AGENTS = (CARTPOLE[0], CARTPOLE[2], CARTPOLE[5], CARTPOLE[9])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def tiny(algorithm="fedhpd", *, task="cartpole", agents=SMALL_AGENTS, **overrides):

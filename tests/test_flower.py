@@ -316,23 +316,9 @@ def test_remote_ckks_round_equals_the_in_process_round(ckks_files):
 
 # ----------------------------------------------------------------------------- Flower engines
 def _simulate(example, app, nodes: int):
-    from flwr.simulation import run_simulation
+    from securefed.flower.simulation import run_in_simulation
 
-    apps = example.build_apps(app)
-    pythonpath = os.environ.get("PYTHONPATH")
-    try:
-        run_simulation(
-            server_app=apps.server,
-            client_app=apps.client,
-            num_supernodes=nodes,
-            backend_config=SIMULATION_BACKEND,
-        )
-    finally:  # Flower's Ray backend exports this process's sys.path as PYTHONPATH: undo it
-        if pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = pythonpath
-    return apps.outcome
+    return run_in_simulation(example.build_apps(app), nodes, SIMULATION_BACKEND)
 
 
 def _node_vectors(out_dir, nodes: int, shape) -> np.ndarray:

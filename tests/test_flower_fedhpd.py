@@ -8,11 +8,8 @@ node's state saved to and restored from Flower records between every message.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
@@ -41,12 +38,7 @@ SIMULATION_BACKEND = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def small_config(**overrides) -> FedHPDConfig:
@@ -126,22 +118,9 @@ def test_the_two_halves_with_saved_state_equal_the_reference_run():
 
 
 def _simulate(apps, nodes: int):
-    from flwr.simulation import run_simulation
+    from securefed.flower.simulation import run_in_simulation
 
-    pythonpath = os.environ.get("PYTHONPATH")
-    try:
-        run_simulation(
-            server_app=apps.server,
-            client_app=apps.client,
-            num_supernodes=nodes,
-            backend_config=SIMULATION_BACKEND,
-        )
-    finally:  # Flower's Ray backend exports this process's sys.path as PYTHONPATH: undo it
-        if pythonpath is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = pythonpath
-    return apps.outcome
+    return run_in_simulation(apps, nodes, SIMULATION_BACKEND)
 
 
 def test_fedhpd_on_the_simulation_engine_equals_in_process(tmp_path):

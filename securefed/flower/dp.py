@@ -11,35 +11,18 @@ the noise itself, as in one process.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-from securefed.errors import InsecureParameterError
 from securefed.privacy.noise import noise_source
 from securefed.randomness import SeedTree
 from securefed.transport.base import RowUpdates
-from securefed.transport.dp import PLACEMENTS, clip_row_updates, densify
+from securefed.transport.dp import (
+    check_client_weights,
+    client_noise_std,
+    clip_row_updates,
+    densify,
+    noise_dense_blocks,
+)
 
-
-def client_noise_std(
-    placement: str, clip: float, noise_multiplier: float, n_round_clients: int
-) -> float:
-    """Per-client noise std: ``sigma C`` (local) or ``sigma C / sqrt(n)`` (distributed).
-
-    ``n_round_clients`` is the number of clients asked in the round, as in ``DPRound``.
-
-    Raises:
-        ValueError: central placement (no client-side noise) or an unknown one.
-    """
-    if placement not in PLACEMENTS or placement == "central":
-        raise ValueError(f"client-side noise needs placement local or distributed, got {placement}")
-    scale = noise_multiplier * clip
-    if placement == "distributed":
-        if n_round_clients < 1:
-            raise ValueError(f"a distributed round needs clients, got {n_round_clients}")
-        return scale / math.sqrt(n_round_clients)
-    return scale
+__all__ = ["client_noise_std", "noise_on_client"]
 
 
 def noise_on_client(
@@ -53,28 +36,17 @@ def noise_on_client(
 ) -> RowUpdates:
     """Clip each client's whole update to ``clip``, densify, add ``N(0, std^2)`` everywhere.
 
+    ``std`` is :func:`~securefed.transport.dp.client_noise_std` of the round's placement.
+
     Raises:
         InsecureParameterError: a weight above 1 (the sum's sensitivity would exceed the clip), or
             ``secure`` with a seeded tree.
     """
-    weights = updates.client_weights()
-    if np.any(weights > 1):
-        worst = int(np.argmax(weights))
-        raise InsecureParameterError(
-            f"client {int(updates.clients[worst])} has weight {weights[worst]:g} > 1: under "
-            "DP each weight must be at most 1 so that a client moves the sum by at most the "
-            "clip norm; rescale the weights (e.g. divide by their maximum)"
-        )
+    check_client_weights(updates)
     clipped, _ = clip_row_updates(updates, clip)
-    dense = densify(clipped)
-    values = dense.values.copy()
-    n_rows = dense.n_rows
-    if secure or seeds.secure:
-        values += noise_source(seeds, secure=True).normal(std, values.shape)
-    else:
-        for k, client in enumerate(dense.clients.tolist()):
-            block = slice(k * n_rows, (k + 1) * n_rows)
-            values[block] += noise_source(seeds, "dp", round_id, int(client)).normal(
-                std, (n_rows, dense.width)
-            )
-    return RowUpdates(dense.clients, dense.indptr, dense.rows, values, n_rows, True, dense.weights)
+    secure_source = noise_source(seeds, secure=True) if secure or seeds.secure else None
+    return noise_dense_blocks(
+        densify(clipped),
+        std,
+        lambda client: secure_source or noise_source(seeds, "dp", round_id, client),
+    )

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,6 +165,59 @@ def clip_row_updates(updates: RowUpdates, clip: float) -> tuple[RowUpdates, np.n
     return clipped, norms
 
 
+def check_client_weights(updates: RowUpdates) -> np.ndarray:
+    """The batch's client weights, refused above 1 (the sum's sensitivity would exceed the clip).
+
+    Raises:
+        InsecureParameterError: naming the first client whose weight exceeds 1.
+    """
+    weights = updates.client_weights()
+    if np.any(weights > 1):
+        worst = int(np.argmax(weights))
+        raise InsecureParameterError(
+            f"client {int(updates.clients[worst])} has weight {weights[worst]:g} > 1: under "
+            "DP each weight must be at most 1 so that a client moves the sum by at most the "
+            "clip norm; rescale the weights (e.g. divide by their maximum)"
+        )
+    return weights
+
+
+def client_noise_std(
+    placement: str, clip: float, noise_multiplier: float, n_round_clients: int
+) -> float:
+    """Per-client noise std: ``sigma C`` (local) or ``sigma C / sqrt(n)`` (distributed).
+
+    ``n_round_clients`` is the number of clients asked in the round.
+
+    Raises:
+        ValueError: central placement (no client-side noise) or an unknown one.
+    """
+    if placement not in PLACEMENTS or placement == "central":
+        raise ValueError(f"client-side noise needs placement local or distributed, got {placement}")
+    scale = noise_multiplier * clip
+    if placement == "distributed":
+        if n_round_clients < 1:
+            raise ValueError(f"a distributed round needs clients, got {n_round_clients}")
+        return scale / math.sqrt(n_round_clients)
+    return scale
+
+
+def noise_dense_blocks(
+    dense: RowUpdates, std: float, source: Callable[[int], NoiseSource]
+) -> RowUpdates:
+    """``dense`` with ``N(0, std^2)`` added to every coordinate of every client's block.
+
+    Client ``c``'s block draws from ``source(c)`` (its own seeded stream, or the one secure
+    source), so the same seed gives the same noise wherever the block is noised.
+    """
+    values = dense.values.copy()
+    n_rows = dense.n_rows
+    for k, client in enumerate(dense.clients.tolist()):
+        block = slice(k * n_rows, (k + 1) * n_rows)
+        values[block] += source(int(client)).normal(std, (n_rows, dense.width))
+    return RowUpdates(dense.clients, dense.indptr, dense.rows, values, n_rows, True, dense.weights)
+
+
 def densify(updates: RowUpdates) -> RowUpdates:
     """The same batch with every client sending its full ``(n_rows, width)`` block."""
     k, n_rows = len(updates.clients), updates.n_rows
@@ -205,47 +258,22 @@ class DPRound(AggregationRound):
             return self._secure_source
         return noise_source(self.seeds, "dp", self.round_id, *who)
 
-    def _client_std(self) -> float:
-        scale = self.config.noise_multiplier * self.config.clip
-        if self.config.placement == "distributed":
-            return scale / math.sqrt(len(self.clients))
-        return scale
-
-    def _noise_dense(self, dense: RowUpdates) -> RowUpdates:
-        std = self._client_std()
-        values = dense.values.copy()
-        n_rows = dense.n_rows
-        if self.config.secure or self.seeds.secure:
-            values += self._source().normal(std, values.shape)
-        else:
-            for k, client in enumerate(dense.clients.tolist()):
-                block = slice(k * n_rows, (k + 1) * n_rows)
-                values[block] += self._source(int(client)).normal(std, (n_rows, dense.width))
-        return RowUpdates(
-            dense.clients, dense.indptr, dense.rows, values, n_rows, True, dense.weights
-        )
-
     # -- template hooks ---------------------------------------------------------------
     def _accept(self, updates: RowUpdates) -> None:
-        weights = updates.client_weights()
-        if np.any(weights > 1):
-            worst = int(np.argmax(weights))
-            raise InsecureParameterError(
-                f"client {int(updates.clients[worst])} has weight {weights[worst]:g} > 1: under "
-                "DP each weight must be at most 1 so that a client moves the sum by at most the "
-                "clip norm; rescale the weights (e.g. divide by their maximum)"
-            )
+        weights = check_client_weights(updates)
         clipped, _ = clip_row_updates(updates, self.config.clip)
         if self.config.placement == "central":
             self.inner.submit_batch(clipped)
             return
         for client, weight in zip(clipped.clients.tolist(), weights.tolist(), strict=True):
             self._weight_sq[int(client)] = weight * weight
+        cfg = self.config
+        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, len(self.clients))
         per_client = max(1, clipped.n_rows * clipped.width)
         step = max(1, _DENSE_CHUNK // per_client)
         for start in range(0, len(clipped.clients), step):
             part = _slice_clients(clipped, start, min(len(clipped.clients), start + step))
-            self.inner.submit_batch(self._noise_dense(densify(part)))
+            self.inner.submit_batch(noise_dense_blocks(densify(part), std, self._source))
 
     def _on_drop(self, client: int) -> None:
         self.inner.drop(client)
