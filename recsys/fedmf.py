@@ -65,7 +65,7 @@ from recsys.filling import (
 )
 from recsys.sparse_rows import merge_rows, rated_dot, row_ids, segment_sum, take_rows
 from recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
-from securefed import AggregationRound, RowUpdates, SeedTree, Transport
+from securefed import AggregationRound, FactoredRows, RowUpdates, SeedTree, Transport
 
 VARIANTS = ("fedmf", "fedrec", "fedrec+")
 
@@ -641,21 +641,21 @@ class FedMF:
         rows[at_items], errors[at_items] = data.items, data.errors
         rows[at_stats] = np.tile([self.n_items, self.n_items + 1], n)
         owner = row_ids(indptr)
-        # Row k is [-2 e_k U_owner + 2 mu V_item, 1]: gather [U, 0] and [2 mu V, 1] (statistics
-        # rows gather zeros) so the whole block comes out of two contiguous gathers.
+        # Row k is [-2 e_k U_owner + 2 mu V_item, 1]: a client factor [U, 0] times -2 e_k plus a
+        # row factor [2 mu V, 1] (statistics rows have e = 0 and a zero row factor). Kept
+        # factored: a plaintext sum never builds the (nnz, dim + 1) values (FactoredRows).
         user_part = np.hstack([gradient_user, np.zeros((n, 1))])
         item_part = np.zeros((self.n_items + 2, d + 1))
         fixed = cfg.aggregation == "fixed"
         if not fixed:  # under "fixed" the server applies mu itself (public, outside the clip)
             item_part[: self.n_items, :d] = 2.0 * cfg.reg_item * self.V
-        item_part[: self.n_items, d] = 0.0 if fixed else 1.0
-        values = np.take(user_part, owner, axis=0)
-        values *= (-2.0 * errors)[:, None]
-        values += np.take(item_part, rows, axis=0)
+            item_part[: self.n_items, d] = 1.0
+        coef = -2.0 * errors
         uploaded = np.diff(data.indptr).astype(np.float64)
         if cfg.client_weighting == "wasserstein":
-            gradient_sum = segment_sum(values[:, :d], indptr)
-            gradient_sq = segment_sum(values[:, :d] ** 2, indptr)
+            gradients = FactoredRows(coef, user_part, item_part).materialise(owner, rows)[:, :d]
+            gradient_sum = segment_sum(gradients, indptr)
+            gradient_sq = segment_sum(gradients**2, indptr)
         else:  # the statistics only feed the Wasserstein weights
             gradient_sum = gradient_sq = np.zeros((n, d))
         weights = client_weights(
@@ -668,11 +668,20 @@ class FedMF:
             cfg.tau,
             cfg.count_cap,
         )
+        scale = None
         if cfg.client_weighting != "uniform":
-            values *= weights[owner, None]
+            scale = weights[owner]
+            coef = coef * scale
+        explicit_at, explicit = np.zeros(0, dtype=np.int64), None
         if not fixed:
-            values[at_stats[0::2], :d], values[at_stats[0::2], d] = gradient_sum, uploaded
-            values[at_stats[1::2], :d], values[at_stats[1::2], d] = gradient_sq, weights
+            explicit_at = np.concatenate([at_stats[0::2], at_stats[1::2]])
+            explicit = np.vstack(
+                [
+                    np.hstack([gradient_sum, uploaded[:, None]]),
+                    np.hstack([gradient_sq, weights[:, None]]),
+                ]
+            )
+        values = FactoredRows(coef, user_part, item_part, scale, explicit_at, explicit)
         return RowUpdates(
             clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full"
         )

@@ -19,6 +19,7 @@ from securefed.runtime import ClientSampling, RunHistory, RunOptions, run_rounds
 from securefed.transport import (
     Aggregate,
     AggregationRound,
+    FactoredRows,
     PlaintextTransport,
     RowUpdates,
     Transport,
@@ -35,6 +36,7 @@ __all__ = [
     "AggregationRound",
     "CheckpointError",
     "ClientSampling",
+    "FactoredRows",
     "InsecureParameterError",
     "PlaintextTransport",
     "PrivacyBudgetExceeded",

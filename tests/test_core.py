@@ -11,6 +11,7 @@ from securefed import (
     AggregationError,
     CheckpointError,
     ClientSampling,
+    FactoredRows,
     PlaintextTransport,
     RoundSelection,
     RowUpdates,
@@ -79,6 +80,58 @@ def test_plaintext_round_sums_weighted_rows_and_counts_bytes():
     # Part upload: 4-byte index + 3 doubles per row + the weight; dense: the whole block.
     assert rnd.view.bytes_up.tolist() == [2 * 28 + 8, 18 * 8 + 8, 3 * 28 + 8]
     assert np.array_equal(rnd.view.payload(2)["rows"], batch.client_rows(1)[0])
+
+
+def _factored(seed=0, n_rows=7, width=4, weighted=True):
+    """Three clients' factored rows, with client scales and explicit statistics entries."""
+    rng = np.random.default_rng(seed)
+    counts = np.array([3, 0, 4])
+    rows = np.concatenate([rng.choice(n_rows - 1, k, replace=False) for k in counts])
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    scale = rng.uniform(0.5, 2, len(rows)) if weighted else None
+    explicit_at = np.array([1, 5])
+    rows[explicit_at] = n_rows - 1  # a statistics row written explicitly
+    factors = FactoredRows(
+        rng.normal(size=len(rows)),
+        rng.normal(size=(3, width)),
+        rng.normal(size=(n_rows, width)),
+        scale,
+        explicit_at,
+        rng.normal(size=(2, width)),
+    )
+    return indptr, rows, factors
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_factored_rows_sum_and_materialise_to_the_same_numbers(weighted):
+    indptr, rows, factors = _factored(weighted=weighted)
+    owner = np.repeat(np.arange(3), np.diff(indptr))
+    expected = factors.coef[:, None] * factors.left[owner] + (
+        (1.0 if factors.scale is None else factors.scale[:, None]) * factors.right[rows]
+    )
+    expected[factors.explicit_at] = factors.explicit
+    weights = np.array([0.5, 3.0, 2.0])
+    lazy = RowUpdates(np.array([4, 9, 2]), indptr, rows, factors, 7, weights=weights)
+    plain = RowUpdates(np.array([4, 9, 2]), indptr, rows, expected, 7, weights=weights)
+    # The sum straight from the factors, before anything materialised the values.
+    assert lazy.width == 4 and lazy.shape == (7, 4)
+    assert np.allclose(lazy.weighted_sum(), plain.weighted_sum(), atol=1e-12)
+    assert np.allclose(lazy.values, expected, atol=1e-12)
+    assert np.allclose(lazy.client_block(2), plain.client_block(2), atol=1e-12)
+    with pytest.raises(AttributeError, match="immutable"):
+        lazy.rows = rows
+
+
+def test_factored_rows_refuse_bad_factors():
+    indptr, rows, factors = _factored()
+    with pytest.raises(ValueError, match="only finite"):
+        FactoredRows(np.array([np.nan]), np.zeros((1, 2)), np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="one width"):
+        FactoredRows(np.zeros(2), np.zeros((1, 2)), np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="explicit values"):
+        FactoredRows(np.zeros(2), np.zeros((1, 2)), np.zeros((3, 2)), None, [0], np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="client rows"):
+        RowUpdates(np.array([0, 1]), indptr[:3], rows[: indptr[2]], factors, 7)
 
 
 def test_round_refuses_bad_input():

@@ -38,6 +38,109 @@ INDEX_BYTES = 4
 
 
 @dataclass(frozen=True, eq=False)
+class FactoredRows:
+    """Entry values of the form ``coef[k] * left[owner[k]] + scale[k] * right[rows[k]]``.
+
+    The shape of every matrix-factorisation upload: a rated item's gradient is the rating's
+    error times the user's vector plus a term of the item's own (its regulariser, its count
+    column). ``explicit`` rows then overwrite the entries at ``explicit_at`` (e.g. per-client
+    statistics rows). A transport that only needs the weighted sum (plaintext, with no
+    per-client payload recorded) computes it from the factors with one sparse product, never
+    building the ``(nnz, width)`` values; any other reader of :attr:`RowUpdates.values` gets
+    them materialised once (the same numbers).
+
+    Attributes:
+        coef: ``(nnz,)`` per-entry coefficient of the client factor.
+        left: ``(n_clients, width)`` one row per client of the batch (batch order).
+        right: ``(n_rows, width)`` one row per row of the block.
+        scale: ``(nnz,)`` per-entry multiplier of ``right`` (``None``: all 1).
+        explicit_at: entry positions whose values are given explicitly.
+        explicit: ``(len(explicit_at), width)`` those values.
+    """
+
+    coef: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    scale: np.ndarray | None = None
+    explicit_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    explicit: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coef", finite_array("update coefficients", self.coef))
+        object.__setattr__(self, "left", finite_array("update client factors", self.left))
+        object.__setattr__(self, "right", finite_array("update row factors", self.right))
+        object.__setattr__(self, "explicit_at", np.asarray(self.explicit_at, dtype=np.int64))
+        width = self.right.shape[1] if self.right.ndim == 2 else -1
+        explicit = np.zeros((0, max(width, 0))) if self.explicit is None else self.explicit
+        object.__setattr__(self, "explicit", finite_array("update values", explicit))
+        if self.scale is not None:
+            object.__setattr__(self, "scale", finite_array("update scales", self.scale))
+        if self.left.ndim != 2 or self.right.ndim != 2 or self.left.shape[1] != width:
+            raise ValueError(
+                f"left {self.left.shape} and right {self.right.shape} must be 2-D of one width"
+            )
+        if self.coef.ndim != 1 or (self.scale is not None and self.scale.shape != self.coef.shape):
+            raise ValueError("coef (and scale) must be 1-D, one number per entry")
+        if self.explicit.shape != (len(self.explicit_at), width):
+            raise ValueError(
+                f"explicit values have shape {self.explicit.shape}, expected "
+                f"({len(self.explicit_at)}, {width})"
+            )
+
+    @property
+    def width(self) -> int:
+        return self.right.shape[1]
+
+    def formula(self, owner: np.ndarray, rows: np.ndarray, at: np.ndarray | None = None):
+        """The formula's values (without the explicit overwrite), at entries ``at`` or all."""
+        coef, scale = self.coef, self.scale
+        if at is not None:
+            owner, rows, coef = owner[at], rows[at], coef[at]
+            scale = None if scale is None else scale[at]
+        values = np.take(self.left, owner, axis=0)
+        values *= coef[:, None]
+        right = np.take(self.right, rows, axis=0)
+        if scale is not None:
+            right *= scale[:, None]
+        values += right
+        return values
+
+    def materialise(self, owner: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The ``(nnz, width)`` values, explicit entries included."""
+        values = self.formula(owner, rows)
+        values[self.explicit_at] = self.explicit
+        return values
+
+    def row_sum(
+        self, indptr: np.ndarray, rows: np.ndarray, entry_weight: np.ndarray, n_rows: int
+    ) -> np.ndarray:
+        """``sum_k entry_weight[k] * values[k]`` into the ``(n_rows, width)`` block.
+
+        Args:
+            indptr: the batch's CSR offsets by client (entries are grouped by client).
+            rows: each entry's row.
+            entry_weight: each entry's aggregation weight.
+            n_rows: rows of the block.
+        """
+        from scipy import sparse
+
+        # Column c holds client c's coefficients at its rows (distinct within a client).
+        client_term = sparse.csc_matrix(
+            (entry_weight * self.coef, rows, indptr), shape=(n_rows, len(self.left))
+        )
+        row_weight = entry_weight if self.scale is None else entry_weight * self.scale
+        total = np.asarray(client_term @ self.left)
+        total += np.bincount(rows, weights=row_weight, minlength=n_rows)[:, None] * self.right
+        if len(self.explicit_at):
+            at = self.explicit_at
+            owner = np.searchsorted(indptr, at, side="right") - 1
+            full_owner = np.zeros(len(rows), dtype=np.int64)
+            full_owner[at] = owner
+            correction = self.explicit - self.formula(full_owner, rows, at)
+            np.add.at(total, rows[at], entry_weight[at, None] * correction)
+        return total
+
+
 class RowUpdates:
     """A batch of client updates to an ``(n_rows, width)`` block, each client touching some rows.
 
@@ -45,52 +148,85 @@ class RowUpdates:
     ``rows[indptr[k]:indptr[k+1]]`` with values ``values[indptr[k]:indptr[k+1]]``; rows it does not
     send are zero. ``dense=True`` means the wire format is the full block (every client sends all
     ``n_rows * width`` numbers, zeros included), e.g. FedMF-Full, which hides *which* rows a
-    client touched once a hiding transport is used.
+    client touched once a hiding transport is used. Immutable.
 
-    Attributes:
+    Args:
         clients: client ids, distinct.
         indptr: ``len(clients) + 1`` offsets into ``rows`` and ``values``.
         rows: row index of each entry (distinct within a client).
-        values: ``(nnz, width)`` float64 values.
+        values: ``(nnz, width)`` float64 values, or a :class:`FactoredRows` that defines them
+            (materialised on first read of :attr:`values`; :meth:`weighted_sum` never needs to).
         n_rows: number of rows of the block.
         dense: wire format is the full block.
         weights: per-client aggregation weight (``None``: all 1, and no weight is sent).
     """
 
-    clients: np.ndarray
-    indptr: np.ndarray
-    rows: np.ndarray
-    values: np.ndarray
-    n_rows: int
-    dense: bool = False
-    weights: np.ndarray | None = None
+    __slots__ = ("_values", "clients", "dense", "factored", "indptr", "n_rows", "rows", "weights")
 
-    def __post_init__(self) -> None:
-        clients = np.asarray(self.clients, dtype=np.int64)
-        indptr = np.asarray(self.indptr, dtype=np.int64)
-        rows = np.asarray(self.rows, dtype=np.int64)
-        values = finite_array("update values", self.values)
-        if values.ndim != 2:
-            raise ValueError(f"values must be 2-D (entries, width), got shape {values.shape}")
+    def __init__(
+        self,
+        clients: np.ndarray,
+        indptr: np.ndarray,
+        rows: np.ndarray,
+        values: np.ndarray | FactoredRows,
+        n_rows: int,
+        dense: bool = False,
+        weights: np.ndarray | None = None,
+    ) -> None:
+        clients = np.asarray(clients, dtype=np.int64)
+        indptr = np.asarray(indptr, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64)
+        if isinstance(values, FactoredRows):
+            factored, stored, n_values = values, None, len(values.coef)
+            if len(values.left) != len(clients):
+                raise ValueError(
+                    f"factored values have {len(values.left)} client rows for "
+                    f"{len(clients)} clients"
+                )
+            if len(values.right) != n_rows:
+                raise ValueError(f"factored values have {len(values.right)} rows, not {n_rows}")
+        else:
+            factored, stored = None, finite_array("update values", values)
+            if stored.ndim != 2:
+                raise ValueError(f"values must be 2-D (entries, width), got shape {stored.shape}")
+            n_values = len(stored)
         if clients.ndim != 1 or len(np.unique(clients)) != len(clients):
             raise ValueError("clients must be a 1-D array of distinct ids")
         if indptr.shape != (len(clients) + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0):
             raise ValueError(f"indptr must be {len(clients) + 1} non-decreasing offsets from 0")
-        if indptr[-1] != len(rows) or len(rows) != len(values):
+        if indptr[-1] != len(rows) or len(rows) != n_values:
             raise ValueError(
-                f"indptr ends at {indptr[-1]} but there are {len(rows)} rows "
-                f"and {len(values)} values"
+                f"indptr ends at {indptr[-1]} but there are {len(rows)} rows and {n_values} values"
             )
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.n_rows):
-            raise ValueError(f"row indices must lie in [0, {self.n_rows})")
-        if self.weights is not None:
-            weights = finite_array("weights", self.weights)
+        if len(rows) and (rows.min() < 0 or rows.max() >= n_rows):
+            raise ValueError(f"row indices must lie in [0, {n_rows})")
+        if weights is not None:
+            weights = finite_array("weights", weights)
             if weights.shape != clients.shape or np.any(weights < 0):
                 raise ValueError("weights must be one non-negative number per client")
-            object.__setattr__(self, "weights", weights)
-        for name, value in (("clients", clients), ("indptr", indptr), ("rows", rows)):
+        fields = {
+            "clients": clients,
+            "indptr": indptr,
+            "rows": rows,
+            "n_rows": int(n_rows),
+            "dense": bool(dense),
+            "weights": weights,
+            "factored": factored,
+            "_values": stored,
+        }
+        for name, value in fields.items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "values", values)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"RowUpdates is immutable (tried to set {name!r})")
+
+    @property
+    def values(self) -> np.ndarray:
+        """``(nnz, width)`` values (materialised from :attr:`factored` on first read)."""
+        if self._values is None:
+            owner = np.repeat(np.arange(len(self.clients)), np.diff(self.indptr))
+            object.__setattr__(self, "_values", self.factored.materialise(owner, self.rows))
+        return self._values
 
     @classmethod
     def single(cls, client: int, vector: np.ndarray, *, weight: float | None = None) -> RowUpdates:
@@ -105,7 +241,7 @@ class RowUpdates:
 
     @property
     def width(self) -> int:
-        return self.values.shape[1]
+        return self.factored.width if self._values is None else self._values.shape[1]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -127,13 +263,18 @@ class RowUpdates:
         return block
 
     def weighted_sum(self) -> np.ndarray:
-        """``sum_k weight_k * block_k`` computed without densifying any client."""
+        """``sum_k weight_k * block_k`` computed without densifying any client.
+
+        From the factors when the values are factored (no ``(nnz, width)`` temporary).
+        """
         from scipy import sparse  # local: scipy is only needed by the plaintext fast path
 
         if self.weights is None:
             entry_weight = np.ones(len(self.rows))
         else:
             entry_weight = np.repeat(self.weights, np.diff(self.indptr))
+        if self.factored is not None:
+            return self.factored.row_sum(self.indptr, self.rows, entry_weight, self.n_rows)
         # Column j of the selector holds entry j's weight at its row: a scatter-add in C.
         selector = sparse.csc_matrix(
             (entry_weight, self.rows, np.arange(len(self.rows) + 1)),
