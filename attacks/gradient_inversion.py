@@ -177,7 +177,8 @@ class FedMFProtocol:
         return cls(
             lr=float(public["lr"]),  # type: ignore[arg-type]
             reg_user=float(public["reg_user"]),  # type: ignore[arg-type]
-            reg_item=float(public["reg_item"]),  # type: ignore[arg-type]
+            # The regulariser each uploaded row carries (FedMF's row_reg_item when filling).
+            reg_item=float(public.get("row_reg_item", public["reg_item"])),  # type: ignore[arg-type]
             user_step=user_step,
             gradient_user_vector=vector,
             local_steps=int(public["local_steps"]),  # type: ignore[call-overload]

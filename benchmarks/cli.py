@@ -51,6 +51,12 @@ def _add_fedmf(subparsers) -> None:
     )
     parser.add_argument("--rho", type=float, default=None, help="pseudo items per rated item (1)")
     parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
+    parser.add_argument(
+        "--filling-regularisation",
+        default=None,
+        choices=["per_rating", "per_row"],
+        help="FedRec/FedRec+ item regulariser per rating (mu / (1 + rho) per row) or per row",
+    )
     parser.add_argument("--dropout", type=float, default=None, help="fraction of clients dropping")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -105,6 +111,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "server_state": args.server_state,
         "rho": args.rho,
         "weighting": args.weighting,
+        "filling_regularisation": args.filling_regularisation,
         "dropout": args.dropout,
     }
     overrides = {name: value for name, value in given.items() if value is not None}

@@ -48,6 +48,17 @@ def merge_rows(
     return indptr, position_a, position_b
 
 
+def merge_sorted(keys_a: np.ndarray, keys_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each entry of two sorted key arrays, with no key in both, lands in their merge.
+
+    Returns:
+        ``(position_of_a, position_of_b)`` in the sorted concatenation.
+    """
+    position_a = np.arange(len(keys_a)) + np.searchsorted(keys_b, keys_a)
+    position_b = np.arange(len(keys_b)) + np.searchsorted(keys_a, keys_b)
+    return position_a, position_b
+
+
 def row_ids(indptr: np.ndarray) -> np.ndarray:
     """The row index of every entry of a CSR structure."""
     return np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))

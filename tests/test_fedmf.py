@@ -46,10 +46,14 @@ def reference_round(model: FedMF, round_id: int, clients, pseudo=None, virtual=N
             list(virtual[u] - model.offsets[u]) if pseudo is not None else []
         )
         fixed = cfg.aggregation == "fixed"
+        # Filling spreads mu over the rated and pseudo rows unless asked for mu per row.
+        spread = pseudo is not None and cfg.filling_regularisation == "per_rating"
+        rho = cfg.rho if cfg.rho is not None else (0.5 if cfg.variant == "fedrec+" else 1.0)
+        row_mu = cfg.reg_item / (1 + rho) if spread else cfg.reg_item
         rows = {}
         for i, r in zip(all_items, all_ratings, strict=True):
             e = r - grad_user @ V[i]
-            rows[i] = -2 * e * grad_user + (0 if fixed else 2 * cfg.reg_item * V[i])
+            rows[i] = -2 * e * grad_user + (0 if fixed else 2 * row_mu * V[i])
         per_client_rows[u] = rows
         grads = np.array(list(rows.values()))
         rows_sum[k], rows_sq[k], counts[k] = grads.sum(0), (grads**2).sum(0), len(rows)
@@ -122,6 +126,7 @@ def test_vectorised_round_equals_per_client_loop(small_split, overrides):
     [
         ("fedrec", {}),
         ("fedrec+", {}),
+        ("fedrec", {"filling_regularisation": "per_row"}),
         ("fedrec", {"offset": "user_mean", "aggregation": "fixed"}),
     ],
 )
@@ -149,7 +154,8 @@ def test_filling_round_equals_per_client_loop(small_split, variant, overrides):
         for u in clients[:10]:
             rated = model.indptr[u + 1] - model.indptr[u]
             padded = cfg.dim + 1 - rated if variant == "fedrec+" else 0
-            assert len(pseudo[u]) == min(max(rated, padded), model.n_items - rated)
+            wanted = round((0.5 if variant == "fedrec+" else 1.0) * rated)  # default rho
+            assert len(pseudo[u]) == min(max(wanted, padded), model.n_items - rated)
         U_ref, V_ref, _ = reference_round(before, round_id, clients, pseudo, virtual)
         np.testing.assert_allclose(model.V, V_ref, rtol=0, atol=1e-10)
         np.testing.assert_allclose(model.U, U_ref, rtol=0, atol=1e-10)

@@ -11,7 +11,7 @@ from recsys.filling import (
     sample_unrated,
     similarity_weighted_ratings,
 )
-from recsys.sparse_rows import row_ids
+from recsys.sparse_rows import merge_sorted, row_ids
 from recsys.weights import client_weights, diagonal_w2_squared
 
 
@@ -88,3 +88,15 @@ def test_wasserstein_weights():
     ]
     with pytest.raises(ValueError, match="weighting"):
         client_weights("median", counts, sums, squares, None, None)
+
+
+def test_merge_sorted_places_every_key_in_order():
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(0, 10_000, 600))
+    is_a = rng.random(len(keys)) < 0.4
+    a, b = keys[is_a], keys[~is_a]
+    at_a, at_b = merge_sorted(a, b)
+    merged = np.empty(len(keys), dtype=keys.dtype)
+    merged[at_a], merged[at_b] = a, b
+    assert np.array_equal(merged, keys)
+    assert merge_sorted(a, b[:0])[0].tolist() == list(range(len(a)))
