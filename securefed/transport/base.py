@@ -91,17 +91,18 @@ class FactoredRows:
     def width(self) -> int:
         return self.right.shape[1]
 
-    def formula(self, owner: np.ndarray, rows: np.ndarray, at: np.ndarray | None = None):
-        """The formula's values (without the explicit overwrite), at entries ``at`` or all."""
-        coef, scale = self.coef, self.scale
-        if at is not None:
-            owner, rows, coef = owner[at], rows[at], coef[at]
-            scale = None if scale is None else scale[at]
+    def formula(self, owner: np.ndarray, rows: np.ndarray, at: slice | np.ndarray = slice(None)):
+        """The formula's values (explicit entries not applied) of the entries ``at``.
+
+        Args:
+            owner, rows: batch position of the client and row of each of those entries.
+            at: which entries (all by default).
+        """
         values = np.take(self.left, owner, axis=0)
-        values *= coef[:, None]
+        values *= self.coef[at, None]
         right = np.take(self.right, rows, axis=0)
-        if scale is not None:
-            right *= scale[:, None]
+        if self.scale is not None:
+            right *= self.scale[at, None]
         values += right
         return values
 
@@ -134,9 +135,7 @@ class FactoredRows:
         if len(self.explicit_at):
             at = self.explicit_at
             owner = np.searchsorted(indptr, at, side="right") - 1
-            full_owner = np.zeros(len(rows), dtype=np.int64)
-            full_owner[at] = owner
-            correction = self.explicit - self.formula(full_owner, rows, at)
+            correction = self.explicit - self.formula(owner, rows[at], at)
             np.add.at(total, rows[at], entry_weight[at, None] * correction)
         return total
 
