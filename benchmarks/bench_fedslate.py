@@ -21,6 +21,9 @@ share their common runs):
 * ``platforms``: K = 5, all with feedback and two without, against SlateQ on each platform.
 * ``choice``: FedSlate with the paper code's choice model instead of the environment's.
 * ``corpus``: FedSlate with identical corpora on A and B (the paper script's defect).
+* ``alignment``: FedSlate with item-aligned fusion (``alignment="item"``: the other platforms'
+  networks evaluated on the fused platform's candidates) against the paper's position-aligned
+  fusion, with the random and highest-k references.
 * ``sizes``: the default networks against larger ones, the paper's flat architecture, Mish, a
   smaller learning rate and a wider server.
 
@@ -54,7 +57,16 @@ from rl.fedslate import (
 from rl.slateq import RunResult, SlateQConfig, run_slateq
 
 SETTINGS = ((10, 3), (100, 10), (500, 10))
-EXPERIMENTS = ("table", "ablation", "sparse", "platforms", "choice", "corpus", "sizes")
+EXPERIMENTS = (
+    "table",
+    "ablation",
+    "sparse",
+    "platforms",
+    "choice",
+    "corpus",
+    "alignment",
+    "sizes",
+)
 SPARSE_PROB = 0.1
 WINDOW = 100
 
@@ -214,6 +226,13 @@ def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, objec
             "fedslate_shared": ("fedslate", FedSlateConfig(**base, shared_corpus=True)),
             "random": ("random", SlateQConfig(**base)),
         }
+    elif experiment == "alignment":
+        runs = {
+            "fedslate": ("fedslate", FedSlateConfig(**base)),
+            "fedslate_item": ("fedslate", FedSlateConfig(**base, alignment="item")),
+            "highest_k": ("highest_k", SlateQConfig(**base)),
+            "random": ("random", SlateQConfig(**base)),
+        }
     elif experiment == "sizes":
         n_cand, slate = args.sizes_setting
         tag = f"N{n_cand}_n{slate}"
@@ -287,6 +306,15 @@ def checks(results: dict[str, object]) -> list[str]:
             lines.append(
                 f"{'PASS' if lin < fed - 20 else 'FAIL'} linear server: final {p} {lin:.1f} vs "
                 f"FedSlate {fed:.1f} (clearly worse: > 20 below)"
+            )
+    if "alignment" in results:
+        cells = results["alignment"]["cells"]
+        random_mean = cells["random"]["B"]["mean"]["mean"]
+        for name in ("fedslate", "fedslate_item"):
+            b_opt = cells[name]["B"]["optimal_reward"]["mean"]
+            lines.append(
+                f"     alignment: {name} B optimal reward {b_opt:.1f} = "
+                f"{b_opt / random_mean:.3f} x random mean {random_mean:.1f}"
             )
     if "sparse" in results:
         cells = results["sparse"]["cells"]
@@ -455,7 +483,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--variant-episodes",
         type=int,
         default=None,
-        help="episodes of ablation/sparse/choice/corpus runs (default --episodes)",
+        help="episodes of ablation/sparse/choice/corpus/alignment runs (default --episodes)",
     )
     parser.add_argument("--sizes-episodes", type=int, default=1500)
     parser.add_argument("--platform-episodes", type=int, default=1500)

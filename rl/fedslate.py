@@ -41,6 +41,16 @@ Variants (``FedSlateConfig.variant``):
 * ``"linear"``: the paper's ablation: the server is a network with one hidden layer and no
   activation (a linear map).
 
+Alignment (``FedSlateConfig.alignment``). The server fuses ``[Q_p[i], Q_others[i]]`` position by
+position. With ``"position"`` (the paper) the other platforms send their Q-values of *their own*
+candidates: with separate corpora position ``i`` is a different document on each platform, so
+the fusion carries the user's state across platforms but nothing about ``p``'s documents, and a
+platform without rewards has no item-level signal (docs/fedslate.md section 5). With ``"item"``
+(this project's variant) platform ``q`` evaluates its network on ``p``'s candidates (its own user
+features, ``p``'s document features) for ``p``'s fused values, so ``Qf_p[i]`` combines every
+platform's value of the same document. The price: each platform's candidate features (its
+catalogue, no user data) reach the others.
+
 The server's fusion step goes through :class:`FusionStep`, the seam where a
 ``securefed.fusion`` channel (CKKS, DP) plugs in; :class:`PlaintextFusion` is the direct one.
 The parties exchange only the messages a split deployment would: Q-value vectors up, fused
@@ -86,6 +96,7 @@ from rl.slateq import (
 from securefed import SeedTree
 
 __all__ = [
+    "ALIGNMENTS",
     "PLATFORM_NAMES",
     "SERVER_ARCHS",
     "VARIANTS",
@@ -103,6 +114,7 @@ __all__ = [
 
 VARIANTS = ("fedslate", "extended", "fedq", "linear")
 SERVER_ARCHS = ("position", "flat")
+ALIGNMENTS = ("position", "item")
 PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
 
 
@@ -120,12 +132,16 @@ class FedSlateConfig(SlateQConfig):
         server_hidden: hidden widths of the server network (the linear ablation keeps the
             first width and drops the activation).
         server_lr: the server's Adam learning rate (default: ``lr``).
+        alignment: ``"position"`` (the paper: every platform's Q-values of its own candidates)
+            or ``"item"`` (the others' networks evaluated on the fused platform's candidates;
+            module docstring).
     """
 
     variant: str = "fedslate"
     server_arch: str = "position"
     server_hidden: tuple[int, ...] = (16, 16)
     server_lr: float | None = None
+    alignment: str = "position"
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -136,6 +152,8 @@ class FedSlateConfig(SlateQConfig):
         super().__post_init__()
         if self.server_arch not in SERVER_ARCHS:
             raise ValueError(f"server_arch must be one of {SERVER_ARCHS}")
+        if self.alignment not in ALIGNMENTS:
+            raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {self.alignment!r}")
         hidden = tuple(int(w) for w in self.server_hidden)
         if not hidden or any(w < 1 for w in hidden):
             raise ValueError(f"server_hidden needs >= 1 positive width, got {self.server_hidden}")
@@ -296,10 +314,12 @@ class PlaintextFusion:
         }
         return {p: out.detach() for p, out in self._outputs.items()}
 
-    def numpy_forward(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Acting shortcut: every party's fused values, in numpy, no graph."""
+    def numpy_forward(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Acting shortcut: the fused values of ``outputs`` (default: every party), in numpy."""
         out = {}
-        for p in self.parties:
+        for p in self.parties if outputs is None else outputs:
             others = [
                 inputs[q] if self.cross else np.zeros_like(inputs[q])
                 for q in self.parties
@@ -431,6 +451,18 @@ def run_reference(config: SlateQConfig, policy: str, users: int = 1000) -> RunRe
 # The FedSlate run
 
 
+def on_candidates_of(x_other, x_target, num_candidates: int):
+    """Platform features ``x_other`` with the candidate block of ``x_target`` (item alignment).
+
+    State features are ``[sat, N candidate features, history...]`` (``rl.slateq.features``);
+    works on numpy arrays and torch tensors alike.
+    """
+    docs = slice(1, 1 + num_candidates)
+    if isinstance(x_other, torch.Tensor):
+        return torch.cat([x_other[..., :1], x_target[..., docs], x_other[..., docs.stop :]], -1)
+    return np.concatenate([x_other[..., :1], x_target[..., docs], x_other[..., docs.stop :]], -1)
+
+
 def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = None) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
@@ -497,6 +529,18 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
     target_fusion = factory(server_target, names, cross)
     # Acting in plaintext takes a numpy shortcut (same values, no autograd overhead).
     numpy_acting = PlaintextFusion(server, names, cross) if fusion_factory is None else None
+    item_aligned = config.alignment == "item"
+
+    def seen_by(xs: Sequence, q: int, p: int):
+        """Platform q's features as they enter platform p's fusion (item alignment: p's docs)."""
+        return on_candidates_of(xs[q], xs[p], n_cand) if item_aligned and q != p else xs[q]
+
+    def fuse_for_acting(msgs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        if numpy_acting is not None:
+            return {k: t[:, 0] for k, t in numpy_acting.numpy_forward(msgs, outputs).items()}
+        with torch.no_grad():
+            fused = fusion.forward({k: torch.from_numpy(v) for k, v in msgs.items()}, outputs)
+        return {k: t.numpy()[:, 0] for k, t in fused.items()}
 
     act_rng = tree.generator("agent", "explore")
     replay_rng = tree.generator("agent", "replay")
@@ -530,7 +574,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         with torch.no_grad():  # the other platforms' networks are frozen for this update
             for q in range(k_plat):
                 if q != p:
-                    msgs[names[q]] = local[q](xs[q])
+                    msgs[names[q]] = local[q](seen_by(xs, q, p))
         if callable(positions):
             positions = positions({k: m.detach() for k, m in msgs.items()})
         fused = fusion.forward(msgs, [names[p]], {names[p]: positions})[names[p]]
@@ -554,8 +598,11 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         targets_y, valid = {}, {}
         with torch.no_grad():
             x_next = [replay.gather(replay.x_next, p, idx) for p in range(k_plat)]
-            q_next = {names[p]: local_target[p](torch.from_numpy(x_next[p])) for p in range(k_plat)}
             for p in with_rewards:
+                q_next = {
+                    names[q]: local_target[q](torch.from_numpy(seen_by(x_next, q, p)))
+                    for q in range(k_plat)
+                }
                 qf_next = target_fusion.forward(q_next, [names[p]])[names[p]].numpy()
                 nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
                 x_val = next_values(config, choice, qf_next, x_next[p], nxt)
@@ -616,15 +663,17 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         while not done:
             eps = config.epsilon(rounds)
             # Acting: one inquiry per round; every platform gets its fused Q-values.
-            q_np = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
-            if numpy_acting is not None:
-                qf = {k: t[:, 0] for k, t in numpy_acting.numpy_forward(q_np).items()}
+            if item_aligned:  # one fusion per platform, on that platform's candidates
+                qf = {}
+                for p in range(k_plat):
+                    msgs = {
+                        names[q]: local[q].numpy_forward(seen_by(x, q, p)[:, None, :])
+                        for q in range(k_plat)
+                    }
+                    qf |= fuse_for_acting(msgs, [names[p]])
             else:
-                with torch.no_grad():
-                    fused = fusion.forward(
-                        {k: torch.from_numpy(v) for k, v in q_np.items()}, list(names)
-                    )
-                qf = {k: t.numpy()[:, 0] for k, t in fused.items()}
+                msgs = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
+                qf = fuse_for_acting(msgs, list(names))
             # Every platform's slate from the round's inquiry, in one batch (rows p * S + s).
             x_all = np.concatenate(x_round_pad(x))
             v, v_null = choice_weights(choice, x_all, n_cand)

@@ -29,6 +29,7 @@ from rl.fedslate import (
     ServerNetwork,
     etror,
     moving_average,
+    on_candidates_of,
     optimal_reward,
     run_fedslate,
     run_reference,
@@ -315,6 +316,40 @@ def test_learning_step_variants():
         )
     )
     assert slateq.updates == {"local_A": 1} and set(slateq.networks) == {"local_A"}
+
+
+def test_item_alignment_fuses_every_platforms_value_of_the_same_documents():
+    rng = np.random.default_rng(0)
+    x_a, x_b = rng.random((2, 3, 1 + 4 + 6)), rng.random((2, 3, 1 + 4))
+    seen = on_candidates_of(x_a, x_b, 4)  # A's user features, B's candidates
+    np.testing.assert_array_equal(seen[..., :1], x_a[..., :1])
+    np.testing.assert_array_equal(seen[..., 1:5], x_b[..., 1:5])
+    np.testing.assert_array_equal(seen[..., 5:], x_a[..., 5:])
+    as_torch = on_candidates_of(torch.from_numpy(x_a), torch.from_numpy(x_b), 4)
+    np.testing.assert_array_equal(as_torch.numpy(), seen)
+    # Acting asks the server once per platform (each on its own candidates), not once for all.
+    acting_outputs = []
+
+    def recording(network, parties, cross):
+        fusion = PlaintextFusion(network, parties, cross)
+        original = fusion.forward
+
+        def forward(inputs, outputs, positions=None):
+            if not torch.is_grad_enabled() and positions is None:
+                acting_outputs.append(tuple(outputs))
+            return original(inputs, outputs, positions)
+
+        fusion.forward = forward
+        return fusion
+
+    aligned = run_fedslate(_tiny(alignment="item"), fusion_factory=recording)
+    assert aligned.updates == {"local_A": 1, "local_B": 1, "server": 2}
+    assert set(acting_outputs) >= {("A",), ("B",)} and ("A", "B") not in acting_outputs
+    acting_outputs.clear()
+    run_fedslate(_tiny(), fusion_factory=recording)
+    assert ("A", "B") in acting_outputs
+    with pytest.raises(ValueError, match="alignment"):
+        _tiny(alignment="nearest")
 
 
 def test_no_feedback_platform_does_not_learn_from_its_rewards(monkeypatch):
