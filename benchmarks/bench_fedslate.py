@@ -36,6 +36,7 @@ optimal reward; final = mean of the last 500 episodes. Outputs: ``<out>/fedslate
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform as platform_mod
 import sys
@@ -81,6 +82,25 @@ def _config_key(config: SlateQConfig, kind: str) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+def _same_configuration(stored_key: str, config: SlateQConfig, kind: str) -> bool:
+    """Whether a cached run's key describes ``config``: equal, or equal but for fields added to
+    the configuration after the run was recorded that hold their default value."""
+    wanted = json.loads(_config_key(config, kind))
+    stored = json.loads(stored_key)
+    if not set(stored) <= set(wanted):
+        return False
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING
+    }
+    for name, value in wanted.items():
+        if name in stored:
+            if stored[name] != value:
+                return False
+        elif name not in defaults or json.loads(json.dumps(defaults[name], default=str)) != value:
+            return False
+    return True
+
+
 def run_cell(
     name: str, kind: str, config: SlateQConfig, out_dir: Path, *, force: bool = False
 ) -> dict[str, object]:
@@ -98,7 +118,7 @@ def run_cell(
         for candidate in [path, *others] if path.parent.exists() else []:
             if candidate.exists():
                 record = json.loads(candidate.read_text())
-                if record.get("key") == key:
+                if record.get("key") == key or _same_configuration(record["key"], config, kind):
                     return record
     print(f"[fedslate bench] running {name} ({kind})", file=sys.stderr, flush=True)
     if kind == "fedslate":
