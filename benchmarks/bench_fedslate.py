@@ -90,7 +90,9 @@ def _same_configuration(stored_key: str, config: SlateQConfig, kind: str) -> boo
     if not set(stored) <= set(wanted):
         return False
     defaults = {
-        f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING
+        f.name: f.default
+        for f in dataclasses.fields(config)
+        if f.default is not dataclasses.MISSING
     }
     for name, value in wanted.items():
         if name in stored:

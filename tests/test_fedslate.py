@@ -524,6 +524,15 @@ def test_bench_registers_and_reports(tmp_path):
         tmp_path,
     )
     assert cached["rewards"] == row["records"]["random"]["rewards"]
+    # A run recorded before a configuration field existed matches that field's default only.
+    config = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2)
+    older = json.loads(bench_fedslate._config_key(config, "fedslate"))
+    older.pop("alignment")
+    older_key = json.dumps(older, sort_keys=True)
+    assert bench_fedslate._same_configuration(older_key, config, "fedslate")
+    item = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2, alignment="item")
+    assert not bench_fedslate._same_configuration(older_key, item, "fedslate")
+    assert not bench_fedslate._same_configuration(older_key, config, "slateq")
 
 
 def test_platforms_are_coupled_through_the_shared_user():
