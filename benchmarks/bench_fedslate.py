@@ -18,7 +18,8 @@ share their common runs):
 * ``ablation``: the linear server network and FedQ (no cross-platform fusion) against FedSlate.
 * ``sparse``: "sparse team reward" (feedback revealed on 10% of steps): FedSlate against the
   extended variant (paper Algorithm 4).
-* ``platforms``: K = 5, all with feedback and two without, against SlateQ on each platform.
+* ``platforms``: K = 5, all with feedback and two without (position- and item-aligned),
+  against SlateQ on each platform.
 * ``choice``: FedSlate with the paper code's choice model instead of the environment's.
 * ``corpus``: FedSlate with identical corpora on A and B (the paper script's defect).
 * ``alignment``: FedSlate with item-aligned fusion (``alignment="item"``: the other platforms'
@@ -232,6 +233,10 @@ def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, objec
         runs = {
             "fedslate_all": ("fedslate", FedSlateConfig(**k5, feedback=all_fb)),
             "fedslate_two_without": ("fedslate", FedSlateConfig(**k5, feedback=two_without)),
+            "fedslate_two_without_item": (
+                "fedslate",
+                FedSlateConfig(**k5, feedback=two_without, alignment="item"),
+            ),
             "slateq_all": ("slateq", SlateQConfig(**k5, feedback=all_fb)),
             "random": ("random", SlateQConfig(**k5)),
         }
