@@ -598,11 +598,16 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         targets_y, valid = {}, {}
         with torch.no_grad():
             x_next = [replay.gather(replay.x_next, p, idx) for p in range(k_plat)]
-            for p in with_rewards:
-                q_next = {
+
+            def next_messages(p: int) -> dict[str, torch.Tensor]:
+                return {
                     names[q]: local_target[q](torch.from_numpy(seen_by(x_next, q, p)))
                     for q in range(k_plat)
                 }
+
+            shared_next = None if item_aligned else next_messages(0)  # the same for every p
+            for p in with_rewards:
+                q_next = shared_next if shared_next is not None else next_messages(p)
                 qf_next = target_fusion.forward(q_next, [names[p]])[names[p]].numpy()
                 nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
                 x_val = next_values(config, choice, qf_next, x_next[p], nxt)
