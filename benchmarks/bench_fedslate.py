@@ -42,10 +42,12 @@ import json
 import platform as platform_mod
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.processes import map_in_processes
 from rl.fedslate import (
     PLATFORM_NAMES,
     REFERENCE_POLICIES,
@@ -71,22 +73,28 @@ EXPERIMENTS = (
 )
 SPARSE_PROB = 0.1
 WINDOW = 100
+# Fixed-policy references run this many episodes side by side (rl.fedslate.run_reference).
+REFERENCE_EPISODES_AT_ONCE = 100
 
 
 # --------------------------------------------------------------------------------------------
 # Runs, cached
 
 
-def _config_key(config: SlateQConfig, kind: str) -> str:
+def _config_key(config: SlateQConfig, kind: str, reference: bool = False) -> str:
     fields = config.to_dict() | {"kind": kind}
     fields.pop("log_every", None)
+    if reference:
+        fields["episodes_at_once"] = REFERENCE_EPISODES_AT_ONCE
     return json.dumps(fields, sort_keys=True, default=str)
 
 
-def _same_configuration(stored_key: str, config: SlateQConfig, kind: str) -> bool:
+def _same_configuration(
+    stored_key: str, config: SlateQConfig, kind: str, reference: bool = False
+) -> bool:
     """Whether a cached run's key describes ``config``: equal, or equal but for fields added to
     the configuration after the run was recorded that hold their default value."""
-    wanted = json.loads(_config_key(config, kind))
+    wanted = json.loads(_config_key(config, kind, reference))
     stored = json.loads(stored_key)
     if not set(stored) <= set(wanted):
         return False
@@ -104,38 +112,100 @@ def _same_configuration(stored_key: str, config: SlateQConfig, kind: str) -> boo
     return True
 
 
-def run_cell(
-    name: str, kind: str, config: SlateQConfig, out_dir: Path, *, force: bool = False
-) -> dict[str, object]:
-    """Run (or load from ``out_dir/runs/name.json``) one configuration.
+@dataclass(frozen=True)
+class Cell:
+    """One run of the benchmark: its cache name, its kind and its configuration.
 
-    ``kind``: ``"fedslate"`` (any FedSlate variant), ``"slateq"``, ``"random"`` or
-    ``"highest_k"`` or any other :func:`~rl.fedslate.run_reference` policy. Returns the
-    record: config, episode rewards ``[episode][member][platform]``, timings.
+    ``kind``: ``"fedslate"`` (any FedSlate variant), ``"slateq"``, or a
+    :func:`~rl.fedslate.run_reference` policy (``"random"``, ``"highest_k"``,
+    ``"highest_k+lowest_k"``, ...).
     """
-    path = out_dir / "runs" / f"{name}.json"
-    key = _config_key(config, kind)
+
+    name: str
+    kind: str
+    config: SlateQConfig
+
+    @property
+    def is_reference(self) -> bool:
+        return self.kind in REFERENCE_POLICIES or "+" in self.kind
+
+    @property
+    def key(self) -> str:
+        return _config_key(self.config, self.kind, self.is_reference)
+
+    def cost(self) -> float:
+        """A rough relative cost, to start the dearest runs first."""
+        c = self.config
+        per_step = {"fedslate": 4.0, "slateq": 2.0}.get(self.kind, 0.02)
+        if getattr(c, "alignment", "position") == "item":
+            per_step *= 1.5
+        size = c.members * c.num_platforms * (1 + c.num_candidates / 100)
+        return c.episodes * per_step * size
+
+
+def cached_record(cell: Cell, out_dir: Path) -> dict[str, object] | None:
+    """The cached record of ``cell`` (its own file, else any run of the same configuration)."""
+    path = out_dir / "runs" / f"{cell.name}.json"
+    if not path.parent.exists():
+        return None
+    others = sorted(p for p in path.parent.glob("*.json") if p != path)
+    for candidate in [path, *others]:
+        if candidate.exists():
+            record = json.loads(candidate.read_text())
+            if _same_configuration(record["key"], cell.config, cell.kind, cell.is_reference):
+                return record
+    return None
+
+
+def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, object]:
+    """Run (or load from ``out_dir/runs/<name>.json``) one cell; returns its record: config,
+    episode rewards ``[episode][member][platform]``, timings.
+
+    References run :data:`REFERENCE_EPISODES_AT_ONCE` episodes side by side (a fixed policy's
+    episodes are independent draws; :func:`~rl.fedslate.run_reference`).
+    """
     if not force:
-        # The named file first, then any cached run of the same configuration.
-        others = sorted(p for p in path.parent.glob("*.json") if p != path)
-        for candidate in [path, *others] if path.parent.exists() else []:
-            if candidate.exists():
-                record = json.loads(candidate.read_text())
-                if _same_configuration(record["key"], config, kind):
-                    return record
-    print(f"[fedslate bench] running {name} ({kind})", file=sys.stderr, flush=True)
-    if kind == "fedslate":
+        record = cached_record(cell, out_dir)
+        if record is not None:
+            return record
+    print(f"[fedslate bench] running {cell.name} ({cell.kind})", file=sys.stderr, flush=True)
+    config = cell.config
+    if cell.kind == "fedslate":
         result = run_fedslate(config)
-    elif kind == "slateq":
+    elif cell.kind == "slateq":
         result = run_slateq(config)
-    elif kind in REFERENCE_POLICIES or "+" in kind:
-        result = run_reference(config, kind, users=config.members)
+    elif cell.is_reference:
+        result = run_reference(
+            config, cell.kind, users=config.members, episodes_at_once=REFERENCE_EPISODES_AT_ONCE
+        )
     else:
-        raise ValueError(f"unknown run kind {kind!r}")
-    record = _record(name, kind, key, result)
+        raise ValueError(f"unknown run kind {cell.kind!r}")
+    record = _record(cell.name, cell.kind, cell.key, result)
+    path = out_dir / "runs" / f"{cell.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
     return record
+
+
+def _run_uncached(cell: Cell, out_dir: Path) -> float:
+    """Worker-process body: run one cell into the cache; returns its seconds."""
+    return float(run_cell(cell, out_dir)["seconds"])
+
+
+def run_missing(cells: list[Cell], out_dir: Path, jobs: int) -> int:
+    """Run every cell without a cached record in ``jobs`` processes (dearest first); returns how
+    many ran. Cells of the same configuration run once."""
+    missing: dict[str, Cell] = {}
+    for cell in cells:
+        if cell.key not in missing and cached_record(cell, out_dir) is None:
+            missing[cell.key] = cell
+    todo = sorted(missing.values(), key=Cell.cost, reverse=True)
+    if jobs > 1 and len(todo) > 1:
+        map_in_processes(_run_uncached, [(cell, out_dir) for cell in todo], jobs)
+    else:
+        for cell in todo:
+            run_cell(cell, out_dir)
+    return len(todo)
 
 
 def _record(name: str, kind: str, key: str, result: RunResult) -> dict[str, object]:
@@ -178,26 +248,34 @@ def _base(args: argparse.Namespace, n_cand: int, slate: int, **changes) -> dict[
     } | changes
 
 
-def experiment_table(args, out_dir: Path) -> dict[str, object]:
-    rows = {}
+def table_cells(args) -> dict[str, tuple[tuple[int, int], dict[str, Cell]]]:
+    """The paper's table: per setting, the references, SlateQ and FedSlate."""
+    out = {}
     for n_cand, slate in args.settings:
         tag = f"N{n_cand}_n{slate}"
         base = _base(args, n_cand, slate)
-        cells = {
-            "random": run_cell(f"{tag}_random", "random", SlateQConfig(**base), out_dir),
-            "highest_k": run_cell(f"{tag}_highest_k", "highest_k", SlateQConfig(**base), out_dir),
-            # How B's slates move A's reward through the shared user (spec section 1).
-            "A_highest_k+B_random": run_cell(
-                f"{tag}_hk_random", "highest_k+random", SlateQConfig(**base), out_dir
-            ),
-            "A_highest_k+B_lowest_k": run_cell(
-                f"{tag}_hk_lk", "highest_k+lowest_k", SlateQConfig(**base), out_dir
-            ),
-            "slateq": run_cell(f"{tag}_slateq", "slateq", SlateQConfig(**base), out_dir),
-            "fedslate": run_cell(f"{tag}_fedslate", "fedslate", FedSlateConfig(**base), out_dir),
-        }
+        plain = SlateQConfig(**base)
+        out[tag] = (
+            (n_cand, slate),
+            {
+                "random": Cell(f"{tag}_random", "random", plain),
+                "highest_k": Cell(f"{tag}_highest_k", "highest_k", plain),
+                # How B's slates move A's reward through the shared user (spec section 1).
+                "A_highest_k+B_random": Cell(f"{tag}_hk_random", "highest_k+random", plain),
+                "A_highest_k+B_lowest_k": Cell(f"{tag}_hk_lk", "highest_k+lowest_k", plain),
+                "slateq": Cell(f"{tag}_slateq", "slateq", plain),
+                "fedslate": Cell(f"{tag}_fedslate", "fedslate", FedSlateConfig(**base)),
+            },
+        )
+    return out
+
+
+def experiment_table(args, out_dir: Path) -> dict[str, object]:
+    rows = {}
+    for tag, (setting, specs) in table_cells(args).items():
+        cells = {label: run_cell(cell, out_dir) for label, cell in specs.items()}
         rows[tag] = {
-            "setting": [n_cand, slate],
+            "setting": list(setting),
             "cells": {k: {p: metrics(v, i) for i, p in enumerate("AB")} for k, v in cells.items()},
             "episodes_per_second": {k: cells[k]["episodes_per_second"] for k in cells},
             "seconds": {k: cells[k]["seconds"] for k in cells},
@@ -206,7 +284,8 @@ def experiment_table(args, out_dir: Path) -> dict[str, object]:
     return rows
 
 
-def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, object]:
+def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cell]]:
+    """The cells of one experiment beyond the table (module docstring)."""
     n_cand, slate = args.ablation_setting
     tag = f"N{n_cand}_n{slate}"
     base = _base(args, n_cand, slate, episodes=args.variant_episodes or args.episodes)
@@ -279,10 +358,15 @@ def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, objec
         }
     else:
         raise ValueError(f"unknown experiment {experiment!r}")
-    cells = {
-        name: run_cell(f"{experiment}_{tag}_{name}", kind, config, out_dir)
+    return (n_cand, slate), {
+        name: Cell(f"{experiment}_{tag}_{name}", kind, config)
         for name, (kind, config) in runs.items()
     }
+
+
+def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, object]:
+    (n_cand, slate), specs = variant_cells(args, experiment)
+    cells = {name: run_cell(cell, out_dir) for name, cell in specs.items()}
     k_plat = len(cells[next(iter(cells))]["rewards"][0][0])
     return {
         "setting": [n_cand, slate],
@@ -376,7 +460,9 @@ def markdown(results: dict[str, object], meta: dict[str, object]) -> str:
         "# FedSlate on the multi-platform choc-vs-kale simulator",
         "",
         f"Episodes {meta['episodes']}, members (independent seeds) {meta['members']}, "
-        f"seed {meta['seed']}; {meta['machine']}; wall time {meta['seconds']:.0f} s.",
+        f"seed {meta['seed']}; {meta['machine']}; {meta['jobs']} worker process(es); "
+        f"wall time {meta['seconds']:.0f} s ({meta['runs_executed']} runs executed, "
+        f"{meta['runs_cached']} read from the cache).",
         "Optimal reward = best 100-episode moving average of the per-platform episode reward; "
         "ETROR = first episode at which that moving average reaches 99% of the run's optimal "
         "reward; final = mean of the last 500 episodes; mean ± std over members.",
@@ -448,6 +534,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    cells: list[Cell] = []
+    for name in args.experiments:
+        if name == "table":
+            cells += [c for _, specs in table_cells(args).values() for c in specs.values()]
+        else:
+            cells += list(variant_cells(args, name)[1].values())
+    ran = run_missing(cells, out_dir, args.jobs)
     results: dict[str, object] = {}
     for name in args.experiments:
         if name == "table":
@@ -459,6 +552,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "members": args.members,
         "seed": args.seed,
         "machine": f"{platform_mod.processor() or platform_mod.machine()}, torch threads 1",
+        "jobs": args.jobs,
+        "runs_executed": ran,
+        "runs_cached": len({c.key for c in cells}) - ran,
         "seconds": time.perf_counter() - start,
     }
     slim = {
@@ -515,6 +611,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes-episodes", type=int, default=1500)
     parser.add_argument("--platform-episodes", type=int, default=1500)
     parser.add_argument("--log-every", type=int, default=0)
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes for the uncached runs (one core each)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (about a minute)")
 
 

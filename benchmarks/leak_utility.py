@@ -27,7 +27,6 @@ client weights (its Wasserstein weights need statistics rows that this aggregati
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from attacks import verify
 from benchmarks import datasets
 from benchmarks.bench_fedmf import markdown_table
 from benchmarks.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
+from benchmarks.processes import map_in_processes
 from benchmarks.transports import TransportUnavailable
 from recsys.data import Ratings, Split, random_split, reindex
 from recsys.fedmf import FedMFConfig, user_level_dp_config
@@ -275,38 +275,28 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
 
 
 # The dearest cells start first so that the workers finish together.
-_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _COST_ORDER = ("ckks", "secagg+dp", "secagg")
 
 
 def _run_cells_in_processes(split: Split, cells: list, config: LeakUtilityConfig, bar) -> list:
     """:func:`run_cell` for every cell in ``config.workers`` processes; rows in cell order."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     def cost_rank(cell: tuple[str, str]) -> int:
         name = parse_transport(cell[1])[0]
         return _COST_ORDER.index(name) if name in _COST_ORDER else len(_COST_ORDER)
 
     order = sorted(range(len(cells)), key=lambda k: cost_rank(cells[k]))
+
+    def done(position: int, row: object) -> None:
+        variant, spec = cells[order[position]]
+        bar.set_postfix_str(f"done {variant} / {spec}")
+        bar.update(1)
+
+    calls = [(split, *cells[k], config) for k in order]
+    rows_in_order = map_in_processes(run_cell, calls, config.workers, done)
     rows: list[dict | None] = [None] * len(cells)
-    context = multiprocessing.get_context("spawn")  # no forked BLAS / torch thread state
-    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
-    os.environ.update(dict.fromkeys(_THREAD_VARIABLES, "1"))  # one core per worker
-    try:
-        with ProcessPoolExecutor(config.workers, mp_context=context) as pool:
-            futures = {pool.submit(run_cell, split, *cells[k], config): k for k in order}
-            for future in as_completed(futures):
-                k = futures[future]
-                rows[k] = future.result()
-                bar.set_postfix_str(f"done {cells[k][0]} / {cells[k][1]}")
-                bar.update(1)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    for position, k in enumerate(order):
+        rows[k] = rows_in_order[position]
     return rows  # type: ignore[return-value]
 
 

@@ -457,6 +457,20 @@ def test_metrics():
     assert ref.episode_rewards.shape == (2, 3, 2)
 
 
+def test_reference_episodes_side_by_side_draw_the_same_distribution():
+    """Fixed-policy episodes are independent: batching them keeps the reward distribution."""
+    config = SlateQConfig(episodes=30, num_candidates=10, slate_size=3)
+    one_by_one = run_reference(config, "highest_k", users=20).episode_rewards
+    batched = run_reference(config, "highest_k", users=20, episodes_at_once=7).episode_rewards
+    assert batched.shape == one_by_one.shape == (30, 20, 2)
+    assert len(np.unique(batched[:7, 0, 0])) == 7  # side-by-side episodes are distinct draws
+    # 600 episodes each, per-episode s.d. about 170: the means agree within 4 s.e. of the gap.
+    se = np.hypot(one_by_one.std() / np.sqrt(600), batched.std() / np.sqrt(600))
+    assert abs(one_by_one.mean() - batched.mean()) < 4 * se
+    with pytest.raises(ValueError, match="episodes_at_once"):
+        run_reference(config, "random", users=2, episodes_at_once=0)
+
+
 # -------------------------------------------------------------------------- CLI and benchmark
 
 
@@ -518,12 +532,15 @@ def test_bench_registers_and_reports(tmp_path):
     saved = json.loads((tmp_path / "fedslate.json").read_text())
     assert saved["checks"] and "N6_n2" in saved["results"]["table"]
     cached = bench_fedslate.run_cell(
-        "N6_n2_random",
-        "random",
-        SlateQConfig(num_candidates=6, slate_size=2, episodes=2, members=2),
+        bench_fedslate.Cell(
+            "N6_n2_random",
+            "random",
+            SlateQConfig(num_candidates=6, slate_size=2, episodes=2, members=2),
+        ),
         tmp_path,
     )
     assert cached["rewards"] == row["records"]["random"]["rewards"]
+    assert saved["meta"]["runs_executed"] == 6 and saved["meta"]["runs_cached"] == 0
     # A run recorded before a configuration field existed matches that field's default only.
     config = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2)
     older = json.loads(bench_fedslate._config_key(config, "fedslate"))
@@ -533,6 +550,30 @@ def test_bench_registers_and_reports(tmp_path):
     item = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2, alignment="item")
     assert not bench_fedslate._same_configuration(older_key, item, "fedslate")
     assert not bench_fedslate._same_configuration(older_key, config, "slateq")
+
+
+def test_bench_worker_processes_reproduce_the_single_process_runs(tmp_path):
+    """--jobs 2 runs the uncached cells in spawned workers: the same numbers, then the cache."""
+    parser = argparse.ArgumentParser()
+    bench_fedslate.register(parser.add_subparsers(dest="bench"))
+    common = ["--episodes", "3", "--members", "2", "--settings", "6x2", "--experiments", "table"]
+    records = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        args = parser.parse_args(["fedslate", "--out", str(out), "--jobs", str(jobs), *common])
+        results = bench_fedslate.run(bench_fedslate._finish(args))
+        records[jobs] = results["table"]["N6_n2"]["records"]
+        meta = json.loads((out / "fedslate.json").read_text())["meta"]
+        assert meta["jobs"] == jobs and meta["runs_executed"] == 6
+    for name in ("fedslate", "slateq", "random", "A_highest_k+B_lowest_k"):
+        assert records[1][name]["rewards"] == records[2][name]["rewards"], name
+    args = parser.parse_args(["fedslate", "--out", str(out), "--jobs", "2", *common])
+    again = bench_fedslate.run(bench_fedslate._finish(args))  # the jobs-2 directory, cached
+    assert (
+        again["table"]["N6_n2"]["records"]["fedslate"]["rewards"]
+        == records[2]["fedslate"]["rewards"]
+    )
+    assert json.loads((out / "fedslate.json").read_text())["meta"]["runs_executed"] == 0
 
 
 def test_platforms_are_coupled_through_the_shared_user():
