@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rl.fedslate import (
+    ALIGNMENTS,
     PLATFORM_NAMES,
     SERVER_ARCHS,
     VARIANTS,
@@ -70,6 +71,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--local-arch", choices=LOCAL_ARCHS, default="item")
     parser.add_argument("--server-hidden", type=_widths, default=(16, 16))
     parser.add_argument("--server-arch", choices=SERVER_ARCHS, default="position")
+    parser.add_argument(
+        "--alignment",
+        choices=ALIGNMENTS,
+        default="position",
+        help="what the server fuses: every platform's own candidates (position, the paper) or "
+        "every platform's value of the fused platform's candidates (item)",
+    )
     parser.add_argument("--activation", default="silu")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
@@ -110,6 +118,7 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
             variant=args.variant,
             server_hidden=args.server_hidden,
             server_arch=args.server_arch,
+            alignment=args.alignment,
         )
     return SlateQConfig(**common)
 

@@ -12,6 +12,7 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from benchmarks import bench_fedslate
+from benchmarks.cli_fedslate import _config as cli_config
 from benchmarks.cli_fedslate import main as fedslate_main
 from benchmarks.cli_fedslate import register as register_cli
 from rl.envs import (
@@ -502,6 +503,8 @@ def test_cli_one_run_writes_json_and_curve(tmp_path, capsys):
     register_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["fedslate", "--platforms", "5", "--feedback", "1,1,1,0,0"])
     assert args.feedback == (True, True, True, False, False)
+    args = parser.parse_args(["fedslate", "--alignment", "item"])
+    assert cli_config(args).alignment == "item"
 
 
 def test_bench_registers_and_reports(tmp_path):
