@@ -9,7 +9,9 @@ Run from the repository root::
 
 Experiments (each run is cached as JSON under ``<out>/runs/``; a run whose configuration is
 already cached, under any name, is reused, so an interrupted benchmark resumes and experiments
-share their common runs):
+share their common runs; a learning run also checkpoints every 100 episodes under
+``<out>/runs/partial/`` and resumes mid-run; ``--jobs 2`` runs the uncached runs in two worker
+processes, dearest first):
 
 * ``table``: settings (N candidates, slate n) in {(10, 3), (100, 10), (500, 10)}: random and
   highest-k-first references (and A highest-k with B random or lowest-k: the coupling of the
@@ -48,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.processes import map_in_processes
+from rl.checkpoint import EpisodeCheckpoints
 from rl.fedslate import (
     PLATFORM_NAMES,
     REFERENCE_POLICIES,
@@ -75,6 +78,8 @@ SPARSE_PROB = 0.1
 WINDOW = 100
 # Fixed-policy references run this many episodes side by side (rl.fedslate.run_reference).
 REFERENCE_EPISODES_AT_ONCE = 100
+# Learning runs checkpoint under <out>/runs/partial/ this often (episodes) and resume from there.
+CHECKPOINT_EVERY = 100
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,10 +175,12 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
             return record
     print(f"[fedslate bench] running {cell.name} ({cell.kind})", file=sys.stderr, flush=True)
     config = cell.config
+    partial = out_dir / "runs" / "partial" / f"{cell.name}.pt"
+    checkpoints = EpisodeCheckpoints(partial, every=CHECKPOINT_EVERY)
     if cell.kind == "fedslate":
-        result = run_fedslate(config)
+        result = run_fedslate(config, checkpoints=checkpoints)
     elif cell.kind == "slateq":
-        result = run_slateq(config)
+        result = run_slateq(config, checkpoints=checkpoints)
     elif cell.is_reference:
         result = run_reference(
             config, cell.kind, users=config.members, episodes_at_once=REFERENCE_EPISODES_AT_ONCE
@@ -184,6 +191,7 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
     path = out_dir / "runs" / f"{cell.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
+    partial.unlink(missing_ok=True)  # the record is the cache now
     return record
 
 

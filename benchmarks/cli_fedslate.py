@@ -6,6 +6,7 @@
     securefed fedslate --algorithm slateq --candidates 10 --slate 3 --episodes 1500 --members 3
     securefed fedslate --variant extended --feedback-prob 0.1
     securefed fedslate --platforms 5 --feedback 1,1,1,0,0
+    securefed fedslate --candidates 500 --slate 10 --checkpoint runs/n500.pt   # resumable
 
 The main CLI calls :func:`register` with its subparsers; the leaf parser sets ``func`` (a
 callable taking the parsed namespace and returning an exit code). :func:`main` runs the command
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl.checkpoint import EpisodeCheckpoints
 from rl.fedslate import (
     ALIGNMENTS,
     PLATFORM_NAMES,
@@ -34,6 +36,7 @@ from rl.fedslate import (
     summarize,
 )
 from rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
+from securefed import SecurefedError
 
 ALGORITHMS = ("fedslate", "slateq", "random", "highest_k")
 
@@ -87,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, help="write the run record here")
     parser.add_argument("--plot", default=None, help="write the learning curve PNG here")
     parser.add_argument("--log-every", type=int, default=0, help="progress every K episodes")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="checkpoint file: saved every --checkpoint-every episodes, resumed when it exists",
+    )
+    parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.set_defaults(func=_run)
     return parser
 
@@ -149,10 +158,15 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
+    checkpoints = (
+        EpisodeCheckpoints(args.checkpoint, every=args.checkpoint_every)
+        if args.checkpoint
+        else None
+    )
     if args.algorithm == "fedslate":
-        result = run_fedslate(config)
+        result = run_fedslate(config, checkpoints=checkpoints)
     elif args.algorithm == "slateq":
-        result = run_slateq(config)
+        result = run_slateq(config, checkpoints=checkpoints)
     else:
         result = run_reference(config, args.algorithm, users=args.members)
     window = min(100, config.episodes)
@@ -180,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(["fedslate", *(argv or [])])
     try:
         return int(args.func(args) or 0)
-    except ValueError as error:
+    except (ValueError, SecurefedError) as error:
         print(f"securefed: error: {error}", file=sys.stderr)
         return 2
 

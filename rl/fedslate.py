@@ -76,6 +76,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rl.checkpoint import EpisodeCheckpoints, TrainingState
 from rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from rl.slateq import (
     PLATFORM_LETTERS,
@@ -90,6 +91,8 @@ from rl.slateq import (
     make_choice_model,
     masked_huber,
     next_values,
+    resume_counters,
+    run_fingerprint,
     select_slates,
     torch_generator,
 )
@@ -478,7 +481,11 @@ def on_candidates_of(x_other, x_target, num_candidates: int):
     return np.concatenate([x_other[..., :1], x_target[..., docs], x_other[..., docs.stop :]], -1)
 
 
-def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = None) -> RunResult:
+def run_fedslate(
+    config: FedSlateConfig,
+    fusion_factory: FusionFactory | None = None,
+    checkpoints: EpisodeCheckpoints | None = None,
+) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
     Args:
@@ -486,6 +493,8 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
         fusion_factory: builds the online :class:`FusionStep` from ``(server network, party
             names, cross)``; default :class:`PlaintextFusion`. The target network's fusion (no
             gradients) always uses the same factory.
+        checkpoints: save the run's state at episode boundaries and resume from it
+            (:mod:`rl.checkpoint`); ``None``: no checkpoints.
     """
     torch.set_num_threads(config.threads)
     factory = fusion_factory or PlaintextFusion
@@ -563,9 +572,21 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
     rewards = np.zeros((config.episodes, members, k_plat))
     updates = {f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0}
     sarsa = config.target == "sarsa"
-    rounds = learn_steps = 0
-    timings = {"acting": 0.0, "learning": 0.0}
-    start = time.perf_counter()
+    state = TrainingState(
+        stateful={f"local.{p}": local[p] for p in range(k_plat)}
+        | {f"local_target.{p}": local_target[p] for p in range(k_plat)}
+        | {f"local_opt.{p}": local_opt[p] for p in range(k_plat)}
+        | {"server": server, "server_target": server_target, "server_opt": server_opt}
+        | {"replay": replay},
+        generators={"explore": act_rng, "replay": replay_rng}
+        | {f"env.{k}": g for k, g in env.streams.named().items()},
+        arrays={"rewards": rewards},
+    )
+    resumed = resume_counters(state, checkpoints, config.variant, config)
+    first_episode, rounds, learn_steps = (resumed[k] for k in ("episodes", "rounds", "learn"))
+    updates |= resumed["updates"]
+    timings = {"acting": 0.0, "learning": 0.0} | resumed["timings"]
+    start = time.perf_counter() - resumed["seconds"]
 
     def x_round_pad(xs: list[np.ndarray]) -> list[np.ndarray]:
         """Pad the platforms' feature arrays to one width (choice weights read columns
@@ -675,7 +696,7 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
 
             step_update(p, loss_value, xs, greedy_positions)
 
-    for episode in range(config.episodes):
+    for episode in range(first_episode, config.episodes):
         env.reset()
         x = [features(env.observation(p), config) for p in range(k_plat)]
         done = False
@@ -729,6 +750,11 @@ def run_fedslate(config: FedSlateConfig, fusion_factory: FusionFactory | None = 
                 f"{time.perf_counter() - start:.0f}s",
                 flush=True,
             )
+        if checkpoints is not None and checkpoints.due(episode + 1, config.episodes):
+            counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
+            counters |= {"updates": updates, "timings": timings}
+            counters["seconds"] = time.perf_counter() - start
+            state.save(checkpoints.path, counters, run_fingerprint(config.variant, config))
     return RunResult(
         algorithm=config.variant,
         config=config.to_dict(),

@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from scipy.optimize import linprog
 from torch import nn
 from torch.nn import functional as F
 
+from rl.checkpoint import EpisodeCheckpoints, TrainingState
 from rl.envs.choc_kale import ChocKaleBatch, ChocKaleConfig, EnvStreams, PlatformObservation
 from securefed import SeedTree
 
@@ -590,6 +591,33 @@ class ReplayBuffer:
         self.head = (self.head + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
+    _FIELDS = ("x", "x_next", "slate", "next_slate", "clicked", "feedback")
+
+    def state_dict(self) -> dict[str, object]:
+        """Contents and position, as tensors sharing memory with the buffer (checkpoints)."""
+        state: dict[str, object] = {
+            f"{name}.{p}": torch.from_numpy(array)
+            for name in self._FIELDS
+            for p, array in enumerate(getattr(self, name))
+        }
+        last = -1 if self._last is None else self._last
+        state["done"] = torch.from_numpy(self.done)
+        return state | {"position": [self.size, self.head, last]}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore :meth:`state_dict` (same capacity, members and shapes)."""
+        for name in self._FIELDS:
+            for p, array in enumerate(getattr(self, name)):
+                saved = state[f"{name}.{p}"]
+                if tuple(saved.shape) != array.shape:
+                    raise ValueError(
+                        f"replay {name}.{p}: saved {tuple(saved.shape)}, buffer {array.shape}"
+                    )
+                array[...] = saved.numpy()
+        self.done[...] = state["done"].numpy()
+        self.size, self.head, last = (int(v) for v in state["position"])
+        self._last = None if last < 0 else last
+
     def sample(self, rng: np.random.Generator, batch: int, sarsa: bool) -> np.ndarray:
         """``(S, batch)`` row indices drawn with replacement, independently per member.
 
@@ -841,7 +869,28 @@ def next_values(
 # The SlateQ run
 
 
-def run_slateq(config: SlateQConfig) -> RunResult:
+def run_fingerprint(algorithm: str, config: SlateQConfig) -> dict[str, object]:
+    """What a checkpoint must match to be resumed: the algorithm and the configuration."""
+    fields = config.to_dict()
+    fields.pop("log_every", None)
+    return {"algorithm": algorithm} | fields
+
+
+def resume_counters(
+    state: TrainingState,
+    checkpoints: EpisodeCheckpoints | None,
+    algorithm: str,
+    config: SlateQConfig,
+) -> dict[str, object]:
+    """Restore ``state`` from ``checkpoints`` when there is one to resume; the loop's counters
+    (``episodes`` done, ``rounds``, ``learn`` steps, ``updates``, ``timings``, ``seconds``)."""
+    fresh = {"episodes": 0, "rounds": 0, "learn": 0, "updates": {}, "timings": {}, "seconds": 0.0}
+    if checkpoints is None or not checkpoints.should_resume():
+        return fresh
+    return fresh | state.restore(checkpoints.path, run_fingerprint(algorithm, config))
+
+
+def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = None) -> RunResult:
     """Train independent SlateQ agents on the platforms with feedback (others random).
 
     Acting: every round each platform (in turn) observes, the feedback platforms pick the
@@ -849,6 +898,11 @@ def run_slateq(config: SlateQConfig) -> RunResult:
     Learning (every ``learn_every`` rounds after ``burn_in``): for each feedback platform,
     ``Huber(Q(s, clicked), r + gamma X(s') (1 - done))`` on a replay batch of rounds where it
     observed its feedback. Returns the per-platform episode rewards.
+
+    Args:
+        config: the run's configuration.
+        checkpoints: save the run's state at episode boundaries and resume from it
+            (:mod:`rl.checkpoint`); ``None``: no checkpoints.
     """
     torch.set_num_threads(config.threads)
     cfg_env = config.env_config()
@@ -882,7 +936,19 @@ def run_slateq(config: SlateQConfig) -> RunResult:
     updates = {f"local_{PLATFORM_LETTERS[p]}": 0 for p in learners}
     rounds = learn_steps = 0
     sarsa = config.target == "sarsa"
-    start = time.perf_counter()
+    state = TrainingState(
+        stateful={f"net.{p}": nets[p] for p in learners}
+        | {f"target.{p}": targets[p] for p in learners}
+        | {f"optim.{p}": optims[p] for p in learners}
+        | {"replay": replay},
+        generators={"explore": act_rng, "random-slates": random_rng, "replay": replay_rng}
+        | {f"env.{k}": g for k, g in env.streams.named().items()},
+        arrays={"rewards": rewards},
+    )
+    resumed = resume_counters(state, checkpoints, "slateq", config)
+    first_episode, rounds, learn_steps = (resumed[k] for k in ("episodes", "rounds", "learn"))
+    updates |= resumed["updates"]
+    start = time.perf_counter() - resumed["seconds"]
 
     def learn() -> None:
         idx = replay.sample(replay_rng, config.batch_size, sarsa)
@@ -911,7 +977,7 @@ def run_slateq(config: SlateQConfig) -> RunResult:
             optims[p].step()
             updates[f"local_{PLATFORM_LETTERS[p]}"] += 1
 
-    for episode in range(config.episodes):
+    for episode in range(first_episode, config.episodes):
         env.reset()
         x = [features(env.observation(p), config) for p in range(k_plat)]
         done = False
@@ -946,6 +1012,10 @@ def run_slateq(config: SlateQConfig) -> RunResult:
                 f"eps {config.epsilon(rounds):.3f}, {time.perf_counter() - start:.0f}s",
                 flush=True,
             )
+        if checkpoints is not None and checkpoints.due(episode + 1, config.episodes):
+            counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
+            counters |= {"updates": updates, "seconds": time.perf_counter() - start}
+            state.save(checkpoints.path, counters, run_fingerprint("slateq", config))
     return RunResult(
         algorithm="slateq",
         config=config.to_dict(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,7 @@ from benchmarks import bench_fedslate
 from benchmarks.cli_fedslate import _config as cli_config
 from benchmarks.cli_fedslate import main as fedslate_main
 from benchmarks.cli_fedslate import register as register_cli
+from rl.checkpoint import EpisodeCheckpoints
 from rl.envs import (
     ChocKaleBatch,
     ChocKaleConfig,
@@ -50,7 +52,7 @@ from rl.slateq import (
     topk_slates,
     torch_generator,
 )
-from securefed import SeedTree
+from securefed import CheckpointError, SeedTree
 
 # ---------------------------------------------------------------------------------- simulator
 
@@ -319,6 +321,73 @@ def test_learning_step_variants():
     assert slateq.updates == {"local_A": 1} and set(slateq.networks) == {"local_A"}
 
 
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("algorithm", ["fedslate", "slateq"])
+def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
+    tmp_path, monkeypatch, algorithm
+):
+    """Killed mid-episode after a checkpoint, the rerun resumes and equals the unbroken run."""
+    config = _tiny(episodes=5, learn_every=3, target_sync=7, variant="fedslate")
+    if algorithm == "slateq":
+        config = SlateQConfig(
+            **{
+                k: v
+                for k, v in config.to_dict().items()
+                if k
+                in (
+                    "num_candidates",
+                    "slate_size",
+                    "steps_per_platform",
+                    "episodes",
+                    "members",
+                    "burn_in",
+                    "learn_every",
+                    "buffer_size",
+                    "batch_size",
+                    "local_hidden",
+                    "target_sync",
+                )
+            }
+        )
+    train = run_fedslate if algorithm == "fedslate" else run_slateq
+    unbroken = train(config)
+
+    path = tmp_path / "run.pt"
+    checkpoints = EpisodeCheckpoints(path, every=2)
+    steps = {"n": 0}
+    real_step = ChocKaleBatch.step
+
+    def step_then_fail(self, platform, slates):
+        steps["n"] += 1
+        if steps["n"] == 3 * 24 + 5:  # in episode 4, after the checkpoint of episode 2
+            raise _Interrupted
+        return real_step(self, platform, slates)
+
+    monkeypatch.setattr(ChocKaleBatch, "step", step_then_fail)
+    with pytest.raises(_Interrupted):
+        train(config, checkpoints=checkpoints)
+    monkeypatch.setattr(ChocKaleBatch, "step", real_step)
+    assert path.is_file()
+    resumed = train(config, checkpoints=checkpoints)
+
+    np.testing.assert_array_equal(resumed.episode_rewards, unbroken.episode_rewards)
+    assert resumed.learn_steps == unbroken.learn_steps and resumed.updates == unbroken.updates
+    for name, net in unbroken.networks.items():
+        for a, b in zip(net.parameters(), resumed.networks[name].parameters(), strict=True):
+            assert torch.equal(a, b), name
+    # Finished: the checkpoint now holds the end state; another configuration is refused.
+    again = train(config, checkpoints=checkpoints)
+    np.testing.assert_array_equal(again.episode_rewards, unbroken.episode_rewards)
+    other = dataclasses.replace(config, seed=1)
+    with pytest.raises(CheckpointError, match="seed"):
+        train(other, checkpoints=checkpoints)
+    with pytest.raises(ValueError, match="every"):
+        EpisodeCheckpoints(path, every=0)
+
+
 def test_item_alignment_fuses_every_platforms_value_of_the_same_documents():
     rng = np.random.default_rng(0)
     x_a, x_b = rng.random((2, 3, 1 + 4 + 6)), rng.random((2, 3, 1 + 4))
@@ -544,6 +613,7 @@ def test_bench_registers_and_reports(tmp_path):
     )
     assert cached["rewards"] == row["records"]["random"]["rewards"]
     assert saved["meta"]["runs_executed"] == 6 and saved["meta"]["runs_cached"] == 0
+    assert not list((tmp_path / "runs" / "partial").glob("*"))  # checkpoints gone with the run
     # A run recorded before a configuration field existed matches that field's default only.
     config = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2)
     older = json.loads(bench_fedslate._config_key(config, "fedslate"))

@@ -173,6 +173,11 @@ class EnvStreams:
             noise=tree.generator(*prefix, "noise"),
         )
 
+    def named(self) -> dict[str, np.random.Generator]:
+        """Every stream by name (``user``, ``docs.0``, ...), e.g. to checkpoint their states."""
+        docs = {f"docs.{p}": g for p, g in enumerate(self.docs)}
+        return {"user": self.user, **docs, "response": self.response, "noise": self.noise}
+
 
 @dataclass
 class PlatformObservation:
