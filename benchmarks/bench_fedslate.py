@@ -18,6 +18,8 @@ processes, dearest first):
   platforms through the shared user), SlateQ (platform A learns alone, B random) and FedSlate
   (A with feedback, B without), ``--members`` independent seeds each.
 * ``ablation``: the linear server network and FedQ (no cross-platform fusion) against FedSlate.
+* ``ablation_flat``: the linear server against the non-linear one in the paper's flat server
+  architecture (an MLP on the whole concatenated Q-value vector).
 * ``sparse``: "sparse team reward" (feedback revealed on 10% of steps): FedSlate against the
   extended variant (paper Algorithm 4).
 * ``platforms``: K = 5, all with feedback and two without (position- and item-aligned),
@@ -67,6 +69,7 @@ SETTINGS = ((10, 3), (100, 10), (500, 10))
 EXPERIMENTS = (
     "table",
     "ablation",
+    "ablation_flat",
     "sparse",
     "platforms",
     "choice",
@@ -305,6 +308,15 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
             "fedq": ("fedslate", FedSlateConfig(**base, variant="fedq")),
             "random": ("random", SlateQConfig(**base)),
         }
+    elif experiment == "ablation_flat":
+        # The paper's server architecture (an MLP on the whole [Q_own, Q_other] vector), where
+        # the paper reports that a linear server "never converges".
+        flat = base | {"server_arch": "flat"}
+        runs = {
+            "fedslate_flat": ("fedslate", FedSlateConfig(**flat)),
+            "linear_flat": ("fedslate", FedSlateConfig(**flat, variant="linear")),
+            "random": ("random", SlateQConfig(**base)),
+        }
     elif experiment == "sparse":
         sparse = base | {"feedback_prob": SPARSE_PROB}
         runs = {
@@ -418,13 +430,19 @@ def checks(results: dict[str, object]) -> list[str]:
             f"{'PASS' if etror_wins >= 2 else 'FAIL'} FedSlate ETROR(A) <= SlateQ's in "
             f"{etror_wins} of {len(table)} settings (needs >= 2)"
         )
-    if "ablation" in results:
-        cells = results["ablation"]["cells"]
+    ablations = {
+        "ablation": ("fedslate", "linear"),
+        "ablation_flat": ("fedslate_flat", "linear_flat"),
+    }
+    for experiment, (full, linear) in ablations.items():
+        if experiment not in results:
+            continue
+        cells = results[experiment]["cells"]
         for p in "AB":
-            fed, lin = cells["fedslate"][p]["final"]["mean"], cells["linear"][p]["final"]["mean"]
+            fed, lin = cells[full][p]["final"]["mean"], cells[linear][p]["final"]["mean"]
             lines.append(
-                f"{'PASS' if lin < fed - 20 else 'FAIL'} linear server: final {p} {lin:.1f} vs "
-                f"FedSlate {fed:.1f} (clearly worse: > 20 below)"
+                f"{'PASS' if lin < fed - 20 else 'FAIL'} {experiment}: {linear} final {p} "
+                f"{lin:.1f} vs {full} {fed:.1f} (clearly worse: > 20 below)"
             )
     if "alignment" in results:
         cells = results["alignment"]["cells"]

@@ -614,6 +614,18 @@ def test_bench_registers_and_reports(tmp_path):
     assert cached["rewards"] == row["records"]["random"]["rewards"]
     assert saved["meta"]["runs_executed"] == 6 and saved["meta"]["runs_cached"] == 0
     assert not list((tmp_path / "runs" / "partial").glob("*"))  # checkpoints gone with the run
+    flat_out = str(tmp_path / "flat")
+    flat_args = parser.parse_args(
+        [
+            *("fedslate", "--out", flat_out, "--episodes", "2", "--members", "2"),
+            *("--experiments", "ablation_flat", "--ablation-setting", "6x2"),
+        ]
+    )
+    flat = bench_fedslate.run(bench_fedslate._finish(flat_args))["ablation_flat"]
+    assert flat["records"]["linear_flat"]["config"]["server_arch"] == "flat"
+    assert flat["records"]["linear_flat"]["config"]["variant"] == "linear"
+    checks = bench_fedslate.checks({"ablation_flat": flat})
+    assert len(checks) == 2 and all("linear_flat final" in line for line in checks)
     # A run recorded before a configuration field existed matches that field's default only.
     config = FedSlateConfig(num_candidates=6, slate_size=2, episodes=2, members=2)
     older = json.loads(bench_fedslate._config_key(config, "fedslate"))
