@@ -151,6 +151,19 @@ class Cell:
         return c.episodes * per_step * size
 
 
+_STORED_KEYS: dict[tuple[Path, int, int], str] = {}
+
+
+def _stored_key(path: Path) -> str:
+    """The configuration key of the record at ``path``, parsed once per file version (every
+    cell looks through every cached record, and a record holds thousands of rewards)."""
+    stat = path.stat()
+    version = (path, stat.st_mtime_ns, stat.st_size)
+    if version not in _STORED_KEYS:
+        _STORED_KEYS[version] = json.loads(path.read_text())["key"]
+    return _STORED_KEYS[version]
+
+
 def cached_record(cell: Cell, out_dir: Path) -> dict[str, object] | None:
     """The cached record of ``cell`` (its own file, else any run of the same configuration)."""
     path = out_dir / "runs" / f"{cell.name}.json"
@@ -158,10 +171,10 @@ def cached_record(cell: Cell, out_dir: Path) -> dict[str, object] | None:
         return None
     others = sorted(p for p in path.parent.glob("*.json") if p != path)
     for candidate in [path, *others]:
-        if candidate.exists():
-            record = json.loads(candidate.read_text())
-            if _same_configuration(record["key"], cell.config, cell.kind, cell.is_reference):
-                return record
+        if candidate.exists() and _same_configuration(
+            _stored_key(candidate), cell.config, cell.kind, cell.is_reference
+        ):
+            return json.loads(candidate.read_text())
     return None
 
 
@@ -649,6 +662,8 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
     if unknown:
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
     args.experiments = names
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 worker process, got {args.jobs}")
     if args.quick:
         args.episodes = args.sizes_episodes = args.platform_episodes = 120
         args.variant_episodes = None

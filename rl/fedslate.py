@@ -84,6 +84,7 @@ from rl.slateq import (
     ReplayBuffer,
     RunResult,
     SlateQConfig,
+    checkpoint_if_due,
     choice_weights,
     explore,
     features,
@@ -92,7 +93,6 @@ from rl.slateq import (
     masked_huber,
     next_values,
     resume_counters,
-    run_fingerprint,
     select_slates,
     torch_generator,
 )
@@ -439,6 +439,8 @@ def run_reference(
     chunks = -(-config.episodes // at_once)
     rewards = np.zeros((chunks * at_once, users, k_plat))
     for chunk in range(chunks):
+        # Batch row e * users + u is user u's episode chunk * at_once + e.
+        episodes = slice(chunk * at_once, (chunk + 1) * at_once)
         env.reset()
         done = False
         while not done:
@@ -450,8 +452,6 @@ def run_reference(
                 sign = -1.0 if per_platform[p] == "highest_k" else 1.0
                 slates = np.argpartition(sign * docs, n - 1, axis=1)[:, :n]
             out = env.step(p, slates)
-            # Batch row e * users + u is user u's episode chunk * at_once + e.
-            episodes = slice(chunk * at_once, (chunk + 1) * at_once)
             rewards[episodes, :, p] += out.engagement.reshape(at_once, users)
             done = out.done
     rewards = rewards[: config.episodes]
@@ -750,11 +750,10 @@ def run_fedslate(
                 f"{time.perf_counter() - start:.0f}s",
                 flush=True,
             )
-        if checkpoints is not None and checkpoints.due(episode + 1, config.episodes):
-            counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
-            counters |= {"updates": updates, "timings": timings}
-            counters["seconds"] = time.perf_counter() - start
-            state.save(checkpoints.path, counters, run_fingerprint(config.variant, config))
+        counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
+        counters |= {"updates": updates, "timings": timings}
+        counters["seconds"] = time.perf_counter() - start
+        checkpoint_if_due(state, checkpoints, config.variant, config, counters)
     return RunResult(
         algorithm=config.variant,
         config=config.to_dict(),

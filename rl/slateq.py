@@ -890,6 +890,19 @@ def resume_counters(
     return fresh | state.restore(checkpoints.path, run_fingerprint(algorithm, config))
 
 
+def checkpoint_if_due(
+    state: TrainingState,
+    checkpoints: EpisodeCheckpoints | None,
+    algorithm: str,
+    config: SlateQConfig,
+    counters: Mapping[str, object],
+) -> None:
+    """Save ``state`` with the loop's ``counters`` (as :func:`resume_counters` reads them) when
+    ``counters["episodes"]`` is a checkpoint episode."""
+    if checkpoints is not None and checkpoints.due(counters["episodes"], config.episodes):
+        state.save(checkpoints.path, counters, run_fingerprint(algorithm, config))
+
+
 def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = None) -> RunResult:
     """Train independent SlateQ agents on the platforms with feedback (others random).
 
@@ -934,7 +947,6 @@ def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = No
     replay = ReplayBuffer(config.buffer_size, members, dims, n)
     rewards = np.zeros((config.episodes, members, k_plat))
     updates = {f"local_{PLATFORM_LETTERS[p]}": 0 for p in learners}
-    rounds = learn_steps = 0
     sarsa = config.target == "sarsa"
     state = TrainingState(
         stateful={f"net.{p}": nets[p] for p in learners}
@@ -1012,10 +1024,9 @@ def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = No
                 f"eps {config.epsilon(rounds):.3f}, {time.perf_counter() - start:.0f}s",
                 flush=True,
             )
-        if checkpoints is not None and checkpoints.due(episode + 1, config.episodes):
-            counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
-            counters |= {"updates": updates, "seconds": time.perf_counter() - start}
-            state.save(checkpoints.path, counters, run_fingerprint("slateq", config))
+        counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
+        counters |= {"updates": updates, "seconds": time.perf_counter() - start}
+        checkpoint_if_due(state, checkpoints, "slateq", config, counters)
     return RunResult(
         algorithm="slateq",
         config=config.to_dict(),
