@@ -637,6 +637,24 @@ def test_bench_registers_and_reports(tmp_path):
     assert not bench_fedslate._same_configuration(older_key, config, "slateq")
 
 
+def test_bench_runs_only_the_named_runs_and_checks_the_five_platform_claim(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench_fedslate.register(parser.add_subparsers(dest="bench"))
+    common = [*("fedslate", "--out", str(tmp_path), "--members", "2", "--platform-episodes", "2")]
+    common += [*("--experiments", "platforms", "--ablation-setting", "6x2")]
+    args = bench_fedslate._finish(
+        parser.parse_args([*common, "--runs", "slateq_all,fedslate_two_without_item"])
+    )
+    results = bench_fedslate.run(args)
+    assert set(results["platforms"]["cells"]) == {"slateq_all", "fedslate_two_without_item"}
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 2
+    lines = [line for line in bench_fedslate.checks(results) if "platforms:" in line]
+    assert [line.split()[4] for line in lines] == ["D", "E"]  # only the two without feedback
+    assert all(line.startswith(("PASS", "FAIL")) for line in lines)
+    with pytest.raises(ValueError, match="linear"):
+        bench_fedslate._finish(parser.parse_args([*common, "--runs", "slateq_all,linear"]))
+
+
 def test_bench_worker_processes_reproduce_the_single_process_runs(tmp_path):
     """--jobs 2 runs the uncached cells in spawned workers: the same numbers, then the cache."""
     parser = argparse.ArgumentParser()
