@@ -407,9 +407,11 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
 def experiment_variants(args, out_dir: Path, experiment: str) -> dict[str, object]:
     (n_cand, slate), specs = variant_cells(args, experiment)
     cells = {name: run_cell(cell, out_dir) for name, cell in specs.items()}
-    k_plat = len(cells[next(iter(cells))]["rewards"][0][0])
+    rewards = np.asarray(next(iter(cells.values()))["rewards"])  # [episode][member][platform]
+    episodes, k_plat = rewards.shape[0], rewards.shape[2]
     return {
         "setting": [n_cand, slate],
+        "episodes": episodes,
         "cells": {
             name: {PLATFORM_NAMES[p]: metrics(rec, p) for p in range(k_plat)}
             for name, rec in cells.items()
@@ -520,7 +522,8 @@ def markdown(results: dict[str, object], meta: dict[str, object]) -> str:
     lines = [
         "# FedSlate on the multi-platform choc-vs-kale simulator",
         "",
-        f"Episodes {meta['episodes']}, members (independent seeds) {meta['members']}, "
+        f"Episodes {meta['episodes']} (the table's; each experiment says its own), "
+        f"members (independent seeds) {meta['members']}, "
         f"seed {meta['seed']}; {meta['machine']}; {meta['jobs']} worker process(es); "
         f"wall time {meta['seconds']:.0f} s ({meta['runs_executed']} runs executed, "
         f"{meta['runs_cached']} read from the cache).",
@@ -543,7 +546,8 @@ def markdown(results: dict[str, object], meta: dict[str, object]) -> str:
         if name in results:
             row = results[name]
             lines += _table_markdown(
-                f"{name}: N={row['setting'][0]}, n={row['setting'][1]}", row["cells"]
+                f"{name}: N={row['setting'][0]}, n={row['setting'][1]}, {row['episodes']} episodes",
+                row["cells"],
             )
     return "\n".join(lines)
 
