@@ -710,6 +710,10 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
                 f"{[name for name in names if name != 'table']}; choose from {sorted(known)}"
             )
         args.runs = wanted
+        # An experiment none of whose runs was named is left out, not reported empty.
+        args.experiments = tuple(
+            name for name in names if name == "table" or variant_cells(args, name)[1]
+        )
     return args
 
 

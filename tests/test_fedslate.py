@@ -653,6 +653,9 @@ def test_bench_runs_only_the_named_runs_and_checks_the_five_platform_claim(tmp_p
     assert all(line.startswith(("PASS", "FAIL")) for line in lines)
     with pytest.raises(ValueError, match="linear"):
         bench_fedslate._finish(parser.parse_args([*common, "--runs", "slateq_all,linear"]))
+    # An experiment none of whose runs is named drops out (ablation has no slateq_all).
+    both = [*common, "--experiments", "ablation,platforms", "--runs", "slateq_all"]
+    assert bench_fedslate._finish(parser.parse_args(both)).experiments == ("platforms",)
 
 
 def test_bench_worker_processes_reproduce_the_single_process_runs(tmp_path):
