@@ -2,7 +2,8 @@
 
 Chai et al. 2020 ("Secure Federated Matrix Factorization", arXiv 1906.05108) show that a server
 holding two consecutive plaintext uploads of one user recovers its ratings; specs/fedmf.md
-section 2 gives the algebra. This module replays it on what :mod:`recsys.fedmf` uploads (its
+section 2 gives the algebra. This module replays it on what :mod:`securefed.recsys.fedmf` uploads
+(its
 module docstring): user ``u``'s item row ``i`` carries ``[p_u g_ui, p_u]`` with
 
     g_ui = -2 e_ui U_u + 2 mu V_i,        e_ui = r_ui - <U_u, V_i>,
@@ -73,7 +74,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from recsys.data import RatingScale
+from securefed.recsys.data import RatingScale
 
 GRID_TOLERANCE = 1e-6
 """A value is "on the rating grid" within this many rating steps."""

@@ -2,7 +2,8 @@
 
 FedRec (Lin et al. 2020) hides a user's rated items among ``rho * n_u`` pseudo items with virtual
 ratings; specs/fedmf.md section 3 lists why that still leaks. Each function here is one test: it
-takes what the inversion (:mod:`attacks.gradient_inversion`) recovered and returns a boolean mask
+takes what the inversion (:mod:`securefed.attacks.gradient_inversion`) recovered and returns a
+boolean mask
 over the rows of one round, ``True`` for "kept as rated", or ``None`` when the test cannot decide
 for this user (it then keeps every row).
 
@@ -48,7 +49,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from attacks.gradient_inversion import GRID_TOLERANCE, FedMFProtocol, Inversion, on_grid
+from securefed.attacks.gradient_inversion import GRID_TOLERANCE, FedMFProtocol, Inversion, on_grid
 
 TEST_NAMES = (
     "rating_scale",

@@ -1,6 +1,7 @@
 """Leak metrics: how much of a user's ratings and rated items an attack recovered.
 
-Per evaluated user, against the training ratings (``recsys.data.Ratings``; user index = client id):
+Per evaluated user, against the training ratings (``securefed.recsys.data.Ratings``; user index =
+client id):
 
 * ``exact_share``: share of the user's ratings whose recovered value, rounded to the scale
   (``RatingScale.snap``), equals the true rating;
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recsys.data import Ratings, RatingScale
+from securefed.recsys.data import Ratings, RatingScale
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,8 @@ Stages of :func:`verify_policy_leak`:
    concatenated over the parts of ``S_p``. Payloads without ``rows``/``values`` (secure
    aggregation's masked integers, ciphertexts) hold nothing per agent: those events fall back to
    the chance baseline with a note. Noisy payloads (local DP) are used as they are; the noise std
-   comes from the DP transport's public record (:func:`attacks.verify.dp_noise_std`). Categorical
+   comes from the DP transport's public record (:func:`securefed.attacks.verify.dp_noise_std`).
+   Categorical
    uploads are divided by their mean row sum (1 for exact uploads; it undoes a DP clipping factor
    and is an average over all rows under noise).
 2. **Clone** (:func:`fit_clones`). One small MLP per agent and event (one hidden tanh layer, all
@@ -31,7 +32,8 @@ Stages of :func:`verify_policy_leak`:
    const``), so the same fit pools local-DP noise over every public state, where KL would break
    on negative noisy "probabilities".
 3. **Roll out** (:func:`clone_returns`). Each clone plays ``episodes`` episodes in the server's
-   own copy of the environment (vectorised CartPole from :mod:`rl.fast`; gymnasium otherwise),
+   own copy of the environment (vectorised CartPole from :mod:`securefed.rl.fast`; gymnasium
+   otherwise),
    sampling actions as the agents do; the mean return estimates the agent's recent performance.
 4. **Link** (:func:`link_accuracy`). Whether the server could re-identify agents across events if
    uploads were anonymous: the uploads of consecutive events are matched by the assignment that
@@ -54,10 +56,16 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from scipy.stats import spearmanr
 
-from attacks.verify import _jsonable, dp_noise_std
-from rl.fedhpd import FedHPDConfig, TaskSpec, stream_seed, task_spec
-from rl.policies import MIN_STD, sample_categorical, sample_gaussian, softmax_np, softplus_np
 from securefed import SeedTree, ServerView
+from securefed.attacks.verify import _jsonable, dp_noise_std
+from securefed.rl.fedhpd import FedHPDConfig, TaskSpec, stream_seed, task_spec
+from securefed.rl.policies import (
+    MIN_STD,
+    sample_categorical,
+    sample_gaussian,
+    softmax_np,
+    softplus_np,
+)
 
 PLAINTEXT_FIELDS = frozenset({"rows", "values"})
 METRICS = ("mae", "rmse", "spearman", "spearman_within_event")
@@ -365,7 +373,7 @@ def clone_returns(
     Returns:
         ``(C,)`` mean episode returns.
     """
-    from rl.fast import make_env_batch
+    from securefed.rl.fast import make_env_batch
 
     c, n = weights.size, weights.size * episodes
     rng = tree.generator("rollout", *path)

@@ -59,11 +59,24 @@ import numpy as np
 import torch
 from scipy.signal import lfilter
 
-from attacks.verify import _jsonable
-from rl.envs.choc_kale import ChocKaleBatch, EnvStreams
-from rl.fedslate import PLATFORM_NAMES, FedSlateConfig, FusionStep, PlaintextFusion, ServerNetwork
-from rl.slateq import RunResult, choice_weights, explore, features, make_choice_model, select_slates
 from securefed import SeedTree
+from securefed.attacks.verify import _jsonable
+from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
+from securefed.rl.fedslate import (
+    PLATFORM_NAMES,
+    FedSlateConfig,
+    FusionStep,
+    PlaintextFusion,
+    ServerNetwork,
+)
+from securefed.rl.slateq import (
+    RunResult,
+    choice_weights,
+    explore,
+    features,
+    make_choice_model,
+    select_slates,
+)
 
 TARGETS = ("nke", "sat", "observed_sat_A", "observed_sat_B", "recent_engagement_A")
 """Default targets of :func:`verify_qvalue_leak` (platform letters as in ``PLATFORM_NAMES``)."""
@@ -124,7 +137,8 @@ class FusionRecord:
 
 
 class RecordingFusion:
-    """A :class:`~rl.fedslate.FusionStep` that forwards to ``inner`` and records what it saw.
+    """A :class:`~securefed.rl.fedslate.FusionStep` that forwards to ``inner`` and records what it
+    saw.
 
     An acting inquiry is a forward without gradients, for every party, at every position, with
     one row per member (``(S, 1, N)`` inputs): the only call of that shape in FedSlate's protocol.
@@ -174,7 +188,8 @@ class RecordingFusion:
 
 
 class FusionRecorder:
-    """``fusion_factory`` for :func:`rl.fedslate.run_fedslate` that records the server's view.
+    """``fusion_factory`` for :func:`securefed.rl.fedslate.run_fedslate` that records the server's
+    view.
 
     Example:
         >>> recorder = FusionRecorder()
@@ -182,7 +197,8 @@ class FusionRecorder:
         >>> record = recorder.finish()  # doctest: +SKIP
 
     Args:
-        inner_factory: the fusion step to wrap (default :class:`~rl.fedslate.PlaintextFusion`).
+        inner_factory: the fusion step to wrap (default
+        :class:`~securefed.rl.fedslate.PlaintextFusion`).
     """
 
     def __init__(self, inner_factory=PlaintextFusion) -> None:
@@ -260,7 +276,7 @@ def replay_truth(
 
     FedSlate's environment streams come from ``SeedTree(config.seed)``; given the fused values
     the platforms received (recorded), their slates follow from the same selection and
-    exploration rule as in :func:`rl.fedslate.run_fedslate`, so the replay walks the users
+    exploration rule as in :func:`securefed.rl.fedslate.run_fedslate`, so the replay walks the users
     through the very same states. This is the scorer's access to the truth, not the attacker's.
 
     Raises:

@@ -4,7 +4,7 @@ The entry point of the attack suite (DESIGN.md: attacks take a ServerView and no
 truth is only used to score them). Stages:
 
 1. **Protocol.** ``view.public`` must hold FedMF's public parameters
-   (:class:`~attacks.gradient_inversion.FedMFProtocol`); otherwise nothing applies.
+   (:class:`~securefed.attacks.gradient_inversion.FedMFProtocol`); otherwise nothing applies.
 2. **Rounds.** By default the last two consecutive rounds that kept payloads and the broadcast
    ``V`` (``t-1``, ``t``); one such round if there is no pair; ``rounds=(t-1, t)`` chooses.
 3. **What the payloads are.** Plaintext rows/values (``"rows"``, ``"values"`` fields: plaintext,
@@ -14,15 +14,16 @@ truth is only used to score them). Stages:
    Anything else (``"masked"`` integers of secure aggregation, ciphertext bytes) holds nothing
    per client to invert: every user falls back to the chance baseline, and a note says so.
 4. **Per user.** Vanilla FedMF: the closed form of two rounds
-   (:func:`~attacks.gradient_inversion.invert_two_rounds`), else the one-round rating grid
-   (:func:`~attacks.gradient_inversion.invert_one_round`); every uploaded row is a rated item.
+   (:func:`~securefed.attacks.gradient_inversion.invert_two_rounds`), else the one-round rating grid
+   (:func:`~securefed.attacks.gradient_inversion.invert_one_round`); every uploaded row is a rated
+   item.
    Hybrid filling (FedRec, FedRec+): the rating grid in each round, then the item tests of
-   :mod:`attacks.item_inference` and their combination.
+   :mod:`securefed.attacks.item_inference` and their combination.
 5. **Chance baseline.** Ratings: the global mean of the true ratings. Items: the most popular
    items, popularity read from the released aggregate's per-item uploader counts when the view
    holds one (else the truth's item counts), as many as the user truly rated (without truth, the
    expected number implied by the aggregate). Users the attack could not reach get these guesses.
-6. **Scores** (:mod:`attacks.metrics`) when ``truth`` is given.
+6. **Scores** (:mod:`securefed.attacks.metrics`) when ``truth`` is given.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attacks.gradient_inversion import (
+from securefed.attacks.gradient_inversion import (
     ClientUpload,
     FedMFProtocol,
     Inversion,
@@ -42,7 +43,7 @@ from attacks.gradient_inversion import (
     invert_one_round,
     invert_two_rounds,
 )
-from attacks.item_inference import (
+from securefed.attacks.item_inference import (
     TEST_NAMES,
     combine_tests,
     intersection_test,
@@ -52,14 +53,14 @@ from attacks.item_inference import (
     upload_order_test,
     virtual_rating_test,
 )
-from attacks.metrics import (
+from securefed.attacks.metrics import (
     UserSets,
     item_overall,
     overall_metrics,
     per_user_metrics,
     truth_sets,
 )
-from recsys.data import Ratings, RatingScale
+from securefed.recsys.data import Ratings, RatingScale
 from securefed.views import ServerView
 
 PLAINTEXT_FIELDS = frozenset({"rows", "values"})

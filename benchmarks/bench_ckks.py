@@ -1,6 +1,7 @@
 """CKKS benchmarks: encrypted vs plaintext fusion, a training run under CKKS, a FedMF round's cost.
 
-``python -m benchmarks.bench_ckks`` runs all three; ``python -m benchmarks.bench_ckks fusion`` (or
+``python -m securefed.bench.bench_ckks`` runs all three; ``python -m securefed.bench.bench_ckks
+fusion`` (or
 ``training``, ``fedmf-round``) one of them. Each writes ``results/ckks_<name>.json`` and ``.md``
 (the training run also ``ckks_training.png``) and prints the table. Plaintext references are
 measured in the same process, from the same initial weights and data.
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_fedmf import markdown_table, write_outputs
 from securefed import SeedTree
+from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.crypto.ckks import ckks_context
 from securefed.fusion import FusionSpec, PlaintextFusionChannel, forward_numpy, init_weights
 from securefed.fusion.base import concatenate
@@ -201,9 +202,9 @@ def _plot(curves: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- FedMF cost
 def fedmf_round(args: argparse.Namespace) -> int:
     """One FedMF round on ML-100K under CKKS: per-stage time, bytes, projection."""
-    from benchmarks import datasets
-    from recsys.fedmf import FedMF, FedMFConfig
     from securefed import PlaintextTransport
+    from securefed.bench import datasets
+    from securefed.recsys.fedmf import FedMF, FedMFConfig
     from securefed.transport.ckks import CKKSConfig, CKKSTransport
 
     split = datasets.load(args.data, args.split)
@@ -289,7 +290,7 @@ def _fedmf_arguments(parser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_ckks")
+    parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_ckks")
     sub = parser.add_subparsers(dest="bench")
     for name, func, extra in (
         ("fusion", fusion, ()),

@@ -6,7 +6,8 @@
     securefed bench fedhpd --task cartpole --seeds 20,25 --settings nofed,5
     securefed bench fedhpd-speed --task cartpole --rounds 30 --d 5
 
-``fedhpd`` trains every (setting, seed) run of the column with the fast learner (:mod:`rl.fast`),
+``fedhpd`` trains every (setting, seed) run of the column with the fast learner
+(:mod:`securefed.rl.fast`),
 the runs split over ``--workers`` processes (each one population of stacked agents, torch on one
 thread), and prints the system average reward of each setting beside the paper's (spec section 4),
 the deviation, and FedHPD d=5's gain over NoFed. It writes ``fedhpd_<task>.json`` (summary),
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.transports import TransportOptions, TransportUnavailable, make_transport
+from securefed.bench.transports import TransportOptions, TransportUnavailable, make_transport
 
 RESULTS = Path("results") / "fedhpd"
 DEFAULT_SETTINGS = "nofed,5,10,20"
@@ -87,8 +88,8 @@ def run_column(args: argparse.Namespace) -> dict:
     """Train the column and return the summary record (also written to ``args.out``)."""
     import torch
 
-    from rl.fast import train_parallel
-    from rl.fedhpd import (
+    from securefed.rl.fast import train_parallel
+    from securefed.rl.fedhpd import (
         FedHPDConfig,
         RunSpec,
         make_public_states,
@@ -247,8 +248,8 @@ def speed(args: argparse.Namespace) -> int:
     """Reference and fast learner on the same schedule: time, ratio, agreement."""
     import torch
 
-    from rl.fast import train_population
-    from rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
+    from securefed.rl.fast import train_population
+    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
 
     torch.set_num_threads(1)
     algorithm, d = parse_settings(args.setting)[0]
@@ -361,7 +362,7 @@ def register(benches) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fedhpd")
+    parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_fedhpd")
     register(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -1,7 +1,7 @@
 """FedMF benchmarks: the ML-100K splits table, transports against plaintext, weights, speed, scale.
 
 Run through the CLI (``securefed bench fedmf-splits`` and friends) or ``python -m
-benchmarks.bench_fedmf <name>``. Each writes a JSON record and a markdown table under
+securefed.bench.bench_fedmf <name>``. Each writes a JSON record and a markdown table under
 ``results/`` and prints the table. Ratios are always measured in the same process and run.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
-from benchmarks import datasets
-from benchmarks.experiment import FedMFRun, run_fedmf, save_json
-from recsys.data import synthetic_ratings
-from recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
-from recsys.filling import user_mean_ratings
-from recsys.metrics import rmse
-from recsys.sparse_rows import rated_dot
 from securefed import PlaintextTransport, RoundSelection, SeedTree
+from securefed.bench import datasets
+from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
+from securefed.recsys.data import synthetic_ratings
+from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
+from securefed.recsys.filling import user_mean_ratings
+from securefed.recsys.metrics import rmse
+from securefed.recsys.sparse_rows import rated_dot
 
 RESULTS = Path("results")
 
@@ -271,7 +271,8 @@ def _scale(args: argparse.Namespace) -> dict:
 def dp_utility(args: argparse.Namespace) -> int:
     """FedMF under user-level DP: test RMSE per epsilon for each noise placement.
 
-    The model is :func:`recsys.fedmf.user_level_dp_config` (fixed-denominator aggregation, the
+    The model is :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator
+    aggregation, the
     users' own mean as offset, server-side item decay): the classic per-item mean of FedMF
     divides by noisy counts and diverges under DP. Every user takes part in every round
     (``sampling="all"``, sample rate 1), the noise is calibrated to each epsilon over the run's
@@ -459,7 +460,7 @@ def _plot_dp(rows: list[dict], no_dp: float, user_mean: float, path: Path) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fedmf")
+    parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_fedmf")
     register(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

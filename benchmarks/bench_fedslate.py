@@ -5,7 +5,7 @@ Run from the repository root::
     securefed bench fedslate                                  # the paper's table, 5000 episodes
     securefed bench fedslate --episodes 2000 --members 3      # reduced
     securefed bench fedslate --experiments table,ablation,sparse,platforms,choice,corpus
-    python -m benchmarks.bench_fedslate --quick               # smoke run, about a minute
+    python -m securefed.bench.bench_fedslate --quick               # smoke run, about a minute
 
 Experiments (each run is cached as JSON under ``<out>/runs/``; a run whose configuration is
 already cached, under any name, is reused, so an interrupted benchmark resumes and experiments
@@ -54,9 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.processes import map_in_processes
-from rl.checkpoint import EpisodeCheckpoints
-from rl.fedslate import (
+from securefed.bench.processes import map_in_processes
+from securefed.rl.checkpoint import EpisodeCheckpoints
+from securefed.rl.fedslate import (
     PLATFORM_NAMES,
     REFERENCE_POLICIES,
     FedSlateConfig,
@@ -66,7 +66,7 @@ from rl.fedslate import (
     run_fedslate,
     run_reference,
 )
-from rl.slateq import RunResult, SlateQConfig, run_slateq
+from securefed.rl.slateq import RunResult, SlateQConfig, run_slateq
 
 SETTINGS = ((10, 3), (100, 10), (500, 10))
 EXPERIMENTS = (
@@ -82,7 +82,7 @@ EXPERIMENTS = (
 )
 SPARSE_PROB = 0.1
 WINDOW = 100
-# Fixed-policy references run this many episodes side by side (rl.fedslate.run_reference).
+# Fixed-policy references run this many episodes side by side (securefed.rl.fedslate.run_reference).
 REFERENCE_EPISODES_AT_ONCE = 100
 # Learning runs checkpoint under <out>/runs/partial/ this often (episodes) and resume from there.
 CHECKPOINT_EVERY = 100
@@ -131,7 +131,7 @@ class Cell:
     """One run of the benchmark: its cache name, its kind and its configuration.
 
     ``kind``: ``"fedslate"`` (any FedSlate variant), ``"slateq"``, or a
-    :func:`~rl.fedslate.run_reference` policy (``"random"``, ``"highest_k"``,
+    :func:`~securefed.rl.fedslate.run_reference` policy (``"random"``, ``"highest_k"``,
     ``"highest_k+lowest_k"``, ...).
     """
 
@@ -189,7 +189,7 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
     episode rewards ``[episode][member][platform]``, timings.
 
     References run :data:`REFERENCE_EPISODES_AT_ONCE` episodes side by side (a fixed policy's
-    episodes are independent draws; :func:`~rl.fedslate.run_reference`).
+    episodes are independent draws; :func:`~securefed.rl.fedslate.run_reference`).
     """
     if not force:
         record = cached_record(cell, out_dir)

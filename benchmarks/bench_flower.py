@@ -1,6 +1,7 @@
 """Flower against the in-process runtime: round time, secure aggregation, ML-100K RMSE.
 
-``securefed bench flower`` (or ``python -m benchmarks.bench_flower``) runs the FedMF example app
+``securefed bench flower`` (or ``python -m securefed.bench.bench_flower``) runs the FedMF example
+app
 (``securefed/flower/app_template``) in Flower's simulation engine and the same configuration in
 one process (``securefed.run_rounds``), in the same run, and reports:
 
@@ -38,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import datasets
-from benchmarks.bench_fedmf import RESULTS, markdown_table, write_outputs
+from securefed.bench import datasets
+from securefed.bench.bench_fedmf import RESULTS, markdown_table, write_outputs
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -49,10 +50,10 @@ BACKEND = {
 
 def _example():
     """The FedMF example app, importable by the simulation's workers too (they get sys.path)."""
-    from securefed.flower.loopback import TEMPLATE
+    from securefed.recsys.fedmf_flower import APP_DIR
 
-    if str(TEMPLATE) not in sys.path:
-        sys.path.insert(0, str(TEMPLATE))
+    if str(APP_DIR) not in sys.path:
+        sys.path.insert(0, str(APP_DIR))
     from securefed_fedmf_app import app
 
     return app
@@ -60,8 +61,8 @@ def _example():
 
 def _in_process(example, app) -> tuple[object, list[float]]:
     """The run in one process, with the seconds of each round."""
-    from recsys.fedmf import FedMF
     from securefed import RunOptions, run_rounds
+    from securefed.recsys.fedmf import FedMF
 
     split = example.load_split(app)
     seeds = app.seeds()
@@ -262,7 +263,7 @@ def register(benches) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_flower")
+    parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_flower")
     register(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(["flower", *(argv if argv is not None else sys.argv[1:])])
     return args.func(args)

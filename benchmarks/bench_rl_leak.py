@@ -6,14 +6,16 @@
     securefed bench rl-leak --quick               # smaller, for a smoke test
     securefed bench rl-leak --out results/rl_leak
 
-FedHPD (:mod:`attacks.policy_leak`): one CartPole population trained together, the same seed
+FedHPD (:mod:`securefed.attacks.policy_leak`): one CartPole population trained together, the same
+seed
 over several transports (plaintext; secure aggregation; secure aggregation + distributed DP;
 central DP over plaintext; local DP at several noise multipliers), every transport keeping all
 payloads in its ServerView; the policy-clone attack on each view against the agents' true recent
 returns, beside the chance baseline, with each run's utility (mean return of its last rounds)
 and the privacy spent (epsilon at delta 1e-5, from the transport's ledger).
 
-FedSlate (:mod:`attacks.qvalue_leak`): one run recorded through :class:`FusionRecorder`, the
+FedSlate (:mod:`securefed.attacks.qvalue_leak`): one run recorded through :class:`FusionRecorder`,
+the
 truth replayed from the public simulator; the Q-value attack for every target with a quarter and
 half of the users labelled, the shadow attacker, and post-hoc noised Q-values. Rows for the
 transports that do not apply to FedSlate's fusion say why.
@@ -93,8 +95,8 @@ def _log(message: str) -> None:
 
 def hpd_transports(config, bench: LeakBenchConfig) -> dict[str, object]:
     """The transports of the FedHPD population, by row label (all keep every payload)."""
-    from benchmarks.transports import TransportOptions, make_transport
     from securefed import RoundSelection
+    from securefed.bench.transports import TransportOptions, make_transport
 
     keep = RoundSelection(every=True)
     clip = math.sqrt(config.part_size)  # a part of probability rows has L2 norm <= sqrt(rows)
@@ -121,9 +123,9 @@ def run_fedhpd(bench: LeakBenchConfig) -> dict[str, object]:
     """Train the FedHPD population and attack every view; returns the record."""
     import torch
 
-    from attacks.policy_leak import CloneConfig, PolicyProtocol, verify_policy_leak
-    from rl.fast import train_population
-    from rl.fedhpd import FedHPDConfig, RunSpec, make_public_states
+    from securefed.attacks.policy_leak import CloneConfig, PolicyProtocol, verify_policy_leak
+    from securefed.rl.fast import train_population
+    from securefed.rl.fedhpd import FedHPDConfig, RunSpec, make_public_states
 
     torch.set_num_threads(1)
     config = FedHPDConfig(
@@ -196,16 +198,16 @@ NOT_APPLICABLE = {
 
 def run_fedslate(bench: LeakBenchConfig) -> dict[str, object]:
     """Record one FedSlate run and attack its record; returns the record of results."""
-    from attacks.qvalue_leak import (
+    from securefed import SeedTree
+    from securefed.attacks.qvalue_leak import (
         FusionRecorder,
         QLeakConfig,
         perturb_record,
         replay_truth,
         verify_qvalue_leak,
     )
-    from rl.fedslate import FedSlateConfig
-    from rl.fedslate import run_fedslate as train
-    from securefed import SeedTree
+    from securefed.rl.fedslate import FedSlateConfig
+    from securefed.rl.fedslate import run_fedslate as train
 
     config = FedSlateConfig(
         episodes=bench.slate_episodes, members=bench.slate_members, burn_in=300,
@@ -345,7 +347,7 @@ def run(bench: LeakBenchConfig, out: Path, parts: tuple[str, ...]) -> dict[str, 
 
 def _plain(value: object) -> object:
     """JSON-ready (tuples to lists, NaN to None)."""
-    from attacks.verify import _jsonable
+    from securefed.attacks.verify import _jsonable
 
     return _jsonable(value)
 

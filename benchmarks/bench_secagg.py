@@ -2,9 +2,10 @@
 
 Run from the repository root::
 
-    python -m benchmarks.bench_secagg                      # n in {10, 100, 1000}, d in {1e4, 1e5}
-    python -m benchmarks.bench_secagg --quick              # small sizes, under a minute
-    python -m benchmarks.bench_secagg --out results/secagg.json
+    python -m securefed.bench.bench_secagg                      # n in {10, 100, 1000}, d in {1e4,
+    1e5}
+    python -m securefed.bench.bench_secagg --quick              # small sizes, under a minute
+    python -m securefed.bench.bench_secagg --out results/secagg.json
 
 For each number of clients ``n``, vector length ``d`` and dropout rate (0, 10 %, 30 %) it runs one
 secure-aggregation round and one plaintext round (:class:`~securefed.PlaintextTransport`) on the

@@ -90,10 +90,10 @@ def _add_fedmf(subparsers) -> None:
 
 
 def _run_fedmf(args: argparse.Namespace) -> int:
-    from benchmarks import datasets
-    from benchmarks.experiment import FedMFRun, run_fedmf, save_json
-    from benchmarks.transports import TransportUnavailable
-    from recsys.fedmf import FedMFConfig, user_level_dp_config
+    from securefed.bench import datasets
+    from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
+    from securefed.bench.transports import TransportUnavailable
+    from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
 
     split = datasets.load(args.data, args.split, seed=args.seed)
     given = {
@@ -180,7 +180,7 @@ def _add_demo(subparsers) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from benchmarks.leak_utility import demo
+    from securefed.bench.leak_utility import demo
 
     return demo(args.data, args.out)
 
@@ -188,7 +188,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _add_bench(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks and paper tables")
     benches = parser.add_subparsers(dest="bench", required=True)
-    from benchmarks import registry
+    from securefed.bench import registry
 
     registry.register_all(benches)
 
@@ -199,13 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fedmf(subparsers)
     _add_demo(subparsers)
     _add_bench(subparsers)
-    from benchmarks.cli_privacy import register as register_privacy
+    from securefed.bench.cli_privacy import register as register_privacy
 
     register_privacy(subparsers)
-    from benchmarks.cli_fedhpd import register as register_fedhpd
+    from securefed.bench.cli_fedhpd import register as register_fedhpd
 
     register_fedhpd(subparsers)
-    from benchmarks.cli_fedslate import register as register_fedslate
+    from securefed.bench.cli_fedslate import register as register_fedslate
 
     register_fedslate(subparsers)
     return parser

@@ -82,10 +82,10 @@ def _dp_record(runs, epsilon_target: float | None) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from benchmarks.bench_fedhpd import paper_key, parse_seeds, transport_factory
-    from benchmarks.transports import TransportUnavailable
-    from rl.fast import train_parallel
-    from rl.fedhpd import (
+    from securefed.bench.bench_fedhpd import paper_key, parse_seeds, transport_factory
+    from securefed.bench.transports import TransportUnavailable
+    from securefed.rl.fast import train_parallel
+    from securefed.rl.fedhpd import (
         FedHPDConfig,
         MissingExtra,
         ReferenceRun,

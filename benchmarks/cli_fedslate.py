@@ -10,7 +10,7 @@
 
 The main CLI calls :func:`register` with its subparsers; the leaf parser sets ``func`` (a
 callable taking the parsed namespace and returning an exit code). :func:`main` runs the command
-on its own (tests, ``python -m benchmarks.cli_fedslate``).
+on its own (tests, ``python -m securefed.bench.cli_fedslate``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rl.checkpoint import EpisodeCheckpoints
-from rl.fedslate import (
+from securefed import SecurefedError
+from securefed.rl.checkpoint import EpisodeCheckpoints
+from securefed.rl.fedslate import (
     ALIGNMENTS,
     PLATFORM_NAMES,
     SERVER_ARCHS,
@@ -35,8 +36,7 @@ from rl.fedslate import (
     run_reference,
     summarize,
 )
-from rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
-from securefed import SecurefedError
+from securefed.rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
 
 ALGORITHMS = ("fedslate", "slateq", "random", "highest_k")
 

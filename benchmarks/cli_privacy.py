@@ -9,7 +9,7 @@
 
 The main CLI calls :func:`register` with its subparsers; each leaf parser sets ``func`` (a
 callable taking the parsed namespace and returning an exit code). :func:`main` runs this
-command group on its own (tests, ``python -m benchmarks.cli_privacy``).
+command group on its own (tests, ``python -m securefed.bench.cli_privacy``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recsys.data import EMBEDDED_DATASET, Split, load_dataset
+from securefed.recsys.data import EMBEDDED_DATASET, Split, load_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def data_roots() -> list[Path]:
 
 
 def resolve(source: str | os.PathLike) -> str | Path:
-    """Map a data argument to something :func:`recsys.data.load_dataset` takes.
+    """Map a data argument to something :func:`securefed.recsys.data.load_dataset` takes.
 
     ``ml-latest-small`` is the embedded default; an existing path is used as is; a bare name such
     as ``ml-100k`` is looked up under :func:`data_roots`.

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.transports import TransportOptions, make_transport
-from recsys.data import Split
-from recsys.fedmf import FedMF, FedMFConfig
-from recsys.metrics import mae, ranking_metrics, rmse
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
+from securefed.bench.transports import TransportOptions, make_transport
+from securefed.recsys.data import Split
+from securefed.recsys.fedmf import FedMF, FedMFConfig
+from securefed.recsys.metrics import mae, ranking_metrics, rmse
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Leak versus utility: train each FedMF variant over each transport, attack every view.
 
 For every (variant, transport) cell: train on the training split, measure test RMSE/MAE, then hand
-the ServerView of the last two rounds to :func:`attacks.verify` and score what it recovers
+the ServerView of the last two rounds to :func:`securefed.attacks.verify` and score what it recovers
 against the true training ratings (share of ratings recovered exactly, rating-recovery RMSE,
 rated-item precision/recall/F1) beside a chance baseline. A transport that cannot run here
 appears as a row that says why. Output: ``leak_utility.json``, ``leak_utility.md`` and
@@ -19,7 +19,8 @@ that transport shows, and the model equals the all-rounds one up to the transpor
 error (``securefed bench fedmf-transport`` measures it: RMSE differences below 1e-4).
 ``transport_rounds=0`` runs every round through the transport.
 
-DP cells train :func:`recsys.fedmf.user_level_dp_config` (fixed-denominator aggregation, user-mean
+DP cells train :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator aggregation,
+user-mean
 offset): the per-item mean of the other cells diverges under DP noise. FedRec+ there uses uniform
 client weights (its Wasserstein weights need statistics rows that this aggregation does not send).
 """
@@ -33,15 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
-from attacks import verify
-from benchmarks import datasets
-from benchmarks.bench_fedmf import markdown_table
-from benchmarks.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
-from benchmarks.processes import map_in_processes
-from benchmarks.transports import TransportUnavailable
-from recsys.data import Ratings, Split, random_split, reindex
-from recsys.fedmf import FedMFConfig, user_level_dp_config
 from securefed import RoundSelection, SecurefedError
+from securefed.attacks import verify
+from securefed.bench import datasets
+from securefed.bench.bench_fedmf import markdown_table
+from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
+from securefed.bench.processes import map_in_processes
+from securefed.bench.transports import TransportUnavailable
+from securefed.recsys.data import Ratings, Split, random_split, reindex
+from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
 LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
@@ -64,7 +65,8 @@ class LeakUtilityConfig:
         transport_rounds: rounds at the end of a hiding transport's run that go through it (the
             others over its clear counterpart; module docstring); 0: every round.
         extra_config: FedMFConfig overrides of the non-DP cells.
-        dp_config: overrides of :func:`recsys.fedmf.user_level_dp_config` for the DP cells.
+        dp_config: overrides of :func:`securefed.recsys.fedmf.user_level_dp_config` for the DP
+        cells.
         workers: cells trained at once, each in its own process (one core each).
     """
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib
 
 BENCH_MODULES = (
-    "benchmarks.bench_fedmf",
-    "benchmarks.leak_utility",
-    "benchmarks.bench_secagg",
-    "benchmarks.bench_ckks",
-    "benchmarks.bench_fedhpd",
-    "benchmarks.bench_fedslate",
-    "benchmarks.bench_rl_leak",
-    "benchmarks.bench_flower",
+    "securefed.bench.bench_fedmf",
+    "securefed.bench.leak_utility",
+    "securefed.bench.bench_secagg",
+    "securefed.bench.bench_ckks",
+    "securefed.bench.bench_fedhpd",
+    "securefed.bench.bench_fedslate",
+    "securefed.bench.bench_rl_leak",
+    "securefed.bench.bench_flower",
 )
 
 

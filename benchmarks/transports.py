@@ -51,9 +51,9 @@ def _load_optional_factories() -> None:
     import importlib
 
     for module, names in (
-        ("benchmarks.transports_secagg", ("secagg",)),
-        ("benchmarks.transports_ckks", ("ckks",)),
-        ("benchmarks.transports_dp", ("dp", "secagg+dp")),
+        ("securefed.bench.transports_secagg", ("secagg",)),
+        ("securefed.bench.transports_ckks", ("ckks",)),
+        ("securefed.bench.transports_dp", ("dp", "secagg+dp")),
     ):
         try:
             importlib.import_module(module)

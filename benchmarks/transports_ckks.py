@@ -7,7 +7,7 @@ field, e.g. ``{"key_model": "committee"}`` or ``{"value_bound": 2**20}``.
 
 from __future__ import annotations
 
-from benchmarks.transports import TransportOptions, register
+from securefed.bench.transports import TransportOptions, register
 from securefed.transport.ckks import CKKSConfig, CKKSTransport
 
 

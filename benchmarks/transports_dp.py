@@ -8,7 +8,7 @@ whole run through Opacus's RDP accountant; ``--noise-multiplier`` sets it direct
 
 from __future__ import annotations
 
-from benchmarks.transports import PlaintextTransport, TransportOptions, register
+from securefed.bench.transports import PlaintextTransport, TransportOptions, register
 from securefed.privacy.calibration import noise_for_target
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.transport.dp import DPTransport
@@ -49,7 +49,7 @@ def _dp(options: TransportOptions) -> DPTransport:
 
 
 def _secagg_dp(options: TransportOptions) -> DPTransport:
-    from benchmarks.transports_secagg import _secagg
+    from securefed.bench.transports_secagg import _secagg
 
     return _wrap(_secagg(options), options, "distributed")
 

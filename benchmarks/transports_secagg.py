@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.transports import TransportOptions, register
+from securefed.bench.transports import TransportOptions, register
 from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
 

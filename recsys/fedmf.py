@@ -25,7 +25,8 @@ FedRec (Lin et al. 2020, section 3 of the spec) adds ``rho * n_u`` pseudo items 
 virtual ratings (the user's mean for ``warmup_rounds`` rounds, then the prediction), resampled
 each round, values off the scale. FedRec+ (arXiv 2310.20193) picks pseudo items by cosine
 similarity of the item factors and weights clients by a Wasserstein distance
-(:mod:`recsys.weights`). This project's FedRec+ keeps each user's pseudo set for the whole run
+(:mod:`securefed.recsys.weights`). This project's FedRec+ keeps each user's pseudo set for the
+whole run
 and snaps virtual ratings onto the rating scale, which closes the two leaks of section 3.
 
 What a client uploads is one ``(n_items + 2, dim + 1)`` block (a :class:`RowUpdates` row set):
@@ -53,8 +54,9 @@ from typing import Literal
 import numpy as np
 from scipy import sparse
 
-from recsys.data import Ratings, RatingScale
-from recsys.filling import (
+from securefed import AggregationRound, FactoredRows, RowUpdates, SeedTree, Transport
+from securefed.recsys.data import Ratings, RatingScale
+from securefed.recsys.filling import (
     keyed_uniforms,
     most_similar_unrated,
     pseudo_counts,
@@ -63,7 +65,7 @@ from recsys.filling import (
     stochastic_snap,
     user_mean_ratings,
 )
-from recsys.sparse_rows import (
+from securefed.recsys.sparse_rows import (
     merge_rows,
     merge_sorted,
     rated_dot,
@@ -71,8 +73,7 @@ from recsys.sparse_rows import (
     segment_sum,
     take_rows,
 )
-from recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
-from securefed import AggregationRound, FactoredRows, RowUpdates, SeedTree, Transport
+from securefed.recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
 
 VARIANTS = ("fedmf", "fedrec", "fedrec+")
 

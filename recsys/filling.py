@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsys.sparse_rows import rated_dot, row_ids, segment_sum
+from securefed.recsys.sparse_rows import rated_dot, row_ids, segment_sum
 
 
 def pseudo_counts(

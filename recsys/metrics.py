@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from recsys.data import Ratings
-from recsys.sparse_rows import row_ids
+from securefed.recsys.data import Ratings
+from securefed.recsys.sparse_rows import row_ids
 
 
 def rmse(predicted: np.ndarray, actual: np.ndarray) -> float:

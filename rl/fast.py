@@ -1,4 +1,4 @@
-"""The fast FedHPD learner: the mathematics of :mod:`rl.fedhpd`, vectorised.
+"""The fast FedHPD learner: the mathematics of :mod:`securefed.rl.fedhpd`, vectorised.
 
 Where the time goes in the step-by-step learner is per-step framework overhead of many tiny
 networks (spec section 7), so this learner removes overhead without touching the mathematics:
@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from rl.fedhpd import (
+from securefed import PlaintextTransport, SeedTree
+from securefed.rl.fedhpd import (
     ADAM_BETAS,
     ADAM_EPS,
     ADAMW_WEIGHT_DECAY,
@@ -60,7 +61,7 @@ from rl.fedhpd import (
     round_noise,
     stream_seed,
 )
-from rl.policies import (
+from securefed.rl.policies import (
     MIN_STD,
     MLPPolicy,
     gaussian_log_prob,
@@ -69,7 +70,6 @@ from rl.policies import (
     softmax_np,
     softplus_np,
 )
-from securefed import PlaintextTransport, SeedTree
 
 
 # == Vectorised environments ==================================================================

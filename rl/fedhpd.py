@@ -16,7 +16,8 @@ Reads top to bottom, after specs/fedhpd.md:
 5. The baselines: NoFed (REINFORCE alone) and DPA-FedRL (spec section 6).
 6. The faithful step-by-step reference learner (:class:`ReferenceRun`): one agent at a time, one
    environment step at a time, the autograd graph kept step by step as in the authors' scripts.
-   :mod:`rl.fast` runs the same mathematics vectorised; ``securefed bench fedhpd-speed`` and the
+   :mod:`securefed.rl.fast` runs the same mathematics vectorised; ``securefed bench fedhpd-speed``
+   and the
    tests check that both give the same returns and parameters.
 7. The metric (spec section 4, :func:`system_average_reward`) and the plots.
 
@@ -41,7 +42,8 @@ import torch
 from scipy.signal import lfilter
 from torch.nn import functional as F
 
-from rl.policies import (
+from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
+from securefed.rl.policies import (
     AGENTS,
     MIN_STD,
     VIRTUAL_AGENTS,
@@ -55,7 +57,6 @@ from rl.policies import (
     sample_gaussian,
     softmax_np,
 )
-from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
 
 ALGORITHMS = ("fedhpd", "nofed", "dpa")
 KL_DIRECTIONS = ("auto", "mean_to_local", "local_to_mean")
@@ -549,7 +550,7 @@ def greedy_states(
     spec: TaskSpec, policy: MLPPolicy, episodes: int, tree: SeedTree, *path: int | str
 ) -> np.ndarray:
     """States visited by ``policy`` acting greedily (argmax / mean) for ``episodes`` episodes."""
-    from rl.fast import make_env_batch
+    from securefed.rl.fast import make_env_batch
 
     envs = make_env_batch(spec, episodes)
     dtype = next(policy.parameters()).dtype
@@ -615,7 +616,7 @@ def make_public_states(config: FedHPDConfig) -> np.ndarray:
 def _public_states(
     task: str, size: int, seed: int, rounds: int, checkpoints: tuple[int, ...], dtype: str
 ) -> np.ndarray:
-    from rl.fast import train_population
+    from securefed.rl.fast import train_population
 
     spec = TASKS[task]
     virtual = FedHPDConfig(
@@ -641,7 +642,8 @@ def _public_states(
 class Agent:
     """One agent of the reference learner: its policy, optimiser, schedule and environment.
 
-    ``ReferenceRun`` holds all of them in one process; ``rl.flower_fedhpd`` holds each on the node
+    ``ReferenceRun`` holds all of them in one process; ``securefed.rl.flower_fedhpd`` holds each on
+    the node
     that hosts it.
     """
 
@@ -827,7 +829,7 @@ def train(
         return ReferenceRun(run).run()
     if learner != "fast":
         raise ValueError(f"learner must be fast or reference, got {learner!r}")
-    from rl.fast import train_population
+    from securefed.rl.fast import train_population
 
     return train_population([run])[0]
 

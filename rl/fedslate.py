@@ -58,7 +58,8 @@ values down, gradients of the loss with respect to the fused values up, gradient
 to the Q-values down.
 
 Deviations from the paper's code (spec section 2), each a parameter: the local networks default
-to the per-item form of :class:`~rl.slateq.LocalQNetwork` (``local_arch="flat"`` is the paper's)
+to the per-item form of :class:`~securefed.rl.slateq.LocalQNetwork` (``local_arch="flat"`` is the
+paper's)
 and the server to a per-position network over the concatenated Q-values (``server_arch="flat"``
 is the paper's); SiLU instead of Mish; rewards scaled by 0.01 with a linear output (no Tanh); Adam
 lr 1e-3 instead of 0.01; the agents' choice model is the environment's (``choice_model=
@@ -76,9 +77,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from rl.checkpoint import EpisodeCheckpoints, TrainingState
-from rl.envs.choc_kale import ChocKaleBatch, EnvStreams
-from rl.slateq import (
+from securefed import SeedTree
+from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
+from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
+from securefed.rl.slateq import (
     PLATFORM_LETTERS,
     EnsembleMLP,
     ReplayBuffer,
@@ -96,7 +98,6 @@ from rl.slateq import (
     select_slates,
     torch_generator,
 )
-from securefed import SeedTree
 
 __all__ = [
     "ALIGNMENTS",
@@ -123,7 +124,8 @@ PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
 
 @dataclass(frozen=True)
 class FedSlateConfig(SlateQConfig):
-    """Hyper-parameters of one FedSlate run (the shared ones: :class:`~rl.slateq.SlateQConfig`).
+    """Hyper-parameters of one FedSlate run (the shared ones:
+    :class:`~securefed.rl.slateq.SlateQConfig`).
 
     Args:
         variant: one of :data:`VARIANTS` (module docstring).
@@ -472,7 +474,8 @@ def run_reference(
 def on_candidates_of(x_other, x_target, num_candidates: int):
     """Platform features ``x_other`` with the candidate block of ``x_target`` (item alignment).
 
-    State features are ``[sat, N candidate features, history...]`` (``rl.slateq.features``);
+    State features are ``[sat, N candidate features, history...]``
+    (``securefed.rl.slateq.features``);
     works on numpy arrays and torch tensors alike.
     """
     docs = slice(1, 1 + num_candidates)
@@ -494,7 +497,7 @@ def run_fedslate(
             names, cross)``; default :class:`PlaintextFusion`. The target network's fusion (no
             gradients) always uses the same factory.
         checkpoints: save the run's state at episode boundaries and resume from it
-            (:mod:`rl.checkpoint`); ``None``: no checkpoints.
+            (:mod:`securefed.rl.checkpoint`); ``None``: no checkpoints.
     """
     torch.set_num_threads(config.threads)
     factory = fusion_factory or PlaintextFusion

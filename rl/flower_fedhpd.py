@@ -1,4 +1,5 @@
-"""FedHPD (``rl.fedhpd``) on Flower: the agents on the SuperNodes, the consensus on the server.
+"""FedHPD (``securefed.rl.fedhpd``) on Flower: the agents on the SuperNodes, the consensus on the
+server.
 
 The split follows ``securefed.flower``'s protocol (docs/flower.md): one Flower training round is
 one transport round of the run, i.e. one part of ``S_p`` in one loop of one distillation event
@@ -7,7 +8,7 @@ one transport round of the run, i.e. one part of ``S_p`` in one loop of one dist
 * :class:`FedHPDServer` (``ServerAlgorithm``) holds ``S_p`` and the last consensus. It opens each
   transport round (client id = agent index, as ``aggregate_uploads``), broadcasts the previous
   round's consensus (and ``S_p`` once, in round 0), and keeps only the transport's mean
-  (:func:`rl.fedhpd.consensus`).
+  (:func:`securefed.rl.fedhpd.consensus`).
 * :class:`FedHPDNode` (``ClientNode``) hosts the agents ``partition_users(n_agents,
   num-partitions, partition-id)``. For round ``j`` it first takes the KL step on the consensus of
   round ``j - 1`` (if it uploaded in it), plays the episodes and REINFORCE steps of the rounds up
@@ -17,8 +18,8 @@ one transport round of the run, i.e. one part of ``S_p`` in one loop of one dist
   environments' generators stay on the node, in its Flower ``Context.state`` as numpy arrays
   (:meth:`FedHPDNode.state_dict`: torch state dicts as arrays, no pickle).
 
-Each agent runs :class:`rl.fedhpd.Agent`, the step-by-step reference learner, so a seeded
-plaintext run equals :class:`rl.fedhpd.ReferenceRun` (``tests/test_flower_fedhpd.py``).
+Each agent runs :class:`securefed.rl.fedhpd.Agent`, the step-by-step reference learner, so a seeded
+plaintext run equals :class:`securefed.rl.fedhpd.ReferenceRun` (``tests/test_flower_fedhpd.py``).
 
 This module is the app layer: it imports ``rl`` and ``securefed.flower``; ``securefed`` knows
 nothing of FedHPD.
@@ -35,16 +36,6 @@ import numpy as np
 import torch
 from flwr.app import Context
 
-from rl.fedhpd import (
-    Agent,
-    FedHPDConfig,
-    consensus,
-    initial_policies,
-    make_env,
-    make_public_states,
-    round_noise,
-    stream_seed,
-)
 from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
 from securefed.flower import (
     ClientSetup,
@@ -54,6 +45,16 @@ from securefed.flower import (
     make_client_app,
     make_server_app,
     partition_users,
+)
+from securefed.rl.fedhpd import (
+    Agent,
+    FedHPDConfig,
+    consensus,
+    initial_policies,
+    make_env,
+    make_public_states,
+    round_noise,
+    stream_seed,
 )
 from securefed.transport.base import AggregationRound
 
@@ -77,7 +78,8 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.config.algorithm != "fedhpd":
             raise ValueError(
-                f"rl.flower_fedhpd carries FedHPD only, got algorithm={self.config.algorithm!r}"
+                "securefed.rl.flower_fedhpd carries FedHPD only, "
+                f"got algorithm={self.config.algorithm!r}"
             )
 
     @property
@@ -360,7 +362,7 @@ class FedHPDNode:
 
     def parameters(self) -> dict[int, np.ndarray]:
         """Each hosted agent's parameters, flat in ``parameters()`` order."""
-        from rl.policies import policy_vector
+        from securefed.rl.policies import policy_vector
 
         return {k: policy_vector(agent.policy) for k, agent in self.agents.items()}
 

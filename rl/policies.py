@@ -5,8 +5,9 @@ hidden layers, activations and learning rate. Discrete tasks (CartPole, LunarLan
 categorical softmax MLP; InvertedPendulum uses a Gaussian MLP with a linear mean head and a
 softplus standard-deviation head (spec section 2).
 
-Both learners (the step-by-step reference in :mod:`rl.fedhpd` and the vectorised one in
-:mod:`rl.fast`) build every agent with :func:`make_policy` from a ``torch.Generator`` of the run's
+Both learners (the step-by-step reference in :mod:`securefed.rl.fedhpd` and the vectorised one in
+:mod:`securefed.rl.fast`) build every agent with :func:`make_policy` from a ``torch.Generator`` of
+the run's
 seed tree, and sample actions with the numpy functions at the end of this module, so that the two
 draw the same actions from the same numbers.
 """
@@ -134,7 +135,7 @@ VIRTUAL_AGENTS: dict[str, AgentSpec] = {
 class MLPPolicy(nn.Module):
     """An MLP policy: hidden layers, then a categorical or a Gaussian head.
 
-    Parameters, in :meth:`parameters` order (the flat layout :mod:`rl.fast` stacks):
+    Parameters, in :meth:`parameters` order (the flat layout :mod:`securefed.rl.fast` stacks):
     ``layers.i.weight, layers.i.bias`` for each hidden layer, then ``head.weight, head.bias``
     (logits, or the Gaussian mean), then for Gaussian ``std_head.weight, std_head.bias``.
 
@@ -222,7 +223,8 @@ def policy_vector(policy: nn.Module) -> np.ndarray:
 
 
 def load_vector(policy: nn.Module, vector: np.ndarray) -> nn.Module:
-    """Write a flat vector (from :func:`policy_vector` or :mod:`rl.fast`) into ``policy``."""
+    """Write a flat vector (from :func:`policy_vector` or :mod:`securefed.rl.fast`) into
+    ``policy``."""
     reference = next(policy.parameters())
     flat = torch.as_tensor(np.asarray(vector), dtype=reference.dtype)
     n = sum(p.numel() for p in policy.parameters())

@@ -47,9 +47,14 @@ from scipy.optimize import linprog
 from torch import nn
 from torch.nn import functional as F
 
-from rl.checkpoint import EpisodeCheckpoints, TrainingState
-from rl.envs.choc_kale import ChocKaleBatch, ChocKaleConfig, EnvStreams, PlatformObservation
 from securefed import SeedTree
+from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
+from securefed.rl.envs.choc_kale import (
+    ChocKaleBatch,
+    ChocKaleConfig,
+    EnvStreams,
+    PlatformObservation,
+)
 
 __all__ = [
     "CHOICE_MODELS",
@@ -650,7 +655,7 @@ class SlateQConfig:
 
     Environment: ``num_candidates`` (N), ``slate_size`` (n), ``num_platforms`` (K),
     ``feedback`` (per platform; default the first only), ``feedback_prob``, ``shared_corpus``,
-    ``steps_per_platform``: see :class:`~rl.envs.choc_kale.ChocKaleConfig`.
+    ``steps_per_platform``: see :class:`~securefed.rl.envs.choc_kale.ChocKaleConfig`.
 
     Learning (defaults: FedSlate's code, spec section 2): ``episodes``, ``members`` (independent
     runs advanced together, each its own network, replay and streams), ``seed``,
@@ -915,7 +920,7 @@ def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = No
     Args:
         config: the run's configuration.
         checkpoints: save the run's state at episode boundaries and resume from it
-            (:mod:`rl.checkpoint`); ``None``: no checkpoints.
+            (:mod:`securefed.rl.checkpoint`); ``None``: no checkpoints.
     """
     torch.set_num_threads(config.threads)
     cfg_env = config.env_config()

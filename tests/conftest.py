@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recsys.data import ML100K_SCALE, Split, random_split, synthetic_ratings
+from securefed.recsys.data import ML100K_SCALE, Split, random_split, synthetic_ratings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attacks.gradient_inversion import (
+from securefed import (
+    PlaintextTransport,
+    RoundSelection,
+    RunOptions,
+    SeedTree,
+    ServerView,
+    run_rounds,
+)
+from securefed.attacks.gradient_inversion import (
     ClientUpload,
     FedMFProtocol,
     InversionError,
@@ -24,18 +32,10 @@ from attacks.gradient_inversion import (
     on_grid,
     ratings_at,
 )
-from attacks.item_inference import ascending_runs, combine_tests, upload_order_test
-from attacks.verify import LeakReport, verify
-from recsys.data import ML100K_SCALE, Ratings, RatingScale, synthetic_ratings
-from recsys.fedmf import FedMF, FedMFConfig
-from securefed import (
-    PlaintextTransport,
-    RoundSelection,
-    RunOptions,
-    SeedTree,
-    ServerView,
-    run_rounds,
-)
+from securefed.attacks.item_inference import ascending_runs, combine_tests, upload_order_test
+from securefed.attacks.verify import LeakReport, verify
+from securefed.recsys.data import ML100K_SCALE, Ratings, RatingScale, synthetic_ratings
+from securefed.recsys.fedmf import FedMF, FedMFConfig
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -415,7 +415,7 @@ def test_not_a_fedmf_view(train):
 
 @pytest.mark.needs_data
 def test_ml100k_vanilla(ml100k):
-    from recsys.data import load_movielens_100k
+    from securefed.recsys.data import load_movielens_100k
 
     split = load_movielens_100k(ml100k, "u1")
     report = verify(run_view(split.train, rounds=3), split.train)

@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the RL attacks need torch (the rl extra)")
 pytest.importorskip("gymnasium", reason="the RL attacks need gymnasium (the rl extra)")
 
-from attacks.policy_leak import (  # noqa: E402
+from securefed import PlaintextTransport, RoundSelection, ServerView  # noqa: E402
+from securefed.attacks.policy_leak import (  # noqa: E402
     CloneConfig,
     PolicyProtocol,
     link_accuracy,
@@ -27,7 +28,7 @@ from attacks.policy_leak import (  # noqa: E402
     unscale_probabilities,
     verify_policy_leak,
 )
-from attacks.qvalue_leak import (  # noqa: E402
+from securefed.attacks.qvalue_leak import (  # noqa: E402
     FusionRecorder,
     QLeakConfig,
     discounted_sums,
@@ -36,7 +37,6 @@ from attacks.qvalue_leak import (  # noqa: E402
     ridge_fit,
     verify_qvalue_leak,
 )
-from securefed import PlaintextTransport, RoundSelection, ServerView  # noqa: E402
 
 HPD_SEED = 20
 SLATE_SEED = 3
@@ -47,8 +47,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 # -- FedHPD ---------------------------------------------------------------------------------------
 def hpd_config(**overrides):
-    from rl.fedhpd import FedHPDConfig
-    from rl.policies import AGENTS
+    from securefed.rl.fedhpd import FedHPDConfig
+    from securefed.rl.policies import AGENTS
 
     settings = {
         "task": "cartpole",
@@ -69,9 +69,9 @@ CLONE = CloneConfig(episodes=16, chunk=128, steps=120)
 @pytest.fixture(scope="module")
 def hpd_runs():
     """One population: the same run over plaintext, secure aggregation and local DP."""
-    from benchmarks.transports import TransportOptions, make_transport
-    from rl.fast import train_population
-    from rl.fedhpd import RunSpec, make_public_states
+    from securefed.bench.transports import TransportOptions, make_transport
+    from securefed.rl.fast import train_population
+    from securefed.rl.fedhpd import RunSpec, make_public_states
 
     config = hpd_config()
     public = make_public_states(config)
@@ -181,9 +181,9 @@ def test_policy_leak_on_local_dp_uses_the_noisy_payloads(hpd_runs, plaintext_rep
 
 def test_gaussian_uploads_are_cloned_too():
     """InvertedPendulum: uploads are ``[mean, std]``; the clone fits and rolls out a Gaussian."""
-    from rl.fast import train_population
-    from rl.fedhpd import MissingExtra, RunSpec, make_public_states, require_task
-    from rl.policies import AGENTS
+    from securefed.rl.fast import train_population
+    from securefed.rl.fedhpd import MissingExtra, RunSpec, make_public_states, require_task
+    from securefed.rl.policies import AGENTS
 
     try:
         require_task("invertedpendulum")
@@ -206,7 +206,7 @@ def test_gaussian_uploads_are_cloned_too():
 
 # -- FedSlate -------------------------------------------------------------------------------------
 def slate_config(**overrides):
-    from rl.fedslate import FedSlateConfig
+    from securefed.rl.fedslate import FedSlateConfig
 
     settings = {"episodes": 16, "members": 3, "burn_in": 200, "seed": SLATE_SEED,
                 "eps_decay": 0.99} | overrides  # fmt: skip
@@ -215,7 +215,7 @@ def slate_config(**overrides):
 
 @pytest.fixture(scope="module")
 def slate_run():
-    from rl.fedslate import run_fedslate
+    from securefed.rl.fedslate import run_fedslate
 
     config = slate_config()
     recorder = FusionRecorder()

@@ -7,7 +7,6 @@ import pytest
 
 ts = pytest.importorskip("tenseal")
 
-from benchmarks.transports import TransportOptions, make_transport  # noqa: E402
 from securefed import (  # noqa: E402
     ALL_PAYLOADS,
     AggregationError,
@@ -16,6 +15,7 @@ from securefed import (  # noqa: E402
     RowUpdates,
     SeedTree,
 )
+from securefed.bench.transports import TransportOptions, make_transport  # noqa: E402
 from securefed.crypto.ckks import (  # noqa: E402
     MAX_COEFF_BITS,
     AggregationCircuit,
@@ -331,8 +331,8 @@ def test_registered_for_the_command_line():
 
 
 def test_fedmf_trains_the_same_under_ckks(small_split):
-    from benchmarks.experiment import FedMFRun, run_fedmf
-    from recsys.fedmf import FedMFConfig
+    from securefed.bench.experiment import FedMFRun, run_fedmf
+    from securefed.recsys.fedmf import FedMFConfig
 
     config = FedMFConfig(rounds=3, upload="full")
     records = {
@@ -416,8 +416,8 @@ def test_batch_bound_check_names_the_client_without_densifying():
 def test_fedmf_with_the_item_matrix_encrypted_on_the_server(small_split):
     """Chai et al.'s variant: [[V]] never leaves encryption at the server; same model as the
     plaintext run of the same (sum-aggregated) protocol."""
-    from recsys.fedmf import FedMF, FedMFConfig
     from securefed import PlaintextTransport, RunOptions, SeedTree, run_rounds
+    from securefed.recsys.fedmf import FedMF, FedMFConfig
     from securefed.transport.ckks import CKKSTransport
 
     base = {"dim": 4, "rounds": 3, "aggregation": "sum", "lr": 0.05, "server_lr": 0.01}

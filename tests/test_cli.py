@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.cli import main
-from benchmarks.leak_utility import LeakUtilityConfig, load_split, run, run_cell
 from securefed import ServerView
+from securefed.bench.cli import main
+from securefed.bench.leak_utility import LeakUtilityConfig, load_split, run, run_cell
 
 
 def test_fedmf_command_writes_json_and_view(tmp_path, capsys):
@@ -48,7 +48,7 @@ def test_fedmf_command_writes_json_and_view(tmp_path, capsys):
 
 
 def test_fedmf_command_reports_bad_input(capsys, monkeypatch):
-    from benchmarks import transports
+    from securefed.bench import transports
 
     assert main(["fedmf", "--data", "/no/such/ratings.csv", "--rounds", "1"]) == 2
     assert "not found" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Tests of the rating data layer (recsys.data): readers, errors, splits, synthetic data."""
+"""Tests of the rating data layer (securefed.recsys.data): readers, errors, splits, synthetic
+data."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recsys.data import (
+from securefed.recsys.data import (
     ML100K_SCALE,
     ML_LATEST_SCALE,
     DataFormatError,

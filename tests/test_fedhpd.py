@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl.fast import CartPoleBatch, _Group, train_population
-from rl.fedhpd import (
+from securefed import PlaintextTransport, SeedTree
+from securefed.rl.fast import CartPoleBatch, _Group, train_population
+from securefed.rl.fedhpd import (
     TASKS,
     FedHPDConfig,
     MissingExtra,
@@ -30,8 +31,7 @@ from rl.fedhpd import (
     system_average_reward,
     system_curve,
 )
-from rl.policies import AGENTS, AgentSpec, make_policy
-from securefed import PlaintextTransport, SeedTree
+from securefed.rl.policies import AGENTS, AgentSpec, make_policy
 
 CARTPOLE = AGENTS["cartpole"]
 # Four agents, three architectures: two relu depths, one tanh, and a shared one across runs.
@@ -204,7 +204,7 @@ def test_uploads_reach_the_server_only_as_their_mean():
 
 
 def test_secure_aggregation_gives_the_same_mean():
-    from benchmarks.transports import TransportOptions, make_transport
+    from securefed.bench.transports import TransportOptions, make_transport
 
     uploads = np.random.default_rng(0).dirichlet([1, 1, 1], size=(5, 40))
     transport = make_transport("secagg", TransportOptions(n_clients=5))
@@ -257,7 +257,7 @@ def test_a_seed_determines_the_run(public_states):
 
 
 def test_training_under_secure_aggregation_matches_plaintext(public_states):
-    from benchmarks.transports import TransportOptions, make_transport
+    from securefed.bench.transports import TransportOptions, make_transport
 
     config = tiny(rounds=4, distill_loops=1)
     secure = make_transport("secagg", TransportOptions(n_clients=config.n_agents))
@@ -313,7 +313,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_command_line_runs_and_reports(tmp_path, capsys):
-    from benchmarks.cli_fedhpd import main
+    from securefed.bench.cli_fedhpd import main
 
     code = main(
         ["fedhpd", "--rounds", "3", "--seeds", "20", "--public-size", "200", "--virtual-rounds",
@@ -331,7 +331,7 @@ def test_command_line_runs_and_reports(tmp_path, capsys):
 def test_bench_commands_are_registered():
     import argparse
 
-    from benchmarks.bench_fedhpd import parse_settings, register
+    from securefed.bench.bench_fedhpd import parse_settings, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="bench"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys.fedmf import FedMF, FedMFConfig
-from recsys.weights import client_weights
 from securefed import PlaintextTransport, RoundSelection, RunOptions, SeedTree, run_rounds
+from securefed.recsys.fedmf import FedMF, FedMFConfig
+from securefed.recsys.weights import client_weights
 
 
 def reference_round(model: FedMF, round_id: int, clients, pseudo=None, virtual=None):
@@ -166,7 +166,7 @@ def test_filling_round_equals_per_client_loop(small_split, variant, overrides):
 
 
 def _reference_virtual(model: FedMF, round_id: int, u: int, items) -> list[float]:
-    """Virtual ratings per the docstrings of recsys.filling, one pair at a time."""
+    """Virtual ratings per the docstrings of securefed.recsys.filling, one pair at a time."""
     cfg, scale = model.config, model.scale
     lo, hi = model.indptr[u], model.indptr[u + 1]
     rated, ratings = model.items[lo:hi], model.ratings[lo:hi]
@@ -263,11 +263,11 @@ def test_user_mean_offset_predicts_the_users_mean_when_factors_vanish(small_spli
 
 def test_user_level_dp_fedmf_learns_under_noise(small_split):
     """Central DP at epsilon 8: the DP settings stay finite and beat the users' mean alone."""
-    from benchmarks.bench_fedmf import user_mean_rmse
-    from recsys.fedmf import user_level_dp_config
-    from recsys.metrics import rmse
+    from securefed.bench.bench_fedmf import user_mean_rmse
     from securefed.privacy import PrivacyLedger
     from securefed.privacy.calibration import noise_for_target
+    from securefed.recsys.fedmf import user_level_dp_config
+    from securefed.recsys.metrics import rmse
     from securefed.transport.dp import DPTransport
 
     cfg = user_level_dp_config(rounds=40, dim=4, server_lr=2.0)

@@ -12,12 +12,13 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from benchmarks import bench_fedslate
-from benchmarks.cli_fedslate import _config as cli_config
-from benchmarks.cli_fedslate import main as fedslate_main
-from benchmarks.cli_fedslate import register as register_cli
-from rl.checkpoint import EpisodeCheckpoints
-from rl.envs import (
+from securefed import CheckpointError, SeedTree
+from securefed.bench import bench_fedslate
+from securefed.bench.cli_fedslate import _config as cli_config
+from securefed.bench.cli_fedslate import main as fedslate_main
+from securefed.bench.cli_fedslate import register as register_cli
+from securefed.rl.checkpoint import EpisodeCheckpoints
+from securefed.rl.envs import (
     ChocKaleBatch,
     ChocKaleConfig,
     ChocKaleEnv,
@@ -26,7 +27,7 @@ from rl.envs import (
     distinct_mask,
     expected_engagement,
 )
-from rl.fedslate import (
+from securefed.rl.fedslate import (
     FedSlateConfig,
     PlaintextFusion,
     ServerNetwork,
@@ -37,7 +38,7 @@ from rl.fedslate import (
     run_fedslate,
     run_reference,
 )
-from rl.slateq import (
+from securefed.rl.slateq import (
     LocalQNetwork,
     PaperCodeChoiceModel,
     ReplayBuffer,
@@ -52,7 +53,6 @@ from rl.slateq import (
     topk_slates,
     torch_generator,
 )
-from securefed import CheckpointError, SeedTree
 
 # ---------------------------------------------------------------------------------- simulator
 

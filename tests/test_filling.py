@@ -1,18 +1,19 @@
-"""Pseudo items and virtual ratings (recsys.filling) and client weights (recsys.weights)."""
+"""Pseudo items and virtual ratings (securefed.recsys.filling) and client weights
+(securefed.recsys.weights)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from recsys.filling import (
+from securefed.recsys.filling import (
     most_similar_unrated,
     pseudo_counts,
     sample_unrated,
     similarity_weighted_ratings,
 )
-from recsys.sparse_rows import merge_sorted, row_ids
-from recsys.weights import client_weights, diagonal_w2_squared
+from securefed.recsys.sparse_rows import merge_sorted, row_ids
+from securefed.recsys.weights import client_weights, diagonal_w2_squared
 
 
 def _rated(n_users=60, n_items=40, seed=0):

@@ -34,7 +34,8 @@ from securefed.errors import AggregationError, InsecureParameterError
 from securefed.flower import describe_transport, partition_users
 from securefed.flower import records as rec
 from securefed.flower.dp import client_noise_std, noise_on_client
-from securefed.flower.loopback import TEMPLATE, LoopbackFederation, write_app
+from securefed.flower.loopback import LoopbackFederation
+from securefed.recsys.fedmf_flower import APP_DIR, write_fedmf_app
 from securefed.transport.dp import DPTransport
 from securefed.transport.secagg import (
     SecAggClient,
@@ -53,8 +54,8 @@ SIMULATION_BACKEND = {
 @pytest.fixture(scope="module")
 def example():
     """The FedMF example app (app_template), importable as in a SuperNode."""
-    if str(TEMPLATE) not in sys.path:
-        sys.path.insert(0, str(TEMPLATE))
+    if str(APP_DIR) not in sys.path:
+        sys.path.insert(0, str(APP_DIR))
     from securefed_fedmf_app import app
 
     return app
@@ -216,7 +217,7 @@ def test_transports_the_flower_server_can_and_cannot_carry():
 
 def test_the_app_template_takes_its_run_config(example, tmp_path):
     app = example.FedMFApp(rounds=3, transport="secagg", output_dir=str(tmp_path / "out"))
-    app_dir = write_app(tmp_path / "app", app.run_config())
+    app_dir = write_fedmf_app(tmp_path / "app", app.run_config())
     config = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert example.FedMFApp.from_run_config(config["config"]) == app
     assert config["components"]["clientapp"] == "securefed_fedmf_app.app:client"
@@ -457,7 +458,7 @@ def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
     out = tmp_path / "out"
     app = example.FedMFApp(rounds=2, min_nodes=2, output_dir=str(out), timeout=120.0)
     with LoopbackFederation(tmp_path / "federation", n_nodes=2) as federation:
-        federation.submit(write_app(tmp_path / "app", app.run_config()))
+        federation.submit(write_fedmf_app(tmp_path / "app", app.run_config()))
         federation.wait_for(out / "result.json", timeout=240)
     result = json.loads((out / "result.json").read_text())
     model, _, history = example.in_process(app)

@@ -1,4 +1,5 @@
-"""FedHPD on Flower (``rl.flower_fedhpd``): the agents on the nodes, the consensus on the server.
+"""FedHPD on Flower (``securefed.rl.flower_fedhpd``): the agents on the nodes, the consensus on the
+server.
 
 The claim: a seeded plaintext FedHPD run on Flower's simulation engine gives the same episode
 returns and agent parameters as the in-process step-by-step ``ReferenceRun`` (and the fast
@@ -15,18 +16,18 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
-from rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, train
-from rl.flower_fedhpd import (
+from securefed import PlaintextTransport, SeedTree
+from securefed.flower import partition_users
+from securefed.flower import records as rec
+from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, train
+from securefed.rl.flower_fedhpd import (
     FedHPDFlowerRun,
     FedHPDNode,
     FedHPDServer,
     build_apps,
     node_results,
 )
-from rl.policies import AGENTS
-from securefed import PlaintextTransport, SeedTree
-from securefed.flower import partition_users
-from securefed.flower import records as rec
+from securefed.rl.policies import AGENTS
 from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
 SEED = 20

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -389,13 +388,9 @@ def test_dpsgd_make_private_trains_and_reports():
 
 # ------------------------------------------------------------------ CLI
 def _cli():
-    # Loaded from its file: opacus ships a top-level ``benchmarks`` package that can shadow ours.
-    spec = importlib.util.spec_from_file_location(
-        "securefed_cli_privacy", ROOT / "benchmarks" / "cli_privacy.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from securefed.bench import cli_privacy
+
+    return cli_privacy
 
 
 def test_cli_epsilon_and_noise(capsys):

@@ -1,6 +1,6 @@
 """Environments of the RL recommenders (the multi-platform choc-vs-kale simulator)."""
 
-from rl.envs.choc_kale import (
+from securefed.rl.envs.choc_kale import (
     ChocKaleBatch,
     ChocKaleConfig,
     ChocKaleEnv,

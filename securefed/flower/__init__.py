@@ -2,7 +2,7 @@
 
 ``pip install securefed[flower]`` (Flower >= 1.42, its Message API). A securefed algorithm split
 into a server half (:class:`~securefed.flower.protocol.ServerAlgorithm`, e.g.
-``recsys.fedmf.FedMF``) and a client half per node
+``securefed.recsys.fedmf.FedMF``) and a client half per node
 (:class:`~securefed.flower.protocol.ClientNode`) becomes a Flower ``ServerApp``
 (:func:`make_server_app`) and ``ClientApp`` (:func:`make_client_app`), which run in Flower's
 simulation engine (``flwr.simulation.run_simulation``) or as real SuperLink / SuperNode processes
@@ -16,8 +16,9 @@ the clients' side on the nodes, the server's side in the ServerApp); their compo
 adds ciphertexts under the public context, a key-holder node decrypts the sum;
 :mod:`securefed.flower.ckks`). Not carried: DP around CKKS (docs/flower.md).
 
-The worked example, FedMF on a SuperLink and SuperNodes, is the app template in
-``securefed/flower/app_template`` (:func:`securefed.flower.loopback.write_app`). FedHPD's halves
+The worked example, FedMF on a SuperLink and SuperNodes, is the app in ``recsys/flower_app``
+(:mod:`securefed.recsys.fedmf_flower`; copied by :func:`securefed.flower.loopback.write_app`).
+FedHPD's halves
 (agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``.
 """
 

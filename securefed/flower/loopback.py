@@ -13,7 +13,8 @@ connection in ``$FLWR_HOME/config.toml`` (``[superlink.<name>] address = "host:p
 ``insecure = true``). The SuperLink starts the ServerApp in a subprocess; each SuperNode pulls
 its messages and starts a ClientApp process per message.
 
-:func:`write_app` copies the FedMF example app (``app_template/``) and sets its run config.
+:func:`write_app` copies an app directory (e.g. FedMF's example app,
+:data:`securefed.recsys.fedmf_flower.APP_DIR`) and sets its run config.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-TEMPLATE = Path(__file__).resolve().parent / "app_template"
-"""The FedMF example app: ``pyproject.toml`` and the package ``securefed_fedmf_app``."""
 CONNECTION = "loopback"
 
 
@@ -62,17 +61,27 @@ def toml_value(value: object) -> str:
     raise ValueError(f"run-config values are str, bool, int or float; got {value!r}")
 
 
-def write_app(dest: str | os.PathLike, run_config: Mapping[str, object] | None = None) -> Path:
-    """Copy the example app to ``dest`` with ``run_config`` in its ``[tool.flwr.app.config]``.
+def write_app(
+    template: str | os.PathLike,
+    dest: str | os.PathLike,
+    run_config: Mapping[str, object] | None = None,
+) -> Path:
+    """Copy the app in ``template`` to ``dest`` with ``run_config`` in its
+    ``[tool.flwr.app.config]``.
 
     Keys that the template does not have are added; the template's others keep their values.
+
+    Args:
+        template: an app directory (a ``pyproject.toml`` with ``[tool.flwr.app]`` and its package).
+        dest: where the copy goes.
+        run_config: values for ``[tool.flwr.app.config]``.
 
     Returns:
         The app directory (``flwr run`` takes it).
     """
     dest = Path(dest)
     shutil.copytree(
-        TEMPLATE, dest, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+        Path(template), dest, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
     )
     pyproject = dest / "pyproject.toml"
     text = pyproject.read_text()
@@ -125,7 +134,7 @@ class LoopbackFederation:
 
     Example:
         >>> with LoopbackFederation(tmp, 2) as federation:  # doctest: +SKIP
-        ...     federation.submit(write_app(tmp / "app", {"rounds": 3, "output-dir": out}))
+        ...     federation.submit(write_app(app_dir, tmp / "app", {"rounds": 3, "output-dir": out}))
         ...     federation.wait_for(Path(out) / "result.json", timeout=120)
     """
 

@@ -24,7 +24,7 @@ from securefed.transport.base import AggregationRound, RowUpdates, Transport
 
 
 class ServerAlgorithm(Protocol):
-    """The server half of a federated algorithm (``recsys.fedmf.FedMF`` is one).
+    """The server half of a federated algorithm (``securefed.recsys.fedmf.FedMF`` is one).
 
     ``open_round`` + (clients compute and submit) + ``close_round`` must be what the algorithm's
     own ``run_round`` does in one process, so that both runtimes give the same model.

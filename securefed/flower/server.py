@@ -83,7 +83,8 @@ class ServerSetup:
     """Everything the ServerApp needs, built per run from its Flower ``Context``.
 
     Attributes:
-        algorithm: the algorithm's server half (e.g. ``recsys.fedmf.FedMF`` without ratings).
+        algorithm: the algorithm's server half (e.g. ``securefed.recsys.fedmf.FedMF`` without
+        ratings).
         transport: the server's transport; secure aggregation must be
             ``SecAggTransport(remote_clients=True)`` (its clients run on the nodes).
         seeds: the server's seed tree (sampling, the algorithm's server-side draws, DP noise).

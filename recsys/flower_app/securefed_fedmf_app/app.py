@@ -1,4 +1,4 @@
-"""FedMF (``recsys.fedmf``) on Flower: the example app of ``securefed.flower``.
+"""FedMF (``securefed.recsys.fedmf``) on Flower: the example app of ``securefed.flower``.
 
 The server (``server``) holds the item factors ``V`` and the transport; each SuperNode
 (``client``) holds the ratings and user vectors of the users of its partition
@@ -29,8 +29,6 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context
 
-from recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
-from recsys.fedmf import FedMF, FedMFConfig
 from securefed import ClientSampling, PlaintextTransport, RunOptions, SeedTree, Transport
 from securefed.crypto.ckks import load_public_context, load_secret_context
 from securefed.flower import (
@@ -43,6 +41,8 @@ from securefed.flower import (
     partition_users,
 )
 from securefed.flower.ckks import NodeKeys
+from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
+from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.runtime import run_rounds
 from securefed.transport.ckks import KEY_MODELS, CKKSConfig, CKKSTransport
 from securefed.transport.dp import DPTransport
@@ -61,7 +61,7 @@ class FedMFApp:
         synthetic_users, synthetic_items, synthetic_ratings, synthetic_seed: the synthetic set.
         test_fraction, split_seed: the random split of non-ML-100K data.
         variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
-            :class:`~recsys.fedmf.FedMFConfig`.
+            :class:`~securefed.recsys.fedmf.FedMFConfig`.
         seed: the run's seed; ``-1`` is secure mode (OS randomness, nothing reproducible).
         transport: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local``, ``secagg+dp``
             (distributed noise under secure aggregation) or ``ckks`` (the nodes encrypt, the
