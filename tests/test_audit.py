@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from securefed import PlaintextTransport, SeedTree
-from securefed.audit import AuditFailed, Finding, audit
+from securefed.audit import AuditFailed, Finding, audit, declare_uploads
 from securefed.privacy import PrivacyLedger
 from securefed.transport.dp import DPTransport
 
@@ -44,6 +44,7 @@ CLEAN = {
     "accountant_sampling": "poisson",
     "sampling": "poisson",
     "sample_rate": 0.01,
+    "epsilon_server": 7.9,  # the server picks the clients: charged at rate 1
 }
 
 
@@ -200,7 +201,12 @@ def test_audit_of_a_saved_dp_view_and_a_run_json(tmp_path):
     report = audit(tmp_path / "view")
     assert report.epsilon == pytest.approx(ledger.epsilon())
     assert report.config["transport"] == "plaintext+dp"
-    assert set(report.codes) == {"seeded-randomness", "accountant-sampling-mismatch"}
+    # The algorithm declared nothing, and central DP shows the server each update.
+    assert set(report.codes) == {
+        "seeded-randomness",
+        "accountant-sampling-mismatch",
+        "uploads-undeclared",
+    }
     assert audit(tmp_path / "view" / "manifest.json").codes == report.codes
     assert audit(dp.view).codes == report.codes
     run = tmp_path / "run.json"
@@ -214,6 +220,7 @@ def test_audit_of_a_saved_dp_view_and_a_run_json(tmp_path):
 
 def test_the_fixture(securefed_audit):
     dp, _ = _dp_run(SeedTree.secure_mode())
+    declare_uploads(dp, protocol="sum-of-ones", reveals=[])  # nothing private is uploaded
     report = securefed_audit(dp.view)
     assert report.findings == []
     report.assert_ok(max_epsilon=8)

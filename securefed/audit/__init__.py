@@ -15,10 +15,13 @@ In tests, the ``securefed_audit`` fixture (``securefed.audit.pytest_plugin``) re
 from securefed.audit.findings import (
     CHECKS,
     CKKS_MAX_COEFF_BITS_128,
+    KNOWN_KEYS,
+    REVEALS,
     AuditFailed,
     AuditReport,
     Finding,
     audit,
+    declare_uploads,
     load_config,
     server_sees_clear_updates,
 )
@@ -26,10 +29,13 @@ from securefed.audit.findings import (
 __all__ = [
     "CHECKS",
     "CKKS_MAX_COEFF_BITS_128",
+    "KNOWN_KEYS",
+    "REVEALS",
     "AuditFailed",
     "AuditReport",
     "Finding",
     "audit",
+    "declare_uploads",
     "load_config",
     "server_sees_clear_updates",
 ]

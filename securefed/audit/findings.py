@@ -32,7 +32,20 @@ Keys read (all optional; see ``docs/privacy.md`` for the full table):
 ``accountant_sampling``,      the sampling the accountant assumes vs the runtime's mode, and
 ``sampling``, ``sample_rate`` the rate charged
 ``aggregation``               FedMF's server denominator: ``"mean"``, ``"sum"``, ``"fixed"``
+``uploads_reveal``            what one client's upload shows a reader of it in the clear
+                              (:data:`REVEALS`; written by :func:`declare_uploads`)
+``epsilon_server``            epsilon against the server itself (it picks and sees the
+                              round's clients: no sampling amplification)
+``flood_std``,                CKKS noise flooding on decryption and the decryption-error
+``ckks_decryption_error``     bound it must exceed
 ============================= ==============================================================
+
+The audit fails closed: every key it is given must be one it knows (:data:`KNOWN_KEYS`: the
+keys above and every public parameter securefed's transports, recommenders and command line
+record); an unknown key (a misspelling, or a field of a newer format) is an error naming it, and
+a caller's own informational keys are passed as ``audit(..., extra_keys=...)``. A transport that
+shows the server each update in the clear, carrying an algorithm that has not declared what its
+uploads reveal, is an error too: nothing vouches for it.
 """
 
 from __future__ import annotations
@@ -56,6 +69,71 @@ CKKS_MAX_COEFF_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438,
 
 # Base transports under which the server reads every client's update in the clear.
 CLEAR_TRANSPORTS = ("plaintext", "dp")
+
+REVEALS: dict[str, tuple[Severity, str]] = {
+    "ratings": ("error", "the user's rating values themselves"),
+    "per-item-gradients": (
+        "error",
+        "per-item gradients, from which the server solves for the ratings (Chai et al. 2020)",
+    ),
+    "rated-items": ("error", "which items the user interacted with"),
+    "model-deltas": (
+        "warning",
+        "a model update of the client's own, open to gradient inversion and membership "
+        "inference (Zhu et al. 2019, 'Deep Leakage from Gradients')",
+    ),
+    "policy-outputs": (
+        "warning",
+        "the client's policy outputs on public states (its recent return can be inferred)",
+    ),
+    "q-values": ("warning", "the client's Q-values (the user's hidden state can be inferred)"),
+}
+"""What an upload can show whoever reads it in the clear, with the severity of showing it."""
+
+# The protocols whose leaks the audit knows itself (their own checks below).
+KNOWN_PROTOCOLS = ("fedmf",)
+FEDMF_VARIANTS = ("fedmf", "fedrec", "fedrec+")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# Keys the checks read.
+AUDITED_KEYS = _words(
+    "protocol variant transport placement dp_placement upload virtual_ratings_on_scale "
+    "pseudo_items_resampled epsilon delta epsilon_budget epsilon_server n_users n_clients "
+    "clients_per_round secagg_threshold secagg_neighbours threshold neighbours secagg_t "
+    "secagg_k secagg_n secagg_secure_randomness expected_dropout expected_colluders "
+    "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
+    "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
+    "aggregation uploads_reveal"
+)
+# Keys that securefed's components record and the checks need not read (parameters of the
+# mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
+RECORDED_KEYS = _words(
+    # secure aggregation
+    "bits scale clip failure_target prg aead key_agreement kdf shamir_field secagg_graph_seed "
+    # CKKS
+    "ckks_scheme ckks_total_coeff_bits ckks_max_coeff_bits_128 ckks_scale_bits ckks_slots "
+    "ckks_levels ckks_encryption ckks_key_model key_model max_clients value_bound "
+    "keep_ciphertext_bytes round_step key_id server_context_bytes server_context_sha256 "
+    "ckks_values_per_client ckks_ciphertexts ckks_decryptor ckks_committee_bytes "
+    "ckks_folded_into_state block_rows block_columns "
+    # DP
+    "accountant dp_clip dp_noise dp_noise_multiplier dp_sigma dp_sigma_effective "
+    "inner_transport privacy_ledger noise_multiplier "
+    # FedMF and the command line's run record
+    "dim lr server_lr reg_user reg_item row_reg_item init_std local_steps user_step "
+    "gradient_user_vector offset rating_scale chunk_ratings count_cap min_item_weight "
+    "filling_regularisation resample_pseudo rho tau virtual_on_scale virtual_rating "
+    "virtual_rounding warmup_rounds warm_start_rounds weighting expected_clients server_state "
+    "data n_items n_train n_test rounds resumed_from rmse train_rmse mae seconds bytes_up "
+    "bytes_down bytes_up_per_client bytes_down_per_client view dropout"
+)
+KNOWN_KEYS = AUDITED_KEYS | RECORDED_KEYS
+KNOWN_PREFIXES = ("hr@", "ndcg@", "precision@", "recall@")
+"""Every key the audit accepts (anything else is an ``unknown-key`` error)."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +293,14 @@ def server_sees_clear_updates(config: Mapping[str, object]) -> bool | None:
     return parts[0] in CLEAR_TRANSPORTS
 
 
+def sampling_mode(config: Mapping[str, object]) -> str | None:
+    """The runtime's client sampling (``"all"``, ``"fixed"``, ``"poisson"``), however recorded."""
+    sampling = config.get("sampling")
+    if isinstance(sampling, Mapping):
+        sampling = sampling.get("mode")
+    return None if sampling is None else str(sampling).strip().lower()
+
+
 def _population(config: Mapping[str, object], findings: list[Finding]) -> float | None:
     for key in ("n_users", "n_clients"):
         value = _number(config, key, findings)
@@ -347,11 +433,18 @@ def check_secagg(config: Mapping[str, object]) -> list[Finding]:
         return findings
     # A SecAggTransport's own public parameters name them "threshold" and "neighbours" (ints,
     # or a description of the automatic rule, which the transport itself enforces).
+    # Its rounds record the values they used: secagg_t, secagg_k, secagg_n.
     fallback = {
         f"secagg_{name}": config[name]
         for name in ("threshold", "neighbours")
         if isinstance(config.get(name), int) and not isinstance(config.get(name), bool)
     }
+    recorded = {
+        "secagg_threshold": config.get("secagg_t"),
+        "secagg_neighbours": config.get("secagg_k"),
+        "clients_per_round": config.get("secagg_n"),
+    }
+    fallback |= {key: value for key, value in recorded.items() if value is not None}
     config = {**fallback, **config}
     t = _number(config, "secagg_threshold", findings)
     if t is None:
@@ -460,6 +553,10 @@ def check_randomness(config: Mapping[str, object]) -> list[Finding]:
     if isinstance(seeds, Mapping):
         seeded = seeds.get("seed") is not None if seeded is None else seeded
         secure = seeds.get("secure") if secure is None else secure
+    if seeded is None and config.get("seed") is not None:
+        seeded = True  # a run record's seed: everything was derived from it
+    if config.get("secagg_secure_randomness") is False:
+        seeded = True  # the masks and keys of secure aggregation came from the seed tree
     if config.get("tests") is True:
         return []
     if seeded is True:
@@ -487,7 +584,7 @@ def check_sampling(config: Mapping[str, object]) -> list[Finding]:
     """Poisson accounting while the runtime sampled a fixed number of clients, or all of them."""
     findings: list[Finding] = []
     assumed = _text(config, "accountant_sampling")
-    runtime = _text(config, "sampling")
+    runtime = sampling_mode(config)
     if assumed != "poisson" or runtime not in ("fixed", "all"):
         return findings
     if _text(config, "placement", "dp_placement") == "local":
@@ -545,6 +642,162 @@ def check_dp_denominator(config: Mapping[str, object]) -> list[Finding]:
     ]
 
 
+def check_uploads(config: Mapping[str, object]) -> list[Finding]:
+    """What the uploads reveal, under a transport that shows the server each one in the clear.
+
+    An algorithm declares it with :func:`declare_uploads` (key ``uploads_reveal``); FedMF's
+    leaks the audit knows itself (the checks above). An algorithm that declared nothing, over
+    such a transport, is an error: nothing vouches for what the server reads.
+    """
+    if not server_sees_clear_updates(config):
+        return []
+    declared = config.get("uploads_reveal")
+    if declared is None:
+        if _text(config, "protocol") in KNOWN_PROTOCOLS or _text(config, "variant") in (
+            FEDMF_VARIANTS
+        ):
+            return []
+        return [
+            Finding(
+                "error",
+                "uploads-undeclared",
+                f"the server reads every update in the clear ({_text(config, 'transport')}) "
+                "and the algorithm has not declared what its uploads reveal: call "
+                "securefed.audit.declare_uploads(transport, protocol=..., reveals=[...]) "
+                f"(one of {sorted(REVEALS)}, or [] for nothing private), or use a hiding "
+                "transport",
+            )
+        ]
+    try:
+        reveals = check_reveals(declared)
+    except ValueError as error:
+        return [Finding("error", "invalid-value", str(error))]
+    return [
+        Finding(
+            REVEALS[reveal][0],
+            "uploads-reveal-in-clear",
+            f"each upload shows the server {REVEALS[reveal][1]} in the clear "
+            f"({_text(config, 'transport')}): use secure aggregation, CKKS or local DP",
+        )
+        for reveal in reveals
+    ]
+
+
+def check_server_epsilon(config: Mapping[str, object]) -> list[Finding]:
+    """An epsilon amplified by sampling where the server itself does the sampling.
+
+    Under distributed placement the server picks each round's clients and sees who
+    contributed, so sampling amplification does not hold against it: the epsilon it faces is
+    the rate-1 figure. A record that states only the amplified epsilon overstates the
+    guarantee against the server.
+    """
+    findings: list[Finding] = []
+    if _text(config, "placement", "dp_placement") != "distributed":
+        return findings
+    rate = _number(config, "sample_rate", findings)
+    rate = _number(config, "dp_sample_rate", findings) if rate is None else rate
+    if rate is None or rate >= 1 or config.get("epsilon") is None:
+        return findings
+    if config.get("epsilon_server") is None:
+        findings.append(
+            Finding(
+                "error",
+                "epsilon-server-unstated",
+                f"distributed DP charged at sample rate {rate:g}, but the server chooses and "
+                "sees each round's clients, so that amplification does not hold against it; "
+                "the record must state epsilon_server (charged at rate 1)",
+            )
+        )
+    return findings
+
+
+def check_flooding(config: Mapping[str, object]) -> list[Finding]:
+    """CKKS decryptions released without noise flooding above the decryption error.
+
+    A CKKS decryption's error term depends on the secret key; released unflooded it leaks it
+    (Li and Micciancio, Eurocrypt 2021). The flooding std must exceed the decryption-error bound
+    that the transport states (``ckks_decryption_error``).
+    """
+    findings: list[Finding] = []
+    if "ckks" not in _transport_parts(config):
+        return findings
+    flood = _number(config, "flood_std", findings)
+    bound = _number(config, "ckks_decryption_error", findings)
+    if flood is None or flood <= 0:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-no-flooding",
+                "CKKS decryptions are released without noise flooding (flood_std "
+                f"{'unstated' if flood is None else f'{flood:g}'}): the decryption error "
+                "reveals the secret key (Li and Micciancio 2021)",
+            )
+        )
+    elif bound is None:
+        findings.append(
+            Finding(
+                "warning",
+                "ckks-flooding-unjustified",
+                f"flood_std {flood:g} is not set against a stated decryption-error bound "
+                "(ckks_decryption_error): nothing shows that it hides the error",
+            )
+        )
+    elif flood < bound:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-flooding-below-error",
+                f"flood_std {flood:g} is below the decryption-error bound {bound:g}: the "
+                "flooding does not hide the key-dependent error (Li and Micciancio 2021)",
+            )
+        )
+    return findings
+
+
+def check_reveals(declared: object) -> list[str]:
+    """The declared reveals as a list of :data:`REVEALS` names.
+
+    Raises:
+        ValueError: naming the entry that is not one.
+    """
+    if isinstance(declared, str) or not isinstance(declared, (list, tuple)):
+        raise ValueError(f"uploads_reveal must be a list of names, got {declared!r}")
+    unknown = [r for r in declared if r not in REVEALS]
+    if unknown:
+        raise ValueError(f"uploads_reveal names {unknown}, not among {sorted(REVEALS)}")
+    return list(declared)
+
+
+def declare_uploads(target: object, *, protocol: str, reveals: Iterable[str]) -> None:
+    """Declare, in a transport's ServerView, what one client's upload of ``protocol`` reveals.
+
+    The audit reads it: over a transport that shows the server each update (plaintext,
+    central DP), each declared entry is a finding (:data:`REVEALS` gives its severity); an
+    algorithm that declares nothing there is an error.
+
+    Args:
+        target: a transport (its ``view``) or a :class:`~securefed.views.ServerView`.
+        protocol: the algorithm's name (``view.public["protocol"]``).
+        reveals: names from :data:`REVEALS` (empty: nothing private is uploaded).
+
+    Example:
+        >>> from securefed import PlaintextTransport
+        >>> transport = PlaintextTransport()
+        >>> declare_uploads(transport, protocol="my-ncf", reveals=["model-deltas"])
+        >>> audit(transport.view).codes
+        ['uploads-reveal-in-clear']
+    """
+    if not isinstance(protocol, str) or not protocol:
+        raise ValueError(f"protocol must be a non-empty name, got {protocol!r}")
+    names = check_reveals(list(reveals))
+    view = getattr(target, "view", target)
+    public = getattr(view, "public", None)
+    if not isinstance(public, dict):
+        raise TypeError(f"declare_uploads takes a transport or a ServerView, got {target!r}")
+    public["protocol"] = protocol
+    public["uploads_reveal"] = names
+
+
 CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_budget,
     check_delta,
@@ -558,20 +811,55 @@ CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_sampling,
     check_distributed_dp,
     check_dp_denominator,
+    check_uploads,
+    check_server_epsilon,
+    check_flooding,
 )
+
+
+def check_keys(config: Mapping[str, object], extra_keys: Iterable[str] = ()) -> list[Finding]:
+    """Every key must be one the audit knows: an unknown one goes unchecked (fail closed)."""
+    import difflib
+
+    known = KNOWN_KEYS | frozenset(extra_keys)
+    findings = []
+    for key in sorted(config):
+        if key in known or key.startswith(KNOWN_PREFIXES):
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        findings.append(
+            Finding(
+                "error",
+                "unknown-key",
+                f"{key!r} is not a key the audit knows{hint}, so nothing checks it; fix the "
+                "name, or pass audit(..., extra_keys=[...]) for a key of your own",
+            )
+        )
+    return findings
 
 
 # --------------------------------------------------------------------------- input
 def _merge_view(
     run_public: Mapping[str, object], rounds: Iterable[Mapping[str, object]], transport: str | None
 ) -> dict[str, object]:
-    """Run-level public parameters win; per-round ones fill gaps; epsilon is the largest seen."""
+    """Run-level public parameters win; per-round ones fill gaps.
+
+    Of values that change from round to round, the audit keeps the weakest: the largest
+    epsilon, and the secure-aggregation parameters of the round whose threshold had the least
+    margin over half its neighbours.
+    """
     merged: dict[str, object] = {}
     epsilons: list[float] = []
+    weakest: Mapping[str, object] | None = None
     for public in rounds:
         merged.update({k: v for k, v in public.items() if v is not None})
         if public.get("epsilon") is not None:
             epsilons.append(float(public["epsilon"]))
+        if _secagg_margin(public) < _secagg_margin(weakest):
+            weakest = public
+    if weakest is not None:
+        merged.update({k: weakest[k] for k in ("secagg_t", "secagg_k", "secagg_n") if k in weakest})
     merged.update({k: v for k, v in run_public.items() if v is not None})
     if run_public.get("epsilon") is not None:
         epsilons.append(float(run_public["epsilon"]))
@@ -580,6 +868,16 @@ def _merge_view(
     if transport is not None:
         merged.setdefault("transport", transport)
     return merged
+
+
+def _secagg_margin(public: Mapping[str, object] | None) -> float:
+    """``t - k/2`` of a round's secure aggregation (infinite for a round without one)."""
+    if not public or public.get("secagg_t") is None or public.get("secagg_k") is None:
+        return math.inf
+    try:
+        return float(public["secagg_t"]) - float(public["secagg_k"]) / 2
+    except (TypeError, ValueError):
+        return -math.inf  # unreadable: the weakest, so its values reach the checks
 
 
 def _from_json(data: object, where: str) -> dict[str, object]:
@@ -633,19 +931,22 @@ def load_config(source: object) -> tuple[dict[str, object], str]:
     raise TypeError(f"audit() takes a mapping, a ServerView or a path, got {type(source).__name__}")
 
 
-def audit(config_or_path: object, *, strict: bool = False) -> AuditReport:
+def audit(
+    config_or_path: object, *, strict: bool = False, extra_keys: Iterable[str] = ()
+) -> AuditReport:
     """Audit a run's public parameters for choices that void its privacy claims.
 
     Args:
         config_or_path: a mapping of public parameters, a ``ServerView``, or a path to a saved
             ServerView directory or a JSON file (see the module docstring for the keys).
         strict: raise :class:`AuditFailed` when any error-severity finding is present.
+        extra_keys: informational keys of the caller's own, accepted without a finding.
 
     Returns:
         The :class:`AuditReport` (errors first, then warnings, then notes).
     """
     config, source = load_config(config_or_path)
-    findings: list[Finding] = []
+    findings = check_keys(config, extra_keys)
     for check in CHECKS:
         findings.extend(check(config))
     order = {s: i for i, s in enumerate(SEVERITIES)}
