@@ -26,6 +26,11 @@ __all__ = ["EMBEDDED_DATASET", "embedded_default_path", "load_dataset"]
 EMBEDDED_DATASET = "ml-latest-small"
 """Name under which :func:`load_dataset` finds the data set shipped with the package."""
 
+# The package whose data folder holds datasets/ (recsys/datasets/ in the repository). Named by its
+# installed import name: the repository folder's own name ("recsys") is importable only when the
+# repository root happens to be on sys.path, never from a wheel.
+_DATA_PACKAGE = "securefed.recsys"
+
 
 def embedded_default_path() -> Path:
     """Return the path of the ``ml-latest-small`` ratings shipped with the package.
@@ -33,12 +38,12 @@ def embedded_default_path() -> Path:
     Raises:
         FileNotFoundError: If the package was installed without its data files.
     """
-    resource = resources.files("recsys").joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
+    resource = resources.files(_DATA_PACKAGE).joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
     path = Path(os.fspath(resource)) if isinstance(resource, os.PathLike) else None
     if path is None or not path.is_file():
         raise FileNotFoundError(
             f"the embedded data set {EMBEDDED_DATASET!r} is missing from the installed "
-            f"package (expected recsys/datasets/{EMBEDDED_DATASET}/ratings.csv)"
+            f"package (expected {_DATA_PACKAGE}'s datasets/{EMBEDDED_DATASET}/ratings.csv)"
         )
     return path
 
