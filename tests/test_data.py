@@ -341,7 +341,7 @@ MALFORMED = [
         "u.data",
         "1\t2\t3\t1\n1\t3\tnan\t2\n",
         2,
-        "rating nan is off the scale 1..5 step 1",
+        "non-finite rating 'nan'",
         id="nan",
     ),
     pytest.param(

@@ -127,8 +127,8 @@ def first_content_line(text: str) -> tuple[int, str, int]:
         position, line_number = end + 1, line_number + 1
 
 
-def _is_number(text: str) -> bool:
-    """Tell whether ``float`` accepts the text."""
+def is_number(text: str) -> bool:
+    """Tell whether ``float`` accepts the text (``"inf"`` and ``"nan"`` included)."""
     try:
         float(text)
     except ValueError:
@@ -149,7 +149,7 @@ def detect_format(path: Path, first_line: str) -> str:
     if _ML100K_NAME.fullmatch(name) or "\t" in first_line:
         return "movielens100k"
     fields = [field.strip().lower() for field in first_line.split(",")]
-    if not _is_number(fields[0]) and {"userid", "movieid"} & set(fields):
+    if not is_number(fields[0]) and {"userid", "movieid"} & set(fields):
         return "ml-latest"
     return "csv"
 
@@ -177,15 +177,39 @@ def _header_layout(
     expected = ",".join(names[:3]) + f"[,{names[3]}]"
     columns: list[int | None] = []
     for name in names:
-        if name.lower() in header:
-            columns.append(header.index(name.lower()))
+        positions = [position for position, field in enumerate(header) if field == name.lower()]
+        if len(positions) > 1:
+            raise DataFormatError(
+                path, line_number, f"header names the column {name!r} {_times(positions)}"
+            )
+        if positions:
+            columns.append(positions[0])
         elif name == names[3]:
             columns.append(None)
         else:
             raise DataFormatError(
-                path, line_number, f"header lacks the column {name!r} (expected {expected})"
+                path,
+                line_number,
+                f"header lacks the column {name!r} (expected {expected}, comma separated; "
+                f"found {line.strip()!r})",
             )
     return Layout(fmt, ",", len(header), tuple(columns), default_scale)
+
+
+def _times(positions: list[int]) -> str:
+    """Say how often and where a header repeats a name, e.g. ``twice (columns 1 and 4)``."""
+    numbers = [str(position + 1) for position in positions]
+    how_often = "twice" if len(numbers) == 2 else f"{len(numbers)} times"
+    return f"{how_often} (columns {', '.join(numbers[:-1])} and {numbers[-1]})"
+
+
+def _is_header(line: str) -> bool:
+    """Tell whether a comma-separated line is a header: none of its fields is a number.
+
+    A line with a text field beside numeric ones (``alice,31,4``) is a data line with a bad
+    field, not a header that lacks its columns.
+    """
+    return not any(is_number(field) for field in line.split(","))
 
 
 def body_and_layout(path: Path, text: str, fmt: str) -> Body:
@@ -195,8 +219,7 @@ def body_and_layout(path: Path, text: str, fmt: str) -> Body:
         return Body(path, text, 1, Layout(fmt, None, 4, (0, 1, 2, 3), ML100K_SCALE))
     if fmt == "dat":
         return Body(path, text, 1, Layout(fmt, "::", 4, (0, 1, 2, 3), ML100K_SCALE))
-    first_field = first_line.split(",")[0].strip()
-    has_header = not _is_number(first_field)
+    has_header = _is_header(first_line)
     if fmt == "ml-latest":
         if not has_header:
             raise DataFormatError(
