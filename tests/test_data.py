@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -339,7 +341,7 @@ MALFORMED = [
         "u.data",
         "1\t2\t3\t1\n1\t3\tnan\t2\n",
         2,
-        "rating nan is off the scale 1..5 step 1",
+        "non-finite rating 'nan'",
         id="nan",
     ),
     pytest.param(
@@ -552,6 +554,26 @@ def test_embedded_default_loads(embedded):
     assert train.scale == ML_LATEST_SCALE == RatingScale(0.5, 5.0, 0.5)
     assert len(test) == 20001
     assert train.name == "ml-latest-small"
+
+
+def test_embedded_default_is_found_outside_the_repository(tmp_path):
+    # Run from elsewhere, so that the repository's folders are not importable by their own names.
+    script = (
+        "from securefed.recsys.data import embedded_default_path; print(embedded_default_path())"
+    )
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found = Path(done.stdout.strip())
+    assert found.is_file() and found.parent.name == "ml-latest-small"
+    assert found.read_bytes() == embedded_default_path().read_bytes()
 
 
 def test_embedded_default_temporal_split():

@@ -1,0 +1,244 @@
+"""On-disk layouts of rating files and how a file's layout is recognised.
+
+Four layouts are understood (:data:`FORMATS`, besides ``"auto"``):
+
+* ``movielens100k``: MovieLens 100K ``u.data`` / ``uN.base`` / ``uN.test``, whitespace (tab)
+  separated ``user item rating timestamp`` without a header, ratings 1..5.
+* ``dat``: MovieLens 1M/10M style ``user::item::rating::timestamp`` without a header.
+* ``ml-latest``: comma separated with the header ``userId,movieId,rating,timestamp``, half-star
+  ratings 0.5..5.
+* ``csv``: plain comma separated, either with a header naming ``user,item,rating`` and
+  optionally ``timestamp``, or without a header and with 3 or 4 columns.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from securefed.recsys.data.containers import ML100K_SCALE, ML_LATEST_SCALE, RatingScale
+from securefed.recsys.data.errors import DataFormatError
+
+__all__ = ["FORMATS"]
+
+FORMATS = ("auto", "movielens100k", "dat", "ml-latest", "csv")
+"""Values accepted by the ``fmt`` argument of the readers."""
+
+COLUMN_NAMES = ("user", "item", "rating", "timestamp")
+"""The fields of one rating, in the order of :attr:`Layout.columns`."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the fields of one rating sit on a line.
+
+    Attributes:
+        fmt: Format name.
+        delimiter: Field separator; ``None`` means runs of whitespace.
+        n_fields: Number of fields every data line must have.
+        columns: Field positions of user, item, rating and timestamp (``None``: absent).
+        default_scale: Scale of the format, or ``None`` when it must be given or inferred.
+    """
+
+    fmt: str
+    delimiter: str | None
+    n_fields: int
+    columns: tuple[int, int, int, int | None]
+    default_scale: RatingScale | None
+
+    def split(self, line: str) -> list[str]:
+        """Cut a line into its fields."""
+        return line.split() if self.delimiter is None else line.split(self.delimiter)
+
+    @property
+    def used_columns(self) -> tuple[int, ...]:
+        """Positions of the fields that are read, in the order user, item, rating[, time]."""
+        return tuple(column for column in self.columns if column is not None)
+
+
+@dataclass(frozen=True)
+class Body:
+    """The data lines of a file (everything after an optional header).
+
+    Attributes:
+        path: The file, for error messages.
+        text: Decoded text of the data lines.
+        first_line: 1-based file line number of the first line of ``text``.
+        layout: How to read a line.
+    """
+
+    path: Path
+    text: str
+    first_line: int
+    layout: Layout
+
+    def locate(self, row: int) -> tuple[int, str]:
+        """Return the file line number and text of data row ``row`` (blank lines skipped)."""
+        seen = -1
+        for offset, line in enumerate(self.text.split("\n")):
+            if line.strip():
+                seen += 1
+                if seen == row:
+                    return self.first_line + offset, line
+        raise IndexError(f"row {row} is beyond the data")
+
+    def error(self, row: int, cause: str) -> DataFormatError:
+        """Build the error for data row ``row``."""
+        line_number, _ = self.locate(row)
+        return DataFormatError(self.path, line_number, cause)
+
+    def field_text(self, row: int, which: int) -> str:
+        """Return the stripped text of field ``which`` (0 user .. 3 timestamp) of a row."""
+        _, line = self.locate(row)
+        return self.layout.split(line)[self.layout.columns[which]].strip()
+
+
+def decode_utf8(path: Path, data: bytes) -> str:
+    """Decode UTF-8 bytes (an optional byte-order mark is dropped)."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise DataFormatError(
+            path,
+            line,
+            f"not valid UTF-8: byte 0x{data[error.start]:02x} at column {column} ({error.reason})",
+        ) from None
+
+
+def first_content_line(text: str) -> tuple[int, str, int]:
+    """Find the first non-blank line.
+
+    Returns:
+        ``(line_number, line, end)`` where ``end`` is the offset just past the line.
+    """
+    position, line_number = 0, 1
+    while True:
+        end = text.find("\n", position)
+        stop = len(text) if end < 0 else end
+        line = text[position:stop]
+        if line.strip() or end < 0:
+            return line_number, line, (len(text) if end < 0 else end + 1)
+        position, line_number = end + 1, line_number + 1
+
+
+def is_number(text: str) -> bool:
+    """Tell whether ``float`` accepts the text (``"inf"`` and ``"nan"`` included)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+_ML100K_NAME = re.compile(r"u(\.data|[0-9a-z]\.(base|test))", re.IGNORECASE)
+_ML_LATEST_HEADER = ("userId", "movieId", "rating", "timestamp")
+_CSV_HEADER = ("user", "item", "rating", "timestamp")
+
+
+def detect_format(path: Path, first_line: str) -> str:
+    """Guess the format from the file name, then from the first non-blank line."""
+    name = path.name.lower()
+    if name.endswith(".dat") or "::" in first_line:
+        return "dat"
+    if _ML100K_NAME.fullmatch(name) or "\t" in first_line:
+        return "movielens100k"
+    fields = [field.strip().lower() for field in first_line.split(",")]
+    if not is_number(fields[0]) and {"userid", "movieid"} & set(fields):
+        return "ml-latest"
+    return "csv"
+
+
+def _header_layout(
+    path: Path,
+    line_number: int,
+    line: str,
+    names: tuple[str, str, str, str],
+    fmt: str,
+    default_scale: RatingScale | None,
+) -> Layout:
+    """Build the layout of a comma-separated file from its header line.
+
+    Args:
+        path: The file, for errors.
+        line_number: Line number of the header.
+        line: The header text.
+        names: Expected column names for user, item, rating and timestamp (the last is
+            optional); matched case-insensitively.
+        fmt: Format name.
+        default_scale: Scale of the format.
+    """
+    header = [field.strip().lower() for field in line.split(",")]
+    expected = ",".join(names[:3]) + f"[,{names[3]}]"
+    columns: list[int | None] = []
+    for name in names:
+        positions = [position for position, field in enumerate(header) if field == name.lower()]
+        if len(positions) > 1:
+            raise DataFormatError(
+                path, line_number, f"header names the column {name!r} {_times(positions)}"
+            )
+        if positions:
+            columns.append(positions[0])
+        elif name == names[3]:
+            columns.append(None)
+        else:
+            raise DataFormatError(
+                path,
+                line_number,
+                f"header lacks the column {name!r} (expected {expected}, comma separated; "
+                f"found {line.strip()!r})",
+            )
+    return Layout(fmt, ",", len(header), tuple(columns), default_scale)
+
+
+def _times(positions: list[int]) -> str:
+    """Say how often and where a header repeats a name, e.g. ``twice (columns 1 and 4)``."""
+    numbers = [str(position + 1) for position in positions]
+    how_often = "twice" if len(numbers) == 2 else f"{len(numbers)} times"
+    return f"{how_often} (columns {', '.join(numbers[:-1])} and {numbers[-1]})"
+
+
+def _is_header(line: str) -> bool:
+    """Tell whether a comma-separated line is a header: none of its fields is a number.
+
+    A line with a text field beside numeric ones (``alice,31,4``) is a data line with a bad
+    field, not a header that lacks its columns.
+    """
+    return not any(is_number(field) for field in line.split(","))
+
+
+def body_and_layout(path: Path, text: str, fmt: str) -> Body:
+    """Work out the layout of a file and where its data lines start."""
+    line_number, first_line, end = first_content_line(text)
+    if fmt == "movielens100k":
+        return Body(path, text, 1, Layout(fmt, None, 4, (0, 1, 2, 3), ML100K_SCALE))
+    if fmt == "dat":
+        return Body(path, text, 1, Layout(fmt, "::", 4, (0, 1, 2, 3), ML100K_SCALE))
+    has_header = _is_header(first_line)
+    if fmt == "ml-latest":
+        if not has_header:
+            raise DataFormatError(
+                path, line_number, f"missing header line {','.join(_ML_LATEST_HEADER)!r}"
+            )
+        layout = _header_layout(
+            path, line_number, first_line, _ML_LATEST_HEADER, fmt, ML_LATEST_SCALE
+        )
+        return Body(path, text[end:], line_number + 1, layout)
+    if has_header:
+        layout = _header_layout(path, line_number, first_line, _CSV_HEADER, fmt, None)
+        return Body(path, text[end:], line_number + 1, layout)
+    n_fields = len(first_line.split(","))
+    if n_fields not in (3, 4):
+        qualifier = "too few" if n_fields < 3 else "too many"
+        raise DataFormatError(
+            path,
+            line_number,
+            f"{qualifier} fields: expected 3 or 4 (user,item,rating[,timestamp]), found {n_fields}",
+        )
+    columns = (0, 1, 2, 3 if n_fields == 4 else None)
+    return Body(path, text, 1, Layout(fmt, ",", n_fields, columns, None))
