@@ -23,7 +23,6 @@ from securefed.privacy import (
     PrivacyLedger,
     SecureGaussian,
     SeededGaussian,
-    clip_and_noise_rows,
     epsilon_for_schedule,
     noise_for_target,
     release_rows,
@@ -139,11 +138,15 @@ def test_secure_gaussian_refuses_a_seed_and_has_the_right_moments():
     assert not np.array_equal(SecureGaussian().normal(1.0, 8), SecureGaussian().normal(1.0, 8))
 
 
-def test_clip_and_noise_rows_and_per_query_charges():
+def test_release_rows_clips_and_charges_per_query():
     rng = np.random.default_rng(3)
     values = rng.normal(size=(6, 4)) * np.array([[0.01], [10], [0.5], [3], [0], [100]])
-    out = clip_and_noise_rows(values, 1.0, 1e-9, SeededGaussian(np.random.default_rng(0)))
+    noted = PrivacyLedger()
+    out = release_rows(
+        values, clip=1.0, sigma=1e-9, rng=SeededGaussian(np.random.default_rng(0)), ledger=noted
+    )
     assert np.all(np.linalg.norm(out, axis=1) <= 1.0 + 1e-6)
+    assert noted.history == [(1e-9, 1.0, 6)]
     ledger = PrivacyLedger()
     release_rows(values, clip=1.0, sigma=2.0, rng=np.random.default_rng(1), ledger=ledger)
     assert ledger.history == [(2.0, 1.0, 6)]  # six releases about the same user compose

@@ -3,7 +3,7 @@
 * :class:`PrivacyLedger`: records every noisy release, reports epsilon, enforces a budget.
 * :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration through Opacus.
 * :class:`SeededGaussian` (tests, benchmarks) and :class:`SecureGaussian` (deployment).
-* :func:`clip_and_noise_rows` / :func:`release_rows`: the fusion shape (per-query vectors).
+* :func:`release_rows`: the fusion shape (per-query vectors), charging a ledger per row.
 * The aggregation-shape wrapper is :class:`securefed.transport.dp.DPTransport`; record-level
   DP-SGD for torch models is :func:`securefed.privacy.dpsgd.make_private` (needs torch/opacus).
 
@@ -22,7 +22,6 @@ from securefed.privacy.noise import (
     NoiseSource,
     SecureGaussian,
     SeededGaussian,
-    clip_and_noise_rows,
     clip_factors,
     clip_rows,
     noise_source,
@@ -38,7 +37,6 @@ __all__ = [
     "PrivacyLedger",
     "SecureGaussian",
     "SeededGaussian",
-    "clip_and_noise_rows",
     "clip_factors",
     "clip_rows",
     "epsilon_for_schedule",

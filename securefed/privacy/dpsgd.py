@@ -99,15 +99,7 @@ class PrivateTraining:
 
     def ledger(self) -> PrivacyLedger:
         """A :class:`PrivacyLedger` holding the steps taken so far (a snapshot)."""
-        ledger = PrivacyLedger(self.accountant, sampling=self.sampling)
-        ledger.load_state_dict(
-            {
-                "accountant": self.accountant,
-                "sampling": self.sampling,
-                "history": [list(h) for h in self.history],
-            }
-        )
-        return ledger
+        return PrivacyLedger.of_history(self.history, self.accountant, sampling=self.sampling)
 
     def report(self, delta: float) -> DPSGDReport:
         """The spending so far at ``delta``."""

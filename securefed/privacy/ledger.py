@@ -30,7 +30,6 @@ Pinned figures (tests): sigma 1.0, q 0.01, 1000 steps, delta 1e-5 gives epsilon 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -40,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed.errors import PrivacyBudgetExceeded
+from securefed.errors import LedgerFormatError, PrivacyBudgetExceeded
+from securefed.integrity import check_key, read_json, verify, write_sealed_json
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTANT_SAMPLING = "poisson"
 SAMPLING_MODES = ("all", "poisson", "fixed")
 LEDGER_FORMAT = "securefed.privacy_ledger"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,11 @@ class PrivacyLedger:
         sampling: the runtime's client sampling mode (``"all"``, ``"poisson"``, ``"fixed"``, a
             ``ClientSampling``, or ``None`` if unknown); recorded for the audit. The accounting
             itself always assumes Poisson sampling (:attr:`accounting_sampling`).
-        path: optional JSON file the ledger is written to (atomically) after every charge.
-            Keep it outside checkpoint directories: a ledger must never be rolled back when a
-            run resumes, since releases made after the checkpoint were already seen.
+        path: optional JSON file the ledger is written to (atomically, with a digest) after
+            every charge. Keep it outside checkpoint directories: a ledger must never be rolled
+            back, since releases made after a checkpoint were already seen. (Checkpoints carry
+            their own copy: :class:`securefed.runtime.Checkpoints`.)
+        key: optional key (at least 16 bytes) for an HMAC-SHA256 digest of the file at ``path``.
 
     Example:
         >>> ledger = PrivacyLedger(budget=(8.0, 1e-5))
@@ -178,6 +180,7 @@ class PrivacyLedger:
         budget: PrivacyBudget | tuple[float, float] | None = None,
         sampling: object = None,
         path: str | os.PathLike | None = None,
+        key: bytes | None = None,
     ) -> None:
         from opacus.accountants import create_accountant
 
@@ -187,6 +190,7 @@ class PrivacyLedger:
         self.budget: PrivacyBudget | None = budget
         self.sampling: str | None = _check_sampling(sampling)
         self.path = None if path is None else Path(path)
+        self._key = check_key(key)
         self._accountant = create_accountant(mechanism=self.accountant)
 
     # ------------------------------------------------------------------ reading
@@ -271,7 +275,7 @@ class PrivacyLedger:
                 )
         self._accountant = trial
         if self.path is not None:
-            self.save(self.path)
+            self.save(self.path, key=self._key)
 
     def record_sampling(self, sampling: object) -> None:
         """Record the runtime's sampling mode (a mode string or a ``ClientSampling``)."""
@@ -316,30 +320,66 @@ class PrivacyLedger:
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore the history and sampling mode written by :meth:`state_dict`.
 
-        The budget stays the one this ledger was built with (it is configuration).
+        The budget stays the one this ledger was built with (it is configuration). Nothing
+        changes unless the whole state is valid.
 
         Raises:
             ValueError: a different accountant, a malformed history, an unknown format.
         """
-        if state.get("format", LEDGER_FORMAT) != LEDGER_FORMAT:
-            raise ValueError(f"not a privacy ledger state (format {state.get('format')!r})")
-        if state.get("version", LEDGER_VERSION) != LEDGER_VERSION:
-            raise ValueError(f"unsupported ledger state version {state.get('version')!r}")
-        if state.get("accountant") != self.accountant:
-            raise ValueError(
-                f"the state was written by the {state.get('accountant')!r} accountant; this "
-                f"ledger uses {self.accountant!r}"
-            )
-        history = []
-        for entry in state.get("history", []):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-                raise ValueError(f"ledger history entries are [sigma, q, steps], got {entry!r}")
-            sigma, q, steps = float(entry[0]), float(entry[1]), entry[2]
-            _check_step(sigma, q, steps)
-            history.append((sigma, q, int(steps)))
-        sampling = _check_sampling(state.get("sampling"))
+        history, sampling = _parse_state(state, self.accountant)
         self._accountant.history = history
         self.sampling = sampling
+
+    def resume_conflicts(self, state: Mapping[str, object]) -> list[str]:
+        """Why this ledger cannot continue from a saved ``state`` (empty: it can).
+
+        A run resumes a ledger only into a fresh one built with the same configuration, or into
+        one that already holds exactly the saved history. Anything else would lose or invent
+        releases: a ledger that recorded more than the checkpoint (the crashed process got past
+        it) must not be rolled back, and one with another history belongs to another run.
+
+        Raises:
+            ValueError: ``state`` is not a ledger state.
+        """
+        history, sampling = _parse_state(state, None)
+        causes = []
+        if state.get("accountant") != self.accountant:
+            causes.append(
+                f"accountant: the checkpoint's ledger uses {state.get('accountant')!r}, this "
+                f"one {self.accountant!r}"
+            )
+        mine = None if self.budget is None else [self.budget.epsilon, self.budget.delta]
+        budget = state.get("budget")
+        saved = None if not budget else [budget.get("epsilon"), budget.get("delta")]
+        if mine != saved:
+            causes.append(f"budget: the checkpoint's ledger has {saved}, this one {mine}")
+        if self.sampling is not None and sampling is not None and self.sampling != sampling:
+            causes.append(f"sampling: the checkpoint's is {sampling!r}, this one {self.sampling!r}")
+        if self.history and self.history != history:
+            causes.append(
+                f"history: this ledger already recorded {self.steps} release(s) that are not the "
+                f"checkpoint's {sum(n for _, _, n in history)}; resuming would roll it back or "
+                "mix two runs"
+            )
+        return causes
+
+    @classmethod
+    def of_history(
+        cls,
+        history: list[tuple[float, float, int]],
+        accountant: str = "rdp",
+        *,
+        sampling: object = None,
+    ) -> PrivacyLedger:
+        """A ledger (no budget) that holds ``(noise_multiplier, sample_rate, steps)`` triples.
+
+        Raises:
+            ValueError: a malformed triple.
+        """
+        ledger = cls(accountant, sampling=sampling)
+        state = ledger.state_dict() | {"history": [list(entry) for entry in history]}
+        ledger.load_state_dict(state)
+        return ledger
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, object]) -> PrivacyLedger:
@@ -352,27 +392,99 @@ class PrivacyLedger:
         ledger.load_state_dict(state)
         return ledger
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`state_dict` as JSON, atomically (temporary file, then rename)."""
+    def save(self, path: str | os.PathLike, *, key: bytes | None = None) -> Path:
+        """Write :meth:`state_dict` as JSON with a digest, atomically (temporary file, rename).
+
+        Args:
+            path: the file.
+            key: optional key for an HMAC-SHA256 digest (else SHA-256).
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.state_dict(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_sealed_json(path, self.state_dict(), key=key)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> PrivacyLedger:
-        """Read a ledger written by :meth:`save` (it keeps saving to ``path``)."""
+    def load(cls, path: str | os.PathLike, *, key: bytes | None = None) -> PrivacyLedger:
+        """Read a ledger written by :meth:`save` (it keeps saving to ``path``, with ``key``).
+
+        Raises:
+            LedgerFormatError: naming the file and the cause (missing, not JSON, another format
+                or version, no digest or one that does not match, a malformed state).
+        """
         path = Path(path)
+        state = read_json(path, LedgerFormatError)
+        if state.get("format") != LEDGER_FORMAT:
+            raise LedgerFormatError(
+                f"{path}: not a privacy ledger (format {state.get('format')!r})"
+            )
+        if state.get("version") != LEDGER_VERSION:
+            raise LedgerFormatError(
+                f"{path}: unsupported ledger version {state.get('version')!r} (expected "
+                f"{LEDGER_VERSION})"
+            )
+        verify(state, path, [], key=key, error=LedgerFormatError)
         try:
-            state = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: unreadable privacy ledger ({error})") from error
-        ledger = cls.from_state_dict(state)
+            ledger = cls.from_state_dict({k: v for k, v in state.items() if k != "digest"})
+        except (ValueError, TypeError, KeyError) as error:
+            raise LedgerFormatError(f"{path}: malformed privacy ledger ({error})") from error
         ledger.path = path
+        ledger._key = check_key(key)
         return ledger
 
     def __repr__(self) -> str:
         budget = "" if self.budget is None else f", budget={self.budget}"
         return f"PrivacyLedger({self.accountant!r}, steps={self.steps}{budget})"
+
+
+_STATE_KEYS = frozenset(
+    {"format", "version", "accountant", "accountant_sampling", "sampling", "budget", "history"}
+)
+
+
+def _parse_state(
+    state: Mapping[str, object], accountant: str | None
+) -> tuple[list[tuple[float, float, int]], str | None]:
+    """The history and sampling of a ledger state, every field checked.
+
+    Args:
+        state: what :meth:`PrivacyLedger.state_dict` returned (e.g. read back from JSON).
+        accountant: the accountant the state must have been written by (``None``: any known).
+
+    Raises:
+        ValueError: naming the field that is missing, unknown or malformed.
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"a ledger state is a mapping, got {type(state).__name__}")
+    if state.get("format") != LEDGER_FORMAT:
+        raise ValueError(f"not a privacy ledger state (format {state.get('format')!r})")
+    if state.get("version") != LEDGER_VERSION:
+        raise ValueError(f"unsupported ledger state version {state.get('version')!r}")
+    missing, unknown = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
+    if missing or unknown:
+        raise ValueError(f"ledger state has missing fields {missing}, unknown fields {unknown}")
+    if accountant is not None and state["accountant"] != accountant:
+        raise ValueError(
+            f"the state was written by the {state['accountant']!r} accountant; this "
+            f"ledger uses {accountant!r}"
+        )
+    _check_accountant(state["accountant"])
+    if state["accountant_sampling"] != ACCOUNTANT_SAMPLING:
+        raise ValueError(f"accountant_sampling must be {ACCOUNTANT_SAMPLING!r}")
+    budget = state["budget"]
+    if budget is not None:
+        if not isinstance(budget, Mapping) or set(budget) != {"epsilon", "delta"}:
+            raise ValueError(f"budget must be null or {{epsilon, delta}}, got {budget!r}")
+        PrivacyBudget(budget["epsilon"], budget["delta"])
+    if not isinstance(state["history"], list):
+        raise ValueError("ledger history must be a list of [sigma, q, steps]")
+    history = []
+    for entry in state["history"]:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError(f"ledger history entries are [sigma, q, steps], got {entry!r}")
+        sigma, q, steps = entry
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry)
+        if not numbers:
+            raise ValueError(f"ledger history entries are three numbers, got {entry!r}")
+        _check_step(float(sigma), float(q), steps)
+        history.append((float(sigma), float(q), int(steps)))
+    return history, _check_sampling(state["sampling"])

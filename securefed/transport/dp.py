@@ -248,6 +248,14 @@ class DPRound(AggregationRound):
         self.inner = inner
         self._weight_sq: dict[int, float] = {}
         self._secure_source: NoiseSource | None = None
+        self._charged = False
+        if self.config.placement == "distributed":
+            # Under distributed placement the inner round's decoding *is* the release of the
+            # noisy sum. Its ``result`` is sealed on this instance, so that whoever holds the
+            # inner round (this round, the Flower server, any caller) is charged first, and a
+            # round refused for its budget can never be decoded.
+            self._decode = inner.result
+            inner.result = self._release_distributed
 
     # -- noise ------------------------------------------------------------------------
     def _source(self, *who: int | str) -> NoiseSource:
@@ -284,21 +292,31 @@ class DPRound(AggregationRound):
         """Broadcast through the inner round (which may encode it its own way)."""
         self.inner.broadcast(name, value, bytes_per_client=bytes_per_client)
 
+    def _release_distributed(self) -> Aggregate:
+        """Charge the ledger for the noise the sum carries, then let the inner round decode it.
+
+        Charged before the inner round decodes the sum: under secure aggregation that decoding
+        is the release. The contributors are the clients that submitted (a client that drops
+        after submitting stays in the sum: AggregationRound.drop). A refused charge raises every
+        time it is asked again, so the sum is never decoded.
+        """
+        if not self._charged:
+            sigma_eff = self._effective_sigma(sorted(self.submitted))
+            self.view.public["dp_sigma_effective"] = sigma_eff
+            if sigma_eff > 0:
+                self.transport._charge(sigma_eff, self.config.sample_rate, self.view)
+            self._charged = True
+        return self._decode()
+
     def _finish(self) -> Aggregate:
         placement = self.config.placement
         sigma = self.config.noise_multiplier
         if placement == "local":
             return self.inner.result()
         if placement == "distributed":
-            # Charged before the inner round decodes the sum: under secure aggregation that
-            # decoding is the release. The contributors are the clients that submitted (a client
-            # that drops after submitting stays in the sum: AggregationRound.drop).
             planned = sorted(self.submitted)
-            sigma_eff = self._effective_sigma(planned)
-            self.view.public["dp_sigma_effective"] = sigma_eff
-            if sigma_eff > 0:
-                self.transport._charge(sigma_eff, self.config.sample_rate, self.view)
-            inner = self.inner.result()
+            inner = self.inner.result()  # the sealed release: charges first
+            sigma_eff = self.view.public["dp_sigma_effective"]
             actual = sorted(int(c) for c in inner.contributors.tolist())
             if actual != planned and self._effective_sigma(actual) < sigma_eff:
                 warnings.warn(
@@ -363,7 +381,9 @@ class DPTransport(Transport):
         placement: ``"central"`` (server adds noise), ``"local"`` (each client adds all of it)
             or ``"distributed"`` (each client adds a ``1/n`` share of the variance; needs secure
             aggregation).
-        ledger: charged once per round (``None``: no accounting, epsilon is not reported).
+        ledger: charged once per round. ``None`` builds a ledger of this transport's own (no
+            budget, the RDP accountant): no release goes unrecorded, and ``transport.ledger``
+            and :meth:`epsilon` report what the run spent.
         sample_rate: Poisson sampling rate charged per round in central/distributed placement.
         sampling: the runtime's sampling mode or ``ClientSampling`` (recorded, also in the
             ledger; ``"all"`` with ``sample_rate < 1`` is refused).
@@ -399,8 +419,12 @@ class DPTransport(Transport):
             raise TypeError(f"inner must be a Transport, got {type(inner).__name__}")
         if isinstance(inner, DPTransport):
             raise ValueError("inner is already a DPTransport: wrap the base transport once")
+        if ledger is None:
+            ledger = PrivacyLedger()
+        elif not isinstance(ledger, PrivacyLedger):
+            raise TypeError(f"ledger must be a PrivacyLedger, got {type(ledger).__name__}")
         sampling = _check_sampling(sampling)
-        if sampling is None and ledger is not None:
+        if sampling is None:
             sampling = ledger.sampling
         self.config = DPConfig(
             clip=float(clip),
@@ -412,9 +436,9 @@ class DPTransport(Transport):
             delta=delta,
         )
         self.inner = inner
-        self.ledger = ledger
+        self.ledger: PrivacyLedger = ledger
         self.name = f"{inner.name}+dp"
-        if ledger is not None and self.config.sampling is not None:
+        if self.config.sampling is not None:
             ledger.record_sampling(self.config.sampling)
         if self.config.placement == "distributed" and inner.name in _CLEAR_TRANSPORTS:
             warnings.warn(
@@ -437,19 +461,21 @@ class DPTransport(Transport):
     @property
     def delta(self) -> float | None:
         """Delta at which epsilon is reported (the budget's, else ``config.delta``)."""
-        if self.ledger is not None and self.ledger.budget is not None:
+        if self.ledger.budget is not None:
             return self.ledger.budget.delta
         return self.config.delta
 
     def epsilon(self) -> float | None:
-        """Epsilon spent so far (``None`` without a ledger or a delta)."""
-        if self.ledger is None or self.delta is None:
+        """Epsilon spent so far (``None`` when no delta is known: no budget and no ``delta``)."""
+        if self.delta is None:
             return None
         return self.ledger.epsilon(self.delta)
 
+    def privacy_ledgers(self) -> tuple[PrivacyLedger, ...]:
+        """This transport's ledger, then any its inner transport charges."""
+        return (self.ledger, *self.inner.privacy_ledgers())
+
     def _charge(self, sigma: float, sample_rate: float, round_view) -> None:
-        if self.ledger is None:
-            return
         self.ledger.charge(sigma, sample_rate)
         epsilon = self.epsilon()
         round_view.public["epsilon"] = epsilon
@@ -477,10 +503,10 @@ class DPTransport(Transport):
         sigma = self.config.noise_multiplier
         local = self.config.placement == "local"
         rate = 1.0 if local else self.config.sample_rate
-        if self.ledger is not None and self.ledger.would_exceed(sigma, rate):
+        if self.ledger.would_exceed(sigma, rate):
             self.ledger.charge(sigma, rate)  # raises with the figures; records nothing
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
-        if local and self.ledger is not None:
+        if local:
             self.ledger.charge(sigma, 1.0)  # the clients release at submit: charge now
         self.view.public["seeded"] = seeds.seed is not None
         self.view.public["secure"] = secure
@@ -496,7 +522,7 @@ class DPTransport(Transport):
                 "delta": self.delta,
             }
         )
-        if local and self.ledger is not None:
+        if local:
             self.view.public["epsilon"] = round_public["epsilon"]
             self.view.public["privacy_ledger"] = self.ledger.state_dict()
         return DPRound(self, inner_round)
@@ -517,12 +543,12 @@ class DPTransport(Transport):
                 "placement": self.config.placement,
                 "sample_rate": self.config.sample_rate,
                 "sampling": self.config.sampling,
-                "accountant": None if self.ledger is None else self.ledger.accountant,
+                "accountant": self.ledger.accountant,
                 "accountant_sampling": PrivacyLedger.accounting_sampling,
                 "epsilon": self.epsilon(),
                 "delta": self.delta,
                 "epsilon_budget": None
-                if self.ledger is None or self.ledger.budget is None
+                if self.ledger.budget is None
                 else self.ledger.budget.epsilon,
             }
         )
@@ -531,10 +557,25 @@ class DPTransport(Transport):
     # -- checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
         """JSON-ready state to save with a checkpoint (the ledger's)."""
-        return {"ledger": None if self.ledger is None else self.ledger.state_dict()}
+        return {"ledger": self.ledger.state_dict()}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        """Restore :meth:`state_dict` (see ``docs/privacy.md`` on never rolling a ledger back)."""
-        if self.ledger is not None and state.get("ledger") is not None:
-            self.ledger.load_state_dict(state["ledger"])
-            self.view.public["epsilon"] = self.epsilon()
+        """Restore :meth:`state_dict` into a fresh ledger (or one that holds the same history).
+
+        :func:`securefed.runtime.run_rounds` does this itself on resume (through
+        :meth:`privacy_ledgers`); this is for a caller that keeps its own state.
+
+        Raises:
+            ValueError: the state holds no ledger, or one this ledger cannot continue from
+                (another accountant or budget, or a history this ledger does not hold:
+                :meth:`PrivacyLedger.resume_conflicts`); nothing is changed.
+        """
+        saved = state.get("ledger")
+        if saved is None:
+            raise ValueError("the state holds no privacy ledger: its releases cannot be restored")
+        causes = self.ledger.resume_conflicts(saved)
+        if causes:
+            raise ValueError("cannot restore the privacy ledger: " + "; ".join(causes))
+        self.ledger.load_state_dict(saved)
+        self.view.public["epsilon"] = self.epsilon()
+        self.view.public["privacy_ledger"] = self.ledger.state_dict()
