@@ -175,4 +175,7 @@ def verify(
             raise error(f"{target} is missing (named by the digest of {path})")
         value = recorded[name]
         if not isinstance(value, str) or not hmac.compare_digest(value, file_digest(target, key)):
-            raise error(f"{target}: digest mismatch: the file was modified or is corrupt")
+            raise error(
+                f"{target}: digest mismatch with the one {path} records: one of the two was "
+                "modified or is corrupt"
+            )

@@ -341,7 +341,7 @@ class Checkpoints:
         if late:
             raise CheckpointError(
                 f"{source / VIEW_DIR}: holds round(s) {late[:5]} at or after the checkpoint's "
-                f"next round {next_round}"
+                f"next round {next_round} ({path})"
             )
         try:
             algorithm.load_state_dict(state)
