@@ -51,12 +51,17 @@ def _save_view(directory: Path, key: bytes | None = None) -> Path:
         rnd.drop(4)
         rnd.result()
     assert transport.view.round(0).public["secagg_t"] == 3
-    transport.view.save(directory, key=key)
+    transport.view.save(directory, **_keyed(key))
     return directory
 
 
+def _keyed(key: bytes | None) -> dict[str, bytes]:
+    """``key=`` only when there is one (the unkeyed calls are the original API)."""
+    return {} if key is None else {"key": key}
+
+
 def _load_view(directory: Path, key: bytes | None = None) -> None:
-    ServerView.load(directory, key=key)
+    ServerView.load(directory, **_keyed(key))
 
 
 class _Averager:
@@ -102,7 +107,7 @@ def _checkpoint_run(directory: Path, rounds: int, key: bytes | None = None):
         checkpoint_every=2,
         progress=False,
         fingerprint={"test": "files"},
-        checkpoint_key=key,
+        **({} if key is None else {"checkpoint_key": key}),
     )
     history = run_rounds(algorithm, transport, SeedTree(4), options)
     return algorithm, transport, history
@@ -123,11 +128,13 @@ def _save_ledger(directory: Path, key: bytes | None = None) -> Path:
     ledger.charge(1.1, 0.05, steps=7)
     ledger.charge(0.9, 1.0)
     directory.mkdir(parents=True, exist_ok=True)
-    return ledger.save(directory / "ledger.json", key=key)
+    path = directory / "ledger.json"
+    ledger.save(path, **_keyed(key))
+    return path
 
 
 def _load_ledger(path: Path, key: bytes | None = None) -> None:
-    PrivacyLedger.load(path, key=key)
+    PrivacyLedger.load(path, **_keyed(key))
 
 
 ARTEFACTS = {
