@@ -162,6 +162,9 @@ def run_rounds(
     history = RunHistory()
     start = options.first_round
     ledgers = transport.privacy_ledgers()
+    rate = options.sampling.rate(algorithm.n_clients)
+    for ledger in ledgers:  # the runtime says how it picks clients, whoever built the ledger
+        ledger.record_sampling(options.sampling, rate=rate)
     checkpoints = (
         Checkpoints(options.checkpoint_dir, key=options.checkpoint_key)
         if options.checkpoint_dir

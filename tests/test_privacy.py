@@ -107,16 +107,21 @@ def test_budget_refusal_leaves_the_ledger_unchanged():
 
 def test_ledger_state_round_trip(tmp_path):
     ledger = PrivacyLedger("rdp", budget=(10.0, 1e-5), sampling="fixed")
-    ledger.charge(1.1, 0.05, steps=7)
+    with pytest.warns(UserWarning, match="fixed-size"):
+        ledger.charge(1.1, 0.05, steps=7, server=(1.1, 1.0))
     ledger.charge(0.9, 1.0)
     state = json.loads(json.dumps(ledger.state_dict()))
     restored = PrivacyLedger("rdp", budget=(10.0, 1e-5))
     restored.load_state_dict(state)
     assert restored.history == ledger.history
+    assert restored.server_history == ledger.server_history == [(1.1, 1.0, 7)]
+    assert restored.server_clear_steps == 1  # the second charge gave the server the clear value
     assert restored.sampling == "fixed"
     assert restored.epsilon() == ledger.epsilon()
+    assert restored.epsilon(against="server") == math.inf
     rebuilt = PrivacyLedger.from_state_dict(state)
     assert rebuilt.budget == ledger.budget and rebuilt.history == ledger.history
+    assert rebuilt.epsilons() == ledger.epsilons()
     with pytest.raises(ValueError, match="accountant"):
         PrivacyLedger("prv").load_state_dict(state)
     # persisted after every charge, atomically

@@ -270,5 +270,6 @@ def release_rows(
     positive("sigma", sigma)
     positive("clip", clip)
     if len(values):
-        ledger.charge(sigma, 1.0, steps=len(values))
+        # Whoever receives the rows (the server, the fusing party) sees each one noised.
+        ledger.charge(sigma, 1.0, steps=len(values), server=(sigma, 1.0))
     return _clip_and_noise_rows(values, clip, sigma, rng)

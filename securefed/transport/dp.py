@@ -304,7 +304,8 @@ class DPRound(AggregationRound):
             sigma_eff = self._effective_sigma(sorted(self.submitted))
             self.view.public["dp_sigma_effective"] = sigma_eff
             if sigma_eff > 0:
-                self.transport._charge(sigma_eff, self.config.sample_rate, self.view)
+                server = self.transport.server_exposure(sigma_eff, len(self.clients))
+                self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
             self._charged = True
         return self._decode()
 
@@ -328,7 +329,7 @@ class DPRound(AggregationRound):
             return inner
         inner = self.inner.result()
         self.view.public["dp_sigma_effective"] = sigma
-        self.transport._charge(sigma, self.config.sample_rate, self.view)
+        self.transport._charge(sigma, self.config.sample_rate, self.view, None)
         noise = self._source("server").normal(sigma * self.config.clip, inner.total.shape)
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
@@ -440,17 +441,13 @@ class DPTransport(Transport):
         self.name = f"{inner.name}+dp"
         if self.config.sampling is not None:
             ledger.record_sampling(self.config.sampling)
+        if self.config.placement != "local":
+            ledger.check_sample_rate(self.config.sample_rate)  # refuse or warn now, not later
         if self.config.placement == "distributed" and inner.name in _CLEAR_TRANSPORTS:
             warnings.warn(
                 f"distributed DP over the {inner.name!r} transport: the server sees every update "
                 "with only 1/sqrt(n) of the noise; use secure aggregation underneath, or "
                 "placement='local'",
-                stacklevel=2,
-            )
-        if self.config.sampling == "fixed" and self.config.sample_rate < 1:
-            warnings.warn(
-                "fixed-size client sampling is accounted as Poisson sampling: the reported "
-                "epsilon is smaller than the true one; use ClientSampling('poisson', ...)",
                 stacklevel=2,
             )
         self.view = inner.view
@@ -465,21 +462,46 @@ class DPTransport(Transport):
             return self.ledger.budget.delta
         return self.config.delta
 
-    def epsilon(self) -> float | None:
-        """Epsilon spent so far (``None`` when no delta is known: no budget and no ``delta``)."""
+    def epsilon(self, *, against: str = "released_model") -> float | None:
+        """Epsilon spent so far against an observer (``"released_model"`` or ``"server"``).
+
+        ``None`` when no delta is known (no budget and no ``delta``).
+        """
         if self.delta is None:
             return None
-        return self.ledger.epsilon(self.delta)
+        return self.ledger.epsilon(self.delta, against=against)
+
+    def server_exposure(self, sigma: float, n_round_clients: int) -> tuple[float, float] | None:
+        """``(noise multiplier, sample rate)`` of a round's release as the server sees it.
+
+        The server picks the round's clients and knows who contributed, so the rate is always 1.
+        Central: ``None`` (it sees the clipped sum in the clear). Local: ``(sigma, 1)``, each
+        update carries all the noise. Distributed: ``(sigma, 1)`` under a transport that hides
+        single updates; over a clear one (plaintext) each update carries ``1/sqrt(n)`` of it,
+        ``(sigma / sqrt(n), 1)``.
+        """
+        placement = self.config.placement
+        if placement == "central":
+            return None
+        if placement == "distributed" and self.inner.name in _CLEAR_TRANSPORTS:
+            return (sigma / math.sqrt(max(n_round_clients, 1)), 1.0)
+        return (sigma, 1.0)
 
     def privacy_ledgers(self) -> tuple[PrivacyLedger, ...]:
         """This transport's ledger, then any its inner transport charges."""
         return (self.ledger, *self.inner.privacy_ledgers())
 
-    def _charge(self, sigma: float, sample_rate: float, round_view) -> None:
-        self.ledger.charge(sigma, sample_rate)
-        epsilon = self.epsilon()
-        round_view.public["epsilon"] = epsilon
-        self.view.public["epsilon"] = epsilon
+    def _charge(
+        self, sigma: float, sample_rate: float, round_view, server: tuple[float, float] | None
+    ) -> None:
+        self.ledger.charge(sigma, sample_rate, server=server)
+        self._report(round_view)
+
+    def _report(self, round_view) -> None:
+        """Epsilon against each observer so far, into the round's and the run's public dicts."""
+        for target in (round_view.public, self.view.public):
+            target["epsilon"] = self.epsilon()
+            target["epsilon_server"] = self.epsilon(against="server")
         self.view.public["privacy_ledger"] = self.ledger.state_dict()
 
     # -- Transport API ----------------------------------------------------------------
@@ -503,13 +525,15 @@ class DPTransport(Transport):
         sigma = self.config.noise_multiplier
         local = self.config.placement == "local"
         rate = 1.0 if local else self.config.sample_rate
-        if self.ledger.would_exceed(sigma, rate):
-            self.ledger.charge(sigma, rate)  # raises with the figures; records nothing
+        server = self.server_exposure(sigma, len(np.unique(np.asarray(clients))))
+        if self.ledger.would_exceed(sigma, rate, server=server):
+            self.ledger.charge(sigma, rate, server=server)  # raises with the figures
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
         if local:
-            self.ledger.charge(sigma, 1.0)  # the clients release at submit: charge now
+            self.ledger.charge(sigma, 1.0, server=server)  # clients release at submit
         self.view.public["seeded"] = seeds.seed is not None
         self.view.public["secure"] = secure
+        self.view.public["sampling"] = self.ledger.sampling  # as the runtime told the ledger
         round_public = inner_round.view.public
         round_public.update(
             {
@@ -519,12 +543,12 @@ class DPTransport(Transport):
                 "dp_sample_rate": rate,
                 "dp_noise": SecureGaussian.name if secure else "seeded-numpy",
                 "epsilon": self.epsilon(),
+                "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,
             }
         )
         if local:
-            self.view.public["epsilon"] = round_public["epsilon"]
-            self.view.public["privacy_ledger"] = self.ledger.state_dict()
+            self._report(inner_round.view)
         return DPRound(self, inner_round)
 
     def _round_class(self) -> type[AggregationRound]:
@@ -546,10 +570,14 @@ class DPTransport(Transport):
                 "accountant": self.ledger.accountant,
                 "accountant_sampling": PrivacyLedger.accounting_sampling,
                 "epsilon": self.epsilon(),
+                "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,
                 "epsilon_budget": None
                 if self.ledger.budget is None
                 else self.ledger.budget.epsilon,
+                "epsilon_budget_against": None
+                if self.ledger.budget is None
+                else list(self.ledger.budget.against),
             }
         )
         return params
@@ -578,4 +606,5 @@ class DPTransport(Transport):
             raise ValueError("cannot restore the privacy ledger: " + "; ".join(causes))
         self.ledger.load_state_dict(saved)
         self.view.public["epsilon"] = self.epsilon()
+        self.view.public["epsilon_server"] = self.epsilon(against="server")
         self.view.public["privacy_ledger"] = self.ledger.state_dict()
