@@ -280,8 +280,9 @@ class Checkpoints:
             "ledgers": [ledger.state_dict() for ledger in ledgers],
         }
         write_sealed_json(staging / CHECKPOINT_FILE, meta, _SEALED_FILES, key=self._key)
-        shutil.rmtree(self.previous, ignore_errors=True)
+        # At every instant latest/ or previous/ holds a complete checkpoint.
         if self.latest.exists():
+            shutil.rmtree(self.previous, ignore_errors=True)
             os.replace(self.latest, self.previous)
         os.replace(staging, self.latest)
         shutil.rmtree(self.previous, ignore_errors=True)

@@ -264,6 +264,17 @@ def test_resume_gives_the_identical_result(tmp_path):
         assert np.array_equal(a.bytes_up, b.bytes_up)
 
 
+def test_a_checkpoint_swap_cut_short_resumes_from_the_previous_checkpoint(tmp_path):
+    reference, _, _ = _run(tmp_path / "a", 10)
+    _run(tmp_path / "b", 6)
+    # The crash struck after latest/ was moved aside and before the new one was moved in.
+    (tmp_path / "b" / "latest").rename(tmp_path / "b" / "previous")
+    resumed, _, history = _run(tmp_path / "b", 10)
+    assert history.resumed_from == 6
+    assert np.array_equal(resumed.state, reference.state)
+    assert not (tmp_path / "b" / "previous").exists()
+
+
 def test_resume_refuses_another_configuration(tmp_path):
     _run(tmp_path, 3)
     with pytest.raises(CheckpointError, match="different configuration"):

@@ -26,30 +26,36 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      over a plaintext inner transport each update carries ``sqrt(n)`` times too little noise for
      its own release, and a warning is raised (the audit reports an error).
 3. **Account**: the ledger is charged once per round, where the noise is added and before
-   anything noisy is released:
+   anything noisy is released, against each observer (:mod:`securefed.privacy.ledger`): the
+   released model's observers at the sampling rate ``q``, the server at rate 1 (it picks the
+   round's clients and sees who contributed) with the multiplier of what it sees
+   (:meth:`DPTransport.server_exposure`):
 
-   * central: at :meth:`DPRound.result`, ``(sigma, sample_rate)``, before the noisy aggregate
-     leaves; a budget overrun raises and nothing is released.
-   * distributed: at :meth:`DPRound.result`, with the *effective* multiplier
-     ``sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the sum: with
-     dropouts (or weights < 1) the sum carries less noise than planned and the ledger is charged
-     for what it carries, never for what was planned. (The contributors' noise is taken as the
-     mechanism's noise; a rigorous treatment fixes a minimum number of contributors in
-     advance: Kairouz et al. 2021.)
-   * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)``. Each client's own release is a
-     Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency (its update vs no
-     update), and the server knows who submitted, so no amplification by sampling is claimed:
-     the ledger tracks the worst-case client (one that takes part in every round).
+   * central: at :meth:`DPRound.result`, ``(sigma, q)``, before the noisy aggregate leaves; a
+     budget overrun raises and nothing is released. Against the server: nothing (it computes
+     the clipped sum in the clear), so its epsilon is infinite.
+   * distributed: at the inner round's decoding (:meth:`DPRound.result`, or the inner round's own
+     ``result``, which is sealed behind the charge), with the *effective* multiplier
+     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the
+     sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
+     is charged for what it carries, never for what was planned. (The contributors' noise is
+     taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
+     in advance: Kairouz et al. 2021.) Against the server ``(sigma_eff, 1)``; over a plaintext
+     inner transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
+   * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
+     release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
+     (its update vs no update), and the server knows who submitted, so no amplification by
+     sampling is claimed: the ledger tracks the worst-case client (one in every round).
 
    In central and distributed placement :meth:`DPTransport.open_round` also checks, without
-   recording, that a round at ``(sigma, sample_rate)`` fits the budget, so a spent budget stops a
-   run before the round does anything.
+   recording, that a round fits the budget, so a spent budget stops a run before the round does
+   anything. A transport built without a ledger builds its own: no release goes unrecorded.
 
 The accounting assumes Poisson sampling of clients at ``sample_rate`` (see
-:mod:`securefed.privacy.ledger`). ``sampling`` records the runtime's mode: ``"all"`` with
-``sample_rate < 1`` is refused (it would claim an amplification that does not happen),
-``"fixed"`` with ``sample_rate < 1`` warns (fixed-size sampling spends more than the Poisson
-figure), and the audit reports both.
+:mod:`securefed.privacy.ledger`). The runtime tells the ledger its sampling mode and rate
+(``run_rounds``), and the ledger refuses a charge at ``sample_rate < 1`` when everyone takes part
+every round, or below the runtime's rate; ``"fixed"`` with ``sample_rate < 1`` warns (fixed-size
+sampling spends more than the Poisson figure), and the audit reports it.
 
 What is *not* protected: ``Aggregate.weight`` (the sum of weights) and ``Aggregate.contributors``
 are released exactly, as by the inner transport. With data-dependent weights use a fixed
@@ -58,10 +64,11 @@ denominator (e.g. the expected weight) rather than ``Aggregate.mean()``.
 The wrapper shares the inner transport's :class:`~securefed.views.ServerView` (``self.view is
 inner.view``); it renames the view's transport to ``"<inner>+dp"`` and adds its public
 parameters (``dp_clip``, ``dp_noise_multiplier``, ``dp_placement``, ``sample_rate``,
-``accountant``, ``accountant_sampling``, ``sampling``, ``epsilon``, ``delta``,
-``epsilon_budget``, ``seeded``, ``secure``, ``privacy_ledger``) to ``view.public``, and per round
-``dp_clip``, ``dp_sigma``, ``dp_placement``, ``dp_sample_rate``, ``dp_noise``,
-``dp_sigma_effective`` and ``epsilon``/``delta`` so far to the round's ``public`` dict.
+``accountant``, ``accountant_sampling``, ``sampling``, ``epsilon`` (against the released
+model), ``epsilon_server``, ``delta``, ``epsilon_budget``, ``epsilon_budget_against``,
+``seeded``, ``secure``, ``privacy_ledger``) to ``view.public``, and per round ``dp_clip``,
+``dp_sigma``, ``dp_placement``, ``dp_sample_rate``, ``dp_noise``, ``dp_sigma_effective`` and
+``epsilon``/``epsilon_server``/``delta`` so far to the round's ``public`` dict.
 
 Randomness: seeded noise comes from ``seeds.generator("dp", round_id, client)`` (local,
 distributed) and ``seeds.generator("dp", round_id, "server")`` (central); when the seed tree is
