@@ -1,6 +1,7 @@
 """Differential privacy: the ledger (Opacus accountants), calibration, noise sources, clipping.
 
-* :class:`PrivacyLedger`: records every noisy release, reports epsilon, enforces a budget.
+* :class:`PrivacyLedger`: records every noisy release, reports epsilon against each observer
+  (:data:`OBSERVERS`: the released model's observers, the server), enforces a budget.
 * :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration through Opacus.
 * :class:`SeededGaussian` (tests, benchmarks) and :class:`SecureGaussian` (deployment).
 * :func:`release_rows`: the fusion shape (per-query vectors), charging a ledger per row.
@@ -14,6 +15,7 @@ from securefed.privacy.calibration import epsilon_for_schedule, noise_for_target
 from securefed.privacy.ledger import (
     ACCOUNTANT_SAMPLING,
     ACCOUNTANTS,
+    OBSERVERS,
     PrivacyBudget,
     PrivacyLedger,
     epsilon_of_history,
@@ -32,6 +34,7 @@ from securefed.privacy.noise import (
 __all__ = [
     "ACCOUNTANTS",
     "ACCOUNTANT_SAMPLING",
+    "OBSERVERS",
     "NoiseSource",
     "PrivacyBudget",
     "PrivacyLedger",
