@@ -18,6 +18,10 @@ class CheckpointError(SecurefedError, RuntimeError):
     """A checkpoint is missing, corrupt, or belongs to a different configuration."""
 
 
+class LedgerFormatError(CheckpointError, ValueError):
+    """A saved privacy ledger is missing, corrupt, or not the documented format."""
+
+
 class ViewFormatError(SecurefedError, ValueError):
     """A saved ServerView does not follow the documented format."""
 

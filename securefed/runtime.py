@@ -9,24 +9,31 @@ checkpoint written after round ``r`` gives bit-identical results to an uninterru
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from securefed.errors import CheckpointError
+from securefed.errors import CheckpointError, ViewFormatError
+from securefed.integrity import check_key, read_json, verify, write_sealed_json
 from securefed.randomness import SeedTree
 from securefed.transport.base import Transport
-from securefed.views import ServerView
+from securefed.views import ARRAYS_FILE, MANIFEST_FILE, ServerView
+
+if TYPE_CHECKING:
+    from securefed.privacy.ledger import PrivacyLedger
 
 CHECKPOINT_FORMAT = "securefed.checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,8 @@ class RunOptions:
         fingerprint: the run's configuration; a checkpoint of a different one is refused.
         first_round: the round to start from when no checkpoint is resumed (a run whose earlier
             rounds went through another transport, e.g. a plaintext warm start).
+        checkpoint_key: optional key (at least 16 bytes) for HMAC digests of the checkpoints
+            (else SHA-256, which detects corruption but not a deliberate edit).
     """
 
     rounds: int
@@ -108,8 +117,10 @@ class RunOptions:
     progress: bool | None = None
     fingerprint: Mapping[str, object] = field(default_factory=dict)
     first_round: int = 0
+    checkpoint_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_key(self.checkpoint_key)
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
         if not 0 <= self.first_round <= self.rounds:
@@ -140,16 +151,29 @@ def run_rounds(
     """Run ``options.rounds`` rounds of ``algorithm`` over ``transport``.
 
     Round ``r`` samples its clients from the stream ``("sampling", r)`` and hands ``seeds`` to the
-    algorithm, which derives every other draw from streams addressed by ``r``.
+    algorithm, which derives every other draw from streams addressed by ``r``. Checkpoints hold
+    the privacy ledgers the transport charges (:meth:`Transport.privacy_ledgers`), and a resume
+    restores them (:meth:`Checkpoints.restore`), so epsilon and the budget continue where the
+    checkpoint left them.
 
     Returns:
         The per-round metrics; ``transport.view`` holds what the server saw.
     """
     history = RunHistory()
     start = options.first_round
-    checkpoints = Checkpoints(options.checkpoint_dir) if options.checkpoint_dir else None
+    ledgers = transport.privacy_ledgers()
+    rate = options.sampling.rate(algorithm.n_clients)
+    for ledger in ledgers:  # the runtime says how it picks clients, whoever built the ledger
+        ledger.record_sampling(options.sampling, rate=rate)
+    checkpoints = (
+        Checkpoints(options.checkpoint_dir, key=options.checkpoint_key)
+        if options.checkpoint_dir
+        else None
+    )
     if checkpoints and options.resume and checkpoints.exists():
-        start, history = checkpoints.restore(algorithm, transport.view, seeds, options.fingerprint)
+        start, history = checkpoints.restore(
+            algorithm, transport.view, seeds, options.fingerprint, ledgers=ledgers
+        )
     progress = _progress_bar(options, start)
     try:
         for round_id in range(start, options.rounds):
@@ -168,7 +192,13 @@ def run_rounds(
             done = round_id + 1
             if checkpoints and (done % options.checkpoint_every == 0 or done == options.rounds):
                 checkpoints.save(
-                    done, algorithm, transport.view, seeds, options.fingerprint, history
+                    done,
+                    algorithm,
+                    transport.view,
+                    seeds,
+                    options.fingerprint,
+                    history,
+                    ledgers=ledgers,
                 )
     finally:
         if progress is not None:
@@ -186,20 +216,40 @@ def _progress_bar(options: RunOptions, start: int):
 
 
 class Checkpoints:
-    """Atomic checkpoints in a directory: ``latest/`` holds ``checkpoint.json``, ``state.npz`` and
-    the ServerView so far (``view/``). A new checkpoint is written beside it and swapped in, so an
-    interruption never leaves a half-written one.
+    """Atomic checkpoints in a directory.
+
+    ``latest/`` holds ``checkpoint.json`` (the next round, the seeds, the fingerprint, the
+    per-round history and the state of every privacy ledger the transport charges),
+    ``state.npz`` (the algorithm's arrays) and the ServerView so far (``view/``). A new
+    checkpoint is written beside it (``staging-N/``) and swapped in, so an interruption never
+    leaves a half-written one: if it strikes mid-swap, ``previous/`` still holds the last
+    complete checkpoint and is restored.
+
+    Every file carries a digest (:mod:`securefed.integrity`): ``checkpoint.json`` covers its own
+    content and the bytes of ``state.npz`` and of the view's two files, and the view is sealed
+    as any saved view. With ``key`` the digests are HMAC-SHA256.
+
+    Args:
+        directory: where checkpoints live.
+        key: optional key (at least 16 bytes) for HMAC digests; the same key must be given to
+            resume.
     """
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, *, key: bytes | None = None) -> None:
         self.directory = Path(directory)
+        self._key = check_key(key)
 
     @property
     def latest(self) -> Path:
         return self.directory / "latest"
 
+    @property
+    def previous(self) -> Path:
+        return self.directory / "previous"
+
     def exists(self) -> bool:
-        return (self.latest / "checkpoint.json").is_file()
+        """Whether there is a checkpoint to resume (complete or not: restore checks)."""
+        return self.latest.exists() or self.previous.exists()
 
     def save(
         self,
@@ -209,14 +259,17 @@ class Checkpoints:
         seeds: SeedTree,
         fingerprint: Mapping[str, object],
         history: RunHistory,
+        *,
+        ledgers: Sequence[PrivacyLedger] = (),
     ) -> Path:
+        """Write a checkpoint after round ``next_round - 1``, ledgers included, and swap it in."""
         self.directory.mkdir(parents=True, exist_ok=True)
         staging = self.directory / f"staging-{next_round}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         state = algorithm.state_dict()
-        np.savez(staging / "state.npz", **{k: np.asarray(v) for k, v in state.items()})
-        view.save(staging / "view")
+        np.savez(staging / STATE_FILE, **{k: np.asarray(v) for k, v in state.items()})
+        view.save(staging / VIEW_DIR, key=self._key)
         meta = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
@@ -224,14 +277,15 @@ class Checkpoints:
             "seeds": seeds.describe() | {"entropy": str(seeds.entropy)},
             "fingerprint": _jsonable(fingerprint),
             "history": history.rounds,
+            "ledgers": [ledger.state_dict() for ledger in ledgers],
         }
-        (staging / "checkpoint.json").write_text(json.dumps(meta, indent=1))
-        previous = self.directory / "previous"
-        shutil.rmtree(previous, ignore_errors=True)
+        write_sealed_json(staging / CHECKPOINT_FILE, meta, _SEALED_FILES, key=self._key)
+        # At every instant latest/ or previous/ holds a complete checkpoint.
         if self.latest.exists():
-            os.replace(self.latest, previous)
+            shutil.rmtree(self.previous, ignore_errors=True)
+            os.replace(self.latest, self.previous)
         os.replace(staging, self.latest)
-        shutil.rmtree(previous, ignore_errors=True)
+        shutil.rmtree(self.previous, ignore_errors=True)
         return self.latest
 
     def restore(
@@ -240,18 +294,35 @@ class Checkpoints:
         view: ServerView,
         seeds: SeedTree,
         fingerprint: Mapping[str, object],
+        *,
+        ledgers: Sequence[PrivacyLedger] = (),
     ) -> tuple[int, RunHistory]:
-        """Load the latest checkpoint into ``algorithm`` and ``view``; return (next round, history).
+        """Load the latest checkpoint into ``algorithm``, ``view`` and ``ledgers``.
+
+        Everything is read and checked before anything is changed. The ledgers must be the ones
+        the checkpoint holds, one for one: each fresh (then the checkpoint's history is loaded
+        into it) or already holding exactly that history, with the same accountant and budget.
+
+        Returns:
+            ``(next round, history)``.
 
         Raises:
-            CheckpointError: if it is corrupt or was written by a different configuration or seed.
+            CheckpointError: naming the file and the cause: a missing, corrupt or modified file
+                (digests), another format or version, another configuration or seed, a
+                checkpoint that holds no privacy ledger where the transport charges one (or the
+                reverse), or a ledger that differs from the checkpoint's.
         """
-        try:
-            meta = json.loads((self.latest / "checkpoint.json").read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise CheckpointError(f"{self.latest}: unreadable checkpoint ({error})") from error
+        source = self.latest if self.latest.exists() else self.previous
+        path = source / CHECKPOINT_FILE
+        meta = read_json(path, CheckpointError)
         if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
-            raise CheckpointError(f"{self.latest}: not a securefed checkpoint of version 1")
+            raise CheckpointError(
+                f"{path}: not a securefed checkpoint of version {CHECKPOINT_VERSION} (format "
+                f"{meta.get('format')!r}, version {meta.get('version')!r}; version 1 checkpoints "
+                "carry no digest and no privacy ledger)"
+            )
+        verify(meta, path, _SEALED_FILES, key=self._key, error=CheckpointError)
+        next_round, rounds = _check_meta(meta, path)
         if meta["fingerprint"] != _jsonable(fingerprint):
             changed = sorted(
                 k
@@ -259,17 +330,108 @@ class Checkpoints:
                 if meta["fingerprint"].get(k) != _jsonable(fingerprint).get(k)
             )
             raise CheckpointError(
-                f"{self.latest} was written by a different configuration (differs in {changed}); "
+                f"{source} was written by a different configuration (differs in {changed}); "
                 "use another checkpoint directory or resume=False"
             )
         if meta["seeds"].get("entropy") != str(seeds.entropy):
-            raise CheckpointError(f"{self.latest} was written with a different seed")
-        with np.load(self.latest / "state.npz", allow_pickle=False) as state:
-            algorithm.load_state_dict({k: state[k] for k in state.files})
-        saved_view = ServerView.load(self.latest / "view")
+            raise CheckpointError(f"{source} was written with a different seed")
+        _check_ledgers(meta["ledgers"], ledgers, path)
+        state = _read_state(source / STATE_FILE)
+        try:
+            saved_view = ServerView.load(source / VIEW_DIR, key=self._key)
+        except ViewFormatError as error:
+            raise CheckpointError(f"{source}: its server view is unusable: {error}") from error
+        late = [r.round_id for r in saved_view.rounds if r.round_id >= next_round]
+        if late:
+            raise CheckpointError(
+                f"{source / VIEW_DIR}: holds round(s) {late[:5]} at or after the checkpoint's "
+                f"next round {next_round} ({path})"
+            )
+        try:
+            algorithm.load_state_dict(state)
+        except (KeyError, ValueError) as error:
+            raise CheckpointError(
+                f"{source / STATE_FILE}: does not fit the algorithm ({error})"
+            ) from error
         view.rounds = saved_view.rounds
-        view.truncate(meta["next_round"])
-        return int(meta["next_round"]), RunHistory(list(meta["history"]), int(meta["next_round"]))
+        view.public.update(saved_view.public)
+        for ledger, saved in zip(ledgers, meta["ledgers"], strict=True):
+            ledger.load_state_dict(saved)
+        return next_round, RunHistory(rounds, next_round)
+
+
+CHECKPOINT_FILE = "checkpoint.json"
+STATE_FILE = "state.npz"
+VIEW_DIR = "view"
+# The files checkpoint.json's digest covers, besides itself.
+_SEALED_FILES = (STATE_FILE, f"{VIEW_DIR}/{MANIFEST_FILE}", f"{VIEW_DIR}/{ARRAYS_FILE}")
+_META_KEYS = frozenset(
+    {"format", "version", "next_round", "seeds", "fingerprint", "history", "ledgers", "digest"}
+)
+
+
+def _check_meta(meta: Mapping[str, object], path: Path) -> tuple[int, list[dict[str, float]]]:
+    """The next round and the history of a checkpoint.json, every field checked."""
+    missing, unknown = sorted(_META_KEYS - set(meta)), sorted(set(meta) - _META_KEYS)
+    if missing or unknown:
+        raise CheckpointError(f"{path}: missing fields {missing}, unknown fields {unknown}")
+    next_round = meta["next_round"]
+    if isinstance(next_round, bool) or not isinstance(next_round, int) or next_round < 0:
+        raise CheckpointError(f"{path}: next_round must be an integer >= 0, got {next_round!r}")
+    if not isinstance(meta["seeds"], dict) or not isinstance(meta["fingerprint"], dict):
+        raise CheckpointError(f"{path}: seeds and fingerprint must be JSON objects")
+    rounds = meta["history"]
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise CheckpointError(f"{path}: history must be a list of per-round metrics")
+    ids = [r.get("round") for r in rounds]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or any(
+        b <= a for a, b in itertools.pairwise(ids)
+    ):
+        raise CheckpointError(f"{path}: history rounds must be increasing round ids, got {ids}")
+    if ids and ids[-1] >= next_round:
+        raise CheckpointError(f"{path}: history holds round {ids[-1]} >= next_round {next_round}")
+    if not isinstance(meta["ledgers"], list):
+        raise CheckpointError(f"{path}: ledgers must be a list of privacy ledger states")
+    return next_round, list(rounds)
+
+
+def _check_ledgers(saved: list[object], ledgers: Sequence[PrivacyLedger], path: Path) -> None:
+    """Refuse to resume unless every ledger can continue from the checkpoint's."""
+    if len(saved) != len(ledgers):
+        if not saved:
+            raise CheckpointError(
+                f"{path} holds no privacy ledger, but the transport charges {len(ledgers)}: it "
+                "was written by a run without DP; resuming would restart the accounting from "
+                "zero (use another checkpoint directory, or resume=False)"
+            )
+        if not ledgers:
+            raise CheckpointError(
+                f"{path} holds {len(saved)} privacy ledger(s), but the transport charges none: "
+                "it was written by a DP run, whose releases this run would not account for"
+            )
+        raise CheckpointError(
+            f"{path} holds {len(saved)} privacy ledger(s), the transport charges {len(ledgers)}"
+        )
+    for position, (ledger, state) in enumerate(zip(ledgers, saved, strict=True)):
+        try:
+            causes = ledger.resume_conflicts(state)
+        except ValueError as error:
+            raise CheckpointError(
+                f"{path}: privacy ledger {position} is malformed ({error})"
+            ) from error
+        if causes:
+            raise CheckpointError(
+                f"{path}: privacy ledger {position} differs from the transport's: "
+                + "; ".join(causes)
+            )
+
+
+def _read_state(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as state:
+            return {k: state[k] for k in state.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as error:
+        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error})") from error
 
 
 def _jsonable(value: object) -> object:

@@ -8,33 +8,43 @@ also the communication ledger: bytes up and down per client per round are always
 payloads (and broadcast arrays) are kept only for the rounds selected by a :class:`RoundSelection`,
 because a long dense run would not fit in memory.
 
-Saved format (``ServerView.save(directory)``), version 1, no pickle anywhere:
+Saved format (``ServerView.save(directory, key=None)``), version 2, no pickle anywhere:
 
-* ``manifest.json``: ``{"format": "securefed.server_view", "version": 1, "transport": str,
-  "public": {...}, "rounds": [round, ...]}`` where each round is ``{"round": int, "public": {...},
-  "dropped": [client ids], "payload_clients": [client ids], "payload_fields": {client: [names]},
-  "aggregate": [names], "broadcast": [names]}``.
+* ``manifest.json``: ``{"format": "securefed.server_view", "version": 2, "transport": str,
+  "keep_payloads": str, "total_rounds": int | null, "public": {...}, "rounds": [round, ...],
+  "arrays": [names], "digest": {...}}`` where each round is ``{"round": int, "public": {...},
+  "dropped": [client ids], "keep_payloads": bool, "payload_fields": {client: [names]},
+  "aggregate": [names], "broadcast": [names]}``. ``digest`` is SHA-256 (HMAC-SHA256 with a key)
+  over the manifest's content and the bytes of ``arrays.npz`` (:mod:`securefed.integrity`).
 * ``arrays.npz``: ``r{round}/clients``, ``r{round}/bytes_up`` and ``r{round}/bytes_down`` (int64,
   aligned with the clients array), ``r{round}/payload/{client}/{field}``,
-  ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``. Loaded with
-  ``allow_pickle=False``.
+  ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``; exactly the names the
+  manifest's ``arrays`` lists. Loaded with ``allow_pickle=False``.
+
+:meth:`ServerView.load` refuses, with :class:`~securefed.errors.ViewFormatError` naming the file
+and the cause, anything else: a missing or corrupt file, another format or version (version 1
+files carry no digest), a digest that does not match, a missing or unknown field, a round that
+appears twice, a dropped client or a payload of a client outside its round, an array no round
+names. :func:`save_record` / :func:`load_record` are that machinery for any record type.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from collections.abc import Collection, Iterator, Mapping
+import zipfile
+import zlib
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from securefed.errors import ViewFormatError
+from securefed.integrity import read_json, verify, write_sealed_json
 
 FORMAT_NAME = "securefed.server_view"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -256,10 +266,13 @@ class ServerView:
         return (up / slots, down / slots) if slots else (0.0, 0.0)
 
     # ------------------------------------------------------------------ persistence
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write ``manifest.json`` and ``arrays.npz`` into ``directory`` (created if needed)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    def save(self, directory: str | os.PathLike, *, key: bytes | None = None) -> Path:
+        """Write ``manifest.json`` and ``arrays.npz`` into ``directory`` (created if needed).
+
+        Args:
+            directory: the view's folder.
+            key: optional key (at least 16 bytes) for an HMAC-SHA256 digest instead of SHA-256.
+        """
         arrays: dict[str, np.ndarray] = {}
         rounds = []
         for view in self.rounds:
@@ -296,75 +309,252 @@ class ServerView:
             "public": self.public,
             "rounds": rounds,
         }
-        tmp_arrays = directory / "arrays.tmp.npz"
-        np.savez(tmp_arrays, **arrays)
-        os.replace(tmp_arrays, directory / "arrays.npz")
-        tmp_manifest = directory / "manifest.tmp.json"
-        tmp_manifest.write_text(json.dumps(manifest, indent=1, default=_json_default))
-        os.replace(tmp_manifest, directory / "manifest.json")
-        return directory
+        return save_record(directory, manifest, arrays, key=key)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> ServerView:
-        """Read a view written by :meth:`save`.
+    def load(cls, directory: str | os.PathLike, *, key: bytes | None = None) -> ServerView:
+        """Read a view written by :meth:`save`, checking its digest and its structure.
+
+        Args:
+            directory: the view's folder.
+            key: the key it was saved with (``None`` for a plain SHA-256 digest).
 
         Raises:
-            ViewFormatError: naming the missing file, key or unsupported version.
+            ViewFormatError: naming the file and the cause: a missing or corrupt file, a wrong
+                format or version, a digest that does not match, or a structure that is not
+                the documented one (a duplicated round, a payload of a client outside its
+                round, an unknown or missing field, ...).
         """
-        directory = Path(directory)
-        manifest_path = directory / "manifest.json"
-        arrays_path = directory / "arrays.npz"
-        for path in (manifest_path, arrays_path):
-            if not path.is_file():
-                raise ViewFormatError(f"{path} is missing: not a saved ServerView directory")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ViewFormatError(f"{manifest_path}: not valid JSON ({error})") from error
-        if manifest.get("format") != FORMAT_NAME:
-            raise ViewFormatError(
-                f"{manifest_path}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"
-            )
-        if manifest.get("version") != FORMAT_VERSION:
-            raise ViewFormatError(
-                f"{manifest_path}: unsupported version {manifest.get('version')!r}"
-            )
-        view = cls(
-            manifest["transport"],
-            keep_payloads=RoundSelection.parse(manifest.get("keep_payloads", "none")),
-            total_rounds=manifest.get("total_rounds"),
-            public=manifest.get("public", {}),
+        manifest, arrays = load_record(
+            directory, format_name=FORMAT_NAME, version=FORMAT_VERSION, key=key
         )
-        with np.load(arrays_path, allow_pickle=False) as arrays:
+        manifest_path = Path(directory) / MANIFEST_FILE
+        schema = _Schema(manifest_path)
+        schema.keys(manifest, "the manifest", _VIEW_KEYS)
+        transport = schema.typed(manifest, "transport", str)
+        try:
+            keep = RoundSelection.parse(schema.typed(manifest, "keep_payloads", str))
+        except ValueError as error:
+            raise ViewFormatError(f"{manifest_path}: keep_payloads: {error}") from error
+        total_rounds = schema.typed(manifest, "total_rounds", int, optional=True)
+        view = cls(
+            transport,
+            keep_payloads=keep,
+            total_rounds=total_rounds,
+            public=schema.typed(manifest, "public", dict),
+        )
+        used: set[str] = set()
 
-            def read(key: str) -> np.ndarray:
-                if key not in arrays:
-                    raise ViewFormatError(
-                        f"{arrays_path}: array {key!r} named by the manifest is missing"
-                    )
-                return arrays[key]
-
-            for entry in manifest["rounds"]:
-                prefix = f"r{entry['round']}"
-                round_view = RoundView(
-                    int(entry["round"]),
-                    read(f"{prefix}/clients"),
-                    bytes_up=read(f"{prefix}/bytes_up"),
-                    bytes_down=read(f"{prefix}/bytes_down"),
-                    dropped=[int(c) for c in entry.get("dropped", [])],
-                    public=dict(entry.get("public", {})),
-                    keep_payloads=bool(entry.get("keep_payloads", False)),
+        def read(name: str) -> np.ndarray:
+            if name not in arrays:
+                raise ViewFormatError(
+                    f"{Path(directory) / ARRAYS_FILE}: array {name!r} named by the manifest is "
+                    "missing"
                 )
-                for client, names in entry.get("payload_fields", {}).items():
-                    round_view.payloads[int(client)] = {
-                        name: read(f"{prefix}/payload/{client}/{name}") for name in names
-                    }
-                for name in entry.get("aggregate", []):
-                    round_view.aggregate[name] = read(f"{prefix}/aggregate/{name}")
-                for name in entry.get("broadcast", []):
-                    round_view.broadcast[name] = read(f"{prefix}/broadcast/{name}")
-                view.rounds.append(round_view)
+            used.add(name)
+            return arrays[name]
+
+        seen: set[int] = set()
+        for entry in schema.typed(manifest, "rounds", list):
+            view.rounds.append(_load_round(entry, read, schema, seen))
+        unused = sorted(set(arrays) - used)
+        if unused:
+            raise ViewFormatError(
+                f"{Path(directory) / ARRAYS_FILE}: arrays {unused[:5]} belong to no round of the "
+                "manifest"
+            )
         return view
+
+
+# ---------------------------------------------------------------------- saved records
+MANIFEST_FILE = "manifest.json"
+ARRAYS_FILE = "arrays.npz"
+_VIEW_KEYS = frozenset(
+    {"format", "version", "transport", "keep_payloads", "total_rounds", "public", "rounds"}
+)
+_ROUND_KEYS = frozenset(
+    {"round", "public", "dropped", "keep_payloads", "payload_fields", "aggregate", "broadcast"}
+)
+# Keys every record manifest has, whatever its format (written by save_record).
+_RECORD_KEYS = frozenset({"arrays", "digest"})
+
+
+def save_record(
+    directory: str | os.PathLike,
+    manifest: Mapping[str, object],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    key: bytes | None = None,
+) -> Path:
+    """Write a record folder: ``arrays.npz`` and a sealed ``manifest.json`` that names them.
+
+    The machinery of every saved view type: the manifest gains ``"arrays"`` (the sorted names in
+    ``arrays.npz``) and a ``"digest"`` over its content and the bytes of ``arrays.npz``
+    (:mod:`securefed.integrity`); each file is replaced atomically, the arrays first.
+
+    Args:
+        directory: the folder (created if needed).
+        manifest: JSON-ready description; must hold ``format`` and ``version``.
+        arrays: the numeric content (no object arrays: loaded with ``allow_pickle=False``).
+        key: optional HMAC key.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    reserved = _RECORD_KEYS.intersection(manifest)
+    if reserved:
+        raise ValueError(f"manifest keys {sorted(reserved)} are reserved for save_record")
+    tmp_arrays = directory / "arrays.tmp.npz"
+    np.savez(tmp_arrays, **{name: np.asarray(value) for name, value in arrays.items()})
+    os.replace(tmp_arrays, directory / ARRAYS_FILE)
+    document = dict(manifest) | {"arrays": sorted(arrays)}
+    write_sealed_json(
+        directory / MANIFEST_FILE, document, [ARRAYS_FILE], key=key, default=_json_default
+    )
+    return directory
+
+
+def load_record(
+    directory: str | os.PathLike,
+    *,
+    format_name: str,
+    version: int,
+    key: bytes | None = None,
+) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """Read and verify a folder written by :func:`save_record`.
+
+    Checks, in order: both files exist, the manifest is JSON of ``format_name`` at ``version``,
+    the digest matches the manifest and ``arrays.npz``, and ``arrays.npz`` holds exactly the
+    arrays the manifest names.
+
+    Returns:
+        The manifest (without ``arrays`` and ``digest``) and every array, loaded.
+
+    Raises:
+        ViewFormatError: naming the file and the cause.
+    """
+    directory = Path(directory)
+    manifest_path, arrays_path = directory / MANIFEST_FILE, directory / ARRAYS_FILE
+    for path in (manifest_path, arrays_path):
+        if not path.is_file():
+            raise ViewFormatError(f"{path} is missing: not a saved {format_name} directory")
+    manifest = read_json(manifest_path, ViewFormatError)
+    if manifest.get("format") != format_name:
+        raise ViewFormatError(
+            f"{manifest_path}: format is {manifest.get('format')!r}, expected {format_name!r}"
+        )
+    if manifest.get("version") != version:
+        raise ViewFormatError(
+            f"{manifest_path}: unsupported version {manifest.get('version')!r} (this securefed "
+            f"reads version {version}, whose files carry a digest)"
+        )
+    verify(manifest, manifest_path, [ARRAYS_FILE], key=key, error=ViewFormatError)
+    names = manifest.get("arrays")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ViewFormatError(f"{manifest_path}: 'arrays' must list the array names")
+    try:
+        with np.load(arrays_path, allow_pickle=False) as stored:
+            if sorted(stored.files) != sorted(names):
+                extra = sorted(set(stored.files) ^ set(names))
+                raise ViewFormatError(
+                    f"{arrays_path}: holds other arrays than the manifest names ({extra[:5]})"
+                )
+            arrays = {name: stored[name] for name in stored.files}
+    except ViewFormatError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as error:
+        raise ViewFormatError(
+            f"{arrays_path}: unreadable ({type(error).__name__}: {error})"
+        ) from error
+    body = {k: v for k, v in manifest.items() if k not in _RECORD_KEYS}
+    return body, arrays
+
+
+class _Schema:
+    """Field checks of a loaded manifest that name the file, the field and the cause."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, cause: str) -> ViewFormatError:
+        return ViewFormatError(f"{self.path}: {cause}")
+
+    def keys(self, entry: object, where: str, allowed: frozenset[str]) -> dict:
+        if not isinstance(entry, dict):
+            raise self.fail(f"{where} must be a JSON object, found {type(entry).__name__}")
+        missing, unknown = sorted(allowed - set(entry)), sorted(set(entry) - allowed)
+        if missing or unknown:
+            raise self.fail(f"{where} has missing fields {missing} and unknown fields {unknown}")
+        return entry
+
+    def typed(self, entry: dict, name: str, kind: type, *, optional: bool = False):
+        value = entry[name]
+        if value is None and optional:
+            return None
+        wrong_bool = isinstance(value, bool) and kind is not bool
+        if wrong_bool or not isinstance(value, kind):
+            raise self.fail(f"field {name!r} must be a {kind.__name__}, found {value!r}")
+        return value
+
+    def ids(self, entry: dict, name: str) -> list[int]:
+        values = self.typed(entry, name, list)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise self.fail(f"field {name!r} must list integer client ids, found {values[:5]}")
+        return values
+
+    def names(self, entry: dict, name: str) -> list[str]:
+        values = self.typed(entry, name, list)
+        if not all(isinstance(v, str) for v in values):
+            raise self.fail(f"field {name!r} must list names, found {values[:5]}")
+        return values
+
+
+def _load_round(
+    entry: object, read: Callable[[str], np.ndarray], schema: _Schema, seen: set[int]
+) -> RoundView:
+    """One round of a manifest, checked against its arrays."""
+    entry = schema.keys(entry, "a round entry", _ROUND_KEYS)
+    round_id = schema.typed(entry, "round", int)
+    where = f"round {round_id}"
+    if round_id < 0 or round_id in seen:
+        raise schema.fail(f"{where} is negative or appears twice")
+    seen.add(round_id)
+    prefix = f"r{round_id}"
+    keep = schema.typed(entry, "keep_payloads", bool)
+    try:
+        view = RoundView(
+            round_id,
+            read(f"{prefix}/clients"),
+            bytes_up=read(f"{prefix}/bytes_up"),
+            bytes_down=read(f"{prefix}/bytes_down"),
+            dropped=schema.ids(entry, "dropped"),
+            public=dict(schema.typed(entry, "public", dict)),
+            keep_payloads=keep,
+        )
+    except ValueError as error:
+        if isinstance(error, ViewFormatError):
+            raise
+        raise schema.fail(f"{where}: {error}") from error
+    members = set(view.clients.tolist())
+    strangers = sorted(set(view.dropped) - members)
+    if strangers:
+        raise schema.fail(f"{where}: dropped clients {strangers[:5]} are not in the round")
+    fields = schema.typed(entry, "payload_fields", dict)
+    broadcast = schema.names(entry, "broadcast")
+    if not keep and (fields or broadcast):
+        raise schema.fail(f"{where} keeps no payloads but lists payloads or broadcast arrays")
+    for client, names in fields.items():
+        if not (client.isdigit() and int(client) in members):
+            raise schema.fail(f"{where}: a payload of client {client!r}, who is not in the round")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise schema.fail(f"{where}: payload fields of client {client} must be names")
+        view.payloads[int(client)] = {
+            name: read(f"{prefix}/payload/{client}/{name}") for name in names
+        }
+    for name in schema.names(entry, "aggregate"):
+        view.aggregate[name] = read(f"{prefix}/aggregate/{name}")
+    for name in broadcast:
+        view.broadcast[name] = read(f"{prefix}/broadcast/{name}")
+    return view
 
 
 def _json_default(value: object) -> object:

@@ -183,7 +183,7 @@ def test_server_view_round_trip(tmp_path):
     with pytest.raises(KeyError, match="kept no payloads"):
         loaded.round(0).payload(0)
     manifest = json.loads((tmp_path / "view" / "manifest.json").read_text())
-    assert manifest["format"] == "securefed.server_view" and manifest["version"] == 1
+    assert manifest["format"] == "securefed.server_view" and manifest["version"] == 2
 
 
 def test_server_view_load_names_what_is_wrong(tmp_path):
@@ -262,6 +262,17 @@ def test_resume_gives_the_identical_result(tmp_path):
     assert [r.round_id for r in transport.view] == list(range(10))
     for a, b in zip(reference_transport.view, transport.view, strict=True):
         assert np.array_equal(a.bytes_up, b.bytes_up)
+
+
+def test_a_checkpoint_swap_cut_short_resumes_from_the_previous_checkpoint(tmp_path):
+    reference, _, _ = _run(tmp_path / "a", 10)
+    _run(tmp_path / "b", 6)
+    # The crash struck after latest/ was moved aside and before the new one was moved in.
+    (tmp_path / "b" / "latest").rename(tmp_path / "b" / "previous")
+    resumed, _, history = _run(tmp_path / "b", 10)
+    assert history.resumed_from == 6
+    assert np.array_equal(resumed.state, reference.state)
+    assert not (tmp_path / "b" / "previous").exists()
 
 
 def test_resume_refuses_another_configuration(tmp_path):

@@ -23,7 +23,6 @@ from securefed.privacy import (
     PrivacyLedger,
     SecureGaussian,
     SeededGaussian,
-    clip_and_noise_rows,
     epsilon_for_schedule,
     noise_for_target,
     release_rows,
@@ -108,16 +107,21 @@ def test_budget_refusal_leaves_the_ledger_unchanged():
 
 def test_ledger_state_round_trip(tmp_path):
     ledger = PrivacyLedger("rdp", budget=(10.0, 1e-5), sampling="fixed")
-    ledger.charge(1.1, 0.05, steps=7)
+    with pytest.warns(UserWarning, match="fixed-size"):
+        ledger.charge(1.1, 0.05, steps=7, server=(1.1, 1.0))
     ledger.charge(0.9, 1.0)
     state = json.loads(json.dumps(ledger.state_dict()))
     restored = PrivacyLedger("rdp", budget=(10.0, 1e-5))
     restored.load_state_dict(state)
     assert restored.history == ledger.history
+    assert restored.server_history == ledger.server_history == [(1.1, 1.0, 7)]
+    assert restored.server_clear_steps == 1  # the second charge gave the server the clear value
     assert restored.sampling == "fixed"
     assert restored.epsilon() == ledger.epsilon()
+    assert restored.epsilon(against="server") == math.inf
     rebuilt = PrivacyLedger.from_state_dict(state)
     assert rebuilt.budget == ledger.budget and rebuilt.history == ledger.history
+    assert rebuilt.epsilons() == ledger.epsilons()
     with pytest.raises(ValueError, match="accountant"):
         PrivacyLedger("prv").load_state_dict(state)
     # persisted after every charge, atomically
@@ -139,11 +143,15 @@ def test_secure_gaussian_refuses_a_seed_and_has_the_right_moments():
     assert not np.array_equal(SecureGaussian().normal(1.0, 8), SecureGaussian().normal(1.0, 8))
 
 
-def test_clip_and_noise_rows_and_per_query_charges():
+def test_release_rows_clips_and_charges_per_query():
     rng = np.random.default_rng(3)
     values = rng.normal(size=(6, 4)) * np.array([[0.01], [10], [0.5], [3], [0], [100]])
-    out = clip_and_noise_rows(values, 1.0, 1e-9, SeededGaussian(np.random.default_rng(0)))
+    noted = PrivacyLedger()
+    out = release_rows(
+        values, clip=1.0, sigma=1e-9, rng=SeededGaussian(np.random.default_rng(0)), ledger=noted
+    )
     assert np.all(np.linalg.norm(out, axis=1) <= 1.0 + 1e-6)
+    assert noted.history == [(1e-9, 1.0, 6)]
     ledger = PrivacyLedger()
     release_rows(values, clip=1.0, sigma=2.0, rng=np.random.default_rng(1), ledger=ledger)
     assert ledger.history == [(2.0, 1.0, 6)]  # six releases about the same user compose

@@ -1,9 +1,10 @@
 """Differential privacy: the ledger (Opacus accountants), calibration, noise sources, clipping.
 
-* :class:`PrivacyLedger`: records every noisy release, reports epsilon, enforces a budget.
+* :class:`PrivacyLedger`: records every noisy release, reports epsilon against each observer
+  (:data:`OBSERVERS`: the released model's observers, the server), enforces a budget.
 * :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration through Opacus.
 * :class:`SeededGaussian` (tests, benchmarks) and :class:`SecureGaussian` (deployment).
-* :func:`clip_and_noise_rows` / :func:`release_rows`: the fusion shape (per-query vectors).
+* :func:`release_rows`: the fusion shape (per-query vectors), charging a ledger per row.
 * The aggregation-shape wrapper is :class:`securefed.transport.dp.DPTransport`; record-level
   DP-SGD for torch models is :func:`securefed.privacy.dpsgd.make_private` (needs torch/opacus).
 
@@ -14,6 +15,7 @@ from securefed.privacy.calibration import epsilon_for_schedule, noise_for_target
 from securefed.privacy.ledger import (
     ACCOUNTANT_SAMPLING,
     ACCOUNTANTS,
+    OBSERVERS,
     PrivacyBudget,
     PrivacyLedger,
     epsilon_of_history,
@@ -22,7 +24,6 @@ from securefed.privacy.noise import (
     NoiseSource,
     SecureGaussian,
     SeededGaussian,
-    clip_and_noise_rows,
     clip_factors,
     clip_rows,
     noise_source,
@@ -33,12 +34,12 @@ from securefed.privacy.noise import (
 __all__ = [
     "ACCOUNTANTS",
     "ACCOUNTANT_SAMPLING",
+    "OBSERVERS",
     "NoiseSource",
     "PrivacyBudget",
     "PrivacyLedger",
     "SecureGaussian",
     "SeededGaussian",
-    "clip_and_noise_rows",
     "clip_factors",
     "clip_rows",
     "epsilon_for_schedule",

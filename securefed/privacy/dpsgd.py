@@ -99,15 +99,11 @@ class PrivateTraining:
 
     def ledger(self) -> PrivacyLedger:
         """A :class:`PrivacyLedger` holding the steps taken so far (a snapshot)."""
-        ledger = PrivacyLedger(self.accountant, sampling=self.sampling)
-        ledger.load_state_dict(
-            {
-                "accountant": self.accountant,
-                "sampling": self.sampling,
-                "history": [list(h) for h in self.history],
-            }
+        # Poisson batches are drawn where the model trains: whoever receives the model, the
+        # server included, does not see which records took part, so the same figure holds.
+        return PrivacyLedger.of_history(
+            self.history, self.accountant, sampling=self.sampling, server_history=self.history
         )
-        return ledger
 
     def report(self, delta: float) -> DPSGDReport:
         """The spending so far at ``delta``."""

@@ -23,48 +23,80 @@ sampling without replacement, or everyone every round, while a rate ``q < 1`` wa
 the reported epsilon would be too small; e.g. 3.58 instead of 2.10 for fixed-size sampling at
 sigma 1, q 0.01, 1000 steps, delta 1e-5).
 
+**Observers.** Every epsilon names whom it holds against (:data:`OBSERVERS`):
+
+* ``"released_model"``: whoever sees only what the server releases (the trained model, the
+  noisy aggregate) and not who took part in a round. Subsampling amplifies privacy against them,
+  so a release is charged at the runtime's sampling rate ``q``.
+* ``"server"``: the aggregator itself. It picks each round's clients and sees who contributed,
+  so no amplification by sampling holds against it: a release it sees noised is charged at rate 1
+  with the noise multiplier of *what it sees*; a release it sees in the clear (central DP: the
+  server adds the noise itself) gives no guarantee against it, and its epsilon is infinite.
+
+:meth:`PrivacyLedger.charge` takes both: ``charge(sigma, q, server=(sigma_server, 1.0))``, or
+``server=None`` for a release the server sees in the clear (the default: a caller that does not
+say is not credited with anything against the server). A :class:`PrivacyBudget` binds the
+observers it names (``against``; the released model by default). The runtime hands its sampling
+mode and rate to the ledger (:meth:`PrivacyLedger.record_sampling`, called by
+:func:`securefed.runtime.run_rounds`), and a charge that claims more amplification than the
+runtime delivers is refused: ``q < 1`` while everyone takes part every round, or a ``q`` below
+the runtime's rate. Fixed-size sampling at ``q < 1`` is accounted as Poisson sampling and warns.
+
 Pinned figures (tests): sigma 1.0, q 0.01, 1000 steps, delta 1e-5 gives epsilon 2.1014 (RDP) and
-1.8384 (PRV).
+1.8384 (PRV); one round at sigma 1.0 gives 1.7272 at q = 0.06 and 4.7285 at q = 1 (delta 1e-5).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from securefed.errors import PrivacyBudgetExceeded
+from securefed.errors import InsecureParameterError, LedgerFormatError, PrivacyBudgetExceeded
+from securefed.integrity import check_key, read_json, verify, write_sealed_json
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTANT_SAMPLING = "poisson"
 SAMPLING_MODES = ("all", "poisson", "fixed")
 LEDGER_FORMAT = "securefed.privacy_ledger"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+OBSERVERS = ("released_model", "server")
 
 
 @dataclass(frozen=True)
 class PrivacyBudget:
-    """An ``(epsilon, delta)`` budget.
+    """An ``(epsilon, delta)`` budget against one or more observers.
 
     Attributes:
-        epsilon: the most epsilon that may be spent (> 0).
+        epsilon: the most epsilon that may be spent (> 0), against each observer named.
         delta: the delta at which epsilon is measured, in (0, 1).
+        against: the observers it binds (:data:`OBSERVERS`); by default the released model's.
+            Add ``"server"`` to bound what the aggregator itself learns (no central-DP release
+            fits such a budget: the server sees its sum in the clear).
     """
 
     epsilon: float
     delta: float
+    against: tuple[str, ...] = ("released_model",)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ValueError(f"budget epsilon must be finite and > 0, got {self.epsilon!r}")
         _check_delta(self.delta)
+        against = (self.against,) if isinstance(self.against, str) else tuple(self.against)
+        unknown = [o for o in against if o not in OBSERVERS]
+        if not against or unknown or len(set(against)) != len(against):
+            raise ValueError(
+                f"a budget binds distinct observers among {OBSERVERS}, got {self.against!r}"
+            )
+        object.__setattr__(self, "against", tuple(o for o in OBSERVERS if o in against))
 
 
 def _check_delta(delta: float) -> None:
@@ -158,9 +190,11 @@ class PrivacyLedger:
         sampling: the runtime's client sampling mode (``"all"``, ``"poisson"``, ``"fixed"``, a
             ``ClientSampling``, or ``None`` if unknown); recorded for the audit. The accounting
             itself always assumes Poisson sampling (:attr:`accounting_sampling`).
-        path: optional JSON file the ledger is written to (atomically) after every charge.
-            Keep it outside checkpoint directories: a ledger must never be rolled back when a
-            run resumes, since releases made after the checkpoint were already seen.
+        path: optional JSON file the ledger is written to (atomically, with a digest) after
+            every charge. Keep it outside checkpoint directories: a ledger must never be rolled
+            back, since releases made after a checkpoint were already seen. (Checkpoints carry
+            their own copy: :class:`securefed.runtime.Checkpoints`.)
+        key: optional key (at least 16 bytes) for an HMAC-SHA256 digest of the file at ``path``.
 
     Example:
         >>> ledger = PrivacyLedger(budget=(8.0, 1e-5))
@@ -178,6 +212,7 @@ class PrivacyLedger:
         budget: PrivacyBudget | tuple[float, float] | None = None,
         sampling: object = None,
         path: str | os.PathLike | None = None,
+        key: bytes | None = None,
     ) -> None:
         from opacus.accountants import create_accountant
 
@@ -186,14 +221,25 @@ class PrivacyLedger:
             budget = PrivacyBudget(*budget)
         self.budget: PrivacyBudget | None = budget
         self.sampling: str | None = _check_sampling(sampling)
+        self.sampling_rate: float | None = None
         self.path = None if path is None else Path(path)
+        self._key = check_key(key)
         self._accountant = create_accountant(mechanism=self.accountant)
+        self._server = create_accountant(mechanism=self.accountant)
+        self.server_clear_steps = 0
+        self._warned_fixed = False
 
     # ------------------------------------------------------------------ reading
     @property
     def history(self) -> list[tuple[float, float, int]]:
-        """``(noise_multiplier, sample_rate, steps)`` triples, consecutive equal steps merged."""
-        return [(float(s), float(q), int(n)) for s, q, n in self._accountant.history]
+        """Against the released model: ``(noise_multiplier, sample_rate, steps)`` triples,
+        consecutive equal steps merged."""
+        return _triples(self._accountant.history)
+
+    @property
+    def server_history(self) -> list[tuple[float, float, int]]:
+        """Against the server: the triples of the releases it saw noised (rate 1 for each)."""
+        return _triples(self._server.history)
 
     @property
     def steps(self) -> int:
@@ -207,9 +253,19 @@ class PrivacyLedger:
             return self.budget.delta
         raise ValueError("give delta: this ledger has no budget to take it from")
 
-    def epsilon(self, delta: float | None = None) -> float:
-        """Epsilon spent so far at ``delta`` (default: the budget's delta)."""
-        return epsilon_of_history(self.history, self._delta(delta), self.accountant)
+    def epsilon(self, delta: float | None = None, *, against: str = "released_model") -> float:
+        """Epsilon spent so far at ``delta`` (default: the budget's) against an observer.
+
+        Args:
+            delta: the delta (default: the budget's).
+            against: ``"released_model"`` (default) or ``"server"``; ``inf`` against the server
+                once it has seen a release in the clear.
+        """
+        return self._epsilons(self._state(), self._delta(delta))[_check_observer(against)]
+
+    def epsilons(self, delta: float | None = None) -> dict[str, float]:
+        """Epsilon against every observer (:data:`OBSERVERS`) at ``delta``."""
+        return self._epsilons(self._state(), self._delta(delta))
 
     def epsilon_after(
         self,
@@ -218,161 +274,468 @@ class PrivacyLedger:
         *,
         steps: int = 1,
         delta: float | None = None,
+        server: tuple[float, float] | None = None,
+        against: str = "released_model",
     ) -> float:
-        """Epsilon that would be spent after charging these steps (nothing is recorded)."""
-        _check_step(noise_multiplier, sample_rate, steps)
-        trial = self._trial(noise_multiplier, sample_rate, steps)
-        return epsilon_of_history(
-            [(float(s), float(q), int(n)) for s, q, n in trial.history],
-            self._delta(delta),
-            self.accountant,
-        )
+        """Epsilon against ``against`` after charging these steps (nothing is recorded)."""
+        trial = self._trial(noise_multiplier, sample_rate, steps, server)
+        return self._epsilons(trial, self._delta(delta))[_check_observer(against)]
 
-    def would_exceed(self, noise_multiplier: float, sample_rate: float, *, steps: int = 1) -> bool:
-        """Whether charging these steps would overrun the budget (False without a budget)."""
-        if self.budget is None:
-            _check_step(noise_multiplier, sample_rate, steps)
-            return False
-        return self.epsilon_after(noise_multiplier, sample_rate, steps=steps) > self.budget.epsilon
+    def would_exceed(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        *,
+        steps: int = 1,
+        server: tuple[float, float] | None = None,
+    ) -> bool:
+        """Whether charging these steps would overrun the budget (False without a budget).
+
+        Raises:
+            InsecureParameterError: the rate claims amplification the runtime does not give.
+        """
+        trial = self._trial(noise_multiplier, sample_rate, steps, server)
+        return bool(self._overrun(trial))
 
     # ------------------------------------------------------------------ charging
-    def _trial(self, noise_multiplier: float, sample_rate: float, steps: int):
-        trial = copy.deepcopy(self._accountant)
+    def _state(self) -> _Trial:
+        return _Trial(self._accountant, self._server, self.server_clear_steps)
+
+    def _trial(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        server: tuple[float, float] | None,
+    ) -> _Trial:
+        """The accountants after these steps, on copies (also validates the step)."""
+        _check_step(noise_multiplier, sample_rate, steps)
+        if server is not None:
+            if len(server) != 2:
+                raise ValueError(f"server is (noise_multiplier, sample_rate), got {server!r}")
+            _check_step(float(server[0]), float(server[1]), steps)
+        self.check_sample_rate(sample_rate)
+        released, seen = copy.deepcopy(self._accountant), copy.deepcopy(self._server)
         for _ in range(int(steps)):
-            trial.step(noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate))
-        return trial
+            released.step(noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate))
+            if server is not None:
+                seen.step(noise_multiplier=float(server[0]), sample_rate=float(server[1]))
+        clear = self.server_clear_steps + (int(steps) if server is None else 0)
+        return _Trial(released, seen, clear)
 
-    def charge(self, noise_multiplier: float, sample_rate: float, *, steps: int = 1) -> None:
-        """Record ``steps`` Gaussian releases with this noise multiplier and sampling rate.
+    def _epsilons(self, trial: _Trial, delta: float) -> dict[str, float]:
+        server = (
+            math.inf
+            if trial.server_clear_steps
+            else epsilon_of_history(_triples(trial.server.history), delta, self.accountant)
+        )
+        released = epsilon_of_history(_triples(trial.released.history), delta, self.accountant)
+        return {"released_model": released, "server": server}
 
-        The step is first applied to a copy; if the copy's epsilon exceeds the budget, nothing
-        is recorded and :class:`PrivacyBudgetExceeded` names the figures.
+    def _overrun(self, trial: _Trial) -> dict[str, float]:
+        """The budget's observers whose epsilon the trial would push over it."""
+        if self.budget is None:
+            return {}
+        after = self._epsilons(trial, self.budget.delta)
+        return {o: after[o] for o in self.budget.against if after[o] > self.budget.epsilon}
+
+    def check_sample_rate(self, sample_rate: float) -> None:
+        """Refuse a rate that claims more amplification than the runtime's sampling gives.
+
+        Every charge runs it; a transport may run it when it is built. Warns (once per ledger)
+        for fixed-size sampling at ``q < 1``, which the Poisson accountants under-count.
+
+        Raises:
+            InsecureParameterError: ``q < 1`` with everyone sampled every round, or ``q`` below
+                the runtime's sampling rate.
+        """
+        if self.sampling == "all" and sample_rate < 1:
+            raise InsecureParameterError(
+                f"the runtime puts every client in every round, but sample rate {sample_rate:g} "
+                "< 1 would claim an amplification by sampling that never happens: charge 1.0"
+            )
+        if self.sampling_rate is not None and sample_rate < self.sampling_rate * (1 - 1e-12):
+            raise InsecureParameterError(
+                f"sample rate {sample_rate:g} is below the runtime's sampling rate "
+                f"{self.sampling_rate:g}: the reported epsilon would be too small"
+            )
+        if self.sampling == "fixed" and sample_rate < 1 and not self._warned_fixed:
+            self._warned_fixed = True
+            warnings.warn(
+                "fixed-size client sampling is accounted as Poisson sampling: the reported "
+                "epsilon is smaller than the true one; use ClientSampling('poisson', ...)",
+                stacklevel=3,
+            )
+
+    def charge(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        *,
+        steps: int = 1,
+        server: tuple[float, float] | None = None,
+    ) -> None:
+        """Record ``steps`` Gaussian releases.
+
+        Args:
+            noise_multiplier: ``sigma`` of the release (noise std over its sensitivity).
+            sample_rate: the Poisson rate ``q`` at which subjects took part, as the released
+                model's observers face it.
+            steps: how many such releases.
+            server: ``(noise multiplier, sample rate)`` of the release *as the server sees it*
+                (e.g. ``(sigma, 1.0)`` when it sees the noisy value and knows who took part);
+                ``None`` when it sees the value in the clear (no guarantee against it).
+
+        The steps are first applied to copies; if an epsilon the budget binds would exceed it,
+        nothing is recorded and :class:`PrivacyBudgetExceeded` names the observer and figures.
 
         Raises:
             PrivacyBudgetExceeded: the budget would be overrun (ledger unchanged).
+            InsecureParameterError: ``q`` claims more amplification than the runtime's sampling
+                (:meth:`record_sampling`) gives.
             ValueError: a non-positive noise multiplier, a rate outside (0, 1], bad steps.
         """
-        _check_step(noise_multiplier, sample_rate, steps)
-        trial = self._trial(noise_multiplier, sample_rate, steps)
-        if self.budget is not None:
-            after = epsilon_of_history(
-                [(float(s), float(q), int(n)) for s, q, n in trial.history],
-                self.budget.delta,
-                self.accountant,
+        trial = self._trial(noise_multiplier, sample_rate, steps, server)
+        over = self._overrun(trial)
+        if over:
+            observer, after = next(iter(over.items()))
+            spent = self._epsilons(self._state(), self.budget.delta)[observer]
+            raise PrivacyBudgetExceeded(
+                f"privacy budget exceeded against the {observer.replace('_', ' ')}: {steps} more "
+                f"release(s) with noise multiplier {noise_multiplier:g} at sample rate "
+                f"{sample_rate:g} (server: {'in the clear' if server is None else server}) "
+                f"would bring epsilon to {after:.4f} at delta {self.budget.delta:g}, over the "
+                f"budget of {self.budget.epsilon:g} (spent so far: {spent:.4f} over "
+                f"{self.steps} release(s), {self.accountant} accountant); nothing was "
+                "recorded and nothing should be released"
             )
-            if after > self.budget.epsilon:
-                raise PrivacyBudgetExceeded(
-                    f"privacy budget exceeded: {steps} more release(s) with noise multiplier "
-                    f"{noise_multiplier:g} at sample rate {sample_rate:g} would bring epsilon to "
-                    f"{after:.4f} at delta {self.budget.delta:g}, over the budget of "
-                    f"{self.budget.epsilon:g} (spent so far: {self.epsilon():.4f} over "
-                    f"{self.steps} release(s), {self.accountant} accountant); nothing was "
-                    "recorded and nothing should be released"
-                )
-        self._accountant = trial
+        self._accountant, self._server = trial.released, trial.server
+        self.server_clear_steps = trial.server_clear_steps
         if self.path is not None:
-            self.save(self.path)
+            self.save(self.path, key=self._key)
 
-    def record_sampling(self, sampling: object) -> None:
-        """Record the runtime's sampling mode (a mode string or a ``ClientSampling``)."""
-        self.sampling = _check_sampling(sampling)
+    def record_sampling(self, sampling: object, *, rate: float | None = None) -> None:
+        """Record the runtime's sampling mode (a mode string or a ``ClientSampling``) and rate.
+
+        :func:`securefed.runtime.run_rounds` calls it before the first round, so the ledger
+        knows how clients were really picked whoever built it.
+
+        Raises:
+            ValueError: a mode other than one recorded before (the transport was told one
+                sampling, the runtime uses another), or a rate outside (0, 1].
+        """
+        mode = _check_sampling(sampling)
+        if mode is not None and self.sampling is not None and mode != self.sampling:
+            raise ValueError(
+                f"the runtime samples clients {mode!r}, but this ledger was told {self.sampling!r}"
+            )
+        if rate is not None:
+            if not (0 < rate <= 1):
+                raise ValueError(f"a sampling rate lies in (0, 1], got {rate!r}")
+            self.sampling_rate = float(rate)
+        if mode is not None:
+            self.sampling = mode
 
     # ------------------------------------------------------------------ reporting
     def summary(self, delta: float | None = None) -> dict[str, object]:
         """JSON-ready public parameters for views and the audit.
 
-        Keys: ``accountant``, ``accountant_sampling``, ``sampling``, ``steps``,
-        ``sample_rate`` (the largest charged, ``None`` if nothing was charged),
-        ``epsilon``/``delta`` (when a delta is known), ``epsilon_budget``.
+        Keys: ``accountant``, ``accountant_sampling``, ``sampling``, ``sampling_rate``,
+        ``steps``, ``sample_rate`` (the largest charged, ``None`` if nothing was charged),
+        ``epsilon`` (against the released model) and ``epsilon_server`` / ``delta`` (when a
+        delta is known), ``server_clear_steps``, ``epsilon_budget``, ``budget_against``.
         """
         known = delta if delta is not None else (self.budget.delta if self.budget else None)
-        history = self.history
+        epsilons = None if known is None else self.epsilons(known)
         return {
             "accountant": self.accountant,
             "accountant_sampling": self.accounting_sampling,
             "sampling": self.sampling,
+            "sampling_rate": self.sampling_rate,
             "steps": self.steps,
-            "sample_rate": max((q for _, q, _ in history), default=None),
-            "epsilon": None if known is None else self.epsilon(known),
+            "sample_rate": max((q for _, q, _ in self.history), default=None),
+            "epsilon": None if epsilons is None else epsilons["released_model"],
+            "epsilon_server": None if epsilons is None else epsilons["server"],
             "delta": known,
+            "server_clear_steps": self.server_clear_steps,
             "epsilon_budget": None if self.budget is None else self.budget.epsilon,
+            "budget_against": None if self.budget is None else list(self.budget.against),
         }
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, object]:
-        """JSON-serialisable state: accountant, sampling, budget and the history triples."""
+        """JSON-serialisable state: accountant, sampling, budget and both histories."""
         return {
             "format": LEDGER_FORMAT,
             "version": LEDGER_VERSION,
             "accountant": self.accountant,
             "accountant_sampling": self.accounting_sampling,
             "sampling": self.sampling,
+            "sampling_rate": self.sampling_rate,
             "budget": None
             if self.budget is None
-            else {"epsilon": self.budget.epsilon, "delta": self.budget.delta},
+            else {
+                "epsilon": self.budget.epsilon,
+                "delta": self.budget.delta,
+                "against": list(self.budget.against),
+            },
             "history": [[s, q, n] for s, q, n in self.history],
+            "server_history": [[s, q, n] for s, q, n in self.server_history],
+            "server_clear_steps": self.server_clear_steps,
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restore the history and sampling mode written by :meth:`state_dict`.
+        """Restore the histories and sampling written by :meth:`state_dict`.
 
-        The budget stays the one this ledger was built with (it is configuration).
+        The budget stays the one this ledger was built with (it is configuration). Nothing
+        changes unless the whole state is valid.
 
         Raises:
             ValueError: a different accountant, a malformed history, an unknown format.
         """
-        if state.get("format", LEDGER_FORMAT) != LEDGER_FORMAT:
-            raise ValueError(f"not a privacy ledger state (format {state.get('format')!r})")
-        if state.get("version", LEDGER_VERSION) != LEDGER_VERSION:
-            raise ValueError(f"unsupported ledger state version {state.get('version')!r}")
-        if state.get("accountant") != self.accountant:
-            raise ValueError(
-                f"the state was written by the {state.get('accountant')!r} accountant; this "
-                f"ledger uses {self.accountant!r}"
+        parsed = _parse_state(state, self.accountant)
+        self._accountant.history = parsed.history
+        self._server.history = parsed.server_history
+        self.server_clear_steps = parsed.server_clear_steps
+        self.sampling = parsed.sampling
+        self.sampling_rate = parsed.sampling_rate
+
+    def resume_conflicts(self, state: Mapping[str, object]) -> list[str]:
+        """Why this ledger cannot continue from a saved ``state`` (empty: it can).
+
+        A run resumes a ledger only into a fresh one built with the same configuration, or into
+        one that already holds exactly the saved histories. Anything else would lose or invent
+        releases: a ledger that recorded more than the checkpoint (the crashed process got past
+        it) must not be rolled back, and one with another history belongs to another run.
+
+        Raises:
+            ValueError: ``state`` is not a ledger state.
+        """
+        parsed = _parse_state(state, None)
+        causes = []
+        if parsed.accountant != self.accountant:
+            causes.append(
+                f"accountant: the checkpoint's ledger uses {parsed.accountant!r}, this one "
+                f"{self.accountant!r}"
             )
-        history = []
-        for entry in state.get("history", []):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-                raise ValueError(f"ledger history entries are [sigma, q, steps], got {entry!r}")
-            sigma, q, steps = float(entry[0]), float(entry[1]), entry[2]
-            _check_step(sigma, q, steps)
-            history.append((sigma, q, int(steps)))
-        sampling = _check_sampling(state.get("sampling"))
-        self._accountant.history = history
-        self.sampling = sampling
+        if parsed.budget != self.budget:
+            causes.append(
+                f"budget: the checkpoint's ledger has {parsed.budget}, this one {self.budget}"
+            )
+        for name in ("sampling", "sampling_rate"):
+            mine, saved = getattr(self, name), getattr(parsed, name)
+            if mine is not None and saved is not None and mine != saved:
+                causes.append(f"{name}: the checkpoint's is {saved!r}, this one {mine!r}")
+        fresh = not self.history and not self.server_history and not self.server_clear_steps
+        same = (
+            self.history == parsed.history
+            and self.server_history == parsed.server_history
+            and self.server_clear_steps == parsed.server_clear_steps
+        )
+        if not (fresh or same):
+            causes.append(
+                f"history: this ledger already recorded {self.steps} release(s) that are not the "
+                f"checkpoint's {sum(n for _, _, n in parsed.history)}; resuming would roll it back "
+                "or mix two runs"
+            )
+        return causes
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, object]) -> PrivacyLedger:
-        """A ledger rebuilt from :meth:`state_dict`, budget included."""
-        budget = state.get("budget")
-        ledger = cls(
-            str(state.get("accountant", "rdp")),
-            budget=None if not budget else PrivacyBudget(budget["epsilon"], budget["delta"]),
-        )
+    def of_history(
+        cls,
+        history: list[tuple[float, float, int]],
+        accountant: str = "rdp",
+        *,
+        sampling: object = None,
+        server_history: list[tuple[float, float, int]] | None = None,
+    ) -> PrivacyLedger:
+        """A ledger (no budget) that holds ``(noise_multiplier, sample_rate, steps)`` triples.
+
+        Args:
+            history: the releases, against the released model.
+            accountant: ``"rdp"`` or ``"prv"``.
+            sampling: the sampling mode recorded.
+            server_history: the same releases as the server saw them; ``None``: it saw them in
+                the clear (no guarantee against it).
+
+        Raises:
+            ValueError: a malformed triple.
+        """
+        ledger = cls(accountant, sampling=sampling)
+        steps = sum(int(entry[2]) for entry in history) if server_history is None else 0
+        state = ledger.state_dict() | {
+            "history": [list(entry) for entry in history],
+            "server_history": [list(entry) for entry in server_history or []],
+            "server_clear_steps": steps,
+        }
         ledger.load_state_dict(state)
         return ledger
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`state_dict` as JSON, atomically (temporary file, then rename)."""
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, object]) -> PrivacyLedger:
+        """A ledger rebuilt from :meth:`state_dict`, budget included.
+
+        Raises:
+            ValueError: a malformed state.
+        """
+        parsed = _parse_state(state, None)
+        ledger = cls(parsed.accountant, budget=parsed.budget)
+        ledger.load_state_dict(state)
+        return ledger
+
+    def save(self, path: str | os.PathLike, *, key: bytes | None = None) -> Path:
+        """Write :meth:`state_dict` as JSON with a digest, atomically (temporary file, rename).
+
+        Args:
+            path: the file.
+            key: optional key for an HMAC-SHA256 digest (else SHA-256).
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.state_dict(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_sealed_json(path, self.state_dict(), key=key)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> PrivacyLedger:
-        """Read a ledger written by :meth:`save` (it keeps saving to ``path``)."""
+    def load(cls, path: str | os.PathLike, *, key: bytes | None = None) -> PrivacyLedger:
+        """Read a ledger written by :meth:`save` (it keeps saving to ``path``, with ``key``).
+
+        Raises:
+            LedgerFormatError: naming the file and the cause (missing, not JSON, another format
+                or version, no digest or one that does not match, a malformed state).
+        """
         path = Path(path)
+        state = read_json(path, LedgerFormatError)
+        if state.get("format") != LEDGER_FORMAT:
+            raise LedgerFormatError(
+                f"{path}: not a privacy ledger (format {state.get('format')!r})"
+            )
+        if state.get("version") != LEDGER_VERSION:
+            raise LedgerFormatError(
+                f"{path}: unsupported ledger version {state.get('version')!r} (expected "
+                f"{LEDGER_VERSION})"
+            )
+        verify(state, path, [], key=key, error=LedgerFormatError)
         try:
-            state = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: unreadable privacy ledger ({error})") from error
-        ledger = cls.from_state_dict(state)
+            ledger = cls.from_state_dict({k: v for k, v in state.items() if k != "digest"})
+        except (ValueError, TypeError, KeyError) as error:
+            raise LedgerFormatError(f"{path}: malformed privacy ledger ({error})") from error
         ledger.path = path
+        ledger._key = check_key(key)
         return ledger
 
     def __repr__(self) -> str:
         budget = "" if self.budget is None else f", budget={self.budget}"
         return f"PrivacyLedger({self.accountant!r}, steps={self.steps}{budget})"
+
+
+_STATE_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "accountant",
+        "accountant_sampling",
+        "sampling",
+        "sampling_rate",
+        "budget",
+        "history",
+        "server_history",
+        "server_clear_steps",
+    }
+)
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """The two accountants (and clear-step count) of a ledger, or of a trial charge."""
+
+    released: object
+    server: object
+    server_clear_steps: int
+
+
+@dataclass(frozen=True)
+class _ParsedState:
+    accountant: str
+    budget: PrivacyBudget | None
+    sampling: str | None
+    sampling_rate: float | None
+    history: list[tuple[float, float, int]]
+    server_history: list[tuple[float, float, int]]
+    server_clear_steps: int
+
+
+def _triples(history: Sequence) -> list[tuple[float, float, int]]:
+    return [(float(s), float(q), int(n)) for s, q, n in history]
+
+
+def _check_observer(observer: str) -> str:
+    if observer not in OBSERVERS:
+        raise ValueError(f"an epsilon holds against one of {OBSERVERS}, got {observer!r}")
+    return observer
+
+
+def _parse_history(entries: object, name: str) -> list[tuple[float, float, int]]:
+    if not isinstance(entries, list):
+        raise ValueError(f"ledger {name} must be a list of [sigma, q, steps]")
+    history = []
+    for entry in entries:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError(f"ledger {name} entries are [sigma, q, steps], got {entry!r}")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry):
+            raise ValueError(f"ledger {name} entries are three numbers, got {entry!r}")
+        sigma, q, steps = entry
+        _check_step(float(sigma), float(q), steps)
+        history.append((float(sigma), float(q), int(steps)))
+    return history
+
+
+def _parse_state(state: Mapping[str, object], accountant: str | None) -> _ParsedState:
+    """A ledger state, every field checked.
+
+    Args:
+        state: what :meth:`PrivacyLedger.state_dict` returned (e.g. read back from JSON).
+        accountant: the accountant the state must have been written by (``None``: any known).
+
+    Raises:
+        ValueError: naming the field that is missing, unknown or malformed.
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"a ledger state is a mapping, got {type(state).__name__}")
+    if state.get("format") != LEDGER_FORMAT:
+        raise ValueError(f"not a privacy ledger state (format {state.get('format')!r})")
+    if state.get("version") != LEDGER_VERSION:
+        raise ValueError(f"unsupported ledger state version {state.get('version')!r}")
+    missing, unknown = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
+    if missing or unknown:
+        raise ValueError(f"ledger state has missing fields {missing}, unknown fields {unknown}")
+    if accountant is not None and state["accountant"] != accountant:
+        raise ValueError(
+            f"the state was written by the {state['accountant']!r} accountant; this "
+            f"ledger uses {accountant!r}"
+        )
+    _check_accountant(state["accountant"])
+    if state["accountant_sampling"] != ACCOUNTANT_SAMPLING:
+        raise ValueError(f"accountant_sampling must be {ACCOUNTANT_SAMPLING!r}")
+    budget = state["budget"]
+    if budget is not None:
+        if not isinstance(budget, Mapping) or set(budget) != {"epsilon", "delta", "against"}:
+            raise ValueError(f"budget must be null or {{epsilon, delta, against}}, got {budget!r}")
+        if not isinstance(budget["against"], list):
+            raise ValueError(f"budget against must list observers, got {budget['against']!r}")
+        budget = PrivacyBudget(budget["epsilon"], budget["delta"], tuple(budget["against"]))
+    rate = state["sampling_rate"]
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
+        raise ValueError(f"sampling_rate must be a number or null, got {rate!r}")
+    if rate is not None and not (0 < rate <= 1):
+        raise ValueError(f"sampling_rate must lie in (0, 1], got {rate!r}")
+    clear = state["server_clear_steps"]
+    if isinstance(clear, bool) or not isinstance(clear, int) or clear < 0:
+        raise ValueError(f"server_clear_steps must be an integer >= 0, got {clear!r}")
+    return _ParsedState(
+        accountant=state["accountant"],
+        budget=budget,
+        sampling=_check_sampling(state["sampling"]),
+        sampling_rate=None if rate is None else float(rate),
+        history=_parse_history(state["history"], "history"),
+        server_history=_parse_history(state["server_history"], "server_history"),
+        server_clear_steps=clear,
+    )

@@ -211,26 +211,16 @@ def clip_rows(values: np.ndarray, clip: float) -> np.ndarray:
     return values * clip_factors(norms, clip)[:, None]
 
 
-def clip_and_noise_rows(
+def _clip_and_noise_rows(
     values: np.ndarray,
     clip: float,
     sigma: float,
     rng: NoiseSource | np.random.Generator,
 ) -> np.ndarray:
-    """Clip each row (e.g. a query's Q-value vector) to norm ``clip``, add ``N(0, (sigma C)^2)``.
+    """Clip each row to norm ``clip`` and add ``N(0, (sigma C)^2)``: the arithmetic only.
 
-    Each row is one Gaussian-mechanism release with sensitivity ``clip`` and noise multiplier
-    ``sigma`` (Dwork and Roth 2014, Theorem A.1 for the mechanism; the accounting of many rows is
-    the ledger's job: see :func:`release_rows`).
-
-    Args:
-        values: ``(n_queries, width)`` array, one vector per query.
-        clip: L2 bound per row (> 0).
-        sigma: noise multiplier (> 0).
-        rng: a :class:`NoiseSource` or numpy generator (seeded: tests and benchmarks only).
-
-    Returns:
-        The clipped, noised ``(n_queries, width)`` array.
+    Private: its output is a DP release that no ledger has recorded. The public path is
+    :func:`release_rows`, which charges the ledger first.
     """
     positive("sigma", sigma)
     clipped = clip_rows(values, clip)
@@ -245,21 +235,41 @@ def release_rows(
     rng: NoiseSource | np.random.Generator,
     ledger: PrivacyLedger,
 ) -> np.ndarray:
-    """:func:`clip_and_noise_rows` for one user's queries, charging ``ledger`` once per query.
+    """Clip each row (e.g. a query's Q-value vector) to norm ``clip``, add ``N(0, (sigma C)^2)``,
+    charging ``ledger`` once per row first.
 
-    The ``n`` rows are ``n`` Gaussian releases about the same user, so they compose: the ledger
-    (one per user, or one for the worst-case user) is charged ``n`` steps of
-    ``(sigma, sample_rate=1)`` before anything is drawn, and refuses the whole batch if it would
-    overrun the budget.
+    Each row is one Gaussian-mechanism release with sensitivity ``clip`` and noise multiplier
+    ``sigma`` (Dwork and Roth 2014, Theorem A.1). The ``n`` rows are ``n`` releases about the
+    same user, so they compose: the ledger (one per user, or one for the worst-case user) is
+    charged ``n`` steps of ``(sigma, sample_rate=1)`` before anything is drawn, and refuses the
+    whole batch if it would overrun the budget. This is the only public way to noise rows: no
+    noisy row leaves without its charge.
+
+    Args:
+        values: ``(n_queries, width)`` array, one vector per query.
+        clip: L2 bound per row (> 0).
+        sigma: noise multiplier (> 0).
+        rng: a :class:`NoiseSource` or numpy generator (seeded: tests and benchmarks only).
+        ledger: the ledger charged (required).
+
+    Returns:
+        The clipped, noised ``(n_queries, width)`` array.
 
     Raises:
+        TypeError: ``ledger`` is not a :class:`PrivacyLedger`.
         PrivacyBudgetExceeded: nothing is released and nothing recorded.
     """
+    if not isinstance(ledger, PrivacyLedger):
+        raise TypeError(
+            f"release_rows needs a PrivacyLedger to charge, got {type(ledger).__name__}: a noisy "
+            "release no ledger records is refused"
+        )
     values = finite_array("values", values)  # validated before anything is charged
     if values.ndim != 2:
         raise ValueError(f"values must be 2-D (queries, width), got shape {values.shape}")
     positive("sigma", sigma)
     positive("clip", clip)
     if len(values):
-        ledger.charge(sigma, 1.0, steps=len(values))
-    return clip_and_noise_rows(values, clip, sigma, rng)
+        # Whoever receives the rows (the server, the fusing party) sees each one noised.
+        ledger.charge(sigma, 1.0, steps=len(values), server=(sigma, 1.0))
+    return _clip_and_noise_rows(values, clip, sigma, rng)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from securefed._checks import finite_array
 from securefed.errors import AggregationError
 from securefed.randomness import SeedTree
 from securefed.views import NO_PAYLOADS, RoundSelection, RoundView, ServerView
+
+if TYPE_CHECKING:
+    from securefed.privacy.ledger import PrivacyLedger
 
 FLOAT_BYTES = 8
 INDEX_BYTES = 4
@@ -471,3 +475,12 @@ class Transport(ABC):
     def public_parameters(self) -> dict[str, object]:
         """Parameters every party (and the view) may know, JSON-serialisable."""
         return {"transport": self.name}
+
+    def privacy_ledgers(self) -> tuple[PrivacyLedger, ...]:
+        """The privacy ledgers this transport charges, outermost first (none by default).
+
+        A wrapper that adds noise returns its own ledger and then its inner transport's.
+        :func:`securefed.runtime.run_rounds` saves them with every checkpoint and restores them
+        on resume, so accounting never restarts from zero.
+        """
+        return ()

@@ -26,30 +26,36 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      over a plaintext inner transport each update carries ``sqrt(n)`` times too little noise for
      its own release, and a warning is raised (the audit reports an error).
 3. **Account**: the ledger is charged once per round, where the noise is added and before
-   anything noisy is released:
+   anything noisy is released, against each observer (:mod:`securefed.privacy.ledger`): the
+   released model's observers at the sampling rate ``q``, the server at rate 1 (it picks the
+   round's clients and sees who contributed) with the multiplier of what it sees
+   (:meth:`DPTransport.server_exposure`):
 
-   * central: at :meth:`DPRound.result`, ``(sigma, sample_rate)``, before the noisy aggregate
-     leaves; a budget overrun raises and nothing is released.
-   * distributed: at :meth:`DPRound.result`, with the *effective* multiplier
-     ``sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the sum: with
-     dropouts (or weights < 1) the sum carries less noise than planned and the ledger is charged
-     for what it carries, never for what was planned. (The contributors' noise is taken as the
-     mechanism's noise; a rigorous treatment fixes a minimum number of contributors in
-     advance: Kairouz et al. 2021.)
-   * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)``. Each client's own release is a
-     Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency (its update vs no
-     update), and the server knows who submitted, so no amplification by sampling is claimed:
-     the ledger tracks the worst-case client (one that takes part in every round).
+   * central: at :meth:`DPRound.result`, ``(sigma, q)``, before the noisy aggregate leaves; a
+     budget overrun raises and nothing is released. Against the server: nothing (it computes
+     the clipped sum in the clear), so its epsilon is infinite.
+   * distributed: at the inner round's decoding (:meth:`DPRound.result`, or the inner round's own
+     ``result``, which is sealed behind the charge), with the *effective* multiplier
+     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the
+     sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
+     is charged for what it carries, never for what was planned. (The contributors' noise is
+     taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
+     in advance: Kairouz et al. 2021.) Against the server ``(sigma_eff, 1)``; over a plaintext
+     inner transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
+   * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
+     release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
+     (its update vs no update), and the server knows who submitted, so no amplification by
+     sampling is claimed: the ledger tracks the worst-case client (one in every round).
 
    In central and distributed placement :meth:`DPTransport.open_round` also checks, without
-   recording, that a round at ``(sigma, sample_rate)`` fits the budget, so a spent budget stops a
-   run before the round does anything.
+   recording, that a round fits the budget, so a spent budget stops a run before the round does
+   anything. A transport built without a ledger builds its own: no release goes unrecorded.
 
 The accounting assumes Poisson sampling of clients at ``sample_rate`` (see
-:mod:`securefed.privacy.ledger`). ``sampling`` records the runtime's mode: ``"all"`` with
-``sample_rate < 1`` is refused (it would claim an amplification that does not happen),
-``"fixed"`` with ``sample_rate < 1`` warns (fixed-size sampling spends more than the Poisson
-figure), and the audit reports both.
+:mod:`securefed.privacy.ledger`). The runtime tells the ledger its sampling mode and rate
+(``run_rounds``), and the ledger refuses a charge at ``sample_rate < 1`` when everyone takes part
+every round, or below the runtime's rate; ``"fixed"`` with ``sample_rate < 1`` warns (fixed-size
+sampling spends more than the Poisson figure), and the audit reports it.
 
 What is *not* protected: ``Aggregate.weight`` (the sum of weights) and ``Aggregate.contributors``
 are released exactly, as by the inner transport. With data-dependent weights use a fixed
@@ -58,10 +64,11 @@ denominator (e.g. the expected weight) rather than ``Aggregate.mean()``.
 The wrapper shares the inner transport's :class:`~securefed.views.ServerView` (``self.view is
 inner.view``); it renames the view's transport to ``"<inner>+dp"`` and adds its public
 parameters (``dp_clip``, ``dp_noise_multiplier``, ``dp_placement``, ``sample_rate``,
-``accountant``, ``accountant_sampling``, ``sampling``, ``epsilon``, ``delta``,
-``epsilon_budget``, ``seeded``, ``secure``, ``privacy_ledger``) to ``view.public``, and per round
-``dp_clip``, ``dp_sigma``, ``dp_placement``, ``dp_sample_rate``, ``dp_noise``,
-``dp_sigma_effective`` and ``epsilon``/``delta`` so far to the round's ``public`` dict.
+``accountant``, ``accountant_sampling``, ``sampling``, ``epsilon`` (against the released
+model), ``epsilon_server``, ``delta``, ``epsilon_budget``, ``epsilon_budget_against``,
+``seeded``, ``secure``, ``privacy_ledger``) to ``view.public``, and per round ``dp_clip``,
+``dp_sigma``, ``dp_placement``, ``dp_sample_rate``, ``dp_noise``, ``dp_sigma_effective`` and
+``epsilon``/``epsilon_server``/``delta`` so far to the round's ``public`` dict.
 
 Randomness: seeded noise comes from ``seeds.generator("dp", round_id, client)`` (local,
 distributed) and ``seeds.generator("dp", round_id, "server")`` (central); when the seed tree is
@@ -248,6 +255,14 @@ class DPRound(AggregationRound):
         self.inner = inner
         self._weight_sq: dict[int, float] = {}
         self._secure_source: NoiseSource | None = None
+        self._charged = False
+        if self.config.placement == "distributed":
+            # Under distributed placement the inner round's decoding *is* the release of the
+            # noisy sum. Its ``result`` is sealed on this instance, so that whoever holds the
+            # inner round (this round, the Flower server, any caller) is charged first, and a
+            # round refused for its budget can never be decoded.
+            self._decode = inner.result
+            inner.result = self._release_distributed
 
     # -- noise ------------------------------------------------------------------------
     def _source(self, *who: int | str) -> NoiseSource:
@@ -284,21 +299,32 @@ class DPRound(AggregationRound):
         """Broadcast through the inner round (which may encode it its own way)."""
         self.inner.broadcast(name, value, bytes_per_client=bytes_per_client)
 
+    def _release_distributed(self) -> Aggregate:
+        """Charge the ledger for the noise the sum carries, then let the inner round decode it.
+
+        Charged before the inner round decodes the sum: under secure aggregation that decoding
+        is the release. The contributors are the clients that submitted (a client that drops
+        after submitting stays in the sum: AggregationRound.drop). A refused charge raises every
+        time it is asked again, so the sum is never decoded.
+        """
+        if not self._charged:
+            sigma_eff = self._effective_sigma(sorted(self.submitted))
+            self.view.public["dp_sigma_effective"] = sigma_eff
+            if sigma_eff > 0:
+                server = self.transport.server_exposure(sigma_eff, len(self.clients))
+                self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
+            self._charged = True
+        return self._decode()
+
     def _finish(self) -> Aggregate:
         placement = self.config.placement
         sigma = self.config.noise_multiplier
         if placement == "local":
             return self.inner.result()
         if placement == "distributed":
-            # Charged before the inner round decodes the sum: under secure aggregation that
-            # decoding is the release. The contributors are the clients that submitted (a client
-            # that drops after submitting stays in the sum: AggregationRound.drop).
             planned = sorted(self.submitted)
-            sigma_eff = self._effective_sigma(planned)
-            self.view.public["dp_sigma_effective"] = sigma_eff
-            if sigma_eff > 0:
-                self.transport._charge(sigma_eff, self.config.sample_rate, self.view)
-            inner = self.inner.result()
+            inner = self.inner.result()  # the sealed release: charges first
+            sigma_eff = self.view.public["dp_sigma_effective"]
             actual = sorted(int(c) for c in inner.contributors.tolist())
             if actual != planned and self._effective_sigma(actual) < sigma_eff:
                 warnings.warn(
@@ -310,7 +336,7 @@ class DPRound(AggregationRound):
             return inner
         inner = self.inner.result()
         self.view.public["dp_sigma_effective"] = sigma
-        self.transport._charge(sigma, self.config.sample_rate, self.view)
+        self.transport._charge(sigma, self.config.sample_rate, self.view, None)
         noise = self._source("server").normal(sigma * self.config.clip, inner.total.shape)
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
@@ -363,7 +389,9 @@ class DPTransport(Transport):
         placement: ``"central"`` (server adds noise), ``"local"`` (each client adds all of it)
             or ``"distributed"`` (each client adds a ``1/n`` share of the variance; needs secure
             aggregation).
-        ledger: charged once per round (``None``: no accounting, epsilon is not reported).
+        ledger: charged once per round. ``None`` builds a ledger of this transport's own (no
+            budget, the RDP accountant): no release goes unrecorded, and ``transport.ledger``
+            and :meth:`epsilon` report what the run spent.
         sample_rate: Poisson sampling rate charged per round in central/distributed placement.
         sampling: the runtime's sampling mode or ``ClientSampling`` (recorded, also in the
             ledger; ``"all"`` with ``sample_rate < 1`` is refused).
@@ -399,8 +427,12 @@ class DPTransport(Transport):
             raise TypeError(f"inner must be a Transport, got {type(inner).__name__}")
         if isinstance(inner, DPTransport):
             raise ValueError("inner is already a DPTransport: wrap the base transport once")
+        if ledger is None:
+            ledger = PrivacyLedger()
+        elif not isinstance(ledger, PrivacyLedger):
+            raise TypeError(f"ledger must be a PrivacyLedger, got {type(ledger).__name__}")
         sampling = _check_sampling(sampling)
-        if sampling is None and ledger is not None:
+        if sampling is None:
             sampling = ledger.sampling
         self.config = DPConfig(
             clip=float(clip),
@@ -412,21 +444,17 @@ class DPTransport(Transport):
             delta=delta,
         )
         self.inner = inner
-        self.ledger = ledger
+        self.ledger: PrivacyLedger = ledger
         self.name = f"{inner.name}+dp"
-        if ledger is not None and self.config.sampling is not None:
+        if self.config.sampling is not None:
             ledger.record_sampling(self.config.sampling)
+        if self.config.placement != "local":
+            ledger.check_sample_rate(self.config.sample_rate)  # refuse or warn now, not later
         if self.config.placement == "distributed" and inner.name in _CLEAR_TRANSPORTS:
             warnings.warn(
                 f"distributed DP over the {inner.name!r} transport: the server sees every update "
                 "with only 1/sqrt(n) of the noise; use secure aggregation underneath, or "
                 "placement='local'",
-                stacklevel=2,
-            )
-        if self.config.sampling == "fixed" and self.config.sample_rate < 1:
-            warnings.warn(
-                "fixed-size client sampling is accounted as Poisson sampling: the reported "
-                "epsilon is smaller than the true one; use ClientSampling('poisson', ...)",
                 stacklevel=2,
             )
         self.view = inner.view
@@ -437,23 +465,50 @@ class DPTransport(Transport):
     @property
     def delta(self) -> float | None:
         """Delta at which epsilon is reported (the budget's, else ``config.delta``)."""
-        if self.ledger is not None and self.ledger.budget is not None:
+        if self.ledger.budget is not None:
             return self.ledger.budget.delta
         return self.config.delta
 
-    def epsilon(self) -> float | None:
-        """Epsilon spent so far (``None`` without a ledger or a delta)."""
-        if self.ledger is None or self.delta is None:
-            return None
-        return self.ledger.epsilon(self.delta)
+    def epsilon(self, *, against: str = "released_model") -> float | None:
+        """Epsilon spent so far against an observer (``"released_model"`` or ``"server"``).
 
-    def _charge(self, sigma: float, sample_rate: float, round_view) -> None:
-        if self.ledger is None:
-            return
-        self.ledger.charge(sigma, sample_rate)
-        epsilon = self.epsilon()
-        round_view.public["epsilon"] = epsilon
-        self.view.public["epsilon"] = epsilon
+        ``None`` when no delta is known (no budget and no ``delta``).
+        """
+        if self.delta is None:
+            return None
+        return self.ledger.epsilon(self.delta, against=against)
+
+    def server_exposure(self, sigma: float, n_round_clients: int) -> tuple[float, float] | None:
+        """``(noise multiplier, sample rate)`` of a round's release as the server sees it.
+
+        The server picks the round's clients and knows who contributed, so the rate is always 1.
+        Central: ``None`` (it sees the clipped sum in the clear). Local: ``(sigma, 1)``, each
+        update carries all the noise. Distributed: ``(sigma, 1)`` under a transport that hides
+        single updates; over a clear one (plaintext) each update carries ``1/sqrt(n)`` of it,
+        ``(sigma / sqrt(n), 1)``.
+        """
+        placement = self.config.placement
+        if placement == "central":
+            return None
+        if placement == "distributed" and self.inner.name in _CLEAR_TRANSPORTS:
+            return (sigma / math.sqrt(max(n_round_clients, 1)), 1.0)
+        return (sigma, 1.0)
+
+    def privacy_ledgers(self) -> tuple[PrivacyLedger, ...]:
+        """This transport's ledger, then any its inner transport charges."""
+        return (self.ledger, *self.inner.privacy_ledgers())
+
+    def _charge(
+        self, sigma: float, sample_rate: float, round_view, server: tuple[float, float] | None
+    ) -> None:
+        self.ledger.charge(sigma, sample_rate, server=server)
+        self._report(round_view)
+
+    def _report(self, round_view) -> None:
+        """Epsilon against each observer so far, into the round's and the run's public dicts."""
+        for target in (round_view.public, self.view.public):
+            target["epsilon"] = self.epsilon()
+            target["epsilon_server"] = self.epsilon(against="server")
         self.view.public["privacy_ledger"] = self.ledger.state_dict()
 
     # -- Transport API ----------------------------------------------------------------
@@ -477,13 +532,15 @@ class DPTransport(Transport):
         sigma = self.config.noise_multiplier
         local = self.config.placement == "local"
         rate = 1.0 if local else self.config.sample_rate
-        if self.ledger is not None and self.ledger.would_exceed(sigma, rate):
-            self.ledger.charge(sigma, rate)  # raises with the figures; records nothing
+        server = self.server_exposure(sigma, len(np.unique(np.asarray(clients))))
+        if self.ledger.would_exceed(sigma, rate, server=server):
+            self.ledger.charge(sigma, rate, server=server)  # raises with the figures
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
-        if local and self.ledger is not None:
-            self.ledger.charge(sigma, 1.0)  # the clients release at submit: charge now
+        if local:
+            self.ledger.charge(sigma, 1.0, server=server)  # clients release at submit
         self.view.public["seeded"] = seeds.seed is not None
         self.view.public["secure"] = secure
+        self.view.public["sampling"] = self.ledger.sampling  # as the runtime told the ledger
         round_public = inner_round.view.public
         round_public.update(
             {
@@ -493,12 +550,12 @@ class DPTransport(Transport):
                 "dp_sample_rate": rate,
                 "dp_noise": SecureGaussian.name if secure else "seeded-numpy",
                 "epsilon": self.epsilon(),
+                "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,
             }
         )
-        if local and self.ledger is not None:
-            self.view.public["epsilon"] = round_public["epsilon"]
-            self.view.public["privacy_ledger"] = self.ledger.state_dict()
+        if local:
+            self._report(inner_round.view)
         return DPRound(self, inner_round)
 
     def _round_class(self) -> type[AggregationRound]:
@@ -517,13 +574,17 @@ class DPTransport(Transport):
                 "placement": self.config.placement,
                 "sample_rate": self.config.sample_rate,
                 "sampling": self.config.sampling,
-                "accountant": None if self.ledger is None else self.ledger.accountant,
+                "accountant": self.ledger.accountant,
                 "accountant_sampling": PrivacyLedger.accounting_sampling,
                 "epsilon": self.epsilon(),
+                "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,
                 "epsilon_budget": None
-                if self.ledger is None or self.ledger.budget is None
+                if self.ledger.budget is None
                 else self.ledger.budget.epsilon,
+                "epsilon_budget_against": None
+                if self.ledger.budget is None
+                else list(self.ledger.budget.against),
             }
         )
         return params
@@ -531,10 +592,26 @@ class DPTransport(Transport):
     # -- checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
         """JSON-ready state to save with a checkpoint (the ledger's)."""
-        return {"ledger": None if self.ledger is None else self.ledger.state_dict()}
+        return {"ledger": self.ledger.state_dict()}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        """Restore :meth:`state_dict` (see ``docs/privacy.md`` on never rolling a ledger back)."""
-        if self.ledger is not None and state.get("ledger") is not None:
-            self.ledger.load_state_dict(state["ledger"])
-            self.view.public["epsilon"] = self.epsilon()
+        """Restore :meth:`state_dict` into a fresh ledger (or one that holds the same history).
+
+        :func:`securefed.runtime.run_rounds` does this itself on resume (through
+        :meth:`privacy_ledgers`); this is for a caller that keeps its own state.
+
+        Raises:
+            ValueError: the state holds no ledger, or one this ledger cannot continue from
+                (another accountant or budget, or a history this ledger does not hold:
+                :meth:`PrivacyLedger.resume_conflicts`); nothing is changed.
+        """
+        saved = state.get("ledger")
+        if saved is None:
+            raise ValueError("the state holds no privacy ledger: its releases cannot be restored")
+        causes = self.ledger.resume_conflicts(saved)
+        if causes:
+            raise ValueError("cannot restore the privacy ledger: " + "; ".join(causes))
+        self.ledger.load_state_dict(saved)
+        self.view.public["epsilon"] = self.epsilon()
+        self.view.public["epsilon_server"] = self.epsilon(against="server")
+        self.view.public["privacy_ledger"] = self.ledger.state_dict()
