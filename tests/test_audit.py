@@ -223,5 +223,7 @@ def test_the_fixture(securefed_audit):
     declare_uploads(dp, protocol="sum-of-ones", reveals=[])  # nothing private is uploaded
     report = securefed_audit(dp.view)
     assert report.findings == []
-    report.assert_ok(max_epsilon=8)
+    report.assert_ok(max_epsilon=8, against=["released_model"])
+    with pytest.raises(AuditFailed, match="against the server"):
+        report.assert_ok(max_epsilon=8)  # central DP: the server saw the sum un-noised
     assert securefed_audit is audit

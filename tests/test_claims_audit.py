@@ -152,3 +152,46 @@ def test_every_key_securefeds_transports_record_is_known():
     for view in views:
         unknown = {*view.public, *(k for r in view.rounds for k in r.public)} - KNOWN_KEYS
         assert not unknown, f"{view.transport} records keys the audit does not know: {unknown}"
+
+
+def _distributed_dp_round(sample_rate):
+    from securefed.privacy import PrivacyLedger
+    from securefed.transport.dp import DPTransport
+
+    dp = DPTransport(
+        SecAggTransport(SecAggConfig(clip=4.0)),
+        clip=1.0,
+        noise_multiplier=1.0,
+        placement="distributed",
+        ledger=PrivacyLedger(),
+        sample_rate=sample_rate,
+        delta=1e-5,
+    )
+    _one_round(dp, SeedTree.secure_mode(), clients=6)
+    return dp.view
+
+
+def test_assert_ok_holds_the_epsilon_against_the_server_too():
+    # Item 2's exploit: under distributed DP the server picks the clients, so the epsilon
+    # amplified by sampling (q = 0.06) is not the guarantee against it.
+    report = audit(_distributed_dp_round(0.06))
+    assert report.epsilon_against("server") > 2 * report.epsilon
+    cap = 1.01 * report.epsilon
+    report.assert_ok(max_epsilon=cap, against=["released_model"])
+    with pytest.raises(AssertionError, match="against the server"):
+        report.assert_ok(max_epsilon=cap)  # both observers by default
+
+
+def test_central_dp_asserts_nothing_against_the_server():
+    from securefed.privacy import PrivacyLedger
+    from securefed.transport.dp import DPTransport
+
+    dp = DPTransport(
+        PlaintextTransport(), clip=1.0, noise_multiplier=1.0, ledger=PrivacyLedger(), delta=1e-5
+    )
+    declare_uploads(dp, protocol="sum-of-quarters", reveals=[])
+    report = audit(_one_round(dp, SeedTree.secure_mode()))
+    assert report.epsilon_against("server") == float("inf") and report.ok
+    report.assert_ok(max_epsilon=100, against=["released_model"])
+    with pytest.raises(AssertionError, match="against the server"):
+        report.assert_ok(max_epsilon=100)

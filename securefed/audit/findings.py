@@ -61,6 +61,8 @@ from typing import Literal
 from securefed.errors import SecurefedError
 
 Severity = Literal["error", "warning", "info"]
+OBSERVERS = ("released_model", "server")
+"""Whom an epsilon holds against (the names of :data:`securefed.privacy.ledger.OBSERVERS`)."""
 SEVERITIES = ("error", "warning", "info")
 
 # Largest total coefficient-modulus bits at 128-bit classical security, by polynomial degree
@@ -107,7 +109,7 @@ AUDITED_KEYS = _words(
     "secagg_k secagg_n secagg_secure_randomness expected_dropout expected_colluders "
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
-    "aggregation uploads_reveal"
+    "aggregation uploads_reveal epsilon_budget_against"
 )
 # Keys that securefed's components record and the checks need not read (parameters of the
 # mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
@@ -206,37 +208,63 @@ class AuditReport:
 
     @property
     def epsilon(self) -> float | None:
-        """The epsilon the run reports (``None`` if it reports none)."""
-        value = self.config.get("epsilon")
+        """The epsilon the run reports against the released model (``None``: it reports none)."""
+        return self.epsilon_against("released_model")
+
+    def epsilon_against(self, observer: str) -> float | None:
+        """The epsilon the run reports against ``observer`` (one of :data:`OBSERVERS`).
+
+        ``inf`` against the server means it saw values un-noised (central DP); ``None``: the
+        run states no figure for that observer.
+        """
+        if observer not in OBSERVERS:
+            raise ValueError(f"observer must be one of {OBSERVERS}, got {observer!r}")
+        value = self.config.get("epsilon" if observer == "released_model" else "epsilon_server")
         return None if value is None else float(value)
 
-    def assert_ok(self, max_epsilon: float | None = None) -> None:
+    def assert_ok(
+        self, max_epsilon: float | None = None, *, against: Iterable[str] = OBSERVERS
+    ) -> None:
         """Raise :class:`AuditFailed` on any error, or an epsilon over ``max_epsilon``.
 
-        With ``max_epsilon`` a run that reports no epsilon fails too (nothing bounds it).
+        Args:
+            max_epsilon: the largest epsilon accepted.
+            against: the observers it must hold against: by default both the released
+                model's observers and the server (central DP holds nothing against the
+                server: its epsilon there is infinite). A run that states no epsilon for one
+                of them fails too (nothing bounds it).
         """
         problems = list(self.errors)
         if max_epsilon is not None:
-            if self.epsilon is None:
-                problems.append(
-                    Finding(
-                        "error",
-                        "epsilon-unknown",
-                        f"an epsilon of at most {max_epsilon:g} was asserted but the run reports "
-                        "none (not differentially private, or no ledger was attached)",
-                    )
-                )
-            elif self.epsilon > max_epsilon:
-                problems.append(
-                    Finding(
-                        "error",
-                        "epsilon-over-max",
-                        f"epsilon {self.epsilon:.4g} exceeds the asserted maximum {max_epsilon:g}",
-                    )
-                )
+            for observer in against:
+                problems.extend(self._epsilon_problems(observer, max_epsilon))
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
             raise AuditFailed(f"privacy audit of {self.source} failed:\n{lines}", problems)
+
+    def _epsilon_problems(self, observer: str, max_epsilon: float) -> list[Finding]:
+        epsilon = self.epsilon_against(observer)
+        where = "the released model" if observer == "released_model" else "the server"
+        if epsilon is None:
+            return [
+                Finding(
+                    "error",
+                    "epsilon-unknown",
+                    f"an epsilon of at most {max_epsilon:g} against {where} was asserted but "
+                    "the run reports none (not differentially private, no ledger attached, or "
+                    "no figure for that observer)",
+                )
+            ]
+        if epsilon > max_epsilon:
+            return [
+                Finding(
+                    "error",
+                    "epsilon-over-max",
+                    f"epsilon {epsilon:.4g} against {where} exceeds the asserted maximum "
+                    f"{max_epsilon:g}",
+                )
+            ]
+        return []
 
     def __str__(self) -> str:
         if not self.findings:
@@ -260,6 +288,10 @@ def _text(config: Mapping[str, object], *keys: str) -> str | None:
     return None if value is None else str(value).strip().lower()
 
 
+# Keys whose value may be +infinity: an epsilon against an observer who saw a value un-noised.
+MAY_BE_INFINITE = ("epsilon_server",)
+
+
 def _number(config: Mapping[str, object], key: str, findings: list[Finding]) -> float | None:
     value = config.get(key)
     if value is None:
@@ -268,6 +300,8 @@ def _number(config: Mapping[str, object], key: str, findings: list[Finding]) -> 
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
+    if number == math.inf and key in MAY_BE_INFINITE:
+        return number
     if not math.isfinite(number):
         findings.append(Finding("error", "invalid-value", f"{key} = {value!r} is not a number"))
         return None
@@ -315,15 +349,19 @@ def check_budget(config: Mapping[str, object]) -> list[Finding]:
     findings: list[Finding] = []
     epsilon = _number(config, "epsilon", findings)
     budget = _number(config, "epsilon_budget", findings)
-    if epsilon is not None and budget is not None and epsilon > budget:
-        findings.append(
-            Finding(
-                "error",
-                "epsilon-over-budget",
-                f"epsilon {epsilon:.4g} exceeds the budget {budget:g}: the ledger should have "
-                "refused the rounds past it",
+    against = config.get("epsilon_budget_against") or ["released_model"]
+    spent = {"released_model": epsilon, "server": _number(config, "epsilon_server", findings)}
+    for observer in against:
+        value = spent.get(str(observer))
+        if value is not None and budget is not None and value > budget:
+            findings.append(
+                Finding(
+                    "error",
+                    "epsilon-over-budget",
+                    f"epsilon {value:.4g} against the {observer} exceeds the budget {budget:g} "
+                    "that binds it: the ledger should have refused the rounds past it",
+                )
             )
-        )
     return findings
 
 
@@ -846,25 +884,23 @@ def _merge_view(
     """Run-level public parameters win; per-round ones fill gaps.
 
     Of values that change from round to round, the audit keeps the weakest: the largest
-    epsilon, and the secure-aggregation parameters of the round whose threshold had the least
+    epsilon against each observer, and the secure-aggregation parameters of the round whose threshold had the least
     margin over half its neighbours.
     """
     merged: dict[str, object] = {}
-    epsilons: list[float] = []
+    epsilons: dict[str, list[float]] = {"epsilon": [], "epsilon_server": []}
     weakest: Mapping[str, object] | None = None
-    for public in rounds:
+    for public in [*rounds, run_public]:
         merged.update({k: v for k, v in public.items() if v is not None})
-        if public.get("epsilon") is not None:
-            epsilons.append(float(public["epsilon"]))
+        for key, seen in epsilons.items():
+            if public.get(key) is not None:
+                seen.append(float(public[key]))
         if _secagg_margin(public) < _secagg_margin(weakest):
             weakest = public
     if weakest is not None:
         merged.update({k: weakest[k] for k in ("secagg_t", "secagg_k", "secagg_n") if k in weakest})
     merged.update({k: v for k, v in run_public.items() if v is not None})
-    if run_public.get("epsilon") is not None:
-        epsilons.append(float(run_public["epsilon"]))
-    if epsilons:
-        merged["epsilon"] = max(epsilons)
+    merged.update({key: max(seen) for key, seen in epsilons.items() if seen})
     if transport is not None:
         merged.setdefault("transport", transport)
     return merged
