@@ -884,8 +884,8 @@ def _merge_view(
     """Run-level public parameters win; per-round ones fill gaps.
 
     Of values that change from round to round, the audit keeps the weakest: the largest
-    epsilon against each observer, and the secure-aggregation parameters of the round whose threshold had the least
-    margin over half its neighbours.
+    epsilon against each observer, and the secure-aggregation parameters of the round whose
+    threshold had the least margin over half its neighbours.
     """
     merged: dict[str, object] = {}
     epsilons: dict[str, list[float]] = {"epsilon": [], "epsilon_server": []}
