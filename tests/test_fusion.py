@@ -170,7 +170,7 @@ def test_server_holds_only_the_public_context_and_the_key_holder_sees_masked_val
     server = channel.server
     assert not server.context.tenseal.has_secret_key()
     seen = []
-    holder = channel.parties[channel.key_holder]
+    holder = channel.parties_by_name[channel.key_holder]
     original = holder.release_sum
 
     def spy(masked, n_rows, flooding, noise):
