@@ -12,7 +12,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from securefed import ALL_PAYLOADS, CheckpointError, SeedTree
+from securefed import ALL_PAYLOADS, CheckpointError, RoundSelection, SeedTree
 from securefed.bench import bench_fedslate
 from securefed.bench.cli_fedslate import _config as cli_config
 from securefed.bench.cli_fedslate import main as fedslate_main
@@ -389,6 +389,40 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
         train(other, checkpoints=checkpoints)
     with pytest.raises(ValueError, match="every"):
         EpisodeCheckpoints(path, every=0)
+
+
+def test_a_resumed_run_has_the_fusion_view_of_the_unbroken_run(tmp_path, monkeypatch):
+    """The channel's record of what the server saw is part of the checkpoint."""
+    config = _tiny(episodes=3, learn_every=3, target_sync=7)
+    keep = RoundSelection(rounds=frozenset({3}), last=20)  # spans the checkpoint
+    unbroken = run_fedslate(config, keep_payloads=keep).fusion_view
+    checkpoints = EpisodeCheckpoints(tmp_path / "run.pt", every=1)
+    steps = {"n": 0}
+    real_step = ChocKaleBatch.step
+
+    def step_then_fail(self, platform, slates):
+        steps["n"] += 1
+        if steps["n"] == 2 * 24 + 5:  # in episode 3, after the checkpoint of episode 2
+            raise _Interrupted
+        return real_step(self, platform, slates)
+
+    monkeypatch.setattr(ChocKaleBatch, "step", step_then_fail)
+    with pytest.raises(_Interrupted):
+        run_fedslate(config, checkpoints=checkpoints, keep_payloads=keep)
+    monkeypatch.setattr(ChocKaleBatch, "step", real_step)
+    resumed = run_fedslate(config, checkpoints=checkpoints, keep_payloads=keep).fusion_view
+    assert resumed.counts == unbroken.counts and resumed.steps == unbroken.steps
+    for name, array in unbroken.ledger().items():
+        np.testing.assert_array_equal(resumed.ledger()[name], array)
+    assert resumed.rounds_with_payloads() == [3, *range(16, 36)]
+    assert [e.step for e in resumed.exchanges] == [e.step for e in unbroken.exchanges]
+    for mine, theirs in zip(resumed.exchanges, unbroken.exchanges, strict=True):
+        assert mine.payloads.keys() == theirs.payloads.keys()
+        for party, fields in theirs.payloads.items():
+            for field, value in fields.items():
+                np.testing.assert_array_equal(mine.payloads[party][field], value)
+    with pytest.raises(CheckpointError, match="keeps payloads"):
+        run_fedslate(config, checkpoints=checkpoints, keep_payloads=ALL_PAYLOADS)
 
 
 def test_item_alignment_fuses_every_platforms_value_of_the_same_documents():
