@@ -89,7 +89,13 @@ import torch
 from torch import nn
 
 from securefed import NO_PAYLOADS, RoundSelection, SeedTree
-from securefed.fusion import FUSION_CHANNELS, FusionChannel, FusionNeeds, build_fusion_channel
+from securefed.fusion import (
+    FUSION_CHANNELS,
+    FusionChannel,
+    FusionNeeds,
+    ModuleFusionChannel,
+    build_fusion_channel,
+)
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
@@ -441,8 +447,9 @@ class FedSlateRun:
         choice: the agents' choice model.
         local, local_target, local_opt: per platform, its Q-network, the target copy and the
             optimiser (the parties' side).
-        channel: the fusion channel to the server (which holds the server network, its target
-            copy and its optimiser, and records what the server saw in ``channel.view``).
+        channel: the fusion channel to the server: it holds the server network, its target copy
+            and its optimiser (checkpointed with the parties' state) and records what the
+            server saw in ``channel.view``.
         replay: the round-aligned replay buffer.
         act_rng, replay_rng: exploration and replay sampling streams.
         rewards: ``(episodes, members, platforms)`` episode rewards so far.
@@ -459,7 +466,7 @@ class FedSlateRun:
     local: list[nn.Module]
     local_target: list[nn.Module]
     local_opt: list[torch.optim.Optimizer]
-    channel: FusionChannel
+    channel: ModuleFusionChannel
     replay: ReplayBuffer
     act_rng: np.random.Generator
     replay_rng: np.random.Generator
