@@ -558,11 +558,11 @@ class FusionView:
             if round_id == current:
                 return
             raise ValueError(f"round {round_id} opened after round {current}: ids must increase")
-        if self._rows == len(self._ledger["rounds"]):
-            self._ledger = {
-                name: np.concatenate([array, np.zeros_like(array)])
-                for name, array in self._ledger.items()
-            }
+        if self._rows == len(self._ledger["rounds"]):  # grow by doubling
+            grown = _empty_ledger(len(self.parties), max(64, 2 * self._rows))
+            for name, array in self._ledger.items():
+                grown[name][: self._rows] = array[: self._rows]
+            self._ledger = grown
         self._ledger["rounds"][self._rows] = round_id
         self._rows += 1
         self._keep = self.keep_payloads.keeps(int(round_id), self.total_rounds)

@@ -361,3 +361,15 @@ def test_the_cli_refuses_a_fusion_channel_in_one_line(capsys):
     )
     with pytest.raises(SystemExit):
         main(["--fusion", "he"])
+
+
+def test_a_loaded_fusion_view_keeps_recording(tmp_path):
+    for rounds in (0, 3):
+        view = FusionView("plaintext", ("a", "b"), keep_payloads=ALL_PAYLOADS)
+        for r in range(rounds):
+            _record_round(view, r)
+        loaded = FusionView.load(view.save(tmp_path / f"view{rounds}"))
+        for r in range(rounds, rounds + 70):  # beyond the loaded ledger's capacity
+            _record_round(loaded, r)
+        assert len(loaded.ledger()["rounds"]) == rounds + 70 and loaded.steps == 2 * (rounds + 70)
+        assert loaded.rounds_with_payloads() == list(range(rounds + 70))
