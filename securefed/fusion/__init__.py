@@ -10,7 +10,7 @@
   masked gradient exchange (needs the ``he`` extra, TenSEAL); import it from there.
 
 Every channel records what its server saw in a :class:`~securefed.views.FusionView`. Importing
-this package imports neither torch nor tenseal. See docs/ckks.md and docs/fedslate.md.
+this package imports neither torch nor tenseal. See docs/ckks.md.
 """
 
 from securefed.fusion.base import (
