@@ -10,8 +10,7 @@ specs/fedmf.md
 * :mod:`securefed.attacks.policy_leak`: FedHPD, an agent's recent return from its uploaded action
   distributions (:func:`verify_policy_leak`).
 * :mod:`securefed.attacks.qvalue_leak`: FedSlate, the user's hidden state from the platforms'
-Q-values
-  (:class:`FusionRecorder`, :func:`verify_qvalue_leak`).
+  Q-values in the fusion channel's view (:func:`read_inquiries`, :func:`verify_qvalue_leak`).
 
 The two RL modules need torch and gymnasium (the ``rl`` extra); their names are exported lazily,
 so ``import attacks`` works without them.
@@ -45,9 +44,10 @@ _LAZY = {
     "PolicyLeakReport": "securefed.attacks.policy_leak",
     "PolicyProtocol": "securefed.attacks.policy_leak",
     "verify_policy_leak": "securefed.attacks.policy_leak",
-    "FusionRecorder": "securefed.attacks.qvalue_leak",
+    "FusionRecord": "securefed.attacks.qvalue_leak",
     "QLeakConfig": "securefed.attacks.qvalue_leak",
     "QValueLeakReport": "securefed.attacks.qvalue_leak",
+    "read_inquiries": "securefed.attacks.qvalue_leak",
     "replay_truth": "securefed.attacks.qvalue_leak",
     "verify_qvalue_leak": "securefed.attacks.qvalue_leak",
 }

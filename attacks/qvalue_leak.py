@@ -6,11 +6,13 @@ back. With the default per-item local network, platform ``p``'s values are a cub
 candidate's kaleness whose coefficients are a function of the platform's private user features
 (observed satisfaction, engagement history): the vector carries the platform's view of the user.
 
-Threat model: an honest-but-curious server running the fusion as specified. It records every
-acting inquiry (:class:`FusionRecorder`, passed as ``run_fedslate``'s ``fusion_factory``: it wraps
-the plaintext fusion and keeps what the server received) and knows the public protocol: the
-episode length (``steps_per_platform`` rounds of one user) and the round counter, so it can link
-the inquiries of one user within an episode. It does not know the local networks, the candidates,
+Threat model: an honest-but-curious server running the fusion as specified. It keeps every
+acting inquiry: the fusion channel's view (:class:`~securefed.views.FusionView`,
+``run_fedslate(config, keep_payloads=ALL_PAYLOADS).fusion_view``, or a saved one) holds what the
+server received, and :func:`read_inquiries` stacks its exchanges tagged ``"act"``. It knows the
+public protocol: the episode length (``steps_per_platform`` rounds of one user) and the round
+counter, so it can link the inquiries of one user within an episode. It does not know the local
+networks, the candidates,
 the slates, the clicks or the rewards. Auxiliary knowledge: the true hidden state of a labelled
 fraction of the users of the same deployment, spread over the run (e.g. accounts it controls,
 or users who disclosed it), as in attribute-inference attacks. A second threat model, the
@@ -42,33 +44,28 @@ noisy observation of ``sat`` (noise std 0.1, five times the spread of ``sat``: t
 themselves barely see it), and the user's recent engagement on the first platform with feedback
 (the sum of its last ``history_length`` engagements, private to that platform).
 
-Under DP the fusion channel would see clipped, noised Q-values; securefed has no such FedSlate
-channel yet, so :func:`perturb_record` adds Gaussian noise to the recorded Q-values after the run
-to measure how the attack degrades (the run's utility under that noise is not measured). Secure
-aggregation does not apply to the fusion (it is not a sum), and under CKKS the server would hold
-ciphertexts only: the attack would fall to the baseline.
+Under DP the fusion channel would see clipped, noised Q-values; securefed has no such fusion
+channel yet (``build_fusion_channel("dp", ...)`` refuses, saying so), so :func:`perturb_record`
+adds Gaussian noise to the recorded Q-values after the run to measure how the attack degrades
+(the run's utility under that noise is not measured). Secure aggregation does not apply to the
+fusion (it is not a sum), and under CKKS the server would hold ciphertexts only (its view keeps
+their sizes and digests, and :func:`read_inquiries` refuses it): the attack would fall to the
+baseline.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 from scipy.signal import lfilter
 
 from securefed import SeedTree
 from securefed.attacks.verify import _jsonable
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
-from securefed.rl.fedslate import (
-    PLATFORM_NAMES,
-    FedSlateConfig,
-    FusionStep,
-    PlaintextFusion,
-    ServerNetwork,
-)
+from securefed.rl.fedslate import ACT, PLATFORM_NAMES, FedSlateConfig
 from securefed.rl.slateq import (
     RunResult,
     choice_weights,
@@ -77,6 +74,7 @@ from securefed.rl.slateq import (
     make_choice_model,
     select_slates,
 )
+from securefed.views import FusionView
 
 TARGETS = ("nke", "sat", "observed_sat_A", "observed_sat_B", "recent_engagement_A")
 """Default targets of :func:`verify_qvalue_leak` (platform letters as in ``PLATFORM_NAMES``)."""
@@ -87,15 +85,17 @@ TARGETS = ("nke", "sat", "observed_sat_A", "observed_sat_B", "recent_engagement_
 
 @dataclass(eq=False)
 class FusionRecord:
-    """What the fusion server received at the acting inquiries, and how many other messages.
+    """The acting inquiries of a fusion view, stacked (:func:`read_inquiries`), and how many other
+    messages the server saw.
 
     Attributes:
         parties: party names in platform order.
         inputs: per party, ``(T, S, N)`` Q-values of the ``T`` acting inquiries (``S`` members).
         outputs: per party, ``(T, S, N)`` fused values the server sent back.
-        learning_forwards: forward calls of the online channel outside acting (replay batches).
-        target_forwards: forward calls of the target network's channel.
-        backwards: backward calls (loss gradients received).
+        learning_forwards: forward exchanges of the online network outside acting (replay
+            batches: updates and B's slate selection).
+        target_forwards: forward exchanges of the target network.
+        backwards: backward exchanges (loss gradients received).
         noise_std: Gaussian noise added to the inputs after the run (:func:`perturb_record`).
     """
 
@@ -106,8 +106,6 @@ class FusionRecord:
     target_forwards: int = 0
     backwards: int = 0
     noise_std: float = 0.0
-    _in: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
-    _out: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def inquiries(self) -> int:
@@ -120,103 +118,64 @@ class FusionRecord:
         first = next(iter(self.inputs.values()), None)
         return 0 if first is None else first.shape[1]
 
-    def add_inquiry(
-        self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
-    ) -> None:
-        """Append one inquiry (``(S, N)`` per party); call :meth:`freeze` before reading."""
-        for party in self.parties:
-            self._in.setdefault(party, []).append(np.asarray(inputs[party], np.float64))
-            self._out.setdefault(party, []).append(np.asarray(outputs[party], np.float64))
 
-    def freeze(self) -> FusionRecord:
-        """Stack the appended inquiries into :attr:`inputs` / :attr:`outputs`; returns self."""
-        if self._in:
-            self.inputs = {p: np.stack(v) for p, v in self._in.items()}
-            self.outputs = {p: np.stack(v) for p, v in self._out.items()}
-        return self
+def read_inquiries(view: FusionView, tag: str = ACT) -> FusionRecord:
+    """The acting inquiries the server saw, from a FedSlate run's fusion view.
 
-
-class RecordingFusion:
-    """A :class:`~securefed.rl.fedslate.FusionStep` that forwards to ``inner`` and records what it
-    saw.
-
-    An acting inquiry is a forward without gradients, for every party, at every position, with
-    one row per member (``(S, 1, N)`` inputs): the only call of that shape in FedSlate's protocol.
+    An inquiry is one round's exchanges tagged ``tag``: for each party, the Q-values it sent to
+    the exchange that answered it (one exchange for all parties with position alignment, one
+    per party with item alignment) and the fused values it got back; the members' rows
+    ``(S, 1, N)`` of every round become ``(T, S, N)``.
 
     Args:
-        inner: the real fusion step.
-        record: where to write.
-        parties: party names.
-        online: whether this is the online network's channel (the target's is only counted).
+        view: the channel's view (``RunResult.fusion_view`` or :meth:`FusionView.load`); it must
+            have kept the payloads of every round with an inquiry (``ALL_PAYLOADS``).
+        tag: the acting exchanges' tag.
+
+    Raises:
+        ValueError: the view kept only some inquiries, holds no Q-values in the clear (an
+            encrypted channel), or a round's inquiry misses a party.
     """
-
-    def __init__(
-        self, inner: FusionStep, record: FusionRecord, parties: Sequence[str], online: bool
-    ) -> None:
-        self.inner, self.record, self.parties, self.online = inner, record, tuple(parties), online
-
-    def forward(
-        self,
-        inputs: Mapping[str, torch.Tensor],
-        outputs: Sequence[str],
-        positions: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        result = self.inner.forward(inputs, outputs, positions)
-        first = inputs[self.parties[0]]
-        acting = (
-            self.online
-            and not torch.is_grad_enabled()
-            and not positions
-            and set(outputs) == set(self.parties)
-            and first.dim() == 3
-            and first.shape[1] == 1
+    acting = view.exchanges_of(tag=tag, kind="forward")
+    sent = view.count(kind="forward", tag=tag)
+    if not sent:
+        raise ValueError(f"the view of channel {view.channel!r} holds no exchange tagged {tag!r}")
+    if len(acting) != sent:
+        raise ValueError(
+            f"the view kept the payloads of {len(acting)} of {sent} acting exchanges; record "
+            "the run with keep_payloads=ALL_PAYLOADS"
         )
-        if acting:
-            self.record.add_inquiry(
-                {p: inputs[p][:, 0].detach().numpy() for p in self.parties},
-                {p: result[p][:, 0].detach().numpy() for p in self.parties},
-            )
-        elif self.online:
-            self.record.learning_forwards += 1
-        else:
-            self.record.target_forwards += 1
-        return result
-
-    def backward(self, grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.record.backwards += 1
-        return self.inner.backward(grads)
-
-
-class FusionRecorder:
-    """``fusion_factory`` for :func:`securefed.rl.fedslate.run_fedslate` that records the server's
-    view.
-
-    Example:
-        >>> recorder = FusionRecorder()
-        >>> result = run_fedslate(config, fusion_factory=recorder)  # doctest: +SKIP
-        >>> record = recorder.finish()  # doctest: +SKIP
-
-    Args:
-        inner_factory: the fusion step to wrap (default
-        :class:`~securefed.rl.fedslate.PlaintextFusion`).
-    """
-
-    def __init__(self, inner_factory=PlaintextFusion) -> None:
-        self.inner_factory = inner_factory
-        self.record = FusionRecord()
-
-    def __call__(
-        self, network: ServerNetwork, parties: Sequence[str], cross: bool
-    ) -> RecordingFusion:
-        self.record.parties = tuple(parties)
-        # The online network trains; the target copy has requires_grad off (run_fedslate).
-        online = any(p.requires_grad for p in network.parameters())
-        inner = self.inner_factory(network, parties, cross)
-        return RecordingFusion(inner, self.record, parties, online)
-
-    def finish(self) -> FusionRecord:
-        """The record, stacked."""
-        return self.record.freeze()
+    parties = view.parties
+    rounds: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for exchange in acting:
+        seen = rounds.setdefault(exchange.round_id, {})
+        for party in exchange.outputs:
+            fields = exchange.payloads.get(party, {})
+            if "input" not in fields or "output" not in fields:
+                raise ValueError(
+                    f"exchange {exchange.step} of channel {view.channel!r} holds no Q-values in "
+                    f"the clear for party {party!r} (fields {sorted(fields)}): nothing to fit"
+                )
+            seen[party] = (fields["input"], fields["output"])
+    inputs = {p: [] for p in parties}
+    outputs = {p: [] for p in parties}
+    for round_id in sorted(rounds):
+        missing = set(parties) - set(rounds[round_id])
+        if missing:
+            raise ValueError(f"round {round_id}'s inquiry answered no {sorted(missing)}")
+        for p in parties:
+            q_values, fused = rounds[round_id][p]
+            inputs[p].append(np.asarray(q_values, np.float64)[:, 0])
+            outputs[p].append(np.asarray(fused, np.float64)[:, 0])
+    online = view.count(kind="forward", network="online")
+    return FusionRecord(
+        parties=tuple(parties),
+        inputs={p: np.stack(v) for p, v in inputs.items()},
+        outputs={p: np.stack(v) for p, v in outputs.items()},
+        learning_forwards=online - sent,
+        target_forwards=view.count(kind="forward", network="target"),
+        backwards=view.count(kind="backward"),
+    )
 
 
 def perturb_record(record: FusionRecord, std: float, rng: np.random.Generator) -> FusionRecord:
@@ -229,7 +188,7 @@ def perturb_record(record: FusionRecord, std: float, rng: np.random.Generator) -
         raise ValueError(f"std must be finite and >= 0, got {std!r}")
     noisy = {p: v + rng.normal(0.0, std, v.shape) if std else v.copy()
              for p, v in record.inputs.items()}  # fmt: skip
-    return replace(record, inputs=noisy, noise_std=float(std), _in={}, _out={})
+    return replace(record, inputs=noisy, noise_std=float(std))
 
 
 # ------------------------------------------------------------------------------ the truth
@@ -333,7 +292,7 @@ def replay_truth(
     if result is not None and not np.allclose(rewards, result.episode_rewards, rtol=0, atol=1e-9):
         raise ValueError(
             "the replayed episode rewards differ from the run's: the replay does not follow "
-            "run_fedslate's acting loop (was the run made with this config and recorder?)"
+            "run_fedslate's acting loop (was the run made with this config and view?)"
         )
     steps = np.arange(total)
     return HiddenStates(
@@ -688,7 +647,8 @@ def verify_qvalue_leak(
     """Run the Q-value attack for each target and score it on the unlabelled users.
 
     Args:
-        record: what the server saw (:meth:`FusionRecorder.finish`, or :func:`perturb_record`).
+        record: what the server saw (:func:`read_inquiries` of the run's fusion view, or
+            :func:`perturb_record`).
         truth: :func:`replay_truth` of the run.
         length: episode length (``config.steps_per_platform``).
         config: the attack's settings.
@@ -751,17 +711,16 @@ def verify_qvalue_leak(
 __all__ = [
     "TARGETS",
     "FusionRecord",
-    "FusionRecorder",
     "HiddenStates",
     "QLeakConfig",
     "QValueLeakReport",
-    "RecordingFusion",
     "discounted_sums",
     "infer_hidden_state",
     "infer_shadow",
     "inquiry_features",
     "labelled_users",
     "perturb_record",
+    "read_inquiries",
     "regression_scores",
     "replay_truth",
     "ridge_fit",

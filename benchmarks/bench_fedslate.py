@@ -196,7 +196,12 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
         if record is not None:
             return record
     print(f"[fedslate bench] running {cell.name} ({cell.kind})", file=sys.stderr, flush=True)
+    import torch
+
     config = cell.config
+    # The runs set no global state: this process (the bench's, or a worker's) takes the
+    # configuration's torch threads (one: the records' "torch threads 1").
+    torch.set_num_threads(config.threads)
     partial = out_dir / "runs" / "partial" / f"{cell.name}.pt"
     checkpoints = EpisodeCheckpoints(partial, every=CHECKPOINT_EVERY)
     if cell.kind == "fedslate":

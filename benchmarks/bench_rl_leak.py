@@ -14,11 +14,11 @@ payloads in its ServerView; the policy-clone attack on each view against the age
 returns, beside the chance baseline, with each run's utility (mean return of its last rounds)
 and the privacy spent (epsilon at delta 1e-5, from the transport's ledger).
 
-FedSlate (:mod:`securefed.attacks.qvalue_leak`): one run recorded through :class:`FusionRecorder`,
-the
-truth replayed from the public simulator; the Q-value attack for every target with a quarter and
-half of the users labelled, the shadow attacker, and post-hoc noised Q-values. Rows for the
-transports that do not apply to FedSlate's fusion say why.
+FedSlate (:mod:`securefed.attacks.qvalue_leak`): one run whose plaintext fusion channel keeps
+every exchange in its view (``keep_payloads=ALL_PAYLOADS``), the truth replayed from the public
+simulator; the Q-value attack for every target with a quarter and half of the users labelled,
+the shadow attacker, and post-hoc noised Q-values. Rows for the fusion channels that cannot
+serve FedSlate's server network give the channel's own reason for refusing.
 
 Writes ``rl_leak.json`` and ``rl_leak.md`` into ``--out`` (default ``results/rl_leak``).
 """
@@ -184,25 +184,35 @@ def run_fedhpd(bench: LeakBenchConfig) -> dict[str, object]:
 # ------------------------------------------------------------------------------ FedSlate
 
 
-NOT_APPLICABLE = {
-    "secagg": "not applicable: the fusion network is not a sum of the parties' inputs, so "
-    "secure aggregation cannot compute it (DESIGN.md); nothing to attack",
-    "ckks": "not available: no CKKS adapter for FedSlate's server network (SiLU, per position); "
-    "under CKKS the server would hold ciphertexts only and the attack would fall to the "
-    "baselines",
-    "dp": "no DP fusion channel for FedSlate in securefed yet: the 'noised (post hoc)' rows add "
-    "Gaussian noise to the recorded Q-values (the view such a channel would give the server; "
-    "utility under that noise not measured)",
-}
+POST_HOC_NOISE = (
+    "the 'noised (post hoc)' rows add Gaussian noise to the recorded Q-values (the view a DP "
+    "fusion channel would give the server; utility under that noise not measured)"
+)
+
+
+def fusion_refusals(config) -> dict[str, str]:
+    """Why each fusion channel other than plaintext cannot serve ``config``'s server network
+    (the registry's own words; the ``dp`` row also says what the post-hoc rows stand for)."""
+    from securefed.fusion import FUSION_CHANNELS, fusion_refusal
+
+    needs = config.fusion_needs()
+    out = {}
+    for name in FUSION_CHANNELS:
+        why = fusion_refusal(name, needs)
+        if why is not None:
+            out[name] = f"{why}; {POST_HOC_NOISE}" if name == "dp" else why
+    return out
 
 
 def run_fedslate(bench: LeakBenchConfig) -> dict[str, object]:
     """Record one FedSlate run and attack its record; returns the record of results."""
-    from securefed import SeedTree
+    import torch
+
+    from securefed import ALL_PAYLOADS, SeedTree
     from securefed.attacks.qvalue_leak import (
-        FusionRecorder,
         QLeakConfig,
         perturb_record,
+        read_inquiries,
         replay_truth,
         verify_qvalue_leak,
     )
@@ -213,10 +223,10 @@ def run_fedslate(bench: LeakBenchConfig) -> dict[str, object]:
         episodes=bench.slate_episodes, members=bench.slate_members, burn_in=300,
         eps_decay=0.99, seed=bench.slate_seed,
     )  # fmt: skip
-    recorder = FusionRecorder()
+    torch.set_num_threads(config.threads)  # the run sets no global state
     started = time.perf_counter()
-    result = train(config, fusion_factory=recorder)
-    record = recorder.finish()
+    result = train(config, keep_payloads=ALL_PAYLOADS)
+    record = read_inquiries(result.fusion_view)
     train_seconds = time.perf_counter() - started
     truth = replay_truth(config, record, result)
     _log(f"FedSlate: {record.inquiries} inquiries x {record.members} deployments recorded in "
@@ -254,8 +264,9 @@ def run_fedslate(bench: LeakBenchConfig) -> dict[str, object]:
                      "learning_forwards": record.learning_forwards,
                      "target_forwards": record.target_forwards,
                      "backwards": record.backwards},
+        "fusion_bytes": dict(zip(("up", "down"), result.fusion_view.total_bytes(), strict=True)),
         "rows": rows,
-        "not_applicable": NOT_APPLICABLE,
+        "not_applicable": fusion_refusals(config),
     }  # fmt: skip
 
 

@@ -7,6 +7,7 @@
     securefed fedslate --variant extended --feedback-prob 0.1
     securefed fedslate --platforms 5 --feedback 1,1,1,0,0
     securefed fedslate --candidates 500 --slate 10 --checkpoint runs/n500.pt   # resumable
+    securefed fedslate --fusion ckks      # refused: the CKKS channel cannot serve this network
 
 The main CLI calls :func:`register` with its subparsers; the leaf parser sets ``func`` (a
 callable taking the parsed namespace and returning an exit code). :func:`main` runs the command
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import SecurefedError
+from securefed.fusion import FUSION_CHANNELS
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     ALIGNMENTS,
@@ -81,6 +83,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="what the server fuses: every platform's own candidates (position, the paper) or "
         "every platform's value of the fused platform's candidates (item)",
     )
+    parser.add_argument(
+        "--fusion",
+        choices=FUSION_CHANNELS,
+        default="plaintext",
+        help="the fusion channel the server network runs behind (one that cannot serve the "
+        "configuration refuses, saying why)",
+    )
     parser.add_argument("--activation", default="silu")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
@@ -128,6 +137,7 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
             server_hidden=args.server_hidden,
             server_arch=args.server_arch,
             alignment=args.alignment,
+            fusion=args.fusion,
         )
     return SlateQConfig(**common)
 
@@ -157,7 +167,10 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import torch
+
     config = _config(args)
+    torch.set_num_threads(config.threads)  # the runs themselves set no global state
     checkpoints = (
         EpisodeCheckpoints(args.checkpoint, every=args.checkpoint_every)
         if args.checkpoint

@@ -5,8 +5,9 @@ core; an interruption must not cost it. The loops save their whole mutable state
 every ``every``-th episode and, given an existing checkpoint of the same configuration, resume
 from it. Between episodes the simulator holds nothing but its random streams (``reset`` draws
 new users and candidates), so the state is: the networks and their optimisers, the replay
-buffer, every random generator, the rewards so far and the loop's counters. A resumed run is
-the uninterrupted run, number for number (tests/test_fedslate.py).
+buffer, every random generator, the rewards so far, the loop's counters and (FedSlate) the
+fusion channel's view of what the server saw (:class:`FusionViewState`). A resumed run is the
+uninterrupted run, number for number (tests/test_fedslate.py).
 
 Format: one ``torch.save`` file of tensors, numbers and strings only (loaded with
 ``weights_only=True``: no pickled code runs on load), written beside the old one and swapped in
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 
 from securefed import CheckpointError
+from securefed.views import FusionView
 
-__all__ = ["EpisodeCheckpoints", "TrainingState"]
+__all__ = ["EpisodeCheckpoints", "FusionViewState", "TrainingState"]
 
 CHECKPOINT_FORMAT = "securefed-rl-episodes"
 CHECKPOINT_VERSION = 1
@@ -62,6 +64,39 @@ class EpisodeCheckpoints:
 
     def should_resume(self) -> bool:
         return self.resume and Path(self.path).is_file()
+
+
+class FusionViewState:
+    """A :class:`~securefed.views.FusionView` as a checkpoint entry: its manifest as JSON and its
+    arrays as tensors, restored into the same view object.
+
+    Args:
+        view: the live view (restored in place).
+    """
+
+    def __init__(self, view: FusionView) -> None:
+        self.view = view
+
+    def state_dict(self) -> dict[str, object]:
+        manifest, arrays = self.view.to_arrays()
+        return {
+            "manifest": json.dumps(manifest),
+            "arrays": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore the saved view.
+
+        Raises:
+            CheckpointError: the saved view is malformed or of another channel, parties or
+                payload selection.
+        """
+        try:
+            arrays = {k: v.numpy() for k, v in state["arrays"].items()}
+            saved = FusionView.from_arrays(json.loads(state["manifest"]), arrays, "checkpoint")
+            self.view.restore_from(saved)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"the checkpoint's fusion view: {error}") from error
 
 
 class TrainingState:

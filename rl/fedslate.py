@@ -51,11 +51,22 @@ features, ``p``'s document features) for ``p``'s fused values, so ``Qf_p[i]`` co
 platform's value of the same document. The price: each platform's candidate features (its
 catalogue, no user data) reach the others.
 
-The server's fusion step goes through :class:`FusionStep`, the seam where a
-``securefed.fusion`` channel (CKKS, DP) plugs in; :class:`PlaintextFusion` is the direct one.
-The parties exchange only the messages a split deployment would: Q-value vectors up, fused
-values down, gradients of the loss with respect to the fused values up, gradients with respect
-to the Q-values down.
+The server network runs behind a ``securefed.fusion`` channel (``FedSlateConfig.fusion``, built
+by :func:`securefed.fusion.build_fusion_channel`; the plaintext one wraps :class:`ServerNetwork`
+and its optimiser): the parties exchange only the messages a split deployment would: Q-value
+vectors up, fused values down, gradients of the loss with respect to the fused values up,
+gradients with respect to the Q-values down. The channel's view
+(:class:`~securefed.views.FusionView`, ``RunResult.fusion_view``) records them, each exchange
+tagged with its protocol step: :data:`ACT` (the acting inquiry), :data:`TARGET` (the target
+networks' values of the next states), :data:`SELECT` (B's greedy slate) and :data:`LEARN` (an
+update's forward and backward). A channel that cannot serve the configuration refuses before
+the first episode.
+
+The run (:func:`run_fedslate`) is a loop over episodes and rounds; its state is a
+:class:`FedSlateRun` and its steps are functions of it: :func:`acting_inquiry`,
+:func:`choose_slates` and :func:`play_round` (acting), :func:`learn` (:func:`td_targets`, the
+losses :func:`clicked_loss` and :func:`slate_value_loss`, :func:`exchange_update` through the
+channel), :func:`sync_targets` and :func:`report_progress` (evaluation).
 
 Deviations from the paper's code (spec section 2), each a parameter: the local networks default
 to the per-item form of :class:`~securefed.rl.slateq.LocalQNetwork` (``local_arch="flat"`` is the
@@ -69,19 +80,27 @@ lr 1e-3 instead of 0.01; the agents' choice model is the environment's (``choice
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
 from torch import nn
 
-from securefed import SeedTree
-from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
+from securefed import NO_PAYLOADS, RoundSelection, SeedTree
+from securefed.fusion import (
+    FUSION_CHANNELS,
+    FusionChannel,
+    FusionNeeds,
+    ModuleFusionChannel,
+    build_fusion_channel,
+)
+from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
     PLATFORM_LETTERS,
+    ChoiceModel,
     EnsembleMLP,
     ReplayBuffer,
     RunResult,
@@ -100,26 +119,46 @@ from securefed.rl.slateq import (
 )
 
 __all__ = [
+    "ACT",
     "ALIGNMENTS",
+    "LEARN",
     "PLATFORM_NAMES",
+    "SELECT",
     "SERVER_ARCHS",
+    "TARGET",
     "VARIANTS",
     "FedSlateConfig",
-    "FusionStep",
-    "PlaintextFusion",
+    "FedSlateRun",
     "ServerNetwork",
+    "acting_inquiry",
+    "choose_slates",
+    "clicked_loss",
     "etror",
+    "exchange_update",
+    "greedy_positions",
+    "learn",
     "moving_average",
+    "on_candidates_of",
     "optimal_reward",
+    "play_round",
+    "report_progress",
     "run_fedslate",
     "run_reference",
+    "server_network",
+    "slate_value_loss",
+    "start_run",
     "summarize",
+    "sync_targets",
+    "td_targets",
 ]
 
 VARIANTS = ("fedslate", "extended", "fedq", "linear")
 SERVER_ARCHS = ("position", "flat")
 ALIGNMENTS = ("position", "item")
 PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
+ACT, TARGET, SELECT, LEARN = "act", "target", "select", "learn"
+"""Tags of the fusion exchanges in the view: the acting inquiry, the target networks' values,
+B's greedy-slate evaluation, an update's forward and backward."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +179,9 @@ class FedSlateConfig(SlateQConfig):
         alignment: ``"position"`` (the paper: every platform's Q-values of its own candidates)
             or ``"item"`` (the others' networks evaluated on the fused platform's candidates;
             module docstring).
+        fusion: the fusion channel the server network runs behind, one of
+            :data:`securefed.fusion.FUSION_CHANNELS` (a channel that cannot serve this
+            configuration refuses when the run is built, naming why).
     """
 
     variant: str = "fedslate"
@@ -147,6 +189,7 @@ class FedSlateConfig(SlateQConfig):
     server_hidden: tuple[int, ...] = (16, 16)
     server_lr: float | None = None
     alignment: str = "position"
+    fusion: str = "plaintext"
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -169,10 +212,21 @@ class FedSlateConfig(SlateQConfig):
             raise ValueError(f"at most {len(PLATFORM_NAMES)} platforms")
         if not any(self.feedback):
             raise ValueError("FedSlate needs at least one platform with feedback (the team target)")
+        if self.fusion not in FUSION_CHANNELS:
+            raise ValueError(f"fusion must be one of {FUSION_CHANNELS}, got {self.fusion!r}")
+
+    def fusion_needs(self) -> FusionNeeds:
+        """What the server network asks of its fusion channel: ``members`` side by side, its
+        hidden activation, one evaluation per platform with that platform's Q-values first,
+        Adam."""
+        activation = "identity" if self.variant == "linear" else self.activation
+        return FusionNeeds(
+            members=self.members, activation=activation, layout="per_party", optimiser="adam"
+        )
 
 
 # --------------------------------------------------------------------------------------------
-# The server network and the fusion seam
+# The server network
 
 
 class ServerNetwork(nn.Module):
@@ -248,108 +302,6 @@ class ServerNetwork(nn.Module):
         stacked = np.stack(list(ordered), axis=-1)
         s, b, n, k = stacked.shape
         return self.mlp.numpy_forward(stacked.reshape(s, b * n, k)).reshape(s, b, n)
-
-
-class FusionStep(Protocol):
-    """The server network's fusion step as a channel between the parties and the server.
-
-    The shape of DESIGN.md's ``FusionChannel``: party-keyed tensors in, party-keyed tensors out.
-
-    * :meth:`forward`: each party's Q-value vector ``(S, B, N)`` goes up; for each party in
-      ``outputs`` the fused values ``Qf_p`` come down (at ``positions[p]`` only when given, a
-      ``(S, B, m)`` index tensor; a channel that cannot evaluate selectively computes all and
-      gathers). Under ``torch.no_grad()`` nothing is kept for a backward pass.
-    * :meth:`backward`: each party in ``grads`` sends ``dL/dQf_p`` (the shape of its output);
-      the server back-propagates through its network (accumulating the gradients of its
-      parameters, which the server's optimiser then steps) and returns ``dL/dQ_q`` for every
-      party whose Q-values entered the last forward pass.
-    """
-
-    def forward(
-        self,
-        inputs: Mapping[str, torch.Tensor],
-        outputs: Sequence[str],
-        positions: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]: ...
-
-    def backward(self, grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
-
-
-class PlaintextFusion:
-    """The direct (plaintext) :class:`FusionStep` around a :class:`ServerNetwork`.
-
-    Args:
-        network: the server network (held by the server).
-        parties: party names in platform order (:data:`PLATFORM_NAMES`).
-        cross: ``False`` zeroes the other parties' inputs (the ``"fedq"`` variant).
-    """
-
-    def __init__(self, network: ServerNetwork, parties: Sequence[str], cross: bool = True) -> None:
-        if len(parties) != network.num_platforms:
-            raise ValueError(f"{len(parties)} parties for a {network.num_platforms}-input server")
-        self.network, self.parties, self.cross = network, tuple(parties), cross
-        self._inputs: dict[str, torch.Tensor] = {}
-        self._outputs: dict[str, torch.Tensor] = {}
-
-    def _ordered(self, inputs: Mapping[str, torch.Tensor], party: str) -> list[torch.Tensor]:
-        own = inputs[party]
-        others = [
-            inputs[q] if self.cross else torch.zeros_like(inputs[q])
-            for q in self.parties
-            if q != party
-        ]
-        return [own, *others]
-
-    def forward(
-        self,
-        inputs: Mapping[str, torch.Tensor],
-        outputs: Sequence[str],
-        positions: Mapping[str, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        missing = set(self.parties) - set(inputs)
-        if missing:
-            raise ValueError(f"fusion needs every party's Q-values; missing {sorted(missing)}")
-        positions = positions or {}
-        if not torch.is_grad_enabled():
-            return {p: self.network(self._ordered(inputs, p), positions.get(p)) for p in outputs}
-        # What the server received: leaves, so that backward can return dL/dQ per party.
-        self._inputs = {q: inputs[q].detach().requires_grad_(True) for q in self.parties}
-        self._outputs = {
-            p: self.network(self._ordered(self._inputs, p), positions.get(p)) for p in outputs
-        }
-        return {p: out.detach() for p, out in self._outputs.items()}
-
-    def numpy_forward(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        """Acting shortcut: the fused values of ``outputs`` (default: every party), in numpy."""
-        out = {}
-        for p in self.parties if outputs is None else outputs:
-            others = [
-                inputs[q] if self.cross else np.zeros_like(inputs[q])
-                for q in self.parties
-                if q != p
-            ]
-            out[p] = self.network.numpy_forward([inputs[p], *others])
-        return out
-
-    def backward(self, grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not self._outputs:
-            raise RuntimeError("backward() needs a forward() with gradients enabled first")
-        unknown = set(grads) - set(self._outputs)
-        if unknown:
-            raise ValueError(f"no forward output for parties {sorted(unknown)}")
-        names = list(grads)
-        torch.autograd.backward([self._outputs[p] for p in names], [grads[p] for p in names])
-        result = {
-            q: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
-            for q, leaf in self._inputs.items()
-        }
-        self._inputs, self._outputs = {}, {}
-        return result
-
-
-FusionFactory = Callable[[ServerNetwork, Sequence[str], bool], FusionStep]
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,7 +420,7 @@ def run_reference(
 
 
 # --------------------------------------------------------------------------------------------
-# The FedSlate run
+# The FedSlate run: its state, acting, learning, evaluation, and the loop
 
 
 def on_candidates_of(x_other, x_target, num_candidates: int):
@@ -484,42 +436,105 @@ def on_candidates_of(x_other, x_target, num_candidates: int):
     return np.concatenate([x_other[..., :1], x_target[..., docs], x_other[..., docs.stop :]], -1)
 
 
-def run_fedslate(
-    config: FedSlateConfig,
-    fusion_factory: FusionFactory | None = None,
-    checkpoints: EpisodeCheckpoints | None = None,
-) -> RunResult:
-    """Train FedSlate (or a variant) and return the per-platform episode rewards.
+@dataclass(eq=False)
+class FedSlateRun:
+    """Everything a FedSlate run changes as it goes (built by :func:`start_run`).
 
-    Args:
+    Attributes:
         config: the run's configuration.
-        fusion_factory: builds the online :class:`FusionStep` from ``(server network, party
-            names, cross)``; default :class:`PlaintextFusion`. The target network's fusion (no
-            gradients) always uses the same factory.
-        checkpoints: save the run's state at episode boundaries and resume from it
-            (:mod:`securefed.rl.checkpoint`); ``None``: no checkpoints.
+        names: party names of the platforms (``"A"``, ``"B"``, ...).
+        env: the simulator (``members`` users side by side).
+        choice: the agents' choice model.
+        local, local_target, local_opt: per platform, its Q-network, the target copy and the
+            optimiser (the parties' side).
+        channel: the fusion channel to the server: it holds the server network, its target copy
+            and its optimiser (checkpointed with the parties' state) and records what the
+            server saw in ``channel.view``.
+        replay: the round-aligned replay buffer.
+        act_rng, replay_rng: exploration and replay sampling streams.
+        rewards: ``(episodes, members, platforms)`` episode rewards so far.
+        rounds, learn_steps: rounds played and learning steps taken.
+        updates: optimiser steps per network.
+        timings: seconds spent acting and learning.
+        start: ``time.perf_counter()`` at the (virtual) start of the run.
     """
-    torch.set_num_threads(config.threads)
-    factory = fusion_factory or PlaintextFusion
-    cfg_env = config.env_config()
-    tree = SeedTree(config.seed)
-    members, k_plat, n_cand, n = (
+
+    config: FedSlateConfig
+    names: tuple[str, ...]
+    env: ChocKaleBatch
+    choice: ChoiceModel
+    local: list[nn.Module]
+    local_target: list[nn.Module]
+    local_opt: list[torch.optim.Optimizer]
+    channel: ModuleFusionChannel
+    replay: ReplayBuffer
+    act_rng: np.random.Generator
+    replay_rng: np.random.Generator
+    rewards: np.ndarray
+    rounds: int = 0
+    learn_steps: int = 0
+    updates: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    start: float = 0.0
+
+    @property
+    def with_rewards(self) -> list[int]:
+        """Platforms that learn from their own rewards (Algorithm 1, or 4)."""
+        return [p for p, f in enumerate(self.config.feedback) if f]
+
+    @property
+    def without_rewards(self) -> list[int]:
+        """Platforms that learn from the team target (Algorithm 2)."""
+        return [p for p, f in enumerate(self.config.feedback) if not f]
+
+    def training_state(self) -> TrainingState:
+        """The run's mutable state by name, for checkpoints (:mod:`securefed.rl.checkpoint`)."""
+        k_plat, channel = self.config.num_platforms, self.channel
+        return TrainingState(
+            stateful={f"local.{p}": self.local[p] for p in range(k_plat)}
+            | {f"local_target.{p}": self.local_target[p] for p in range(k_plat)}
+            | {f"local_opt.{p}": self.local_opt[p] for p in range(k_plat)}
+            | {"server": channel.module, "server_target": channel.target}
+            | {"server_opt": channel.optimiser, "replay": self.replay}
+            | {"fusion_view": FusionViewState(channel.view)},
+            generators={"explore": self.act_rng, "replay": self.replay_rng}
+            | {f"env.{k}": g for k, g in self.env.streams.named().items()},
+            arrays={"rewards": self.rewards},
+        )
+
+
+def server_network(config: FedSlateConfig, generator: torch.Generator | None = None):
+    """The server's fusion network as ``config`` describes it (the linear ablation keeps the
+    first hidden width and drops the activation)."""
+    linear = config.variant == "linear"
+    return ServerNetwork(
         config.members,
         config.num_platforms,
         config.num_candidates,
-        config.slate_size,
+        config.server_hidden[:1] if linear else config.server_hidden,
+        arch=config.server_arch,
+        activation="identity" if linear else config.activation,
+        output_activation=config.output_activation,
+        generator=generator,
     )
+
+
+def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOADS) -> FedSlateRun:
+    """A fresh run: environment, the parties' networks, the fusion channel, replay, streams.
+
+    Raises:
+        FusionNotApplicable: the configuration's fusion channel cannot serve the server network.
+    """
+    cfg_env = config.env_config()
+    tree = SeedTree(config.seed)
+    k_plat = config.num_platforms
     names = PLATFORM_NAMES[:k_plat]
-    choice = make_choice_model(config.choice_model)
     env = ChocKaleBatch(
         cfg_env,
-        members,
+        config.members,
         EnvStreams.from_tree(tree, k_plat, "env", shared_corpus=config.shared_corpus),
     )
-    with_rewards = [p for p in range(k_plat) if cfg_env.feedback[p]]  # Algorithm 1 (or 4)
-    without_rewards = [p for p in range(k_plat) if not cfg_env.feedback[p]]  # Algorithm 2
     dims = [cfg_env.state_dim(p) for p in range(k_plat)]
-
     # Parties: a local network (and its target copy and optimiser) per platform.
     local, local_target, local_opt = [], [], []
     for p in range(k_plat):
@@ -530,241 +545,368 @@ def run_fedslate(
         local.append(net)
         local_target.append(target)
         local_opt.append(torch.optim.Adam(net.parameters(), lr=config.lr, fused=True))
-
-    # Server: the fusion network, its target copy, its optimiser, and the channels.
-    linear = config.variant == "linear"
-    server_kwargs = {
-        "arch": config.server_arch,
-        "activation": "identity" if linear else config.activation,
-        "output_activation": config.output_activation,
-    }
-    hidden = config.server_hidden[:1] if linear else config.server_hidden
-    server = ServerNetwork(
-        members,
-        k_plat,
-        n_cand,
-        hidden,
-        generator=torch_generator(tree, "init", "server"),
-        **server_kwargs,
-    )
-    server_target = ServerNetwork(members, k_plat, n_cand, hidden, **server_kwargs)
-    server_target.load_state_dict(server.state_dict())
-    server_target.requires_grad_(False)
+    # Server: the fusion network, its target copy and its optimiser, behind the channel.
+    server = server_network(config, torch_generator(tree, "init", "server"))
     server_opt = torch.optim.Adam(server.parameters(), lr=config.server_lr or config.lr, fused=True)
-    cross = config.variant != "fedq"
-    fusion = factory(server, names, cross)
-    target_fusion = factory(server_target, names, cross)
-    # Acting in plaintext takes a numpy shortcut (same values, no autograd overhead).
-    numpy_acting = PlaintextFusion(server, names, cross) if fusion_factory is None else None
-    item_aligned = config.alignment == "item"
-
-    def seen_by(xs: Sequence, q: int, p: int):
-        """Platform q's features as they enter platform p's fusion (item alignment: p's docs)."""
-        return on_candidates_of(xs[q], xs[p], n_cand) if item_aligned and q != p else xs[q]
-
-    def fuse_for_acting(msgs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        if numpy_acting is not None:
-            return {k: t[:, 0] for k, t in numpy_acting.numpy_forward(msgs, outputs).items()}
-        with torch.no_grad():
-            fused = fusion.forward({k: torch.from_numpy(v) for k, v in msgs.items()}, outputs)
-        return {k: t.numpy()[:, 0] for k, t in fused.items()}
-
-    act_rng = tree.generator("agent", "explore")
-    replay_rng = tree.generator("agent", "replay")
-    replay = ReplayBuffer(config.buffer_size, members, dims, n)
-    rewards = np.zeros((config.episodes, members, k_plat))
-    updates = {f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0}
-    sarsa = config.target == "sarsa"
-    state = TrainingState(
-        stateful={f"local.{p}": local[p] for p in range(k_plat)}
-        | {f"local_target.{p}": local_target[p] for p in range(k_plat)}
-        | {f"local_opt.{p}": local_opt[p] for p in range(k_plat)}
-        | {"server": server, "server_target": server_target, "server_opt": server_opt}
-        | {"replay": replay},
-        generators={"explore": act_rng, "replay": replay_rng}
-        | {f"env.{k}": g for k, g in env.streams.named().items()},
-        arrays={"rewards": rewards},
+    channel = build_fusion_channel(
+        config.fusion,
+        names,
+        server,
+        server_opt,
+        config.fusion_needs(),
+        target=server_network(config),
+        cross=config.variant != "fedq",
+        keep_payloads=keep_payloads,
+        total_rounds=config.episodes * config.steps_per_platform,
     )
+    return FedSlateRun(
+        config=config,
+        names=names,
+        env=env,
+        choice=make_choice_model(config.choice_model),
+        local=local,
+        local_target=local_target,
+        local_opt=local_opt,
+        channel=channel,
+        replay=ReplayBuffer(config.buffer_size, config.members, dims, config.slate_size),
+        act_rng=tree.generator("agent", "explore"),
+        replay_rng=tree.generator("agent", "replay"),
+        rewards=np.zeros((config.episodes, config.members, k_plat)),
+        updates={f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0},
+        timings={"acting": 0.0, "learning": 0.0},
+    )
+
+
+def seen_by(config: FedSlateConfig, xs: Sequence, q: int, p: int):
+    """Platform q's features as they enter platform p's fusion (item alignment: p's docs)."""
+    if config.alignment == "item" and q != p:
+        return on_candidates_of(xs[q], xs[p], config.num_candidates)
+    return xs[q]
+
+
+# -- acting (Algorithm 3) -----------------------------------------------------------------------
+
+
+def acting_inquiry(run: FedSlateRun, x: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The round's inquiry: every platform's fused values ``Qf_p`` ``(S, N)`` on its frozen
+    observation, one fusion for all platforms (item alignment: one per platform, each on that
+    platform's candidates)."""
+    config, names, local = run.config, run.names, run.local
+    k_plat = config.num_platforms
+    if config.alignment == "item":
+        qf = {}
+        for p in range(k_plat):
+            msgs = {
+                names[q]: local[q].numpy_forward(seen_by(config, x, q, p)[:, None, :])
+                for q in range(k_plat)
+            }
+            qf |= _acting_fusion(run.channel, msgs, [names[p]])
+        return qf
+    msgs = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
+    return _acting_fusion(run.channel, msgs, list(names))
+
+
+def _acting_fusion(
+    channel: FusionChannel, msgs: dict[str, np.ndarray], outputs: list[str]
+) -> dict[str, np.ndarray]:
+    fused = channel.forward(msgs, outputs=outputs, train=False, tag=ACT)
+    return {k: np.asarray(v)[:, 0] for k, v in fused.items()}
+
+
+def padded_features(xs: list[np.ndarray]) -> list[np.ndarray]:
+    """The platforms' feature arrays padded to one width (choice weights read columns ``0..N``
+    only, which every platform's features share)."""
+    width = max(a.shape[1] for a in xs)
+    return [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in xs]
+
+
+def choose_slates(
+    run: FedSlateRun, x: list[np.ndarray], qf: dict[str, np.ndarray], eps: float
+) -> np.ndarray:
+    """``(K, S, n)`` every platform's epsilon-greedy slate from the round's inquiry, selected in
+    one batch (rows ``p * S + s``)."""
+    config = run.config
+    x_all = np.concatenate(padded_features(x))
+    v, v_null = choice_weights(run.choice, x_all, config.num_candidates)
+    q_all = np.concatenate([qf[name] for name in run.names])
+    slates_all = select_slates(config.slate_method, q_all, v, v_null, config.slate_size)
+    slates_all = explore(slates_all, eps, run.act_rng, config.num_candidates)
+    return slates_all.reshape(config.num_platforms, config.members, config.slate_size)
+
+
+def play_round(run: FedSlateRun, episode: int, x: list[np.ndarray], slates: np.ndarray) -> bool:
+    """The platforms take their turns with the shared user; rewards and replay are written and
+    ``x`` is advanced in place. Returns whether the episode ended."""
+    done = False
+    for p in range(run.config.num_platforms):
+        out = run.env.step(p, slates[p])
+        run.rewards[episode, :, p] += out.engagement
+        x_next = features(run.env.observation(p), run.config)
+        run.replay.add(p, x[p], slates[p], out.clicked, out.feedback, x_next)
+        x[p] = x_next
+        done = out.done
+    return done
+
+
+# -- learning (Algorithms 1 and 2) --------------------------------------------------------------
+
+
+def td_targets(
+    run: FedSlateRun, idx: np.ndarray, done: np.ndarray
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Step 1: ``Y_p = r_p + gamma X_p(s'_p) (1 - done)`` on the target networks, for each
+    platform with rewards; returns ``(Y_p, valid_p)`` (valid: the platform observed feedback)."""
+    config, names, replay = run.config, run.names, run.replay
+    k_plat = config.num_platforms
+    sarsa = config.target == "sarsa"
+    targets_y, valid = {}, {}
+    with torch.no_grad():
+        x_next = [replay.gather(replay.x_next, p, idx) for p in range(k_plat)]
+
+        def next_messages(p: int) -> dict[str, torch.Tensor]:
+            return {
+                names[q]: run.local_target[q](torch.from_numpy(seen_by(config, x_next, q, p)))
+                for q in range(k_plat)
+            }
+
+        shared_next = None if config.alignment == "item" else next_messages(0)  # same for all p
+        for p in run.with_rewards:
+            q_next = shared_next if shared_next is not None else next_messages(p)
+            fused = run.channel.forward(
+                q_next, outputs=[names[p]], network="target", train=False, tag=TARGET
+            )
+            qf_next = fused[names[p]].numpy()
+            nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
+            x_val = next_values(config, run.choice, qf_next, x_next[p], nxt)
+            fb = replay.gather(replay.feedback, p, idx)
+            valid[p] = ~np.isnan(fb)
+            y = np.where(valid[p], fb, 0.0) * config.reward_scale
+            targets_y[p] = (y + config.gamma * x_val * ~done).astype(np.float32)
+    return targets_y, valid
+
+
+def clicked_loss(
+    fused: torch.Tensor, positions: torch.Tensor, *, y: torch.Tensor, mask: torch.Tensor, delta
+) -> torch.Tensor:
+    """Algorithm 1's loss: ``Huber(Qf_p(s, clicked), Y_p)`` (``fused`` holds the clicked one)."""
+    return masked_huber(fused[..., 0], y, mask, delta)
+
+
+def slate_value_loss(
+    fused: torch.Tensor,
+    slates: torch.Tensor,
+    *,
+    v: torch.Tensor,
+    v_null: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor,
+    delta: float,
+) -> torch.Tensor:
+    """Algorithm 2's loss: ``Huber(V_B(s_B), team target)`` with ``V_B = sum_j P(j) Qf_B(j)``
+    over B's greedy slate (``fused`` holds ``Qf_B`` at the slate's positions)."""
+    chosen_v = torch.gather(v, 2, slates)
+    probs = chosen_v / (v_null[..., None] + chosen_v.sum(dim=2, keepdim=True))
+    value = (probs * fused).sum(dim=2)
+    return masked_huber(value, y, mask, delta)
+
+
+def greedy_positions(
+    run: FedSlateRun,
+    p: int,
+    v: np.ndarray,
+    v_null: np.ndarray,
+    msgs: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """B's greedy slate on ``Qf_B`` from the networks as updated so far this step (an
+    evaluation-only fusion of the detached Q-values)."""
+    config, name = run.config, run.names[p]
+    qf = run.channel.forward(msgs, outputs=[name], train=False, tag=SELECT)[name].numpy()
+    s_, b_ = qf.shape[:2]
+    n_cand = config.num_candidates
+    slates = select_slates(
+        config.slate_method,
+        qf.reshape(s_ * b_, n_cand),
+        v.reshape(s_ * b_, n_cand),
+        v_null.reshape(s_ * b_),
+        config.slate_size,
+    )
+    return torch.from_numpy(slates.reshape(s_, b_, config.slate_size))
+
+
+def exchange_update(
+    run: FedSlateRun,
+    p: int,
+    loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    xs: list[torch.Tensor],
+    positions: torch.Tensor | Callable[[dict[str, torch.Tensor]], torch.Tensor],
+) -> None:
+    """One update of platform ``p``'s network and the server through the fusion channel.
+
+    The other platforms' networks are frozen (their Q-values are inputs). ``positions``: the
+    candidate positions whose fused values ``p``'s loss needs, or a function that picks them
+    from the (detached) Q-value messages (B's greedy slate). The exchange: Q-values up, ``Qf_p``
+    at those positions down, ``dL/dQf_p`` up (the server steps), ``dL/dQ_p`` down.
+    """
+    config, names, channel = run.config, run.names, run.channel
+    own = run.local[p](xs[p])
+    msgs = {names[p]: own}
+    with torch.no_grad():
+        for q in range(config.num_platforms):
+            if q != p:
+                msgs[names[q]] = run.local[q](seen_by(config, xs, q, p))
+    if callable(positions):
+        positions = positions({k: m.detach() for k, m in msgs.items()})
+    fused = channel.forward(
+        msgs, outputs=[names[p]], positions={names[p]: positions}, train=True, tag=LEARN
+    )[names[p]]
+    fused = fused.requires_grad_(True)  # what party p received
+    loss = loss_of(fused, positions)
+    run.local_opt[p].zero_grad(set_to_none=True)
+    loss.backward()
+    grads = channel.backward({names[p]: fused.grad}, recipients=[names[p]])
+    own.backward(grads[names[p]])
+    run.local_opt[p].step()
+    run.updates[f"local_{names[p]}"] += 1
+    run.updates["server"] += 1
+
+
+def learn(run: FedSlateRun) -> None:
+    """One learning step on a replay batch of rounds shared by every platform: the targets,
+    Algorithm 1 for the platforms with rewards, Algorithm 2 for the others."""
+    config, replay = run.config, run.replay
+    k_plat, n_cand, delta = config.num_platforms, config.num_candidates, config.huber_delta
+    idx = replay.sample(run.replay_rng, config.batch_size, config.target == "sarsa")
+    xs = [torch.from_numpy(replay.gather(replay.x, p, idx)) for p in range(k_plat)]
+    targets_y, valid = td_targets(run, idx, replay.done[idx])
+    # 2. Algorithm 1 for each platform with rewards: Huber(Qf_p(s, clicked), Y_p).
+    for p in run.with_rewards:
+        clicked = torch.from_numpy(replay.gather(replay.clicked, p, idx))[..., None]
+        y_t, m_t = torch.from_numpy(targets_y[p]), torch.from_numpy(valid[p])
+        exchange_update(run, p, partial(clicked_loss, y=y_t, mask=m_t, delta=delta), xs, clicked)
+    if not run.without_rewards:
+        return
+    # 3. Algorithm 2 for each platform without rewards: V_B(s_B) onto the team target.
+    stack_y = np.stack([targets_y[p] for p in run.with_rewards])
+    stack_m = np.stack([valid[p] for p in run.with_rewards])
+    team_valid = stack_m.any(axis=0)
+    team_y = (stack_y * stack_m).sum(axis=0) / np.maximum(stack_m.sum(axis=0), 1)
+    y_t, m_t = torch.from_numpy(team_y.astype(np.float32)), torch.from_numpy(team_valid)
+    for p in run.without_rewards:
+        v, v_null = choice_weights(run.choice, xs[p].numpy(), n_cand)
+        loss = partial(
+            slate_value_loss,
+            v=torch.from_numpy(v.astype(np.float32)),
+            v_null=torch.from_numpy(v_null.astype(np.float32)),
+            y=y_t,
+            mask=m_t,
+            delta=delta,
+        )
+        exchange_update(run, p, loss, xs, partial(greedy_positions, run, p, v, v_null))
+
+
+def sync_targets(run: FedSlateRun) -> None:
+    """The target networks take the online weights (every ``target_sync`` rounds)."""
+    for p in range(run.config.num_platforms):
+        run.local_target[p].load_state_dict(run.local[p].state_dict())
+    run.channel.sync_target()
+
+
+# -- evaluation ---------------------------------------------------------------------------------
+
+
+def report_progress(run: FedSlateRun, episode: int) -> None:
+    """Every ``log_every`` episodes: the mean reward per platform over the last ones."""
+    config = run.config
+    if not config.log_every or (episode + 1) % config.log_every:
+        return
+    window = run.rewards[max(0, episode - config.log_every + 1) : episode + 1]
+    print(
+        f"fedslate[{config.variant}] episode {episode + 1}: mean reward per platform "
+        f"{np.round(window.mean(axis=(0, 1)), 1)}, eps {config.epsilon(run.rounds):.3f}, "
+        f"{time.perf_counter() - run.start:.0f}s",
+        flush=True,
+    )
+
+
+def run_result(run: FedSlateRun) -> RunResult:
+    """What the run produced (the channel's view included)."""
+    k_plat, names = run.config.num_platforms, run.names
+    return RunResult(
+        algorithm=run.config.variant,
+        config=run.config.to_dict(),
+        episode_rewards=run.rewards,
+        seconds=time.perf_counter() - run.start,
+        rounds=run.rounds,
+        learn_steps=run.learn_steps,
+        updates=run.updates,
+        timings=run.timings,
+        networks={f"local_{names[p]}": run.local[p] for p in range(k_plat)}
+        | {"server": run.channel.module},
+        fusion_view=run.channel.view,
+    )
+
+
+# -- the loop -----------------------------------------------------------------------------------
+
+
+def run_fedslate(
+    config: FedSlateConfig,
+    checkpoints: EpisodeCheckpoints | None = None,
+    *,
+    keep_payloads: RoundSelection = NO_PAYLOADS,
+) -> RunResult:
+    """Train FedSlate (or a variant) and return the per-platform episode rewards.
+
+    The server network runs behind the fusion channel ``config.fusion``
+    (:mod:`securefed.fusion.registry`); the channel's view (``result.fusion_view``) records what
+    the server saw, every exchange tagged :data:`ACT`, :data:`TARGET`, :data:`LEARN` or
+    :data:`SELECT`. Sets no global state: callers choose torch's threads
+    (``config.threads``).
+
+    Args:
+        config: the run's configuration.
+        checkpoints: save the run's state at episode boundaries and resume from it
+            (:mod:`securefed.rl.checkpoint`; the view is part of the state); ``None``: none.
+        keep_payloads: which rounds of the view keep every vector (rounds are numbered from 0
+            over the run; ``ALL_PAYLOADS`` for the Q-value attack).
+
+    Raises:
+        FusionNotApplicable: the fusion channel cannot serve this configuration (before any
+            episode).
+    """
+    run = start_run(config, keep_payloads)
+    state = run.training_state()
     resumed = resume_counters(state, checkpoints, config.variant, config)
-    first_episode, rounds, learn_steps = (resumed[k] for k in ("episodes", "rounds", "learn"))
-    updates |= resumed["updates"]
-    timings = {"acting": 0.0, "learning": 0.0} | resumed["timings"]
-    start = time.perf_counter() - resumed["seconds"]
-
-    def x_round_pad(xs: list[np.ndarray]) -> list[np.ndarray]:
-        """Pad the platforms' feature arrays to one width (choice weights read columns
-        ``0..N`` only, which every platform's features share)."""
-        width = max(a.shape[1] for a in xs)
-        return [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in xs]
-
-    def step_update(
-        p: int,
-        loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        xs: list[torch.Tensor],
-        positions: torch.Tensor | Callable[[dict[str, torch.Tensor]], torch.Tensor],
-    ) -> None:
-        """One update of platform ``p``'s network and the server through the fusion seam.
-
-        ``positions``: the candidate positions whose fused values ``p``'s loss needs, or a
-        function that picks them from the (detached) Q-value messages (B's greedy slate).
-        """
-        own = local[p](xs[p])
-        msgs = {names[p]: own}
-        with torch.no_grad():  # the other platforms' networks are frozen for this update
-            for q in range(k_plat):
-                if q != p:
-                    msgs[names[q]] = local[q](seen_by(xs, q, p))
-        if callable(positions):
-            positions = positions({k: m.detach() for k, m in msgs.items()})
-        fused = fusion.forward(msgs, [names[p]], {names[p]: positions})[names[p]]
-        fused = fused.requires_grad_(True)  # what party p received
-        loss = loss_of(fused, positions)
-        local_opt[p].zero_grad(set_to_none=True)
-        server_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grads = fusion.backward({names[p]: fused.grad})
-        own.backward(grads[names[p]])
-        local_opt[p].step()
-        server_opt.step()
-        updates[f"local_{names[p]}"] += 1
-        updates["server"] += 1
-
-    def learn() -> None:
-        idx = replay.sample(replay_rng, config.batch_size, sarsa)
-        xs = [torch.from_numpy(replay.gather(replay.x, p, idx)) for p in range(k_plat)]
-        done = replay.done[idx]
-        # 1. TD targets of the platforms with rewards, on the target networks.
-        targets_y, valid = {}, {}
-        with torch.no_grad():
-            x_next = [replay.gather(replay.x_next, p, idx) for p in range(k_plat)]
-
-            def next_messages(p: int) -> dict[str, torch.Tensor]:
-                return {
-                    names[q]: local_target[q](torch.from_numpy(seen_by(x_next, q, p)))
-                    for q in range(k_plat)
-                }
-
-            shared_next = None if item_aligned else next_messages(0)  # the same for every p
-            for p in with_rewards:
-                q_next = shared_next if shared_next is not None else next_messages(p)
-                qf_next = target_fusion.forward(q_next, [names[p]])[names[p]].numpy()
-                nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
-                x_val = next_values(config, choice, qf_next, x_next[p], nxt)
-                fb = replay.gather(replay.feedback, p, idx)
-                valid[p] = ~np.isnan(fb)
-                y = np.where(valid[p], fb, 0.0) * config.reward_scale
-                targets_y[p] = (y + config.gamma * x_val * ~done).astype(np.float32)
-        # 2. Algorithm 1 for each platform with rewards: Huber(Qf_p(s, clicked), Y_p).
-        for p in with_rewards:
-            clicked = torch.from_numpy(replay.gather(replay.clicked, p, idx))[..., None]
-            y_t, m_t = torch.from_numpy(targets_y[p]), torch.from_numpy(valid[p])
-
-            def loss_clicked(fused, positions, y_t=y_t, m_t=m_t):
-                return masked_huber(fused[..., 0], y_t, m_t, config.huber_delta)
-
-            step_update(p, loss_clicked, xs, clicked)
-        if not without_rewards:
-            return
-        # 3. Algorithm 2 for each platform without rewards: V_B(s_B) onto the team target.
-        stack_y = np.stack([targets_y[p] for p in with_rewards])
-        stack_m = np.stack([valid[p] for p in with_rewards])
-        team_valid = stack_m.any(axis=0)
-        team_y = (stack_y * stack_m).sum(axis=0) / np.maximum(stack_m.sum(axis=0), 1)
-        y_t, m_t = torch.from_numpy(team_y.astype(np.float32)), torch.from_numpy(team_valid)
-        for p in without_rewards:
-            v, v_null = choice_weights(choice, xs[p].numpy(), n_cand)
-            v_t = torch.from_numpy(v.astype(np.float32))
-            vn_t = torch.from_numpy(v_null.astype(np.float32))
-
-            def greedy_positions(msgs, p=p, v=v, v_null=v_null):
-                # B's greedy slate on Qf_B, from the networks as updated so far this step.
-                with torch.no_grad():
-                    qf = fusion.forward(msgs, [names[p]])[names[p]].numpy()
-                s_, b_ = qf.shape[:2]
-                slates = select_slates(
-                    config.slate_method,
-                    qf.reshape(s_ * b_, n_cand),
-                    v.reshape(s_ * b_, n_cand),
-                    v_null.reshape(s_ * b_),
-                    n,
-                )
-                return torch.from_numpy(slates.reshape(s_, b_, n))
-
-            def loss_value(fused, slates, v_t=v_t, vn_t=vn_t):
-                # fused holds Qf_B at the slate's positions: V_B = sum_j P(j) Qf_B(j).
-                chosen_v = torch.gather(v_t, 2, slates)
-                probs = chosen_v / (vn_t[..., None] + chosen_v.sum(dim=2, keepdim=True))
-                value = (probs * fused).sum(dim=2)
-                return masked_huber(value, y_t, m_t, config.huber_delta)
-
-            step_update(p, loss_value, xs, greedy_positions)
-
+    first_episode, run.rounds, run.learn_steps = (
+        resumed[k] for k in ("episodes", "rounds", "learn")
+    )
+    run.updates |= resumed["updates"]
+    run.timings |= resumed["timings"]
+    run.start = time.perf_counter() - resumed["seconds"]
     for episode in range(first_episode, config.episodes):
-        env.reset()
-        x = [features(env.observation(p), config) for p in range(k_plat)]
+        run.env.reset()
+        x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
         done = False
         tock = time.perf_counter()
         while not done:
-            eps = config.epsilon(rounds)
-            # Acting: one inquiry per round; every platform gets its fused Q-values.
-            if item_aligned:  # one fusion per platform, on that platform's candidates
-                qf = {}
-                for p in range(k_plat):
-                    msgs = {
-                        names[q]: local[q].numpy_forward(seen_by(x, q, p)[:, None, :])
-                        for q in range(k_plat)
-                    }
-                    qf |= fuse_for_acting(msgs, [names[p]])
-            else:
-                msgs = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
-                qf = fuse_for_acting(msgs, list(names))
-            # Every platform's slate from the round's inquiry, in one batch (rows p * S + s).
-            x_all = np.concatenate(x_round_pad(x))
-            v, v_null = choice_weights(choice, x_all, n_cand)
-            q_all = np.concatenate([qf[names[p]] for p in range(k_plat)])
-            slates_all = select_slates(config.slate_method, q_all, v, v_null, n)
-            slates_all = explore(slates_all, eps, act_rng, n_cand).reshape(k_plat, members, n)
-            for p in range(k_plat):
-                slates = slates_all[p]
-                out = env.step(p, slates)
-                rewards[episode, :, p] += out.engagement
-                x_next = features(env.observation(p), config)
-                replay.add(p, x[p], slates, out.clicked, out.feedback, x_next)
-                x[p] = x_next
-                done = out.done
+            run.channel.open_round(run.rounds)
+            qf = acting_inquiry(run, x)
+            slates = choose_slates(run, x, qf, config.epsilon(run.rounds))
+            done = play_round(run, episode, x, slates)
             tick = time.perf_counter()
-            timings["acting"] += tick - tock
-            replay.commit(done)
-            rounds += 1
-            if rounds > config.burn_in and rounds % config.learn_every == 0:
-                learn()
-                learn_steps += 1
-            if rounds % config.target_sync == 0:
-                for p in range(k_plat):
-                    local_target[p].load_state_dict(local[p].state_dict())
-                server_target.load_state_dict(server.state_dict())
+            run.timings["acting"] += tick - tock
+            run.replay.commit(done)
+            run.rounds += 1
+            if run.rounds > config.burn_in and run.rounds % config.learn_every == 0:
+                learn(run)
+                run.learn_steps += 1
+            if run.rounds % config.target_sync == 0:
+                sync_targets(run)
             tock = time.perf_counter()
-            timings["learning"] += tock - tick
-        if config.log_every and (episode + 1) % config.log_every == 0:
-            recent = rewards[max(0, episode - config.log_every + 1) : episode + 1].mean(axis=(0, 1))
-            print(
-                f"fedslate[{config.variant}] episode {episode + 1}: mean reward per platform "
-                f"{np.round(recent, 1)}, eps {config.epsilon(rounds):.3f}, "
-                f"{time.perf_counter() - start:.0f}s",
-                flush=True,
-            )
-        counters = {"episodes": episode + 1, "rounds": rounds, "learn": learn_steps}
-        counters |= {"updates": updates, "timings": timings}
-        counters["seconds"] = time.perf_counter() - start
+            run.timings["learning"] += tock - tick
+        report_progress(run, episode)
+        counters = {"episodes": episode + 1, "rounds": run.rounds, "learn": run.learn_steps}
+        counters |= {"updates": run.updates, "timings": run.timings}
+        counters["seconds"] = time.perf_counter() - run.start
         checkpoint_if_due(state, checkpoints, config.variant, config, counters)
-    return RunResult(
-        algorithm=config.variant,
-        config=config.to_dict(),
-        episode_rewards=rewards,
-        seconds=time.perf_counter() - start,
-        rounds=rounds,
-        learn_steps=learn_steps,
-        updates=updates,
-        timings=timings,
-        networks={f"local_{names[p]}": local[p] for p in range(k_plat)} | {"server": server},
-    )
+    return run_result(run)

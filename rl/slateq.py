@@ -55,6 +55,7 @@ from securefed.rl.envs.choc_kale import (
     EnvStreams,
     PlatformObservation,
 )
+from securefed.views import FusionView
 
 __all__ = [
     "CHOICE_MODELS",
@@ -669,7 +670,9 @@ class SlateQConfig:
     learning), ``learn_every`` (rounds), ``target_sync`` (rounds), ``eps_start``, ``eps_decay``
     (factor per round), ``eps_floor`` (epsilon is 0 below it), ``slate_method`` (acting and
     targets), ``target`` (``"qlearning"`` or ``"sarsa"``), ``choice_model`` (the agents'),
-    ``threads`` (torch threads), ``log_every`` (episodes between progress lines; 0: silent).
+    ``threads`` (torch threads the caller should use: the runs set no global state, the CLI and
+    the benchmarks apply it with ``torch.set_num_threads``), ``log_every`` (episodes between
+    progress lines; 0: silent).
     """
 
     num_candidates: int = 10
@@ -788,6 +791,9 @@ class RunResult:
         timings: seconds spent acting (inquiry, slates, environment) and learning.
         networks: the trained online networks by name (``local_A``, ..., ``server``); not
             serialised with the result.
+        fusion_view: FedSlate's fusion channel's record of what the server saw
+            (:class:`~securefed.views.FusionView`); ``None`` for runs without a server. Not
+            serialised with the result (save it with ``fusion_view.save(directory)``).
     """
 
     algorithm: str
@@ -799,6 +805,7 @@ class RunResult:
     updates: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     networks: dict[str, nn.Module] = field(default_factory=dict, repr=False)
+    fusion_view: FusionView | None = field(default=None, repr=False)
 
     @property
     def episodes_per_second(self) -> float:
@@ -917,12 +924,13 @@ def run_slateq(config: SlateQConfig, checkpoints: EpisodeCheckpoints | None = No
     ``Huber(Q(s, clicked), r + gamma X(s') (1 - done))`` on a replay batch of rounds where it
     observed its feedback. Returns the per-platform episode rewards.
 
+    Sets no global state: callers choose torch's threads (``config.threads``).
+
     Args:
         config: the run's configuration.
         checkpoints: save the run's state at episode boundaries and resume from it
             (:mod:`securefed.rl.checkpoint`); ``None``: no checkpoints.
     """
-    torch.set_num_threads(config.threads)
     cfg_env = config.env_config()
     tree = SeedTree(config.seed)
     members, k_plat, n_cand, n = (

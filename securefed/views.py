@@ -566,3 +566,516 @@ def _json_default(value: object) -> object:
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+# ================================================================================ the fusion shape
+# The record of a fusion channel (vertical FL, DESIGN.md "The two shapes of communication"): the
+# same notebook as ServerView, for exchanges instead of aggregation rounds. Additive: nothing
+# above uses it.
+
+FUSION_FORMAT_NAME = "securefed.fusion_view"
+FUSION_FORMAT_VERSION = 1
+FUSION_KINDS = ("forward", "backward")
+FUSION_NETWORKS = ("online", "target")
+_LEDGER_COLUMNS = ("rounds", "bytes_up", "bytes_down", "forwards", "backwards")
+
+
+def _plain_name(what: str, value: object) -> str:
+    """A party name, tag or field name: a string without ``/`` (it becomes part of array keys)."""
+    if not isinstance(value, str) or "/" in value:
+        raise ValueError(f"{what} must be a string without '/', got {value!r}")
+    return value
+
+
+def check_party_names(parties: object) -> tuple[str, ...]:
+    """Distinct, non-empty party names without ``/``.
+
+    Raises:
+        ValueError: naming the offending name.
+    """
+    names = tuple(parties)  # type: ignore[arg-type]
+    if not names:
+        raise ValueError("a fusion channel needs at least one party")
+    for name in names:
+        if not _plain_name("a party name", name):
+            raise ValueError("party names must be non-empty")
+    if len(set(names)) != len(names):
+        raise ValueError(f"party names must be distinct, got {list(names)}")
+    return names
+
+
+@dataclass(eq=False)
+class FusionExchange:
+    """One exchange between the parties and the fusion server, as the server saw it.
+
+    Kept (with its payloads) only in the rounds the view's :class:`RoundSelection` keeps.
+
+    Attributes:
+        step: the channel's exchange counter (0, 1, ... over the run).
+        round_id: the caller's round it happened in.
+        kind: ``"forward"`` (inputs up, outputs down) or ``"backward"`` (output gradients up,
+            input gradients down, the server steps its weights).
+        network: ``"online"`` or ``"target"`` (the frozen copy).
+        tag: the caller's name for the protocol step (public: the server knows the protocol).
+        train: whether a forward kept what a backward needs.
+        outputs: the parties that received something back.
+        bytes_up: bytes each party sent (parties that sent nothing are absent).
+        bytes_down: bytes each party received.
+        payloads: per party, field name to array, as the server saw them. Received fields:
+            ``"input"``, ``"positions"`` (which output entries the party asked for),
+            ``"output_grad"``; sent: ``"output"``, ``"input_grad"``. Encrypted channels record
+            ``"<field>_ciphertext_sizes"`` and ``"<field>_ciphertext_sha256"`` instead.
+        aggregate: what the server computed or obtained in the clear beyond the messages (e.g.
+            the weight gradients the CKKS channel's masked exchange releases).
+    """
+
+    step: int
+    round_id: int
+    kind: str
+    network: str
+    tag: str
+    train: bool
+    outputs: tuple[str, ...]
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    bytes_down: dict[str, int] = field(default_factory=dict)
+    payloads: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    aggregate: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def payload(self, party: str) -> dict[str, np.ndarray]:
+        """One party's fields of this exchange.
+
+        Raises:
+            KeyError: if the party sent and received nothing here.
+        """
+        if party not in self.payloads:
+            raise KeyError(f"party {party!r} has no payload in exchange {self.step}")
+        return self.payloads[party]
+
+
+class FusionView:
+    """What a fusion channel's server saw: the ServerView of the fusion shape.
+
+    Every exchange (a forward or a backward between the parties and the server) is counted in a
+    per-round ledger (bytes up and down per party, forwards, backwards) and in counters by kind,
+    network and tag; the full payloads (:class:`FusionExchange`) are kept only in the rounds that
+    ``keep_payloads`` selects, so a long run records its communication without keeping every
+    vector. Rounds are the caller's: :meth:`open_round` starts one (ids increase); a caller
+    that never opens a round has everything in round 0.
+
+    Saved format (:meth:`save`), version 1, no pickle:
+
+    * ``manifest.json``: ``{"format": "securefed.fusion_view", "version": 1, "shape":
+      "fusion", "channel": str, "parties": [names], "keep_payloads": str, "total_rounds":
+      int | null, "public": {...}, "counts": {"kind/network/tag": int}, "exchanges":
+      [{"step", "round", "kind", "network", "tag", "train", "outputs", "bytes_up": {party:
+      int}, "bytes_down": {...}, "payload_fields": {party: [names]}, "aggregate": [names]}]}``.
+    * ``arrays.npz``: ``ledger/rounds`` ``(R,)``, ``ledger/bytes_up`` and ``ledger/bytes_down``
+      ``(R, parties)`` in party order, ``ledger/forwards`` and ``ledger/backwards`` ``(R,)``
+      (int64); ``x{step}/payload/{party}/{field}`` and ``x{step}/aggregate/{name}``. Loaded
+      with ``allow_pickle=False``.
+
+    Args:
+        channel: name of the channel that produced the view (``transport`` is an alias).
+        parties: party names, in the channel's order.
+        keep_payloads: which rounds keep full payloads.
+        total_rounds: length of the run, to resolve ``RoundSelection(last=...)``.
+        public: public parameters of the channel and the protocol (JSON-serialisable).
+    """
+
+    shape = "fusion"
+
+    def __init__(
+        self,
+        channel: str,
+        parties: Collection[str],
+        *,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
+        public: Mapping[str, object] | None = None,
+    ) -> None:
+        if not isinstance(channel, str) or not channel:
+            raise ValueError(f"channel must be a non-empty string, got {channel!r}")
+        if not isinstance(keep_payloads, RoundSelection):
+            raise TypeError(
+                f"keep_payloads must be a RoundSelection, got {type(keep_payloads).__name__}"
+            )
+        self.channel = channel
+        self.parties = check_party_names(parties)
+        self.keep_payloads = keep_payloads
+        self.total_rounds = total_rounds
+        self.public: dict[str, object] = dict(public or {})
+        self.exchanges: list[FusionExchange] = []
+        self.counts: dict[str, int] = {}
+        self._index = {name: i for i, name in enumerate(self.parties)}
+        self._rows = 0
+        self._ledger = _empty_ledger(len(self.parties), 64)
+        self._keep = False
+        self._steps = 0
+
+    @property
+    def transport(self) -> str:
+        """The channel's name (the ServerView family's name for it)."""
+        return self.channel
+
+    # ------------------------------------------------------------------ recording
+    @property
+    def current_round(self) -> int | None:
+        """The open round (``None`` before the first exchange or :meth:`open_round`)."""
+        return int(self._ledger["rounds"][self._rows - 1]) if self._rows else None
+
+    @property
+    def keeps_current(self) -> bool:
+        """Whether exchanges recorded now keep their payloads (channels skip the copies if not)."""
+        if not self._rows:
+            return self.keep_payloads.keeps(0, self.total_rounds)
+        return self._keep
+
+    @property
+    def steps(self) -> int:
+        """Exchanges recorded so far."""
+        return self._steps
+
+    def open_round(self, round_id: int) -> None:
+        """Start round ``round_id`` (greater than the last; the open round's id continues it).
+
+        Raises:
+            ValueError: a negative id or one below the open round.
+        """
+        if isinstance(round_id, bool) or int(round_id) != round_id or round_id < 0:
+            raise ValueError(f"round ids are integers >= 0, got {round_id!r}")
+        current = self.current_round
+        if current is not None and round_id <= current:
+            if round_id == current:
+                return
+            raise ValueError(f"round {round_id} opened after round {current}: ids must increase")
+        if self._rows == len(self._ledger["rounds"]):  # grow by doubling
+            grown = _empty_ledger(len(self.parties), max(64, 2 * self._rows))
+            for name, array in self._ledger.items():
+                grown[name][: self._rows] = array[: self._rows]
+            self._ledger = grown
+        self._ledger["rounds"][self._rows] = round_id
+        self._rows += 1
+        self._keep = self.keep_payloads.keeps(int(round_id), self.total_rounds)
+
+    def record(
+        self,
+        kind: str,
+        *,
+        network: str,
+        tag: str,
+        train: bool,
+        outputs: Collection[str],
+        bytes_up: Mapping[str, int],
+        bytes_down: Mapping[str, int],
+        payloads: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+        aggregate: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Count one exchange in the open round; keep its payloads if the round keeps them.
+
+        ``payloads`` and ``aggregate`` are copied (pass them only when :attr:`keeps_current`;
+        they are ignored otherwise).
+
+        Raises:
+            ValueError: an unknown kind, network or party, or a tag with ``/``.
+        """
+        if kind not in FUSION_KINDS:
+            raise ValueError(f"kind must be one of {FUSION_KINDS}, got {kind!r}")
+        if network not in FUSION_NETWORKS:
+            raise ValueError(f"network must be one of {FUSION_NETWORKS}, got {network!r}")
+        _plain_name("a tag", tag)
+        outputs = tuple(outputs)
+        named = set(outputs) | set(bytes_up) | set(bytes_down) | set(payloads or {})
+        unknown = named - set(self.parties)
+        if unknown:
+            raise ValueError(f"parties {sorted(unknown)} are not parties of {list(self.parties)}")
+        if not self._rows:
+            self.open_round(0)
+        row = self._rows - 1
+        for party, nbytes in bytes_up.items():
+            self._ledger["bytes_up"][row, self._index[party]] += int(nbytes)
+        for party, nbytes in bytes_down.items():
+            self._ledger["bytes_down"][row, self._index[party]] += int(nbytes)
+        self._ledger["forwards" if kind == "forward" else "backwards"][row] += 1
+        key = f"{kind}/{network}/{tag}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self._keep:
+            self.exchanges.append(
+                FusionExchange(
+                    step=self._steps,
+                    round_id=int(self._ledger["rounds"][row]),
+                    kind=kind,
+                    network=network,
+                    tag=tag,
+                    train=bool(train),
+                    outputs=outputs,
+                    bytes_up={p: int(v) for p, v in bytes_up.items()},
+                    bytes_down={p: int(v) for p, v in bytes_down.items()},
+                    payloads={
+                        party: {_plain_name("a field name", k): np.array(v) for k, v in f.items()}
+                        for party, f in (payloads or {}).items()
+                    },
+                    aggregate={
+                        _plain_name("an aggregate name", k): np.array(v)
+                        for k, v in (aggregate or {}).items()
+                    },
+                )
+            )
+        self._steps += 1
+
+    # ------------------------------------------------------------------ reading
+    def count(self, *, kind: str | None = None, network: str | None = None, tag: str | None = None):
+        """Exchanges recorded (all rounds) of the given kind, network and tag (``None``: any)."""
+        total = 0
+        for key, value in self.counts.items():
+            k, n, t = key.split("/", 2)
+            if (kind in (None, k)) and (network in (None, n)) and (tag in (None, t)):
+                total += value
+        return total
+
+    def ledger(self) -> dict[str, np.ndarray]:
+        """Copies of the per-round ledger: ``rounds`` ``(R,)``, ``bytes_up`` / ``bytes_down``
+        ``(R, parties)`` in party order, ``forwards`` / ``backwards`` ``(R,)``."""
+        return {name: array[: self._rows].copy() for name, array in self._ledger.items()}
+
+    def exchanges_of(
+        self, *, tag: str | None = None, kind: str | None = None, round_id: int | None = None
+    ) -> list[FusionExchange]:
+        """The kept exchanges matching ``tag``, ``kind`` and ``round_id`` (``None``: any)."""
+        return [
+            e
+            for e in self.exchanges
+            if tag in (None, e.tag) and kind in (None, e.kind) and round_id in (None, e.round_id)
+        ]
+
+    def rounds_with_payloads(self) -> list[int]:
+        """Rounds of which exchanges were kept."""
+        return sorted({e.round_id for e in self.exchanges})
+
+    def total_bytes(self) -> tuple[int, int]:
+        """Total bytes (up, down) over all rounds and parties."""
+        rows = self._rows
+        return int(self._ledger["bytes_up"][:rows].sum()), int(
+            self._ledger["bytes_down"][:rows].sum()
+        )
+
+    def bytes_per_party(self) -> dict[str, tuple[int, int]]:
+        """Per party, total bytes (up, down) over the run."""
+        up = self._ledger["bytes_up"][: self._rows].sum(axis=0)
+        down = self._ledger["bytes_down"][: self._rows].sum(axis=0)
+        return {p: (int(up[i]), int(down[i])) for i, p in enumerate(self.parties)}
+
+    # ------------------------------------------------------------------ persistence
+    def to_arrays(self) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+        """The view as a JSON-ready manifest and named arrays (what :meth:`save` writes; also
+        what training checkpoints store)."""
+        arrays = {f"ledger/{name}": array for name, array in self.ledger().items()}
+        exchanges = []
+        for e in self.exchanges:
+            prefix = f"x{e.step}"
+            for party, fields in e.payloads.items():
+                for name, value in fields.items():
+                    arrays[f"{prefix}/payload/{party}/{name}"] = value
+            for name, value in e.aggregate.items():
+                arrays[f"{prefix}/aggregate/{name}"] = value
+            exchanges.append(
+                {
+                    "step": e.step,
+                    "round": e.round_id,
+                    "kind": e.kind,
+                    "network": e.network,
+                    "tag": e.tag,
+                    "train": e.train,
+                    "outputs": list(e.outputs),
+                    "bytes_up": e.bytes_up,
+                    "bytes_down": e.bytes_down,
+                    "payload_fields": {p: sorted(f) for p, f in e.payloads.items()},
+                    "aggregate": sorted(e.aggregate),
+                }
+            )
+        manifest = {
+            "format": FUSION_FORMAT_NAME,
+            "version": FUSION_FORMAT_VERSION,
+            "shape": self.shape,
+            "channel": self.channel,
+            "parties": list(self.parties),
+            "keep_payloads": self.keep_payloads.describe(),
+            "total_rounds": self.total_rounds,
+            "steps": self._steps,
+            "public": self.public,
+            "counts": dict(self.counts),
+            "exchanges": exchanges,
+        }
+        return json.loads(json.dumps(manifest, default=_json_default)), arrays
+
+    @classmethod
+    def from_arrays(
+        cls, manifest: Mapping[str, object], arrays: Mapping[str, np.ndarray], source: str
+    ) -> FusionView:
+        """Rebuild a view from :meth:`to_arrays`' output (``source`` names it in errors).
+
+        Raises:
+            ViewFormatError: a wrong format or version, a missing array, or inconsistent content.
+        """
+
+        def fail(cause: str) -> ViewFormatError:
+            return ViewFormatError(f"{source}: {cause}")
+
+        def read(key: str) -> np.ndarray:
+            if key not in arrays:
+                raise fail(f"array {key!r} named by the manifest is missing")
+            return np.asarray(arrays[key])
+
+        if manifest.get("format") != FUSION_FORMAT_NAME:
+            raise fail(f"format is {manifest.get('format')!r}, expected {FUSION_FORMAT_NAME!r}")
+        if manifest.get("version") != FUSION_FORMAT_VERSION:
+            raise fail(f"unsupported version {manifest.get('version')!r}")
+        try:
+            view = cls(
+                manifest["channel"],
+                manifest["parties"],
+                keep_payloads=RoundSelection.parse(manifest["keep_payloads"]),
+                total_rounds=manifest["total_rounds"],
+                public=manifest["public"],
+            )
+            ledger = {name: read(f"ledger/{name}").astype(np.int64) for name in _LEDGER_COLUMNS}
+            rows, width = len(ledger["rounds"]), len(view.parties)
+            for name, array in ledger.items():
+                expected = (rows, width) if name.startswith("bytes") else (rows,)
+                if array.shape != expected:
+                    raise fail(f"ledger/{name} has shape {array.shape}, expected {expected}")
+            if rows and (np.any(np.diff(ledger["rounds"]) <= 0) or ledger["rounds"][0] < 0):
+                raise fail("ledger rounds must be distinct, increasing and >= 0")
+            counts = {str(k): int(v) for k, v in manifest["counts"].items()}
+            if sum(counts.values()) != int(ledger["forwards"].sum() + ledger["backwards"].sum()):
+                raise fail("the exchange counts disagree with the ledger")
+            view._ledger = {name: array.copy() for name, array in ledger.items()}
+            view._rows = rows
+            view.counts = counts
+            view._steps = int(manifest["steps"])
+            known_rounds = set(ledger["rounds"].tolist())
+            for entry in manifest["exchanges"]:
+                step, round_id = int(entry["step"]), int(entry["round"])
+                if round_id not in known_rounds or not 0 <= step < view._steps:
+                    raise fail(f"exchange {step} of round {round_id} lies outside the ledger")
+                prefix = f"x{step}"
+                exchange = FusionExchange(
+                    step=step,
+                    round_id=round_id,
+                    kind=str(entry["kind"]),
+                    network=str(entry["network"]),
+                    tag=str(entry["tag"]),
+                    train=bool(entry["train"]),
+                    outputs=tuple(entry["outputs"]),
+                    bytes_up={str(p): int(v) for p, v in entry["bytes_up"].items()},
+                    bytes_down={str(p): int(v) for p, v in entry["bytes_down"].items()},
+                    payloads={
+                        str(party): {
+                            str(name): read(f"{prefix}/payload/{party}/{name}") for name in names
+                        }
+                        for party, names in entry["payload_fields"].items()
+                    },
+                    aggregate={
+                        str(name): read(f"{prefix}/aggregate/{name}") for name in entry["aggregate"]
+                    },
+                )
+                if exchange.kind not in FUSION_KINDS or exchange.network not in FUSION_NETWORKS:
+                    raise fail(f"exchange {step}: unknown kind or network")
+                named = set(exchange.outputs) | set(exchange.payloads) | set(exchange.bytes_up)
+                if not named <= set(view.parties):
+                    raise fail(f"exchange {step} names parties outside {list(view.parties)}")
+                view.exchanges.append(exchange)
+        except ViewFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise fail(f"malformed fusion view ({type(error).__name__}: {error})") from error
+        steps = [e.step for e in view.exchanges]
+        if steps != sorted(set(steps)):
+            raise fail("kept exchanges must have distinct, increasing steps")
+        if view._rows:
+            view._keep = view.keep_payloads.keeps(int(view.current_round), view.total_rounds)
+        return view
+
+    def restore_from(self, other: FusionView) -> None:
+        """Take over ``other``'s record (a checkpoint's), which must come from the same channel,
+        parties and payload selection.
+
+        Raises:
+            ValueError: naming what differs.
+        """
+        for name in ("channel", "parties", "total_rounds"):
+            if getattr(other, name) != getattr(self, name):
+                raise ValueError(
+                    f"the saved fusion view has {name} {getattr(other, name)!r}, this one "
+                    f"{getattr(self, name)!r}"
+                )
+        if other.keep_payloads.describe() != self.keep_payloads.describe():
+            raise ValueError(
+                f"the saved fusion view keeps payloads of {other.keep_payloads.describe()!r}, "
+                f"this run asks for {self.keep_payloads.describe()!r}"
+            )
+        self.public = dict(other.public)
+        self.exchanges = list(other.exchanges)
+        self.counts = dict(other.counts)
+        self._ledger = {name: array.copy() for name, array in other._ledger.items()}
+        self._rows, self._keep, self._steps = other._rows, other._keep, other._steps
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``manifest.json`` and ``arrays.npz`` into ``directory`` (created if needed)."""
+        manifest, arrays = self.to_arrays()
+        return _write_record_files(Path(directory), manifest, arrays)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> FusionView:
+        """Read a view written by :meth:`save`.
+
+        Raises:
+            ViewFormatError: naming the file and the cause.
+        """
+        manifest, arrays, source = _read_record_files(Path(directory))
+        return cls.from_arrays(manifest, arrays, source)
+
+
+def _empty_ledger(parties: int, capacity: int) -> dict[str, np.ndarray]:
+    return {
+        "rounds": np.zeros(capacity, np.int64),
+        "bytes_up": np.zeros((capacity, parties), np.int64),
+        "bytes_down": np.zeros((capacity, parties), np.int64),
+        "forwards": np.zeros(capacity, np.int64),
+        "backwards": np.zeros(capacity, np.int64),
+    }
+
+
+def _write_record_files(
+    directory: Path, manifest: Mapping[str, object], arrays: Mapping[str, np.ndarray]
+) -> Path:
+    """``arrays.npz`` then ``manifest.json``, each written beside and swapped in atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp_arrays = directory / "arrays.tmp.npz"
+    np.savez(tmp_arrays, **arrays)
+    os.replace(tmp_arrays, directory / "arrays.npz")
+    tmp_manifest = directory / "manifest.tmp.json"
+    tmp_manifest.write_text(json.dumps(manifest, indent=1, default=_json_default))
+    os.replace(tmp_manifest, directory / "manifest.json")
+    return directory
+
+
+def _read_record_files(directory: Path) -> tuple[dict, dict[str, np.ndarray], str]:
+    """The manifest and every array of a saved record; ViewFormatError names file and cause."""
+    import zipfile
+
+    manifest_path, arrays_path = directory / "manifest.json", directory / "arrays.npz"
+    for path in (manifest_path, arrays_path):
+        if not path.is_file():
+            raise ViewFormatError(f"{path} is missing: not a saved view directory")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ViewFormatError(f"{manifest_path}: not valid JSON ({error})") from error
+    if not isinstance(manifest, dict):
+        raise ViewFormatError(f"{manifest_path}: the manifest is not a JSON object")
+    try:
+        with np.load(arrays_path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise ViewFormatError(f"{arrays_path}: unreadable arrays ({error})") from error
+    return manifest, arrays, str(directory)

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the RL attacks need torch (the rl extra)")
 pytest.importorskip("gymnasium", reason="the RL attacks need gymnasium (the rl extra)")
 
-from securefed import PlaintextTransport, RoundSelection, ServerView  # noqa: E402
+from securefed import ALL_PAYLOADS, PlaintextTransport, RoundSelection, ServerView  # noqa: E402
 from securefed.attacks.policy_leak import (  # noqa: E402
     CloneConfig,
     PolicyProtocol,
@@ -29,14 +29,15 @@ from securefed.attacks.policy_leak import (  # noqa: E402
     verify_policy_leak,
 )
 from securefed.attacks.qvalue_leak import (  # noqa: E402
-    FusionRecorder,
     QLeakConfig,
     discounted_sums,
     perturb_record,
+    read_inquiries,
     replay_truth,
     ridge_fit,
     verify_qvalue_leak,
 )
+from securefed.views import FusionView  # noqa: E402
 
 HPD_SEED = 20
 SLATE_SEED = 3
@@ -218,13 +219,12 @@ def slate_run():
     from securefed.rl.fedslate import run_fedslate
 
     config = slate_config()
-    recorder = FusionRecorder()
-    result = run_fedslate(config, fusion_factory=recorder)
-    record = recorder.finish()
+    result = run_fedslate(config, keep_payloads=ALL_PAYLOADS)
+    record = read_inquiries(result.fusion_view)
     return config, record, result, replay_truth(config, record, result)
 
 
-def test_recorder_keeps_every_acting_inquiry(slate_run):
+def test_the_channels_view_keeps_every_acting_inquiry(slate_run):
     config, record, _, truth = slate_run
     assert record.parties == ("A", "B")
     assert record.inquiries == config.episodes * config.steps_per_platform
@@ -232,6 +232,31 @@ def test_recorder_keeps_every_acting_inquiry(slate_run):
     assert record.learning_forwards > 0 and record.backwards > 0 and record.target_forwards > 0
     assert truth.nke.shape == (record.inquiries, config.members)
     np.testing.assert_allclose(truth.sat, 1 / (1 + np.exp(-0.01 * truth.nke)))
+
+
+def test_a_saved_fusion_view_gives_the_same_record(slate_run, tmp_path):
+    _, record, result, _ = slate_run
+    view = result.fusion_view
+    assert view.total_bytes()[0] > 0 and view.rounds_with_payloads()[-1] == result.rounds - 1
+    loaded = read_inquiries(FusionView.load(view.save(tmp_path / "view")))
+    for party in record.parties:
+        np.testing.assert_array_equal(loaded.inputs[party], record.inputs[party])
+        np.testing.assert_array_equal(loaded.outputs[party], record.outputs[party])
+    assert (loaded.learning_forwards, loaded.target_forwards, loaded.backwards) == (
+        record.learning_forwards, record.target_forwards, record.backwards,
+    )  # fmt: skip
+
+
+def test_the_attack_refuses_a_view_that_kept_only_some_inquiries():
+    from securefed.rl.fedslate import run_fedslate
+
+    config = slate_config(episodes=1, members=1, burn_in=5)
+    partial = run_fedslate(config, keep_payloads=RoundSelection(last=3)).fusion_view
+    assert partial.rounds_with_payloads() == [58, 59, 60]
+    with pytest.raises(ValueError, match="3 of 61 acting exchanges"):
+        read_inquiries(partial)
+    with pytest.raises(ValueError, match="no exchange tagged"):
+        read_inquiries(partial, tag="nothing")
 
 
 def test_replay_refuses_a_run_it_does_not_match(slate_run):

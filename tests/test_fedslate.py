@@ -12,11 +12,12 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from securefed import CheckpointError, SeedTree
+from securefed import ALL_PAYLOADS, CheckpointError, RoundSelection, SeedTree
 from securefed.bench import bench_fedslate
 from securefed.bench.cli_fedslate import _config as cli_config
 from securefed.bench.cli_fedslate import main as fedslate_main
 from securefed.bench.cli_fedslate import register as register_cli
+from securefed.fusion import ModuleFusionChannel
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.envs import (
     ChocKaleBatch,
@@ -29,7 +30,6 @@ from securefed.rl.envs import (
 )
 from securefed.rl.fedslate import (
     FedSlateConfig,
-    PlaintextFusion,
     ServerNetwork,
     etror,
     moving_average,
@@ -53,6 +53,9 @@ from securefed.rl.slateq import (
     topk_slates,
     torch_generator,
 )
+
+# The runs set no global state; torch's threads are the caller's (here: one, as the CLI's).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 # ---------------------------------------------------------------------------------- simulator
 
@@ -388,6 +391,40 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
         EpisodeCheckpoints(path, every=0)
 
 
+def test_a_resumed_run_has_the_fusion_view_of_the_unbroken_run(tmp_path, monkeypatch):
+    """The channel's record of what the server saw is part of the checkpoint."""
+    config = _tiny(episodes=3, learn_every=3, target_sync=7)
+    keep = RoundSelection(rounds=frozenset({3}), last=20)  # spans the checkpoint
+    unbroken = run_fedslate(config, keep_payloads=keep).fusion_view
+    checkpoints = EpisodeCheckpoints(tmp_path / "run.pt", every=1)
+    steps = {"n": 0}
+    real_step = ChocKaleBatch.step
+
+    def step_then_fail(self, platform, slates):
+        steps["n"] += 1
+        if steps["n"] == 2 * 24 + 5:  # in episode 3, after the checkpoint of episode 2
+            raise _Interrupted
+        return real_step(self, platform, slates)
+
+    monkeypatch.setattr(ChocKaleBatch, "step", step_then_fail)
+    with pytest.raises(_Interrupted):
+        run_fedslate(config, checkpoints=checkpoints, keep_payloads=keep)
+    monkeypatch.setattr(ChocKaleBatch, "step", real_step)
+    resumed = run_fedslate(config, checkpoints=checkpoints, keep_payloads=keep).fusion_view
+    assert resumed.counts == unbroken.counts and resumed.steps == unbroken.steps
+    for name, array in unbroken.ledger().items():
+        np.testing.assert_array_equal(resumed.ledger()[name], array)
+    assert resumed.rounds_with_payloads() == [3, *range(16, 36)]
+    assert [e.step for e in resumed.exchanges] == [e.step for e in unbroken.exchanges]
+    for mine, theirs in zip(resumed.exchanges, unbroken.exchanges, strict=True):
+        assert mine.payloads.keys() == theirs.payloads.keys()
+        for party, fields in theirs.payloads.items():
+            for field, value in fields.items():
+                np.testing.assert_array_equal(mine.payloads[party][field], value)
+    with pytest.raises(CheckpointError, match="keeps payloads"):
+        run_fedslate(config, checkpoints=checkpoints, keep_payloads=ALL_PAYLOADS)
+
+
 def test_item_alignment_fuses_every_platforms_value_of_the_same_documents():
     rng = np.random.default_rng(0)
     x_a, x_b = rng.random((2, 3, 1 + 4 + 6)), rng.random((2, 3, 1 + 4))
@@ -397,26 +434,15 @@ def test_item_alignment_fuses_every_platforms_value_of_the_same_documents():
     np.testing.assert_array_equal(seen[..., 5:], x_a[..., 5:])
     as_torch = on_candidates_of(torch.from_numpy(x_a), torch.from_numpy(x_b), 4)
     np.testing.assert_array_equal(as_torch.numpy(), seen)
-    # Acting asks the server once per platform (each on its own candidates), not once for all.
-    acting_outputs = []
-
-    def recording(network, parties, cross):
-        fusion = PlaintextFusion(network, parties, cross)
-        original = fusion.forward
-
-        def forward(inputs, outputs, positions=None):
-            if not torch.is_grad_enabled() and positions is None:
-                acting_outputs.append(tuple(outputs))
-            return original(inputs, outputs, positions)
-
-        fusion.forward = forward
-        return fusion
-
-    aligned = run_fedslate(_tiny(alignment="item"), fusion_factory=recording)
+    # Acting asks the server once per platform (each on its own candidates), not once for all:
+    # the channel's view records every acting inquiry (tag "act") with the parties it answered.
+    aligned = run_fedslate(_tiny(alignment="item"), keep_payloads=ALL_PAYLOADS)
+    acting_outputs = [e.outputs for e in aligned.fusion_view.exchanges_of(tag="act")]
     assert aligned.updates == {"local_A": 1, "local_B": 1, "server": 2}
     assert set(acting_outputs) >= {("A",), ("B",)} and ("A", "B") not in acting_outputs
     acting_outputs.clear()
-    run_fedslate(_tiny(), fusion_factory=recording)
+    position = run_fedslate(_tiny(), keep_payloads=ALL_PAYLOADS)
+    acting_outputs += [e.outputs for e in position.fusion_view.exchanges_of(tag="act")]
     assert ("A", "B") in acting_outputs
     with pytest.raises(ValueError, match="alignment"):
         _tiny(alignment="nearest")
@@ -446,11 +472,14 @@ def test_no_feedback_platform_does_not_learn_from_its_rewards(monkeypatch):
 def test_split_fusion_gradients_equal_direct_autograd():
     torch.manual_seed(0)
     net = ServerNetwork(2, 2, 5, (4,), generator=torch.Generator().manual_seed(1))
-    fusion = PlaintextFusion(net, ("A", "B"))
+    # The server's optimiser steps by 0, so that the direct pass below sees the same weights.
+    frozen = torch.optim.SGD(net.parameters(), lr=0.0)
+    fusion = ModuleFusionChannel(("A", "B"), net, frozen, members=2)
     qa = torch.randn(2, 3, 5, requires_grad=True)
     qb = torch.randn(2, 3, 5, requires_grad=True)
     pos = torch.tensor([[[0], [2], [4]], [[1], [1], [3]]])
-    fused = fusion.forward({"A": qa, "B": qb}, ["A"], {"A": pos})["A"].requires_grad_(True)
+    fused = fusion.forward({"A": qa, "B": qb}, outputs=["A"], positions={"A": pos})["A"]
+    fused = fused.requires_grad_(True)
     (fused**2).sum().backward()
     grads = fusion.backward({"A": fused.grad})
     split_server = [p.grad.clone() for p in net.parameters()]
@@ -462,10 +491,10 @@ def test_split_fusion_gradients_equal_direct_autograd():
     for a, b in zip(split_server, net.parameters(), strict=True):
         torch.testing.assert_close(a, b.grad)
     # FedQ's server sees zeros for the other platform.
-    fedq = PlaintextFusion(net, ("A", "B"), cross=False)
+    fedq = ModuleFusionChannel(("A", "B"), net, frozen, members=2, cross=False)
     with torch.no_grad():
-        one = fedq.forward({"A": qa, "B": qb}, ["A"])["A"]
-        two = fedq.forward({"A": qa, "B": qb * 7}, ["A"])["A"]
+        one = fedq.forward({"A": qa, "B": qb}, outputs=["A"], train=False)["A"]
+        two = fedq.forward({"A": qa, "B": qb * 7}, outputs=["A"], train=False)["A"]
     torch.testing.assert_close(one, two)
 
 

@@ -1,4 +1,8 @@
-"""Tests of the fusion shape: the plaintext (torch) channel, the folded schedule, CKKS agreement."""
+"""Tests of the fusion shape: the plaintext (torch) channel, the folded schedule, CKKS agreement.
+
+The seam's parts that need no tenseal (FusionView, the torch-module channel, channels by name,
+FedSlate against every channel) are in test_fusion_matrix.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from securefed import SeedTree
+from securefed import ALL_PAYLOADS, SeedTree
 from securefed.crypto.ckks import fusion_levels
 from securefed.fusion import (
     RELU_FIT,
@@ -170,7 +174,7 @@ def test_server_holds_only_the_public_context_and_the_key_holder_sees_masked_val
     server = channel.server
     assert not server.context.tenseal.has_secret_key()
     seen = []
-    holder = channel.parties[channel.key_holder]
+    holder = channel.parties_by_name[channel.key_holder]
     original = holder.release_sum
 
     def spy(masked, n_rows, flooding, noise):
@@ -239,3 +243,56 @@ def test_ckks_channel_in_secure_mode(fusion_keys):
     y = channel.forward(x)
     reference = forward_numpy(SPEC, weights, concatenate(SPEC, x))
     assert np.max(np.abs(concatenate(SPEC, y) - reference)) < 1e-3
+
+
+def test_ckks_channel_view_holds_ciphertexts_and_the_weight_gradients_it_obtains(fusion_keys):
+    weights = init_weights(SPEC, np.random.default_rng(11))
+    lr = 0.05
+    plain = PlaintextFusionChannel(SPEC, weights, lr=lr)
+    channel = CKKSFusionChannel(
+        SPEC, weights, seeds=SeedTree(3), config=CKKSFusionConfig(lr=lr), secret=fusion_keys,
+        keep_payloads=ALL_PAYLOADS,
+    )  # fmt: skip
+    assert isinstance(channel, FusionChannel) and channel.parties == ("a", "b")
+    x, g = _data(SPEC, 6, 12)
+    pos = np.ones((6, 1), np.int64)
+    channel.open_round(0)
+    y = channel.forward(x, outputs=["a"], positions={"a": pos}, tag="learn")
+    y_plain = plain.forward(x, outputs=["a"], positions={"a": pos})
+    assert set(y) == {"a"} and np.max(np.abs(y["a"] - y_plain["a"])) < 1e-3
+    dx = channel.backward({"a": g["a"][:, 1:]}, recipients=["b"])
+    dx_plain = plain.backward({"a": g["a"][:, 1:]}, recipients=["b"])
+    assert set(dx) == {"b"} and np.max(np.abs(dx["b"] - dx_plain["b"])) < 1e-3
+    forward, backward = channel.view.exchanges_of(tag="learn")
+    # What the server holds: ciphertext sizes and digests, never a value or the positions.
+    assert sorted(forward.payload("a")) == [
+        "input_ciphertext_sha256", "input_ciphertext_sizes",
+        "output_ciphertext_sha256", "output_ciphertext_sizes",
+    ]  # fmt: skip
+    assert sorted(forward.payload("b")) == ["input_ciphertext_sha256", "input_ciphertext_sizes"]
+    sizes = forward.payload("a")["input_ciphertext_sizes"]
+    assert sizes.shape == (3,) and forward.bytes_up["a"] == sizes.sum()
+    assert "b" not in forward.bytes_down
+    assert forward.payload("a")["output_ciphertext_sha256"].shape == (2, 32)
+    assert backward.bytes_down["a"] > 0  # the key holder's share of the masked exchange
+    assert sorted(backward.payload("b")) == [
+        "input_grad_ciphertext_sha256", "input_grad_ciphertext_sizes",
+        "output_grad_ciphertext_sha256", "output_grad_ciphertext_sizes",
+    ]  # fmt: skip
+    # In the clear the server obtains the batch's weight gradients, and records them.
+    for index, ((w0, b0), (w1, b1)) in enumerate(
+        zip(weights.layers, plain.weights.layers, strict=True)
+    ):
+        np.testing.assert_allclose(backward.aggregate[f"layer{index}_weight_grad"], (w0 - w1) / lr,
+                                   atol=5e-3)  # fmt: skip
+        np.testing.assert_allclose(backward.aggregate[f"layer{index}_bias_grad"], (b0 - b1) / lr,
+                                   atol=5e-3)  # fmt: skip
+    # The target network keeps the initial weights until synced.
+    target = channel.forward(x, network="target", train=False)
+    reference = forward_numpy(SPEC, weights, concatenate(SPEC, x))
+    assert np.max(np.abs(concatenate(SPEC, target) - reference)) < 1e-3
+    channel.sync_target()
+    synced = channel.forward(x, network="target", train=False)
+    online = plain.forward(x, train=False)
+    assert np.max(np.abs(concatenate(SPEC, synced) - concatenate(SPEC, online))) < 1e-3
+    assert channel.view.count(network="target") == 2 and channel.view.public["key_holder"] == "a"

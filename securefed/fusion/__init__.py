@@ -1,14 +1,20 @@
-"""The fusion shape (vertical FL): a server network on the parties' concatenated vectors.
+"""The fusion shape (vertical FL): a server function of the parties' vectors, trained through them.
 
-* :mod:`securefed.fusion.base`: :class:`FusionSpec`, :class:`FusionWeights`, the
-  :class:`FusionChannel` protocol and the plaintext (torch) channel.
-* :mod:`securefed.fusion.ckks`: the same network on CKKS ciphertexts, trained through the masked
-  gradient exchange (needs the ``he`` extra, TenSEAL); import it from there.
+* :mod:`securefed.fusion.base`: the :class:`FusionChannel` protocol, :class:`FusionSpec`,
+  :class:`FusionWeights` and the plaintext channel of a FusionSpec network.
+* :mod:`securefed.fusion.module`: :class:`ModuleFusionChannel`, plaintext fusion around any
+  torch server module (members side by side, selected outputs, a target network, its optimiser).
+* :mod:`securefed.fusion.registry`: channels by name (:func:`build_fusion_channel`), and why a
+  channel cannot serve a server function (:func:`fusion_refusal`).
+* :mod:`securefed.fusion.ckks`: a FusionSpec network on CKKS ciphertexts, trained through the
+  masked gradient exchange (needs the ``he`` extra, TenSEAL); import it from there.
 
-See docs/ckks.md.
+Every channel records what its server saw in a :class:`~securefed.views.FusionView`. Importing
+this package imports neither torch nor tenseal. See docs/ckks.md.
 """
 
 from securefed.fusion.base import (
+    NETWORKS,
     RELU_FIT,
     FusionChannel,
     FusionSpec,
@@ -19,15 +25,30 @@ from securefed.fusion.base import (
     init_weights,
     polynomial,
 )
+from securefed.fusion.module import ModuleFusionChannel
+from securefed.fusion.registry import (
+    FUSION_CHANNELS,
+    FusionNeeds,
+    FusionNotApplicable,
+    build_fusion_channel,
+    fusion_refusal,
+)
 
 __all__ = [
+    "FUSION_CHANNELS",
+    "NETWORKS",
     "RELU_FIT",
     "FusionChannel",
+    "FusionNeeds",
+    "FusionNotApplicable",
     "FusionSpec",
     "FusionWeights",
+    "ModuleFusionChannel",
     "Party",
     "PlaintextFusionChannel",
+    "build_fusion_channel",
     "forward_numpy",
+    "fusion_refusal",
     "init_weights",
     "polynomial",
 ]

@@ -1,35 +1,46 @@
-"""The fusion shape (vertical FL): a server network on the concatenation of the parties' vectors.
+"""The fusion shape (vertical FL): a server function of the parties' vectors, trained through them.
 
-A few parties (FedSlate's platforms) hold different vectors for the same users. The server applies
-an MLP to their concatenation and hands each party its own slice of the output; training sends each
-party's output gradient back and returns to each party the gradient of its own input (so it can
-train whatever produced that input) while the server steps its weights (DESIGN.md, "The two shapes
-of communication")::
+A few parties hold different vectors for the same users. The server applies a network to them
+and hands each party its own output; training sends each party's output gradient back and
+returns to each party the gradient of its own input (so it can train whatever produced that
+input) while the server steps its weights with its own optimiser (DESIGN.md, "The two shapes of
+communication")::
 
+    channel.open_round(0)
     outputs = channel.forward({"a": x_a, "b": x_b})     # {"a": y_a, "b": y_b}
     input_grads = channel.backward({"a": dL_dy_a, "b": dL_dy_b})  # {"a": dL_dx_a, ...}
+    channel.view                                          # a FusionView: what the server saw
 
-The network: ``depth = len(hidden) + 1`` linear layers with the polynomial activation
-``sum_i c_i z^i`` between them (``activation = (c_0, .., c_d)``), so that the plaintext channel
-here and the CKKS channel (:mod:`securefed.fusion.ckks`) compute the same function and train the
-same way. The default activation is the least-squares fit of ReLU on ``[-4, 4]``:
-``0.375 + 0.5 z + 0.1171875 z^2``.
+:class:`FusionChannel` is the seam (forward with ``outputs``, ``positions``, ``network`` and
+``train``; backward with ``recipients``; ``sync_target``). Two layouts implement it:
 
-Channels take numpy arrays or torch tensors (detached; float64 internally) and always return numpy
-float64 arrays. ``backward`` applies one SGD step ``W <- W - lr * dL/dW`` to the server's weights,
-with ``dL/dW`` summed over the batch (put any ``1/batch`` of the loss into the gradients you send).
+* ``"concatenated"`` (this module, :mod:`securefed.fusion.ckks`): a :class:`FusionSpec` MLP on
+  the concatenation of the parties' ``(batch, width)`` matrices, each party's output a slice of
+  its output; ``depth = len(hidden) + 1`` linear layers with the polynomial activation
+  ``sum_i c_i z^i`` between them (``activation = (c_0, .., c_d)``), so that the plaintext
+  channel here and the CKKS channel compute the same function and train the same way (SGD
+  ``W <- W - lr * dL/dW``, ``dL/dW`` summed over the batch: put any ``1/batch`` of the loss into
+  the gradients you send). The default activation is the least-squares fit of ReLU on
+  ``[-4, 4]``: ``0.375 + 0.5 z + 0.1171875 z^2``. These channels take numpy arrays or torch
+  tensors (detached; float64 internally) and return numpy float64 arrays.
+* ``"per_party"`` (:mod:`securefed.fusion.module`): any torch module, evaluated once per output
+  party on the parties' vectors ordered with that party's first, ``(members, batch, width)``
+  tensors for several independent copies side by side, stepped by any torch optimiser.
+
+Channels by name for a torch server module: :mod:`securefed.fusion.registry`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from securefed._checks import finite_array
+from securefed.views import NO_PAYLOADS, FusionView, RoundSelection
 
 RELU_FIT = (0.375, 0.5, 0.1171875)
 """Least-squares degree-2 fit of ReLU on [-4, 4] (3/8 + z/2 + 15 z^2 / 128)."""
@@ -276,30 +287,236 @@ def split(spec: FusionSpec, matrix: np.ndarray, *, kind: str) -> dict[str, np.nd
 
 
 # ----------------------------------------------------------------------------- the seam
+NETWORKS = ("online", "target")
+"""The server's networks: the one it trains and its frozen copy (synced by ``sync_target``)."""
+
+
 @runtime_checkable
 class FusionChannel(Protocol):
-    """The vertical shape: per-party inputs in, per-party outputs out, gradients back."""
+    """The vertical shape: per-party vectors in, per-party outputs out, gradients back.
 
-    spec: FusionSpec
+    Stages, each an exchange the channel records in its :attr:`view` (a
+    :class:`~securefed.views.FusionView`, under the round opened last):
 
-    def forward(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Each party's slice of the fused network's output on the concatenated inputs."""
+    1. :meth:`open_round`: the caller numbers its rounds (the view keeps payloads by round).
+    2. :meth:`forward`: every party sends its vector; the server evaluates its function and
+       returns to each party in ``outputs`` its own output, or only the entries ``positions[p]``
+       of it. ``train=False`` evaluates only (nothing is kept for a backward: acting, targets);
+       ``network="target"`` evaluates the frozen copy of the server's function.
+    3. :meth:`backward`: the parties of the last training forward send the gradient of their
+       loss with respect to what they received; the server back-propagates, steps its own
+       weights with its own optimiser, and returns to each of ``recipients`` the gradient with
+       respect to its input (so it can train whatever produced that input).
+    4. :meth:`sync_target`: the frozen copy takes the online weights (the caller's schedule).
 
-    def backward(self, grads: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    Shapes: a channel takes ``(batch, width)`` matrices, or ``(members, batch, width)`` where it
+    serves several independent copies side by side
+    (:class:`~securefed.fusion.module.ModuleFusionChannel`); ``positions[p]`` has the leading
+    shape of the input and indexes the last axis of ``p``'s output.
+    """
+
+    name: str
+    view: Any
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        """Party names, in the channel's order."""
+
+    def open_round(self, round_id: int) -> None:
+        """Record the following exchanges under round ``round_id`` (ids increase)."""
+
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        positions: Mapping[str, Any] | None = None,
+        network: str = "online",
+        train: bool = True,
+        tag: str = "",
+    ) -> dict[str, Any]:
+        """Each party in ``outputs`` (default: every party) gets its output (at ``positions``)."""
+
+    def backward(
+        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    ) -> dict[str, Any]:
         """Take ``dL/d(output)`` per party, step the server's weights, return ``dL/d(input)``."""
+
+    def sync_target(self) -> None:
+        """Copy the online weights into the target network."""
+
+
+def check_parties_named(what: str, parties: tuple[str, ...], names: Any) -> tuple[str, ...]:
+    """``names`` as a tuple of distinct parties (``None``: every party).
+
+    Raises:
+        ValueError: an unknown or repeated party, none at all, or a bare string.
+    """
+    if names is None:
+        return parties
+    if isinstance(names, str):
+        raise ValueError(f"{what} is a sequence of party names, got the string {names!r}")
+    names = tuple(names)
+    unknown = [n for n in names if n not in parties]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"{what} must name distinct parties of {list(parties)}, got {list(names)}")
+    return names
+
+
+def check_network(network: str, train: bool) -> None:
+    """Refuse an unknown network, and training through the frozen target copy."""
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
+    if network == "target" and train:
+        raise ValueError(
+            "the target network is frozen: forward(network='target') needs train=False"
+        )
+
+
+def check_positions(
+    positions: Mapping[str, Any] | None, outputs: tuple[str, ...], leading: tuple[int, ...]
+) -> dict[str, Any]:
+    """Validate ``positions``: only for parties in ``outputs``, integer indices >= 0 whose
+    leading axes are ``leading`` (numpy arrays or torch tensors, returned as given).
+
+    Raises:
+        ValueError: naming the party and the problem.
+    """
+    if not positions:
+        return {}
+    unknown = set(positions) - set(outputs)
+    if unknown:
+        raise ValueError(f"positions for parties {sorted(unknown)} that get no output")
+    for party, index in positions.items():
+        dtype = str(getattr(index, "dtype", ""))
+        if "int" not in dtype:
+            raise ValueError(f"party {party!r} positions must be integer indices, got {dtype!r}")
+        shape = tuple(index.shape)
+        if len(shape) != len(leading) + 1 or shape[:-1] != leading:
+            raise ValueError(
+                f"party {party!r} positions have shape {shape}; expected {(*leading, 'm')}"
+            )
+        if shape[-1] and int(index.min()) < 0:
+            raise ValueError(f"party {party!r} positions must be >= 0")
+    return dict(positions)
+
+
+def check_tag(tag: str) -> str:
+    """A protocol step's label: a string without ``/``."""
+    if not isinstance(tag, str) or "/" in tag:
+        raise ValueError(f"tag must be a string without '/', got {tag!r}")
+    return tag
+
+
+def output_gradient(
+    spec: FusionSpec,
+    grads: Mapping[str, Any],
+    outputs: tuple[str, ...],
+    positions: Mapping[str, np.ndarray],
+    batch: int,
+) -> np.ndarray:
+    """The ``(batch, output_dim)`` gradient of the server's output from the parties' ``grads``.
+
+    A party that received only ``positions`` sends ``(batch, m)`` (added at those entries); a
+    party of ``outputs`` that sends nothing contributes zeros.
+
+    Raises:
+        ValueError: a gradient of a party that got no output, a wrong width or row count.
+    """
+    unknown = set(grads) - set(outputs)
+    if unknown:
+        raise ValueError(
+            f"output gradients of parties {sorted(unknown)} that received no output in the "
+            "last forward"
+        )
+    full = np.zeros((batch, spec.output_dim))
+    slices = spec.output_slices()
+    for party in spec.parties:
+        if party.name not in grads:
+            continue
+        g = as_matrix(f"party {party.name!r} output gradient", grads[party.name])
+        chosen = positions.get(party.name)
+        width = party.output_dim if chosen is None else chosen.shape[1]
+        if g.shape[0] != batch:
+            raise ValueError(
+                f"party {party.name!r} output gradient has {g.shape[0]} rows, expected {batch} "
+                "(every party sends the same users, in the same order)"
+            )
+        if g.shape[1] != width:
+            raise ValueError(
+                f"party {party.name!r} output gradient has width {g.shape[1]}, expected {width}"
+            )
+        if chosen is None:
+            full[:, slices[party.name]] = g
+        else:
+            block = np.zeros((batch, party.output_dim))
+            np.add.at(block, (np.arange(batch)[:, None], chosen), g)
+            full[:, slices[party.name]] = block
+    return full
+
+
+def pick(values: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
+    """``values`` at ``positions`` along the last axis (all of it for ``None``).
+
+    Raises:
+        ValueError: a position beyond the output's width.
+    """
+    if positions is None:
+        return values
+    if positions.shape[-1] and int(positions.max()) >= values.shape[-1]:
+        raise ValueError(
+            f"positions up to {int(positions.max())} for an output of width {values.shape[-1]}"
+        )
+    return np.take_along_axis(values, np.asarray(positions), axis=-1)
+
+
+def array_bytes(values: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes on the wire of each party's array or tensor (its dtype's width times its size)."""
+    out = {}
+    for party, value in values.items():
+        if hasattr(value, "element_size"):
+            out[party] = int(value.element_size() * value.nelement())
+        else:
+            out[party] = int(np.asarray(value).nbytes)
+    return out
+
+
+def merge_bytes(*parts: Mapping[str, int]) -> dict[str, int]:
+    """Per-party sums of several byte counts."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for party, nbytes in part.items():
+            total[party] = total.get(party, 0) + int(nbytes)
+    return total
 
 
 # ----------------------------------------------------------------------------- plaintext
 class PlaintextFusionChannel:
     """The fused MLP in torch (float64), in the clear: the reference the CKKS channel must match.
 
+    One network on the parties' concatenated vectors, each party's output a slice of its
+    output (``view.public["layout"] == "concatenated"``); ``(batch, width)`` matrices, one
+    member. The target network is a frozen copy of the weights.
+
     Args:
         spec: the network.
         weights: initial weights (copied).
         lr: SGD step size of the server's weights.
+        keep_payloads: which rounds of the view keep full payloads.
+        total_rounds: the run's length (for ``keep_payloads``' ``last:K``).
     """
 
-    def __init__(self, spec: FusionSpec, weights: FusionWeights, *, lr: float = 0.01) -> None:
+    name = "plaintext"
+
+    def __init__(
+        self,
+        spec: FusionSpec,
+        weights: FusionWeights,
+        *,
+        lr: float = 0.01,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
+    ) -> None:
         import torch
 
         if not np.isfinite(lr) or lr <= 0:
@@ -315,8 +532,19 @@ class PlaintextFusionChannel:
             )
             for w, b in checked.layers
         ]
-        self._inputs = None
-        self._outputs = None
+        self._target = [(w.detach().clone(), b.detach().clone()) for w, b in self._params]
+        self._pending = None
+        self.view = FusionView(
+            self.name,
+            spec.names,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
+            public=spec_public(spec) | {"optimiser": "sgd", "lr": self.lr},
+        )
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self.spec.names
 
     @property
     def weights(self) -> FusionWeights:
@@ -324,37 +552,117 @@ class PlaintextFusionChannel:
             [(w.detach().numpy().copy(), b.detach().numpy().copy()) for w, b in self._params]
         )
 
-    def _network(self, x):
+    def open_round(self, round_id: int) -> None:
+        self.view.open_round(round_id)
+
+    def sync_target(self) -> None:
+        self._target = [(w.detach().clone(), b.detach().clone()) for w, b in self._params]
+
+    def _network(self, x, params):
         h = x
-        for index, (weight, bias) in enumerate(self._params):
+        for index, (weight, bias) in enumerate(params):
             h = h @ weight + bias
-            if index < len(self._params) - 1:
+            if index < len(params) - 1:
                 out = self._torch.full_like(h, self.spec.activation[-1])
                 for c in reversed(self.spec.activation[:-1]):
                     out = out * h + c
                 h = out
         return h
 
-    def forward(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        positions: Mapping[str, Any] | None = None,
+        network: str = "online",
+        train: bool = True,
+        tag: str = "",
+    ) -> dict[str, np.ndarray]:
+        outputs = check_parties_named("outputs", self.spec.names, outputs)
+        check_network(network, train)
+        check_tag(tag)
         matrices = check_party_matrices(self.spec, inputs, kind="input")
-        x = self._torch.tensor(concatenate(self.spec, matrices), requires_grad=True)
-        y = self._network(x)
-        self._inputs, self._outputs = x, y
-        return split(self.spec, y.detach().numpy(), kind="output")
+        batch = next(iter(matrices.values())).shape[0]
+        chosen = {
+            p: np.asarray(v, np.int64)
+            for p, v in check_positions(positions, outputs, (batch,)).items()
+        }
+        params = self._params if network == "online" else self._target
+        if train:
+            x = self._torch.tensor(concatenate(self.spec, matrices), requires_grad=True)
+            y = self._network(x, params)
+            self._pending = (x, y, outputs, chosen, tag)
+            values = y.detach().numpy()
+        else:
+            with self._torch.no_grad():
+                x = self._torch.tensor(concatenate(self.spec, matrices))
+                values = self._network(x, params).numpy()
+        full = split(self.spec, values, kind="output")
+        result = {p: pick(full[p], chosen.get(p)) for p in outputs}
+        payloads = None
+        if self.view.keeps_current:
+            payloads = {p: {"input": m} for p, m in matrices.items()}
+            for p in outputs:
+                payloads[p]["output"] = result[p]
+                if p in chosen:
+                    payloads[p]["positions"] = chosen[p]
+        self.view.record(
+            "forward",
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=outputs,
+            bytes_up=merge_bytes(array_bytes(matrices), array_bytes(chosen)),
+            bytes_down=array_bytes(result),
+            payloads=payloads,
+        )
+        return result
 
-    def backward(self, grads: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if self._outputs is None:
+    def backward(
+        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        if self._pending is None:
             raise RuntimeError("backward() needs a forward() first (once per forward)")
-        batch = self._outputs.shape[0]
-        matrices = check_party_matrices(self.spec, grads, kind="output", batch=batch)
-        g = self._torch.tensor(concatenate(self.spec, matrices))
-        self._outputs.backward(g)
+        recipients = check_parties_named("recipients", self.spec.names, recipients)
+        x, y, outputs, chosen, tag = self._pending
+        g = output_gradient(self.spec, grads, outputs, chosen, batch=y.shape[0])
+        y.backward(self._torch.tensor(g))
         with self._torch.no_grad():
             for weight, bias in self._params:
                 weight -= self.lr * weight.grad
                 bias -= self.lr * bias.grad
                 weight.grad = None
                 bias.grad = None
-        dx = self._inputs.grad.numpy().copy()
-        self._inputs = self._outputs = None
-        return split(self.spec, dx, kind="input")
+        dx = split(self.spec, x.grad.numpy().copy(), kind="input")
+        self._pending = None
+        result = {q: dx[q] for q in recipients}
+        received = {p: as_matrix(f"party {p!r} output gradient", v) for p, v in grads.items()}
+        payloads = None
+        if self.view.keeps_current:
+            payloads = {p: {"output_grad": v} for p, v in received.items()}
+            for q in recipients:
+                payloads.setdefault(q, {})["input_grad"] = result[q]
+        self.view.record(
+            "backward",
+            network="online",
+            tag=tag,
+            train=True,
+            outputs=recipients,
+            bytes_up=array_bytes(received),
+            bytes_down=array_bytes(result),
+            payloads=payloads,
+        )
+        return result
+
+
+def spec_public(spec: FusionSpec) -> dict[str, object]:
+    """The public description of a FusionSpec network, as its channels' views record it."""
+    return {
+        "layout": "concatenated",
+        "members": 1,
+        "layer_sizes": list(spec.layer_sizes),
+        "activation": list(spec.activation),
+        "input_dims": {p.name: p.input_dim for p in spec.parties},
+        "output_dims": {p.name: p.output_dim for p in spec.parties},
+    }

@@ -65,10 +65,19 @@ from securefed.fusion.base import (
     FusionSpec,
     FusionWeights,
     Party,
+    check_network,
+    check_parties_named,
     check_party_matrices,
+    check_positions,
+    check_tag,
+    output_gradient,
+    pick,
+    spec_public,
+    split,
 )
 from securefed.privacy.noise import SecureGaussian, noise_source
 from securefed.randomness import SeedTree
+from securefed.views import NO_PAYLOADS, FusionView, RoundSelection
 
 STAGES = ("party_encrypt", "server_forward", "server_backward", "exchange", "party_decrypt")
 
@@ -444,15 +453,31 @@ class FusionServer:
             out.append(self.context.dump(vector, n_rows))
         return out
 
-    def forward(self, chunks: list[tuple[list[Ciphertext], int]]) -> list[list[Ciphertext]]:
-        """Evaluate each chunk ``(input column ciphertexts, n_rows)``; keep the caches."""
-        self._chunks = []
+    def forward(
+        self,
+        chunks: list[tuple[list[Ciphertext], int]],
+        *,
+        weights: FusionWeights | None = None,
+        keep: bool = True,
+    ) -> list[list[Ciphertext]]:
+        """Evaluate each chunk ``(input column ciphertexts, n_rows)``.
+
+        Args:
+            chunks: the parties' encrypted columns, per chunk of samples.
+            weights: evaluate these weights (the target network's) instead of the online ones.
+            keep: keep the caches for :meth:`backward` (``False``: evaluation only, an earlier
+                training forward's caches stay).
+        """
+        evaluated = self.weights if weights is None else weights
+        caches = []
         outputs = []
         for ciphertexts, n_rows in chunks:
             x = [self.context.load(c) for c in ciphertexts]
-            y, cache = fused_forward(self._ops(n_rows), self.spec, self.weights, x)
-            self._chunks.append((n_rows, cache))
+            y, cache = fused_forward(self._ops(n_rows), self.spec, evaluated, x)
+            caches.append((n_rows, cache))
             outputs.append(self._return(y, n_rows))
+        if keep:
+            self._chunks = caches
         return outputs
 
     def backward(self, chunks: list[list[Ciphertext]]) -> list[list[Ciphertext]]:
@@ -485,6 +510,14 @@ class FusionServer:
 class CKKSFusionChannel:
     """The fused MLP under CKKS, behind the :class:`~securefed.fusion.base.FusionChannel` seam.
 
+    ``(batch, width)`` matrices, one member, the ``"concatenated"`` layout. A party asks for
+    ``positions`` of its output after decrypting it (the server does not learn them); parties
+    without an output gradient in a backward send encrypted zeros. The target network is a
+    frozen copy of the server's weights, evaluated the same way. The view records, per
+    exchange, the sizes and SHA-256 digests of the ciphertexts each party sent and received,
+    the bytes (the key holder's masked exchange included), and the weight gradients the server
+    obtains in the clear (``aggregate``).
+
     Args:
         spec: the network.
         weights: the server's initial weights.
@@ -492,10 +525,14 @@ class CKKSFusionChannel:
         config: channel parameters.
         secret: the parties' shared key (default: fresh keys for ``spec.circuit()``, public-key
             encryption so that the server can re-randomize what it returns).
+        keep_payloads: which rounds of the view keep full payloads.
+        total_rounds: the run's length (for ``keep_payloads``' ``last:K``).
 
     Raises:
         ValueError: a key holder that is not a party, or a context with too few levels.
     """
+
+    name = "ckks"
 
     def __init__(
         self,
@@ -505,6 +542,8 @@ class CKKSFusionChannel:
         seeds: SeedTree,
         config: CKKSFusionConfig | None = None,
         secret: SecretContext | None = None,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
     ) -> None:
         self.spec = spec
         self.config = CKKSFusionConfig() if config is None else config
@@ -520,19 +559,47 @@ class CKKSFusionChannel:
         if key_holder not in spec.names:
             raise ValueError(f"key_holder {key_holder!r} is not a party of {list(spec.names)}")
         self.params = secret.params
-        self.parties = {p.name: FusionParty(p, secret) for p in spec.parties}
+        self.parties_by_name = {p.name: FusionParty(p, secret) for p in spec.parties}
         self.key_holder = key_holder
         self.transcript = FusionTranscript()
         self._flood_noise = noise_source(seeds, "ckks-fusion", "flood")
         self.server = FusionServer(
             spec, weights, secret.public(), self.config, seeds, self._exchange
         )
-        self._batch: int | None = None
+        self._target_weights = self.server.weights.copy()
+        self._pending: tuple | None = None
+        self.view = FusionView(
+            self.name,
+            spec.names,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
+            public=spec_public(spec)
+            | {
+                "optimiser": "sgd",
+                "lr": self.config.lr,
+                "ckks": self.params.public(),
+                "key_holder": key_holder,
+                "mask_bound": self.server.masks.bound,
+                "flooding": repr(self.config.flooding),
+                "output_noise_std": self.config.output_noise_std,
+                "seeded": not seeds.secure,
+            },
+        )
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self.spec.names
 
     @property
     def weights(self) -> FusionWeights:
         """The server's current weights (the simulation can look; the parties cannot)."""
         return self.server.weights.copy()
+
+    def open_round(self, round_id: int) -> None:
+        self.view.open_round(round_id)
+
+    def sync_target(self) -> None:
+        self._target_weights = self.server.weights.copy()
 
     def _exchange(self, masked: Ciphertext, n_rows: int) -> float:
         start = time.perf_counter()
@@ -540,7 +607,7 @@ class CKKSFusionChannel:
         self.transcript.exchange_bytes += masked.nbytes + 8
         self.transcript.bytes_to_party[self.key_holder] += masked.nbytes
         self.transcript.bytes_to_server[self.key_holder] += 8
-        value = self.parties[self.key_holder].release_sum(
+        value = self.parties_by_name[self.key_holder].release_sum(
             masked, n_rows, self.config.flooding, self._flood_noise
         )
         self.transcript.seconds["exchange"] += time.perf_counter() - start
@@ -550,66 +617,173 @@ class CKKSFusionChannel:
         slots = self.params.slots
         return [(start, min(batch, start + slots)) for start in range(0, batch, slots)]
 
-    def _encrypt(self, matrices: Mapping[str, np.ndarray], batch: int) -> list:
+    def _encrypt(self, matrices: Mapping[str, np.ndarray], batch: int):
+        """Every party encrypts its columns, chunk by chunk; returns the chunks the server gets
+        and each party's ciphertexts (for the view)."""
         chunks = []
+        sent: dict[str, list[Ciphertext]] = {name: [] for name in self.spec.names}
         for start, stop in self._chunk_bounds(batch):
             columns: list[Ciphertext] = []
             for name in self.spec.names:
-                ciphertexts = self.parties[name].encrypt_columns(matrices[name][start:stop])
+                ciphertexts = self.parties_by_name[name].encrypt_columns(matrices[name][start:stop])
                 self.transcript.bytes_to_server[name] += sum(c.nbytes for c in ciphertexts)
                 columns.extend(ciphertexts)
+                sent[name].extend(ciphertexts)
             chunks.append((columns, stop - start))
-        return chunks
+        return chunks, sent
 
-    def _deliver(self, chunks: list[list[Ciphertext]], slices: dict[str, slice], width: int):
-        """Each party decrypts its own columns of every chunk."""
-        out = {}
-        for name, cut in slices.items():
-            parts = []
-            for ciphertexts, (start, stop) in zip(
-                chunks, self._chunk_bounds(self._batch), strict=True
-            ):
+    def _deliver(
+        self,
+        chunks: list[list[Ciphertext]],
+        slices: dict[str, slice],
+        batch: int,
+        parties: Sequence[str],
+    ):
+        """Each of ``parties`` decrypts its own columns of every chunk; returns the matrices and
+        the ciphertexts each received."""
+        out, received = {}, {}
+        for name in parties:
+            cut = slices[name]
+            parts, mine_all = [], []
+            for ciphertexts, (start, stop) in zip(chunks, self._chunk_bounds(batch), strict=True):
                 mine = ciphertexts[cut]
                 self.transcript.bytes_to_party[name] += sum(c.nbytes for c in mine)
-                parts.append(self.parties[name].decrypt_columns(mine, stop - start))
+                parts.append(self.parties_by_name[name].decrypt_columns(mine, stop - start))
+                mine_all.extend(mine)
             out[name] = np.concatenate(parts, axis=0)
-        return out
+            received[name] = mine_all
+        return out, received
 
-    def forward(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Parties encrypt, the server evaluates, each party decrypts its output slice."""
+    def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
+        return dict(self.transcript.bytes_to_server), dict(self.transcript.bytes_to_party)
+
+    def _record(self, kind, before, *, network, tag, train, outputs, up, down, aggregate=None):
+        """Count the exchange's bytes (transcript deltas); keep its ciphertext sizes and digests
+        in rounds that keep payloads."""
+        after = self._bytes()
+        delta = [
+            {p: after[i].get(p, 0) - before[i].get(p, 0) for p in self.spec.names} for i in (0, 1)
+        ]
+        payloads = None
+        if self.view.keeps_current:
+            payloads = {}
+            for fields, ciphertexts_of in (up, down):
+                for party, ciphertexts in ciphertexts_of.items():
+                    payloads.setdefault(party, {}).update(_ciphertext_fields(fields, ciphertexts))
+        self.view.record(
+            kind,
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=outputs,
+            bytes_up={p: n for p, n in delta[0].items() if n},
+            bytes_down={p: n for p, n in delta[1].items() if n},
+            payloads=payloads,
+            aggregate=aggregate if self.view.keeps_current else None,
+        )
+
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        positions: Mapping[str, Any] | None = None,
+        network: str = "online",
+        train: bool = True,
+        tag: str = "",
+    ) -> dict[str, np.ndarray]:
+        """Parties encrypt, the server evaluates, each party in ``outputs`` decrypts its slice
+        (and picks its ``positions``)."""
+        outputs = check_parties_named("outputs", self.spec.names, outputs)
+        check_network(network, train)
+        check_tag(tag)
         matrices = check_party_matrices(self.spec, inputs, kind="input")
-        self._batch = next(iter(matrices.values())).shape[0]
+        batch = next(iter(matrices.values())).shape[0]
+        chosen = {
+            p: np.asarray(v, np.int64)
+            for p, v in check_positions(positions, outputs, (batch,)).items()
+        }
+        before = self._bytes()
         seconds = self.transcript.seconds
         start = time.perf_counter()
-        chunks = self._encrypt(matrices, self._batch)
+        chunks, sent = self._encrypt(matrices, batch)
         start = _tick(seconds, "party_encrypt", start)
-        outputs = self.server.forward(chunks)
+        evaluated = None if network == "online" else self._target_weights
+        returned = self.server.forward(chunks, weights=evaluated, keep=train)
         start = _tick(seconds, "server_forward", start)
-        result = self._deliver(outputs, self.spec.output_slices(), self.spec.output_dim)
+        full, received = self._deliver(returned, self.spec.output_slices(), batch, outputs)
+        result = {p: pick(full[p], chosen.get(p)) for p in outputs}
         _tick(seconds, "party_decrypt", start)
         self.transcript.operations = Counter(self.server.counts)
+        if train:
+            self._pending = (batch, outputs, chosen, tag)
+        self._record(
+            "forward",
+            before,
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=outputs,
+            up=("input", sent),
+            down=("output", received),
+        )
         return result
 
-    def backward(self, grads: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def backward(
+        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Parties encrypt ``dL/dy``; the server back-propagates with the masked exchange and steps
-        its weights; each party decrypts ``dL/dx`` of its own input."""
-        if self._batch is None:
+        its weights; each of ``recipients`` decrypts ``dL/dx`` of its own input."""
+        if self._pending is None:
             raise RuntimeError("backward() needs a forward() first (once per forward)")
-        matrices = check_party_matrices(self.spec, grads, kind="output", batch=self._batch)
+        recipients = check_parties_named("recipients", self.spec.names, recipients)
+        batch, outputs, chosen, tag = self._pending
+        g = output_gradient(self.spec, grads, outputs, chosen, batch)
+        matrices = split(self.spec, g, kind="output")
+        before = self._bytes()
         seconds = self.transcript.seconds
         start = time.perf_counter()
-        chunks = [columns for columns, _ in self._encrypt(matrices, self._batch)]
+        encrypted, sent = self._encrypt(matrices, batch)
+        chunks = [columns for columns, _ in encrypted]
         start = _tick(seconds, "party_encrypt", start)
         exchange_before = seconds["exchange"]
         returned = self.server.backward(chunks)
         elapsed = time.perf_counter() - start
         seconds["server_backward"] += elapsed - (seconds["exchange"] - exchange_before)
         start = time.perf_counter()
-        result = self._deliver(returned, self.spec.input_slices(), self.spec.input_dim)
+        result, received = self._deliver(returned, self.spec.input_slices(), batch, recipients)
         _tick(seconds, "party_decrypt", start)
         self.transcript.operations = Counter(self.server.counts)
-        self._batch = None
+        self._pending = None
+        gradients = {}
+        for index, (weight_grad, bias_grad) in enumerate(self.server.last_gradients.layers):
+            gradients[f"layer{index}_weight_grad"] = weight_grad
+            gradients[f"layer{index}_bias_grad"] = bias_grad
+        self._record(
+            "backward",
+            before,
+            network="online",
+            tag=tag,
+            train=True,
+            outputs=recipients,
+            up=("output_grad", sent),
+            down=("input_grad", received),
+            aggregate=gradients,
+        )
         return result
+
+
+def _ciphertext_fields(field: str, ciphertexts: Sequence[Ciphertext]) -> dict[str, np.ndarray]:
+    """What a view keeps of ciphertexts: their sizes and SHA-256 digests."""
+    digests = (
+        np.stack([np.frombuffer(c.digest(), np.uint8) for c in ciphertexts])
+        if ciphertexts
+        else np.zeros((0, 32), np.uint8)
+    )
+    return {
+        f"{field}_ciphertext_sizes": np.array([c.nbytes for c in ciphertexts], np.int64),
+        f"{field}_ciphertext_sha256": digests,
+    }
 
 
 def _tick(seconds: dict[str, float], stage: str, start: float) -> float:

@@ -1,0 +1,185 @@
+"""Fusion channels by name for a torch server module; a channel that cannot serve it says why.
+
+A caller describes what its server function needs (:class:`FusionNeeds`: members side by side,
+the hidden activation, the layout, the optimiser) and asks for a channel by name
+(:data:`FUSION_CHANNELS`). :func:`fusion_refusal` gives the reason a channel cannot serve those
+needs (``None`` when it can) without building anything; :func:`build_fusion_channel` builds the
+channel or raises :class:`FusionNotApplicable` with that reason, before any exchange.
+
+* ``"plaintext"``: :class:`~securefed.fusion.module.ModuleFusionChannel` serves any torch
+  module.
+* ``"ckks"``: :class:`~securefed.fusion.ckks.CKKSFusionChannel` evaluates a
+  :class:`~securefed.fusion.base.FusionSpec` network (linear layers and a polynomial activation
+  on the parties' concatenated vectors, SGD through the masked exchange); it cannot run a torch
+  module, and the refusal lists every need it does not meet.
+* ``"dp"``: no DP fusion channel exists yet.
+* ``"secagg"``: secure aggregation computes sums; a fusion network is not one.
+
+Importing this module imports neither torch nor tenseal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from securefed.errors import SecurefedError
+from securefed.views import NO_PAYLOADS, RoundSelection
+
+__all__ = [
+    "FUSION_CHANNELS",
+    "LAYOUTS",
+    "FusionNeeds",
+    "FusionNotApplicable",
+    "build_fusion_channel",
+    "fusion_refusal",
+]
+
+FUSION_CHANNELS = ("plaintext", "ckks", "dp", "secagg")
+LAYOUTS = ("per_party", "concatenated")
+POLYNOMIAL_ACTIVATIONS = ("polynomial", "identity")
+"""Activation names a CKKS evaluation can compute exactly (``identity`` is degree 1)."""
+
+
+class FusionNotApplicable(SecurefedError, ValueError):
+    """A fusion channel cannot serve the server function asked of it (refused when built)."""
+
+
+@dataclass(frozen=True)
+class FusionNeeds:
+    """What a server function asks of a fusion channel.
+
+    Attributes:
+        members: independent copies evaluated side by side (the vectors' leading axis).
+        activation: the server network's hidden activation (``"polynomial"`` for a polynomial,
+            else its name, e.g. ``"relu"``, ``"silu"``, ``"identity"``).
+        layout: ``"per_party"`` (one shared function evaluated once per output party on the
+            vectors ordered with that party's first) or ``"concatenated"`` (one evaluation on
+            the fixed concatenation, each party's output a slice).
+        optimiser: the server optimiser's name, lower case (``"sgd"``, ``"adam"``, ...).
+    """
+
+    members: int = 1
+    activation: str = "polynomial"
+    layout: str = "per_party"
+    optimiser: str = "sgd"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.members, bool) or int(self.members) != self.members or self.members < 1:
+            raise ValueError(f"members must be an integer >= 1, got {self.members!r}")
+        if not isinstance(self.activation, str) or not self.activation:
+            raise ValueError(f"activation must be a non-empty name, got {self.activation!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not isinstance(self.optimiser, str) or not self.optimiser:
+            raise ValueError(f"optimiser must be a non-empty name, got {self.optimiser!r}")
+
+
+def _ckks_gaps(needs: FusionNeeds) -> list[str]:
+    gaps = []
+    if needs.activation not in POLYNOMIAL_ACTIVATIONS:
+        gaps.append(
+            f"its hidden activation must be a polynomial (CKKS evaluates only additions and "
+            f"multiplications), the server network's is {needs.activation!r}"
+        )
+    if needs.members != 1:
+        gaps.append(f"it holds one network, the server function runs {needs.members} members")
+    if needs.layout != "concatenated":
+        gaps.append(
+            "it evaluates one network on the parties' concatenated vectors and splits the "
+            "output, the server function is evaluated once per output party with that party's "
+            "vector first"
+        )
+    if needs.optimiser != "sgd":
+        gaps.append(
+            f"it steps the server's weights by SGD through the masked exchange, the server "
+            f"function's optimiser is {needs.optimiser!r}"
+        )
+    gaps.append(
+        "it runs a FusionSpec network with FusionWeights (securefed.fusion.ckks."
+        "CKKSFusionChannel), not a torch module"
+    )
+    return gaps
+
+
+def fusion_refusal(name: str, needs: FusionNeeds) -> str | None:
+    """Why the channel ``name`` cannot serve a torch server module with ``needs``; ``None``: it can.
+
+    Raises:
+        ValueError: an unknown channel name.
+    """
+    if name not in FUSION_CHANNELS:
+        raise ValueError(f"unknown fusion channel {name!r}; choose from {FUSION_CHANNELS}")
+    if not isinstance(needs, FusionNeeds):
+        raise TypeError(f"needs must be FusionNeeds, got {type(needs).__name__}")
+    if name == "plaintext":
+        return None
+    if name == "ckks":
+        return "the ckks fusion channel cannot serve this server function: " + "; ".join(
+            _ckks_gaps(needs)
+        )
+    if name == "dp":
+        return (
+            "securefed has no DP fusion channel yet: clipping and noising each party's vector "
+            "before the server sees it is not implemented (use 'plaintext'; a recorded view's "
+            "vectors can be noised after the run to measure what such noise would hide)"
+        )
+    return (
+        "secure aggregation does not apply to the fusion shape: it computes only sums of the "
+        "parties' vectors, and a fusion network of their vectors is not a sum"
+    )
+
+
+def build_fusion_channel(
+    name: str,
+    parties: Sequence[str],
+    module: Any,
+    optimiser: Any,
+    needs: FusionNeeds,
+    *,
+    target: Any = None,
+    cross: bool = True,
+    keep_payloads: RoundSelection = NO_PAYLOADS,
+    total_rounds: int | None = None,
+):
+    """The fusion channel ``name`` around a torch server module (``"per_party"`` layout).
+
+    Args:
+        name: one of :data:`FUSION_CHANNELS`.
+        parties: party names.
+        module: the server's torch module (:mod:`securefed.fusion.module` for its contract).
+        optimiser: the server's optimiser; its class must be ``needs.optimiser``.
+        needs: what the function needs (checked before anything is built).
+        target: a module of the same architecture for the target network, or ``None``.
+        cross: ``False``: each party's evaluation sees zeros for the other parties' vectors.
+        keep_payloads: which rounds of the channel's view keep full payloads.
+        total_rounds: the run's length (for ``keep_payloads``' ``last:K``).
+
+    Raises:
+        FusionNotApplicable: the channel cannot serve ``needs`` (the message says why).
+        ValueError: an unknown name, or ``needs`` that do not describe ``optimiser``.
+    """
+    why = fusion_refusal(name, needs)
+    if why is not None:
+        raise FusionNotApplicable(why)
+    if needs.layout != "per_party":
+        raise FusionNotApplicable(
+            f"a torch server module is evaluated per party; needs.layout is {needs.layout!r}"
+        )
+    declared, actual = needs.optimiser, type(optimiser).__name__.lower()
+    if declared != actual:
+        raise ValueError(f"needs.optimiser is {declared!r} but the optimiser is {actual!r}")
+    from securefed.fusion.module import ModuleFusionChannel
+
+    return ModuleFusionChannel(
+        parties,
+        module,
+        optimiser,
+        target=target,
+        members=needs.members,
+        cross=cross,
+        keep_payloads=keep_payloads,
+        total_rounds=total_rounds,
+        public={"activation": needs.activation},
+    )
