@@ -30,6 +30,7 @@ names. :func:`save_record` / :func:`load_record` are that machinery for any reco
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import zipfile
@@ -574,7 +575,7 @@ def _json_default(value: object) -> object:
 # above uses it.
 
 FUSION_FORMAT_NAME = "securefed.fusion_view"
-FUSION_FORMAT_VERSION = 1
+FUSION_FORMAT_VERSION = 2  # 2: sealed by a digest (save_record)
 FUSION_KINDS = ("forward", "backward")
 FUSION_NETWORKS = ("online", "target")
 _LEDGER_COLUMNS = ("rounds", "bytes_up", "bytes_down", "forwards", "backwards")
@@ -1019,20 +1020,23 @@ class FusionView:
         self._ledger = {name: array.copy() for name, array in other._ledger.items()}
         self._rows, self._keep, self._steps = other._rows, other._keep, other._steps
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write ``manifest.json`` and ``arrays.npz`` into ``directory`` (created if needed)."""
+    def save(self, directory: str | os.PathLike, *, key: bytes | None = None) -> Path:
+        """Write ``manifest.json`` and ``arrays.npz`` into ``directory``, sealed by a digest
+        (an HMAC with ``key``) as every saved record is (:func:`save_record`)."""
         manifest, arrays = self.to_arrays()
-        return _write_record_files(Path(directory), manifest, arrays)
+        return save_record(directory, manifest, arrays, key=key)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> FusionView:
-        """Read a view written by :meth:`save`.
+    def load(cls, directory: str | os.PathLike, *, key: bytes | None = None) -> FusionView:
+        """Read and verify a view written by :meth:`save`.
 
         Raises:
             ViewFormatError: naming the file and the cause.
         """
-        manifest, arrays, source = _read_record_files(Path(directory))
-        return cls.from_arrays(manifest, arrays, source)
+        manifest, arrays = load_record(
+            directory, format_name=FUSION_FORMAT_NAME, version=FUSION_FORMAT_VERSION, key=key
+        )
+        return cls.from_arrays(manifest, arrays, str(directory))
 
 
 def _empty_ledger(parties: int, capacity: int) -> dict[str, np.ndarray]:
@@ -1043,39 +1047,3 @@ def _empty_ledger(parties: int, capacity: int) -> dict[str, np.ndarray]:
         "forwards": np.zeros(capacity, np.int64),
         "backwards": np.zeros(capacity, np.int64),
     }
-
-
-def _write_record_files(
-    directory: Path, manifest: Mapping[str, object], arrays: Mapping[str, np.ndarray]
-) -> Path:
-    """``arrays.npz`` then ``manifest.json``, each written beside and swapped in atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp_arrays = directory / "arrays.tmp.npz"
-    np.savez(tmp_arrays, **arrays)
-    os.replace(tmp_arrays, directory / "arrays.npz")
-    tmp_manifest = directory / "manifest.tmp.json"
-    tmp_manifest.write_text(json.dumps(manifest, indent=1, default=_json_default))
-    os.replace(tmp_manifest, directory / "manifest.json")
-    return directory
-
-
-def _read_record_files(directory: Path) -> tuple[dict, dict[str, np.ndarray], str]:
-    """The manifest and every array of a saved record; ViewFormatError names file and cause."""
-    import zipfile
-
-    manifest_path, arrays_path = directory / "manifest.json", directory / "arrays.npz"
-    for path in (manifest_path, arrays_path):
-        if not path.is_file():
-            raise ViewFormatError(f"{path} is missing: not a saved view directory")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ViewFormatError(f"{manifest_path}: not valid JSON ({error})") from error
-    if not isinstance(manifest, dict):
-        raise ViewFormatError(f"{manifest_path}: the manifest is not a JSON object")
-    try:
-        with np.load(arrays_path, allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise ViewFormatError(f"{arrays_path}: unreadable arrays ({error})") from error
-    return manifest, arrays, str(directory)
