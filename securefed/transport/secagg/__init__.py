@@ -28,7 +28,17 @@ Stages (Bonawitz et al. 2017, Fig. 4; Bell et al. 2020, Sec. 4) and where they r
    decrypt the shares they hold and, for each neighbour, reveal the share of ``b_u`` if ``u``
    submitted, or the share of ``s_u`` if it did not; never both. The server reconstructs the
    ``b_u`` of every contributor (a client that dropped *after* submitting is one) and the ``s_u`` of
-   every non-contributor with a contributing neighbour, removes those masks, and decodes.
+   every non-contributor with a contributing neighbour, checking every share it received against
+   the others (a wrong one is corrected and its helper excluded when the spare shares allow,
+   Berlekamp-Welch), removes those masks, checks the sum against the range ``n`` clipped inputs
+   allow, and decodes.
+
+What a client checks before it answers (Bonawitz et al. 2017, Sec. 4 and Fig. 4), so that a
+server that deviates from the protocol learns no single input: each stage is answered once and in
+order (so it never reveals both shares of a peer, nor masks twice); ``k/2 < t <= k`` at
+ShareKeys; masking with at least ``t`` neighbours, all of whom it shared with; revealing only when
+it is among the contributors and at least ``t`` of its neighbours are; every peer's public key is
+canonical and not of low order (:class:`~securefed.crypto.keys.InvalidPublicKeyError`).
 
 Refusals (no output, :class:`~securefed.errors.AggregationError` unless noted): a sum that could
 wrap the modulus (:class:`~securefed.crypto.fixed_point.ModulusOverflowError`, at ``open_round``);
@@ -36,11 +46,23 @@ a threshold ``t <= k/2`` or ``t > k``, or ``k = 1`` on more than two clients
 (:class:`~securefed.errors.InsecureParameterError`); a needed secret with fewer than ``t`` helpers
 among its owner's neighbours; contributors whose part of the graph falls apart (the server would
 learn each part's sum); a share that fails authentication (tampered, misrouted or replayed:
-:class:`~securefed.crypto.keys.ShareDecryptionError`); NaN/inf, wrong lengths, weights above
-``clip`` (``ValueError``). A refused round stays refused.
+:class:`~securefed.crypto.keys.ShareDecryptionError`); an advertised public key that is malformed,
+non-canonical or of low order (:class:`~securefed.crypto.keys.InvalidPublicKeyError`); a masked
+input or shares that arrive after unmasking began; revealed shares that disagree beyond what the
+spare shares correct (naming the helpers), a response a helper cannot have given, a rebuilt mask
+key that does not match its public key, an unmasked sum outside ``[-n L, n L]``
+(``L = ceil(clip scale)``); NaN/inf, wrong lengths, weights above ``clip`` (``ValueError``). A
+refused round stays refused.
 
 Not covered (see docs/secagg.md): the active-adversary variant (signatures and the
-ConsistencyCheck round); a malicious server could lie about who dropped.
+ConsistencyCheck round). A server that tells different helpers different survivor sets cannot
+learn both secrets of a client on its own (each helper answers once, and two disjoint groups of
+``t > k/2`` helpers do not fit in ``k`` neighbours), but it can with ``2t - k`` of the client's
+neighbours colluding. The graph and the threshold come from the server: a client checks ``t``
+against the ``k`` neighbours it is given, not ``k`` against the round's ``n`` (given one neighbour
+it accepts ``t = 1``, legitimate only in a round of two). A wrong share among exactly ``t``
+shares of a secret is caught only by the public key (mask keys) or the range of the sum (self-mask
+seeds).
 
 The clients' side of each stage is :class:`SecAggClient`; the server's side is
 :class:`SecAggRound`, whose stage methods (``receive_keys``, ``share_request``/``receive_shares``,
@@ -71,6 +93,7 @@ from securefed.transport.secagg.client import (
     SEALED_SHARE_BYTES,
     SECRET_FIELDS,
     SHARE_PLAINTEXT_BYTES,
+    STAGE_NAMES,
     STAGES,
     MaskRequest,
     SecAggClient,
@@ -104,6 +127,7 @@ __all__ = [
     "SECRET_FIELDS",
     "SHARE_PLAINTEXT_BYTES",
     "STAGES",
+    "STAGE_NAMES",
     "MaskRequest",
     "SecAggClient",
     "SecAggConfig",

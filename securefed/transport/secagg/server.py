@@ -3,7 +3,10 @@
 One method per stage of Bonawitz et al. (2017, Fig. 4) on the server: ``receive_keys``
 (AdvertiseKeys), ``share_request``/``receive_shares`` (ShareKeys), ``mask_request``/
 ``receive_masked`` (MaskedInputCollection), ``unmask_requests``/``receive_reveals`` and
-``result`` (Unmasking). With simulated clients the round drives one
+``result`` (Unmasking). The server takes no masked input once unmasking began, checks every
+revealed share against the others (correcting and excluding a lying helper when spare shares
+allow, else refusing and naming the helpers), and refuses an unmasked sum outside the range the
+fixed point allows. With simulated clients the round drives one
 :class:`~securefed.transport.secagg.client.SecAggClient` per client through the same methods;
 with remote clients (``securefed.flower``) a message layer does.
 """
@@ -18,6 +21,7 @@ import numpy as np
 from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
 from securefed.crypto import shamir
+from securefed.crypto.fixed_point import from_ring
 from securefed.errors import AggregationError
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates
@@ -42,6 +46,9 @@ from securefed.views import RoundView
 
 ID_BYTES = 8
 """Bytes counted for a client id inside a message (share recipients, survivor lists)."""
+
+_SECRET_NAMES = {"b": "self-mask seed", "s": "mask key"}
+_SECRET_FIELDS = {"b": "revealed_self_seed", "s": "revealed_mask_key"}
 
 
 def check_weights(updates: RowUpdates, clip: float) -> None:
@@ -84,6 +91,8 @@ class SecAggRound(AggregationRound):
         clipped: ``client -> number of values clipped while encoding`` (client-side diagnostic,
             not something the server sees; simulated clients only).
         timings: seconds per stage (all clients and the server together).
+        excluded_helpers: helpers whose revealed shares were found wrong and left out (spare
+            shares corrected them; also ``view.aggregate["excluded_helpers"]``).
     """
 
     def __init__(
@@ -112,6 +121,8 @@ class SecAggRound(AggregationRound):
         self._sum: np.ndarray | None = None
         self._workspace: _Workspace | None = None
         self._reveals: dict[int, dict[int, tuple[str, int]]] | None = None
+        self._unmasking = False  # set when the helpers are first asked: no masked input after
+        self.excluded_helpers: frozenset[int] = frozenset()
         self._shared: set[int] = set()
         n = len(self._ids)
         self._clients: dict[int, SecAggClient] = {}
@@ -162,7 +173,9 @@ class SecAggRound(AggregationRound):
         Raises:
             AggregationError: a client of the round did not advertise (open the round with the
                 clients that did), keys were already received, or two keys coincide.
-            ValueError: a key of the wrong length, or a client outside the round.
+            InvalidPublicKeyError: a key of the wrong length, not canonical, or of low order
+                (naming the client; also a ``ValueError``).
+            ValueError: a client outside the round.
         """
         self._check_usable()
         if self.public_keys:
@@ -174,11 +187,14 @@ class SecAggRound(AggregationRound):
                 f"round {self.round_id}: client(s) {missing[:5]} advertised no keys; a round must "
                 "be opened with the clients that advertised (Bonawitz et al.'s U_1)"
             )
+        checked = {}
         for client in self._ids:
             c_public, s_public = keys[client]
-            if len(c_public) != kx.PUBLIC_KEY_BYTES or len(s_public) != kx.PUBLIC_KEY_BYTES:
-                raise ValueError(f"client {client} advertised a key that is not 32 bytes")
-            self.public_keys[client] = (bytes(c_public), bytes(s_public))
+            checked[client] = (
+                kx.check_public_key(c_public, owner=f"client {client}"),
+                kx.check_public_key(s_public, owner=f"client {client}"),
+            )
+        self.public_keys.update(checked)
         flat = [key for pair in self.public_keys.values() for key in pair]
         if len(set(flat)) != len(flat):
             raise AggregationError("two advertised public keys coincide; refusing the round")
@@ -214,10 +230,11 @@ class SecAggRound(AggregationRound):
         """ShareKeys, server side: ``client``'s sealed shares, one per neighbour, to relay.
 
         Raises:
-            AggregationError: shares already received from ``client``.
+            AggregationError: shares already received from ``client``, or unmasking began.
             ValueError: not one share of the sealed size per neighbour.
         """
         self._check_usable()
+        self._check_before_unmasking("shares")
         client = int(client)
         neighbours = self.neighbours(client).tolist()
         if client in self._shared:
@@ -269,6 +286,7 @@ class SecAggRound(AggregationRound):
 
     def _accept(self, updates: RowUpdates) -> None:
         self._check_usable()
+        self._check_before_unmasking("masked input")
         if self.remote_clients:
             raise AggregationError(
                 "this round's clients are remote: they mask their own updates and the server "
@@ -293,12 +311,14 @@ class SecAggRound(AggregationRound):
         """MaskedInputCollection, server side: ``client``'s masked vector ``y_u`` (remote clients).
 
         Raises:
-            AggregationError: the round is finished or refused, or ``client`` already submitted
-                or dropped.
+            AggregationError: the round is finished or refused, unmasking began (a late input
+                would let a server that asked for its owner's mask key ask for its self mask
+                next), or ``client`` already submitted or dropped.
             ValueError: a vector of the wrong length or type, or mixed weighting.
         """
         self._check_open()
         self._check_usable()
+        self._check_before_unmasking("masked input")
         client = int(client)
         self.view.positions([client])
         if client in self.submitted:
@@ -358,12 +378,15 @@ class SecAggRound(AggregationRound):
     def unmask_requests(self) -> dict[int, UnmaskRequest]:
         """Unmasking, what the server sends each surviving contributor ("helper").
 
+        From the first call on the contributors are fixed: no masked input is taken after it.
+
         Raises:
             AggregationError: too few helpers for some needed secret, or the contributors' graph
                 fell apart (the round is then refused for good).
             ShareDecryptionError: the server holds no share where one is needed.
         """
         self._check_usable()
+        self._unmasking = True
         contributors = np.array(sorted(self.submitted), dtype=np.int64)
         if len(contributors) == 0:
             return {}
@@ -387,10 +410,20 @@ class SecAggRound(AggregationRound):
     def receive_reveals(self, responses: Mapping[int, Mapping[int, tuple[str, int]]]) -> None:
         """Unmasking, server side: each helper's revealed shares, ``owner -> (kind, share)``.
 
-        ``result()`` then rebuilds the secrets and removes the masks.
+        ``result()`` then rebuilds the secrets (each checked against every share received) and
+        removes the masks.
+
+        Raises:
+            AggregationError: shares already received, or unmask_requests() not called.
         """
         self._check_open()
         self._check_usable()
+        if self._reveals is not None:
+            raise AggregationError(f"round {self.round_id} already received the helpers' shares")
+        if not self._unmasking:
+            raise AggregationError(
+                f"round {self.round_id}: revealed shares arrived before unmask_requests()"
+            )
         self._reveals = {int(v): dict(r) for v, r in responses.items()}
 
     def _unmask(self, contributors: np.ndarray, n_values: int) -> Aggregate:
@@ -410,15 +443,66 @@ class SecAggRound(AggregationRound):
                 v: self._clients[v].reveal(request.inbox, set(request.contributors))
                 for v, request in self.unmask_requests().items()
             }
+        gathered = self._gather(responses, plan, contributor_set)
+        needed = [(u, "b") for u in contributors.tolist()]
+        needed += [(self._ids[p], "s") for p in plan.dropped_with_masks.tolist()]
+        secrets = self._rebuild_secrets(gathered, needed)
+        for (u, kind), secret in secrets.items():
+            self._record(u, **{_SECRET_FIELDS[kind]: _u8(secret)})
+        total = self._sum.copy()
+        expander = self._workspace.expander
+        for u in contributors.tolist():
+            expander.add(total, secrets[(u, "b")], domain=prg_mod.DOMAIN_SELF_MASK, sign=-1)
+        for position in plan.dropped_with_masks.tolist():
+            u = self._ids[position]
+            private = kx.keypair_from_seed(secrets[(u, "s")]).private
+            for v in self.clients[self._graph[position]].tolist():
+                if v not in contributor_set:
+                    continue
+                seed = kx.pair_key(
+                    private, self.public_keys[v][1], kx.PURPOSE_PAIR_MASK, self.round_id, u, v
+                )
+                # v added +PRG(s_uv) if u > v, else -PRG(s_uv): take it back out.
+                expander.add(total, seed, domain=prg_mod.DOMAIN_PAIR_MASK, sign=-1 if u > v else 1)
+        self._check_range(total, len(contributors), gathered, needed)
+        if self.excluded_helpers:
+            self.view.aggregate["excluded_helpers"] = np.array(
+                sorted(self.excluded_helpers), np.int64
+            )
+        self.view.aggregate["ring_sum"] = total.copy()
+        decoded = self.fixed_point.decode(total)
+        self.timer.add("unmasking", start)
+        weight = float(decoded[-1]) if self._weighted else float(len(contributors))
+        return Aggregate(decoded[:n_values].reshape(self.shape), weight, contributors)
+
+    def _gather(
+        self,
+        responses: Mapping[int, Mapping[int, tuple[str, int]]],
+        plan: UnmaskingPlan,
+        contributor_set: set[int],
+    ) -> dict[int, dict[str, list[tuple[int, int]]]]:
+        """The revealed shares by owner and kind, ``owner -> {kind: [(x, y), ...]}`` (recorded).
+
+        Raises:
+            AggregationError: a response from a non-helper, for a client that is not the helper's
+                neighbour, or of the wrong kind (``b`` for contributors, ``s`` for the others).
+        """
         helper_ids = {self._ids[p] for p in plan.helpers.tolist()}
         if set(responses) - helper_ids:
             raise AggregationError(
                 f"round {self.round_id}: revealed shares came from non-helpers "
                 f"{sorted(set(responses) - helper_ids)[:5]}"
             )
-        # The server gathers the revealed shares: owner -> {kind: [(x, y), ...]}.
         gathered: dict[int, dict[str, list[tuple[int, int]]]] = {}
         for v, revealed in responses.items():
+            neighbours = set(self.neighbours(v).tolist())
+            for owner, (kind, _) in revealed.items():
+                expected = "b" if owner in contributor_set else "s"
+                if owner not in neighbours or kind != expected:
+                    raise AggregationError(
+                        f"round {self.round_id}: helper {v} revealed a {kind!r} share of client "
+                        f"{owner}, which it cannot hold or was not asked for; no result"
+                    )
             x = int(self.view.positions([v])[0]) + 1
             for owner, (kind, value) in revealed.items():
                 gathered.setdefault(owner, {}).setdefault(kind, []).append((x, value))
@@ -432,43 +516,123 @@ class SecAggRound(AggregationRound):
                     b"".join(shamir.encode_share(val) for _, val in revealed.values()), np.uint8
                 ),
             )
-        total = self._sum.copy()
-        expander = self._workspace.expander
-        for u in contributors.tolist():
-            b_u = self._rebuild(gathered, u, "b")
-            self._record(u, revealed_self_seed=_u8(b_u))
-            expander.add(total, b_u, domain=prg_mod.DOMAIN_SELF_MASK, sign=-1)
-        for position in plan.dropped_with_masks.tolist():
-            u = self._ids[position]
-            s_u = self._rebuild(gathered, u, "s")
-            if kx.public_from_private_bytes(s_u) != self.public_keys[u][1]:
-                raise AggregationError(
-                    f"client {u}'s rebuilt mask key does not match its advertised public key"
-                )
-            self._record(u, revealed_mask_key=_u8(s_u))
-            private = kx.keypair_from_seed(s_u).private
-            for v in self.clients[self._graph[position]].tolist():
-                if v not in contributor_set:
-                    continue
-                seed = kx.pair_key(
-                    private, self.public_keys[v][1], kx.PURPOSE_PAIR_MASK, self.round_id, u, v
-                )
-                # v added +PRG(s_uv) if u > v, else -PRG(s_uv): take it back out.
-                expander.add(total, seed, domain=prg_mod.DOMAIN_PAIR_MASK, sign=-1 if u > v else 1)
-        self.view.aggregate["ring_sum"] = total.copy()
-        decoded = self.fixed_point.decode(total)
-        self.timer.add("unmasking", start)
-        weight = float(decoded[-1]) if self._weighted else float(len(contributors))
-        return Aggregate(decoded[:n_values].reshape(self.shape), weight, contributors)
+        return gathered
 
-    def _rebuild(self, gathered: dict, owner: int, kind: str) -> bytes:
-        points = gathered.get(owner, {}).get(kind, [])
+    def _helper(self, x: int) -> int:
+        return self._ids[x - 1]  # Shamir x = position + 1
+
+    def _rebuild_secrets(
+        self, gathered: dict[int, dict[str, list[tuple[int, int]]]], needed: list[tuple[int, str]]
+    ) -> dict[tuple[int, str], bytes]:
+        """Every needed secret, each checked against all of its shares; liars left out.
+
+        A share off the polynomial of the others is corrected when the spare shares allow
+        (:func:`~securefed.crypto.shamir.decode_shares`); its helper is then excluded from every
+        secret and all are rebuilt again without it, until no share disagrees. Sets
+        :attr:`excluded_helpers`.
+
+        Raises:
+            AggregationError: a secret with too few shares, shares that disagree beyond what the
+                spare ones correct (naming the owner and the helpers), or a rebuilt mask key that
+                does not match the advertised public key.
+        """
+        excluded: set[int] = set()  # x-coordinates of the liars
+        while True:
+            values, wrong = {}, set()
+            for owner, kind in needed:
+                points = [p for p in gathered.get(owner, {}).get(kind, []) if p[0] not in excluded]
+                values[(owner, kind)], found = self._decode(owner, kind, points)
+                wrong.update(found)
+            if not wrong:
+                break
+            excluded |= wrong
+        self.excluded_helpers = frozenset(self._helper(x) for x in excluded)
+        secrets = {}
+        for (owner, kind), value in values.items():
+            try:
+                secrets[(owner, kind)] = shamir.int_to_secret(value)
+            except ValueError as error:
+                raise AggregationError(
+                    f"cannot rebuild client {owner}'s secret: {error}"
+                ) from error
+            advertised = self.public_keys[owner][1]
+            if kind == "s" and kx.public_from_private_bytes(secrets[(owner, kind)]) != advertised:
+                helpers = [self._helper(x) for x, _ in gathered[owner][kind] if x not in excluded]
+                raise AggregationError(
+                    f"client {owner}'s rebuilt mask key does not match its advertised public key: "
+                    f"a share from one of the helpers {helpers[:8]} is wrong; no result"
+                )
+        return secrets
+
+    def _decode(
+        self, owner: int, kind: str, points: list[tuple[int, int]]
+    ) -> tuple[int, tuple[int, ...]]:
+        """One secret and the x-coordinates of its wrong shares (corrected), or a refusal."""
+        what = _SECRET_NAMES[kind]
         try:
-            return shamir.int_to_secret(shamir.reconstruct(points, self.threshold))
+            return shamir.decode_shares(points, self.threshold)
+        except shamir.InconsistentSharesError as error:
+            helpers = sorted(self._helper(x) for x in error.suspects)
+            raise AggregationError(
+                f"round {self.round_id}: the shares of client {owner}'s {what} revealed by "
+                f"helpers {helpers} disagree ({error}); a helper lied and cannot be told "
+                "apart, so the round is refused"
+            ) from error
         except ValueError as error:
-            raise AggregationError(f"cannot rebuild client {owner}'s secret: {error}") from error
+            raise AggregationError(f"cannot rebuild client {owner}'s {what}: {error}") from error
+
+    def _check_range(
+        self,
+        total: np.ndarray,
+        n_contributors: int,
+        gathered: dict[int, dict[str, list[tuple[int, int]]]],
+        needed: list[tuple[int, str]],
+    ) -> None:
+        """Refuse an unmasked sum beyond what ``n`` clipped, encoded inputs can add up to.
+
+        Each input lies in ``[-L, L]`` (``L = ceil(clip scale)``) and each weight in ``[0, L]``,
+        so the sum of ``n`` lies in ``[-n L, n L]`` and its weight in ``[0, n L]``; a wrong
+        secret leaves a uniformly random ring element, almost never in that range.
+
+        Raises:
+            AggregationError: naming the first coordinate out of range, and the secrets that were
+                rebuilt from exactly ``t`` shares (which nothing could check).
+        """
+        signed = from_ring(total, self.config.bits)
+        bound = self.fixed_point.sum_bound(n_contributors)
+        outside = np.abs(signed) > bound
+        if self._weighted:
+            outside[-1] = not 0 <= signed[-1] <= bound
+        if not outside.any():
+            return
+        at = int(np.flatnonzero(outside)[0])
+        if self._weighted and at == len(signed) - 1:
+            where = f"the weight sum is {int(signed[at])} units, outside [0, {bound}]"
+        else:
+            where = f"coordinate {at} is {int(signed[at])} units, outside [-{bound}, {bound}]"
+        unchecked = []
+        for owner, kind in needed:
+            xs = [x for x, _ in gathered.get(owner, {}).get(kind, [])]
+            helpers = [self._helper(x) for x in xs if self._helper(x) not in self.excluded_helpers]
+            if len(helpers) <= self.threshold:
+                unchecked.append(f"client {owner}'s {_SECRET_NAMES[kind]} from helpers {helpers}")
+        raise AggregationError(
+            f"round {self.round_id}: the unmasked sum lies outside the range that "
+            f"{n_contributors} clipped inputs allow ({where}; L = ceil(clip scale) = "
+            f"{self.fixed_point.level}): a helper revealed a wrong share, or a client uploaded a "
+            f"value beyond the clip range. Secrets rebuilt from exactly t shares, which nothing "
+            f"could check: {'; '.join(unchecked[:3]) or 'none'}; no result"
+        )
 
     # -- helpers --------------------------------------------------------------------------
+    def _check_before_unmasking(self, what: str) -> None:
+        if self._unmasking:
+            raise AggregationError(
+                f"round {self.round_id}: unmasking began, so a late {what} is refused (its owner "
+                "counts as dropped; taking it now would let the server ask its helpers for both "
+                "of its secrets)"
+            )
+
     def _check_usable(self) -> None:
         if self._failure is not None:
             raise AggregationError(f"round {self.round_id} was refused earlier: {self._failure}")
