@@ -139,7 +139,89 @@ def test_shamir_rejects_bad_inputs():
         shamir.decode_share(b"\xff" * 33)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_share_is_checked_and_wrong_ones_corrected_or_refused(data):
+    """Shamir shares are a Reed-Solomon codeword: ``m - t`` spare shares detect that many wrong
+    ones and correct ``floor((m - t) / 2)`` (Berlekamp-Welch), naming them."""
+    t = data.draw(st.integers(1, 8), label="t")
+    m = data.draw(st.integers(t, t + 7), label="m")
+    xs = data.draw(st.lists(st.integers(1, 500), min_size=m, max_size=m, unique=True), label="xs")
+    seed = data.draw(st.integers(0, 2**32), label="seed")
+    rng = random.Random(seed)
+    secret = rng.randrange(shamir.PRIME)
+    points = list(zip(xs, shamir.split(secret, t, xs, _seeded_bytes(seed)), strict=True))
+    assert shamir.shares_consistent(points, t)
+    assert shamir.decode_shares(points, t) == (secret, ())
+    n_wrong = data.draw(st.integers(0, m - t), label="wrong")
+    if n_wrong == 0:
+        return
+    wrong = set(rng.sample(range(m), n_wrong))
+    bad = [
+        (x, (y + rng.randrange(1, shamir.PRIME)) % shamir.PRIME) if i in wrong else (x, y)
+        for i, (x, y) in enumerate(points)
+    ]
+    assert not shamir.shares_consistent(bad, t)
+    if n_wrong <= (m - t) // 2:
+        value, named = shamir.decode_shares(bad, t)
+        assert value == secret and sorted(named) == sorted(xs[i] for i in wrong)
+    else:
+        with pytest.raises(shamir.InconsistentSharesError, match="inconsistent") as refused:
+            shamir.decode_shares(bad, t)
+        assert sorted(refused.value.suspects) == sorted(xs)
+
+
+def test_decode_shares_refuses_too_few_shares_and_bad_points():
+    points = list(zip([1, 2, 3], shamir.split(7, 3, [1, 2, 3], os.urandom), strict=True))
+    with pytest.raises(ValueError, match="1 more"):
+        shamir.decode_shares(points[:2], 3)
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.decode_shares([*points, points[0]], 3)
+    with pytest.raises(ValueError, match="threshold"):
+        shamir.decode_shares(points, 0)
+    assert issubclass(shamir.InconsistentSharesError, ValueError)
+
+
 # ----------------------------------------------------------------------------- keys and AEAD
+P25519 = 2**255 - 19
+
+
+@pytest.mark.parametrize(
+    "public",
+    [
+        bytes(32),  # u = 0
+        (1).to_bytes(32, "little"),
+        (P25519 - 1).to_bytes(32, "little"),
+        bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),
+        bytes.fromhex("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"),
+    ],
+)
+def test_low_order_public_keys_are_refused_by_name(public):
+    a = kx.generate_keypair()
+    with pytest.raises(kx.InvalidPublicKeyError, match="client 7's X25519 public key is a low"):
+        kx.check_public_key(public, owner="client 7")
+    with pytest.raises(kx.InvalidPublicKeyError, match="client 9's"):
+        kx.pair_key(a.private, public, kx.PURPOSE_PAIR_MASK, 0, 1, 9)
+
+
+def test_public_keys_must_be_canonical_and_32_bytes():
+    a, b = kx.generate_keypair(), kx.generate_keypair()
+    assert kx.check_public_key(b.public) == b.public
+    high_bit = bytes([*b.public[:31], b.public[31] | 0x80])
+    for bad, match in [
+        (high_bit, "not canonical"),
+        (P25519.to_bytes(32, "little"), "not canonical"),
+        ((P25519 + 5).to_bytes(32, "little"), "not canonical"),
+        (b"\x01" * 31, "32 bytes"),
+    ]:
+        with pytest.raises(kx.InvalidPublicKeyError, match=match):
+            kx.check_public_key(bad)
+        with pytest.raises(kx.InvalidPublicKeyError, match=match):
+            kx.agree(a.private, bad)
+    assert issubclass(kx.InvalidPublicKeyError, AggregationError)
+    assert issubclass(kx.InvalidPublicKeyError, ValueError)
+
+
 def test_x25519_agreement_is_symmetric_and_seeded_keys_reproduce():
     a, b = kx.generate_keypair(), kx.generate_keypair()
     assert kx.agree(a.private, b.public) == kx.agree(b.private, a.public)
@@ -290,6 +372,10 @@ def test_decoded_sum_respects_the_documented_bound():
         total += ring
     error = np.abs(fp.decode(total) - np.clip(x, -2, 2).sum(0))
     assert error.max() < fp.error_bound(n) == n / fp.scale
+    # No sum of n encoded values leaves [-n L, n L]; clipped extremes reach it.
+    extremes = sum(fp.encode(np.array([9.0, -9.0]), np.zeros(2))[0] for _ in range(n))
+    assert fpm.from_ring(extremes, 32).tolist() == [fp.sum_bound(n), -fp.sum_bound(n)]
+    assert np.abs(fpm.from_ring(total, 32)).max() <= fp.sum_bound(n) == n * fp.level
 
 
 def test_fixed_point_refuses_nan_overflow_and_bad_parameters():

@@ -7,11 +7,12 @@
 """
 
 from securefed.crypto.fixed_point import FixedPoint, ModulusOverflowError
-from securefed.crypto.keys import KeyPair, ShareDecryptionError
+from securefed.crypto.keys import InvalidPublicKeyError, KeyPair, ShareDecryptionError
 from securefed.crypto.prg import MaskExpander, expand_mask
 
 __all__ = [
     "FixedPoint",
+    "InvalidPublicKeyError",
     "KeyPair",
     "MaskExpander",
     "ModulusOverflowError",

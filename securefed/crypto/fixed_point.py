@@ -136,6 +136,14 @@ class FixedPoint:
                 f"scale, use bits=64, or split the round"
             )
 
+    def sum_bound(self, n_contributors: int) -> int:
+        """``n L``: no sum of ``n`` encoded values exceeds it in magnitude (ring units).
+
+        A decoded sum beyond it did not come from ``n`` clipped inputs (a wrong unmasking secret,
+        or an input encoded outside the clip range): the caller refuses it.
+        """
+        return n_contributors * self.level
+
     def error_bound(self, n_contributors: int) -> float:
         """Worst-case ``|recovered - true clipped sum|`` per coordinate: ``n / scale``."""
         return n_contributors / self.scale

@@ -13,6 +13,9 @@ package:
   nonce sent in front of the ciphertext. The associated data binds ``(round, sender, recipient)``:
   a share that is altered, relayed to the wrong recipient, attributed to another sender, or
   replayed from another round fails authentication.
+* Public keys are checked wherever they are used (:func:`check_public_key`, :func:`agree`): 32
+  bytes, the canonical encoding, and not a low-order point (whose shared secret is all zeros, so
+  the derived key would be public); a bad key is an :class:`InvalidPublicKeyError` naming its owner.
 
 Private keys come from ``X25519PrivateKey.generate()`` (OpenSSL's CSPRNG) in secure mode. For
 reproducible tests and benchmarks only, :func:`keypair_from_seed` derives one from 32 seed bytes.
@@ -34,6 +37,7 @@ from securefed.errors import AggregationError
 
 PROTOCOL_LABEL = b"securefed/secagg/v1/"
 PUBLIC_KEY_BYTES = 32
+CURVE25519_PRIME = 2**255 - 19
 PRIVATE_KEY_BYTES = 32
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -48,6 +52,13 @@ PURPOSE_PAIR_MASK = b"pairwise-mask"
 
 class ShareDecryptionError(AggregationError):
     """An encrypted share failed authentication (tampered, misrouted or replayed)."""
+
+
+class InvalidPublicKeyError(AggregationError, ValueError):
+    """A peer's X25519 public key is malformed, not canonical, or of low order (RFC 7748, Sec. 6.1).
+
+    A low-order point makes the shared secret all zeros, i.e. a key everybody knows.
+    """
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,17 +105,60 @@ def public_from_private_bytes(private: bytes) -> bytes:
     return keypair_from_seed(private).public
 
 
-def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
+def _check_encoding(public: bytes, owner: str) -> None:
+    """Refuse a public key that is not 32 bytes or not the canonical encoding of ``u < p``.
+
+    RFC 7748 (Sec. 5) ignores bit 255 and reduces ``u`` mod ``p``, so one key has several
+    encodings; generated keys are always canonical, and accepting only those keeps "two advertised
+    keys coincide" meaningful.
+    """
+    if len(public) != PUBLIC_KEY_BYTES:
+        raise InvalidPublicKeyError(
+            f"{owner}'s X25519 public key must be {PUBLIC_KEY_BYTES} bytes, got {len(public)}"
+        )
+    if int.from_bytes(public, "little") >= CURVE25519_PRIME:
+        raise InvalidPublicKeyError(
+            f"{owner}'s X25519 public key is not canonical (u >= 2^255 - 19, or bit 255 set)"
+        )
+
+
+def _exchange(private: X25519PrivateKey, public: bytes, owner: str) -> bytes:
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError as error:  # OpenSSL refuses an all-zero shared secret
+        raise InvalidPublicKeyError(
+            f"{owner}'s X25519 public key is a low-order point: the shared secret would be all "
+            "zeros, a key everybody knows (RFC 7748, Sec. 6.1)"
+        ) from error
+
+
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(PRIVATE_KEY_BYTES)))
+"""A fixed private key to test public keys with. Its clamped scalar is ``8 k'`` with
+``2^251 <= k' < 2^252``, below the prime orders of the curve's and the twist's large subgroups, so
+the shared secret is zero exactly when the public key has small order (whatever the scalar)."""
+
+
+def check_public_key(public: bytes, *, owner: str = "a peer") -> bytes:
+    """Refuse a malformed, non-canonical or low-order X25519 public key; return it as bytes.
+
+    Raises:
+        InvalidPublicKeyError: naming ``owner`` and the defect.
+    """
+    public = bytes(public)
+    _check_encoding(public, owner)
+    _exchange(_PROBE, public, owner)
+    return public
+
+
+def agree(private: X25519PrivateKey, peer_public: bytes, *, peer: str = "the peer") -> bytes:
     """The X25519 shared secret with ``peer_public`` (RFC 7748, Sec. 6.1).
 
     Raises:
-        ValueError: for a malformed public key or a low-order point (all-zero shared secret).
+        InvalidPublicKeyError: (a ``ValueError``) for a malformed or non-canonical public key, or a
+            low-order point (all-zero shared secret), naming ``peer``.
     """
-    if len(peer_public) != PUBLIC_KEY_BYTES:
-        raise ValueError(
-            f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}"
-        )
-    return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    _check_encoding(peer_public, peer)
+    return _exchange(private, peer_public, peer)
 
 
 def pair_info(purpose: bytes, round_id: int, a: int, b: int) -> bytes:
@@ -126,8 +180,12 @@ def pair_key(
     """The 32-byte key ``me`` shares with ``peer`` for ``purpose`` in round ``round_id``.
 
     Symmetric: ``pair_key(a_sk, B, ..., a, b) == pair_key(b_sk, A, ..., b, a)``.
+
+    Raises:
+        InvalidPublicKeyError: ``peer_public`` is malformed, non-canonical or of low order.
     """
-    return derive_key(agree(private, peer_public), pair_info(purpose, round_id, me, peer))
+    shared = agree(private, peer_public, peer=f"client {peer}")
+    return derive_key(shared, pair_info(purpose, round_id, me, peer))
 
 
 def share_aad(round_id: int, sender: int, recipient: int) -> bytes:

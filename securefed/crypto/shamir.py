@@ -16,6 +16,14 @@ a mask seed) is a field element as it is, with no splitting and no reduction. A 
 
 Randomness is explicit: :func:`split` takes a ``randbytes(n) -> bytes`` callable (``os.urandom``
 in secure mode, a seeded stream in tests).
+
+Checking and correcting shares. The shares of one secret form a Reed-Solomon codeword: ``m`` points
+on a polynomial of degree ``< t``. :func:`shares_consistent` checks every received share against
+the polynomial through the first ``t`` of them, and :func:`decode_shares` rebuilds the
+secret from consistent shares or, when some are wrong, corrects up to ``floor((m - t) / 2)`` of them
+with the Berlekamp-Welch decoder (Welch and Berlekamp 1986; e.g. Gemmell and Sudan 1992) and names
+them. ``m - t`` spare shares detect up to ``m - t`` wrong ones; with no spare share nothing can be
+checked.
 """
 
 from __future__ import annotations
@@ -163,6 +171,163 @@ def reconstruct(points: Sequence[tuple[int, int]], threshold: int) -> int:
             f"{threshold - len(points)} more are needed"
         )
     return interpolate_at_zero(list(points)[:threshold])
+
+
+class InconsistentSharesError(ValueError):
+    """The shares of one secret lie on no polynomial of degree below the threshold, and there are
+    too few spare shares to tell the wrong ones apart.
+
+    Attributes:
+        suspects: the x-coordinates of the shares among which the wrong ones are.
+    """
+
+    def __init__(self, message: str, suspects: Sequence[int]) -> None:
+        super().__init__(message)
+        self.suspects = tuple(suspects)
+
+
+class _Interpolant:
+    """The polynomial of degree ``< t`` through ``t`` points, evaluated by Lagrange's formula.
+
+    ``f(x) = sum_i y_i prod_{j != i} (x - x_j) / (x_i - x_j)``: the weights ``y_i / d_i`` with
+    ``d_i = prod_{j != i} (x_i - x_j)`` share one modular inversion, and each evaluation costs ``t``
+    products (the numerators are small integers, divided exactly over the integers).
+    """
+
+    def __init__(self, points: Sequence[tuple[int, int]]) -> None:
+        self.xs = [x % PRIME for x, _ in points]
+        self.ys = [y % PRIME for _, y in points]
+        _check_xs(self.xs)
+        denominators = [math.prod(xi - xj for xj in self.xs if xj != xi) for xi in self.xs]
+        inverses = batch_inverse([d % PRIME for d in denominators])
+        self.weights = [y * inv % PRIME for y, inv in zip(self.ys, inverses, strict=True)]
+
+    def __call__(self, x: int) -> int:
+        if x in self.xs:
+            return self.ys[self.xs.index(x)]
+        differences = [x - xj for xj in self.xs]
+        full = math.prod(differences)
+        return sum(full // d * w for d, w in zip(differences, self.weights, strict=True)) % PRIME
+
+
+def shares_consistent(points: Sequence[tuple[int, int]], threshold: int) -> bool:
+    """Whether every one of ``points`` lies on the polynomial through the first ``threshold``.
+
+    ``True`` when there are at most ``threshold`` points (nothing to check).
+
+    Raises:
+        ValueError: for repeated or zero x-coordinates.
+    """
+    _check_xs([x % PRIME for x, _ in points])
+    if len(points) <= threshold:
+        return True
+    interpolant = _Interpolant(list(points)[:threshold])
+    return all(interpolant(x % PRIME) == y % PRIME for x, y in list(points)[threshold:])
+
+
+def _solve(rows: list[list[int]], rhs: list[int], n_unknowns: int) -> list[int] | None:
+    """One solution of a linear system over GF(p) (free unknowns set to 0), or ``None``."""
+    matrix = [[*row, b] for row, b in zip(rows, rhs, strict=True)]
+    pivots: list[int] = []
+    rank = 0
+    for column in range(n_unknowns):
+        pivot = next((r for r in range(rank, len(matrix)) if matrix[r][column]), None)
+        if pivot is None:
+            continue
+        matrix[rank], matrix[pivot] = matrix[pivot], matrix[rank]
+        inverse = field_inverse(matrix[rank][column])
+        matrix[rank] = [value * inverse % PRIME for value in matrix[rank]]
+        for r in range(len(matrix)):
+            factor = matrix[r][column]
+            if r != rank and factor:
+                matrix[r] = [
+                    (a - factor * b) % PRIME for a, b in zip(matrix[r], matrix[rank], strict=True)
+                ]
+        pivots.append(column)
+        rank += 1
+    if any(row[-1] for row in matrix[rank:]):
+        return None  # 0 = non-zero: no solution
+    solution = [0] * n_unknowns
+    for r, column in enumerate(pivots):
+        solution[column] = matrix[r][-1]
+    return solution
+
+
+def _divide(numerator: list[int], monic: list[int]) -> tuple[list[int], bool]:
+    """``numerator / monic`` over GF(p) (coefficients lowest first): quotient, exact or not."""
+    remainder = list(numerator)
+    degree = len(monic) - 1
+    quotient = [0] * max(len(remainder) - degree, 1)
+    for shift in range(len(remainder) - 1 - degree, -1, -1):
+        factor = remainder[shift + degree]
+        quotient[shift] = factor
+        if factor:
+            for j, coefficient in enumerate(monic):
+                remainder[shift + j] = (remainder[shift + j] - factor * coefficient) % PRIME
+    return quotient, not any(remainder[:degree])
+
+
+def _berlekamp_welch(points: Sequence[tuple[int, int]], threshold: int, errors: int):
+    """The polynomial (coefficients) of degree ``< threshold`` that agrees with all but at most
+    ``errors`` of ``points``, when ``len(points) >= threshold + 2 errors``; else ``None``.
+
+    Solves ``Q(x_i) = y_i E(x_i)`` for ``Q`` of degree ``< threshold + errors`` and a monic error
+    locator ``E`` of degree ``errors``; then ``f = Q / E``.
+    """
+    n_q = threshold + errors
+    rows, rhs = [], []
+    for x, y in points:
+        powers = [pow(x, j, PRIME) for j in range(n_q)]
+        rows.append(powers + [(-y * powers[j]) % PRIME for j in range(errors)])
+        rhs.append(y * pow(x, errors, PRIME) % PRIME)
+    solution = _solve(rows, rhs, n_q + errors)
+    if solution is None:
+        return None
+    quotient, exact = _divide(solution[:n_q], [*solution[n_q:], 1])
+    if not exact:
+        return None
+    return (quotient + [0] * threshold)[:threshold]
+
+
+def decode_shares(points: Sequence[tuple[int, int]], threshold: int) -> tuple[int, tuple[int, ...]]:
+    """The secret from ``points``, every one checked; wrong shares corrected where possible.
+
+    When all ``m`` points lie on one polynomial of degree ``< threshold``
+    (:func:`shares_consistent`), the secret is interpolated from the first ``threshold`` of them
+    (as :func:`reconstruct`). When they do not, up to ``floor((m - threshold) / 2)`` wrong shares
+    are corrected (Berlekamp-Welch).
+
+    Returns:
+        ``(secret, x-coordinates of the wrong shares)`` (the second empty when all agree).
+
+    Raises:
+        InconsistentSharesError: the points are inconsistent and cannot be corrected (more wrong
+            shares than the spare ones correct); ``suspects`` holds every x-coordinate.
+        ValueError: fewer than ``threshold`` points, or repeated x-coordinates.
+    """
+    if threshold < 1:
+        raise ValueError(f"threshold must be >= 1, got {threshold}")
+    if len(points) < threshold:
+        raise ValueError(
+            f"{len(points)} share(s) cannot reconstruct a {threshold}-out-of-n secret: "
+            f"{threshold - len(points)} more are needed"
+        )
+    _check_xs([x % PRIME for x, _ in points])
+    interpolant = _Interpolant(list(points)[:threshold])
+    if all(interpolant(x % PRIME) == y % PRIME for x, y in list(points)[threshold:]):
+        return interpolant(0), ()
+    xs = [x for x, _ in points]
+    correctable = (len(points) - threshold) // 2
+    polynomial = _berlekamp_welch(points, threshold, correctable) if correctable else None
+    if polynomial is not None:
+        wrong = tuple(x for x, y in points if poly_eval(polynomial, x) != y % PRIME)
+        if len(wrong) <= correctable:
+            return polynomial[0], wrong
+    raise InconsistentSharesError(
+        f"{len(points)} shares of a {threshold}-out-of-n secret are inconsistent, and "
+        f"{len(points) - threshold} spare share(s) correct at most {correctable} wrong one(s)",
+        xs,
+    )
 
 
 def secret_to_int(secret: bytes) -> int:

@@ -9,9 +9,10 @@
   reply with them as arrays.
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
   ``query.secagg_unmask``: the client's side of each stage of secure aggregation, run by one
-  :class:`~securefed.transport.secagg.SecAggClient` per hosted user. Its secrets stay in the
-  node's Flower ``Context.state`` between the four messages (Flower keeps that state on the
-  node; it is never sent) and are deleted after unmasking.
+  :class:`~securefed.transport.secagg.SecAggClient` per hosted user. Its secrets, and the stage
+  each user answered, stay in the node's Flower ``Context.state`` between the four messages
+  (Flower keeps that state on the node; it is never sent), so each user answers each stage once;
+  they are deleted after unmasking.
 * ``train.ckks`` / ``query.ckks_decrypt``: compute the hosted users' updates and encrypt them
   here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
   server's summed ciphertexts, floods and rounds them, and returns only those values.
@@ -168,8 +169,18 @@ def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]
     return secrets
 
 
-def _save_secrets(context: Context, round_id: int, clients: Mapping[int, SecAggClient]) -> None:
+def _save_secrets(
+    context: Context, round_id: int, clients: Mapping[int, SecAggClient], *, merge: bool = False
+) -> None:
+    """Keep the clients' secrets (and the stage each answered) in the node's state.
+
+    ``merge`` keeps the saved entries of the round's other users (the node masks only the users
+    that produced an update).
+    """
     values: dict[str, object] = {"round": round_id}
+    if merge:
+        for key, value in context.state[SECAGG_STATE].items():
+            values[key] = value
     for user, client in clients.items():
         for name, data in client.export_secrets().items():
             values[f"{user}.{name}"] = data
@@ -189,14 +200,32 @@ def _restore(
     }
 
 
+def _check_not_advertised(context: Context, round_id: int) -> None:
+    """Refuse a second AdvertiseKeys in a round whose secrets this node holds.
+
+    Fresh clients would start the stages over: in seeded mode with the same keys and self-mask
+    seeds, so the server could have them mask and unmask a second time.
+
+    Raises:
+        AggregationError: naming the round.
+    """
+    record = context.state.get(SECAGG_STATE)
+    if record is not None and int(record.get("round", -1)) == round_id:
+        raise AggregationError(
+            f"this node already advertised keys in round {round_id} (its users are in that round "
+            "now): a user answers each stage once, so a second AdvertiseKeys is refused"
+        )
+
+
 def _advertise(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     secagg = _secagg_config(config)
+    _check_not_advertised(context, round_id)
     users = _hosted(setup.node, arrays["clients"])
     clients = {int(u): SecAggClient(int(u), round_id, secagg, setup.seeds) for u in users.tolist()}
-    _save_secrets(context, round_id, clients)
     publics = [clients[int(u)].advertise() for u in users]
+    _save_secrets(context, round_id, clients)  # with the stage: each user advertises once
     return _reply(
         message,
         {
@@ -250,6 +279,8 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
             rec.rows_bytes(arrays["s_publics"][j]),
             workspace,
         )
+    if len(users):
+        _save_secrets(context, round_id, clients, merge=True)  # each user masks once
     return _reply(
         message,
         {

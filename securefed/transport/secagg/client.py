@@ -1,0 +1,452 @@
+"""The clients' side of secure aggregation: one :class:`SecAggClient` per client and round.
+
+A client holds its secrets (two X25519 key pairs, the self-mask seed ``b_u``, the pairwise share
+keys) and has one method per stage of Bonawitz et al. (2017, Fig. 4):
+:meth:`SecAggClient.advertise`, :meth:`~SecAggClient.share`, :meth:`~SecAggClient.mask` and
+:meth:`~SecAggClient.reveal`. The
+server's messages to it are :class:`ShareRequest`, :class:`MaskRequest` and
+:class:`UnmaskRequest`. Its randomness comes from the operating system in secure mode and from
+the run's seed tree in seeded mode (tests and benchmarks only).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from securefed.crypto import keys as kx
+from securefed.crypto import prg as prg_mod
+from securefed.crypto import shamir
+from securefed.crypto.fixed_point import Encoder
+from securefed.errors import AggregationError, InsecureParameterError
+from securefed.randomness import SeedTree
+from securefed.transport.secagg.config import SecAggConfig, check_threshold
+
+SHARE_PLAINTEXT_BYTES = 2 * shamir.SHARE_BYTES
+SEALED_SHARE_BYTES = kx.encrypted_size(SHARE_PLAINTEXT_BYTES)
+STAGES = ("key_agreement", "sharing", "encoding", "mask_expansion", "unmasking")
+
+
+class _ClientRandomness:
+    """A client's private randomness: the OS in secure mode, the seed tree in seeded mode."""
+
+    def __init__(self, seeds: SeedTree, round_id: int, client: int) -> None:
+        self.secure = bool(seeds.secure)
+        self._seeds = seeds
+        self._path = ("secagg", round_id, client)
+        self._stream = (
+            None if self.secure else prg_mod.KeystreamBytes(seeds.key(*self._path, "stream"))
+        )
+
+    def keypair(self, name: str) -> kx.KeyPair:
+        if self.secure:
+            return kx.generate_keypair()
+        return kx.keypair_from_seed(self._seeds.key(*self._path, name))
+
+    def secret(self, name: str) -> bytes:
+        return os.urandom(32) if self.secure else self._seeds.key(*self._path, name)
+
+    def randbytes(self, n: int) -> bytes:
+        return os.urandom(n) if self.secure else self._stream(n)
+
+
+@dataclass(eq=False)
+class _Timer:
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+
+    def add(self, stage: str, start: float) -> float:
+        now = time.perf_counter()
+        self.seconds[stage] += now - start
+        return now
+
+
+class _Workspace:
+    """Scratch buffers of a round's masking (the simulated clients run one after another)."""
+
+    def __init__(self, length: int, config: SecAggConfig) -> None:
+        self.encoder = Encoder(config.fixed_point, length)
+        self.uniform = prg_mod.UniformSource(length, prg=config.prg)
+        self.expander = prg_mod.MaskExpander(length, bits=config.bits, prg=config.prg)
+
+
+def masking_workspace(length: int, config: SecAggConfig) -> _Workspace:
+    """Buffers for masking vectors of ``length`` ring elements (one per process is enough)."""
+    return _Workspace(length, config)
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """What the server relays to a client for ShareKeys: its neighbours and their ``c`` keys.
+
+    Attributes:
+        neighbours: the neighbours' ids (public graph).
+        xs: the Shamir evaluation points of the neighbours (position + 1, public).
+        c_publics: each neighbour's advertised ``c`` public key.
+        threshold: the Shamir threshold ``t``.
+    """
+
+    neighbours: tuple[int, ...]
+    xs: tuple[int, ...]
+    c_publics: tuple[bytes, ...]
+    threshold: int
+
+
+@dataclass(frozen=True)
+class MaskRequest:
+    """What the server relays to a client for MaskedInputCollection: the neighbours' ``s`` keys."""
+
+    neighbours: tuple[int, ...]
+    s_publics: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """What the server sends a surviving client for Unmasking.
+
+    Attributes:
+        inbox: ``sender -> sealed share`` addressed to this client (relayed at ShareKeys).
+        contributors: the clients whose masked input arrived (their ``b``-shares are asked for;
+            every other sender's ``s``-share is).
+    """
+
+    inbox: dict[int, bytes]
+    contributors: frozenset[int]
+
+
+STAGE_NAMES = {
+    "advertise": "AdvertiseKeys",
+    "share": "ShareKeys",
+    "mask": "MaskedInputCollection",
+    "reveal": "Unmasking",
+}
+"""A client's stages in the order it answers them, once each (Bonawitz et al. 2017, Fig. 4)."""
+
+_ORDER = tuple(STAGE_NAMES)
+
+SECRET_FIELDS = ("c", "s", "b", "share_peers", "share_keys", "stage", "threshold")
+
+
+class SecAggClient:
+    """One client's side of a round: its secrets and one method per stage.
+
+    In one process (:class:`SecAggTransport`) the round drives a ``SecAggClient`` per client; in a
+    federation (``securefed.flower``) each node runs the ones of the users it hosts, one stage per
+    message, keeping :meth:`export_secrets` in its local state between messages. The server never
+    holds this object.
+
+    The client does not trust the server's requests (Bonawitz et al. 2017, Sec. 4 and Fig. 4): it
+    answers each stage once and in order (:attr:`stage`, kept in :meth:`export_secrets`, so a
+    restored client remembers), so it never reveals both kinds of share for one peer and never
+    masks twice; it refuses a threshold outside ``(k/2, k]``, masking with fewer than ``t``
+    neighbours or with one it did not share with, revealing unless ``t`` of its neighbours are
+    among the contributors, and a low-order or malformed public key
+    (:class:`~securefed.crypto.keys.InvalidPublicKeyError`). A refused request changes nothing.
+
+    Args:
+        client: the client's id.
+        round_id: the round.
+        config: the protocol parameters.
+        seeds: the run's seed tree (secure mode: keys and secrets come from the OS).
+        secrets: restore a client that advertised (and perhaps shared) in an earlier message
+            (:meth:`export_secrets`); ``None`` makes fresh key pairs (AdvertiseKeys).
+
+    Attributes:
+        stage: the last stage answered (``""`` before AdvertiseKeys), a key of
+            :data:`STAGE_NAMES`.
+        threshold: the Shamir threshold accepted at ShareKeys (0 before).
+    """
+
+    def __init__(
+        self,
+        client: int,
+        round_id: int,
+        config: SecAggConfig,
+        seeds: SeedTree,
+        *,
+        secrets: dict[str, bytes] | None = None,
+    ) -> None:
+        self.id = int(client)
+        self.round_id = round_id
+        self.config = config
+        self.random = _ClientRandomness(seeds, round_id, self.id)
+        self.share_keys: dict[int, bytes] = {}  # neighbour -> AEAD key (symmetric per pair)
+        self.b = b""  # the self-mask seed, drawn at ShareKeys
+        self.stage = ""
+        self.threshold = 0
+        if secrets is None:
+            self.c = self.random.keypair("c")
+            self.s = self.random.keypair("s")
+        else:
+            self._restore(secrets)
+
+    def _restore(self, secrets: dict[str, bytes]) -> None:
+        unknown = set(secrets) - set(SECRET_FIELDS)
+        if unknown or not {"c", "s", "stage"} <= set(secrets):
+            raise ValueError(
+                f"client {self.id}'s saved secrets must hold c, s and stage (and optionally "
+                f"{', '.join(f for f in SECRET_FIELDS if f not in ('c', 's', 'stage'))}), "
+                f"got {sorted(secrets)}"
+            )
+        stage = bytes(secrets["stage"]).decode("ascii", errors="replace")
+        if stage not in ("", *_ORDER):
+            raise ValueError(f"client {self.id}'s saved stage {stage!r} is not a stage")
+        self.stage = stage
+        self.threshold = int.from_bytes(bytes(secrets.get("threshold", b"")), "big")
+        self.c = kx.keypair_from_seed(bytes(secrets["c"]))
+        self.s = kx.keypair_from_seed(bytes(secrets["s"]))
+        self.b = bytes(secrets.get("b", b""))
+        peers = np.frombuffer(bytes(secrets.get("share_peers", b"")), dtype=">i8")
+        keys = bytes(secrets.get("share_keys", b""))
+        if len(keys) != len(peers) * kx.KEY_BYTES:
+            raise ValueError(f"client {self.id}'s saved share keys do not match its peers")
+        self.share_keys = {
+            int(v): keys[i * kx.KEY_BYTES : (i + 1) * kx.KEY_BYTES] for i, v in enumerate(peers)
+        }
+
+    def export_secrets(self) -> dict[str, bytes]:
+        """Everything a later stage needs, as bytes (keep it on the client's own machine)."""
+        peers = list(self.share_keys)
+        return {
+            "c": self.c.private_bytes(),
+            "s": self.s.private_bytes(),
+            "b": self.b,
+            "share_peers": np.asarray(peers, dtype=">i8").tobytes(),
+            "share_keys": b"".join(self.share_keys[v] for v in peers),
+            "stage": self.stage.encode("ascii"),
+            "threshold": self.threshold.to_bytes(8, "big"),
+        }
+
+    def _check_stage(self, stage: str) -> None:
+        """Refuse a stage that this client answered already, or whose predecessor it has not.
+
+        Raises:
+            AggregationError: naming the stage.
+        """
+        wanted = _ORDER.index(stage)
+        done = _ORDER.index(self.stage) + 1 if self.stage else 0
+        if wanted < done:
+            raise AggregationError(
+                f"client {self.id} already answered {STAGE_NAMES[stage]} of round "
+                f"{self.round_id} (its last answer was {STAGE_NAMES[self.stage]}): a client "
+                "answers each stage once, so a server that asks again gets nothing"
+            )
+        if wanted > done:
+            if stage == "mask":
+                raise AggregationError(
+                    f"client {self.id} has no self-mask seed: it must run ShareKeys before masking"
+                )
+            raise AggregationError(
+                f"client {self.id} must answer {STAGE_NAMES[_ORDER[wanted - 1]]} before "
+                f"{STAGE_NAMES[stage]} in round {self.round_id}"
+            )
+
+    # Stage 1
+    def advertise(self) -> tuple[bytes, bytes]:
+        """AdvertiseKeys: the ``c`` and ``s`` public keys.
+
+        Raises:
+            AggregationError: the client advertised already.
+        """
+        self._check_stage("advertise")
+        self.stage = "advertise"
+        return self.c.public, self.s.public
+
+    def _check_share_request(
+        self, neighbours: Sequence[int], xs: Sequence[int], c_publics: Sequence[bytes], t: int
+    ) -> None:
+        k = len(neighbours)
+        if k == 0 or len(set(neighbours)) != k or self.id in neighbours:
+            raise AggregationError(
+                f"client {self.id} must share with at least one neighbour, each a distinct other "
+                f"client; the server sent {list(neighbours)[:8]}"
+            )
+        if len(xs) != k or len(c_publics) != k:
+            raise ValueError(
+                f"client {self.id} got {k} neighbours but {len(xs)} Shamir points and "
+                f"{len(c_publics)} public keys"
+            )
+        check_threshold(int(t), k)
+        if self.config.threshold is not None and t != self.config.threshold:
+            raise InsecureParameterError(
+                f"the server asks client {self.id} for a {t}-out-of-{k} sharing, but the "
+                f"configured threshold is {self.config.threshold}"
+            )
+
+    # Stage 2
+    def share(
+        self,
+        neighbours: Sequence[int],
+        xs: Sequence[int],
+        c_publics: Sequence[bytes],
+        threshold: int,
+        timer: _Timer | None = None,
+    ) -> list[bytes]:
+        """ShareKeys: Shamir-share ``b_u`` and ``s_u`` among ``neighbours``, one sealed share each.
+
+        Returns:
+            One sealed share per neighbour, in the order of ``neighbours``.
+
+        Raises:
+            InsecureParameterError: a threshold ``t <= k/2`` (with ``t = 1`` each share is the
+                secret itself) or ``t > k`` for the ``k`` neighbours, or other than configured.
+            InvalidPublicKeyError: a neighbour's ``c`` key is malformed or of low order.
+            AggregationError: the client shared already, or has not advertised; repeated
+                neighbours, or itself among them.
+        """
+        self._check_stage("share")
+        self._check_share_request(neighbours, xs, c_publics, threshold)
+        timer = _Timer() if timer is None else timer
+        start = time.perf_counter()
+        share_keys = {}
+        for v, public in zip(neighbours, c_publics, strict=True):
+            share_keys[v] = kx.pair_key(
+                self.c.private, public, kx.PURPOSE_SHARE_KEY, self.round_id, self.id, v
+            )
+        self.share_keys = share_keys
+        start = timer.add("key_agreement", start)
+        self.b = self.random.secret("b")
+        b_shares = shamir.split(shamir.secret_to_int(self.b), threshold, xs, self.random.randbytes)
+        s_secret = shamir.secret_to_int(self.s.private_bytes())
+        s_shares = shamir.split(s_secret, threshold, xs, self.random.randbytes)
+        sealed = []
+        for v, b_share, s_share in zip(neighbours, b_shares, s_shares, strict=True):
+            plaintext = shamir.encode_share(b_share) + shamir.encode_share(s_share)
+            aad = kx.share_aad(self.round_id, self.id, v)
+            nonce = self.random.randbytes(kx.NONCE_BYTES)
+            sealed.append(kx.seal(self.config.aead, self.share_keys[v], nonce, plaintext, aad))
+        timer.add("sharing", start)
+        self.threshold = int(threshold)
+        self.stage = "share"
+        return sealed
+
+    def _check_mask_request(self, neighbours: Sequence[int], s_publics: Sequence[bytes]) -> None:
+        if len(neighbours) != len(s_publics):
+            raise ValueError(
+                f"client {self.id} got {len(neighbours)} neighbours but {len(s_publics)} keys"
+            )
+        strangers = sorted({int(v) for v in neighbours} - set(self.share_keys))
+        if strangers:
+            raise AggregationError(
+                f"client {self.id} is asked to mask with client(s) {strangers[:5]}, with whom it "
+                "did not share its keys: those masks could never be removed"
+            )
+        if len(set(neighbours)) != len(neighbours):
+            raise AggregationError(f"client {self.id} is asked to mask with a neighbour twice")
+        if len(neighbours) < self.threshold:
+            raise AggregationError(
+                f"client {self.id} is asked to mask with {len(neighbours)} neighbour(s), fewer "
+                f"than the threshold {self.threshold}: the server and those few could remove "
+                "every mask; refusing (Bonawitz et al. 2017, Fig. 4, Round 2)"
+            )
+
+    # Stage 3
+    def mask(
+        self,
+        values: np.ndarray,
+        neighbours: Sequence[int],
+        s_publics: Sequence[bytes],
+        workspace: _Workspace,
+        timer: _Timer | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """MaskedInputCollection: ``y_u`` (a fresh ring vector) and the number of values clipped.
+
+        ``neighbours`` are those of the ShareKeys neighbours still in the round (at least ``t``).
+
+        Raises:
+            AggregationError: this client has not shared its keys (no self-mask seed yet) or
+                masked already (two masked inputs under one self mask reveal their difference);
+                fewer than ``t`` neighbours, or one it did not share with.
+            InvalidPublicKeyError: a neighbour's ``s`` key is malformed or of low order.
+        """
+        self._check_stage("mask")
+        self._check_mask_request(neighbours, s_publics)
+        timer = _Timer() if timer is None else timer
+        start = time.perf_counter()
+        uniform = workspace.uniform.draw(self.random.secret("rounding"))
+        masked, n_clipped = workspace.encoder.encode(values, uniform)
+        start = timer.add("encoding", start)
+        expander = workspace.expander
+        expander.add(masked, self.b, domain=prg_mod.DOMAIN_SELF_MASK)
+        start = timer.add("mask_expansion", start)
+        for v, public in zip(neighbours, s_publics, strict=True):
+            seed = kx.pair_key(
+                self.s.private, public, kx.PURPOSE_PAIR_MASK, self.round_id, self.id, v
+            )
+            start = timer.add("key_agreement", start)
+            expander.add(
+                masked, seed, domain=prg_mod.DOMAIN_PAIR_MASK, sign=1 if v > self.id else -1
+            )
+            start = timer.add("mask_expansion", start)
+        self.stage = "mask"
+        return masked, n_clipped
+
+    def _check_survivors(self, contributors: set[int]) -> None:
+        if self.id not in contributors:
+            raise AggregationError(
+                f"client {self.id} uploaded its masked input, but the server's contributors of "
+                f"round {self.round_id} omit it; refusing to unmask"
+            )
+        k = len(self.share_keys)
+        surviving = len(contributors.intersection(self.share_keys))
+        if surviving < self.threshold:
+            raise AggregationError(
+                f"client {self.id} is told that only {surviving} of its {k} neighbours "
+                f"contributed, fewer than the threshold {self.threshold}: the shares it would "
+                "reveal could unmask a small group; refusing (Bonawitz et al. 2017, Fig. 4, "
+                "Round 4)"
+            )
+
+    # Stage 4
+    def reveal(self, inbox: dict[int, bytes], contributors: set[int]) -> dict[int, tuple[str, int]]:
+        """Open every share held, then reveal ``b``-shares of contributors, ``s``-shares of others.
+
+        All ciphertexts are opened before anything is revealed, so a bad one aborts the client with
+        nothing disclosed (Bonawitz et al. 2017, Fig. 4, Round 4). The client answers once: for
+        each peer it reveals the share of ``b`` or of ``s``, never both.
+
+        Raises:
+            ShareDecryptionError: naming the sender, if a share fails authentication.
+            AggregationError: the client revealed already, or has not masked; the contributors
+                omit it, or hold fewer than ``t`` of its neighbours.
+        """
+        self._check_stage("reveal")
+        contributors = {int(c) for c in contributors}
+        self._check_survivors(contributors)
+        opened = {}
+        for sender, blob in inbox.items():
+            key = self.share_keys.get(sender)
+            if key is None:
+                raise kx.ShareDecryptionError(
+                    f"client {self.id} received a share from {sender}, which is not its neighbour"
+                )
+            aad = kx.share_aad(self.round_id, sender, self.id)
+            try:
+                opened[sender] = kx.open_sealed(self.config.aead, key, blob, aad)
+            except kx.ShareDecryptionError as error:
+                raise kx.ShareDecryptionError(
+                    f"round {self.round_id}: the share from client {sender} to client {self.id} "
+                    "failed authentication (tampered, misrouted or replayed); refusing to unmask"
+                ) from error
+        revealed = {}
+        for sender, plaintext in opened.items():
+            if sender in contributors:
+                revealed[sender] = ("b", shamir.decode_share(plaintext[: shamir.SHARE_BYTES]))
+            else:
+                revealed[sender] = ("s", shamir.decode_share(plaintext[shamir.SHARE_BYTES :]))
+        self.stage = "reveal"
+        return revealed
+
+
+def pack_values(block: np.ndarray, weight: float | None) -> np.ndarray:
+    """What a client masks: ``w * block`` flattened, then ``w`` (weighted rounds)."""
+    flat = np.asarray(block, dtype=np.float64).ravel()
+    if weight is None:
+        return flat
+    values = np.empty(flat.size + 1)
+    np.multiply(flat, weight, out=values[:-1])
+    values[-1] = weight
+    return values

@@ -1,0 +1,652 @@
+"""The server's side of a secure-aggregation round: :class:`SecAggRound`.
+
+One method per stage of Bonawitz et al. (2017, Fig. 4) on the server: ``receive_keys``
+(AdvertiseKeys), ``share_request``/``receive_shares`` (ShareKeys), ``mask_request``/
+``receive_masked`` (MaskedInputCollection), ``unmask_requests``/``receive_reveals`` and
+``result`` (Unmasking). The server takes no masked input once unmasking began, checks every
+revealed share against the others (correcting and excluding a lying helper when spare shares
+allow, else refusing and naming the helpers), and refuses an unmasked sum outside the range the
+fixed point allows. With simulated clients the round drives one
+:class:`~securefed.transport.secagg.client.SecAggClient` per client through the same methods;
+with remote clients (``securefed.flower``) a message layer does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from securefed.crypto import keys as kx
+from securefed.crypto import prg as prg_mod
+from securefed.crypto import shamir
+from securefed.crypto.fixed_point import from_ring
+from securefed.errors import AggregationError
+from securefed.randomness import SeedTree
+from securefed.transport.base import Aggregate, AggregationRound, RowUpdates
+from securefed.transport.secagg.client import (
+    SEALED_SHARE_BYTES,
+    MaskRequest,
+    SecAggClient,
+    ShareRequest,
+    UnmaskRequest,
+    _Timer,
+    _Workspace,
+    pack_values,
+)
+from securefed.transport.secagg.config import SecAggConfig
+from securefed.transport.secagg.graph import (
+    UnmaskingPlan,
+    graph_seed,
+    neighbour_graph,
+    plan_unmasking,
+)
+from securefed.views import RoundView
+
+ID_BYTES = 8
+"""Bytes counted for a client id inside a message (share recipients, survivor lists)."""
+
+_SECRET_NAMES = {"b": "self-mask seed", "s": "mask key"}
+_SECRET_FIELDS = {"b": "revealed_self_seed", "s": "revealed_mask_key"}
+
+
+def check_weights(updates: RowUpdates, clip: float) -> None:
+    """Refuse a weight beyond the clip range (it could not be encoded without wrapping).
+
+    Raises:
+        ValueError: naming the client and its weight.
+    """
+    if updates.weights is None:
+        return
+    too_heavy = updates.weights > clip
+    if too_heavy.any():
+        k = int(np.flatnonzero(too_heavy)[0])
+        raise ValueError(
+            f"client {int(updates.clients[k])} has weight {updates.weights[k]} beyond the clip "
+            f"range [0, {clip}]: it cannot be encoded without wrapping the sum"
+        )
+
+
+class SecAggRound(AggregationRound):
+    """One secure-aggregation round: the server's side of every stage (module docstring).
+
+    With simulated clients (the default) opening the round runs AdvertiseKeys and ShareKeys for
+    all its clients, ``submit`` masks a client's update and ``result`` unmasks, each client's side
+    done by a :class:`SecAggClient` the round holds. With ``remote_clients=True`` the round holds
+    no client: whoever carries the messages (``securefed.flower``) runs the clients elsewhere and
+    feeds the server's stage methods, in order: :meth:`receive_keys`; :meth:`share_request` and
+    :meth:`receive_shares` per client; :meth:`mask_request` and :meth:`receive_masked` per client
+    (or :meth:`~AggregationRound.drop`); :meth:`unmask_requests` and :meth:`receive_reveals`;
+    then :meth:`~AggregationRound.result`. Both modes run the same server code.
+
+    Public, for tests and audits:
+
+    Attributes:
+        neighbours_k: the graph degree ``k`` of this round.
+        threshold: the Shamir threshold ``t``.
+        public_keys: ``client -> (c public, s public)`` as advertised.
+        share_store: ``(sender, recipient) -> sealed share``: the ciphertexts the server relays.
+            The server could alter or swap them; tests do, and the round must then refuse.
+        clipped: ``client -> number of values clipped while encoding`` (client-side diagnostic,
+            not something the server sees; simulated clients only).
+        timings: seconds per stage (all clients and the server together).
+        excluded_helpers: helpers whose revealed shares were found wrong and left out (spare
+            shares corrected them; also ``view.aggregate["excluded_helpers"]``).
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        *,
+        shape: tuple[int, int],
+        view: RoundView,
+        seeds: SeedTree,
+        config: SecAggConfig,
+        remote_clients: bool = False,
+    ) -> None:
+        super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
+        self.config = config
+        self.remote_clients = remote_clients
+        self.fixed_point = config.fixed_point
+        self.timer = _Timer()
+        self.timings = self.timer.seconds
+        self.clipped: dict[int, int] = {}
+        self.public_keys: dict[int, tuple[bytes, bytes]] = {}
+        self.share_store: dict[tuple[int, int], bytes] = {}
+        self._ids = self.clients.tolist()
+        self._failure: str | None = None
+        self._weighted: bool | None = None
+        self._sum: np.ndarray | None = None
+        self._workspace: _Workspace | None = None
+        self._reveals: dict[int, dict[int, tuple[str, int]]] | None = None
+        self._unmasking = False  # set when the helpers are first asked: no masked input after
+        self.excluded_helpers: frozenset[int] = frozenset()
+        self._shared: set[int] = set()
+        n = len(self._ids)
+        self._clients: dict[int, SecAggClient] = {}
+        if n == 0:
+            self.neighbours_k, self.threshold = 0, 0
+            self._graph = np.zeros((0, 0), np.int64)
+            return
+        if n == 1:
+            raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
+        self.neighbours_k, self.threshold = config.round_parameters(n)
+        seed = graph_seed(round_id, self.clients, seeds.key("secagg", "graph", round_id))
+        self._graph = neighbour_graph(n, self.neighbours_k, seed)
+        self.view.public.update(
+            {
+                "secagg_n": n,
+                "secagg_k": self.neighbours_k,
+                "secagg_t": self.threshold,
+                "secagg_graph_seed": seed.hex(),
+                "secagg_secure_randomness": bool(seeds.secure),
+            }
+        )
+        if not remote_clients:
+            self._advertise_keys(seeds)
+            self._share_keys()
+
+    @property
+    def shared_clients(self) -> frozenset[int]:
+        """The clients whose sealed shares arrived (only they may submit a masked input)."""
+        return frozenset(self._shared)
+
+    # -- public graph ---------------------------------------------------------------------
+    def neighbours(self, client: int) -> np.ndarray:
+        """The ids of ``client``'s neighbours (public)."""
+        position = int(self.view.positions([client])[0])
+        return self.clients[self._graph[position]]
+
+    # -- stage 1 --------------------------------------------------------------------------
+    def _advertise_keys(self, seeds: SeedTree) -> None:
+        start = time.perf_counter()
+        for client in self._ids:
+            self._clients[client] = SecAggClient(client, self.round_id, self.config, seeds)
+        self.timer.add("key_agreement", start)
+        self.receive_keys({c: self._clients[c].advertise() for c in self._ids})
+
+    def receive_keys(self, keys: Mapping[int, tuple[bytes, bytes]]) -> None:
+        """AdvertiseKeys, server side: every client's ``(c public, s public)``; relayed to peers.
+
+        Raises:
+            AggregationError: a client of the round did not advertise (open the round with the
+                clients that did), keys were already received, or two keys coincide.
+            InvalidPublicKeyError: a key of the wrong length, not canonical, or of low order
+                (naming the client; also a ``ValueError``).
+            ValueError: a client outside the round.
+        """
+        self._check_usable()
+        if self.public_keys:
+            raise AggregationError(f"round {self.round_id} already received its public keys")
+        self.view.positions(list(keys))
+        missing = sorted(set(self._ids) - {int(c) for c in keys})
+        if missing:
+            raise AggregationError(
+                f"round {self.round_id}: client(s) {missing[:5]} advertised no keys; a round must "
+                "be opened with the clients that advertised (Bonawitz et al.'s U_1)"
+            )
+        checked = {}
+        for client in self._ids:
+            c_public, s_public = keys[client]
+            checked[client] = (
+                kx.check_public_key(c_public, owner=f"client {client}"),
+                kx.check_public_key(s_public, owner=f"client {client}"),
+            )
+        self.public_keys.update(checked)
+        flat = [key for pair in self.public_keys.values() for key in pair]
+        if len(set(flat)) != len(flat):
+            raise AggregationError("two advertised public keys coincide; refusing the round")
+        k = self.neighbours_k
+        self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES)
+        self.view.add_bytes_down(self.clients, k * (ID_BYTES + 2 * kx.PUBLIC_KEY_BYTES))
+        for client, (c_public, s_public) in self.public_keys.items():
+            self._record(client, c_public=_u8(c_public), s_public=_u8(s_public))
+
+    # -- stage 2 --------------------------------------------------------------------------
+    def _share_keys(self) -> None:
+        for client in self._ids:
+            request = self.share_request(client)
+            sealed = self._clients[client].share(
+                request.neighbours, request.xs, request.c_publics, request.threshold, self.timer
+            )
+            self.receive_shares(client, sealed)
+
+    def share_request(self, client: int) -> ShareRequest:
+        """ShareKeys, what the server sends ``client``: neighbours, their points and ``c`` keys."""
+        if not self.public_keys:
+            raise AggregationError(f"round {self.round_id}: no public keys received yet")
+        positions = self._graph[int(self.view.positions([client])[0])]
+        neighbours = tuple(self._ids[p] for p in positions)
+        return ShareRequest(
+            neighbours,
+            tuple(int(p) + 1 for p in positions),  # Shamir x = position + 1 (public)
+            tuple(self.public_keys[v][0] for v in neighbours),
+            self.threshold,
+        )
+
+    def receive_shares(self, client: int, sealed: Sequence[bytes]) -> None:
+        """ShareKeys, server side: ``client``'s sealed shares, one per neighbour, to relay.
+
+        Raises:
+            AggregationError: shares already received from ``client``, or unmasking began.
+            ValueError: not one share of the sealed size per neighbour.
+        """
+        self._check_usable()
+        self._check_before_unmasking("shares")
+        client = int(client)
+        neighbours = self.neighbours(client).tolist()
+        if client in self._shared:
+            raise AggregationError(f"client {client} already sent its shares")
+        if len(sealed) != len(neighbours) or any(len(b) != SEALED_SHARE_BYTES for b in sealed):
+            raise ValueError(
+                f"client {client} must send {len(neighbours)} sealed shares of "
+                f"{SEALED_SHARE_BYTES} bytes (one per neighbour)"
+            )
+        for v, blob in zip(neighbours, sealed, strict=True):
+            self.share_store[(client, v)] = bytes(blob)
+        self._shared.add(client)
+        self._record(
+            client,
+            shares_sent=np.frombuffer(b"".join(sealed), np.uint8),
+            share_recipients=np.asarray(neighbours, np.int64),
+        )
+        per_client = self.neighbours_k * (ID_BYTES + SEALED_SHARE_BYTES)
+        self.view.add_bytes_up([client], per_client)
+        self.view.add_bytes_down([client], per_client)
+
+    # -- stage 3 --------------------------------------------------------------------------
+    def mask_request(self, client: int) -> MaskRequest:
+        """MaskedInputCollection, what the server sends ``client``: its neighbours' ``s`` keys."""
+        neighbours = tuple(self.neighbours(client).tolist())
+        return MaskRequest(neighbours, tuple(self.public_keys[v][1] for v in neighbours))
+
+    def _check_weighting(self, weighted: bool) -> None:
+        if self._weighted is not None and self._weighted != weighted:
+            raise ValueError(
+                "every client of a secure-aggregation round must submit with a weight, or none "
+                f"must (this round's first submission "
+                f"{'had' if self._weighted else 'had no'} weight)"
+            )
+
+    def _start_masking(self, weighted: bool) -> int:
+        """Fix the round's weighting at its first upload; return the masked vector's length."""
+        self._check_weighting(weighted)
+        self._weighted = weighted
+        length = self.shape[0] * self.shape[1] + int(weighted)
+        if self._sum is None:
+            self._sum = np.zeros(length, self.fixed_point.dtype)
+            self._workspace = _Workspace(length, self.config)
+        return length
+
+    def _add_masked(self, client: int, masked: np.ndarray) -> None:
+        np.add(self._sum, masked, out=self._sum)  # the server's running sum of uploads
+        self._record(client, masked=masked)
+
+    def _accept(self, updates: RowUpdates) -> None:
+        self._check_usable()
+        self._check_before_unmasking("masked input")
+        if self.remote_clients:
+            raise AggregationError(
+                "this round's clients are remote: they mask their own updates and the server "
+                "takes them with receive_masked(), never a plaintext submit"
+            )
+        weighted = updates.weights is not None
+        self._check_weighting(weighted)
+        check_weights(updates, self.config.clip)
+        length = self._start_masking(weighted)
+        weights = updates.client_weights()
+        for k, client in enumerate(updates.clients.tolist()):
+            values = pack_values(updates.client_block(k), weights[k] if weighted else None)
+            request = self.mask_request(client)
+            masked, n_clipped = self._clients[client].mask(
+                values, request.neighbours, request.s_publics, self._workspace, self.timer
+            )
+            self.clipped[client] = n_clipped
+            self._add_masked(client, masked)
+        self.view.add_bytes_up(updates.clients, length * self.config.bits // 8)
+
+    def receive_masked(self, client: int, masked: np.ndarray, *, weighted: bool) -> None:
+        """MaskedInputCollection, server side: ``client``'s masked vector ``y_u`` (remote clients).
+
+        Raises:
+            AggregationError: the round is finished or refused, unmasking began (a late input
+                would let a server that asked for its owner's mask key ask for its self mask
+                next), or ``client`` already submitted or dropped.
+            ValueError: a vector of the wrong length or type, or mixed weighting.
+        """
+        self._check_open()
+        self._check_usable()
+        self._check_before_unmasking("masked input")
+        client = int(client)
+        self.view.positions([client])
+        if client in self.submitted:
+            raise AggregationError(f"client(s) [{client}] already submitted in this round")
+        if client in self.dropped:
+            raise AggregationError(f"client(s) [{client}] dropped out and cannot submit")
+        if client not in self._shared:
+            raise AggregationError(
+                f"client {client} sent no shares, so its masks cannot be removed"
+            )
+        length = self._start_masking(bool(weighted))
+        masked = np.asarray(masked)
+        if masked.shape != (length,) or masked.dtype != self.fixed_point.dtype:
+            raise ValueError(
+                f"client {client}'s masked input must be {length} values of "
+                f"{self.fixed_point.dtype}, got shape {masked.shape} of {masked.dtype}"
+            )
+        self._add_masked(client, masked)
+        self.submitted.add(client)
+        self.view.add_bytes_up([client], length * self.config.bits // 8)
+
+    # -- stage 4 --------------------------------------------------------------------------
+    def _finish(self) -> Aggregate:
+        self._check_usable()
+        n_values = self.shape[0] * self.shape[1]
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        if len(contributors) == 0:
+            return Aggregate(np.zeros(self.shape), 0.0, contributors)
+        try:
+            return self._unmask(contributors, n_values)
+        except AggregationError as error:
+            self._failure = str(error)
+            raise
+
+    def _plan(self, contributors: np.ndarray) -> UnmaskingPlan:
+        contributed = np.isin(self.clients, contributors)
+        present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
+        plan = plan_unmasking(self._graph, contributed, present, self.threshold)
+        if plan.shortfalls:
+            shown = ", ".join(
+                f"client {self._ids[p]}'s {what} ({have} of {self.threshold} helpers)"
+                for p, what, have in plan.shortfalls[:5]
+            )
+            raise AggregationError(
+                f"round {self.round_id}: too many clients dropped to unmask: "
+                f"{len(plan.shortfalls)} secret(s) lack the threshold of surviving neighbours, "
+                f"e.g. {shown}; no result"
+            )
+        if plan.components > 1:
+            raise AggregationError(
+                f"round {self.round_id}: the contributors' neighbourhood graph split into "
+                f"{plan.components} parts after dropouts; unmasking would reveal each part's sum, "
+                "so the round is refused (raise neighbours or lower dropout)"
+            )
+        return plan
+
+    def unmask_requests(self) -> dict[int, UnmaskRequest]:
+        """Unmasking, what the server sends each surviving contributor ("helper").
+
+        From the first call on the contributors are fixed: no masked input is taken after it.
+
+        Raises:
+            AggregationError: too few helpers for some needed secret, or the contributors' graph
+                fell apart (the round is then refused for good).
+            ShareDecryptionError: the server holds no share where one is needed.
+        """
+        self._check_usable()
+        self._unmasking = True
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        if len(contributors) == 0:
+            return {}
+        try:
+            plan = self._plan(contributors)
+        except AggregationError as error:
+            self._failure = str(error)
+            raise
+        contributor_set = frozenset(contributors.tolist())
+        requests = {}
+        for p in plan.helpers.tolist():
+            v = self._ids[p]
+            inbox = {}
+            for u in self.neighbours(v).tolist():
+                if (u, v) not in self.share_store:
+                    raise kx.ShareDecryptionError(f"the server holds no share from {u} to {v}")
+                inbox[u] = self.share_store[(u, v)]
+            requests[v] = UnmaskRequest(inbox, contributor_set)
+        return requests
+
+    def receive_reveals(self, responses: Mapping[int, Mapping[int, tuple[str, int]]]) -> None:
+        """Unmasking, server side: each helper's revealed shares, ``owner -> (kind, share)``.
+
+        ``result()`` then rebuilds the secrets (each checked against every share received) and
+        removes the masks.
+
+        Raises:
+            AggregationError: shares already received, or unmask_requests() not called.
+        """
+        self._check_open()
+        self._check_usable()
+        if self._reveals is not None:
+            raise AggregationError(f"round {self.round_id} already received the helpers' shares")
+        if not self._unmasking:
+            raise AggregationError(
+                f"round {self.round_id}: revealed shares arrived before unmask_requests()"
+            )
+        self._reveals = {int(v): dict(r) for v, r in responses.items()}
+
+    def _unmask(self, contributors: np.ndarray, n_values: int) -> Aggregate:
+        start = time.perf_counter()
+        plan = self._plan(contributors)
+        contributor_set = set(contributors.tolist())
+        if self._reveals is not None:
+            responses = self._reveals
+        elif self.remote_clients:
+            raise AggregationError(
+                f"round {self.round_id}: the helpers' revealed shares have not arrived; call "
+                "unmask_requests() and receive_reveals() before result()"
+            )
+        else:
+            # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
+            responses = {
+                v: self._clients[v].reveal(request.inbox, set(request.contributors))
+                for v, request in self.unmask_requests().items()
+            }
+        gathered = self._gather(responses, plan, contributor_set)
+        needed = [(u, "b") for u in contributors.tolist()]
+        needed += [(self._ids[p], "s") for p in plan.dropped_with_masks.tolist()]
+        secrets = self._rebuild_secrets(gathered, needed)
+        for (u, kind), secret in secrets.items():
+            self._record(u, **{_SECRET_FIELDS[kind]: _u8(secret)})
+        total = self._sum.copy()
+        expander = self._workspace.expander
+        for u in contributors.tolist():
+            expander.add(total, secrets[(u, "b")], domain=prg_mod.DOMAIN_SELF_MASK, sign=-1)
+        for position in plan.dropped_with_masks.tolist():
+            u = self._ids[position]
+            private = kx.keypair_from_seed(secrets[(u, "s")]).private
+            for v in self.clients[self._graph[position]].tolist():
+                if v not in contributor_set:
+                    continue
+                seed = kx.pair_key(
+                    private, self.public_keys[v][1], kx.PURPOSE_PAIR_MASK, self.round_id, u, v
+                )
+                # v added +PRG(s_uv) if u > v, else -PRG(s_uv): take it back out.
+                expander.add(total, seed, domain=prg_mod.DOMAIN_PAIR_MASK, sign=-1 if u > v else 1)
+        self._check_range(total, len(contributors), gathered, needed)
+        if self.excluded_helpers:
+            self.view.aggregate["excluded_helpers"] = np.array(
+                sorted(self.excluded_helpers), np.int64
+            )
+        self.view.aggregate["ring_sum"] = total.copy()
+        decoded = self.fixed_point.decode(total)
+        self.timer.add("unmasking", start)
+        weight = float(decoded[-1]) if self._weighted else float(len(contributors))
+        return Aggregate(decoded[:n_values].reshape(self.shape), weight, contributors)
+
+    def _gather(
+        self,
+        responses: Mapping[int, Mapping[int, tuple[str, int]]],
+        plan: UnmaskingPlan,
+        contributor_set: set[int],
+    ) -> dict[int, dict[str, list[tuple[int, int]]]]:
+        """The revealed shares by owner and kind, ``owner -> {kind: [(x, y), ...]}`` (recorded).
+
+        Raises:
+            AggregationError: a response from a non-helper, for a client that is not the helper's
+                neighbour, or of the wrong kind (``b`` for contributors, ``s`` for the others).
+        """
+        helper_ids = {self._ids[p] for p in plan.helpers.tolist()}
+        if set(responses) - helper_ids:
+            raise AggregationError(
+                f"round {self.round_id}: revealed shares came from non-helpers "
+                f"{sorted(set(responses) - helper_ids)[:5]}"
+            )
+        gathered: dict[int, dict[str, list[tuple[int, int]]]] = {}
+        for v, revealed in responses.items():
+            neighbours = set(self.neighbours(v).tolist())
+            for owner, (kind, _) in revealed.items():
+                expected = "b" if owner in contributor_set else "s"
+                if owner not in neighbours or kind != expected:
+                    raise AggregationError(
+                        f"round {self.round_id}: helper {v} revealed a {kind!r} share of client "
+                        f"{owner}, which it cannot hold or was not asked for; no result"
+                    )
+            x = int(self.view.positions([v])[0]) + 1
+            for owner, (kind, value) in revealed.items():
+                gathered.setdefault(owner, {}).setdefault(kind, []).append((x, value))
+            n_contrib = sum(1 for u in revealed if u in contributor_set)
+            self.view.add_bytes_down([v], n_contrib * ID_BYTES)
+            self.view.add_bytes_up([v], len(revealed) * (ID_BYTES + shamir.SHARE_BYTES))
+            self._record(
+                v,
+                unmask_owners=np.asarray(list(revealed), np.int64),
+                unmask_shares=np.frombuffer(
+                    b"".join(shamir.encode_share(val) for _, val in revealed.values()), np.uint8
+                ),
+            )
+        return gathered
+
+    def _helper(self, x: int) -> int:
+        return self._ids[x - 1]  # Shamir x = position + 1
+
+    def _rebuild_secrets(
+        self, gathered: dict[int, dict[str, list[tuple[int, int]]]], needed: list[tuple[int, str]]
+    ) -> dict[tuple[int, str], bytes]:
+        """Every needed secret, each checked against all of its shares; liars left out.
+
+        A share off the polynomial of the others is corrected when the spare shares allow
+        (:func:`~securefed.crypto.shamir.decode_shares`); its helper is then excluded from every
+        secret and all are rebuilt again without it, until no share disagrees. Sets
+        :attr:`excluded_helpers`.
+
+        Raises:
+            AggregationError: a secret with too few shares, shares that disagree beyond what the
+                spare ones correct (naming the owner and the helpers), or a rebuilt mask key that
+                does not match the advertised public key.
+        """
+        excluded: set[int] = set()  # x-coordinates of the liars
+        while True:
+            values, wrong = {}, set()
+            for owner, kind in needed:
+                points = [p for p in gathered.get(owner, {}).get(kind, []) if p[0] not in excluded]
+                values[(owner, kind)], found = self._decode(owner, kind, points)
+                wrong.update(found)
+            if not wrong:
+                break
+            excluded |= wrong
+        self.excluded_helpers = frozenset(self._helper(x) for x in excluded)
+        secrets = {}
+        for (owner, kind), value in values.items():
+            try:
+                secrets[(owner, kind)] = shamir.int_to_secret(value)
+            except ValueError as error:
+                raise AggregationError(
+                    f"cannot rebuild client {owner}'s secret: {error}"
+                ) from error
+            advertised = self.public_keys[owner][1]
+            if kind == "s" and kx.public_from_private_bytes(secrets[(owner, kind)]) != advertised:
+                helpers = [self._helper(x) for x, _ in gathered[owner][kind] if x not in excluded]
+                raise AggregationError(
+                    f"client {owner}'s rebuilt mask key does not match its advertised public key: "
+                    f"a share from one of the helpers {helpers[:8]} is wrong; no result"
+                )
+        return secrets
+
+    def _decode(
+        self, owner: int, kind: str, points: list[tuple[int, int]]
+    ) -> tuple[int, tuple[int, ...]]:
+        """One secret and the x-coordinates of its wrong shares (corrected), or a refusal."""
+        what = _SECRET_NAMES[kind]
+        try:
+            return shamir.decode_shares(points, self.threshold)
+        except shamir.InconsistentSharesError as error:
+            helpers = sorted(self._helper(x) for x in error.suspects)
+            raise AggregationError(
+                f"round {self.round_id}: the shares of client {owner}'s {what} revealed by "
+                f"helpers {helpers} disagree ({error}); a helper lied and cannot be told "
+                "apart, so the round is refused"
+            ) from error
+        except ValueError as error:
+            raise AggregationError(f"cannot rebuild client {owner}'s {what}: {error}") from error
+
+    def _check_range(
+        self,
+        total: np.ndarray,
+        n_contributors: int,
+        gathered: dict[int, dict[str, list[tuple[int, int]]]],
+        needed: list[tuple[int, str]],
+    ) -> None:
+        """Refuse an unmasked sum beyond what ``n`` clipped, encoded inputs can add up to.
+
+        Each input lies in ``[-L, L]`` (``L = ceil(clip scale)``) and each weight in ``[0, L]``,
+        so the sum of ``n`` lies in ``[-n L, n L]`` and its weight in ``[0, n L]``; a wrong
+        secret leaves a uniformly random ring element, almost never in that range.
+
+        Raises:
+            AggregationError: naming the first coordinate out of range, and the secrets that were
+                rebuilt from exactly ``t`` shares (which nothing could check).
+        """
+        signed = from_ring(total, self.config.bits)
+        bound = self.fixed_point.sum_bound(n_contributors)
+        outside = np.abs(signed) > bound
+        if self._weighted:
+            outside[-1] = not 0 <= signed[-1] <= bound
+        if not outside.any():
+            return
+        at = int(np.flatnonzero(outside)[0])
+        if self._weighted and at == len(signed) - 1:
+            where = f"the weight sum is {int(signed[at])} units, outside [0, {bound}]"
+        else:
+            where = f"coordinate {at} is {int(signed[at])} units, outside [-{bound}, {bound}]"
+        unchecked = []
+        for owner, kind in needed:
+            xs = [x for x, _ in gathered.get(owner, {}).get(kind, [])]
+            helpers = [self._helper(x) for x in xs if self._helper(x) not in self.excluded_helpers]
+            if len(helpers) <= self.threshold:
+                unchecked.append(f"client {owner}'s {_SECRET_NAMES[kind]} from helpers {helpers}")
+        raise AggregationError(
+            f"round {self.round_id}: the unmasked sum lies outside the range that "
+            f"{n_contributors} clipped inputs allow ({where}; L = ceil(clip scale) = "
+            f"{self.fixed_point.level}): a helper revealed a wrong share, or a client uploaded a "
+            f"value beyond the clip range. Secrets rebuilt from exactly t shares, which nothing "
+            f"could check: {'; '.join(unchecked[:3]) or 'none'}; no result"
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+    def _check_before_unmasking(self, what: str) -> None:
+        if self._unmasking:
+            raise AggregationError(
+                f"round {self.round_id}: unmasking began, so a late {what} is refused (its owner "
+                "counts as dropped; taking it now would let the server ask its helpers for both "
+                "of its secrets)"
+            )
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise AggregationError(f"round {self.round_id} was refused earlier: {self._failure}")
+
+    def _record(self, client: int, **fields: np.ndarray) -> None:
+        if self.view.keep_payloads:
+            merged = dict(self.view.payloads.get(int(client), {}))
+            merged.update(fields)
+            self.view.record_payload(client, merged)
+
+    def error_bound(self) -> float:
+        """The documented bound on ``|result - true clipped sum|`` per coordinate (n / scale)."""
+        return self.fixed_point.error_bound(len(self.submitted))
+
+
+def _u8(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, np.uint8).copy()

@@ -1,0 +1,93 @@
+"""Secure aggregation behind the aggregation seam: :class:`SecAggTransport`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from securefed.errors import AggregationError
+from securefed.randomness import SeedTree
+from securefed.transport.base import AggregationRound, Transport
+from securefed.transport.secagg.config import SecAggConfig
+from securefed.transport.secagg.server import SecAggRound
+from securefed.views import NO_PAYLOADS, RoundSelection
+
+
+class SecAggTransport(Transport):
+    """Secure aggregation (SecAgg / SecAgg+) behind the aggregation seam.
+
+    Args:
+        config: protocol parameters (default :class:`SecAggConfig`).
+        keep_payloads: rounds whose per-client payloads the view keeps (the masked vectors, the
+            public keys, the relayed ciphertexts and the shares revealed at unmasking).
+        total_rounds: run length, to resolve ``RoundSelection(last=k)``.
+        remote_clients: the clients run elsewhere and talk to the server's stage methods through
+            a message layer (``securefed.flower``); the rounds then hold no client secrets and
+            refuse a plaintext ``submit`` (:class:`SecAggRound`).
+
+    Example:
+        >>> from securefed import SeedTree
+        >>> transport = SecAggTransport(SecAggConfig(neighbours=4))
+        >>> rnd = transport.open_round(0, range(6), shape=(1, 3), seeds=SeedTree(0))
+        >>> for c in range(6):
+        ...     rnd.submit(c, np.full(3, 0.25))
+        >>> np.round(rnd.result().total, 3).tolist()
+        [[1.5, 1.5, 1.5]]
+    """
+
+    name = "secagg"
+
+    def __init__(
+        self,
+        config: SecAggConfig | None = None,
+        *,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
+        remote_clients: bool = False,
+    ) -> None:
+        self.config = SecAggConfig() if config is None else config
+        self.remote_clients = bool(remote_clients)
+        super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
+
+    def open_round(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        *,
+        shape: tuple[int, int],
+        seeds: SeedTree,
+    ) -> SecAggRound:
+        """Start a round: check the parameters for its clients, then AdvertiseKeys and ShareKeys.
+
+        Raises:
+            ModulusOverflowError: if the clients' sum could wrap the modulus.
+            InsecureParameterError: for a threshold or neighbourhood that voids the guarantee.
+            AggregationError: for a round of a single client.
+        """
+        ids = np.unique(np.asarray(clients, dtype=np.int64))
+        if len(ids) == 1:
+            raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
+        if len(ids):
+            self.config.fixed_point.check_clients(len(ids))
+            self.config.round_parameters(len(ids))
+        round_view = self.view.open(round_id, ids)
+        return SecAggRound(
+            round_id,
+            ids,
+            shape=shape,
+            view=round_view,
+            seeds=seeds,
+            config=self.config,
+            remote_clients=self.remote_clients,
+        )
+
+    def _round_class(self) -> type[AggregationRound]:
+        return SecAggRound
+
+    def public_parameters(self) -> dict[str, object]:
+        return {
+            "transport": self.name,
+            "protocol": "SecAgg+ (Bell et al. 2020) over Bonawitz et al. 2017, honest-but-curious",
+            **self.config.public(),
+        }
