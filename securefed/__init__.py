@@ -12,6 +12,8 @@ from securefed.errors import (
     InsecureParameterError,
     PrivacyBudgetExceeded,
     SecurefedError,
+    TransportUnavailable,
+    UnsupportedTransport,
     ViewFormatError,
 )
 from securefed.randomness import SeedTree
@@ -23,6 +25,10 @@ from securefed.transport import (
     PlaintextTransport,
     RowUpdates,
     Transport,
+    TransportCapabilities,
+    TransportNeeds,
+    available_transports,
+    build_transport,
 )
 from securefed.views import ALL_PAYLOADS, NO_PAYLOADS, RoundSelection, RoundView, ServerView
 
@@ -49,6 +55,12 @@ __all__ = [
     "SeedTree",
     "ServerView",
     "Transport",
+    "TransportCapabilities",
+    "TransportNeeds",
+    "TransportUnavailable",
+    "UnsupportedTransport",
     "ViewFormatError",
+    "available_transports",
+    "build_transport",
     "run_rounds",
 ]

@@ -97,8 +97,18 @@ def test_ml100k_u1_vanilla_fedmf_with_the_cli_defaults(ml100k, tmp_path):
 
     out = tmp_path / "run.json"
     code = main(
-        ["fedmf", "--data", str(ml100k), "--split", "u1", "--seed", "0", "--json", str(out)]
-        + ["--no-progress"]
+        [
+            "fedmf",
+            "--data",
+            str(ml100k),
+            "--split",
+            "u1",
+            "--seed",
+            "0",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
     )
     assert code == 0
     assert json.loads(out.read_text())["rmse"] == 0.9270085573752793
