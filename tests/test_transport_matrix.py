@@ -381,6 +381,22 @@ def test_capabilities_are_declared_and_composed():
     assert committee.in_process_clients and not committee.encrypted_state
 
 
+def test_secure_aggregation_declares_what_it_hides_once_it_declares_anything():
+    """SecAggTransport inherits the conservative default until its module declares its own
+    (docs/privacy.md's table); from then on the declaration must be this one."""
+    from securefed.transport.secagg import SecAggTransport
+
+    if "capabilities" not in vars(SecAggTransport):
+        assert build_transport("secagg").capabilities == TransportCapabilities()
+        return
+    local = build_transport("secagg").capabilities
+    assert local == TransportCapabilities(dense_wire=True, server_sees="masked updates")
+    remote = build_transport("secagg:remote_clients=true").capabilities
+    assert not remote.in_process_clients
+    wrapped = build_transport("secagg+dp", {"noise_multiplier": 1.0}).capabilities
+    assert wrapped.server_sees == "masked updates" and wrapped.dp_placement == "distributed"
+
+
 def test_findings_name_every_unmet_need():
     caps = TransportCapabilities(in_process_clients=False)
     needs = TransportNeeds(
