@@ -274,6 +274,9 @@ def test_defaults_are_the_recorded_ones():
         simulated = build_transport("dp:placement=distributed,noise_multiplier=1")
     assert simulated.config.placement == "distributed"
     pytest.importorskip("tenseal")
+    from securefed.transport.ckks import KEY_MODELS
+
+    assert registry.KEY_MODELS == KEY_MODELS  # the registry validates without importing tenseal
     assert build_transport("ckks", n_clients=10).config.max_clients == 1024
     assert build_transport("ckks", n_clients=2000).config.max_clients == 2000
 
