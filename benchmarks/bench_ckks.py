@@ -202,10 +202,9 @@ def _plot(curves: dict, path: Path) -> None:
 # ----------------------------------------------------------------------------- FedMF cost
 def fedmf_round(args: argparse.Namespace) -> int:
     """One FedMF round on ML-100K under CKKS: per-stage time, bytes, projection."""
-    from securefed import PlaintextTransport
     from securefed.bench import datasets
     from securefed.recsys.fedmf import FedMF, FedMFConfig
-    from securefed.transport.ckks import CKKSConfig, CKKSTransport
+    from securefed.transport import build_transport
 
     split = datasets.load(args.data, args.split)
     config = FedMFConfig(variant=args.variant, rounds=1, upload="full")
@@ -215,11 +214,7 @@ def fedmf_round(args: argparse.Namespace) -> int:
         seeds = SeedTree(args.seed)
         model = FedMF(split.train, config, seeds)
         started = time.perf_counter()
-        transport = (
-            PlaintextTransport()
-            if name == "plaintext"
-            else CKKSTransport(CKKSConfig(max_clients=max(1024, len(clients))))
-        )
+        transport = build_transport(name, n_clients=len(clients))  # ckks: max(1024, n) clients
         setup = time.perf_counter() - started
         started = time.perf_counter()
         model.run_round(0, clients, transport, seeds)

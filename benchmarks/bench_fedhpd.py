@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed.bench.transports import TransportOptions, TransportUnavailable, make_transport
+from securefed.errors import TransportUnavailable
+from securefed.transport import build_transport, option_groups, parse_transport_spec
 
 RESULTS = Path("results") / "fedhpd"
 DEFAULT_SETTINGS = "nofed,5,10,20"
@@ -66,20 +67,21 @@ def paper_key(algorithm: str, d: int) -> str:
 
 
 def transport_factory(name: str, config, extra_options: dict | None = None):
-    """A function making a fresh transport per run (DP clip defaults to sqrt(part rows))."""
-    options = dict(extra_options or {})
-    if "dp" in name and options.get("clip") is None:
+    """A function making a fresh transport per run (DP clip defaults to sqrt(part rows)).
+
+    ``name`` is a registry name or spec string (:mod:`securefed.transport.registry`).
+    """
+    dp = "dp" in option_groups(parse_transport_spec(name).name)
+    # The DP options, ``epsilon``, ``noise_multiplier`` and ``clip``, are the DP group's.
+    options = {f"dp.{k}": v for k, v in (extra_options or {}).items() if v is not None}
+    if dp and options.get("dp.clip") is None:
         # A part of n probability rows has L2 norm at most sqrt(n): clipping is then a no-op.
-        options["clip"] = float(np.sqrt(config.part_size if config.algorithm == "fedhpd" else 1))
-    transport_options = TransportOptions(
-        total_rounds=max(1, config.aggregation_rounds()),
-        n_clients=config.n_agents,
-        **{k: v for k, v in options.items() if v is not None},
-    )
-    make_transport(name, transport_options)  # fail early, in the parent, with a clear message
+        options["dp.clip"] = float(np.sqrt(config.part_size if config.algorithm == "fedhpd" else 1))
+    run = {"total_rounds": max(1, config.aggregation_rounds()), "n_clients": config.n_agents}
+    build_transport(name, options, **run)  # fail early, in the parent, with a clear message
 
     def make():
-        return make_transport(name, transport_options)
+        return build_transport(name, options, **run)
 
     return make
 

@@ -308,7 +308,7 @@ def dp_utility(args: argparse.Namespace) -> int:
                     "epsilon": epsilon,
                     "delta": args.delta,
                     "clip": args.clip,
-                    "extra": {"placement": placement},
+                    "placement": placement,
                 },
             )
             try:

@@ -96,26 +96,25 @@ def _log(message: str) -> None:
 def hpd_transports(config, bench: LeakBenchConfig) -> dict[str, object]:
     """The transports of the FedHPD population, by row label (all keep every payload)."""
     from securefed import RoundSelection
-    from securefed.bench.transports import TransportOptions, make_transport
+    from securefed.transport import build_transport
 
     keep = RoundSelection(every=True)
     clip = math.sqrt(config.part_size)  # a part of probability rows has L2 norm <= sqrt(rows)
     common = {"keep_payloads": keep, "n_clients": config.n_agents,
               "total_rounds": config.aggregation_rounds()}  # fmt: skip
 
-    def make(name: str, **options) -> object:
-        return make_transport(name, TransportOptions(**common, **options))
+    def make(name: str, sigma: float | None = None) -> object:
+        options = None if sigma is None else {"dp.noise_multiplier": sigma, "dp.clip": clip}
+        return build_transport(name, options, **common)
 
     rows = {
         "plaintext": make("plaintext"),
         "secagg": make("secagg"),
-        "secagg+dp (distributed, sigma 1)": make("secagg+dp", noise_multiplier=1.0, clip=clip),
-        "dp (central, sigma 1)": make("dp", noise_multiplier=1.0, clip=clip),
+        "secagg+dp (distributed, sigma 1)": make("secagg+dp", 1.0),
+        "dp (central, sigma 1)": make("dp", 1.0),
     }
     for sigma in bench.dp_sigmas:
-        rows[f"dp (local, sigma {sigma:g})"] = make(
-            "dp", noise_multiplier=sigma, clip=clip, extra={"placement": "local"}
-        )
+        rows[f"dp (local, sigma {sigma:g})"] = make("dp-local", sigma)
     return rows
 
 

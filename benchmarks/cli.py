@@ -33,7 +33,14 @@ def _add_fedmf(subparsers) -> None:
         "fixed-denominator aggregation, user-mean offset); the options below override them",
     )
     parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
-    parser.add_argument("--transport", default="plaintext")
+    from securefed.transport import transport_names
+
+    parser.add_argument(
+        "--transport",
+        default="plaintext",
+        help=f"a transport name ({', '.join(transport_names())}) or spec string with options, "
+        "NAME:KEY=VALUE,... (e.g. secagg:bits=32,scale=2**16)",
+    )
     parser.add_argument("--dim", type=int, default=None, help="latent dimension (20)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (500)")
     parser.add_argument("--lr", type=float, default=None, help="users' step size gamma (0.1)")
@@ -92,8 +99,9 @@ def _add_fedmf(subparsers) -> None:
 def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
-    from securefed.bench.transports import TransportUnavailable
+    from securefed.errors import TransportUnavailable
     from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
+    from securefed.transport import option_groups, parse_transport_spec
 
     split = datasets.load(args.data, args.split, seed=args.seed)
     given = {
@@ -121,16 +129,14 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         if args.clients_per_round is None
         else ClientSampling(args.sampling, args.clients_per_round)
     )
-    transport_options = {
-        key: value
-        for key, value in {
-            "epsilon": args.epsilon,
-            "delta": args.delta,
-            "noise_multiplier": args.noise_multiplier,
-            "clip": args.clip,
-        }.items()
-        if value is not None
+    dp_given = {
+        "epsilon": args.epsilon,
+        "noise_multiplier": args.noise_multiplier,
+        "clip": args.clip,
     }
+    transport_options = {f"dp.{key}": value for key, value in dp_given.items() if value is not None}
+    if "dp" in option_groups(parse_transport_spec(args.transport).name):
+        transport_options["dp.delta"] = args.delta  # --delta has a default: passed where DP is
     run = FedMFRun(
         config=config,
         transport=args.transport,

@@ -42,7 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--d", type=int, default=None, help="interval (FedHPD 5, DPA 1)")
     parser.add_argument("--seeds", default="20,25,30,35,40")
     parser.add_argument("--rounds", type=int, default=None, help="default: the paper's")
-    parser.add_argument("--transport", default="plaintext", help="plaintext, secagg, dp, ...")
+    from securefed.transport import transport_names
+
+    parser.add_argument(
+        "--transport",
+        default="plaintext",
+        help=f"a transport name ({', '.join(transport_names())}) or spec string",
+    )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
     parser.add_argument("--noise-multiplier", type=float, default=None)
     parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
@@ -62,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _dp_record(runs, epsilon_target: float | None) -> dict[str, object]:
     """The DP parameters of the runs' transports; epsilon spent where the ledger is in this
     process (one run, or one worker: forked workers keep their ledgers)."""
-    private = [run.transport for run in runs if hasattr(run.transport, "ledger")]
+    private = [run.transport for run in runs if run.transport.ledger is not None]
     if not private:
         return {}
     first = private[0]
@@ -83,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from securefed.bench.bench_fedhpd import paper_key, parse_seeds, transport_factory
-    from securefed.bench.transports import TransportUnavailable
+    from securefed.errors import TransportUnavailable
     from securefed.rl.fast import train_parallel
     from securefed.rl.fedhpd import (
         FedHPDConfig,

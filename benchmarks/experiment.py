@@ -10,15 +10,25 @@ from pathlib import Path
 import numpy as np
 
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
-from securefed.bench.transports import TransportOptions, make_transport
 from securefed.recsys.data import Split
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
+from securefed.transport import (
+    build_transport,
+    option_groups,
+    parse_transport_spec,
+    resolve_options,
+)
 
 
 @dataclass(frozen=True)
 class FedMFRun:
-    """What to run: the model, the transport, the loop."""
+    """What to run: the model, the transport, the loop.
+
+    ``transport`` is a name or spec string of :mod:`securefed.transport.registry` and
+    ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
+    registry takes them).
+    """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
     transport: str = "plaintext"
@@ -42,7 +52,12 @@ class FedMFRun:
 
 
 # The transport a warm start runs over: the same sums in the clear (same noise and ledger for DP).
-WARM_START_TRANSPORT = {"secagg": "plaintext", "ckks": "plaintext", "secagg+dp": "dp"}
+WARM_START_TRANSPORT = {
+    "secagg": "plaintext",
+    "ckks": "plaintext",
+    "secagg+dp": "dp",
+    "ckks+dp": "dp",
+}
 
 
 def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
@@ -58,18 +73,18 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         expected = run.sampling.rate(split.train.n_users) * split.train.n_users
         cfg = replace(cfg, expected_clients=expected * (1 - cfg.dropout))
     seeds = SeedTree(run.seed)
-    options = TransportOptions(
-        keep_payloads=run.keep_payloads,
-        total_rounds=cfg.rounds,
-        n_clients=split.train.n_users,
-        dropout=cfg.dropout,
-        sample_rate=run.sampling.rate(split.train.n_users),
-        **run.transport_options,
-    )
-    transport = make_transport(run.transport, options)
+    spec = parse_transport_spec(run.transport)
+    groups = resolve_options(spec, run.transport_options)
+    context = {
+        "total_rounds": cfg.rounds,
+        "n_clients": split.train.n_users,
+        "dropout": cfg.dropout,
+        "sample_rate": run.sampling.rate(split.train.n_users),
+    }
+    transport = build_transport(spec.name, groups, keep_payloads=run.keep_payloads, **context)
     model = FedMF(split.train, cfg, seeds)
     if run.warm_start_rounds:
-        _warm_start(model, run, options, transport, seeds)
+        _warm_start(model, run, spec.name, groups, context, transport, seeds)
     fingerprint = {
         "config": asdict(cfg),
         "transport": run.transport,
@@ -123,16 +138,17 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         record |= ranking_metrics(
             lambda users: model.U[users] @ model.V.T, split.train, split.test, k=10
         )
-    epsilon = getattr(transport, "epsilon", None)
-    if callable(epsilon):
-        record["epsilon"] = epsilon()
+    if transport.ledger is not None:  # a DP transport (the registry gives every one a ledger)
+        record["epsilon"] = transport.epsilon()
         record["delta"] = transport.delta
         record["noise_multiplier"] = transport.config.noise_multiplier
         record["clip"] = transport.config.clip
     return record, model, transport
 
 
-def _warm_start(model, run: FedMFRun, options, transport, seeds: SeedTree) -> None:
+def _warm_start(
+    model, run: FedMFRun, name: str, groups: dict, context: dict, transport, seeds: SeedTree
+) -> None:
     """Run the first ``run.warm_start_rounds`` rounds over the clear counterpart of the transport.
 
     Secure aggregation and CKKS compute the same sums as plaintext (up to their fixed-point and
@@ -143,12 +159,11 @@ def _warm_start(model, run: FedMFRun, options, transport, seeds: SeedTree) -> No
     dropouts), at a fraction of the cost; they are charged to the same privacy ledger. The warm
     rounds' server view is discarded.
     """
-    warm_name = WARM_START_TRANSPORT.get(run.transport, run.transport)
-    extra = dict(options.extra)
-    if hasattr(transport, "ledger"):
-        extra |= {"ledger": transport.ledger, "placement": "central"}
-    warm_options = replace(options, keep_payloads=RoundSelection.parse("none"), extra=extra)
-    warm = make_transport(warm_name, warm_options)
+    warm_name = WARM_START_TRANSPORT.get(name, name)
+    warm_groups = {group: groups[group] for group in option_groups(warm_name)}
+    if "dp" in warm_groups:
+        warm_groups["dp"] = replace(warm_groups["dp"], placement="central")
+    warm = build_transport(warm_name, warm_groups, ledger=transport.ledger, **context)
     run_rounds(
         model,
         warm,

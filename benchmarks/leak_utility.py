@@ -34,15 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed import RoundSelection, SecurefedError
+from securefed import RoundSelection, SecurefedError, TransportUnavailable
 from securefed.attacks import verify
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table
 from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
 from securefed.bench.processes import map_in_processes
-from securefed.bench.transports import TransportUnavailable
 from securefed.recsys.data import Ratings, Split, random_split, reindex
 from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
+from securefed.transport import option_groups
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
 LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
@@ -157,8 +157,8 @@ def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -
     """Train one (variant, transport) cell, attack its view, return the table row."""
     name, options = parse_transport(spec)
     upload = "part" if name in ("plaintext", "dp") else "full"
-    if name in ("dp", "secagg+dp"):
-        options["clip"] = config.dp_clip
+    if "dp" in option_groups(name):
+        options["dp.clip"] = config.dp_clip
         weighting = {"weighting": "uniform"} if variant == "fedrec+" else {}
         model_config = user_level_dp_config(
             variant=variant, rounds=config.rounds, upload=upload, **(weighting | config.dp_config)

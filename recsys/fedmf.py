@@ -74,6 +74,7 @@ from securefed.recsys.sparse_rows import (
     take_rows,
 )
 from securefed.recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
+from securefed.transport import TransportNeeds, require_capabilities
 
 VARIANTS = ("fedmf", "fedrec", "fedrec+")
 
@@ -147,9 +148,10 @@ class FedMFConfig:
         server_state: ``"plain"`` (the server holds ``V``) or ``"encrypted"`` (Chai et al.'s
             variant: ``[[V]]`` stays encrypted on the server, every round's users download and
             decrypt it, apply ``-server_lr`` to their own item gradients and upload them, and the
-            server adds the ciphertexts into ``[[V]]``; needs the ``ckks`` transport,
-            ``aggregation="sum"`` and ``weighting="uniform"``, since the server can neither
-            divide nor weigh what it cannot read).
+            server adds the ciphertexts into ``[[V]]``; needs a transport whose capabilities
+            include an encrypted server state (:attr:`FedMF.transport_needs`; refused when the
+            run is built otherwise), ``aggregation="sum"`` and ``weighting="uniform"``, since
+            the server can neither divide nor weigh what it cannot read).
         chunk_ratings: clients are processed in groups of about this many ratings, which bounds
             the round's working memory on large data sets (results do not depend on it).
     """
@@ -390,11 +392,19 @@ class FedMF:
         )
         self.global_mean: np.ndarray | None = None
         self.global_std: np.ndarray | None = None
-        self._state = None  # [[V]] under server_state="encrypted"
+        self._state = None  # [[V]] under server_state="encrypted" (transport.encrypted_state)
         # Stable pseudo sets (FedRec+ default): chosen once per user at its first round.
         self.pseudo_chosen = np.zeros(self.n_clients, dtype=bool)
         self.pseudo_indptr = np.zeros(self.n_clients + 1, dtype=np.int64)
         self.pseudo_items = np.zeros(0, dtype=np.int64)
+
+    @property
+    def transport_needs(self) -> TransportNeeds:
+        """What this configuration needs from a transport (checked when the run is built)."""
+        encrypted = self.config.server_state == "encrypted"
+        return TransportNeeds(
+            "FedMF", encrypted_state="server_state='encrypted'" if encrypted else None
+        )
 
     # ------------------------------------------------------------------ the round
     def run_round(
@@ -425,6 +435,7 @@ class FedMF:
             The open round and the clients that will compute (``config.dropout`` removes some).
         """
         cfg = self.config
+        require_capabilities(transport, self.transport_needs)
         encrypted = cfg.server_state == "encrypted"
         n_rows, width = (self.n_items, cfg.dim) if encrypted else (self.n_items + 2, cfg.dim + 1)
         rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
@@ -497,13 +508,7 @@ class FedMF:
     def _encrypted_state(self, transport: Transport):
         """``[[V]]`` on the server, encrypted by a key holder when first needed."""
         if self._state is None:
-            if not hasattr(transport, "key_holder"):
-                raise ValueError(
-                    f"server_state='encrypted' needs the ckks transport, not {transport.name!r}"
-                )
-            from securefed.transport.ckks import EncryptedState
-
-            self._state = EncryptedState(transport, self.V)
+            self._state = transport.encrypted_state(self.V)
         return self._state
 
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:

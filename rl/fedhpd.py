@@ -57,6 +57,7 @@ from securefed.rl.policies import (
     sample_gaussian,
     softmax_np,
 )
+from securefed.transport import TransportNeeds, require_capabilities
 
 ALGORITHMS = ("fedhpd", "nofed", "dpa")
 KL_DIRECTIONS = ("auto", "mean_to_local", "local_to_mean")
@@ -281,6 +282,12 @@ class FedHPDConfig:
         return record
 
 
+TRANSPORT_NEEDS = TransportNeeds(
+    "FedHPD", in_process_clients="FedHPD's learners (every agent uploads from this process)"
+)
+"""What a FedHPD run needs of its transport: mean rounds with the agents in this process."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run for a learner: configuration, seed, transport, public states, snapshots.
@@ -291,6 +298,9 @@ class RunSpec:
         transport: the aggregation transport (default: a fresh plaintext one).
         public_states: ``S_p`` (FedHPD only; made from ``config`` when ``None``).
         snapshot_rounds: rounds after which every agent's parameters are kept.
+
+    Raises:
+        UnsupportedTransport: a transport that cannot serve :data:`TRANSPORT_NEEDS`.
     """
 
     config: FedHPDConfig
@@ -298,6 +308,10 @@ class RunSpec:
     transport: Transport | None = None
     public_states: np.ndarray | None = None
     snapshot_rounds: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.transport is not None:
+            require_capabilities(self.transport, TRANSPORT_NEEDS)
 
 
 @dataclass

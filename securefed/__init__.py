@@ -13,6 +13,8 @@ from securefed.errors import (
     LedgerFormatError,
     PrivacyBudgetExceeded,
     SecurefedError,
+    TransportUnavailable,
+    UnsupportedTransport,
     ViewFormatError,
 )
 from securefed.randomness import SeedTree
@@ -24,6 +26,10 @@ from securefed.transport import (
     PlaintextTransport,
     RowUpdates,
     Transport,
+    TransportCapabilities,
+    TransportNeeds,
+    available_transports,
+    build_transport,
 )
 from securefed.views import ALL_PAYLOADS, NO_PAYLOADS, RoundSelection, RoundView, ServerView
 
@@ -51,6 +57,12 @@ __all__ = [
     "SeedTree",
     "ServerView",
     "Transport",
+    "TransportCapabilities",
+    "TransportNeeds",
+    "TransportUnavailable",
+    "UnsupportedTransport",
     "ViewFormatError",
+    "available_transports",
+    "build_transport",
     "run_rounds",
 ]

@@ -32,3 +32,18 @@ class InsecureParameterError(SecurefedError, ValueError):
 
 class PrivacyBudgetExceeded(SecurefedError, RuntimeError):
     """A noisy round would spend more privacy than the configured budget allows."""
+
+
+class TransportUnavailable(SecurefedError, RuntimeError):
+    """A transport cannot be built here: an optional extra it needs is not installed.
+
+    The message names the extra to install (e.g. ``pip install 'securefed[he]'``).
+    """
+
+
+class UnsupportedTransport(SecurefedError, ValueError):
+    """A transport cannot serve what an algorithm's configuration needs.
+
+    Raised when the run is built (``run_rounds``' first step, or the algorithm's own), naming the
+    option that needs what the transport lacks; never half-way through a run.
+    """

@@ -2,7 +2,9 @@
 
 A federated algorithm implements :class:`FederatedAlgorithm` (one ``run_round`` that opens a
 transport round, lets the sampled clients compute and submit, and applies the aggregate, plus a
-``state_dict`` for checkpoints). :func:`run_rounds` is the thin template loop around it. Since all
+``state_dict`` for checkpoints). :func:`run_rounds` is the thin template loop around it; its
+first step refuses a transport that cannot serve the algorithm's ``transport_needs``
+(:mod:`securefed.transport.capabilities`), before any round runs. Since all
 randomness of round ``r`` comes from ``seeds`` streams addressed by ``r``, a run resumed from a
 checkpoint written after round ``r`` gives bit-identical results to an uninterrupted run.
 """
@@ -17,7 +19,7 @@ import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -27,6 +29,7 @@ from securefed.errors import CheckpointError, ViewFormatError
 from securefed.integrity import check_key, read_json, verify, write_sealed_json
 from securefed.randomness import SeedTree
 from securefed.transport.base import Transport
+from securefed.transport.capabilities import TransportNeeds, require_capabilities
 from securefed.views import ARRAYS_FILE, MANIFEST_FILE, ServerView
 
 if TYPE_CHECKING:
@@ -75,7 +78,12 @@ class ClientSampling:
 
 
 class FederatedAlgorithm(Protocol):
-    """What :func:`run_rounds` needs from an algorithm."""
+    """What :func:`run_rounds` needs from an algorithm.
+
+    An algorithm may also state what its configuration needs from the transport as a
+    ``transport_needs`` attribute (a :class:`~securefed.transport.capabilities.TransportNeeds`);
+    without one it needs aggregation rounds only.
+    """
 
     n_clients: int
 
@@ -158,7 +166,12 @@ def run_rounds(
 
     Returns:
         The per-round metrics; ``transport.view`` holds what the server saw.
+
+    Raises:
+        UnsupportedTransport: before any round, when ``transport`` cannot serve what the
+            algorithm needs (naming the option that needs it).
     """
+    require_capabilities(transport, loop_needs(algorithm))
     history = RunHistory()
     start = options.first_round
     ledgers = transport.privacy_ledgers()
@@ -204,6 +217,19 @@ def run_rounds(
         if progress is not None:
             progress.close()
     return history
+
+
+def loop_needs(algorithm: FederatedAlgorithm) -> TransportNeeds:
+    """What :func:`run_rounds` needs of a transport for ``algorithm``: the algorithm's own
+    ``transport_needs`` (if it states any), and its clients computing in this process."""
+    needs = getattr(algorithm, "transport_needs", None)  # optional member of the protocol
+    if needs is None:
+        needs = TransportNeeds(type(algorithm).__name__)
+    if needs.in_process_clients is None:
+        needs = replace(
+            needs, in_process_clients="run_rounds (the clients compute in this process)"
+        )
+    return needs
 
 
 def _progress_bar(options: RunOptions, start: int):

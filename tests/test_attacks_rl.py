@@ -70,26 +70,19 @@ CLONE = CloneConfig(episodes=16, chunk=128, steps=120)
 @pytest.fixture(scope="module")
 def hpd_runs():
     """One population: the same run over plaintext, secure aggregation and local DP."""
-    from securefed.bench.transports import TransportOptions, make_transport
     from securefed.rl.fast import train_population
     from securefed.rl.fedhpd import RunSpec, make_public_states
+    from securefed.transport import build_transport
 
     config = hpd_config()
     public = make_public_states(config)
     keep = RoundSelection(every=True)
     options = {"keep_payloads": keep, "n_clients": config.n_agents}
+    local_dp = {"noise_multiplier": 1.0, "clip": math.sqrt(config.part_size)}
     transports = {
         "plaintext": PlaintextTransport(keep_payloads=keep),
-        "secagg": make_transport("secagg", TransportOptions(**options)),
-        "dp": make_transport(
-            "dp",
-            TransportOptions(
-                **options,
-                noise_multiplier=1.0,
-                clip=math.sqrt(config.part_size),
-                extra={"placement": "local"},
-            ),
-        ),
+        "secagg": build_transport("secagg", **options),
+        "dp": build_transport("dp-local", local_dp, **options),
     }
     runs = [RunSpec(config, HPD_SEED, t, public) for t in transports.values()]
     results = dict(zip(transports, train_population(runs), strict=True))

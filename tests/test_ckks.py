@@ -15,7 +15,6 @@ from securefed import (  # noqa: E402
     RowUpdates,
     SeedTree,
 )
-from securefed.bench.transports import TransportOptions, make_transport  # noqa: E402
 from securefed.crypto.ckks import (  # noqa: E402
     MAX_COEFF_BITS,
     AggregationCircuit,
@@ -321,7 +320,9 @@ def test_committee_model_sends_the_public_context_once():
 
 
 def test_registered_for_the_command_line():
-    transport = make_transport("ckks", TransportOptions(n_clients=943))
+    from securefed.transport import build_transport
+
+    transport = build_transport("ckks", n_clients=943)
     assert isinstance(transport, CKKSTransport)
     assert transport.config.max_clients >= 943
     assert transport.view.public["ckks_poly_modulus_degree"] == 8192
@@ -431,7 +432,7 @@ def test_fedmf_with_the_item_matrix_encrypted_on_the_server(small_split):
         r.public.get("ckks_folded_into_state") for r in transport.view
     )
     assert all("total" not in r.aggregate for r in transport.view)  # no aggregate decrypted
-    with pytest.raises(ValueError, match="needs the ckks transport"):
+    with pytest.raises(ValueError, match="server_state='encrypted' needs a transport with encr"):
         other = FedMF(small_split.train, FedMFConfig(**base, server_state="encrypted"), SeedTree(0))
         other.run_round(0, np.arange(5), PlaintextTransport(), SeedTree(0))
     with pytest.raises(ValueError, match="aggregation='sum'"):

@@ -48,17 +48,19 @@ def test_fedmf_command_writes_json_and_view(tmp_path, capsys):
 
 
 def test_fedmf_command_reports_bad_input(capsys, monkeypatch):
-    from securefed.bench import transports
+    import sys
 
     assert main(["fedmf", "--data", "/no/such/ratings.csv", "--rounds", "1"]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["fedmf", "--transport", "rot13", "--rounds", "1", "--no-progress"]) == 2
-    assert "unknown transport" in capsys.readouterr().err
-    transports._load_optional_factories()
-    monkeypatch.delitem(transports.FACTORIES, "ckks")
-    monkeypatch.setitem(transports.UNAVAILABLE, "ckks", "missing dependency 'tenseal'")
+    assert "unknown transport 'rot13'; known: plaintext, secagg" in capsys.readouterr().err
+    # A DP option on a transport without DP is refused, not silently ignored.
+    argv = ["fedmf", "--transport", "secagg", "--epsilon", "8", "--rounds", "1", "--no-progress"]
+    assert main(argv) == 2
+    assert "takes no option 'dp.epsilon'" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "tenseal", None)  # as if the [he] extra were not installed
     assert main(["fedmf", "--transport", "ckks", "--rounds", "1", "--no-progress"]) == 2
-    assert "unavailable: missing dependency 'tenseal'" in capsys.readouterr().err
+    assert "pip install 'securefed[he]'" in capsys.readouterr().err
 
 
 def test_privacy_command_is_wired(capsys):

@@ -204,10 +204,10 @@ def test_uploads_reach_the_server_only_as_their_mean():
 
 
 def test_secure_aggregation_gives_the_same_mean():
-    from securefed.bench.transports import TransportOptions, make_transport
+    from securefed.transport import build_transport
 
     uploads = np.random.default_rng(0).dirichlet([1, 1, 1], size=(5, 40))
-    transport = make_transport("secagg", TransportOptions(n_clients=5))
+    transport = build_transport("secagg", n_clients=5)
     mean = aggregate_uploads(transport, 0, uploads, SeedTree(0))
     np.testing.assert_allclose(mean, uploads.mean(0), rtol=0, atol=1e-5)
     assert (consensus(mean, "categorical", 3) >= 0).all()
@@ -257,10 +257,10 @@ def test_a_seed_determines_the_run(public_states):
 
 
 def test_training_under_secure_aggregation_matches_plaintext(public_states):
-    from securefed.bench.transports import TransportOptions, make_transport
+    from securefed.transport import build_transport
 
     config = tiny(rounds=4, distill_loops=1)
-    secure = make_transport("secagg", TransportOptions(n_clients=config.n_agents))
+    secure = build_transport("secagg", n_clients=config.n_agents)
     plain = PlaintextTransport()
     runs = [RunSpec(config, 20, t, public_states) for t in (plain, secure)]
     a, b = train_population(runs)

@@ -215,6 +215,25 @@ def test_transports_the_flower_server_can_and_cannot_carry():
         describe_transport(SecAggTransport())
 
 
+def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example):
+    from securefed.privacy.ledger import PrivacyLedger
+
+    for name in ("dp", "dp-local", "secagg+dp"):
+        app = example.FedMFApp(transport=name, dp_noise_multiplier=0.5, dp_clip=2.0)
+        server, local = app.make_transport(remote=True), app.make_transport(remote=False)
+        for transport in (server, local):
+            assert isinstance(transport.ledger, PrivacyLedger)
+            assert (transport.config.clip, transport.config.noise_multiplier) == (2.0, 0.5)
+        assert describe_transport(server).dp is not None
+    remote = example.FedMFApp(transport="secagg", secagg_bits=32, secagg_scale=2.0**10)
+    server = remote.make_transport(remote=True)
+    assert server.remote_clients and server.ledger is None
+    assert (server.config.bits, server.config.scale) == (32, 2.0**10)
+    assert not remote.make_transport(remote=False).remote_clients
+    with pytest.raises(ValueError, match="spec-string options"):
+        example.FedMFApp(transport="secagg:bits=32")
+
+
 def test_the_app_template_takes_its_run_config(example, tmp_path):
     app = example.FedMFApp(rounds=3, transport="secagg", output_dir=str(tmp_path / "out"))
     app_dir = write_fedmf_app(tmp_path / "app", app.run_config())
@@ -481,6 +500,11 @@ def test_noise_added_on_the_nodes_matches_in_process(example, tmp_path, transpor
         output_dir=str(tmp_path),
     )
     outcome = _simulate(example, app, nodes=3)
-    model, _, _ = example.in_process(app)
+    model, reference, _ = example.in_process(app)
     np.testing.assert_allclose(outcome.model.V, model.V, atol=1e-8)
     np.testing.assert_allclose(_node_vectors(tmp_path, 3, model.U.shape), model.U, atol=1e-8)
+    # DP on Flower is accounted: the run result carries the ledger, charged once per round.
+    assert outcome.ledger is outcome.transport.ledger and outcome.ledger.steps == app.rounds
+    assert outcome.ledger.history == reference.ledger.history
+    recorded = json.loads((tmp_path / "result.json").read_text())
+    assert recorded["epsilon"] == pytest.approx(reference.epsilon()) and recorded["epsilon"] > 0

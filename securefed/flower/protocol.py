@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from securefed.randomness import SeedTree
 from securefed.runtime import ClientSampling
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
+
+if TYPE_CHECKING:
+    from securefed.privacy.ledger import PrivacyLedger
 
 
 class ServerAlgorithm(Protocol):
@@ -119,12 +122,15 @@ class FlowerRunResult:
         message_bytes: bytes of array payloads the server sent (``down``) and received (``up``)
             in Flower messages, all rounds together.
         nodes: the SuperNodes that took part.
+        ledger: the privacy ledger the transport's noisy releases were charged to (the
+            server's transport's ``ledger``; ``None`` without DP).
     """
 
     rounds: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict[str, float]] = field(default_factory=list)
     message_bytes: dict[str, int] = field(default_factory=lambda: {"down": 0, "up": 0})
     nodes: int = 0
+    ledger: PrivacyLedger | None = None
 
     def last(self) -> dict[str, float]:
         return self.rounds[-1] if self.rounds else {}

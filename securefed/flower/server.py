@@ -349,7 +349,7 @@ class _Run:
         self.seeds = setup.seeds
         self.options = setup.options
         self.wire = describe_transport(setup.transport)
-        self.result = FlowerRunResult()
+        self.result = FlowerRunResult(ledger=setup.transport.ledger)
         self.messenger = _Messenger(grid, setup.options, self.result)
         self.hosts: dict[int, int] = {}
         self.key_holder_nodes: set[int] = set()

@@ -15,6 +15,12 @@ as that transport's server sees it. Implementations subclass :class:`Aggregation
 ``_accept`` (take a validated batch) and ``_finish`` (produce the aggregate); the template methods
 here do the validation and bookkeeping that every transport needs, so no transport can forget it.
 
+What a transport serves is declared as data, :attr:`Transport.capabilities`
+(:mod:`securefed.transport.capabilities`); an algorithm states what its configuration needs and is
+refused when the run is built, never by asking which transport it has. A server state that stays
+encrypted is the seam's optional part: :meth:`Transport.encrypted_state` and
+:meth:`AggregationRound.fold_into`, offered where ``capabilities.encrypted_state`` says so.
+
 Weights are applied on the client side: a client with weight ``w`` contributes ``w * update`` and
 ``w`` (the server learns ``sum w * update`` and ``sum w``, never a single ``w`` under a hiding
 transport). That is what lets FedRec+'s aggregation weights survive secure aggregation.
@@ -25,13 +31,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from securefed._checks import finite_array
-from securefed.errors import AggregationError
+from securefed.errors import AggregationError, UnsupportedTransport
 from securefed.randomness import SeedTree
+from securefed.transport.capabilities import TransportCapabilities
 from securefed.views import NO_PAYLOADS, RoundSelection, RoundView, ServerView
 
 if TYPE_CHECKING:
@@ -435,6 +442,37 @@ class AggregationRound(ABC):
     def _on_drop(self, client: int) -> None:  # noqa: B027 - optional hook
         """React to a dropout (default: nothing to do)."""
 
+    def fold_into(self, state: EncryptedServerState) -> None:
+        """Add this round's sum to ``state`` at the server without decrypting anything.
+
+        Offered by transports whose ``capabilities.encrypted_state`` is true; after it,
+        :meth:`result` raises (the server never learns the aggregate).
+
+        Raises:
+            UnsupportedTransport: this transport keeps no encrypted server state.
+        """
+        raise UnsupportedTransport(
+            f"round {self.round_id} cannot fold into an encrypted server state: its transport "
+            "keeps none (capabilities.encrypted_state is False)"
+        )
+
+
+class EncryptedServerState(Protocol):
+    """A matrix the server holds encrypted (:meth:`Transport.encrypted_state`).
+
+    Each round its clients download and decrypt it, and the round's summed updates are added
+    to it at the server (:meth:`AggregationRound.fold_into`); nothing is decrypted there.
+    """
+
+    shape: tuple[int, int]
+    updates: int
+
+    def download(self, rnd: AggregationRound) -> np.ndarray:
+        """Send the state to ``rnd``'s clients (counted as bytes down); the matrix they see."""
+
+    def reveal(self) -> np.ndarray:
+        """The key holders' decryption (what a client sees; evaluation at the end)."""
+
 
 class Transport(ABC):
     """A way for clients to get an aggregate to the server; owns the run's :class:`ServerView`.
@@ -445,6 +483,8 @@ class Transport(ABC):
     """
 
     name: str = "abstract"
+    ledger: PrivacyLedger | None = None
+    """The privacy ledger this transport's noisy releases are charged to (``None``: none)."""
 
     def __init__(
         self, *, keep_payloads: RoundSelection = NO_PAYLOADS, total_rounds: int | None = None
@@ -471,6 +511,29 @@ class Transport(ABC):
     @abstractmethod
     def _round_class(self) -> type[AggregationRound]:
         """The AggregationRound subclass of this transport."""
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """What this transport serves.
+
+        The default is the conservative declaration: aggregation rounds with the clients in this
+        process, no encrypted state, sparse uploads, and the server seeing every update (a
+        transport that declares nothing is credited with hiding nothing).
+        """
+        return TransportCapabilities()
+
+    def encrypted_state(self, initial: np.ndarray) -> EncryptedServerState:
+        """Encrypt ``initial`` into a state that stays encrypted at the server.
+
+        Offered where ``capabilities.encrypted_state`` is true.
+
+        Raises:
+            UnsupportedTransport: this transport keeps no encrypted server state.
+        """
+        raise UnsupportedTransport(
+            f"the {self.name!r} transport keeps no encrypted server state "
+            "(capabilities.encrypted_state is False)"
+        )
 
     def public_parameters(self) -> dict[str, object]:
         """Parameters every party (and the view) may know, JSON-serialisable."""

@@ -23,8 +23,10 @@ colluding with the server decrypts every upload, and nothing protects against a 
 
 Chai et al.'s own variant, in which the item matrix stays encrypted at the server and the users
 decrypt it each round, is :class:`EncryptedState` with :meth:`CKKSRound.fold_into` (the round's
-summed ciphertexts are added to ``[[V]]``; nothing is decrypted at all). FedMF needs a hook to use
-it (docs/ckks.md, "Encrypted item matrix").
+summed ciphertexts are added to ``[[V]]``; nothing is decrypted at all), offered on the seam as
+:meth:`CKKSTransport.encrypted_state` and declared by ``capabilities.encrypted_state`` (shared key
+model, key holders in this process); FedMF's ``server_state="encrypted"`` uses it through the seam
+(docs/ckks.md, "Encrypted item matrix").
 
 What the view records: per client the ciphertext sizes and SHA-256 digests (``ciphertext_sizes``,
 ``ciphertext_sha256``; the full bytes as ``ciphertexts`` only with ``keep_ciphertext_bytes``:
@@ -65,6 +67,7 @@ from securefed.errors import AggregationError
 from securefed.privacy.noise import noise_source
 from securefed.randomness import SeedTree
 from securefed.transport.base import FLOAT_BYTES, Aggregate, AggregationRound, RowUpdates, Transport
+from securefed.transport.capabilities import TransportCapabilities
 from securefed.views import NO_PAYLOADS, RoundSelection, RoundView
 
 KEY_MODELS: tuple[str, ...] = ("shared", "committee")
@@ -748,6 +751,30 @@ class CKKSTransport(Transport):
 
     def _round_class(self) -> type[AggregationRound]:
         return CKKSRound
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """Dense ciphertexts on the wire; an encrypted state in the shared key model.
+
+        Without the secret key (built from the public context: the server of a federation) the
+        clients encrypt and a key holder decrypts elsewhere, so no in-process client can submit
+        and no encrypted state can be made here.
+        """
+        here = self.key_holder is not None
+        return TransportCapabilities(
+            in_process_clients=here,
+            encrypted_state=here and self.config.key_model == "shared",
+            dense_wire=True,
+            server_sees="ciphertexts",
+        )
+
+    def encrypted_state(self, initial: np.ndarray) -> EncryptedState:
+        """``[[initial]]`` at the server, encrypted by a key holder (:class:`EncryptedState`).
+
+        Raises:
+            ValueError: the committee key model, or a transport without the secret key.
+        """
+        return EncryptedState(self, initial)
 
     def public_parameters(self) -> dict[str, object]:
         context = self.server_context

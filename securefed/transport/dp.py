@@ -81,7 +81,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,6 +96,7 @@ from securefed.privacy.noise import (
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
+from securefed.transport.capabilities import TransportCapabilities
 
 PLACEMENTS = ("central", "local", "distributed")
 # Densified local/distributed batches are noised and submitted in chunks of about this many
@@ -560,6 +561,28 @@ class DPTransport(Transport):
 
     def _round_class(self) -> type[AggregationRound]:
         return DPRound  # not used: open_round builds DPRound around the inner round
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """The inner transport's, with the DP stage applied.
+
+        What the server sees of an update is the inner transport's when that hides it (masked,
+        encrypted); otherwise the update as the DP stage leaves it: clipped (central) or noisy
+        (local, distributed). Client-side noise densifies every upload. No encrypted state: the
+        noise is added around rounds whose result is released, which a folded round never is.
+        """
+        inner = self.inner.capabilities
+        placement = self.config.placement
+        sees = inner.server_sees
+        if not inner.hides_updates:
+            sees = "clipped updates" if placement == "central" else "noisy updates"
+        return replace(
+            inner,
+            encrypted_state=False,
+            dense_wire=inner.dense_wire or placement != "central",
+            server_sees=sees,
+            dp_placement=placement,
+        )
 
     def public_parameters(self) -> dict[str, object]:
         """The inner transport's public parameters plus the DP ones (JSON-serialisable)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
+from securefed.transport.capabilities import TransportCapabilities
 
 
 class PlaintextRound(AggregationRound):
@@ -45,3 +46,8 @@ class PlaintextTransport(Transport):
 
     def _round_class(self) -> type[AggregationRound]:
         return PlaintextRound
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """Aggregation in this process; sparse rows on the wire; the server reads every update."""
+        return TransportCapabilities(server_sees="updates", dense_wire=False)

@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context
 
-from securefed import ClientSampling, PlaintextTransport, RunOptions, SeedTree, Transport
-from securefed.crypto.ckks import load_public_context, load_secret_context
+from securefed import ClientSampling, RunOptions, SeedTree, Transport
 from securefed.flower import (
     ClientSetup,
     FlowerRunOptions,
@@ -41,14 +40,19 @@ from securefed.flower import (
     partition_users,
 )
 from securefed.flower.ckks import NodeKeys
+from securefed.privacy.ledger import PrivacyLedger
 from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.runtime import run_rounds
-from securefed.transport.ckks import KEY_MODELS, CKKSConfig, CKKSTransport
-from securefed.transport.dp import DPTransport
-from securefed.transport.secagg import SecAggConfig, SecAggTransport
-
-TRANSPORTS = ("plaintext", "secagg", "dp", "dp-local", "secagg+dp", "ckks")
+from securefed.transport import (
+    CKKSOptions,
+    DPOptions,
+    SecAggOptions,
+    build_transport,
+    option_groups,
+    parse_transport_spec,
+)
+from securefed.transport.registry import KEY_MODELS
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,12 @@ class FedMFApp:
         variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
             :class:`~securefed.recsys.fedmf.FedMFConfig`.
         seed: the run's seed; ``-1`` is secure mode (OS randomness, nothing reproducible).
-        transport: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local``, ``secagg+dp``
+        transport: a name of :mod:`securefed.transport.registry`, built there with the options
+            below: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local``, ``secagg+dp``
             (distributed noise under secure aggregation) or ``ckks`` (the nodes encrypt, the
-            server adds ciphertexts, a key-holder node decrypts the sum).
+            server adds ciphertexts, a key-holder node decrypts the sum); ``securefed.flower``
+            refuses what it cannot carry (``ckks+dp``). Every DP transport carries a privacy
+            ledger (:attr:`FedMFOutcome.ledger`, ``result.json``'s ``epsilon``).
         ckks_key_model: ``shared`` (every node holds the users' secret key) or ``committee``.
         ckks_secret_path: the secret-context file of ``securefed.flower.ckks.provision_keys``
             on the nodes' hosts (a node's ``--node-config 'ckks-secret-path=...'`` overrides
@@ -73,7 +80,8 @@ class FedMFApp:
         ckks_public_path: the public-context file (the server's; committee-model nodes too).
         secagg_bits, secagg_scale, secagg_clip, secagg_neighbours: secure aggregation's fixed
             point and graph (0 neighbours: automatic).
-        dp_clip, dp_noise_multiplier: DP parameters.
+        dp_clip, dp_noise_multiplier, dp_delta: DP parameters (epsilon is reported at
+            ``dp_delta``).
         clients_per_round: fixed-size sampling per round (0: every user every round).
         min_nodes: SuperNodes the server waits for.
         evaluate_every: held-out evaluation every this many rounds (0: after the last).
@@ -107,6 +115,7 @@ class FedMFApp:
     secagg_neighbours: int = 0
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
+    dp_delta: float = 1e-5
     clients_per_round: int = 0
     min_nodes: int = 2
     evaluate_every: int = 0
@@ -117,13 +126,16 @@ class FedMFApp:
     ckks_public_path: str = ""
 
     def __post_init__(self) -> None:
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if parse_transport_spec(self.transport).options:  # refuses unknown names, listing them
+            raise ValueError(
+                f"transport {self.transport!r}: the app's transport options are its own run-config "
+                "keys (secagg-bits, dp-clip, ...), not spec-string options"
+            )
         if self.ckks_key_model not in KEY_MODELS:
             raise ValueError(
                 f"ckks-key-model must be one of {KEY_MODELS}, got {self.ckks_key_model!r}"
             )
-        if self.transport == "ckks" and not self.ckks_public_path:
+        if "ckks" in option_groups(self.transport) and not self.ckks_public_path:
             raise ValueError(
                 "transport 'ckks' needs ckks-public-path (the server's public context; write it "
                 "with securefed.flower.ckks.provision_keys)"
@@ -172,38 +184,45 @@ class FedMFApp:
             return ClientSampling()
         return ClientSampling("fixed", self.clients_per_round)
 
-    def make_transport(self, *, remote: bool) -> Transport:
-        """The server's transport; ``remote=False`` is the in-process reference's."""
-        if self.transport == "plaintext":
-            return PlaintextTransport(total_rounds=self.rounds)
-        if self.transport == "ckks":
-            config = CKKSConfig(key_model=self.ckks_key_model)
-            if remote:  # the server: the public context only
-                public = load_public_context(self.ckks_public_path)
-                return CKKSTransport(config, public=public, total_rounds=self.rounds)
-            if not self.ckks_secret_path:
-                raise ValueError("the in-process CKKS reference needs ckks-secret-path")
-            secret = load_secret_context(self.ckks_secret_path)
-            return CKKSTransport(config, secret=secret, total_rounds=self.rounds)
-        secagg = SecAggTransport(
-            SecAggConfig(
+    def transport_options(self, *, remote: bool) -> dict[str, object]:
+        """The registry's option groups of :attr:`transport`, from the run config.
+
+        ``remote=True`` is the server's (its clients run on the nodes; CKKS from the public
+        context only); ``remote=False`` the in-process reference's (CKKS with the secret key).
+
+        Raises:
+            ValueError: the in-process CKKS reference without ``ckks-secret-path``.
+        """
+        groups = option_groups(self.transport)
+        options: dict[str, object] = {}
+        if "secagg" in groups:
+            options["secagg"] = SecAggOptions(
                 bits=self.secagg_bits,
                 scale=self.secagg_scale,
                 clip=self.secagg_clip,
                 neighbours=self.secagg_neighbours or None,
-            ),
-            total_rounds=self.rounds,
-            remote_clients=remote,
-        )
-        if self.transport == "secagg":
-            return secagg
-        inner = secagg if self.transport == "secagg+dp" else PlaintextTransport()
-        placement = {"dp": "central", "dp-local": "local", "secagg+dp": "distributed"}
-        return DPTransport(
-            inner,
-            clip=self.dp_clip,
-            noise_multiplier=self.dp_noise_multiplier,
-            placement=placement[self.transport],
+                remote_clients=remote,
+            )
+        if "ckks" in groups:
+            if not remote and not self.ckks_secret_path:
+                raise ValueError("the in-process CKKS reference needs ckks-secret-path")
+            options["ckks"] = CKKSOptions(
+                key_model=self.ckks_key_model,
+                max_clients=1024,
+                public_context=self.ckks_public_path if remote else "",
+                secret_context="" if remote else self.ckks_secret_path,
+            )
+        if "dp" in groups:
+            options["dp"] = DPOptions(
+                clip=self.dp_clip, noise_multiplier=self.dp_noise_multiplier, delta=self.dp_delta
+            )
+        return options
+
+    def make_transport(self, *, remote: bool) -> Transport:
+        """The server's transport (``securefed.transport.build_transport``); ``remote=False`` is
+        the in-process reference's."""
+        return build_transport(
+            self.transport, self.transport_options(remote=remote), total_rounds=self.rounds
         )
 
 
@@ -326,7 +345,7 @@ def client_setup(app: FedMFApp, context: Context) -> ClientSetup:
             np.savez(path, users=done.users, U=done.model.U[done.users])
 
     ckks = None
-    if app.transport == "ckks":
+    if "ckks" in option_groups(app.transport):
         config = context.node_config
         ckks = NodeKeys.from_paths(
             str(config.get("ckks-secret-path", app.ckks_secret_path)),
@@ -343,6 +362,11 @@ class FedMFOutcome:
     model: FedMF | None = None
     transport: Transport | None = None
     result: FlowerRunResult | None = None
+
+    @property
+    def ledger(self) -> PrivacyLedger | None:
+        """The privacy ledger the run's DP rounds were charged to (``None`` without DP)."""
+        return None if self.result is None else self.result.ledger
 
 
 def _train_metrics(sums: Mapping[str, float]) -> dict[str, float]:
@@ -382,6 +406,12 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
                 "nodes": result.nodes,
                 "config": app.run_config(),
             }
+            if result.ledger is not None:
+                summary |= {
+                    "epsilon": result.ledger.epsilon(app.dp_delta),
+                    "delta": app.dp_delta,
+                    "privacy_ledger": result.ledger.state_dict(),
+                }
             (out / "result.json").write_text(json.dumps(summary, indent=1))
 
     options = FlowerRunOptions(

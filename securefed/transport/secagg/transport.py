@@ -9,6 +9,7 @@ import numpy as np
 from securefed.errors import AggregationError
 from securefed.randomness import SeedTree
 from securefed.transport.base import AggregationRound, Transport
+from securefed.transport.capabilities import TransportCapabilities
 from securefed.transport.secagg.config import SecAggConfig
 from securefed.transport.secagg.server import SecAggRound
 from securefed.views import NO_PAYLOADS, RoundSelection
@@ -80,6 +81,15 @@ class SecAggTransport(Transport):
             seeds=seeds,
             config=self.config,
             remote_clients=self.remote_clients,
+        )
+
+    @property
+    def capabilities(self) -> TransportCapabilities:
+        """Masked full-block uploads; with ``remote_clients`` the clients submit elsewhere."""
+        return TransportCapabilities(
+            in_process_clients=not self.remote_clients,
+            dense_wire=True,
+            server_sees="masked updates",
         )
 
     def _round_class(self) -> type[AggregationRound]:
