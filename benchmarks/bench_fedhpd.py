@@ -88,11 +88,10 @@ def run_column(args: argparse.Namespace) -> dict:
     """Train the column and return the summary record (also written to ``args.out``)."""
     import torch
 
-    from securefed.rl.fast import train_parallel
+    from securefed.rl.fast import make_public_states, train_parallel
     from securefed.rl.fedhpd import (
         FedHPDConfig,
         RunSpec,
-        make_public_states,
         plot_agents,
         plot_system,
         system_average_reward,
@@ -248,8 +247,8 @@ def speed(args: argparse.Namespace) -> int:
     """Reference and fast learner on the same schedule: time, ratio, agreement."""
     import torch
 
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec
 
     torch.set_num_threads(1)
     algorithm, d = parse_settings(args.setting)[0]

@@ -124,8 +124,8 @@ def run_fedhpd(bench: LeakBenchConfig) -> dict[str, object]:
     import torch
 
     from securefed.attacks.policy_leak import CloneConfig, PolicyProtocol, verify_policy_leak
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, RunSpec
 
     torch.set_num_threads(1)
     config = FedHPDConfig(

@@ -84,13 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     from securefed.bench.bench_fedhpd import paper_key, parse_seeds, transport_factory
     from securefed.bench.transports import TransportUnavailable
-    from securefed.rl.fast import train_parallel
+    from securefed.rl.fast import make_public_states, train_parallel
     from securefed.rl.fedhpd import (
         FedHPDConfig,
         MissingExtra,
         ReferenceRun,
         RunSpec,
-        make_public_states,
         plot_agents,
         plot_system,
         require_task,

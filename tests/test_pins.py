@@ -66,8 +66,8 @@ def test_fedslate_short_runs_are_bit_identical_to_the_pins(variant):
 @pytest.mark.parametrize("algorithm", ["fedhpd", "nofed", "dpa"])
 def test_fedhpd_short_runs_are_bit_identical_to_the_pins(algorithm):
     pytest.importorskip("gymnasium")
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec
     from securefed.rl.policies import AGENTS
 
     cartpole = AGENTS["cartpole"]
@@ -96,9 +96,7 @@ def test_ml100k_u1_vanilla_fedmf_with_the_cli_defaults(ml100k, tmp_path):
     from securefed.bench.cli import main
 
     out = tmp_path / "run.json"
-    code = main(
-        ["fedmf", "--data", str(ml100k), "--split", "u1", "--seed", "0", "--json", str(out)]
-        + ["--no-progress"]
-    )
+    argv = ["fedmf", "--data", str(ml100k), "--split", "u1", "--seed", "0", "--json", str(out)]
+    code = main([*argv, "--no-progress"])
     assert code == 0
     assert json.loads(out.read_text())["rmse"] == 0.9270085573752793
