@@ -18,7 +18,7 @@ demo: install
 	$(BIN)/securefed demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -P -m pytest -q
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

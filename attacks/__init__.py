@@ -59,7 +59,7 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'attacks' has no attribute {name!r}")
+    raise AttributeError(f"module 'securefed.attacks' has no attribute {name!r}")
 
 
 __all__ = [

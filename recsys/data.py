@@ -969,7 +969,7 @@ def embedded_default_path() -> Path:
     Raises:
         FileNotFoundError: If the package was installed without its data files.
     """
-    resource = resources.files("recsys").joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
+    resource = resources.files("securefed.recsys").joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
     path = Path(os.fspath(resource)) if isinstance(resource, os.PathLike) else None
     if path is None or not path.is_file():
         raise FileNotFoundError(

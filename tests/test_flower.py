@@ -391,7 +391,7 @@ def _holds_secret_key(root, seen=None) -> list[str]:
         elif isinstance(obj, (list, tuple, set)):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(obj))
         elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(
-            ("securefed", "recsys", "tenseal")
+            ("securefed", "tenseal")
         ):
             stack.extend((f"{path}.{k}", v) for k, v in vars(obj).items())
     return found
