@@ -969,7 +969,8 @@ def embedded_default_path() -> Path:
     Raises:
         FileNotFoundError: If the package was installed without its data files.
     """
-    resource = resources.files("securefed.recsys").joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
+    package = resources.files("securefed.recsys")
+    resource = package.joinpath("datasets", EMBEDDED_DATASET, "ratings.csv")
     path = Path(os.fspath(resource)) if isinstance(resource, os.PathLike) else None
     if path is None or not path.is_file():
         raise FileNotFoundError(
