@@ -390,9 +390,7 @@ def _holds_secret_key(root, seen=None) -> list[str]:
             stack.extend((f"{path}[{k!r}]", v) for k, v in obj.items())
         elif isinstance(obj, (list, tuple, set)):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(obj))
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(
-            ("securefed", "tenseal")
-        ):
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(("securefed", "tenseal")):
             stack.extend((f"{path}.{k}", v) for k, v in vars(obj).items())
     return found
 
