@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import BENCHES
 from securefed.bench.transports import TransportOptions, TransportUnavailable, make_transport
 
 RESULTS = Path("results") / "fedhpd"
@@ -328,7 +329,7 @@ def speed(args: argparse.Namespace) -> int:
 
 
 def register(benches) -> None:
-    parser = benches.add_parser("fedhpd", help="FedHPD: the paper's Table 2 column of a task")
+    parser = BENCHES["fedhpd"].add_to(benches)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--settings", default=DEFAULT_SETTINGS, help="nofed, dpa, intervals d")
     parser.add_argument("--seeds", default="20,25,30,35,40")
@@ -347,7 +348,7 @@ def register(benches) -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.set_defaults(func=column)
 
-    parser = benches.add_parser("fedhpd-speed", help="FedHPD: fast learner vs step-by-step")
+    parser = BENCHES["fedhpd-speed"].add_to(benches)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--setting", default="5", help="nofed, dpa or an interval d")
     parser.add_argument("--rounds", type=int, default=30)

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import BENCHES
+
 RESULTS = Path("results") / "rl_leak"
 
 
@@ -371,7 +373,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(benches) -> None:
     """Add ``rl-leak`` to the ``securefed bench`` subcommands."""
-    parser = benches.add_parser("rl-leak", help="attacks on FedHPD uploads and FedSlate Q-values")
+    parser = BENCHES["rl-leak"].add_to(benches)
     add_arguments(parser)
     parser.set_defaults(func=_run_cli)
 

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import COMMANDS
+
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fedhpd`` command to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "fedhpd",
-        help="heterogeneous federated policy distillation (FedHPD) and its baselines",
+    parser = COMMANDS["fedhpd"].add_to(
+        subparsers,
         description="Train FedHPD, NoFed or DPA-FedRL on CartPole, LunarLander or "
         "InvertedPendulum and report the system average reward.",
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import SecurefedError
+from securefed.bench.registry import COMMANDS
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     ALIGNMENTS,
@@ -51,9 +52,8 @@ def _flags(text: str) -> tuple[bool, ...]:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fedslate`` command to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "fedslate",
-        help="train FedSlate (or SlateQ) on the multi-platform choc-vs-kale simulator",
+    parser = COMMANDS["fedslate"].add_to(
+        subparsers,
         description="One run; prints the per-platform metrics (optimal reward = best "
         "100-episode moving average, ETROR = first episode reaching 99% of it).",
     )
