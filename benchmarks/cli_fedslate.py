@@ -133,13 +133,11 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
 
 
 def _plot(rewards: np.ndarray, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no backend chosen, no pyplot state
 
     window = min(100, rewards.shape[0])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for p in range(rewards.shape[2]):
         curves = [moving_average(rewards[:, s, p], window) for s in range(rewards.shape[1])]
         ax.plot(
@@ -153,7 +151,6 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _run(args: argparse.Namespace) -> int:
