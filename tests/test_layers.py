@@ -13,7 +13,9 @@ level, inside a function, or as a literal module name given to ``importlib.impor
    securefed_cli: installed, they are someone else's distributions;
 5. no cycle among module-level imports (imports under ``if TYPE_CHECKING:`` never run);
 6. no cycle either once the imports inside functions are added: a lazy import that closes a
-   loop (``rl/fast.py`` and ``rl/fedhpd.py`` once) hides a cycle, it does not remove it.
+   loop (``rl/fast.py`` and ``rl/fedhpd.py`` once) hides a cycle, it does not remove it;
+7. library code (every layer but securefed.bench) configures nothing process-wide: no thread
+   count, plotting backend, pyplot or global seed (the app layer sets what it needs).
 
 The checker is tested on a small synthetic tree with one planted violation of each kind.
 """
@@ -46,6 +48,28 @@ FORBIDDEN = {
     "tests": frozenset(),
 }
 OLD_NAMES = frozenset({"recsys", "rl", "attacks", "benchmarks", "securefed_cli"})
+GLOBAL_SETTERS = frozenset(
+    {
+        "torch.set_num_threads",
+        "torch.set_num_interop_threads",
+        "torch.manual_seed",
+        "torch.set_default_dtype",
+        "matplotlib.use",
+        "plt.switch_backend",
+        "np.random.seed",
+        "numpy.random.seed",
+        "random.seed",
+    }
+)
+"""Calls that change the whole process: library code leaves them to the application."""
+PENDING_GLOBAL_SETTERS = frozenset(
+    {
+        ("rl/fedslate.py", "torch.set_num_threads"),
+        ("rl/slateq.py", "torch.set_num_threads"),
+    }
+)
+"""Known and being moved to the app layer by another branch of issue 16 (FedSlate's runner):
+each entry must still be there (a stale one fails), and goes when that branch lands."""
 DYNAMIC_IMPORTERS = frozenset({"import_module", "__import__", "files"})
 """Calls whose literal first argument names a module they import (``resources.files`` too)."""
 
@@ -245,6 +269,39 @@ def findings(
     return out
 
 
+def _dotted(node: ast.expr) -> str:
+    """``torch.set_num_threads`` for that attribute chain ("" for anything else)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    return ".".join([node.id, *reversed(parts)])
+
+
+def global_settings(root: Path, mapping: Mapping[str, str]) -> set[tuple[str, str, int]]:
+    """``(file, call, line)`` of every process-wide setting in library code (not the app layer).
+
+    Importing ``matplotlib.pyplot`` counts as ``matplotlib.pyplot``: pyplot keeps global figure
+    state and picks a backend for the process.
+    """
+    found = set()
+    for module in discover(root, mapping, {}):
+        if layer_of(module.name) == "bench":
+            continue
+        where = module.path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(module.path.read_text())):
+            if isinstance(node, ast.Call) and _dotted(node.func) in GLOBAL_SETTERS:
+                found.add((where, _dotted(node.func), node.lineno))
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module == "matplotlib":
+                names = [f"matplotlib.{a.name}" for a in node.names]
+            if "matplotlib.pyplot" in names:
+                found.add((where, "matplotlib.pyplot", node.lineno))
+    return found
+
+
 # -- the repository ------------------------------------------------------------------------------
 def _repo_findings() -> list[str]:
     return findings(REPO_ROOT, package_dirs(REPO_ROOT / "pyproject.toml"), {"tests": "tests"})
@@ -252,6 +309,13 @@ def _repo_findings() -> list[str]:
 
 def test_the_repository_keeps_its_layers():
     assert _repo_findings() == []
+
+
+def test_library_code_configures_nothing_process_wide():
+    mapping = package_dirs(REPO_ROOT / "pyproject.toml")
+    found = {(where, call) for where, call, _ in global_settings(REPO_ROOT, mapping)}
+    assert found - PENDING_GLOBAL_SETTERS == set()
+    assert PENDING_GLOBAL_SETTERS - found == set(), "moved: drop them from PENDING_GLOBAL_SETTERS"
 
 
 def test_the_check_reads_the_whole_repository():
@@ -362,6 +426,26 @@ def test_a_planted_violation_is_found(tmp_path, path, source, expected):
     root = _tree(tmp_path, {**CLEAN, path: source})
     found = findings(root, SYNTHETIC_MAPPING)
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_a_planted_global_setting_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "recsys/data.py": (
+                "import torch\nfrom matplotlib import pyplot\n"
+                "def fit():\n    torch.set_num_threads(1)\n"
+                "    generator = torch.Generator()\n    generator.manual_seed(0)\n"
+            ),
+            "benchmarks/tables.py": "import matplotlib\nmatplotlib.use('Agg')\n",  # app layer
+        },
+    )
+    assert global_settings(root, SYNTHETIC_MAPPING) == {
+        ("recsys/data.py", "matplotlib.pyplot", 2),
+        ("recsys/data.py", "torch.set_num_threads", 4),
+    }
+    assert global_settings(_tree(tmp_path / "clean", CLEAN), SYNTHETIC_MAPPING) == set()
 
 
 def test_findings_name_the_file_and_line(tmp_path):
