@@ -25,6 +25,7 @@ import numpy as np
 
 from securefed import SeedTree
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
+from securefed.bench.registry import BENCHES
 from securefed.crypto.ckks import ckks_context
 from securefed.fusion import FusionSpec, PlaintextFusionChannel, forward_numpy, init_weights
 from securefed.fusion.base import concatenate
@@ -251,14 +252,14 @@ def fedmf_round(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- registration
 def register(benches) -> None:
-    parser = benches.add_parser("ckks-fusion", help="CKKS vs plaintext fused outputs")
+    parser = BENCHES["ckks-fusion"].add_to(benches)
     _fusion_arguments(parser)
     parser.set_defaults(func=fusion)
-    parser = benches.add_parser("ckks-training", help="fusion training under CKKS vs plaintext")
+    parser = BENCHES["ckks-training"].add_to(benches)
     _fusion_arguments(parser)
     _training_arguments(parser)
     parser.set_defaults(func=training)
-    parser = benches.add_parser("ckks-fedmf-round", help="cost of a FedMF round under CKKS")
+    parser = BENCHES["ckks-fedmf-round"].add_to(benches)
     _fedmf_arguments(parser)
     parser.set_defaults(func=fedmf_round)
 

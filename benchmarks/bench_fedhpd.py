@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import BENCHES
 from securefed.errors import TransportUnavailable
 from securefed.transport import build_transport, option_groups, parse_transport_spec
 
@@ -90,11 +91,10 @@ def run_column(args: argparse.Namespace) -> dict:
     """Train the column and return the summary record (also written to ``args.out``)."""
     import torch
 
-    from securefed.rl.fast import train_parallel
+    from securefed.rl.fast import make_public_states, train_parallel
     from securefed.rl.fedhpd import (
         FedHPDConfig,
         RunSpec,
-        make_public_states,
         plot_agents,
         plot_system,
         system_average_reward,
@@ -250,8 +250,8 @@ def speed(args: argparse.Namespace) -> int:
     """Reference and fast learner on the same schedule: time, ratio, agreement."""
     import torch
 
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec
 
     torch.set_num_threads(1)
     algorithm, d = parse_settings(args.setting)[0]
@@ -331,7 +331,7 @@ def speed(args: argparse.Namespace) -> int:
 
 
 def register(benches) -> None:
-    parser = benches.add_parser("fedhpd", help="FedHPD: the paper's Table 2 column of a task")
+    parser = BENCHES["fedhpd"].add_to(benches)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--settings", default=DEFAULT_SETTINGS, help="nofed, dpa, intervals d")
     parser.add_argument("--seeds", default="20,25,30,35,40")
@@ -350,7 +350,7 @@ def register(benches) -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.set_defaults(func=column)
 
-    parser = benches.add_parser("fedhpd-speed", help="FedHPD: fast learner vs step-by-step")
+    parser = BENCHES["fedhpd-speed"].add_to(benches)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--setting", default="5", help="nofed, dpa or an interval d")
     parser.add_argument("--rounds", type=int, default=30)

@@ -19,6 +19,7 @@ from scipy import sparse
 from securefed import PlaintextTransport, RoundSelection, SeedTree
 from securefed.bench import datasets
 from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
+from securefed.bench.registry import BENCHES
 from securefed.recsys.data import synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
 from securefed.recsys.filling import user_mean_ratings
@@ -390,14 +391,14 @@ def register(benches) -> None:
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--out", default=str(RESULTS))
 
-    parser = benches.add_parser("fedmf-splits", help="FedMF/FedRec/FedRec+ on ML-100K u1..u5")
+    parser = BENCHES["fedmf-splits"].add_to(benches)
     common(parser)
     parser.add_argument("--splits", default="u1,u2,u3,u4,u5")
     parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
     parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
     parser.set_defaults(func=splits)
 
-    parser = benches.add_parser("fedmf-transport", help="a transport against plaintext")
+    parser = BENCHES["fedmf-transport"].add_to(benches)
     common(parser)
     parser.add_argument("--transport", default="secagg")
     parser.add_argument("--variants", default="fedmf,fedrec+")
@@ -405,12 +406,12 @@ def register(benches) -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.set_defaults(func=transports)
 
-    parser = benches.add_parser("fedrec-weights", help="FedRec+ client weightings compared")
+    parser = BENCHES["fedrec-weights"].add_to(benches)
     common(parser)
     parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
     parser.set_defaults(func=weights)
 
-    parser = benches.add_parser("fedmf-dp", help="FedMF test RMSE per epsilon and placement")
+    parser = BENCHES["fedmf-dp"].add_to(benches)
     common(parser)
     parser.add_argument("--epsilons", default="1,2,4,8,16")
     parser.add_argument("--placements", default="central,local,distributed")
@@ -424,7 +425,7 @@ def register(benches) -> None:
     parser.add_argument("--dim", type=int, default=10)
     parser.set_defaults(func=dp_utility)
 
-    parser = benches.add_parser("fedmf-perf", help="round vs centralised step; scale")
+    parser = BENCHES["fedmf-perf"].add_to(benches)
     common(parser)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--scale-users", type=int, default=100_000)

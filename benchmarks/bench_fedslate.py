@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench.processes import map_in_processes
+from securefed.bench.registry import BENCHES
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     PLATFORM_NAMES,
@@ -729,7 +730,7 @@ def _run_cli(args: argparse.Namespace) -> int:
 
 def register(benches) -> None:
     """Add ``fedslate`` to the ``securefed bench`` subcommands."""
-    parser = benches.add_parser("fedslate", help="FedSlate's tables on the choc-vs-kale simulator")
+    parser = BENCHES["fedslate"].add_to(benches)
     add_arguments(parser)
     parser.set_defaults(func=_run_cli)
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import RESULTS, markdown_table, write_outputs
+from securefed.bench.registry import BENCHES
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -244,9 +245,7 @@ def flower(args: argparse.Namespace) -> int:
 
 
 def register(benches) -> None:
-    parser = benches.add_parser(
-        "flower", help="FedMF on Flower's simulation engine vs in-process (time, secagg, RMSE)"
-    )
+    parser = BENCHES["flower"].add_to(benches)
     parser.add_argument("--clients", type=int, default=100, help="simulated nodes, one user each")
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--ratings-per-user", type=int, default=40)

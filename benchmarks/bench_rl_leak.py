@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import BENCHES
+
 RESULTS = Path("results") / "rl_leak"
 
 
@@ -123,8 +125,8 @@ def run_fedhpd(bench: LeakBenchConfig) -> dict[str, object]:
     import torch
 
     from securefed.attacks.policy_leak import CloneConfig, PolicyProtocol, verify_policy_leak
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, RunSpec
 
     torch.set_num_threads(1)
     config = FedHPDConfig(
@@ -381,7 +383,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(benches) -> None:
     """Add ``rl-leak`` to the ``securefed bench`` subcommands."""
-    parser = benches.add_parser("rl-leak", help="attacks on FedHPD uploads and FedSlate Q-values")
+    parser = BENCHES["rl-leak"].add_to(benches)
     add_arguments(parser)
     parser.set_defaults(func=_run_cli)
 

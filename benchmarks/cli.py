@@ -1,7 +1,13 @@
 """The ``securefed`` command line.
 
 Subcommands: ``fedmf`` (one training run), ``demo`` (the main job on the embedded data),
-``bench ...`` (benchmarks and paper tables), ``privacy`` (epsilon and noise calculator).
+``bench ...`` (benchmarks and paper tables), ``privacy`` (epsilon and noise calculator),
+``fedhpd`` and ``fedslate`` (the RL recommenders).
+
+The parser is built lazily (:mod:`securefed.bench.registry`): every subcommand and benchmark is
+listed from a static table, and only the one chosen on the command line has its module imported
+and its arguments added. A chosen command whose pip extra is missing stops with one line naming
+it, exit code 2.
 """
 
 from __future__ import annotations
@@ -9,8 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 
 from securefed import ClientSampling, RoundSelection
+from securefed.bench import registry
+
+DESCRIPTION = (
+    "Private federated recommendation: FedMF, FedSlate and FedHPD behind one transport layer "
+    "(plaintext, secure aggregation, CKKS, DP), with the attacks that verify each defence."
+)
 
 
 def _add_fedmf(subparsers) -> None:
@@ -179,48 +192,62 @@ def _run_fedmf(args: argparse.Namespace) -> int:
 
 
 def _add_demo(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="the main job, small: leak versus utility")
+    from securefed.bench.leak_utility import DEMO_ROUNDS
+
+    parser = registry.COMMANDS["demo"].add_to(subparsers)
     parser.add_argument("--out", default="results/demo")
     parser.add_argument("--data", default="ml-latest-small")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEMO_ROUNDS,
+        help=f"training rounds per cell ({DEMO_ROUNDS}, the demo's figures; fewer: a smoke run)",
+    )
     parser.set_defaults(func=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     from securefed.bench.leak_utility import demo
 
-    return demo(args.data, args.out)
+    return demo(args.data, args.out, rounds=args.rounds)
 
 
-def _add_bench(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks and paper tables")
-    benches = parser.add_subparsers(dest="bench", required=True)
-    from securefed.bench import registry
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The ``securefed`` parser, in full for the command ``argv`` chooses (stubs for the rest).
 
-    registry.register_all(benches)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="securefed", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    _add_fedmf(subparsers)
-    _add_demo(subparsers)
-    _add_bench(subparsers)
-    from securefed.bench.cli_privacy import register as register_privacy
-
-    register_privacy(subparsers)
-    from securefed.bench.cli_fedhpd import register as register_fedhpd
-
-    register_fedhpd(subparsers)
-    from securefed.bench.cli_fedslate import register as register_fedslate
-
-    register_fedslate(subparsers)
+    Raises:
+        registry.ExtraNotInstalled: the chosen command needs a pip extra that is missing.
+    """
+    parser = argparse.ArgumentParser(prog="securefed", description=DESCRIPTION)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    registry.add_commands(subparsers, registry.COMMANDS, argv)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``securefed ARGV``; returns the exit code (2: bad input or a missing extra)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(argv)
+    except registry.ExtraNotInstalled as error:
+        print(f"securefed: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, FloatingPointError) as error:
         print(f"securefed: error: {error}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:  # an optional module reached only at run time
+        extra = registry.extra_of_module(error.name)
+        if extra is None:
+            raise
+        missing = registry.ExtraNotInstalled(_command_name(args), (extra,))
+        print(f"securefed: {missing}", file=sys.stderr)
+        return 2
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``fedmf``, ``bench fedslate``: the chosen command as typed."""
+    group = registry.COMMANDS[args.command]
+    return f"{args.command} {getattr(args, args.command)}" if group.subcommands else args.command

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.registry import COMMANDS
+
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fedhpd`` command to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "fedhpd",
-        help="heterogeneous federated policy distillation (FedHPD) and its baselines",
+    parser = COMMANDS["fedhpd"].add_to(
+        subparsers,
         description="Train FedHPD, NoFed or DPA-FedRL on CartPole, LunarLander or "
         "InvertedPendulum and report the system average reward.",
     )
@@ -90,13 +91,12 @@ def run(args: argparse.Namespace) -> int:
 
     from securefed.bench.bench_fedhpd import paper_key, parse_seeds, transport_factory
     from securefed.errors import TransportUnavailable
-    from securefed.rl.fast import train_parallel
+    from securefed.rl.fast import make_public_states, train_parallel
     from securefed.rl.fedhpd import (
         FedHPDConfig,
         MissingExtra,
         ReferenceRun,
         RunSpec,
-        make_public_states,
         plot_agents,
         plot_system,
         require_task,

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import SecurefedError
+from securefed.bench.registry import COMMANDS
 from securefed.fusion import FUSION_CHANNELS
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
@@ -53,9 +54,8 @@ def _flags(text: str) -> tuple[bool, ...]:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``fedslate`` command to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "fedslate",
-        help="train FedSlate (or SlateQ) on the multi-platform choc-vs-kale simulator",
+    parser = COMMANDS["fedslate"].add_to(
+        subparsers,
         description="One run; prints the per-platform metrics (optimal reward = best "
         "100-episode moving average, ETROR = first episode reaching 99% of it).",
     )
@@ -143,13 +143,11 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
 
 
 def _plot(rewards: np.ndarray, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no backend chosen, no pyplot state
 
     window = min(100, rewards.shape[0])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for p in range(rewards.shape[2]):
         curves = [moving_average(rewards[:, s, p], window) for s in range(rewards.shape[1])]
         ax.plot(
@@ -163,7 +161,6 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from securefed.bench.registry import COMMANDS
 from securefed.privacy.calibration import epsilon_for_schedule, noise_for_target
 from securefed.privacy.ledger import ACCOUNTANT_SAMPLING, ACCOUNTANTS
 
@@ -40,9 +41,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``privacy`` command (with ``epsilon`` and ``noise``) to ``subparsers``."""
-    privacy = subparsers.add_parser(
-        "privacy",
-        help="DP accounting: epsilon of a schedule, noise for a target",
+    privacy = COMMANDS["privacy"].add_to(
+        subparsers,
         description="Client-level DP accounting on Opacus's accountants "
         "(Poisson sampling assumed).",
     )

@@ -40,6 +40,7 @@ from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table
 from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
 from securefed.bench.processes import map_in_processes
+from securefed.bench.registry import BENCHES
 from securefed.recsys.data import Ratings, Split, random_split, reindex
 from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
 from securefed.transport import option_groups
@@ -334,11 +335,21 @@ def plot(rows: list[dict], path: Path, meta: dict) -> None:
     plt.close(figure)
 
 
-def demo(data: str = "ml-latest-small", out: str = "results/demo") -> int:
-    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes)."""
+DEMO_ROUNDS = 40
+"""Training rounds of each ``securefed demo`` cell (its recorded figures)."""
+
+
+def demo(
+    data: str = "ml-latest-small", out: str = "results/demo", rounds: int = DEMO_ROUNDS
+) -> int:
+    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes).
+
+    ``rounds`` below :data:`DEMO_ROUNDS` makes a smoke run (CI's installed-wheel check), not the
+    demo's figures.
+    """
     config = LeakUtilityConfig(
         data=data,
-        rounds=40,
+        rounds=rounds,
         max_users=100,
         max_items=200,
         transports=("plaintext", "secagg", "dp:8"),
@@ -372,9 +383,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(benches) -> None:
-    parser = benches.add_parser(
-        "leak-utility", help="leak versus utility, every variant x transport"
-    )
+    parser = BENCHES["leak-utility"].add_to(benches)
     parser.add_argument("--data", default="ml-latest-small")
     parser.add_argument("--split", default=None)
     parser.add_argument("--rounds", type=int, default=LeakUtilityConfig.rounds)

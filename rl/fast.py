@@ -22,6 +22,12 @@ networks (spec section 7), so this learner removes overhead without touching the
 * Distillation and DPA queries batch the copies of the runs that distil this round; every run
   still sends its own uploads through its own transport.
 
+The public state set ``S_p`` (:mod:`securefed.rl.fedhpd` section 4) is made here,
+:func:`make_public_states`, because its virtual agent trains with this learner; :func:`train` runs
+one run with either learner. This module builds on :mod:`securefed.rl.fedhpd`, never the other way
+round. torch's thread count is the caller's: the learner is built for one thread
+(``torch.set_num_threads(1)``, as the command line and the benchmarks set), and never sets it.
+
 Results equal the reference learner's up to floating-point summation order (batched products add
 in another order): the same episode returns on short schedules and parameters equal to about
 1e-6; ``securefed bench fedhpd-speed`` and tests/test_fedhpd.py check it.
@@ -29,22 +35,27 @@ in another order): the same episode returns on short schedules and parameters eq
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from securefed import PlaintextTransport, SeedTree
+from securefed import PlaintextTransport, SeedTree, Transport
 from securefed.rl.fedhpd import (
     ADAM_BETAS,
     ADAM_EPS,
     ADAMW_WEIGHT_DECAY,
+    TASKS,
+    FedHPDConfig,
+    ReferenceRun,
     RunResult,
     RunSpec,
     TaskSpec,
@@ -56,15 +67,17 @@ from securefed.rl.fedhpd import (
     dpa_server_step,
     initial_policies,
     make_env,
-    make_public_states,
     parts,
     round_noise,
     stream_seed,
 )
 from securefed.rl.policies import (
     MIN_STD,
+    VIRTUAL_AGENTS,
     MLPPolicy,
     gaussian_log_prob,
+    load_vector,
+    make_policy,
     sample_categorical,
     sample_gaussian,
     softmax_np,
@@ -729,14 +742,135 @@ def train_population(
     """Train ``runs`` (one task, same rounds) together in this process; results in run order.
 
     Call ``torch.set_num_threads(1)`` first for the speed this module is built for (tiny
-    networks run slower with more threads).
+    networks run slower with more threads): the thread count is the caller's to set, this module
+    never changes it.
     """
     return Population(runs).run(log_every, progress)
 
 
+# == The public state set (securefed.rl.fedhpd section 4) =====================================
+def greedy_states(
+    spec: TaskSpec, policy: MLPPolicy, episodes: int, tree: SeedTree, *path: int | str
+) -> np.ndarray:
+    """States visited by ``policy`` acting greedily (argmax / mean) for ``episodes`` episodes."""
+    envs = make_env_batch(spec, episodes)
+    dtype = next(policy.parameters()).dtype
+    obs = envs.reset(np.arange(episodes), [stream_seed(tree, *path, e) for e in range(episodes)])
+    alive = np.ones(episodes, dtype=bool)
+    visited = []
+    for _ in range(spec.episode_cap):
+        visited.append(obs[alive].copy())
+        with torch.no_grad():
+            first, _ = policy(torch.as_tensor(obs, dtype=dtype))
+        actions = first.argmax(-1).numpy() if spec.kind == "categorical" else first.numpy()
+        obs, _, done = envs.step(actions, alive)
+        alive &= ~done
+        if not alive.any():
+            break
+    envs.close()
+    return np.concatenate(visited).astype(np.float32)
+
+
+def select_public_states(
+    states: np.ndarray, size: int, spec: TaskSpec, tree: SeedTree
+) -> np.ndarray:
+    """StandardScaler -> PCA -> KMeans, then ``size`` states drawn equally per cluster.
+
+    Draws are without replacement, with replacement from a cluster smaller than its share; the
+    set is ordered cluster by cluster (as the authors' file, which their parts split in order).
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import StandardScaler
+
+    if len(states) < spec.clusters:
+        raise ValueError(f"{len(states)} states cannot make {spec.clusters} clusters")
+    scaled = StandardScaler().fit_transform(states)
+    embedded = PCA(n_components=min(spec.pca_components, states.shape[1])).fit_transform(scaled)
+    kmeans = KMeans(n_clusters=spec.clusters, n_init=10, random_state=stream_seed(tree, "kmeans"))
+    labels = kmeans.fit_predict(embedded)
+    rng = tree.generator("public", "draw")
+    shares = np.full(spec.clusters, size // spec.clusters)
+    shares[: size % spec.clusters] += 1
+    chosen = []
+    for cluster, share in enumerate(shares):
+        members = np.flatnonzero(labels == cluster)
+        chosen.append(rng.choice(members, share, replace=len(members) < share))
+    return states[np.concatenate(chosen)].astype(np.float32)
+
+
+def make_public_states(config: FedHPDConfig) -> np.ndarray:
+    """``S_p`` for ``config``'s task: made once by the server's virtual agent (spec section 3).
+
+    The virtual agent (``VIRTUAL_AGENTS[task]``) trains with REINFORCE on the server's own copy
+    of the environment for ``virtual_rounds`` rounds; each checkpoint plays
+    ``rollouts_per_checkpoint`` greedy episodes; their states are clustered and drawn from.
+    Cached per process for equal parameters.
+    """
+    return _public_states(
+        config.task, config.public_size, config.public_seed, config.virtual_rounds,
+        config.checkpoints, config.dtype,
+    ).copy()  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _public_states(
+    task: str, size: int, seed: int, rounds: int, checkpoints: tuple[int, ...], dtype: str
+) -> np.ndarray:
+    spec = TASKS[task]
+    virtual = FedHPDConfig(
+        task=task, algorithm="nofed", rounds=rounds, agent_specs=(VIRTUAL_AGENTS[task],),
+        public_size=size, virtual_rounds=rounds, checkpoints=checkpoints, dtype=dtype,
+    )  # fmt: skip
+    tree = SeedTree(seed)
+    (result,) = train_population([RunSpec(virtual, seed, snapshot_rounds=checkpoints)])
+    visited = []
+    for checkpoint in checkpoints:
+        policy = make_policy(
+            VIRTUAL_AGENTS[task], spec.kind, spec.obs_dim, spec.act_dim,
+            torch.Generator(), virtual.torch_dtype,
+        )  # fmt: skip
+        load_vector(policy, result.snapshots[checkpoint][0])
+        visited.append(
+            greedy_states(spec, policy, spec.rollouts_per_checkpoint, tree, "public", checkpoint)
+        )
+    return select_public_states(np.concatenate(visited), size, spec, tree)
+
+
+# == One run, either learner ==================================================================
+def train(
+    config: FedHPDConfig,
+    seed: int,
+    *,
+    transport: Transport | None = None,
+    public_states: np.ndarray | None = None,
+    learner: Literal["fast", "reference"] = "fast",
+) -> RunResult:
+    """Train one run (10 agents of ``config.task``) and return its returns and parameters.
+
+    Args:
+        config: the run's configuration.
+        seed: the run's seed.
+        transport: the aggregation transport (default: a fresh plaintext one).
+        public_states: ``S_p`` for a FedHPD run (default: :func:`make_public_states`).
+        learner: ``fast`` (this module) or ``reference`` (the step-by-step
+            :class:`securefed.rl.fedhpd.ReferenceRun`).
+
+    Raises:
+        ValueError: an unknown learner.
+    """
+    if learner not in ("fast", "reference"):
+        raise ValueError(f"learner must be fast or reference, got {learner!r}")
+    if public_states is None and config.algorithm == "fedhpd":
+        public_states = make_public_states(config)
+    run = RunSpec(config, seed, transport, public_states)
+    if learner == "reference":
+        return ReferenceRun(run).run()
+    return train_population([run])[0]
+
+
 # == Processes ================================================================================
 def _worker(runs: Sequence[RunSpec], connection, log_every: int, progress: str | None) -> None:
-    torch.set_num_threads(1)
     try:
         connection.send(("ok", train_population(runs, log_every, progress)))
     except BaseException as error:  # report, never hang the parent
@@ -768,8 +902,11 @@ def train_parallel(
     """Train ``runs`` in up to ``workers`` forked processes, one population each.
 
     Transports and public states travel into the children by ``fork``; results come back through
-    pipes. ``workers=1`` trains in this process. With ``progress_dir``, each population saves its
-    returns so far to ``progress_<i>.npz`` there every ``log_every`` rounds.
+    pipes. ``workers=1`` trains in this process. The children inherit this process's torch
+    thread count: call ``torch.set_num_threads(1)`` first (the command line and the benchmarks
+    do), one thread per worker being what this learner is built for. With ``progress_dir``,
+    each population saves its returns so far to ``progress_<i>.npz`` there every ``log_every``
+    rounds.
 
     Raises:
         RuntimeError: naming the error a worker reported.
@@ -778,12 +915,7 @@ def train_parallel(
         raise ValueError(f"workers must be >= 1, got {workers}")
     chunks = balanced_chunks(runs, workers)
     if len(chunks) <= 1:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return train_population(runs, log_every, _progress_file(progress_dir, 0))
-        finally:
-            torch.set_num_threads(threads)
+        return train_population(runs, log_every, _progress_file(progress_dir, 0))
     context = multiprocessing.get_context("fork")
     pending = []
     for w, chunk in enumerate(chunks):

@@ -11,8 +11,10 @@ Reads top to bottom, after specs/fedhpd.md:
    rounds each agent uploads its action distributions on the public state set ``S_p`` through a
    securefed transport, the server keeps only their mean (:func:`consensus`), and each agent takes
    one optimiser step on a KL term per part of ``S_p`` (5 loops over parts of 2500 states).
-4. The public state set from a virtual agent (:func:`make_public_states`): StandardScaler -> PCA
-   -> KMeans over the states of its greedy checkpoints, drawn equally per cluster.
+4. The public state set ``S_p`` from a virtual agent: StandardScaler -> PCA -> KMeans over the
+   states of its greedy checkpoints, drawn equally per cluster. The virtual agent trains with the
+   fast learner, so :func:`securefed.rl.fast.make_public_states` makes the set there (this module
+   imports nothing of :mod:`securefed.rl.fast`, which builds on it).
 5. The baselines: NoFed (REINFORCE alone) and DPA-FedRL (spec section 6).
 6. The faithful step-by-step reference learner (:class:`ReferenceRun`): one agent at a time, one
    environment step at a time, the autograd graph kept step by step as in the authors' scripts.
@@ -29,7 +31,6 @@ public state set comes from ``SeedTree(public_seed)``.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -46,11 +47,9 @@ from securefed import PlaintextTransport, RowUpdates, SeedTree, Transport
 from securefed.rl.policies import (
     AGENTS,
     MIN_STD,
-    VIRTUAL_AGENTS,
     AgentSpec,
     MLPPolicy,
     gaussian_log_prob,
-    load_vector,
     make_policy,
     policy_vector,
     sample_categorical,
@@ -296,7 +295,9 @@ class RunSpec:
         config: the run's configuration.
         seed: the run's seed (its SeedTree).
         transport: the aggregation transport (default: a fresh plaintext one).
-        public_states: ``S_p`` (FedHPD only; made from ``config`` when ``None``).
+        public_states: ``S_p`` (FedHPD only). When ``None``, the fast learner makes it from
+            ``config`` (:func:`securefed.rl.fast.make_public_states`); the reference learner
+            refuses a FedHPD run without it.
         snapshot_rounds: rounds after which every agent's parameters are kept.
 
     Raises:
@@ -559,99 +560,6 @@ def parts(states: np.ndarray, part_size: int) -> list[np.ndarray]:
     return [states[i : i + part_size] for i in range(0, len(states), part_size)]
 
 
-# == 4. The public state set ==================================================================
-def greedy_states(
-    spec: TaskSpec, policy: MLPPolicy, episodes: int, tree: SeedTree, *path: int | str
-) -> np.ndarray:
-    """States visited by ``policy`` acting greedily (argmax / mean) for ``episodes`` episodes."""
-    from securefed.rl.fast import make_env_batch
-
-    envs = make_env_batch(spec, episodes)
-    dtype = next(policy.parameters()).dtype
-    obs = envs.reset(np.arange(episodes), [stream_seed(tree, *path, e) for e in range(episodes)])
-    alive = np.ones(episodes, dtype=bool)
-    visited = []
-    for _ in range(spec.episode_cap):
-        visited.append(obs[alive].copy())
-        with torch.no_grad():
-            first, _ = policy(torch.as_tensor(obs, dtype=dtype))
-        actions = first.argmax(-1).numpy() if spec.kind == "categorical" else first.numpy()
-        obs, _, done = envs.step(actions, alive)
-        alive &= ~done
-        if not alive.any():
-            break
-    envs.close()
-    return np.concatenate(visited).astype(np.float32)
-
-
-def select_public_states(
-    states: np.ndarray, size: int, spec: TaskSpec, tree: SeedTree
-) -> np.ndarray:
-    """StandardScaler -> PCA -> KMeans, then ``size`` states drawn equally per cluster.
-
-    Draws are without replacement, with replacement from a cluster smaller than its share; the
-    set is ordered cluster by cluster (as the authors' file, which their parts split in order).
-    """
-    from sklearn.cluster import KMeans
-    from sklearn.decomposition import PCA
-    from sklearn.preprocessing import StandardScaler
-
-    if len(states) < spec.clusters:
-        raise ValueError(f"{len(states)} states cannot make {spec.clusters} clusters")
-    scaled = StandardScaler().fit_transform(states)
-    embedded = PCA(n_components=min(spec.pca_components, states.shape[1])).fit_transform(scaled)
-    kmeans = KMeans(n_clusters=spec.clusters, n_init=10, random_state=stream_seed(tree, "kmeans"))
-    labels = kmeans.fit_predict(embedded)
-    rng = tree.generator("public", "draw")
-    shares = np.full(spec.clusters, size // spec.clusters)
-    shares[: size % spec.clusters] += 1
-    chosen = []
-    for cluster, share in enumerate(shares):
-        members = np.flatnonzero(labels == cluster)
-        chosen.append(rng.choice(members, share, replace=len(members) < share))
-    return states[np.concatenate(chosen)].astype(np.float32)
-
-
-def make_public_states(config: FedHPDConfig) -> np.ndarray:
-    """``S_p`` for ``config``'s task: made once by the server's virtual agent (spec section 3).
-
-    The virtual agent (``VIRTUAL_AGENTS[task]``) trains with REINFORCE on the server's own copy
-    of the environment for ``virtual_rounds`` rounds; each checkpoint plays
-    ``rollouts_per_checkpoint`` greedy episodes; their states are clustered and drawn from.
-    Cached per process for equal parameters.
-    """
-    return _public_states(
-        config.task, config.public_size, config.public_seed, config.virtual_rounds,
-        config.checkpoints, config.dtype,
-    ).copy()  # fmt: skip
-
-
-@functools.lru_cache(maxsize=8)
-def _public_states(
-    task: str, size: int, seed: int, rounds: int, checkpoints: tuple[int, ...], dtype: str
-) -> np.ndarray:
-    from securefed.rl.fast import train_population
-
-    spec = TASKS[task]
-    virtual = FedHPDConfig(
-        task=task, algorithm="nofed", rounds=rounds, agent_specs=(VIRTUAL_AGENTS[task],),
-        public_size=size, virtual_rounds=rounds, checkpoints=checkpoints, dtype=dtype,
-    )  # fmt: skip
-    tree = SeedTree(seed)
-    (result,) = train_population([RunSpec(virtual, seed, snapshot_rounds=checkpoints)])
-    visited = []
-    for checkpoint in checkpoints:
-        policy = make_policy(
-            VIRTUAL_AGENTS[task], spec.kind, spec.obs_dim, spec.act_dim,
-            torch.Generator(), virtual.torch_dtype,
-        )  # fmt: skip
-        load_vector(policy, result.snapshots[checkpoint][0])
-        visited.append(
-            greedy_states(spec, policy, spec.rollouts_per_checkpoint, tree, "public", checkpoint)
-        )
-    return select_public_states(np.concatenate(visited), size, spec, tree)
-
-
 # == 5 and 6. The step-by-step reference learner (FedHPD, NoFed, DPA-FedRL) ===================
 class Agent:
     """One agent of the reference learner: its policy, optimiser, schedule and environment.
@@ -736,7 +644,10 @@ class ReferenceRun:
     """The faithful step-by-step learner: one agent, one step, one graph at a time.
 
     Args:
-        run: what to run (the transport defaults to plaintext; ``S_p`` is made if missing).
+        run: what to run (the transport defaults to plaintext; a FedHPD run brings ``S_p``).
+
+    Raises:
+        ValueError: a FedHPD run without its public state set.
     """
 
     def __init__(self, run: RunSpec) -> None:
@@ -746,8 +657,12 @@ class ReferenceRun:
         self.transport = run.transport or PlaintextTransport()
         self.public = None
         if config.algorithm == "fedhpd":
-            public = make_public_states(config) if run.public_states is None else run.public_states
-            self.public = torch.as_tensor(np.asarray(public), dtype=config.torch_dtype)
+            if run.public_states is None:
+                raise ValueError(
+                    "a FedHPD run of the reference learner needs its public state set: pass "
+                    "RunSpec(public_states=securefed.rl.fast.make_public_states(config))"
+                )
+            self.public = torch.as_tensor(np.asarray(run.public_states), dtype=config.torch_dtype)
         self.snapshot_rounds = set(run.snapshot_rounds)
         spec = config.spec
         self.agents = [
@@ -828,26 +743,6 @@ def dpa_server_step(env, mean: np.ndarray, tree: SeedTree, round_id: int) -> np.
     return obs
 
 
-# == Running ==================================================================================
-def train(
-    config: FedHPDConfig,
-    seed: int,
-    *,
-    transport: Transport | None = None,
-    public_states: np.ndarray | None = None,
-    learner: Literal["fast", "reference"] = "fast",
-) -> RunResult:
-    """Train one run (10 agents of ``config.task``) and return its returns and parameters."""
-    run = RunSpec(config, seed, transport, public_states)
-    if learner == "reference":
-        return ReferenceRun(run).run()
-    if learner != "fast":
-        raise ValueError(f"learner must be fast or reference, got {learner!r}")
-    from securefed.rl.fast import train_population
-
-    return train_population([run])[0]
-
-
 # == 7. The metric and the plots (spec section 4) =============================================
 def system_curve(returns: np.ndarray, window: int = 50) -> np.ndarray:
     """Per-round return averaged over seeds then agents, as a ``window``-round moving average.
@@ -879,13 +774,15 @@ def agent_curves(returns: np.ndarray, window: int = 50) -> np.ndarray:
 def plot_system(
     curves: Mapping[str, np.ndarray], path: str | Path, *, window: int = 50, title: str = ""
 ) -> Path:
-    """One line per setting: the system curve (``curves[label]`` is ``(seeds, rounds, agents)``)."""
-    import matplotlib
+    """One line per setting: the system curve (``curves[label]`` is ``(seeds, rounds, agents)``).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare :class:`matplotlib.figure.Figure`: no backend is chosen and no pyplot state is
+    touched, so the caller's matplotlib setup stays as it was.
+    """
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
     for label, returns in curves.items():
         curve = system_curve(returns, window)
         ax.plot(np.arange(window, window + len(curve)), curve, label=label, linewidth=1.2)
@@ -898,7 +795,6 @@ def plot_system(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -910,16 +806,14 @@ def plot_agents(
     window: int = 50,
     title: str = "",
 ) -> Path:
-    """One panel per agent, one line per setting (seed mean, moving average)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """One panel per agent, one line per setting (seed mean, moving average); a bare Figure."""
+    from matplotlib.figure import Figure
 
     n_agents = next(iter(curves.values())).shape[2]
     cols = min(5, n_agents)
     rows = math.ceil(n_agents / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+    fig = Figure(figsize=(3.2 * cols, 2.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for label, returns in curves.items():
         per_agent = agent_curves(returns, window)
         for k in range(n_agents):
@@ -937,5 +831,4 @@ def plot_agents(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -46,13 +46,13 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
+from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
     Agent,
     FedHPDConfig,
     consensus,
     initial_policies,
     make_env,
-    make_public_states,
     round_noise,
     stream_seed,
 )

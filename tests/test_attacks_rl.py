@@ -70,8 +70,8 @@ CLONE = CloneConfig(episodes=16, chunk=128, steps=120)
 @pytest.fixture(scope="module")
 def hpd_runs():
     """One population: the same run over plaintext, secure aggregation and local DP."""
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import RunSpec
     from securefed.transport import build_transport
 
     config = hpd_config()
@@ -175,8 +175,8 @@ def test_policy_leak_on_local_dp_uses_the_noisy_payloads(hpd_runs, plaintext_rep
 
 def test_gaussian_uploads_are_cloned_too():
     """InvertedPendulum: uploads are ``[mean, std]``; the clone fits and rolls out a Gaussian."""
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import MissingExtra, RunSpec, make_public_states, require_task
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import MissingExtra, RunSpec, require_task
     from securefed.rl.policies import AGENTS
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -121,3 +122,183 @@ def test_restricted_split_shares_one_index_space():
     assert split.test.n_items == split.train.n_items
     row = run_cell(split, "fedrec", "plaintext", LeakUtilityConfig(rounds=3, progress=False))
     assert row["status"] == "ok" and 0 <= row["leak_f1"] <= 1
+
+
+# -- the command line's structure: a static table, lazy imports, missing extras ------------------
+def _help_lines(parser_action) -> dict[str, str]:
+    """``{name: help}`` of a subparsers action, as the listing shows them."""
+    return {action.dest: action.help for action in parser_action._choices_actions}
+
+
+def _subparsers(parser):
+    import argparse
+
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["fedmf", "--help"], ["bench", "--help"], ["demo", "--out", "x", "-h"]]
+)
+def test_help_screens_import_no_heavy_module(argv):
+    from securefed.bench.bench_startup import heavy_modules_loaded
+
+    loaded = heavy_modules_loaded(sys.executable, argv)
+    if argv[0] == "demo":  # demo's --help imports its own module (numpy, scipy.stats), no extra
+        loaded = [m for m in loaded if m != "scipy.stats"]
+    assert loaded == []
+
+
+def test_every_command_and_bench_is_listed_from_the_table():
+    from securefed.bench.cli import build_parser
+    from securefed.bench.registry import BENCHES, COMMANDS
+
+    top = _subparsers(build_parser())
+    assert _help_lines(top) == {name: c.help for name, c in COMMANDS.items()}
+    assert all(len(p._actions) == 1 for p in top.choices.values())  # stubs: only --help
+    group = _subparsers(_subparsers(build_parser(["bench"])).choices["bench"])
+    assert _help_lines(group) == {name: c.help for name, c in BENCHES.items()}
+    assert all(len(p._actions) == 1 for p in group.choices.values())
+
+
+def _installed(command) -> bool:
+    return not command.missing_extras()
+
+
+def test_each_chosen_command_gets_its_own_arguments_and_the_tables_help():
+    from securefed.bench.cli import build_parser
+    from securefed.bench.registry import BENCHES, COMMANDS
+
+    registers: dict[str, set[str]] = {}
+    for table, prefix in ((COMMANDS, []), (BENCHES, ["bench"])):
+        for name, command in table.items():
+            if command.subcommands or not _installed(command):
+                continue
+            action = _subparsers(build_parser([*prefix, name, "--help"]))
+            if prefix:
+                action = _subparsers(action.choices["bench"])
+            assert _help_lines(action)[name] == command.help  # the listing equals the table
+            assert len(action.choices[name]._actions) > 1  # its real options, not a stub
+            registers.setdefault(command.register, set()).update(
+                n for n, p in action.choices.items() if len(p._actions) > 1
+            )
+    for register, added in registers.items():  # a module adds exactly what the table lists
+        listed = {n for t in (COMMANDS, BENCHES) for n, c in t.items() if c.register == register}
+        assert added == listed, register
+
+
+def test_bench_help_shows_the_chosen_bench_options(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "startup", "--help"])
+    assert stop.value.code == 0
+    assert "--repeats" in capsys.readouterr().out
+
+
+def test_a_missing_extra_stops_with_one_line(capsys, monkeypatch):
+    from securefed.bench import registry
+
+    monkeypatch.setitem(registry.EXTRA_MODULES, "rl", ("securefed_no_such_module_for_tests",))
+    for argv, command in (
+        (["fedslate", "--help"], "fedslate"),
+        (["fedhpd", "--task", "cartpole"], "fedhpd"),
+        (["bench", "rl-leak", "--quick"], "bench rl-leak"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"securefed: {command} needs the 'rl' extra: pip install 'securefed[rl]'\n"
+        ), err
+    with pytest.raises(SystemExit) as stop:  # the others are untouched
+        main(["--help"])
+    assert stop.value.code == 0
+    assert "fedslate" in capsys.readouterr().out
+
+
+def test_an_import_failing_on_an_extra_module_names_the_extra(capsys, monkeypatch):
+    from securefed.bench import registry
+
+    def absent(name):
+        raise ModuleNotFoundError(f"No module named {'tenseal'!r}", name="tenseal")
+
+    monkeypatch.setattr(registry, "import_module", absent)
+    assert main(["bench", "fedmf-splits", "--help"]) == 2
+    message = capsys.readouterr().err
+    assert message == (
+        "securefed: bench fedmf-splits needs the 'he' extra: pip install 'securefed[he]'\n"
+    )
+
+    def broken(name):
+        raise ModuleNotFoundError("No module named 'securefed.bench.gone'", name="securefed.gone")
+
+    monkeypatch.setattr(registry, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match=r"securefed\.bench\.gone"):  # a bug stays loud
+        main(["bench", "fedmf-splits", "--help"])
+
+
+def test_extras_are_named_together():
+    from securefed.bench.registry import ExtraNotInstalled
+
+    assert str(ExtraNotInstalled("bench x", ("he", "dp"))) == (
+        "bench x needs the 'he' and 'dp' extras: pip install 'securefed[he,dp]'"
+    )
+
+
+def test_a_command_entry_is_validated():
+    from securefed.bench.registry import Command
+
+    with pytest.raises(ValueError, match="either register or subcommands"):
+        Command("x", "help")
+    with pytest.raises(ValueError, match="module:function"):
+        Command("x", "help", "securefed.bench.cli")
+    with pytest.raises(ValueError, match="unknown extras"):
+        Command("x", "help", "m:f", ("gpu",))
+    with pytest.raises(ValueError, match="one word"):
+        Command("--x", "help", "m:f")
+
+
+def test_a_register_function_must_add_its_command(monkeypatch):
+    from securefed.bench import registry
+    from securefed.bench.cli import build_parser
+
+    entry = registry.Command(
+        "ghost", "a bench its module forgot", registry.BENCHES["startup"].register
+    )
+    monkeypatch.setitem(registry.BENCHES, "ghost", entry)
+    monkeypatch.setitem(
+        registry.COMMANDS,
+        "bench",
+        registry.Command("bench", "benchmarks", subcommands=tuple(registry.BENCHES.values())),
+    )
+    with pytest.raises(RuntimeError, match="did not add the command 'ghost'"):
+        build_parser(["bench", "ghost"])
+
+
+def test_demo_takes_a_short_schedule(monkeypatch):
+    from securefed.bench import leak_utility
+
+    seen = {}
+    monkeypatch.setattr(leak_utility, "run", lambda config, out: seen.update(config=config))
+    assert main(["demo", "--rounds", "3", "--out", "unused"]) == 0
+    assert seen["config"].rounds == 3
+    assert main(["demo", "--rounds", "1", "--out", "unused"]) == 2  # the attack needs two rounds
+
+
+def test_startup_bench_times_fresh_processes(tmp_path, capsys):
+    from securefed.bench.bench_startup import GOAL_SECONDS, time_command
+
+    assert main(["bench", "startup", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"goal: under {GOAL_SECONDS:g} s" in printed
+    record = json.loads((tmp_path / "startup.json").read_text())
+    assert set(record["timings"]) == {
+        "securefed --help",
+        "securefed fedmf --help",
+        "import securefed",
+    }
+    for timing in record["timings"].values():
+        assert len(timing["seconds"]) == 1 and timing["median_seconds"] > 0
+    assert record["heavy_modules_loaded"]["securefed --help"] == []
+    with pytest.raises(RuntimeError, match="exited 3"):
+        time_command([sys.executable, "-c", "raise SystemExit(3)"], 1)
+    with pytest.raises(ValueError, match="repeats"):
+        time_command([sys.executable, "-c", "pass"], 0)

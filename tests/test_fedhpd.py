@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from securefed import PlaintextTransport, SeedTree
-from securefed.rl.fast import CartPoleBatch, _Group, train_population
+from securefed.rl.fast import CartPoleBatch, _Group, make_public_states, train, train_population
 from securefed.rl.fedhpd import (
     TASKS,
     FedHPDConfig,
@@ -24,7 +24,6 @@ from securefed.rl.fedhpd import (
     discounted_returns,
     kl_categorical,
     kl_gaussian,
-    make_public_states,
     plot_agents,
     plot_system,
     require_task,
@@ -234,6 +233,23 @@ def test_fast_learner_equals_the_step_by_step_reference(algorithm, public_states
     assert fast.returns.shape == (6, 4) and fast.returns.min() >= 8
 
 
+def test_the_reference_learner_refuses_a_fedhpd_run_without_its_public_states():
+    with pytest.raises(ValueError, match="needs its public state set"):
+        ReferenceRun(RunSpec(tiny(), 20))
+    ReferenceRun(RunSpec(tiny("nofed"), 20))  # NoFed distils nothing: no S_p needed
+
+
+def test_train_makes_the_public_states_for_either_learner(public_states):
+    config = tiny(rounds=3)
+    fast = train(config, 20)  # S_p from make_public_states(config), cached per process
+    reference = train(config, 20, learner="reference")
+    assert_same_run(reference, fast)
+    explicit = train(config, 20, public_states=public_states)
+    np.testing.assert_array_equal(explicit.returns, fast.returns)
+    with pytest.raises(ValueError, match="learner must be fast or reference"):
+        train(config, 20, learner="vectorised")
+
+
 def test_population_of_settings_equals_separate_runs(public_states):
     runs = [
         RunSpec(tiny("fedhpd"), 20, public_states=public_states),
@@ -244,6 +260,16 @@ def test_population_of_settings_equals_separate_runs(public_states):
     for run, result in zip(runs, together, strict=True):
         (alone,) = train_population([run])
         assert_same_run(alone, result, atol=1e-6)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_learner_leaves_torch_threads_to_its_caller(workers, monkeypatch):
+    from securefed.rl.fast import train_parallel
+
+    monkeypatch.setattr(torch, "set_num_threads", _refuse_global_setting)  # forked workers too
+    runs = [RunSpec(tiny("nofed", rounds=2), seed) for seed in (20, 25)]
+    results = train_parallel(runs, workers)
+    assert [r.seed for r in results] == [20, 25]
 
 
 def test_a_seed_determines_the_run(public_states):
@@ -306,7 +332,14 @@ def test_system_average_reward_is_the_moving_average_mean():
         system_average_reward(returns[0])
 
 
-def test_plots_are_written(tmp_path):
+def _refuse_global_setting(*args, **kwargs):
+    raise AssertionError("library code changed a process-wide setting")
+
+
+def test_plots_are_written_without_choosing_a_backend(tmp_path, monkeypatch):
+    import matplotlib
+
+    monkeypatch.setattr(matplotlib, "use", _refuse_global_setting)
     returns = {"NoFed": np.random.default_rng(0).uniform(0, 50, (2, 60, 3))}
     assert plot_system(returns, tmp_path / "s.png").stat().st_size > 1000
     assert plot_agents(returns, tmp_path / "a.png").stat().st_size > 1000

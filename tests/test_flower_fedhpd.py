@@ -19,7 +19,8 @@ pytest.importorskip(
 from securefed import PlaintextTransport, SeedTree
 from securefed.flower import partition_users
 from securefed.flower import records as rec
-from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, train
+from securefed.rl.fast import train
+from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec
 from securefed.rl.flower_fedhpd import (
     FedHPDFlowerRun,
     FedHPDNode,

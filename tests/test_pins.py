@@ -66,8 +66,8 @@ def test_fedslate_short_runs_are_bit_identical_to_the_pins(variant):
 @pytest.mark.parametrize("algorithm", ["fedhpd", "nofed", "dpa"])
 def test_fedhpd_short_runs_are_bit_identical_to_the_pins(algorithm):
     pytest.importorskip("gymnasium")
-    from securefed.rl.fast import train_population
-    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec, make_public_states
+    from securefed.rl.fast import make_public_states, train_population
+    from securefed.rl.fedhpd import FedHPDConfig, ReferenceRun, RunSpec
     from securefed.rl.policies import AGENTS
 
     cartpole = AGENTS["cartpole"]

@@ -141,7 +141,8 @@ def test_fedmf_refuses_the_encrypted_state_even_outside_run_rounds(split):
 def hpd():
     pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
-    from securefed.rl.fedhpd import FedHPDConfig, make_public_states
+    from securefed.rl.fast import make_public_states
+    from securefed.rl.fedhpd import FedHPDConfig
     from securefed.rl.policies import AGENTS
 
     cartpole = AGENTS["cartpole"]

@@ -1,0 +1,174 @@
+"""``securefed bench startup``: how long the command line takes to start.
+
+::
+
+    securefed bench startup                    # median of 5 fresh processes each
+    securefed bench startup --repeats 9 --out results/startup
+
+Times three commands, each in a fresh interpreter (a new process per run, so nothing is cached
+in memory beyond what the operating system keeps): ``securefed --help``, ``securefed fedmf --help``
+and ``python -c "import securefed"``. Prints each median beside the goal (under 1 s on the
+development machine), lists which heavy optional modules ``securefed --help`` and
+``securefed fedmf --help`` import (none is the design: :mod:`securefed.bench.registry`), and
+writes ``startup.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from securefed.bench.registry import BENCHES
+
+GOAL_SECONDS = 1.0
+"""The start-up goal of every timed command (issue 16)."""
+RESULTS = Path("results") / "startup"
+HEAVY_MODULES = (
+    "torch",
+    "gymnasium",
+    "scipy.stats",
+    "sklearn",
+    "tenseal",
+    "opacus",
+    "flwr",
+    "matplotlib",
+)
+"""Optional or slow modules that a help screen should not need."""
+
+_RUN_CLI = "import sys; from securefed.bench.cli import main; sys.exit(main(sys.argv[1:]))"
+_LOADED_BY_CLI = (
+    "import contextlib, io, sys\n"
+    "from securefed.bench.cli import main\n"
+    "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+    "    main(sys.argv[2:])\n"
+    "heavy = sys.argv[1].split(',')\n"
+    "print(','.join(m for m in heavy if m in sys.modules))\n"
+)
+
+
+def cli_command(python: str) -> list[str]:
+    """How to start ``securefed``: the console script beside ``python``, else ``python -c``."""
+    script = Path(python).with_name("securefed")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [python, "-c", _RUN_CLI]
+
+
+def timed_commands(python: str) -> dict[str, list[str]]:
+    """The commands to time, by the name they are reported under."""
+    cli = cli_command(python)
+    return {
+        "securefed --help": [*cli, "--help"],
+        "securefed fedmf --help": [*cli, "fedmf", "--help"],
+        "import securefed": [python, "-c", "import securefed"],
+    }
+
+
+def time_command(argv: Sequence[str], repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` fresh runs of ``argv``.
+
+    Raises:
+        ValueError: ``repeats < 1``.
+        RuntimeError: a run exited non-zero (naming its last line on stderr).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+        seconds.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {last}")
+    return seconds
+
+
+def heavy_modules_loaded(python: str, cli_args: Sequence[str]) -> list[str]:
+    """Which of :data:`HEAVY_MODULES` ``securefed CLI_ARGS`` imports (one fresh process)."""
+    argv = [python, "-c", _LOADED_BY_CLI, ",".join(HEAVY_MODULES), *cli_args]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"listing the modules of securefed {' '.join(cli_args)} failed")
+    lines = done.stdout.strip().splitlines()
+    return [m for m in (lines[-1] if lines else "").split(",") if m]
+
+
+def measure(repeats: int, python: str = sys.executable) -> dict[str, object]:
+    """The start-up record: per command its runs, median and whether it meets the goal."""
+    timings = {}
+    for name, argv in timed_commands(python).items():
+        runs = time_command(argv, repeats)
+        median = statistics.median(runs)
+        timings[name] = {
+            "command": argv,
+            "seconds": runs,
+            "median_seconds": median,
+            "under_goal": median < GOAL_SECONDS,
+        }
+    return {
+        "goal_seconds": GOAL_SECONDS,
+        "repeats": repeats,
+        "timings": timings,
+        "heavy_modules_loaded": {
+            "securefed --help": heavy_modules_loaded(python, ["--help"]),
+            "securefed fedmf --help": heavy_modules_loaded(python, ["fedmf", "--help"]),
+        },
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def report(record: dict[str, object]) -> str:
+    """The printed table: one line per command, its median beside the goal."""
+    goal = record["goal_seconds"]
+    lines = [
+        f"securefed start-up: median of {record['repeats']} fresh processes "
+        f"(goal: under {goal:g} s)"
+    ]
+    for name, timing in record["timings"].items():
+        verdict = "meets the goal" if timing["under_goal"] else "OVER the goal"
+        lines.append(f"  {name:<24} {timing['median_seconds']:6.3f} s   {verdict}")
+    for name, modules in record["heavy_modules_loaded"].items():
+        loaded = ", ".join(modules) if modules else "none of " + ", ".join(HEAVY_MODULES)
+        lines.append(f"  {name} imports {loaded}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    record = measure(args.repeats)
+    print(report(record))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "startup.json").write_text(json.dumps(record, indent=1))
+    print(f"written to {out / 'startup.json'}")
+    return 0
+
+
+def register(benches) -> None:
+    """Add ``startup`` to the ``securefed bench`` subcommands."""
+    parser = BENCHES["startup"].add_to(benches)
+    parser.add_argument("--repeats", type=int, default=5, help="fresh processes per command")
+    parser.add_argument("--out", default=str(RESULTS), help="directory for startup.json")
+    parser.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_startup")
+    register(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["startup", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
