@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
@@ -78,7 +79,19 @@ def _add_fedmf(subparsers) -> None:
         help="FedRec/FedRec+ item regulariser per rating (mu / (1 + rho) per row) or per row",
     )
     parser.add_argument("--dropout", type=float, default=None, help="fraction of clients dropping")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed every key, mask and noise draw (reproducible, NOT private); "
+        "default: secure mode (OS entropy)",
+    )
+    parser.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        help="seed of the random train/test split (0); no privacy rests on it",
+    )
     parser.add_argument(
         "--clients-per-round",
         type=int,
@@ -105,6 +118,12 @@ def _add_fedmf(subparsers) -> None:
     )
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument(
+        "--checkpoint-key-file",
+        default=None,
+        help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
+        "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run_fedmf)
 
@@ -116,7 +135,10 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
     from securefed.transport import option_groups, parse_transport_spec
 
-    split = datasets.load(args.data, args.split, seed=args.seed)
+    split = datasets.load(args.data, args.split, seed=args.split_seed)
+    checkpoint_key = None
+    if args.checkpoint_key_file is not None:
+        checkpoint_key = Path(args.checkpoint_key_file).read_bytes()
     given = {
         "variant": args.variant,
         "dim": args.dim,
@@ -158,6 +180,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         keep_payloads=RoundSelection.parse(args.view_rounds if args.save_view else "none"),
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        checkpoint_key=checkpoint_key,
         progress=False if args.no_progress else None,
         ranking=args.ranking,
         transport_options=transport_options,
@@ -184,9 +207,16 @@ def _run_fedmf(args: argparse.Namespace) -> int:
             "seconds",
             "bytes_up_per_client",
             "bytes_down_per_client",
+            "randomness",
         )
     }
     shown |= {k: v for k, v in record.items() if k.startswith(("hr@", "ndcg@", "epsilon"))}
+    if args.seed is not None:
+        print(
+            f"securefed: seeded run (seed {args.seed}): every key, mask and noise draw follows "
+            "from the seed; seeded: not private",
+            file=sys.stderr,
+        )
     print(json.dumps(shown, indent=1, default=float))
     return 0
 

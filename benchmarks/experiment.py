@@ -27,16 +27,19 @@ class FedMFRun:
 
     ``transport`` is a name or spec string of :mod:`securefed.transport.registry` and
     ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
-    registry takes them).
+    registry takes them). ``seed``: the run's seed (benchmarks: reproducible, and the record says
+    "seeded: not private"), or ``None`` for secure mode (OS entropy for every key, mask and noise;
+    its checkpoints need ``checkpoint_key``).
     """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
     transport: str = "plaintext"
-    seed: int = 0
+    seed: int | None = 0
     sampling: ClientSampling = field(default_factory=ClientSampling)
     keep_payloads: RoundSelection = field(default_factory=RoundSelection)
     checkpoint_dir: str | os.PathLike | None = None
     checkpoint_every: int = 50
+    checkpoint_key: bytes | None = field(default=None, repr=False)
     progress: bool | None = None
     ranking: bool = False
     transport_options: dict = field(default_factory=dict)
@@ -72,7 +75,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         # The public denominator: the expected number of uploads under the run's sampling.
         expected = run.sampling.rate(split.train.n_users) * split.train.n_users
         cfg = replace(cfg, expected_clients=expected * (1 - cfg.dropout))
-    seeds = SeedTree(run.seed)
+    seeds = SeedTree.secure_mode() if run.seed is None else SeedTree(run.seed)
     spec = parse_transport_spec(run.transport)
     groups = resolve_options(spec, run.transport_options)
     context = {
@@ -102,6 +105,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
             sampling=run.sampling,
             checkpoint_dir=run.checkpoint_dir,
             checkpoint_every=run.checkpoint_every,
+            checkpoint_key=run.checkpoint_key,
             progress=run.progress,
             fingerprint=fingerprint,
             first_round=run.warm_start_rounds,
@@ -123,6 +127,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         "warm_start_rounds": run.warm_start_rounds,
         "resumed_from": history.resumed_from,
         "seed": run.seed,
+        "randomness": seeds.randomness,
         "rmse": rmse(predictions, split.test.ratings),
         "mae": mae(predictions, split.test.ratings),
         "train_rmse": history.last().get("train_rmse", float("nan")),

@@ -212,9 +212,12 @@ class FedMFConfig:
         for name in ("dim", "local_steps", "chunk_ratings"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("rounds", "warmup_rounds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.rounds < 1:
+            raise ValueError(
+                f"rounds must be >= 1 (a run of no round trains nothing), got {self.rounds}"
+            )
+        if self.warmup_rounds < 0:
+            raise ValueError(f"warmup_rounds must be >= 0, got {self.warmup_rounds}")
         for name in ("lr", "server_lr", "init_std", "tau", "count_cap", "min_item_weight"):
             value = getattr(self, name)
             if not np.isfinite(value) or value <= 0:

@@ -179,3 +179,48 @@ def verify(
                 f"{target}: digest mismatch with the one {path} records: one of the two was "
                 "modified or is corrupt"
             )
+
+
+SECRET_INFO = b"securefed sealed secret v1"
+
+
+def seal_secret(key: bytes, secret: bytes, context: str) -> str:
+    """Encrypt ``secret`` under ``key`` (AES-256-GCM, a key derived by HKDF-SHA256) for a file.
+
+    Args:
+        key: the caller's key (at least :data:`MIN_KEY_BYTES` bytes).
+        secret: the bytes to protect.
+        context: what the secret is (authenticated: opening it for another context fails).
+
+    Returns:
+        ``nonce || ciphertext`` in hex.
+    """
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    sealed = AESGCM(_secret_key(key)).encrypt(nonce, secret, context.encode())
+    return (nonce + sealed).hex()
+
+
+def open_secret(key: bytes, token: str, context: str, *, error: type[Exception]) -> bytes:
+    """Decrypt what :func:`seal_secret` wrote; ``error`` (naming the cause) if it cannot."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        raw = bytes.fromhex(token)
+        return AESGCM(_secret_key(key)).decrypt(raw[:12], raw[12:], context.encode())
+    except (ValueError, TypeError, InvalidTag) as cause:
+        raise error(
+            f"the {context} cannot be decrypted: another key, or the file was edited"
+        ) from cause
+
+
+def _secret_key(key: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    key = check_key(key)
+    if key is None:
+        raise ValueError("sealing a secret needs a key")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SECRET_INFO).derive(key)

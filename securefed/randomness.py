@@ -93,6 +93,30 @@ class SeedTree:
         words = self.sequence(*path).generate_state((nbytes + 3) // 4, dtype=np.uint32)
         return words.tobytes()[:nbytes]
 
+    @property
+    def randomness(self) -> str:
+        """What the run's randomness guarantees, in words recorded in views and run records."""
+        if self.secure:
+            return "secure"
+        if self.seed is not None:
+            return "seeded: not private"
+        return "unseeded: not secure"
+
+    def resume_from(self, entropy: int) -> None:
+        """Continue an unseeded run from a checkpoint: take over its root entropy.
+
+        A secure run's root entropy is as secret as its keys (FedRec's pseudo items and the
+        client sampling derive from it), so checkpoints keep it only encrypted; the runtime
+        decrypts it on resume and hands it here, so that the resumed run draws what the
+        uninterrupted one would have.
+
+        Raises:
+            ValueError: for a seeded tree (its entropy is its seed).
+        """
+        if self.seed is not None:
+            raise ValueError("a seeded tree resumes from its seed, not from stored entropy")
+        self._root = np.random.SeedSequence(int(entropy))
+
     def describe(self) -> dict[str, object]:
-        """JSON-ready description, recorded in views and checkpoints."""
-        return {"seed": self.seed, "secure": self.secure}
+        """JSON-ready description, recorded in views and checkpoints (no secret in it)."""
+        return {"seed": self.seed, "secure": self.secure, "randomness": self.randomness}

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from securefed.errors import CheckpointError, ViewFormatError
-from securefed.integrity import check_key, read_json, verify, write_sealed_json
+from securefed.integrity import (
+    check_key,
+    open_secret,
+    read_json,
+    seal_secret,
+    verify,
+    write_sealed_json,
+)
 from securefed.randomness import SeedTree
 from securefed.transport.base import Transport
 from securefed.transport.capabilities import TransportNeeds, require_capabilities
@@ -129,8 +136,10 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_key(self.checkpoint_key)
-        if self.rounds < 0:
-            raise ValueError(f"rounds must be >= 0, got {self.rounds}")
+        if self.rounds < 1:
+            raise ValueError(
+                f"rounds must be >= 1 (a run of no round trains nothing), got {self.rounds}"
+            )
         if not 0 <= self.first_round <= self.rounds:
             raise ValueError(f"first_round must lie in [0, rounds], got {self.first_round}")
         if self.checkpoint_every < 1:
@@ -172,6 +181,14 @@ def run_rounds(
             algorithm needs (naming the option that needs it).
     """
     require_capabilities(transport, loop_needs(algorithm))
+    if options.checkpoint_dir and seeds.seed is None and options.checkpoint_key is None:
+        raise ValueError(
+            "an unseeded (secure-mode) run keeps its root entropy secret, and its checkpoints "
+            "store it only encrypted: give RunOptions(checkpoint_key=...) (at least 16 bytes, "
+            "kept apart from the checkpoints), or no checkpoint_dir"
+        )
+    transport.view.public["seeds"] = seeds.describe()
+    transport.view.public["randomness"] = seeds.randomness
     history = RunHistory()
     start = options.first_round
     ledgers = transport.privacy_ledgers()
@@ -300,7 +317,7 @@ class Checkpoints:
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
             "next_round": next_round,
-            "seeds": seeds.describe() | {"entropy": str(seeds.entropy)},
+            "seeds": self._seeds_record(seeds),
             "fingerprint": _jsonable(fingerprint),
             "history": history.rounds,
             "ledgers": [ledger.state_dict() for ledger in ledgers],
@@ -359,8 +376,7 @@ class Checkpoints:
                 f"{source} was written by a different configuration (differs in {changed}); "
                 "use another checkpoint directory or resume=False"
             )
-        if meta["seeds"].get("entropy") != str(seeds.entropy):
-            raise CheckpointError(f"{source} was written with a different seed")
+        entropy = self._saved_entropy(meta["seeds"], seeds, source)
         _check_ledgers(meta["ledgers"], ledgers, path)
         state = _read_state(source / STATE_FILE)
         try:
@@ -383,7 +399,61 @@ class Checkpoints:
         view.public.update(saved_view.public)
         for ledger, saved in zip(ledgers, meta["ledgers"], strict=True):
             ledger.load_state_dict(saved)
+        if entropy is not None:
+            seeds.resume_from(entropy)
         return next_round, RunHistory(rounds, next_round)
+
+    # The root entropy of an unseeded run, as the checkpoint stores it (encrypted).
+    ENTROPY_CONTEXT = "root entropy of a securefed run"
+
+    def _seeds_record(self, seeds: SeedTree) -> dict[str, object]:
+        """How the run's randomness is stored: a seeded run's entropy is its (public) seed; an
+        unseeded run's is secret and stored only encrypted under the checkpoint key."""
+        if seeds.seed is not None:
+            return seeds.describe() | {"entropy": str(seeds.entropy)}
+        if self._key is None:
+            raise CheckpointError(
+                f"{self.directory}: an unseeded run's root entropy is secret and is stored only "
+                "encrypted; these checkpoints have no key (Checkpoints(..., key=...))"
+            )
+        sealed = seal_secret(self._key, str(seeds.entropy).encode(), self.ENTROPY_CONTEXT)
+        return seeds.describe() | {"entropy_sealed": sealed}
+
+    def _saved_entropy(
+        self, saved: Mapping[str, object], seeds: SeedTree, source: Path
+    ) -> int | None:
+        """Check the checkpoint's randomness against ``seeds``; an unseeded run's entropy.
+
+        Raises:
+            CheckpointError: another seed, another mode, or sealed entropy that does not open.
+        """
+        if not isinstance(saved, Mapping):
+            raise CheckpointError(f"{source}: 'seeds' is not an object")
+        if saved.get("seed") != seeds.seed or bool(saved.get("secure")) != seeds.secure:
+            raise CheckpointError(
+                f"{source} was written with {saved.get('randomness', 'other randomness')} "
+                f"(seed {saved.get('seed')!r}), this run has {seeds.randomness} "
+                f"(seed {seeds.seed!r})"
+            )
+        if seeds.seed is not None:
+            if saved.get("entropy") != str(seeds.entropy):
+                raise CheckpointError(f"{source} was written with a different seed")
+            return None
+        if "entropy" in saved or not isinstance(saved.get("entropy_sealed"), str):
+            raise CheckpointError(
+                f"{source}: an unseeded run's checkpoint must hold its entropy sealed, not in "
+                "the clear"
+            )
+        if self._key is None:
+            raise CheckpointError(
+                f"{source}: the run's entropy is sealed; resume with the checkpoint key"
+            )
+        token = saved["entropy_sealed"]
+        opened = open_secret(self._key, token, self.ENTROPY_CONTEXT, error=CheckpointError)
+        try:
+            return int(opened.decode())
+        except ValueError as error:
+            raise CheckpointError(f"{source}: the sealed entropy is not a number") from error
 
 
 CHECKPOINT_FILE = "checkpoint.json"

@@ -109,7 +109,7 @@ AUDITED_KEYS = _words(
     "secagg_k secagg_n secagg_secure_randomness expected_dropout expected_colluders "
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
-    "aggregation uploads_reveal epsilon_budget_against"
+    "aggregation uploads_reveal epsilon_budget_against randomness"
 )
 # Keys that securefed's components record and the checks need not read (parameters of the
 # mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
@@ -591,6 +591,9 @@ def check_randomness(config: Mapping[str, object]) -> list[Finding]:
     if isinstance(seeds, Mapping):
         seeded = seeds.get("seed") is not None if seeded is None else seeded
         secure = seeds.get("secure") if secure is None else secure
+    randomness = _text(config, "randomness")
+    if seeded is None and randomness is not None:
+        seeded = randomness.startswith("seeded")
     if seeded is None and config.get("seed") is not None:
         seeded = True  # a run record's seed: everything was derived from it
     if config.get("secagg_secure_randomness") is False:
