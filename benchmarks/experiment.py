@@ -145,6 +145,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
         )
     if transport.ledger is not None:  # a DP transport (the registry gives every one a ledger)
         record["epsilon"] = transport.epsilon()
+        record["epsilon_server"] = transport.epsilon(against="server")
         record["delta"] = transport.delta
         record["noise_multiplier"] = transport.config.noise_multiplier
         record["clip"] = transport.config.clip
@@ -161,14 +162,17 @@ def _warm_start(
     benchmark that attacks only the last rounds' view may run the earlier rounds in the clear.
     Under ``secagg+dp`` the warm rounds add the noise centrally: the sum of the clients'
     ``N(0, sigma^2 C^2 / n)`` shares is ``N(0, sigma^2 C^2)``, the same distribution (without
-    dropouts), at a fraction of the cost; they are charged to the same privacy ledger. The warm
-    rounds' server view is discarded.
+    dropouts), at a fraction of the cost; they are charged to the same privacy ledger, and
+    against the server as the deployment would be (:meth:`DPTransport.charge_server_as`). The
+    warm rounds' server view is discarded.
     """
     warm_name = WARM_START_TRANSPORT.get(name, name)
     warm_groups = {group: groups[group] for group in option_groups(warm_name)}
     if "dp" in warm_groups:
         warm_groups["dp"] = replace(warm_groups["dp"], placement="central")
     warm = build_transport(warm_name, warm_groups, ledger=transport.ledger, **context)
+    if warm is not transport and warm.ledger is not None:
+        warm.charge_server_as(transport)  # the same sums; the server's cost is the deployment's
     run_rounds(
         model,
         warm,

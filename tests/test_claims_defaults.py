@@ -101,7 +101,7 @@ def test_a_secure_run_refuses_checkpoints_without_a_key(small_split, tmp_path):
 
 def test_a_sealed_entropy_does_not_open_under_another_key_or_in_another_mode(small_split, tmp_path):
     _secure_run(small_split, tmp_path, rounds=2)
-    with pytest.raises(CheckpointError, match="digest mismatch|cannot be decrypted"):
+    with pytest.raises(CheckpointError, match=r"digest mismatch|cannot be decrypted"):
         _secure_run(small_split, tmp_path, rounds=2, key=b"another key of at least 16 b")
     seeds = SeedTree(0)
     model = FedMF(small_split.train, FedMFConfig(rounds=2, dim=4, variant="fedrec"), seeds)

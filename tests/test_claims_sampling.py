@@ -185,3 +185,27 @@ def test_a_transport_told_another_sampling_than_the_runtime_uses_is_refused():
     )
     with pytest.raises(ValueError, match="fixed"):
         _run(dp, ClientSampling("fixed", 4))
+
+
+def test_a_stand_in_is_charged_against_the_server_as_its_deployment():
+    # A benchmark's warm start runs central DP in the clear for distributed DP under secure
+    # aggregation (the same noisy sums); the server's account must be the deployment's.
+
+    ledger = PrivacyLedger()
+    deployed = DPTransport(
+        SecAggTransport(SecAggConfig(clip=4.0)), clip=1.0, noise_multiplier=1.0,
+        placement="distributed", ledger=ledger, delta=1e-5,
+    )  # fmt: skip
+    stand_in = DPTransport(
+        PlaintextTransport(), clip=1.0, noise_multiplier=1.0, ledger=ledger, delta=1e-5
+    )
+    stand_in.charge_server_as(deployed)
+    rnd = stand_in.open_round(0, range(3), shape=(1, 2), seeds=SeedTree(0))
+    for client in range(3):
+        rnd.submit(client, np.ones(2))
+    rnd.result()
+    assert ledger.server_clear_steps == 0 and ledger.server_history == [(1.0, 1.0, 1)]
+    assert stand_in.epsilon(against="server") == deployed.epsilon(against="server") < math.inf
+    other = DPTransport(PlaintextTransport(), clip=1.0, noise_multiplier=2.0, ledger=ledger)
+    with pytest.raises(ValueError, match="same ledger and noise multiplier"):
+        other.charge_server_as(deployed)

@@ -106,6 +106,11 @@ def test_leak_utility_rows_on_a_small_set(tmp_path):
     assert distributed["leak_f1"] == pytest.approx(distributed["chance_f1"])
     # The warm rounds are charged to the same ledger: the whole run's epsilon, not two rounds'.
     assert 7.9 < distributed["epsilon"] <= 8.0 * 1.0001
+    # Against the server: every client every round (q = 1), so distributed DP costs it the same;
+    # the warm rounds stand for the deployment and are charged as it would be. Central DP shows
+    # the server the sums un-noised.
+    assert distributed["epsilon_server"] == pytest.approx(distributed["epsilon"])
+    assert central["epsilon_server"] == float("inf")
     assert masked["leak_exact_share"] == pytest.approx(masked["chance_exact_share"])
     assert abs(masked["rmse"] - plain["rmse"]) < 2e-3  # same run, different transport
     encrypted = by_transport["ckks"]

@@ -96,14 +96,17 @@ from securefed.privacy.noise import (
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
-from securefed.transport.capabilities import TransportCapabilities
+from securefed.transport.capabilities import HIDING, TransportCapabilities
 
 PLACEMENTS = ("central", "local", "distributed")
 # Densified local/distributed batches are noised and submitted in chunks of about this many
 # numbers, so that thousands of dense client blocks never sit in memory at once.
 _DENSE_CHUNK = 1 << 23
-# Inner transports under which the server sees each client's update in the clear.
-_CLEAR_TRANSPORTS = ("plaintext",)
+
+
+def _shows_single_updates(transport: Transport) -> bool:
+    """Whether the server reads each client's update of ``transport`` (its capabilities)."""
+    return transport.capabilities.server_sees not in HIDING
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,8 @@ class DPRound(AggregationRound):
             return inner
         inner = self.inner.result()
         self.view.public["dp_sigma_effective"] = sigma
-        self.transport._charge(sigma, self.config.sample_rate, self.view, None)
+        server = self.transport.server_exposure(sigma, len(self.clients))  # central: None
+        self.transport._charge(sigma, self.config.sample_rate, self.view, server)
         noise = self._source("server").normal(sigma * self.config.clip, inner.total.shape)
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
@@ -451,7 +455,8 @@ class DPTransport(Transport):
             ledger.record_sampling(self.config.sampling)
         if self.config.placement != "local":
             ledger.check_sample_rate(self.config.sample_rate)  # refuse or warn now, not later
-        if self.config.placement == "distributed" and inner.name in _CLEAR_TRANSPORTS:
+        self._charged_as: DPTransport | None = None
+        if self.config.placement == "distributed" and _shows_single_updates(inner):
             warnings.warn(
                 f"distributed DP over the {inner.name!r} transport: the server sees every update "
                 "with only 1/sqrt(n) of the noise; use secure aggregation underneath, or "
@@ -488,12 +493,35 @@ class DPTransport(Transport):
         single updates; over a clear one (plaintext) each update carries ``1/sqrt(n)`` of it,
         ``(sigma / sqrt(n), 1)``.
         """
+        if self._charged_as is not None:
+            return self._charged_as.server_exposure(sigma, n_round_clients)
         placement = self.config.placement
         if placement == "central":
             return None
-        if placement == "distributed" and self.inner.name in _CLEAR_TRANSPORTS:
+        if placement == "distributed" and _shows_single_updates(self.inner):
             return (sigma / math.sqrt(max(n_round_clients, 1)), 1.0)
         return (sigma, 1.0)
+
+    def charge_server_as(self, deployed: DPTransport) -> None:
+        """Charge the server's account as ``deployed`` would be charged, for a stand-in.
+
+        A benchmark may run early rounds over a cheaper transport that releases the same noisy
+        sums as the deployment it measures (central noise in the clear standing for distributed
+        noise under secure aggregation: the same distribution). Its releases then cost the
+        server what the deployment's would, not what the stand-in shows; only a stand-in whose
+        view is discarded may say so.
+
+        Raises:
+            ValueError: a stand-in with another noise multiplier or ledger than ``deployed``.
+        """
+        if deployed.ledger is not self.ledger or (
+            deployed.config.noise_multiplier != self.config.noise_multiplier
+        ):
+            raise ValueError(
+                "a stand-in must release what the deployment releases: the same ledger and "
+                "noise multiplier"
+            )
+        self._charged_as = deployed
 
     def privacy_ledgers(self) -> tuple[PrivacyLedger, ...]:
         """This transport's ledger, then any its inner transport charges."""
