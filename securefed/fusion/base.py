@@ -470,6 +470,48 @@ def pick(values: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
     return np.take_along_axis(values, np.asarray(positions), axis=-1)
 
 
+def record_forward(
+    view,
+    inputs: Mapping[str, Any],
+    result: Mapping[str, Any],
+    chosen: Mapping[str, Any],
+    *,
+    network: str,
+    tag: str,
+    train: bool,
+) -> None:
+    """Record a forward exchange in ``view`` (a :class:`~securefed.views.FusionView`).
+
+    What each party sent (its input, and the positions it asked for) and got back (its output),
+    as bytes on the wire; the arrays themselves only in rounds whose payloads the view keeps.
+    Arrays may be numpy arrays or torch tensors.
+    """
+    payloads = None
+    if view.keeps_current:
+        payloads = {p: {"input": numpy_view(v)} for p, v in inputs.items()}
+        for p, value in result.items():
+            payloads[p]["output"] = numpy_view(value)
+            if p in chosen:
+                payloads[p]["positions"] = numpy_view(chosen[p])
+    view.record(
+        "forward",
+        network=network,
+        tag=tag,
+        train=train,
+        outputs=list(result),
+        bytes_up=merge_bytes(array_bytes(inputs), array_bytes(chosen)),
+        bytes_down=array_bytes(result),
+        payloads=payloads,
+    )
+
+
+def numpy_view(value) -> np.ndarray | None:
+    """A numpy copy-free view of an array or a (detached) tensor; ``None`` stays ``None``."""
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    return value.detach().numpy()
+
+
 def array_bytes(values: Mapping[str, Any]) -> dict[str, int]:
     """Bytes on the wire of each party's array or tensor (its dtype's width times its size)."""
     out = {}
@@ -600,23 +642,7 @@ class PlaintextFusionChannel:
                 values = self._network(x, params).numpy()
         full = split(self.spec, values, kind="output")
         result = {p: pick(full[p], chosen.get(p)) for p in outputs}
-        payloads = None
-        if self.view.keeps_current:
-            payloads = {p: {"input": m} for p, m in matrices.items()}
-            for p in outputs:
-                payloads[p]["output"] = result[p]
-                if p in chosen:
-                    payloads[p]["positions"] = chosen[p]
-        self.view.record(
-            "forward",
-            network=network,
-            tag=tag,
-            train=train,
-            outputs=outputs,
-            bytes_up=merge_bytes(array_bytes(matrices), array_bytes(chosen)),
-            bytes_down=array_bytes(result),
-            payloads=payloads,
-        )
+        record_forward(self.view, matrices, result, chosen, network=network, tag=tag, train=train)
         return result
 
     def backward(

@@ -38,8 +38,9 @@ from securefed.fusion.base import (
     check_parties_named,
     check_positions,
     check_tag,
-    merge_bytes,
+    numpy_view,
     pick,
+    record_forward,
 )
 from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party_names
 
@@ -237,7 +238,7 @@ class ModuleFusionChannel:
         elif as_numpy and self._numpy is not None and network == "online":
             result = {
                 p: pick(
-                    self._numpy(self._ordered(inputs, p, np.zeros_like)), _as_numpy(chosen.get(p))
+                    self._numpy(self._ordered(inputs, p, np.zeros_like)), numpy_view(chosen.get(p))
                 )
                 for p in outputs
             }
@@ -254,23 +255,7 @@ class ModuleFusionChannel:
                 }
             if as_numpy:
                 result = {p: out.numpy() for p, out in result.items()}
-        payloads = None
-        if self.view.keeps_current:
-            payloads = {q: {"input": _as_numpy(v)} for q, v in inputs.items()}
-            for p in outputs:
-                payloads[p]["output"] = _as_numpy(result[p])
-                if p in chosen:
-                    payloads[p]["positions"] = _as_numpy(chosen[p])
-        self.view.record(
-            "forward",
-            network=network,
-            tag=tag,
-            train=train,
-            outputs=outputs,
-            bytes_up=merge_bytes(array_bytes(inputs), array_bytes(chosen)),
-            bytes_down=array_bytes(result),
-            payloads=payloads,
-        )
+        record_forward(self.view, inputs, result, chosen, network=network, tag=tag, train=train)
         return result
 
     def backward(
@@ -322,9 +307,9 @@ class ModuleFusionChannel:
         self._pending = None
         payloads = None
         if self.view.keeps_current:
-            payloads = {p: {"output_grad": _as_numpy(g)} for p, g in received.items()}
+            payloads = {p: {"output_grad": numpy_view(g)} for p, g in received.items()}
             for q in recipients:
-                payloads.setdefault(q, {})["input_grad"] = _as_numpy(result[q])
+                payloads.setdefault(q, {})["input_grad"] = numpy_view(result[q])
         self.view.record(
             "backward",
             network="online",
@@ -340,10 +325,3 @@ class ModuleFusionChannel:
 
 def _as_tensor(torch, value):
     return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-
-
-def _as_numpy(value) -> np.ndarray | None:
-    """A numpy copy-free view of an array or a (detached) tensor; ``None`` stays ``None``."""
-    if value is None or isinstance(value, np.ndarray):
-        return value
-    return value.detach().numpy()
