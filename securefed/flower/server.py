@@ -13,9 +13,12 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   ``DPTransport``): four message rounds, one per stage of Bonawitz et al. (2017) with SecAgg+'s
   graph: ``query.secagg_advertise`` (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed
   shares relayed by the server, which cannot open them), ``train.secagg_mask`` (the broadcast
-  goes out, every node computes its users' updates and uploads them masked) and
-  ``query.secagg_unmask`` (Unmasking). The server's side of each stage is the
-  :class:`~securefed.transport.secagg.SecAggRound` the in-process runtime uses.
+  goes out, every node computes its users' updates and uploads their masked sum) and
+  ``query.secagg_unmask`` (Unmasking). Each node is one party of the protocol
+  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
+  stage is the party round, a :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A
+  node's refusal reply refuses the round (the error the node raised, naming it), where a node
+  that does not answer counts as dropped.
 * CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only): two
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
