@@ -198,20 +198,33 @@ def _save_secrets(
 
 
 def _restore(
+    context: Context, users, round_id: int, config: SecAggConfig, seeds: SeedTree
+) -> dict[int, SecAggClient]:
+    secrets = _load_secrets(context, round_id)
+    missing = [int(u) for u in users if int(u) not in secrets]
+    if missing:
+        raise AggregationError(f"no secure-aggregation secrets for users {missing[:5]} here")
+    return {
+        int(u): SecAggClient(int(u), round_id, config, seeds, secrets=secrets[int(u)])
+        for u in users
+    }
+
+
+def _restore_party(
     context: Context, parties, round_id: int, config: SecAggConfig, seeds: SeedTree
 ) -> dict[int, SecAggClient]:
-    """The node's party client of the round (the server may ask only for that one)."""
-    secrets = _load_secrets(context, round_id)
-    missing = [int(p) for p in parties if int(p) not in secrets]
-    if missing or len(parties) != 1:
+    """The node's one party client of the round (the server may ask only for that one).
+
+    Raises:
+        AggregationError: not exactly the node's own party.
+    """
+    own = sorted(_load_secrets(context, round_id))
+    asked = [int(p) for p in parties]
+    if asked != own or len(own) != 1:
         raise AggregationError(
-            f"this node is one party of round {round_id} ({sorted(secrets)}), not "
-            f"{[int(p) for p in parties][:5]}"
+            f"this node is one party of round {round_id} ({own}); the server asked for {asked[:5]}"
         )
-    return {
-        int(p): SecAggClient(int(p), round_id, config, seeds, secrets=secrets[int(p)])
-        for p in parties
-    }
+    return _restore(context, asked, round_id, config, seeds)
 
 
 def _check_not_advertised(context: Context, round_id: int) -> None:
@@ -262,7 +275,7 @@ def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     users = arrays["users"]
-    clients = _restore(context, users, round_id, _secagg_config(config), setup.seeds)
+    clients = _restore_party(context, users, round_id, _secagg_config(config), setup.seeds)
     sealed = []
     for k, user in enumerate(users.tolist()):
         blobs = clients[user].share(
@@ -287,7 +300,7 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
     round_id = int(config["round"])
     secagg = _secagg_config(config)
     party = int(arrays["party"])
-    clients = _restore(context, [party], round_id, secagg, setup.seeds)
+    clients = _restore_party(context, [party], round_id, secagg, setup.seeds)
     updates, metrics = _train(setup, context, arrays, round_id)
     updates = _client_dp(updates, config, round_id, setup.seeds)
     weighted = updates.weights is not None
@@ -320,7 +333,7 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     helpers = arrays["helpers"]
-    clients = _restore(context, helpers, round_id, _secagg_config(config), setup.seeds)
+    clients = _restore_party(context, helpers, round_id, _secagg_config(config), setup.seeds)
     contributors = set(arrays["contributors"].tolist())
     blobs = rec.rows_bytes(arrays["blobs"])
     indptr, senders = arrays["indptr"], arrays["senders"].tolist()
