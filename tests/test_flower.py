@@ -186,6 +186,60 @@ def test_remote_secagg_stages_equal_the_simulated_round(restore):
     assert remote.view.bytes_up.tolist() == simulated.view.bytes_up.tolist()
 
 
+def test_a_round_among_parties_sums_its_members_and_refuses_what_it_cannot_check():
+    """Two parties of 3 and 2 clients each upload the masked sum of their members' encodings
+    (each with the member's own rounding key): the same ring sum as five clients alone."""
+    from securefed.transport.secagg import encode_input, rounding_key
+
+    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0)
+    updates = _batch(np.random.default_rng(3), list(range(5)))
+    seeds = SeedTree(4)
+    alone = SecAggTransport(config).open_round(1, range(5), shape=updates.shape, seeds=seeds)
+    alone.submit_batch(updates)
+    rnd = SecAggTransport(config, remote_clients=True).open_round(
+        1, range(5), shape=updates.shape, seeds=seeds
+    )
+    with pytest.raises(AggregationError, match="at least 2 parties"):
+        rnd.among_parties({0: [0, 1, 2, 3, 4]})
+    with pytest.raises(AggregationError, match="one of its own members"):
+        rnd.among_parties({0: [0, 1, 2], 4: [2, 3]})
+    members = {0: [0, 1, 2], 3: [3, 4]}
+    parties = rnd.among_parties(members)
+    nodes = {p: SecAggClient(p, 1, config, seeds) for p in members}
+    parties.receive_keys({p: nodes[p].advertise() for p in members})
+    for p in members:
+        request = parties.share_request(p)
+        parties.receive_shares(
+            p, nodes[p].share(request.neighbours, request.xs, request.c_publics, request.threshold)
+        )
+    length = updates.n_rows * updates.width
+    workspace = masking_workspace(length, config)
+    for p, users in members.items():
+        encoded = np.zeros(length, config.fixed_point.dtype)
+        for u in users:
+            values = pack_values(updates.client_block(u), None)
+            encoded += encode_input(values, rounding_key(seeds, 1, u), workspace)[0]
+        request = parties.mask_request(p)
+        masked = nodes[p].mask_encoded(encoded, request.neighbours, request.s_publics, workspace)
+        with pytest.raises(AggregationError, match="its own"):
+            rnd.receive_party_masked(p, [u + 1 for u in users], masked, weighted=False)
+        rnd.receive_party_masked(p, users, masked, weighted=False)
+    parties.receive_reveals(
+        {
+            v: nodes[v].reveal(r.inbox, set(r.contributors))
+            for v, r in parties.unmask_requests().items()
+        }
+    )
+    with pytest.raises(AggregationError, match="released by the clients' round"):
+        parties.result()
+    result = rnd.result()
+    np.testing.assert_array_equal(result.total, alone.result().total)
+    assert result.contributors.tolist() == [0, 1, 2, 3, 4] and result.weight == 5.0
+    assert rnd.view.public["secagg_n"] == 2 and rnd.view.public["secagg_users"] == 5
+    assert rnd.view.bytes_up[[1, 2, 4]].sum() == 0  # what the server got came from the parties
+    assert rnd.view.bytes_up[[0, 3]].min() > length * 8
+
+
 def test_remote_secagg_round_refuses_what_it_cannot_check():
     config = SecAggConfig(neighbours=2)
     seeds = SeedTree(0)
@@ -382,7 +436,11 @@ def test_secure_aggregation_over_flower_message_rounds(example, tmp_path):
     bound = app.rounds * app.server_lr * plain.n_clients / app.secagg_scale
     assert np.abs(outcome.model.V - plain.V).max() < bound
     view = outcome.transport.view.rounds[-1]
-    assert view.public["secagg_n"] == plain.n_clients  # every user took part, masked
+    # Every user took part, in its node's masked sum: the protocol's parties are the 3 nodes.
+    assert view.public["secagg_users"] == plain.n_clients and view.public["secagg_n"] == 3
+    members = view.public["secagg_party_members"]
+    assert sorted(u for m in members.values() for u in m) == list(range(plain.n_clients))
+    assert set(view.payloads) <= {int(p) for p in members}  # one upload per node, no user's own
 
 
 def _holds_secret_key(root, seen=None) -> list[str]:

@@ -169,4 +169,5 @@ def test_fedhpd_secure_aggregation_over_flower(tmp_path):
         np.testing.assert_allclose(got, secure, rtol=0, atol=1e-6)
         np.testing.assert_allclose(got, clear, rtol=0, atol=1e-5)
     view = outcome.transport.view.rounds[-1]
-    assert view.public["secagg_n"] == config.n_agents
+    # Every agent took part, in its node's masked sum: the protocol's parties are the 2 nodes.
+    assert view.public["secagg_users"] == config.n_agents and view.public["secagg_n"] == 2

@@ -8,11 +8,14 @@
   local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
   reply with them as arrays.
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
-  ``query.secagg_unmask``: the client's side of each stage of secure aggregation, run by one
-  :class:`~securefed.transport.secagg.SecAggClient` per hosted user. Its secrets, and the stage
-  each user answered, stay in the node's Flower ``Context.state`` between the four messages
-  (Flower keeps that state on the node; it is never sent), so each user answers each stage once;
-  they are deleted after unmasking.
+  ``query.secagg_unmask``: the client's side of each stage of secure aggregation, with the node
+  as ONE party (one :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest
+  user of the round): it uploads the masked sum of its users' encoded updates, so no other node
+  holds a share of anything that protects one user's update (docs/flower.md). Its secrets, and
+  the stage it answered, stay in the node's Flower ``Context.state`` between the four messages
+  (Flower keeps that state on the node; it is never sent), so it answers each stage once; they
+  are deleted after unmasking. A failed check answers with a refusal (``records.REFUSAL``),
+  which refuses the round, and deletes the round's secrets.
 * ``train.ckks`` / ``query.ckks_decrypt``: compute the hosted users' updates and encrypt them
   here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
   server's summed ciphertexts, floods and rounds them, and returns only those values.
@@ -35,7 +38,7 @@ from flwr.clientapp import ClientApp
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
 from securefed.crypto.ckks import Flooding
-from securefed.errors import AggregationError
+from securefed.errors import AggregationError, SecurefedError
 from securefed.flower import records as rec
 from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
 from securefed.flower.dp import noise_on_client
@@ -46,8 +49,10 @@ from securefed.transport.dp import clip_row_updates
 from securefed.transport.secagg import (
     SecAggClient,
     SecAggConfig,
+    encode_input,
     masking_workspace,
     pack_values,
+    rounding_key,
 )
 
 NODE_STATE = "securefed.node"
@@ -160,12 +165,17 @@ def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]
             f"this node holds no secure-aggregation secrets for round {round_id}: it did not "
             "advertise keys in that round"
         )
+    if "refused" in record:
+        raise AggregationError(
+            f"this node refused round {round_id} ({record['refused']}) and answers no later "
+            "stage of it"
+        )
     secrets: dict[int, dict[str, bytes]] = {}
     for key, value in record.items():
         if key == "round":
             continue
-        user, name = key.split(".", 1)
-        secrets.setdefault(int(user), {})[name] = bytes(value)
+        party, name = key.split(".", 1)
+        secrets.setdefault(int(party), {})[name] = bytes(value)
     return secrets
 
 
@@ -200,6 +210,23 @@ def _restore(
     }
 
 
+def _restore_party(
+    context: Context, parties, round_id: int, config: SecAggConfig, seeds: SeedTree
+) -> dict[int, SecAggClient]:
+    """The node's one party client of the round (the server may ask only for that one).
+
+    Raises:
+        AggregationError: not exactly the node's own party.
+    """
+    own = sorted(_load_secrets(context, round_id))
+    asked = [int(p) for p in parties]
+    if asked != own or len(own) != 1:
+        raise AggregationError(
+            f"this node is one party of round {round_id} ({own}); the server asked for {asked[:5]}"
+        )
+    return _restore(context, asked, round_id, config, seeds)
+
+
 def _check_not_advertised(context: Context, round_id: int) -> None:
     """Refuse a second AdvertiseKeys in a round whose secrets this node holds.
 
@@ -218,31 +245,37 @@ def _check_not_advertised(context: Context, round_id: int) -> None:
 
 
 def _advertise(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """AdvertiseKeys for the node as ONE party: its id is the lowest of its users in the round.
+
+    Every hosted user of the round is a member of that party: the node sums their encoded
+    updates and masks the sum once, so no other node ever holds a share of anything that
+    protects a single user's update (issue 17 item 5; docs/flower.md).
+    """
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     secagg = _secagg_config(config)
     _check_not_advertised(context, round_id)
     users = _hosted(setup.node, arrays["clients"])
-    clients = {int(u): SecAggClient(int(u), round_id, secagg, setup.seeds) for u in users.tolist()}
-    publics = [clients[int(u)].advertise() for u in users]
-    _save_secrets(context, round_id, clients)  # with the stage: each user advertises once
-    return _reply(
-        message,
-        {
-            "users": users,
-            "c_public": rec.bytes_rows([p[0] for p in publics], kx.PUBLIC_KEY_BYTES),
-            "s_public": rec.bytes_rows([p[1] for p in publics], kx.PUBLIC_KEY_BYTES),
-            "hosted": np.asarray(setup.node.users, np.int64),
-        },
-        {},
-    )
+    reply = {"users": users, "hosted": np.asarray(setup.node.users, np.int64)}
+    if len(users) == 0:
+        return _reply(message, reply, {})
+    party = int(users[0])
+    client = SecAggClient(party, round_id, secagg, setup.seeds)
+    c_public, s_public = client.advertise()
+    _save_secrets(context, round_id, {party: client})  # with the stage: it advertises once
+    reply |= {
+        "party": np.array(party, np.int64),
+        "c_public": rec.bytes_rows([c_public], kx.PUBLIC_KEY_BYTES),
+        "s_public": rec.bytes_rows([s_public], kx.PUBLIC_KEY_BYTES),
+    }
+    return _reply(message, reply, {})
 
 
 def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     users = arrays["users"]
-    clients = _restore(context, users, round_id, _secagg_config(config), setup.seeds)
+    clients = _restore_party(context, users, round_id, _secagg_config(config), setup.seeds)
     sealed = []
     for k, user in enumerate(users.tolist()):
         blobs = clients[user].share(
@@ -257,35 +290,38 @@ def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
 
 
 def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """The node's users compute their updates; the node uploads their masked sum.
+
+    Each user's update is clipped/noised as DP asks, weighted and encoded with that user's
+    own rounding stream (as it would be alone), the encodings are added in the ring, and the
+    party's masks are added once: the server receives one vector per node.
+    """
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     secagg = _secagg_config(config)
+    party = int(arrays["party"])
+    clients = _restore_party(context, [party], round_id, secagg, setup.seeds)
     updates, metrics = _train(setup, context, arrays, round_id)
     updates = _client_dp(updates, config, round_id, setup.seeds)
-    users = updates.clients
-    clients = _restore(context, users, round_id, secagg, setup.seeds)
-    row = {int(u): k for k, u in enumerate(arrays["clients"].tolist())}
     weighted = updates.weights is not None
     weights = updates.client_weights()
     length = updates.n_rows * updates.width + int(weighted)
     workspace = masking_workspace(length, secagg)
-    masked = np.zeros((len(users), length), secagg.fixed_point.dtype)
-    for k, user in enumerate(users.tolist()):
+    encoded = np.zeros(length, secagg.fixed_point.dtype)
+    for k, user in enumerate(updates.clients.tolist()):
         values = pack_values(updates.client_block(k), weights[k] if weighted else None)
-        j = row[user]
-        masked[k], _ = clients[user].mask(
-            values,
-            arrays["neighbours"][j].tolist(),
-            rec.rows_bytes(arrays["s_publics"][j]),
-            workspace,
-        )
-    if len(users):
-        _save_secrets(context, round_id, clients, merge=True)  # each user masks once
+        ring, _ = encode_input(values, rounding_key(setup.seeds, round_id, user), workspace)
+        np.add(encoded, ring, out=encoded)  # in Z_2^bits: the dtype wraps
+    masked = clients[party].mask_encoded(
+        encoded, arrays["neighbours"][0].tolist(), rec.rows_bytes(arrays["s_publics"][0]), workspace
+    )
+    _save_secrets(context, round_id, clients, merge=True)  # the party masks once
     return _reply(
         message,
         {
-            "users": users,
-            "masked": masked,
+            "party": np.array(party, np.int64),
+            "users": updates.clients,
+            "masked": masked[None, :],
             "weighted": np.array(weighted),
             "weight_sq": weights**2,
         },
@@ -297,7 +333,7 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
     helpers = arrays["helpers"]
-    clients = _restore(context, helpers, round_id, _secagg_config(config), setup.seeds)
+    clients = _restore_party(context, helpers, round_id, _secagg_config(config), setup.seeds)
     contributors = set(arrays["contributors"].tolist())
     blobs = rec.rows_bytes(arrays["blobs"])
     indptr, senders = arrays["indptr"], arrays["senders"].tolist()
@@ -322,6 +358,22 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
         },
         {},
     )
+
+
+def _refusal(context: Context, message: Message, error: SecurefedError) -> Message:
+    """The node refuses the round: a reply saying so (not an error reply, which the server
+    reads as a dropout), and the round's secrets are deleted, so it answers no later stage."""
+    round_id = int(rec.message_config(message).get("round", -1))
+    reason = str(error)
+    context.state[SECAGG_STATE] = ConfigRecord({"round": round_id, "refused": reason})
+    return _reply(message, {}, {rec.REFUSAL: reason, rec.REFUSAL_KIND: type(error).__name__})
+
+
+def _refusing(handler: Callable[[], Message], context: Context, message: Message) -> Message:
+    try:
+        return handler()
+    except SecurefedError as error:  # the client's checks: AggregationError and its kin
+        return _refusal(context, message, error)
 
 
 # ----------------------------------------------------------------------------- CKKS
@@ -392,19 +444,19 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
 
     @app.query("secagg_advertise")
     def advertise(message: Message, context: Context) -> Message:
-        return _advertise(setup(context), context, message)
+        return _refusing(lambda: _advertise(setup(context), context, message), context, message)
 
     @app.query("secagg_share")
     def share(message: Message, context: Context) -> Message:
-        return _share(setup(context), context, message)
+        return _refusing(lambda: _share(setup(context), context, message), context, message)
 
     @app.train("secagg_mask")
     def mask(message: Message, context: Context) -> Message:
-        return _mask(setup(context), context, message)
+        return _refusing(lambda: _mask(setup(context), context, message), context, message)
 
     @app.query("secagg_unmask")
     def unmask(message: Message, context: Context) -> Message:
-        return _unmask(setup(context), context, message)
+        return _refusing(lambda: _unmask(setup(context), context, message), context, message)
 
     @app.train("ckks")
     def ckks_train(message: Message, context: Context) -> Message:

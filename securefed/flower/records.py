@@ -18,6 +18,10 @@ from securefed.transport.base import RowUpdates
 
 ARRAYS = "arrays"
 CONFIG = "config"
+REFUSAL = "refusal"
+"""Config key of a node's refusal reply: why it refused (the server then refuses the round)."""
+REFUSAL_KIND = "refusal_kind"
+"""Config key naming the refused check's error class (``ShareDecryptionError``, ...)."""
 UPDATE_FIELDS = ("clients", "indptr", "rows", "values", "n_rows", "dense")
 
 

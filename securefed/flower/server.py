@@ -13,9 +13,12 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   ``DPTransport``): four message rounds, one per stage of Bonawitz et al. (2017) with SecAgg+'s
   graph: ``query.secagg_advertise`` (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed
   shares relayed by the server, which cannot open them), ``train.secagg_mask`` (the broadcast
-  goes out, every node computes its users' updates and uploads them masked) and
-  ``query.secagg_unmask`` (Unmasking). The server's side of each stage is the
-  :class:`~securefed.transport.secagg.SecAggRound` the in-process runtime uses.
+  goes out, every node computes its users' updates and uploads their masked sum) and
+  ``query.secagg_unmask`` (Unmasking). Each node is one party of the protocol
+  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
+  stage is the party round, a :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A
+  node's refusal reply refuses the round (the error the node raised, naming it), where a node
+  that does not answer counts as dropped.
 * CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only): two
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
@@ -43,7 +46,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
-from securefed.errors import AggregationError
+from securefed.errors import AggregationError, InsecureParameterError
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std
@@ -229,6 +232,7 @@ class _Messenger:
         self.result.message_bytes["down"] += sum(rec.message_nbytes(m) for m in messages)
         pending = {mid for mid in self.grid.push_messages(messages) if mid}
         replies: dict[int, Message] = {}
+        refusals: dict[int, tuple[str, str]] = {}
         deadline = time.monotonic() + self.options.timeout
         while pending and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(pending)):
@@ -245,6 +249,9 @@ class _Messenger:
                     continue
                 self.result.message_bytes["up"] += rec.message_nbytes(reply)
                 replies[node] = reply
+                refusal = rec.message_config(reply).get(rec.REFUSAL)
+                if refusal is not None:
+                    refusals[node] = (str(rec.message_config(reply).get(rec.REFUSAL_KIND)), refusal)
             if pending:
                 time.sleep(self.options.poll_interval)
         if pending:
@@ -255,10 +262,33 @@ class _Messenger:
                 message_type,
                 self.options.timeout,
             )
+        if refusals:
+            raise _refused(round_id, message_type, refusals)
         return replies
 
     def nodes(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
+
+
+_REFUSAL_ERRORS: dict[str, type[AggregationError] | type[InsecureParameterError]] = {
+    "ShareDecryptionError": kx.ShareDecryptionError,
+    "InvalidPublicKeyError": kx.InvalidPublicKeyError,
+    "InsecureParameterError": InsecureParameterError,
+}
+
+
+def _refused(
+    round_id: int, message_type: str, refusals: Mapping[int, tuple[str, str]]
+) -> Exception:
+    """The error that refuses the round when nodes refused (the kind the node raised, as one
+    process raises it; ``AggregationError`` for any other kind)."""
+    node, (kind, reason) = min(refusals.items())
+    error = _REFUSAL_ERRORS.get(kind, AggregationError)
+    others = f" (and nodes {sorted(refusals)[1:6]})" if len(refusals) > 1 else ""
+    return error(
+        f"round {round_id}: node {node}{others} refused {message_type}: {reason}; the round is "
+        "refused (a refusal, not a dropout: nothing is unmasked)"
+    )
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.1) -> list[int]:
@@ -394,8 +424,15 @@ class _Run:
 
     # -- one training round, secure aggregation over four message rounds -------------
     def secagg_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
+        """Secure aggregation with each node as ONE party (``SecAggRound.among_parties``).
+
+        A node sums its users' encoded updates and masks the sum once, so the protocol's graph,
+        keys, shares and threshold are the nodes': no node holds a share of anything that
+        protects one user's update, and a node with the server learns the sum over the other
+        nodes (the total minus its own), which with two nodes is the other node's sum.
+        """
         secagg_config = self.wire.node_config(len(clients))
-        # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts.
+        # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts, as one party.
         groups = self._targets(clients)
         base = {"round": round_id} | secagg_config
         replies = self.messenger.exchange(
@@ -406,19 +443,27 @@ class _Run:
             },
             round_id,
         )
+        asked = {int(c) for c in clients}
         keys: dict[int, tuple[bytes, bytes]] = {}
+        members: dict[int, list[int]] = {}
+        party_node: dict[int, int] = {}
         for node, reply in sorted(replies.items()):
             arrays = rec.message_arrays(reply)
             _learn_hosts(self.hosts, node, arrays["hosted"])
-            users = arrays["users"].tolist()
-            for user, c_public, s_public in zip(
-                users,
-                rec.rows_bytes(arrays["c_public"]),
-                rec.rows_bytes(arrays["s_public"]),
-                strict=True,
-            ):
-                keys[int(user)] = (c_public, s_public)
-        advertised = np.array(sorted(set(keys) & {int(c) for c in clients}), np.int64)
+            users = sorted(int(u) for u in arrays["users"].tolist())
+            if not users:
+                continue
+            self._check_users(node, users)
+            stray = set(users) - asked
+            party = int(arrays["party"]) if "party" in arrays else -1
+            if stray or party != users[0]:
+                raise AggregationError(
+                    f"round {round_id}: node {node} must advertise one party, its lowest user "
+                    f"of the round ({users[0]}), for its users of the round only"
+                )
+            [c_public], [s_public] = (rec.rows_bytes(arrays[k]) for k in ("c_public", "s_public"))
+            keys[party], members[party], party_node[party] = (c_public, s_public), users, node
+        advertised = np.array(sorted(u for users in members.values() for u in users), np.int64)
         rnd, active = self.algorithm.open_round(round_id, advertised, self.transport, self.seeds)
         secagg = _base_round(rnd)
         if not isinstance(secagg, SecAggRound):
@@ -426,57 +471,70 @@ class _Run:
         if len(advertised) == 0:
             self.algorithm.close_round(rnd)
             return {}
-        secagg.receive_keys({int(c): keys[int(c)] for c in advertised})
+        parties = secagg.among_parties(members)
+        parties.receive_keys(keys)
         config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
-        self._share(round_id, secagg, config)
+        self._share(round_id, parties, party_node, config)
         shared = _broadcast_arrays(self.algorithm)
-        parts = self._mask(round_id, rnd, secagg, active, shared, config)
-        self._unmask(round_id, rnd, secagg, config)
+        parts = self._mask(round_id, rnd, secagg, parties, party_node, active, shared, config)
+        self._unmask(round_id, parties, party_node, config)
         self.algorithm.close_round(rnd)
         return sum_metrics(parts)
 
-    def _share(self, round_id: int, secagg: SecAggRound, config: dict) -> None:
+    def _check_party(self, node: int, party_node: Mapping[int, int], parties) -> int:
+        [party] = [int(p) for p in parties] or [-1]
+        if party_node.get(party) != node:
+            raise AggregationError(f"node {node} answered for party {party}, which is not its own")
+        return party
+
+    def _share(
+        self, round_id: int, parties: SecAggRound, party_node: Mapping[int, int], config: dict
+    ) -> None:
         contents = {}
-        for node, users in _by_node(secagg.clients.tolist(), self.hosts).items():
-            requests = [secagg.share_request(u) for u in users]
-            contents[node] = rec.content(
+        for party in parties.clients.tolist():
+            request = parties.share_request(party)
+            contents[party_node[party]] = rec.content(
                 {
-                    "users": np.asarray(users, np.int64),
-                    "neighbours": np.array([r.neighbours for r in requests], np.int64),
-                    "xs": np.array([r.xs for r in requests], np.int64),
-                    "c_publics": np.stack(
-                        [rec.bytes_rows(r.c_publics, kx.PUBLIC_KEY_BYTES) for r in requests]
-                    ),
+                    "users": np.array([party], np.int64),
+                    "neighbours": np.array([request.neighbours], np.int64),
+                    "xs": np.array([request.xs], np.int64),
+                    "c_publics": rec.bytes_rows(request.c_publics, kx.PUBLIC_KEY_BYTES)[None],
                 },
-                config | {"threshold": secagg.threshold},
+                config | {"threshold": parties.threshold},
             )
         for node, reply in sorted(self.messenger.exchange(SHARE, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
-            self._check_users(node, arrays["users"])
-            for user, sealed in zip(arrays["users"].tolist(), arrays["sealed"], strict=True):
-                secagg.receive_shares(int(user), rec.rows_bytes(sealed))
+            party = self._check_party(node, party_node, arrays["users"].tolist())
+            parties.receive_shares(party, rec.rows_bytes(arrays["sealed"][0]))
 
     def _mask(
         self,
         round_id: int,
         rnd: AggregationRound,
         secagg: SecAggRound,
+        parties: SecAggRound,
+        party_node: Mapping[int, int],
         active: np.ndarray,
         shared: dict[str, Array],
         config: dict,
     ) -> list[dict[str, float]]:
-        ready = [int(c) for c in active if int(c) in secagg.shared_clients]
+        active_set = {int(c) for c in active}
+        computing = {
+            party: [u for u in sorted(secagg.party_members[party]) if u in active_set]
+            for party in parties.shared_clients
+        }
         contents = {}
-        for node, users in _by_node(ready, self.hosts).items():
-            requests = [secagg.mask_request(u) for u in users]
-            contents[node] = _body(
+        for party, users in sorted(computing.items()):
+            if not users:
+                continue  # none of its users computes: the party counts as dropped
+            request = parties.mask_request(party)
+            contents[party_node[party]] = _body(
                 shared,
                 {
                     "clients": np.asarray(users, np.int64),
-                    "neighbours": np.array([r.neighbours for r in requests], np.int64),
-                    "s_publics": np.stack(
-                        [rec.bytes_rows(r.s_publics, kx.PUBLIC_KEY_BYTES) for r in requests]
-                    ),
+                    "party": np.array(party, np.int64),
+                    "neighbours": np.array([request.neighbours], np.int64),
+                    "s_publics": rec.bytes_rows(request.s_publics, kx.PUBLIC_KEY_BYTES)[None],
                 },
                 config,
             )
@@ -484,60 +542,62 @@ class _Run:
         parts = []
         for node, reply in sorted(self.messenger.exchange(MASK, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
+            party = self._check_party(node, party_node, [int(arrays["party"])])
             users = arrays["users"]
-            self._check_users(node, users)
-            weighted = bool(arrays["weighted"])
-            for user, masked in zip(users.tolist(), arrays["masked"], strict=True):
-                secagg.receive_masked(int(user), masked, weighted=weighted)
+            if len(users) == 0 or not set(users.tolist()) <= set(computing[party]):
+                raise AggregationError(
+                    f"round {round_id}: node {node}'s masked sum must cover users it was asked "
+                    f"to compute, got {users[:5].tolist()}"
+                )
+            [masked] = arrays["masked"]
+            secagg.receive_party_masked(party, users, masked, weighted=bool(arrays["weighted"]))
             if self.wire.client_noise:
                 _noised_by_clients(rnd, users, arrays["weight_sq"])
             arrived.update(users.tolist())
             parts.append(_metrics(reply))
+        for party in parties.clients.tolist():
+            if party not in parties.submitted and party not in parties.dropped:
+                parties.drop(party)
         _drop_missing(rnd, active, arrived)
         return parts
 
     def _unmask(
-        self, round_id: int, rnd: AggregationRound, secagg: SecAggRound, config: dict
+        self, round_id: int, parties: SecAggRound, party_node: Mapping[int, int], config: dict
     ) -> None:
-        requests = secagg.unmask_requests()
+        if len(parties.submitted) < 2:
+            raise AggregationError(
+                f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
+                "unmasking would give the server one node's sum, so the round is refused"
+            )
+        requests = parties.unmask_requests()
         contents = {}
-        for node, helpers in _by_node(requests, self.hosts).items():
-            senders, blobs, indptr = [], [], [0]
-            for v in helpers:
-                inbox = requests[v].inbox
-                senders.extend(inbox)
-                blobs.extend(inbox.values())
-                indptr.append(len(senders))
-            contributors = sorted(requests[helpers[0]].contributors)
-            contents[node] = rec.content(
+        for helper, request in requests.items():
+            inbox = request.inbox
+            contents[party_node[helper]] = rec.content(
                 {
-                    "helpers": np.asarray(helpers, np.int64),
-                    "indptr": np.asarray(indptr, np.int64),
-                    "senders": np.asarray(senders, np.int64),
-                    "blobs": rec.bytes_rows(blobs, SEALED_SHARE_BYTES),
-                    "contributors": np.asarray(contributors, np.int64),
+                    "helpers": np.array([helper], np.int64),
+                    "indptr": np.array([0, len(inbox)], np.int64),
+                    "senders": np.asarray(list(inbox), np.int64),
+                    "blobs": rec.bytes_rows(list(inbox.values()), SEALED_SHARE_BYTES),
+                    "contributors": np.asarray(sorted(request.contributors), np.int64),
                 },
                 config,
             )
         responses: dict[int, dict[int, tuple[str, int]]] = {}
         for node, reply in sorted(self.messenger.exchange(UNMASK, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
-            self._check_users(node, arrays["helpers"])
+            helper = self._check_party(node, party_node, arrays["helpers"].tolist())
             shares = rec.rows_bytes(arrays["shares"])
-            indptr = arrays["indptr"]
-            for k, helper in enumerate(arrays["helpers"].tolist()):
-                span = range(int(indptr[k]), int(indptr[k + 1]))
-                responses[int(helper)] = {
-                    int(arrays["owners"][j]): (
-                        "b" if arrays["kinds"][j] == 0 else "s",
-                        shamir.decode_share(shares[j]),
-                    )
-                    for j in span
-                }
+            responses[helper] = {
+                int(owner): ("b" if kind == 0 else "s", shamir.decode_share(share))
+                for owner, kind, share in zip(
+                    arrays["owners"].tolist(), arrays["kinds"].tolist(), shares, strict=True
+                )
+            }
         for helper in requests:
-            if helper not in responses and helper not in rnd.dropped:
-                rnd.drop(helper)  # dropped after submitting: still counted, its shares missing
-        secagg.receive_reveals(responses)
+            if helper not in responses and helper not in parties.dropped:
+                parties.drop(helper)  # dropped after submitting: still counted, its shares missing
+        parties.receive_reveals(responses)
 
     # -- one training round, CKKS: the nodes encrypt, a key-holder node decrypts the sum ----
     def ckks_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:

@@ -99,8 +99,10 @@ from securefed.transport.secagg.client import (
     SecAggClient,
     ShareRequest,
     UnmaskRequest,
+    encode_input,
     masking_workspace,
     pack_values,
+    rounding_key,
 )
 from securefed.transport.secagg.config import (
     SecAggConfig,
@@ -142,11 +144,13 @@ __all__ = [
     "default_neighbours",
     "default_threshold",
     "effective_neighbours",
+    "encode_input",
     "graph_seed",
     "masking_workspace",
     "neighbour_graph",
     "neighbours_for_dropout",
     "pack_values",
     "plan_unmasking",
+    "rounding_key",
     "unmasking_failure_bound",
 ]

@@ -366,9 +366,52 @@ class SecAggClient:
         self._check_mask_request(neighbours, s_publics)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
-        uniform = workspace.uniform.draw(self.random.secret("rounding"))
-        masked, n_clipped = workspace.encoder.encode(values, uniform)
+        masked, n_clipped = encode_input(values, self.random.secret("rounding"), workspace)
         start = timer.add("encoding", start)
+        self._add_masks(masked, neighbours, s_publics, workspace, timer, start)
+        return masked, n_clipped
+
+    def mask_encoded(
+        self,
+        encoded: np.ndarray,
+        neighbours: Sequence[int],
+        s_publics: Sequence[bytes],
+        workspace: _Workspace,
+    ) -> np.ndarray:
+        """MaskedInputCollection for an input already in the ring: ``encoded`` plus the masks.
+
+        For a party that uploads the sum of several clients' encoded inputs (a Flower node
+        hosting many users: each user's values are clipped, weighted and encoded with its own
+        rounding stream, :func:`encode_input`, and the node adds them in the ring). The same
+        checks and the same masks as :meth:`mask`.
+
+        Raises:
+            AggregationError, InvalidPublicKeyError: as :meth:`mask`.
+            ValueError: ``encoded`` is not a ring vector of the workspace's length.
+        """
+        self._check_stage("mask")
+        self._check_mask_request(neighbours, s_publics)
+        encoded = np.asarray(encoded)
+        length = workspace.encoder.length
+        if encoded.shape != (length,) or encoded.dtype != self.config.fixed_point.dtype:
+            raise ValueError(
+                f"client {self.id}'s encoded input must be {length} values of "
+                f"{self.config.fixed_point.dtype}, got shape {encoded.shape} of {encoded.dtype}"
+            )
+        masked = encoded.copy()
+        self._add_masks(masked, neighbours, s_publics, workspace, _Timer(), time.perf_counter())
+        return masked
+
+    def _add_masks(
+        self,
+        masked: np.ndarray,
+        neighbours: Sequence[int],
+        s_publics: Sequence[bytes],
+        workspace: _Workspace,
+        timer: _Timer,
+        start: float,
+    ) -> None:
+        """Add the self mask and the pairwise masks to ``masked`` in place (stage 3)."""
         expander = workspace.expander
         expander.add(masked, self.b, domain=prg_mod.DOMAIN_SELF_MASK)
         start = timer.add("mask_expansion", start)
@@ -382,7 +425,6 @@ class SecAggClient:
             )
             start = timer.add("mask_expansion", start)
         self.stage = "mask"
-        return masked, n_clipped
 
     def _check_survivors(self, contributors: set[int]) -> None:
         if self.id not in contributors:
@@ -439,6 +481,27 @@ class SecAggClient:
                 revealed[sender] = ("s", shamir.decode_share(plaintext[shamir.SHARE_BYTES :]))
         self.stage = "reveal"
         return revealed
+
+
+def rounding_key(seeds: SeedTree, round_id: int, client: int) -> bytes:
+    """The 32-byte key of ``client``'s stochastic-rounding stream in ``round_id``.
+
+    The key :meth:`SecAggClient.mask` draws: from the OS in secure mode, from
+    ``seeds.key("secagg", round_id, client, "rounding")`` in seeded mode. A party that sums
+    several clients' inputs encodes each with its own key, so that the ring sum is the one the
+    clients would upload one by one.
+    """
+    return _ClientRandomness(seeds, round_id, client).secret("rounding")
+
+
+def encode_input(values: np.ndarray, key: bytes, workspace: _Workspace) -> tuple[np.ndarray, int]:
+    """Clip, scale and round ``values`` stochastically (uniforms from ``key``) into the ring.
+
+    Returns:
+        ``(ring vector, number of values clipped)``; the ring vector is a fresh array.
+    """
+    uniform = workspace.uniform.draw(key)
+    return workspace.encoder.encode(values, uniform)
 
 
 def pack_values(block: np.ndarray, weight: float | None) -> np.ndarray:

@@ -93,6 +93,10 @@ class SecAggRound(AggregationRound):
         timings: seconds per stage (all clients and the server together).
         excluded_helpers: helpers whose revealed shares were found wrong and left out (spare
             shares corrected them; also ``view.aggregate["excluded_helpers"]``).
+
+    Args (beyond the round's): ``inputs`` maps a client of the round to the number of clipped
+    inputs its upload sums (a party of several clients, :meth:`among_parties`); the range check
+    and the error bound count them. ``None``: one each.
     """
 
     def __init__(
@@ -105,10 +109,17 @@ class SecAggRound(AggregationRound):
         seeds: SeedTree,
         config: SecAggConfig,
         remote_clients: bool = False,
+        inputs: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config
         self.remote_clients = remote_clients
+        # How many clipped inputs each client's upload sums (1 unless it is a party of several).
+        self._inputs: dict[int, int] = (
+            {} if inputs is None else {int(c): int(m) for c, m in inputs.items()}
+        )
+        self._party: SecAggRound | None = None
+        self._members: dict[int, frozenset[int]] = {}
         self.fixed_point = config.fixed_point
         self.timer = _Timer()
         self.timings = self.timer.seconds
@@ -343,6 +354,8 @@ class SecAggRound(AggregationRound):
     # -- stage 4 --------------------------------------------------------------------------
     def _finish(self) -> Aggregate:
         self._check_usable()
+        if self._party is not None:
+            return self._finish_parties()
         n_values = self.shape[0] * self.shape[1]
         contributors = np.array(sorted(self.submitted), dtype=np.int64)
         if len(contributors) == 0:
@@ -600,6 +613,9 @@ class SecAggRound(AggregationRound):
         """
         signed = from_ring(total, self.config.bits)
         bound = self.fixed_point.sum_bound(n_contributors)
+        if self._inputs:
+            n_contributors = sum(self._inputs.get(int(c), 1) for c in self.submitted)
+            bound = self.fixed_point.sum_bound(n_contributors)
         outside = np.abs(signed) > bound
         if self._weighted:
             outside[-1] = not 0 <= signed[-1] <= bound
@@ -645,7 +661,154 @@ class SecAggRound(AggregationRound):
 
     def error_bound(self) -> float:
         """The documented bound on ``|result - true clipped sum|`` per coordinate (n / scale)."""
-        return self.fixed_point.error_bound(len(self.submitted))
+        n_inputs = sum(self._inputs.get(int(c), 1) for c in self.submitted)
+        return self.fixed_point.error_bound(n_inputs if self._inputs else len(self.submitted))
+
+    # -- parties of several clients (a message layer whose nodes host many users) --------
+    def among_parties(self, members: Mapping[int, Sequence[int]]) -> SecAggRound:
+        """Run this round's protocol among parties, each uploading its members' summed inputs.
+
+        For a federation whose nodes host many clients (``securefed.flower``): were every
+        client its own party, a node would hold every share its users receive, and one node
+        with the server could pool ``t`` shares of users it does not host. Here each node is
+        one party: it clips, weights and encodes each member's update (each with the member's
+        own rounding stream, :func:`~securefed.transport.secagg.client.encode_input`), adds
+        them in the ring and masks the sum once; the graph, the keys, the shares and the
+        threshold are the parties'. The server learns the sum over the contributing parties;
+        a party (with the server) learns the sum of the other parties' inputs, the total
+        minus its own, which with two parties is the other party's sum.
+
+        Args:
+            members: party id -> the round's clients it hosts; a party's id is one of its
+                members (by convention the lowest), so its records land in this round's view
+                under that id. Disjoint; at least two parties.
+
+        Returns:
+            The party round. Drive its stage methods (``receive_keys``, ``share_request`` /
+            ``receive_shares``, ``mask_request``, ``unmask_requests`` / ``receive_reveals``),
+            hand each party's masked sum to :meth:`receive_party_masked`, and read the result
+            from *this* round (the party round's own ``result`` is sealed): the sum over the
+            contributing parties, whose members are the contributors.
+
+        Raises:
+            AggregationError: clients simulated here, keys received already, parties chosen
+                already, fewer than two parties, or members that overlap, lie outside the round
+                or do not contain their party's id.
+        """
+        self._check_usable()
+        if not self.remote_clients or self.public_keys or self._party is not None:
+            raise AggregationError(
+                f"round {self.round_id}: parties are chosen once, before any key, in a round "
+                "whose clients are remote"
+            )
+        groups = {int(p): frozenset(int(c) for c in m) for p, m in members.items() if len(m)}
+        if len(groups) < 2:
+            raise AggregationError(
+                f"round {self.round_id}: secure aggregation among parties needs at least 2 "
+                f"parties with clients in the round (got {len(groups)}): one party's masked "
+                "sum would be its own sum"
+            )
+        seen: set[int] = set()
+        for party, group in sorted(groups.items()):
+            self.view.positions(sorted(group))  # raises for clients outside the round
+            if party not in group or seen & group:
+                raise AggregationError(
+                    f"round {self.round_id}: party {party} must be one of its own members, and "
+                    "no client may belong to two parties"
+                )
+            seen |= group
+        ids = np.array(sorted(groups), np.int64)
+        party = SecAggRound(
+            self.round_id,
+            ids,
+            shape=self.shape,
+            view=RoundView(self.round_id, ids, keep_payloads=self.view.keep_payloads),
+            seeds=self.seeds,
+            config=self.config,
+            remote_clients=True,
+            inputs={p: len(g) for p, g in groups.items()},
+        )
+        self._party, self._members = party, groups
+        self._party_decode = party.result
+        party.result = self._sealed_party_result
+        self.neighbours_k, self.threshold = party.neighbours_k, party.threshold
+        self.view.public.update(party.view.public)
+        self.view.public.update(
+            {
+                "secagg_parties": "nodes",
+                "secagg_users": len(self._ids),
+                "secagg_party_members": {str(p): sorted(g) for p, g in sorted(groups.items())},
+                "secagg_party_learns": (
+                    "the other party's sum (the total minus its own)"
+                    if len(groups) == 2
+                    else "the sum over the other parties (the total minus its own), nothing finer"
+                ),
+            }
+        )
+        return party
+
+    @property
+    def party_members(self) -> Mapping[int, frozenset[int]]:
+        """Party id -> its members (empty until :meth:`among_parties`)."""
+        return dict(self._members)
+
+    def _sealed_party_result(self) -> Aggregate:
+        raise AggregationError(
+            f"round {self.round_id}: the parties' sum is released by the clients' round "
+            "(result() of the round that chose the parties), never by the party round itself"
+        )
+
+    def receive_party_masked(
+        self, party: int, clients: Sequence[int], masked: np.ndarray, *, weighted: bool
+    ) -> None:
+        """A party's masked sum of its ``clients``' encoded inputs (see :meth:`among_parties`).
+
+        Raises:
+            AggregationError: no parties chosen, clients not the party's members, already
+                submitted or dropped; and whatever the party round's ``receive_masked`` raises.
+        """
+        self._check_open()
+        self._check_usable()
+        if self._party is None:
+            raise AggregationError(f"round {self.round_id}: no parties were chosen")
+        party = int(party)
+        clients = sorted({int(c) for c in clients})
+        strangers = sorted(set(clients) - self._members.get(party, frozenset()))
+        if strangers or not clients:
+            raise AggregationError(
+                f"round {self.round_id}: party {party}'s masked sum must cover some of its own "
+                f"members, not clients {strangers[:5]}"
+            )
+        repeated = (self.submitted | self.dropped).intersection(clients)
+        if repeated:
+            raise AggregationError(
+                f"client(s) {sorted(repeated)[:5]} already submitted or dropped in this round"
+            )
+        self._party._inputs[party] = len(clients)
+        self._party.receive_masked(party, masked, weighted=weighted)
+        self.submitted.update(clients)
+
+    def _finish_parties(self) -> Aggregate:
+        party = self._party
+        try:
+            aggregate = self._party_decode()
+        finally:
+            self._merge_party_view()
+        contributors = np.array(sorted(self.submitted), dtype=np.int64)
+        weight = aggregate.weight if party._weighted else float(len(contributors))
+        return Aggregate(aggregate.total, weight, contributors)
+
+    def _merge_party_view(self) -> None:
+        """What the server saw of the parties, in this round's view under the parties' ids."""
+        seen = self._party.view
+        at = self.view.positions(seen.clients)
+        np.add.at(self.view.bytes_up, at, seen.bytes_up)
+        np.add.at(self.view.bytes_down, at, seen.bytes_down)
+        for party, fields in seen.payloads.items():
+            self._record(party, **fields)
+        for name in ("ring_sum", "excluded_helpers"):
+            if name in seen.aggregate:
+                self.view.aggregate[name] = seen.aggregate[name]
 
 
 def _u8(data: bytes) -> np.ndarray:
