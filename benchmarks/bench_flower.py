@@ -197,7 +197,7 @@ def flower(args: argparse.Namespace) -> int:
             "seed": args.seed,
         }
         for transport in ("plaintext", "secagg"):
-            app = example.FedMFApp(**synthetic, transport=transport)
+            app = example.FedMFApp(**synthetic, transport=transport, seed=args.seed)
             rows.append(_compare(example, app, args.clients, "synthetic"))
         ratio = rows[1]["flower_round_s"] / rows[0]["flower_round_s"]
         notes.append(

@@ -253,6 +253,7 @@ def test_a_colluding_node_and_the_server_rebuild_no_update_of_a_user_it_does_not
     example, task_identity, n_nodes, n_users, neighbours
 ):
     app = example.FedMFApp(
+        seed=0,
         rounds=1,
         transport="secagg",
         min_nodes=n_nodes,
@@ -332,7 +333,7 @@ def test_on_the_simulation_engine_no_node_holds_t_shares_and_a_tampered_share_re
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    app = example.FedMFApp(rounds=2, transport="secagg", min_nodes=3, timeout=120.0)
+    app = example.FedMFApp(seed=0, rounds=2, transport="secagg", min_nodes=3, timeout=120.0)
     state: dict[str, object] = {}
     server_app = ServerApp()
 

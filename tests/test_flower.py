@@ -406,7 +406,7 @@ def _node_vectors(out_dir, nodes: int, shape) -> np.ndarray:
 @pytest.mark.slow  # ~30 s; the loopback test below checks the same equality through processes
 def test_simulation_engine_gives_the_in_process_model(example, tmp_path):
     pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
-    app = example.FedMFApp(rounds=3, min_nodes=3, output_dir=str(tmp_path))
+    app = example.FedMFApp(seed=0, rounds=3, min_nodes=3, output_dir=str(tmp_path))
     outcome = _simulate(example, app, nodes=3)
     model, _, history = example.in_process(app)
     np.testing.assert_allclose(outcome.model.V, model.V, rtol=0, atol=1e-9)
@@ -425,12 +425,14 @@ def test_simulation_engine_gives_the_in_process_model(example, tmp_path):
 def test_secure_aggregation_over_flower_message_rounds(example, tmp_path):
     """AdvertiseKeys, ShareKeys, masked input and Unmasking each one Flower message round."""
     pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
-    app = example.FedMFApp(rounds=3, transport="secagg", min_nodes=3, output_dir=str(tmp_path))
+    app = example.FedMFApp(
+        seed=0, rounds=3, transport="secagg", min_nodes=3, output_dir=str(tmp_path)
+    )
     outcome = _simulate(example, app, nodes=3)
     secure, _, _ = example.in_process(app)
     np.testing.assert_allclose(outcome.model.V, secure.V, atol=1e-9)
     np.testing.assert_allclose(_node_vectors(tmp_path, 3, secure.U.shape), secure.U, atol=1e-9)
-    plain, _, _ = example.in_process(example.FedMFApp(rounds=3))
+    plain, _, _ = example.in_process(example.FedMFApp(seed=0, rounds=3))
     # Each round's sum is within n / scale of the plaintext sum; V moves by server_lr times a
     # per-item mean of it, so after the run V is within rounds * server_lr * n / scale.
     bound = app.rounds * app.server_lr * plain.n_clients / app.secagg_scale
@@ -483,6 +485,7 @@ def test_ckks_over_flower_equals_in_process_ckks(example, tmp_path, key_model):
     config = CKKSConfig(key_model=key_model)
     secret_path, public_path = provision_keys(tmp_path / "keys", config)
     app = example.FedMFApp(
+        seed=0,
         rounds=2,
         min_nodes=3,
         transport="ckks",
@@ -493,7 +496,7 @@ def test_ckks_over_flower_equals_in_process_ckks(example, tmp_path, key_model):
     )
     outcome = _simulate(example, app, nodes=3)
     model, transport, history = example.in_process(app)
-    plain, _, _ = example.in_process(example.FedMFApp(rounds=2))
+    plain, _, _ = example.in_process(example.FedMFApp(seed=0, rounds=2))
     # Per round the CKKS sum is within error_bound of the exact one (fresh encryption error of
     # each upload, flooding, rounding); V moves by server_lr times per-item means of it.
     params = transport.params
@@ -531,7 +534,7 @@ def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
     if missing:
         pytest.skip(f"{missing} not installed (pip install securefed[flower])")
     out = tmp_path / "out"
-    app = example.FedMFApp(rounds=2, min_nodes=2, output_dir=str(out), timeout=120.0)
+    app = example.FedMFApp(seed=0, rounds=2, min_nodes=2, output_dir=str(out), timeout=120.0)
     with LoopbackFederation(tmp_path / "federation", n_nodes=2) as federation:
         federation.submit(write_fedmf_app(tmp_path / "app", app.run_config()))
         federation.wait_for(out / "result.json", timeout=240)
@@ -550,6 +553,7 @@ def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
 def test_noise_added_on_the_nodes_matches_in_process(example, tmp_path, transport):
     pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
     app = example.FedMFApp(
+        seed=0,
         rounds=2,
         transport=transport,
         min_nodes=3,
@@ -566,3 +570,12 @@ def test_noise_added_on_the_nodes_matches_in_process(example, tmp_path, transpor
     assert outcome.ledger.history == reference.ledger.history
     recorded = json.loads((tmp_path / "result.json").read_text())
     assert recorded["epsilon"] == pytest.approx(reference.epsilon()) and recorded["epsilon"] > 0
+
+
+def test_the_example_app_runs_in_secure_mode_unless_seeded(example):
+    # Issue 17 item 9: its default seed let the server regenerate every node's keys.
+    assert example.FedMFApp().seed == -1 and example.FedMFApp().seeds().secure
+    template = tomllib.loads((APP_DIR / "pyproject.toml").read_text())
+    assert template["tool"]["flwr"]["app"]["config"]["seed"] == -1
+    seeded = example.FedMFApp(seed=4).seeds()
+    assert not seeded.secure and seeded.randomness == "seeded: not private"

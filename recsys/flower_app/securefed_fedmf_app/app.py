@@ -66,7 +66,8 @@ class FedMFApp:
         test_fraction, split_seed: the random split of non-ML-100K data.
         variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
             :class:`~securefed.recsys.fedmf.FedMFConfig`.
-        seed: the run's seed; ``-1`` is secure mode (OS randomness, nothing reproducible).
+        seed: ``-1`` (the default) is secure mode (OS randomness, nothing reproducible); a
+            seed makes every node's keys, masks and noise reproducible: seeded, not private.
         transport: a name of :mod:`securefed.transport.registry`, built there with the options
             below: ``plaintext``, ``secagg``, ``dp`` (central), ``dp-local``, ``secagg+dp``
             (distributed noise under secure aggregation) or ``ckks`` (the nodes encrypt, the
@@ -107,7 +108,7 @@ class FedMFApp:
     reg_item: float = 0.12
     init_std: float = 0.3
     upload: str = "part"
-    seed: int = 0
+    seed: int = -1
     transport: str = "plaintext"
     secagg_bits: int = 64
     secagg_scale: float = 2.0**20
