@@ -94,12 +94,12 @@ def test_parameters_are_picked_for_the_circuit():
     aggregation = parameters_for("aggregation")
     assert (aggregation.poly_modulus_degree, aggregation.coeff_mod_bit_sizes) == (
         8192,
-        (60, 50, 60),
+        (60, 60, 60),
     )
-    assert aggregation.scale_bits == 50
+    assert aggregation.scale_bits == 50 and aggregation.levels == 0  # two data primes, no rescale
     assert aggregation.slots == 4096
-    # The first prime holds the sum's integer part: 58 bits against the 30 the defaults need.
-    assert aggregation.max_abs_value() == 2.0**58
+    # The data primes hold |sum| x scale: 2^68 against the 2^26 (+2 bits) the defaults need.
+    assert aggregation.max_abs_value() == 2.0**68
     assert AggregationCircuit().headroom_bits == 28
     fused = parameters_for(FusionCircuit(2, 2))
     assert fused.poly_modulus_degree == 8192 and fused.levels == 3
@@ -109,7 +109,7 @@ def test_parameters_are_picked_for_the_circuit():
     with pytest.raises(ValueError, match="level"):
         parameters_for(FusionCircuit(2, 2), coeff_mod_bit_sizes=[60, 40, 60])
     with pytest.raises(ValueError, match="clients"):
-        parameters_for(AggregationCircuit(2**20, 2.0**40), scale_bits=40)
+        parameters_for(AggregationCircuit(2**20, 2.0**50), scale_bits=50)
     assert chunk_count(35_364, 4095) == 9  # a FedMF ML-100K block at degree 8192
 
 
@@ -356,7 +356,7 @@ def test_fedmf_trains_the_same_under_ckks(small_split):
         for name in ("plaintext", "ckks")
     }
     assert abs(records["ckks"]["rmse"] - records["plaintext"]["rmse"]) < 1e-3
-    # 82 x 21 = 1722 values: one ciphertext of about 251 KB (two data primes) per client and round.
+    # 82 x 21 = 1722 values: one ciphertext of 262 KB (two data primes) per client and round.
     assert 200_000 < records["ckks"]["bytes_up_per_client"] < 300_000
 
 

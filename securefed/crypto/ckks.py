@@ -70,12 +70,14 @@ MIN_SCALE_BITS = 20
 
 DEFAULT_SCALE_BITS = 40
 DEFAULT_EDGE_BITS = 60
-AGGREGATION_SCALE_BITS = 50
-"""Scale of the aggregation chain ``[60, 50, 60]``: the 60-bit first prime holds the sum's integer
-part (58 bits of room), the second data prime the scale. At 2^50 a 1024-client sum errs by about
-2^-34 per value, which keeps the flooding floor (:func:`flooding_floor`) near 2^-14 at 40-bit
-security; above about 2^52 the double-precision decoding error of values near 1 would dominate."""
 """Bits of the first (decryption) prime and of the special (key-switching) prime of a chain."""
+AGGREGATION_SCALE_BITS = 50
+"""Scale of the aggregation chain ``[60, 60, 60]`` (two 60-bit data primes, no rescaling: 118 bits
+of room for ``|value| x scale``, of which a sum of ``max_clients x value_bound`` needs 28). At
+2^50 a 1024-client sum errs by about 2^-34 per value, which keeps the flooding floor
+(:func:`flooding_floor`) near 2^-14.5 at 40-bit security; much above 2^52 the double-precision
+decoding error of values near 1 would exceed the ring's error. Full 60-bit primes keep the
+serialized ciphertexts incompressible, so their sizes do not vary (a 50-bit prime would)."""
 
 FUSION_HEADROOM_BITS = 20
 """Fusion chains give the first prime this many bits over the scale: room for the values and the
@@ -116,11 +118,11 @@ class ContextMismatchError(SecurefedError, ValueError):
 class AggregationCircuit:
     """Sums of up to ``max_clients`` vectors whose entries lie in ``[-value_bound, value_bound]``.
 
-    No multiplication happens. The chain is ``[60, scale, 60]``: the first (decryption) prime
-    holds the integer part of the sum, which needs ``headroom_bits = ceil(log2(max_clients *
-    value_bound)) + 2`` bits (one for the sign, one of margin) of its 58; the second data prime
-    equals the scale (:data:`AGGREGATION_SCALE_BITS`), so the precision does not shrink as the
-    headroom grows. The decryption error of a sum is :func:`decryption_error_bound`.
+    No multiplication happens. The chain is ``[60, 60, 60]`` without rescaling: two data primes
+    (120 bits) hold ``|sum| x scale``, where the sum needs ``headroom_bits = ceil(log2(max_clients
+    * value_bound)) + 2`` bits (one for the sign, one of margin) above the scale
+    (:data:`AGGREGATION_SCALE_BITS`), so the precision does not shrink as the headroom grows.
+    The decryption error of a sum is :func:`decryption_error_bound`.
 
     Attributes:
         max_clients: most clients a round may sum.
@@ -259,6 +261,10 @@ class CKKSParameters:
         scale_bits: ``log2`` of the encoding scale.
         encryption: ``"symmetric"`` (only secret-key holders encrypt; about twice as fast) or
             ``"public-key"`` (anyone with the public context can encrypt).
+        rescaling: the middle primes are rescaling primes (one per multiplicative level, each
+            equal to the scale). ``False`` for circuits without multiplication (aggregation):
+            every prime but the special one is then a data prime of any size and there are no
+            levels.
 
     Raises:
         InsecureParameterError: above the 128-bit limit (:func:`check_security`).
@@ -270,6 +276,7 @@ class CKKSParameters:
     coeff_mod_bit_sizes: tuple[int, ...]
     scale_bits: int
     encryption: Encryption = "public-key"
+    rescaling: bool = True
 
     def __post_init__(self) -> None:
         bits = tuple(int(b) for b in self.coeff_mod_bit_sizes)
@@ -296,7 +303,7 @@ class CKKSParameters:
                 "bits): it holds the integer part of every decrypted value"
             )
         middle = bits[1:-1]
-        if any(b != self.scale_bits for b in middle):
+        if self.rescaling and any(b != self.scale_bits for b in middle):
             raise ValueError(
                 f"rescaling primes {list(middle)} must equal scale_bits={self.scale_bits}, "
                 "or every rescale drifts the scale"
@@ -313,8 +320,8 @@ class CKKSParameters:
 
     @property
     def levels(self) -> int:
-        """Multiplicative levels (rescaling primes)."""
-        return len(self.coeff_mod_bit_sizes) - 2
+        """Multiplicative levels (rescaling primes; none without ``rescaling``)."""
+        return len(self.coeff_mod_bit_sizes) - 2 if self.rescaling else 0
 
     @property
     def total_bits(self) -> int:
@@ -389,9 +396,10 @@ def parameters_for(
 ) -> CKKSParameters:
     """Pick (or validate given) parameters for ``circuit``.
 
-    * aggregation: degree 8192 (4096 slots, as the spec's measurements), chain ``[60, 50, 60]``
-      (170 of 218 bits), scale 2^50 (:data:`AGGREGATION_SCALE_BITS`); the first prime holds the
-      sum of ``max_clients x value_bound`` (2^26 for the defaults) with room to spare.
+    * aggregation: degree 8192 (4096 slots, as the spec's measurements), chain ``[60, 60, 60]``
+      (180 of 218 bits, no rescaling), scale 2^50 (:data:`AGGREGATION_SCALE_BITS`); the data
+      primes hold the sum of ``max_clients x value_bound`` (2^26 for the defaults) with 2^66 to
+      spare.
     * fusion: the smallest degree whose 128-bit budget holds ``[s + 20, s x levels, s + 20]``
       with a scale ``s`` of at least 30 bits (``s`` is then as large as fits, at most 40). Depth 2,
       degree 2, training (3 levels): degree 8192, ``[55, 35, 35, 35, 55]`` (215 of 218 bits);
@@ -414,7 +422,7 @@ def parameters_for(
         if isinstance(circuit, AggregationCircuit):
             edge = DEFAULT_EDGE_BITS
             scale = AGGREGATION_SCALE_BITS if scale_bits is None else scale_bits
-            chain = [edge, scale, edge]
+            chain = [edge, edge, edge]
         else:
             scale, chain, degree_hint = _fusion_chain(
                 circuit.levels, scale_bits, poly_modulus_degree
@@ -437,7 +445,8 @@ def parameters_for(
     degree = _smallest_degree(sum(chain)) if poly_modulus_degree is None else poly_modulus_degree
     if isinstance(circuit, AggregationCircuit) and poly_modulus_degree is None:
         degree = max(degree, 8192)
-    params = CKKSParameters(degree, tuple(chain), int(scale), encryption)
+    aggregation = isinstance(circuit, AggregationCircuit)
+    params = CKKSParameters(degree, tuple(chain), int(scale), encryption, rescaling=not aggregation)
     if params.levels < circuit.levels:
         raise ValueError(
             f"the chain {list(params.coeff_mod_bit_sizes)} has {params.levels} rescaling "
@@ -886,6 +895,7 @@ def _params_header(params: CKKSParameters) -> dict[str, object]:
         "coeff_mod_bit_sizes": list(params.coeff_mod_bit_sizes),
         "scale_bits": params.scale_bits,
         "encryption": params.encryption,
+        "rescaling": params.rescaling,
     }
 
 
@@ -948,6 +958,7 @@ def _params_from_header(path: Path, header: dict[str, object]) -> CKKSParameters
             tuple(int(b) for b in header["coeff_mod_bit_sizes"]),
             int(header["scale_bits"]),
             str(header["encryption"]),
+            bool(header.get("rescaling", True)),
         )
     except KeyError as error:
         raise ValueError(f"{path}: the header lacks {error}") from error
