@@ -465,29 +465,6 @@ def parameters_for(
 
 
 # ----------------------------------------------------------------------------- decryption error
-def fresh_error_variance(poly_modulus_degree: int, encryption: Encryption) -> float:
-    """Variance of one slot's decryption error of a fresh ciphertext, before dividing by the scale.
-
-    The error polynomial's coefficients are independent with variance ``v``; a slot is the
-    real part of their canonical embedding, ``sum_j e_j cos(theta j)``, of variance ``N v / 2``
-    (the central-limit model of CKKS noise, checked in ``tests/test_claims_ckks.py``):
-
-    * symmetric (SEAL's ``encrypt_symmetric``): the encryption error (variance
-      :data:`SEAL_NOISE_STD` squared) plus the encoding's rounding to integers (``1/12``):
-      ``N/2 (3.2^2 + 1/12)``;
-    * public key: SEAL encrypts modulo ``q p`` and divides by the special prime ``p``, which
-      leaves only rounding errors: ``r_0 + r_1 s`` with ``r_i`` uniform on ``[-1/2, 1/2]`` and
-      ``s`` the uniform ternary secret (variance ``N/12 * 2/3`` per coefficient of ``r_1 s``),
-      plus the encoding's rounding: ``N^2 / 36 + N / 12``.
-    """
-    n = float(poly_modulus_degree)
-    if encryption == "symmetric":
-        return n / 2 * (SEAL_NOISE_STD**2 + 1 / 12)
-    if encryption == "public-key":
-        return n * n / 36 + n / 12
-    raise ValueError(f"encryption must be one of {ENCRYPTIONS}, got {encryption!r}")
-
-
 def error_tail_factor(
     failure_bits: float = ERROR_FAILURE_BITS, values: int = ERROR_UNION_VALUES
 ) -> float:
@@ -496,15 +473,36 @@ def error_tail_factor(
     return math.sqrt(2 * (failure_bits * math.log(2) + math.log(2 * values)))
 
 
+def _complex_tail(variance: float, values: int, failure_bits: float = ERROR_FAILURE_BITS) -> float:
+    """``t`` with ``P(|X| > t) <= 2^-failure_bits / values`` for a circular complex Gaussian of
+    ``E|X|^2 = variance`` (``P(|X| > t) = exp(-t^2 / variance)``)."""
+    return math.sqrt(variance * (failure_bits * math.log(2) + math.log(values)))
+
+
 def decryption_error_bound(params: CKKSParameters, n_summed: int) -> float:
     """High-probability bound on ``|decrypted - exact|`` per value of a sum of fresh ciphertexts.
 
-    ``z sqrt(n_summed V) / scale`` with ``V`` of :func:`fresh_error_variance` (errors of
-    independent encryptions add) and ``z`` of :func:`error_tail_factor` (2^-40 failure over
-    2^32 values). It covers the encryption noise and the encoding's rounding of ring arithmetic
-    without rescaling (the aggregation shape); the floating-point decoding error, about
-    ``2^-52`` relative to the message, is not modelled (negligible at the scales picked here
-    for values below 2^10; see docs/ckks.md).
+    A slot's error is the real part of the canonical embedding of the error polynomial (a ring
+    homomorphism: products of polynomials are slot-wise products). With ``N`` the ring degree:
+
+    * symmetric encryption (SEAL's ``encrypt_symmetric``): the error is the fresh encryption
+      error (coefficients of std :data:`SEAL_NOISE_STD`) plus the encoding's rounding
+      (variance 1/12): per slot a Gaussian of variance ``N/2 (3.2^2 + 1/12)`` per ciphertext,
+      independent across ciphertexts; bound ``z sqrt(n N/2 (3.2^2 + 1/12))``;
+    * public key: SEAL encrypts modulo ``q p`` and divides by the special prime ``p``, which
+      leaves rounding errors ``r_0 + r_1 s`` (uniform on ``[-1/2, 1/2]``) with ``s`` the
+      uniform ternary secret. The slot of ``r_1 s`` is ``sigma(r_1)_i sigma(s)_i``: the secret's
+      slot is the same in every ciphertext (``E|sigma(s)_i|^2 = 2N/3``) and the sum of the
+      ``n`` rounding slots has ``E|.|^2 = n N/12``, so the term is at most the product of their
+      complex-Gaussian tails (heavier-tailed than a Gaussian: a key-dependent factor per slot);
+      ``r_0`` and the encoding add a Gaussian of variance ``n N/12``.
+
+    ``z`` is :func:`error_tail_factor` (2^-40 failure over 2^32 values); all divided by the scale.
+    It covers the encryption noise and the encoding's rounding of ring arithmetic without
+    rescaling (the aggregation shape); the floating-point decoding error, about ``2^-52``
+    relative to the message, is not modelled (negligible at the scales picked here for values
+    below 2^10; see docs/ckks.md). ``tests/test_claims_ckks.py`` checks the bound against
+    measured sums.
 
     Args:
         params: the parameter set (ring degree, scale, encryption type).
@@ -512,8 +510,15 @@ def decryption_error_bound(params: CKKSParameters, n_summed: int) -> float:
     """
     if isinstance(n_summed, bool) or int(n_summed) < 1:
         raise ValueError(f"n_summed must be >= 1, got {n_summed!r}")
-    variance = fresh_error_variance(params.poly_modulus_degree, params.encryption)
-    return error_tail_factor() * math.sqrt(int(n_summed) * variance) / params.scale
+    n, degree = int(n_summed), float(params.poly_modulus_degree)
+    z = error_tail_factor()
+    if params.encryption == "symmetric":
+        bound = z * math.sqrt(n * degree / 2 * (SEAL_NOISE_STD**2 + 1 / 12))
+    else:
+        secret_slot = _complex_tail(2 * degree / 3, params.slots)
+        rounding_sum = _complex_tail(n * degree / 12, ERROR_UNION_VALUES)
+        bound = secret_slot * rounding_sum + z * math.sqrt(n * degree / 12)
+    return bound / params.scale
 
 
 def flooding_floor(error_bound: float, security_bits: float) -> float:
