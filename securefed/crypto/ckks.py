@@ -11,16 +11,23 @@ Two classes, two roles (DESIGN.md, "TenSEAL: public and secret contexts as diffe
   public-key encryption type, encrypt).
 
 Parameters are chosen for a *circuit* (:func:`parameters_for`): ``"aggregation"`` (sums only, no
-multiplication: one data prime sized for the sum's headroom) or a :class:`FusionCircuit` (an MLP
-with a polynomial activation, evaluated and trained on ciphertexts: one rescaling prime per
-multiplicative level). Whatever the origin, :func:`check_security` refuses a total coefficient
-modulus above the 128-bit table of the HE standard as SEAL enforces it (specs/transport.md, CKKS):
-degree 4096: 109 bits, 8192: 218, 16384: 438, 32768: 881, naming the numbers.
+multiplication: a first prime sized for the sum's headroom, a second for the scale) or a
+:class:`FusionCircuit` (an MLP with a polynomial activation, evaluated and trained on
+ciphertexts: one rescaling prime per multiplicative level). Whatever the origin,
+:func:`check_security` refuses a total coefficient modulus above the 128-bit table of the HE
+standard as SEAL enforces it (specs/transport.md, CKKS): degree 4096: 109 bits, 8192: 218,
+16384: 438, 32768: 881, naming the numbers.
 
 Ciphertexts cross a trust boundary as :class:`Ciphertext` envelopes (serialized bytes plus the
-id of the key they were made under); a context refuses an envelope made under another key with
-:class:`ContextMismatchError` instead of decrypting garbage (SEAL itself cannot tell two keys
-with the same parameters apart).
+id of the key they were made under); a context refuses an envelope labelled with another key with
+:class:`ContextMismatchError`, and a key holder refuses, after decryption, one whose check slot
+(an encrypted 0 in the last slot) is not 0: a ciphertext of another key relabelled with this
+key's id (SEAL itself cannot tell two keys with the same parameters apart).
+
+Releasing decryptions: :func:`decryption_error_bound` states the error of a sum of fresh
+ciphertexts, :func:`flooding_floor` the least flooding std that hides it at a stated level
+(Li, Micciancio, Schultz and Sorrell 2022), and :class:`Flooding` never floods below it outside
+tests (:meth:`Flooding.unsafe_for_tests`).
 
 Key files (provisioning across machines, no pickle): :func:`save_secret_context` writes
 TenSEAL's own ``serialize(save_secret_key=True)`` bytes behind a magic line and a JSON header
@@ -42,7 +49,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +71,13 @@ MIN_SCALE_BITS = 20
 DEFAULT_SCALE_BITS = 40
 DEFAULT_EDGE_BITS = 60
 """Bits of the first (decryption) prime and of the special (key-switching) prime of a chain."""
+AGGREGATION_SCALE_BITS = 50
+"""Scale of the aggregation chain ``[60, 60, 60]`` (two 60-bit data primes, no rescaling: 118 bits
+of room for ``|value| x scale``, of which a sum of ``max_clients x value_bound`` needs 28). At
+2^50 a 1024-client sum errs by about 2^-34 per value, which keeps the flooding floor
+(:func:`flooding_floor`) near 2^-14.5 at 40-bit security; much above 2^52 the double-precision
+decoding error of values near 1 would exceed the ring's error. Full 60-bit primes keep the
+serialized ciphertexts incompressible, so their sizes do not vary (a 50-bit prime would)."""
 
 FUSION_HEADROOM_BITS = 20
 """Fusion chains give the first prime this many bits over the scale: room for the values and the
@@ -76,6 +90,25 @@ Encryption = Literal["symmetric", "public-key"]
 ENCRYPTIONS: tuple[str, ...] = ("symmetric", "public-key")
 
 
+SEAL_NOISE_STD = 3.2
+"""Standard deviation of SEAL's encryption error (its clipped normal, ``seal::util::ClippedNormal``
+with the default ``noise_standard_deviation``)."""
+
+ERROR_FAILURE_BITS = 40
+"""The decryption-error bound fails with probability at most ``2^-ERROR_FAILURE_BITS``..."""
+
+ERROR_UNION_VALUES = 2**32
+"""... over up to this many decrypted values at once (a union bound)."""
+
+DEFAULT_FLOODING_SECURITY_BITS = 40
+"""Default level of the flooding: per released value, the KL divergence between the release and
+the same value computed without the key-dependent error is at most ``2^-40``."""
+
+CHECK_SLOT_TOLERANCE = 2.0**-4
+"""A check slot (encrypted as 0) must decrypt within this of 0; under another key it decrypts to
+a value of the order of ``q / scale`` (2^59 at the aggregation defaults)."""
+
+
 class ContextMismatchError(SecurefedError, ValueError):
     """A ciphertext was made under another key or parameter set than the context given."""
 
@@ -85,11 +118,11 @@ class ContextMismatchError(SecurefedError, ValueError):
 class AggregationCircuit:
     """Sums of up to ``max_clients`` vectors whose entries lie in ``[-value_bound, value_bound]``.
 
-    No multiplication happens, so the chain is one data prime (decryption modulus) and the special
-    prime; the scale is what is left of the data prime after the sum's headroom:
-    ``scale_bits = data_bits - headroom_bits`` with ``headroom_bits = ceil(log2(max_clients *
-    value_bound)) + 2`` (one bit for the sign, one of margin). CKKS's fresh-encryption error is
-    about ``2^(13 - scale_bits)`` per slot and client (measured at degree 8192).
+    No multiplication happens. The chain is ``[60, 60, 60]`` without rescaling: two data primes
+    (120 bits) hold ``|sum| x scale``, where the sum needs ``headroom_bits = ceil(log2(max_clients
+    * value_bound)) + 2`` bits (one for the sign, one of margin) above the scale
+    (:data:`AGGREGATION_SCALE_BITS`), so the precision does not shrink as the headroom grows.
+    The decryption error of a sum is :func:`decryption_error_bound`.
 
     Attributes:
         max_clients: most clients a round may sum.
@@ -228,6 +261,10 @@ class CKKSParameters:
         scale_bits: ``log2`` of the encoding scale.
         encryption: ``"symmetric"`` (only secret-key holders encrypt; about twice as fast) or
             ``"public-key"`` (anyone with the public context can encrypt).
+        rescaling: the middle primes are rescaling primes (one per multiplicative level, each
+            equal to the scale). ``False`` for circuits without multiplication (aggregation):
+            every prime but the special one is then a data prime of any size and there are no
+            levels.
 
     Raises:
         InsecureParameterError: above the 128-bit limit (:func:`check_security`).
@@ -239,6 +276,7 @@ class CKKSParameters:
     coeff_mod_bit_sizes: tuple[int, ...]
     scale_bits: int
     encryption: Encryption = "public-key"
+    rescaling: bool = True
 
     def __post_init__(self) -> None:
         bits = tuple(int(b) for b in self.coeff_mod_bit_sizes)
@@ -265,7 +303,7 @@ class CKKSParameters:
                 "bits): it holds the integer part of every decrypted value"
             )
         middle = bits[1:-1]
-        if any(b != self.scale_bits for b in middle):
+        if self.rescaling and any(b != self.scale_bits for b in middle):
             raise ValueError(
                 f"rescaling primes {list(middle)} must equal scale_bits={self.scale_bits}, "
                 "or every rescale drifts the scale"
@@ -282,8 +320,8 @@ class CKKSParameters:
 
     @property
     def levels(self) -> int:
-        """Multiplicative levels (rescaling primes)."""
-        return len(self.coeff_mod_bit_sizes) - 2
+        """Multiplicative levels (rescaling primes; none without ``rescaling``)."""
+        return len(self.coeff_mod_bit_sizes) - 2 if self.rescaling else 0
 
     @property
     def total_bits(self) -> int:
@@ -358,8 +396,10 @@ def parameters_for(
 ) -> CKKSParameters:
     """Pick (or validate given) parameters for ``circuit``.
 
-    * aggregation: degree 8192 (4096 slots, as the spec's measurements), chain ``[60, 60]``,
-      scale ``60 - headroom_bits`` (32 bits for the default 1024 clients x 2^16).
+    * aggregation: degree 8192 (4096 slots, as the spec's measurements), chain ``[60, 60, 60]``
+      (180 of 218 bits, no rescaling), scale 2^50 (:data:`AGGREGATION_SCALE_BITS`); the data
+      primes hold the sum of ``max_clients x value_bound`` (2^26 for the defaults) with 2^66 to
+      spare.
     * fusion: the smallest degree whose 128-bit budget holds ``[s + 20, s x levels, s + 20]``
       with a scale ``s`` of at least 30 bits (``s`` is then as large as fits, at most 40). Depth 2,
       degree 2, training (3 levels): degree 8192, ``[55, 35, 35, 35, 55]`` (215 of 218 bits);
@@ -381,8 +421,8 @@ def parameters_for(
     if coeff_mod_bit_sizes is None:
         if isinstance(circuit, AggregationCircuit):
             edge = DEFAULT_EDGE_BITS
-            scale = edge - circuit.headroom_bits if scale_bits is None else scale_bits
-            chain = [edge, edge]
+            scale = AGGREGATION_SCALE_BITS if scale_bits is None else scale_bits
+            chain = [edge, edge, edge]
         else:
             scale, chain, degree_hint = _fusion_chain(
                 circuit.levels, scale_bits, poly_modulus_degree
@@ -405,7 +445,8 @@ def parameters_for(
     degree = _smallest_degree(sum(chain)) if poly_modulus_degree is None else poly_modulus_degree
     if isinstance(circuit, AggregationCircuit) and poly_modulus_degree is None:
         degree = max(degree, 8192)
-    params = CKKSParameters(degree, tuple(chain), int(scale), encryption)
+    aggregation = isinstance(circuit, AggregationCircuit)
+    params = CKKSParameters(degree, tuple(chain), int(scale), encryption, rescaling=not aggregation)
     if params.levels < circuit.levels:
         raise ValueError(
             f"the chain {list(params.coeff_mod_bit_sizes)} has {params.levels} rescaling "
@@ -421,6 +462,80 @@ def parameters_for(
                 f"decryption prime holds at scale 2^{params.scale_bits}"
             )
     return params
+
+
+# ----------------------------------------------------------------------------- decryption error
+def error_tail_factor(
+    failure_bits: float = ERROR_FAILURE_BITS, values: int = ERROR_UNION_VALUES
+) -> float:
+    """``z`` such that ``values`` Gaussians all stay within ``z`` standard deviations except with
+    probability ``2^-failure_bits`` (``P(|X| > z sd) <= 2 exp(-z^2 / 2)``, union bound)."""
+    return math.sqrt(2 * (failure_bits * math.log(2) + math.log(2 * values)))
+
+
+def _complex_tail(variance: float, values: int, failure_bits: float = ERROR_FAILURE_BITS) -> float:
+    """``t`` with ``P(|X| > t) <= 2^-failure_bits / values`` for a circular complex Gaussian of
+    ``E|X|^2 = variance`` (``P(|X| > t) = exp(-t^2 / variance)``)."""
+    return math.sqrt(variance * (failure_bits * math.log(2) + math.log(values)))
+
+
+def decryption_error_bound(params: CKKSParameters, n_summed: int) -> float:
+    """High-probability bound on ``|decrypted - exact|`` per value of a sum of fresh ciphertexts.
+
+    A slot's error is the real part of the canonical embedding of the error polynomial (a ring
+    homomorphism: products of polynomials are slot-wise products). With ``N`` the ring degree:
+
+    * symmetric encryption (SEAL's ``encrypt_symmetric``): the error is the fresh encryption
+      error (coefficients of std :data:`SEAL_NOISE_STD`) plus the encoding's rounding
+      (variance 1/12): per slot a Gaussian of variance ``N/2 (3.2^2 + 1/12)`` per ciphertext,
+      independent across ciphertexts; bound ``z sqrt(n N/2 (3.2^2 + 1/12))``;
+    * public key: SEAL encrypts modulo ``q p`` and divides by the special prime ``p``, which
+      leaves rounding errors ``r_0 + r_1 s`` (uniform on ``[-1/2, 1/2]``) with ``s`` the
+      uniform ternary secret. The slot of ``r_1 s`` is ``sigma(r_1)_i sigma(s)_i``: the secret's
+      slot is the same in every ciphertext (``E|sigma(s)_i|^2 = 2N/3``) and the sum of the
+      ``n`` rounding slots has ``E|.|^2 = n N/12``, so the term is at most the product of their
+      complex-Gaussian tails (heavier-tailed than a Gaussian: a key-dependent factor per slot);
+      ``r_0`` and the encoding add a Gaussian of variance ``n N/12``.
+
+    ``z`` is :func:`error_tail_factor` (2^-40 failure over 2^32 values); all divided by the scale.
+    It covers the encryption noise and the encoding's rounding of ring arithmetic without
+    rescaling (the aggregation shape); the floating-point decoding error, about ``2^-52``
+    relative to the message, is not modelled (negligible at the scales picked here for values
+    below 2^10; see docs/ckks.md). ``tests/test_claims_ckks.py`` checks the bound against
+    measured sums.
+
+    Args:
+        params: the parameter set (ring degree, scale, encryption type).
+        n_summed: ciphertexts added into the one decrypted (the round's clients, at most).
+    """
+    if isinstance(n_summed, bool) or int(n_summed) < 1:
+        raise ValueError(f"n_summed must be >= 1, got {n_summed!r}")
+    n, degree = int(n_summed), float(params.poly_modulus_degree)
+    z = error_tail_factor()
+    if params.encryption == "symmetric":
+        bound = z * math.sqrt(n * degree / 2 * (SEAL_NOISE_STD**2 + 1 / 12))
+    else:
+        secret_slot = _complex_tail(2 * degree / 3, params.slots)
+        rounding_sum = _complex_tail(n * degree / 12, ERROR_UNION_VALUES)
+        bound = secret_slot * rounding_sum + z * math.sqrt(n * degree / 12)
+    return bound / params.scale
+
+
+def flooding_floor(error_bound: float, security_bits: float) -> float:
+    """The least flooding std that hides an error of at most ``error_bound`` at ``security_bits``.
+
+    A released value is ``y = m + e + g`` with ``|e| <= error_bound`` key-dependent and ``g ~
+    N(0, sigma^2)``; the same value computed without the key-dependent error is ``m + g``. Their
+    KL divergence is ``e^2 / (2 sigma^2)``, at most ``2^-s`` when ``sigma >= error_bound *
+    2^((s - 1) / 2)``. Over ``T`` released values the divergences add (``T 2^-s``). Li,
+    Micciancio, Schultz and Sorrell (CRYPTO 2022) show that flooding CKKS decryptions with
+    Gaussian noise scaled to the worst-case error this way gives IND-CPA^D security, and that
+    ``2^(s/2)`` times the error cannot be improved much; the constant here is that of the KL
+    form above.
+    """
+    if not math.isfinite(error_bound) or error_bound <= 0:
+        raise ValueError(f"error_bound must be finite and > 0, got {error_bound!r}")
+    return error_bound * 2.0 ** ((security_bits - 1) / 2)
 
 
 # ----------------------------------------------------------------------------- envelopes
@@ -453,11 +568,25 @@ def chunk_count(length: int, slots: int) -> int:
 
 
 class _ContextBase:
-    """Shared plumbing: the TenSEAL context, its id, loading and dumping envelopes."""
+    """Shared plumbing: the TenSEAL context, its id, loading and dumping envelopes.
+
+    Contexts with ``check_slot`` (those of the aggregation circuit) reserve the last slot of
+    every ciphertext they encrypt for a check value, 0: sums keep it 0, and a key holder
+    verifies it after decryption (:meth:`SecretContext.decrypt`). A ciphertext made under
+    another key but labelled with this key's id decrypts there to garbage of the order of
+    ``q / scale`` in every slot, so its check slot is refused: the server, who relays and adds
+    ciphertexts but holds no secret key, cannot relabel a ciphertext undetected.
+    """
 
     params: CKKSParameters
     key_id: str
+    check_slot: bool
     _context: ts.Context
+
+    @property
+    def data_slots(self) -> int:
+        """Slots per ciphertext that carry values (one fewer with a check slot)."""
+        return self.params.slots - int(self.check_slot)
 
     @property
     def tenseal(self) -> ts.Context:
@@ -494,11 +623,17 @@ class _ContextBase:
         values = finite_array("values to encrypt", values)
         if values.ndim != 1:
             raise ValueError(f"encrypt takes a 1-D vector, got shape {values.shape}")
-        slots = self.params.slots
+        slots = self.data_slots
         out = []
         for start in range(0, max(len(values), 1), slots):
             chunk = values[start : start + slots]
-            out.append(self.dump(self.encrypt_vector(chunk), len(chunk)))
+            if self.check_slot:
+                # Zero-padded to every slot; the last one (the check value 0) stays 0.
+                padded = np.zeros(self.params.slots)
+                padded[: len(chunk)] = chunk
+                out.append(self.dump(self.encrypt_vector(padded), len(chunk)))
+            else:
+                out.append(self.dump(self.encrypt_vector(chunk), len(chunk)))
         return out
 
     def encrypt_vector(self, values: np.ndarray) -> ts.CKKSVector:
@@ -526,12 +661,16 @@ class PublicContext(_ContextBase):
         serialized: TenSEAL context bytes without the secret key.
         key_id: id of the key pair (travels with the bytes).
         params: the parameter set.
+        check_slot: reserve the last slot of every ciphertext it encrypts for the check value
+            (as the key holders' context does; see :class:`_ContextBase`).
 
     Raises:
         InsecureParameterError: if the bytes hold a secret key (never give one to a server).
     """
 
-    def __init__(self, serialized: bytes, *, key_id: str, params: CKKSParameters) -> None:
+    def __init__(
+        self, serialized: bytes, *, key_id: str, params: CKKSParameters, check_slot: bool = True
+    ) -> None:
         context = ts.context_from(serialized, n_threads=1)
         if context.has_secret_key():
             raise InsecureParameterError(
@@ -543,10 +682,14 @@ class PublicContext(_ContextBase):
         self.serialized = bytes(serialized)
         self.key_id = key_id
         self.params = params
+        self.check_slot = bool(check_slot)
 
     def __reduce__(self):
         # Pickles as its own serialization (no secret key in it): for process-parallel runs.
-        return (_public_from_state, (self.serialized, self.key_id, self.params))
+        return (
+            _public_from_state,
+            (self.serialized, self.key_id, self.params, self.check_slot),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -588,10 +731,18 @@ class SecretContext(_ContextBase):
         relin_keys: generate relinearization keys (needed for ciphertext products).
         galois_keys: generate Galois keys (rotations; about 35 MB at degree 8192: only for
             circuits that rotate, which none in securefed does).
+        check_slot: reserve a check slot in every ciphertext :meth:`encrypt` makes and verify it
+            in :meth:`decrypt` (default; the fusion circuit, which uses every slot, turns it
+            off: :func:`ckks_context`).
     """
 
     def __init__(
-        self, params: CKKSParameters, *, relin_keys: bool = True, galois_keys: bool = False
+        self,
+        params: CKKSParameters,
+        *,
+        relin_keys: bool = True,
+        galois_keys: bool = False,
+        check_slot: bool = True,
     ) -> None:
         encryption_type = (
             ts.ENCRYPTION_TYPE.SYMMETRIC
@@ -612,6 +763,7 @@ class SecretContext(_ContextBase):
         self.params = params
         self._relin = bool(relin_keys)
         self._galois = bool(galois_keys)
+        self.check_slot = bool(check_slot)
         # Relinearization keys are fresh randomness under this secret key: their hash names it.
         material = context.serialize(
             save_public_key=False,
@@ -625,7 +777,10 @@ class SecretContext(_ContextBase):
     def __reduce__(self):
         # For process-parallel simulations only: the pickle holds the secret key.
         state = self.serialize_secret()
-        return (_secret_from_state, (state, self.key_id, self.params, self._relin, self._galois))
+        return (
+            _secret_from_state,
+            (state, self.key_id, self.params, self._relin, self._galois, self.check_slot),
+        )
 
     def serialize_secret(self) -> bytes:
         """TenSEAL's own serialization *with* the secret key (``save_secret_key=True``).
@@ -653,7 +808,10 @@ class SecretContext(_ContextBase):
         """The :class:`PublicContext` for a server (built once from the serialized bytes)."""
         if self._public is None:
             self._public = PublicContext(
-                self.serialize_public(), key_id=self.key_id, params=self.params
+                self.serialize_public(),
+                key_id=self.key_id,
+                params=self.params,
+                check_slot=self.check_slot,
             )
         return self._public
 
@@ -664,13 +822,37 @@ class SecretContext(_ContextBase):
     def decrypt(self, ciphertexts: Ciphertext | Sequence[Ciphertext]) -> np.ndarray:
         """Decrypt one envelope or the concatenation of several (their meaningful slots).
 
+        With ``check_slot`` every ciphertext's check slot must decrypt to 0 (within
+        :data:`CHECK_SLOT_TOLERANCE`) before any value is returned.
+
         Raises:
-            ContextMismatchError: an envelope made under another key.
+            ContextMismatchError: an envelope labelled with another key's id, or one made under
+                another key but labelled with this one's (its check slot decrypts to garbage).
         """
         if isinstance(ciphertexts, Ciphertext):
             ciphertexts = [ciphertexts]
-        parts = [self.decrypt_vector(self.load(c), c.length) for c in ciphertexts]
+        parts = [self._decrypt_checked(c) for c in ciphertexts]
         return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _decrypt_checked(self, ciphertext: Ciphertext) -> np.ndarray:
+        values = self.decrypt_vector(self.load(ciphertext))
+        if not self.check_slot:
+            return values[: ciphertext.length]
+        slots = self.params.slots
+        if len(values) != slots or not 0 <= ciphertext.length < slots:
+            raise ContextMismatchError(
+                f"ciphertext labelled with key {ciphertext.key_id} holds {len(values)} slots "
+                f"({ciphertext.length} meaningful); this key's ciphertexts hold {slots} with "
+                "the last one a check slot: not made by this key's holders"
+            )
+        check = float(values[-1])
+        if not abs(check) <= CHECK_SLOT_TOLERANCE:
+            raise ContextMismatchError(
+                f"ciphertext labelled with key {ciphertext.key_id} fails its check slot "
+                f"(decrypts to {check:.3g}, not 0): it was made under another key and relabelled, "
+                "or corrupted; refusing it rather than decrypting garbage"
+            )
+        return values[: ciphertext.length]
 
     def decrypt_vector(self, vector: ts.CKKSVector, length: int | None = None) -> np.ndarray:
         """Decrypt an in-memory vector with this context's secret key (first ``length`` slots)."""
@@ -678,8 +860,10 @@ class SecretContext(_ContextBase):
         return values if length is None else values[:length]
 
 
-def _public_from_state(serialized: bytes, key_id: str, params: CKKSParameters) -> PublicContext:
-    return PublicContext(serialized, key_id=key_id, params=params)
+def _public_from_state(
+    serialized: bytes, key_id: str, params: CKKSParameters, check_slot: bool = True
+) -> PublicContext:
+    return PublicContext(serialized, key_id=key_id, params=params, check_slot=check_slot)
 
 
 def _secret_from_state(
@@ -688,6 +872,7 @@ def _secret_from_state(
     params: CKKSParameters,
     relin: bool,
     galois: bool,
+    check_slot: bool = True,
     context: ts.Context | None = None,
 ) -> SecretContext:
     secret = SecretContext.__new__(SecretContext)
@@ -696,6 +881,7 @@ def _secret_from_state(
     secret._context = context
     secret.params = params
     secret._relin, secret._galois = relin, galois
+    secret.check_slot = bool(check_slot)
     secret.key_id = key_id
     secret._public = None
     return secret
@@ -714,6 +900,7 @@ def _params_header(params: CKKSParameters) -> dict[str, object]:
         "coeff_mod_bit_sizes": list(params.coeff_mod_bit_sizes),
         "scale_bits": params.scale_bits,
         "encryption": params.encryption,
+        "rescaling": params.rescaling,
     }
 
 
@@ -776,6 +963,7 @@ def _params_from_header(path: Path, header: dict[str, object]) -> CKKSParameters
             tuple(int(b) for b in header["coeff_mod_bit_sizes"]),
             int(header["scale_bits"]),
             str(header["encryption"]),
+            bool(header.get("rescaling", True)),
         )
     except KeyError as error:
         raise ValueError(f"{path}: the header lacks {error}") from error
@@ -798,6 +986,7 @@ def save_secret_context(secret: SecretContext, path: str | os.PathLike) -> Path:
         "key_id": secret.key_id,
         "relin_keys": secret._relin,
         "galois_keys": secret._galois,
+        "check_slot": secret.check_slot,
     }
     return _write_key_file(path, SECRET_FILE_MAGIC, header, secret.serialize_secret())
 
@@ -829,6 +1018,7 @@ def load_secret_context(path: str | os.PathLike) -> SecretContext:
         params,
         bool(header.get("relin_keys", True)),
         bool(header.get("galois_keys", False)),
+        bool(header.get("check_slot", True)),
         context=context,
     )
 
@@ -843,7 +1033,10 @@ def save_public_context(public: PublicContext | SecretContext, path: str | os.Pa
         public = public.public()
     if not isinstance(public, PublicContext):
         raise TypeError(f"expected a PublicContext, got {type(public).__name__}")
-    header = _params_header(public.params) | {"key_id": public.key_id}
+    header = _params_header(public.params) | {
+        "key_id": public.key_id,
+        "check_slot": public.check_slot,
+    }
     return _write_key_file(path, PUBLIC_FILE_MAGIC, header, public.serialized)
 
 
@@ -857,7 +1050,12 @@ def load_public_context(path: str | os.PathLike) -> PublicContext:
     path = Path(path)
     header, payload = _read_key_file(path, PUBLIC_FILE_MAGIC)
     params = _params_from_header(path, header)
-    return PublicContext(payload, key_id=str(header["key_id"]), params=params)
+    return PublicContext(
+        payload,
+        key_id=str(header["key_id"]),
+        params=params,
+        check_slot=bool(header.get("check_slot", True)),
+    )
 
 
 def ckks_context(
@@ -887,8 +1085,9 @@ def ckks_context(
         scale_bits=scale_bits,
         encryption=encryption,
     )
-    needs_relin = isinstance(circuit, FusionCircuit)
-    return SecretContext(params, relin_keys=needs_relin)
+    fusion = isinstance(circuit, FusionCircuit)
+    # Fusion ciphertexts use every slot (masks cover them all): no check slot there.
+    return SecretContext(params, relin_keys=fusion, check_slot=not fusion)
 
 
 # ----------------------------------------------------------------------------- releasing values
@@ -899,36 +1098,113 @@ class Flooding:
     CKKS decryption returns ``m + e`` with ``e`` a function of the secret key and the encryption
     randomness; handing ``m + e`` to the party that holds the ciphertext lets it set up linear
     equations in the secret key (Li and Micciancio, EUROCRYPT 2021). The key holder therefore adds
-    Gaussian noise of standard deviation ``std`` and rounds to a multiple of ``step`` before a
-    decryption leaves it (specs/transport.md, CKKS).
-
-    The defaults (``std`` 2^-20, ``step`` 2^-24) sit about 2^7..2^12 above the fresh CKKS error
-    at the scales securefed picks (2^-27 at scale 2^40, 2^-19 at 2^32): they defeat the exact
-    key-recovery attack, but they are not a proof of ``2^-s`` statistical distance, which would
-    need ``std >= 2^s`` times the error bound (raise ``std``, or the scale, for that).
+    Gaussian noise and rounds to a multiple of ``step`` before a decryption leaves it. The noise
+    std follows from the decryption-error bound of the parameters
+    (:func:`decryption_error_bound`) and the level ``security_bits`` (:func:`flooding_floor`:
+    per released value, KL divergence at most ``2^-security_bits`` from the value without the
+    key-dependent error); it is never below that floor.
 
     Attributes:
-        std: standard deviation of the flooding noise (0 disables it).
-        step: rounding grid (0 disables rounding).
+        std: the flooding std; ``None``: the floor for the bound (:meth:`std_for`). A value
+            below the floor is refused when the bound is known.
+        step: rounding grid (0 disables rounding; post-processing, no effect on the level).
+        security_bits: the level ``s`` (default :data:`DEFAULT_FLOODING_SECURITY_BITS`).
+        tests_only: set by :meth:`unsafe_for_tests` only: no floor, ``std`` may be 0. Views
+            record it as ``ckks_flooding_unsafe_for_tests`` (an error for the audit).
+
+    Raises:
+        ValueError: ``std <= 0`` (flooding disabled: only :meth:`unsafe_for_tests` allows it),
+            a negative or non-finite ``step``, ``security_bits`` outside [1, 128].
     """
 
-    std: float = 2.0**-20
+    std: float | None = None
     step: float = 2.0**-24
+    security_bits: float = DEFAULT_FLOODING_SECURITY_BITS
+    tests_only: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("std", "step"):
-            value = getattr(self, name)
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"flooding {name} must be finite and >= 0, got {value!r}")
+        if not np.isfinite(self.step) or self.step < 0:
+            raise ValueError(f"flooding step must be finite and >= 0, got {self.step!r}")
+        if self.tests_only:
+            if self.std is None or not np.isfinite(self.std) or self.std < 0:
+                raise ValueError(f"unsafe flooding std must be finite and >= 0, got {self.std!r}")
+            return
+        if self.std is not None and (not np.isfinite(self.std) or self.std <= 0):
+            raise ValueError(
+                f"flooding std must be finite and > 0, got {self.std!r}: unflooded CKKS "
+                "decryptions reveal the secret key (Li and Micciancio 2021); use std=None for "
+                "the floor, or Flooding.unsafe_for_tests(...) in tests"
+            )
+        if not 1 <= self.security_bits <= 128:
+            raise ValueError(f"security_bits must lie in [1, 128], got {self.security_bits!r}")
 
-    def apply(self, values: np.ndarray, noise) -> np.ndarray:
-        """``round((values + N(0, std^2)) / step) * step``; ``noise`` is a NoiseSource."""
+    @classmethod
+    def unsafe_for_tests(cls, std: float = 0.0, step: float = 0.0) -> Flooding:
+        """Flooding below the floor, or none: for tests of exact CKKS arithmetic only.
+
+        Recorded in the view as ``ckks_flooding_unsafe_for_tests``; never use it in a run.
+        """
+        return cls(std=std, step=step, tests_only=True)
+
+    def floor(self, error_bound: float) -> float:
+        """:func:`flooding_floor` at this level (0 for :meth:`unsafe_for_tests`)."""
+        return 0.0 if self.tests_only else flooding_floor(error_bound, self.security_bits)
+
+    def std_for(self, error_bound: float) -> float:
+        """The std to flood with against a decryption error of at most ``error_bound``.
+
+        Raises:
+            InsecureParameterError: a given ``std`` below the floor (naming both).
+        """
+        floor = self.floor(error_bound)
+        if self.std is None:
+            return floor
+        if self.std < floor:
+            raise InsecureParameterError(
+                f"flooding std {self.std:g} is below the floor {floor:g} that a decryption "
+                f"error of {error_bound:g} needs at {self.security_bits:g}-bit security "
+                "(error x 2^((s - 1) / 2)); raise it, leave it None, or raise the scale"
+            )
+        return float(self.std)
+
+    def calibrated(self, error_bound: float) -> Flooding:
+        """This flooding with ``std`` fixed for ``error_bound`` (validated by :meth:`std_for`)."""
+        return replace(self, std=self.std_for(error_bound))
+
+    def apply(self, values: np.ndarray, noise, *, error_bound: float) -> np.ndarray:
+        """``round((values + N(0, std^2)) / step) * step``; ``noise`` is a NoiseSource.
+
+        Raises:
+            InsecureParameterError: ``std`` below the floor for ``error_bound``.
+        """
+        return self._release(values, self.std_for(error_bound), noise)
+
+    def apply_without_bound(self, values: np.ndarray, noise) -> np.ndarray:
+        """:meth:`apply` with the given ``std`` where no decryption-error bound is stated (the
+        fusion circuit): nothing checks the floor, and the caller's view must say so.
+
+        Raises:
+            ValueError: ``std`` is ``None`` (the floor needs a bound).
+        """
+        if self.std is None:
+            raise ValueError("flooding with std=None needs a decryption-error bound (apply)")
+        return self._release(values, float(self.std), noise)
+
+    def _release(self, values: np.ndarray, std: float, noise) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
-        if self.std > 0:
-            values = values + noise.normal(self.std, values.shape)
+        if std > 0:
+            values = values + noise.normal(std, values.shape)
         if self.step > 0:
             values = np.round(values / self.step) * self.step
         return values
 
-    def public(self) -> dict[str, float]:
-        return {"flood_std": self.std, "round_step": self.step}
+    def public(self) -> dict[str, object]:
+        """``flood_std`` (when fixed), ``round_step``, the level and, if set, the test flag."""
+        out: dict[str, object] = {"round_step": self.step}
+        if self.std is not None:
+            out["flood_std"] = self.std
+        if self.tests_only:
+            out["ckks_flooding_unsafe_for_tests"] = True
+        else:
+            out["ckks_flooding_security_bits"] = self.security_bits
+        return out

@@ -17,9 +17,11 @@ the roles live on different machines:
 * **the nodes** (:class:`NodeKeys`): each packs its users' updates exactly as the in-process
   round does (``pack_update``: ``w * x`` then ``w``), checks the public ``value_bound`` and
   encrypts them (shared model: with the users' secret key; committee model: with the public
-  context); a key-holder node decrypts the sum, floods and rounds it with
+  context); a key-holder node decrypts the sum (refusing ciphertexts whose check slot fails:
+  relabelled from another key), floods and rounds it with
   :class:`~securefed.crypto.ckks.Flooding` from the stream ``("ckks", "flood", round)`` -- what
-  ``KeyHolder.decrypt_aggregate`` does in one process -- and returns only those values.
+  ``KeyHolder.decrypt_aggregate`` does in one process, the std checked against the floor of the
+  node's own parameters -- and returns only those values.
 
 Ciphertexts travel as one ``uint8`` array of concatenated TenSEAL serializations with int64
 offsets (their sizes vary by a few bytes: SEAL compresses them).
@@ -164,18 +166,27 @@ class NodeKeys:
         flooding: Flooding,
         round_id: int,
         seeds: SeedTree,
+        *,
+        max_clients: int = 1,
     ) -> np.ndarray:
         """Decrypt the server's summed ciphertexts, flood and round (``KeyHolder``'s release).
 
+        The flooding is checked against the floor for this node's own parameters at
+        ``max_clients`` summed ciphertexts (default 1: the smallest bound, when the node is not
+        told the federation's size).
+
         Raises:
-            ContextMismatchError: this node holds no secret key, or ciphertexts of another key.
+            ContextMismatchError: this node holds no secret key, ciphertexts labelled with
+                another key, or relabelled ones (their check slot fails).
+            InsecureParameterError: ``flooding`` below the floor.
         """
         if self.secret is None:
             raise ContextMismatchError(
                 "this node holds no CKKS secret key and cannot decrypt: ask a key holder"
             )
         noise = noise_source(seeds, *FLOOD_STREAM, round_id)
-        return KeyHolder(self.secret, flooding).decrypt_aggregate(summed, length, noise)
+        holder = KeyHolder(self.secret, flooding, max_clients)
+        return holder.decrypt_aggregate(summed, length, noise)
 
 
 _SECRETS: dict[tuple[str, int, int], SecretContext] = {}

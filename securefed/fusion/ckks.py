@@ -297,7 +297,9 @@ class CKKSFusionConfig:
     Attributes:
         lr: SGD step size of the server's weights.
         key_holder: the party that decrypts masked batch sums (default: the first party).
-        flooding: what the key holder does to a masked sum before releasing it to the server.
+        flooding: what the key holder does to a masked sum before releasing it to the server
+            (a fixed std, default 2^-20: no decryption-error bound is derived for the fusion
+            circuit's products and rescales, so the floor cannot be checked here; docs/ckks.md).
         output_noise_std: std of the Gaussian noise, freshly encrypted under the public key, that
             the server adds to every ciphertext it returns to a party (circuit privacy).
         mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: two bits
@@ -306,7 +308,7 @@ class CKKSFusionConfig:
 
     lr: float = 0.01
     key_holder: str | None = None
-    flooding: Flooding = field(default_factory=Flooding)
+    flooding: Flooding = field(default_factory=lambda: Flooding(2.0**-20))
     output_noise_std: float = 2.0**-20
     mask_bits: int | None = None
 
@@ -319,6 +321,11 @@ class CKKSFusionConfig:
             raise ValueError(f"mask_bits must lie in [1, 40], got {self.mask_bits!r}")
         if not isinstance(self.flooding, Flooding):
             raise TypeError(f"flooding must be a Flooding, got {type(self.flooding).__name__}")
+        if self.flooding.std is None:
+            raise ValueError(
+                "the fusion channel needs an explicit flooding std: no decryption-error bound is "
+                "derived for the fusion circuit, so the floor (std=None) is not defined here"
+            )
 
 
 @dataclass
@@ -362,14 +369,21 @@ class FusionParty:
             out.append(self._secret.dump(self._secret.encrypt_vector(padded), len(column)))
         return out
 
+    def _decrypt(self, ciphertext: Ciphertext) -> np.ndarray:
+        # Every slot carries data or masks here: no check slot (the key id is still checked).
+        return self._secret.decrypt_vector(self._secret.load(ciphertext), ciphertext.length)
+
     def decrypt_columns(self, ciphertexts: Sequence[Ciphertext], n_rows: int) -> np.ndarray:
         """Decrypt ciphertexts addressed to this party into an ``(n_rows, len)`` matrix."""
-        return np.stack([self._secret.decrypt(c)[:n_rows] for c in ciphertexts], axis=1)
+        return np.stack([self._decrypt(c)[:n_rows] for c in ciphertexts], axis=1)
 
     def release_sum(self, masked: Ciphertext, n_rows: int, flooding: Flooding, noise) -> float:
-        """The key holder's step: decrypt a masked vector, sum its first ``n_rows`` slots, flood."""
-        total = float(self._secret.decrypt(masked)[:n_rows].sum())
-        return float(flooding.apply(np.array([total]), noise)[0])
+        """The key holder's step: decrypt a masked vector, sum its first ``n_rows`` slots, flood.
+
+        The std is the configured one (no bound is stated for the fusion circuit; see
+        :class:`CKKSFusionConfig`)."""
+        total = float(self._decrypt(masked)[:n_rows].sum())
+        return float(flooding.apply_without_bound(np.array([total]), noise)[0])
 
 
 class _MaskSource:
@@ -581,6 +595,7 @@ class CKKSFusionChannel:
                 "key_holder": key_holder,
                 "mask_bound": self.server.masks.bound,
                 "flooding": repr(self.config.flooding),
+                "flooding_error_bound": None,
                 "output_noise_std": self.config.output_noise_std,
                 "seeded": not seeds.secure,
             },

@@ -57,11 +57,14 @@ from securefed._checks import finite_array
 from securefed.crypto.ckks import (
     AggregationCircuit,
     Ciphertext,
+    CKKSParameters,
     Flooding,
     PublicContext,
     SecretContext,
     chunk_count,
     ckks_context,
+    decryption_error_bound,
+    parameters_for,
 )
 from securefed.errors import AggregationError
 from securefed.privacy.noise import noise_source
@@ -87,7 +90,10 @@ class CKKSConfig:
         value_bound: public bound on every uploaded ``|w * x|`` and ``w``.
         poly_modulus_degree, coeff_mod_bit_sizes, scale_bits: override the parameters that
             :func:`~securefed.crypto.ckks.parameters_for` picks (validated the same way).
-        flooding: noise and rounding applied by the key holder before releasing the aggregate.
+        flooding: noise and rounding applied by the key holder before releasing the aggregate;
+            its std is fixed here for the parameters' decryption-error bound at ``max_clients``
+            (:attr:`decryption_error`): ``None`` takes the floor of its ``security_bits``, a given
+            std below the floor is refused (:class:`~securefed.errors.InsecureParameterError`).
         keep_ciphertext_bytes: in rounds that keep payloads, keep every ciphertext's bytes
             (otherwise sizes and SHA-256 digests only).
     """
@@ -111,6 +117,7 @@ class CKKSConfig:
             object.__setattr__(
                 self, "coeff_mod_bit_sizes", tuple(int(b) for b in self.coeff_mod_bit_sizes)
             )
+        object.__setattr__(self, "flooding", self.flooding.calibrated(self.decryption_error))
 
     @property
     def circuit(self) -> AggregationCircuit:
@@ -119,6 +126,23 @@ class CKKSConfig:
     @property
     def encryption(self) -> str:
         return "symmetric" if self.key_model == "shared" else "public-key"
+
+    @property
+    def params(self) -> CKKSParameters:
+        """The parameters :meth:`make_keys` generates keys for (validated, no keys made)."""
+        return parameters_for(
+            self.circuit,
+            poly_modulus_degree=self.poly_modulus_degree,
+            coeff_mod_bit_sizes=self.coeff_mod_bit_sizes,
+            scale_bits=self.scale_bits,
+            encryption=self.encryption,
+        )
+
+    @property
+    def decryption_error(self) -> float:
+        """The stated bound on a decrypted sum's error (:func:`decryption_error_bound` at
+        ``max_clients`` ciphertexts: the most a round may sum)."""
+        return decryption_error_bound(self.params, self.max_clients)
 
     def make_keys(self) -> SecretContext:
         """Generate the key holders' context for these parameters."""
@@ -136,6 +160,7 @@ class CKKSConfig:
             "max_clients": self.max_clients,
             "value_bound": self.value_bound,
             "keep_ciphertext_bytes": self.keep_ciphertext_bytes,
+            "ckks_decryption_error": self.decryption_error,
             **self.flooding.public(),
         }
 
@@ -241,13 +266,21 @@ class KeyHolder:
     Args:
         secret: the key holders' context.
         flooding: noise and rounding before a decryption is released to the server.
+        max_clients: most ciphertexts a sum it decrypts may hold: the decryption-error bound it
+            floods against (:func:`~securefed.crypto.ckks.decryption_error_bound`) is that of
+            its own parameters at this count, whatever the server says.
+
+    Raises:
+        InsecureParameterError: ``flooding``'s std below the floor for that bound.
     """
 
-    def __init__(self, secret: SecretContext, flooding: Flooding) -> None:
+    def __init__(self, secret: SecretContext, flooding: Flooding, max_clients: int) -> None:
         if not isinstance(secret, SecretContext):
             raise TypeError(f"a KeyHolder needs a SecretContext, got {type(secret).__name__}")
         self._secret = secret
         self.flooding = flooding
+        self.decryption_error = decryption_error_bound(secret.params, max_clients)
+        flooding.std_for(self.decryption_error)  # refuse a weak flooding before any round
 
     @property
     def key_id(self) -> str:
@@ -266,7 +299,7 @@ class KeyHolder:
         values = self._secret.decrypt(list(summed))
         if len(values) < length:
             raise AggregationError(f"the summed ciphertexts hold {len(values)} < {length} values")
-        return self.flooding.apply(values[:length], noise)
+        return self.flooding.apply(values[:length], noise, error_bound=self.decryption_error)
 
 
 class AggregatingServer:
@@ -393,7 +426,9 @@ class CKKSRound(AggregationRound):
         if self._weighted is None:
             self._weighted = weighted
             self._length = self.shape[0] * self.shape[1] + int(weighted)
-            self.n_ciphertexts = chunk_count(self._length, self._transport.params.slots)
+            self.n_ciphertexts = chunk_count(
+                self._length, self._transport.server_context.data_slots
+            )
             self.server = AggregatingServer(self._transport.server_context, self.n_ciphertexts)
             self.view.public.update(
                 {"ckks_values_per_client": self._length, "ckks_ciphertexts": self.n_ciphertexts}
@@ -552,15 +587,19 @@ class CKKSRound(AggregationRound):
         self.view.public["ckks_folded_into_state"] = True
 
     def error_bound(self) -> float:
-        """A generous bound on ``|result - exact sum|`` per value (tests use it).
+        """A bound on ``|result - exact sum|`` per value (tests use it).
 
-        Fresh CKKS error per slot is below ``2^(14 - scale_bits)`` (measured ``2^(13 - s)``),
-        adding ``n`` uploads adds their errors, and flooding adds ``6 std + step``.
+        The stated decryption-error bound of the sum (:func:`decryption_error_bound` for the
+        round's contributors) plus the flooding's ``6 std`` (a 2^-26 two-sided Gaussian tail)
+        and half a rounding step.
         """
-        params = self._transport.params
         n = max(len(self.submitted), 1)
         flooding = self.config.flooding
-        return n * 2.0 ** (14 - params.scale_bits) + 6 * flooding.std + flooding.step
+        return (
+            decryption_error_bound(self._transport.params, n)
+            + 6 * flooding.std_for(self._transport.decryption_error)
+            + flooding.step / 2
+        )
 
 
 # ----------------------------------------------------------------------------- encrypted state
@@ -602,7 +641,8 @@ class EncryptedState:
         self.shape = initial.shape
         self._transport = transport
         self._server = AggregatingServer(
-            transport.server_context, chunk_count(initial.size, transport.params.slots)
+            transport.server_context,
+            chunk_count(initial.size, transport.server_context.data_slots),
         )
         self._server.receive(transport.key_holder.encrypt(initial.ravel()))
         self.updates = 0
@@ -662,7 +702,7 @@ class CKKSTransport(Transport):
         >>> rnd = transport.open_round(0, range(3), shape=(1, 2), seeds=SeedTree(0))
         >>> for c in range(3):
         ...     rnd.submit(c, np.array([0.5, -1.0]))
-        >>> np.round(rnd.result().total, 4).tolist()
+        >>> np.round(rnd.result().total, 3).tolist()
         [[1.5, -3.0]]
     """
 
@@ -695,9 +735,12 @@ class CKKSTransport(Transport):
                 f"the given keys use {keys.params.encryption}"
             )
         self.params = keys.params
+        # The bound of the keys actually used (given keys may differ from the config's choice).
+        self.decryption_error = decryption_error_bound(self.params, self.config.max_clients)
+        self.config.flooding.std_for(self.decryption_error)  # refuses a flooding below the floor
         self.key_holder: KeyHolder | None = None
         if isinstance(keys, SecretContext):
-            self.key_holder = KeyHolder(keys, self.config.flooding)
+            self.key_holder = KeyHolder(keys, self.config.flooding, self.config.max_clients)
             self.server_context = keys.public()
         else:
             self.server_context = keys
@@ -784,6 +827,7 @@ class CKKSTransport(Transport):
             # ckks_-prefixed, as securefed.audit reads them (ckks_poly_modulus_degree, ...).
             **{f"ckks_{key}": value for key, value in self.params.public().items()},
             **self.config.public(),
+            "ckks_decryption_error": self.decryption_error,
             "key_id": context.key_id,
             "server_context_bytes": context.nbytes,
             "server_context_sha256": hashlib.sha256(context.serialized).hexdigest(),

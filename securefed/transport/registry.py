@@ -173,7 +173,10 @@ class CKKSOptions:
         value_bound, poly_modulus_degree, scale_bits, keep_ciphertext_bytes: as
             :class:`~securefed.transport.ckks.CKKSConfig` (validated by it at build).
         flood_std, flood_step: the key holder's flooding noise and rounding (``None``:
-            :class:`~securefed.crypto.ckks.Flooding`'s defaults).
+            :class:`~securefed.crypto.ckks.Flooding`'s defaults: the std is then the floor for
+            the parameters' decryption-error bound; a std below it is refused at build).
+        flood_security_bits: the flooding's level (``None``: 40; see
+            :func:`~securefed.crypto.ckks.flooding_floor`).
         secret_context: path of a secret-context file (``securefed.flower.ckks.provision_keys``)
             to use instead of fresh keys.
         public_context: path of the server's public-context file: the transport then holds no
@@ -187,6 +190,7 @@ class CKKSOptions:
     scale_bits: int | None = None
     flood_std: float | None = None
     flood_step: float | None = None
+    flood_security_bits: float | None = None
     keep_ciphertext_bytes: bool = False
     secret_context: str = ""
     public_context: str = ""
@@ -207,6 +211,16 @@ class CKKSOptions:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{owner} option {name!r} must be finite and >= 0, got {value!r}")
+        if self.flood_std is not None and self.flood_std == 0:
+            raise ValueError(
+                f"{owner} option 'flood_std' = 0 disables the flooding of CKKS decryptions, which "
+                "then reveal the secret key (Li and Micciancio 2021); leave it unset for the floor"
+            )
+        bits = self.flood_security_bits
+        if bits is not None and not (math.isfinite(bits) and 1 <= bits <= 128):
+            raise ValueError(
+                f"{owner} option 'flood_security_bits' must lie in [1, 128], got {bits!r}"
+            )
         if self.secret_context and self.public_context:
             raise ValueError(
                 "give CKKS either secret_context (the key holders' file) or public_context (the "
@@ -223,6 +237,8 @@ class CKKSOptions:
             flooding = replace(flooding, std=self.flood_std)
         if self.flood_step is not None:
             flooding = replace(flooding, step=self.flood_step)
+        if self.flood_security_bits is not None:
+            flooding = replace(flooding, security_bits=self.flood_security_bits)
         max_clients = (
             max(DEFAULT_CKKS_CLIENTS, n_clients or 0)
             if self.max_clients is None
