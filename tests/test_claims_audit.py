@@ -135,6 +135,23 @@ def test_an_amplified_epsilon_is_not_taken_as_the_guarantee_against_the_server()
         ({"flood_std": 0.0}, "ckks-no-flooding"),
         ({"flood_std": 2.0**-20}, "ckks-flooding-unjustified"),
         ({"flood_std": 2.0**-20, "ckks_decryption_error": 2.0**-19.1}, "ckks-flooding-below-error"),
+        # Above the bound, below the floor its 40-bit level asks for (bound x 2^19.5).
+        (
+            {
+                "flood_std": 2.0**-10,
+                "ckks_decryption_error": 2.0**-19,
+                "ckks_flooding_security_bits": 40,
+            },
+            "ckks-flooding-below-error",
+        ),
+        (
+            {
+                "flood_std": 2.0**-10,
+                "ckks_decryption_error": 2.0**-19,
+                "ckks_flooding_unsafe_for_tests": True,
+            },
+            "ckks-flooding-unsafe",
+        ),
     ],
 )
 def test_ckks_flooding_is_checked(flooding, code):

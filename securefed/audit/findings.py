@@ -108,6 +108,7 @@ AUDITED_KEYS = _words(
     "clients_per_round secagg_threshold secagg_neighbours threshold neighbours secagg_t "
     "secagg_k secagg_n secagg_secure_randomness expected_dropout expected_colluders "
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
+    "ckks_flooding_security_bits ckks_flooding_unsafe_for_tests "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
     "aggregation uploads_reveal epsilon_budget_against randomness"
 )
@@ -757,14 +758,28 @@ def check_flooding(config: Mapping[str, object]) -> list[Finding]:
     """CKKS decryptions released without noise flooding above the decryption error.
 
     A CKKS decryption's error term depends on the secret key; released unflooded it leaks it
-    (Li and Micciancio, Eurocrypt 2021). The flooding std must exceed the decryption-error bound
-    that the transport states (``ckks_decryption_error``).
+    (Li and Micciancio, Eurocrypt 2021). The flooding std must reach the floor that hides the
+    decryption-error bound the transport states (``ckks_decryption_error``) at its stated level
+    (``ckks_flooding_security_bits``: :func:`~securefed.crypto.flooding.flooding_floor`, the
+    formula the transport itself applies); without a level, at least the bound itself.
     """
+    from securefed.crypto.flooding import flooding_floor
+
     findings: list[Finding] = []
     if "ckks" not in _transport_parts(config):
         return findings
+    if config.get("ckks_flooding_unsafe_for_tests") is True and config.get("tests") is not True:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-flooding-unsafe",
+                "the flooding was set with Flooding.unsafe_for_tests: below the floor that hides "
+                "the decryption error; outside tests use the default (the floor at its level)",
+            )
+        )
     flood = _number(config, "flood_std", findings)
     bound = _number(config, "ckks_decryption_error", findings)
+    level = _number(config, "ckks_flooding_security_bits", findings)
     if flood is None or flood <= 0:
         findings.append(
             Finding(
@@ -775,7 +790,7 @@ def check_flooding(config: Mapping[str, object]) -> list[Finding]:
                 "reveals the secret key (Li and Micciancio 2021)",
             )
         )
-    elif bound is None:
+    elif bound is None or bound <= 0:
         findings.append(
             Finding(
                 "warning",
@@ -784,15 +799,19 @@ def check_flooding(config: Mapping[str, object]) -> list[Finding]:
                 "(ckks_decryption_error): nothing shows that it hides the error",
             )
         )
-    elif flood < bound:
-        findings.append(
-            Finding(
-                "error",
-                "ckks-flooding-below-error",
-                f"flood_std {flood:g} is below the decryption-error bound {bound:g}: the "
-                "flooding does not hide the key-dependent error (Li and Micciancio 2021)",
+    else:
+        floor = bound if level is None else flooding_floor(bound, level)
+        if flood < floor * (1 - 1e-12):
+            at = "" if level is None else f" at {level:g}-bit security"
+            findings.append(
+                Finding(
+                    "error",
+                    "ckks-flooding-below-error",
+                    f"flood_std {flood:g} is below {floor:g}, the floor that hides the "
+                    f"decryption-error bound {bound:g}{at}: the key-dependent error shows "
+                    "through (Li and Micciancio 2021)",
+                )
             )
-        )
     return findings
 
 

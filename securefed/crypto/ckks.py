@@ -57,6 +57,7 @@ import numpy as np
 import tenseal as ts
 
 from securefed._checks import finite_array
+from securefed.crypto.flooding import flooding_floor
 from securefed.errors import InsecureParameterError, SecurefedError
 
 MAX_COEFF_BITS: dict[int, int] = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -519,23 +520,6 @@ def decryption_error_bound(params: CKKSParameters, n_summed: int) -> float:
         rounding_sum = _complex_tail(n * degree / 12, ERROR_UNION_VALUES)
         bound = secret_slot * rounding_sum + z * math.sqrt(n * degree / 12)
     return bound / params.scale
-
-
-def flooding_floor(error_bound: float, security_bits: float) -> float:
-    """The least flooding std that hides an error of at most ``error_bound`` at ``security_bits``.
-
-    A released value is ``y = m + e + g`` with ``|e| <= error_bound`` key-dependent and ``g ~
-    N(0, sigma^2)``; the same value computed without the key-dependent error is ``m + g``. Their
-    KL divergence is ``e^2 / (2 sigma^2)``, at most ``2^-s`` when ``sigma >= error_bound *
-    2^((s - 1) / 2)``. Over ``T`` released values the divergences add (``T 2^-s``). Li,
-    Micciancio, Schultz and Sorrell (CRYPTO 2022) show that flooding CKKS decryptions with
-    Gaussian noise scaled to the worst-case error this way gives IND-CPA^D security, and that
-    ``2^(s/2)`` times the error cannot be improved much; the constant here is that of the KL
-    form above.
-    """
-    if not math.isfinite(error_bound) or error_bound <= 0:
-        raise ValueError(f"error_bound must be finite and > 0, got {error_bound!r}")
-    return error_bound * 2.0 ** ((security_bits - 1) / 2)
 
 
 # ----------------------------------------------------------------------------- envelopes
