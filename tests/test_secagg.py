@@ -47,7 +47,8 @@ def test_sum_matches_plaintext_within_the_bound():
     _check_close(ours.total, reference.total, rounds[0].error_bound())
     assert ours.weight == reference.weight == n
     np.testing.assert_array_equal(ours.contributors, np.arange(n))
-    assert rounds[0].error_bound() == n / 2**16
+    scale = rounds[0].fixed_point.scale  # the automatic scale for 12 clients: 2^27
+    assert scale == 2.0**27 and rounds[0].error_bound() == n / scale
 
 
 def test_weighted_sum_is_applied_client_side():
