@@ -21,8 +21,15 @@ dropout at the default degree to show the refusal. All times are single-process 
 this machine: the simulation runs every client's work one after another, so a round's time is the
 *sum* of all clients' and the server's compute, not the latency of a deployment.
 
-If ``flwr`` is importable, Flower's SecAgg+ is timed on 10 clients x 100k values beside ours;
-otherwise the table says it was not installed.
+Each round runs at the automatic scale (the largest power of two at which its ``n`` clients cannot
+wrap the 32-bit ring), recorded per case.
+
+Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
+:func:`compare_with_flower` gives both systems the same inputs (one vector per client in
+``[-1, 1]``, weight 1 each) with matched neighbours (the complete graph of 10), threshold, clip
+(Flower's ``clipping_range``) and weight bound (Flower's ``max_weight`` 1; its default 1000 too),
+and reports both errors on the same quantity, the mean; securefed at its automatic scale and at
+the old fixed 2^16. Without ``flwr`` the Flower rows say it was not installed.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class Case:
     sized_for_dropout: bool
     k: int = 0
     t: int = 0
+    scale: float = 0.0
     status: str = "ok"
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
@@ -103,7 +111,7 @@ def run_case(
     transport = SecAggTransport(config)
     start = time.perf_counter()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
-    case.k, case.t = rnd.neighbours_k, rnd.threshold
+    case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
     for c in range(clients):
         if c in dropped:
             rnd.drop(c)
@@ -128,15 +136,76 @@ def run_case(
     return case
 
 
-def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
-    """Time Flower's SecAgg+ on ``clients`` x ``length`` if ``flwr`` is importable.
+FLOWER_CLIENTS = 10
+FLOWER_LENGTH = 100_000
+OLD_DEFAULT_SCALE = 2.0**16
+"""SecAggConfig's fixed scale before it became automatic (issue 17 item 13)."""
 
-    Best effort against Flower's documented simulation API (ServerApp + SecAggPlusWorkflow,
-    ClientApp + secaggplus_mod); it could not be exercised where this benchmark was written
-    (``flwr`` was not installed), so any failure is reported rather than raised.
+
+def comparison_inputs(clients: int, length: int, clip: float, seed: int) -> np.ndarray:
+    """Each client's own vector, uniform in ``[-clip, clip]``: the inputs both systems get."""
+    return np.random.default_rng(seed).uniform(-clip, clip, (clients, length))
+
+
+def securefed_mean(
+    inputs: np.ndarray,
+    *,
+    clip: float,
+    neighbours: int,
+    threshold: int,
+    scale: float | None = None,
+    seed: int = 0,
+) -> dict[str, object]:
+    """One securefed round on ``inputs`` (a row per client, weight 1 each), error on the mean.
+
+    The clients submit with weight 1 (Flower's ``num_examples`` 1 under ``max_weight`` 1), so the
+    round carries the weight column as Flower's does, and the mean is ``total / weight``.
+    """
+    clients, length = inputs.shape
+    config = SecAggConfig(
+        bits=32, scale=scale, clip=clip, neighbours=neighbours, threshold=threshold
+    )
+    rnd = SecAggTransport(config).open_round(
+        0, range(clients), shape=(1, length), seeds=SeedTree(seed)
+    )
+    start = time.perf_counter()
+    for c in range(clients):
+        rnd.submit(c, inputs[c], weight=1.0)
+    aggregate = rnd.result()
+    seconds = time.perf_counter() - start
+    mean = aggregate.total.ravel() / aggregate.weight
+    return {
+        "system": "securefed",
+        "scale": rnd.fixed_point.scale,
+        "scale_rule": "automatic" if scale is None else "fixed",
+        "k": rnd.neighbours_k,
+        "t": rnd.threshold,
+        "seconds": seconds,
+        "max_abs_error_mean": float(np.abs(mean - inputs.mean(0)).max()),
+        "error_bound_mean": rnd.error_bound("mean"),
+        "max_abs_error_sum": float(np.abs(aggregate.total.ravel() - inputs.sum(0)).max()),
+        "error_bound_sum": rnd.error_bound("sum"),
+    }
+
+
+def time_flower(
+    inputs: np.ndarray,
+    *,
+    clip: float,
+    max_weight: float,
+    num_shares: int,
+    threshold: int,
+) -> dict[str, object]:
+    """Flower's SecAgg+ on ``inputs`` (node ``i`` sends row ``i``, ``num_examples`` 1).
+
+    Flower 1.42's simulation API (ServerApp + SecAggPlusWorkflow, ClientApp + secaggplus_mod),
+    with its ``clipping_range`` set to ``clip`` and the given ``max_weight``; the error is on
+    FedAvg's mean, the quantity Flower returns. Any failure of the foreign API is reported, not
+    raised.
     """
     if importlib.util.find_spec("flwr") is None:
         return {"status": "flwr not installed: Flower's SecAgg+ was not timed"}
+    clients = len(inputs)
     try:
         import flwr.compat.common.recorddict_compat as compat
         from flwr.client import ClientApp, NumPyClient
@@ -147,16 +216,19 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
         from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
         from flwr.simulation import run_simulation
 
-        vector = np.random.default_rng(0).uniform(-1, 1, length)
         received: dict[str, np.ndarray] = {}
 
         class _Client(NumPyClient):
-            def fit(self, parameters, config):
-                return [vector], 1, {}
+            def __init__(self, row: np.ndarray) -> None:
+                self.row = row
 
-        client_app = ClientApp(
-            client_fn=lambda context: _Client().to_client(), mods=[secaggplus_mod]
-        )
+            def fit(self, parameters, config):
+                return [self.row], 1, {}
+
+        def _client_fn(context):
+            return _Client(inputs[int(context.node_config["partition-id"])]).to_client()
+
+        client_app = ClientApp(client_fn=_client_fn, mods=[secaggplus_mod])
         server_app = ServerApp()
 
         @server_app.main()
@@ -168,7 +240,10 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
             )
             workflow = DefaultWorkflow(
                 fit_workflow=SecAggPlusWorkflow(
-                    num_shares=clients, reconstruction_threshold=clients // 2 + 1
+                    num_shares=num_shares,
+                    reconstruction_threshold=threshold,
+                    max_weight=max_weight,
+                    clipping_range=clip,
                 )
             )
             workflow(grid, legacy)
@@ -180,19 +255,98 @@ def time_flower(clients: int = 10, length: int = 100_000) -> dict[str, object]:
         start = time.perf_counter()
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients)
         seconds = time.perf_counter() - start
-        result = {"status": "ok", "clients": clients, "length": length, "seconds": seconds}
-        if "aggregate" in received:
-            # Every client sends the same vector, so FedAvg's mean should equal it.
-            error = np.abs(np.asarray(received["aggregate"], dtype=np.float64) - vector)
-            result |= {
-                "max_abs_error": float(error.max()),
-                "max_rel_error": float(error.max() / np.abs(vector).max()),
-            }
-        return result
+        result: dict[str, object] = {
+            "system": "flower",
+            "status": "ok",
+            "max_weight": max_weight,
+            "clipping_range": clip,
+            "num_shares": num_shares,
+            "reconstruction_threshold": threshold,
+            "seconds_wall": seconds,
+        }
+        if "aggregate" not in received:
+            return result | {"status": "Flower's round returned no aggregate"}
+        mean = np.asarray(received["aggregate"], dtype=np.float64).ravel()
+        return result | {"max_abs_error_mean": float(np.abs(mean - inputs.mean(0)).max())}
     except Exception as error:  # a foreign API: report the failure, do not crash the benchmark
         return {
-            "status": f"flwr importable but its SecAgg+ run failed: {type(error).__name__}: {error}"
+            "system": "flower",
+            "status": f"flwr importable but its SecAgg+ failed: {type(error).__name__}: {error}",
         }
+
+
+def compare_with_flower(
+    clients: int = FLOWER_CLIENTS,
+    length: int = FLOWER_LENGTH,
+    *,
+    clip: float = 1.0,
+    seed: int = 0,
+    flower: bool = True,
+) -> dict[str, object]:
+    """Both systems on the same inputs, the error on the same quantity (the mean).
+
+    Matched: each node's neighbours (Flower's ``num_shares = clients`` is the complete graph, so
+    ``k = clients - 1`` here), the threshold (``clients // 2 + 1``), the clip (Flower's
+    ``clipping_range``) and the weight bound (``max_weight`` 1 with weights 1; Flower's default
+    ``max_weight`` 1000 is run too, as the README's earlier figure did). securefed runs at its
+    automatic scale and at the old fixed default 2^16, both on a 32-bit ring like Flower's.
+    """
+    inputs = comparison_inputs(clients, length, clip, seed)
+    neighbours, threshold = clients - 1, clients // 2 + 1
+    rows = [
+        securefed_mean(inputs, clip=clip, neighbours=neighbours, threshold=threshold, seed=seed),
+        securefed_mean(
+            inputs,
+            clip=clip,
+            neighbours=neighbours,
+            threshold=threshold,
+            scale=OLD_DEFAULT_SCALE,
+            seed=seed,
+        ),
+    ]
+    if flower:
+        for max_weight in (1.0, 1000.0):
+            rows.append(
+                time_flower(
+                    inputs,
+                    clip=clip,
+                    max_weight=max_weight,
+                    num_shares=clients,
+                    threshold=threshold,
+                )
+            )
+    return {
+        "clients": clients,
+        "length": length,
+        "clip": clip,
+        "seed": seed,
+        "inputs": f"uniform in [-{clip}, {clip}], one vector per client, weight 1 each",
+        "quantity": "max abs error of the mean over clients, per coordinate",
+        "rows": rows,
+    }
+
+
+def comparison_table(comparison: dict[str, object]) -> str:
+    """The comparison as a markdown table."""
+    lines = [
+        "| system | setting | max abs error of the mean | bound | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for row in comparison["rows"]:
+        if row["system"] == "securefed":
+            setting = f"scale 2^{int(np.log2(row['scale']))} ({row['scale_rule']})"
+            lines.append(
+                f"| securefed | {setting} | {row['max_abs_error_mean']:.2e} "
+                f"| {row['error_bound_mean']:.2e} | {row['seconds']:.2f} |"
+            )
+        elif row.get("status") == "ok":
+            lines.append(
+                f"| Flower 1.42 SecAgg+ | max_weight {row['max_weight']:g} "
+                f"| {row['max_abs_error_mean']:.2e} | - | {row['seconds_wall']:.1f} (wall) |"
+            )
+        else:
+            lines.append(f"| Flower 1.42 SecAgg+ | {row['status']} | - | - | - |")
+    return "\n".join(lines)
 
 
 def markdown_table(cases: list[Case]) -> str:
@@ -220,12 +374,41 @@ def markdown_table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def _flwr_version() -> str:
+    if importlib.util.find_spec("flwr") is None:
+        return "not installed"
+    import flwr
+
+    return str(flwr.__version__)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (under a minute)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--flower-only",
+        action="store_true",
+        help="only the comparison with Flower's SecAgg+ (error on the mean, matched parameters)",
+    )
+    parser.add_argument("--flower-clients", type=int, default=FLOWER_CLIENTS)
+    parser.add_argument("--flower-length", type=int, default=FLOWER_LENGTH)
     args = parser.parse_args(argv)
+    if args.flower_only:
+        comparison = compare_with_flower(args.flower_clients, args.flower_length, seed=args.seed)
+        print(comparison_table(comparison))
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            report = {
+                "benchmark": "secagg-vs-flower",
+                "machine": {"python": platform.python_version(), "processor": platform.processor()},
+                "flwr": _flwr_version(),
+                "comparison": comparison,
+            }
+            args.out.write_text(json.dumps(report, indent=1))
+            print(f"wrote {args.out}", file=sys.stderr)
+        return 0
 
     clients, lengths = (
         (QUICK_CLIENTS, QUICK_LENGTHS) if args.quick else (FULL_CLIENTS, FULL_LENGTHS)
@@ -245,11 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     # SecAgg+ at its default degree cannot absorb 30 % dropout: show the refusal.
     n, d = clients[-1], lengths[-1]
     cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed))
-    flower = time_flower() if not args.quick else {"status": "skipped in --quick"}
+    flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
     print(markdown_table(cases))
     print()
-    print(f"Flower SecAgg+ (10 clients x 100k): {flower}")
+    print(comparison_table(flower))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         report = {

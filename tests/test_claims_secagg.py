@@ -54,6 +54,7 @@ def _stages_until_masked(config, n, *, seeds=None, missing=(), keep_clients=None
     over Flower messages). ``missing`` clients do not upload a masked input (yet).
     """
     seeds = SeedTree(0) if seeds is None else seeds
+    config = config.for_round(n)  # what the nodes are sent: the round's scale, fixed
     transport = SecAggTransport(config, remote_clients=True, keep_payloads=ALL_PAYLOADS)
     rnd = transport.open_round(0, range(n), shape=(1, D), seeds=seeds)
     clients = {c: SecAggClient(c, 0, config, seeds) for c in range(n)}
@@ -74,7 +75,7 @@ def _stages_until_masked(config, n, *, seeds=None, missing=(), keep_clients=None
 def _mask_and_upload(rnd, client, values, config):
     request = rnd.mask_request(client.id)
     masked, _ = client.mask(
-        values, request.neighbours, request.s_publics, masking_workspace(len(values), config)
+        values, request.neighbours, request.s_publics, masking_workspace(len(values), rnd.config)
     )
     rnd.receive_masked(client.id, masked, weighted=False)
 
@@ -232,7 +233,7 @@ def test_a_client_masks_only_with_the_neighbours_it_shared_with():
     config = SecAggConfig(neighbours=4)
     rnd, clients = _stages_until_masked(config, 6, missing=(0,))
     request = rnd.mask_request(0)
-    workspace = masking_workspace(D, config)
+    workspace = masking_workspace(D, rnd.config)
     with pytest.raises(AggregationError, match="fewer than the threshold"):
         clients[0].mask(np.zeros(D), request.neighbours[:1], request.s_publics[:1], workspace)
     stranger = next(c for c in range(6) if c != 0 and c not in request.neighbours)
@@ -274,7 +275,7 @@ def test_low_order_public_keys_are_refused_with_a_clear_error(name):
     mask = rnd.mask_request(0)
     s_publics = (mask.s_publics[0], point, *mask.s_publics[2:])
     with pytest.raises(InvalidPublicKeyError, match=f"client {peer}"):
-        fresh.mask(np.zeros(D), mask.neighbours, s_publics, masking_workspace(D, config))
+        fresh.mask(np.zeros(D), mask.neighbours, s_publics, masking_workspace(D, rnd.config))
 
 
 def test_a_non_canonical_public_key_is_refused():
@@ -369,12 +370,14 @@ def test_an_unverifiable_wrong_share_is_caught_by_the_range_of_the_sum():
 
 def test_a_client_input_beyond_the_clip_range_is_refused_when_the_sum_leaves_its_range():
     """A client that adds to its masked upload cannot be seen by its masks, but a sum beyond what
-    ``n`` clipped inputs can give is refused (values and weights)."""
-    config = SecAggConfig(neighbours=4)
+    ``n`` clipped inputs can give is refused (values and weights). The fixed scale 2^16 leaves
+    the ring room above ``n L`` for the 2^30-unit shift to fall outside it; the automatic scale
+    leaves none (docs/secagg.md, fixed point)."""
+    config = SecAggConfig(neighbours=4, scale=2.0**16)
     rnd, clients = _stages_until_masked(config, 6, missing=(5,))
     request = rnd.mask_request(5)
     masked, _ = clients[5].mask(
-        np.zeros(D), request.neighbours, request.s_publics, masking_workspace(D, config)
+        np.zeros(D), request.neighbours, request.s_publics, masking_workspace(D, rnd.config)
     )
     masked[0] += np.uint32(2**30)
     rnd.receive_masked(5, masked, weighted=False)
@@ -468,7 +471,7 @@ def test_a_client_refuses_to_mask_with_a_neighbour_twice():
     neighbours = (*request.neighbours[:3], request.neighbours[0])
     s_publics = (*request.s_publics[:3], request.s_publics[0])
     with pytest.raises(AggregationError, match="twice"):
-        clients[0].mask(np.zeros(D), neighbours, s_publics, masking_workspace(D, config))
+        clients[0].mask(np.zeros(D), neighbours, s_publics, masking_workspace(D, rnd.config))
 
 
 def test_a_flower_node_keeps_each_users_stage_between_messages():

@@ -251,7 +251,8 @@ def test_remote_secagg_round_refuses_what_it_cannot_check():
     with pytest.raises(AggregationError, match="remote"):
         rnd.submit(0, np.zeros(2))
     with pytest.raises(AggregationError, match="self-mask"):
-        SecAggClient(0, 0, config, seeds).mask(np.zeros(2), [], [], masking_workspace(2, config))
+        workspace = masking_workspace(2, rnd.config)  # the round's scale, as a node is sent
+        SecAggClient(0, 0, config, seeds).mask(np.zeros(2), [], [], workspace)
 
 
 def test_transports_the_flower_server_can_and_cannot_carry():

@@ -47,7 +47,8 @@ def test_sum_matches_plaintext_within_the_bound():
     _check_close(ours.total, reference.total, rounds[0].error_bound())
     assert ours.weight == reference.weight == n
     np.testing.assert_array_equal(ours.contributors, np.arange(n))
-    assert rounds[0].error_bound() == n / 2**16
+    scale = rounds[0].fixed_point.scale  # the automatic scale for 12 clients: 2^27
+    assert scale == 2.0**27 and rounds[0].error_bound() == n / scale
 
 
 def test_weighted_sum_is_applied_client_side():
@@ -460,3 +461,18 @@ def test_default_sizes_and_dropout_sizing():
     config = SecAggConfig(expected_dropout=0.3)
     assert config.round_parameters(1000)[0] > 100
     assert SecAggConfig(expected_dropout=0.3).round_parameters(50)[0] == 49  # complete graph
+
+
+def test_an_automatic_scale_is_public_and_fixed_per_round():
+    """The transport records the rule; each round fixes its value, and its parties use it."""
+    from securefed.crypto.fixed_point import largest_safe_scale
+    from securefed.transport.secagg.config import AUTOMATIC_SCALE
+
+    config = SecAggConfig(bits=64, clip=8.0, neighbours=4)
+    transport = SecAggTransport(config)
+    assert transport.public_parameters()["scale"] == AUTOMATIC_SCALE
+    rnd = transport.open_round(0, range(9), shape=(1, 2), seeds=SeedTree(0))
+    assert rnd.config == config.for_round(9)
+    assert rnd.config.scale == largest_safe_scale(9, 8.0, 64) == 2.0**56
+    fixed = SecAggConfig(scale=2.0**10)
+    assert fixed.for_round(9) == fixed and fixed.fixed_point_for(9).scale == 2.0**10

@@ -9,20 +9,29 @@ Z_{2^bits} (bits = 32 or 64) before masking (Bonawitz et al., CCS 2017, Sec. 3: 
    the sum over clients stays unbiased (deterministic rounding would bias it by up to n/2 units);
 3. reduce modulo ``2^bits`` (two's complement).
 
-Every encoded integer lies in ``[-L, L]`` with ``L = ceil(clip * scale)``, so a sum of ``n`` of
-them lies in ``[-nL, nL]`` and decodes uniquely (reinterpreting the ring element as a signed
-integer) as long as ``n * L <= 2^(bits-1) - 1``, i.e. about ``n * 2 * clip * scale < 2^bits``.
-:meth:`FixedPoint.check_clients` refuses a round with more clients than that
-(:class:`ModulusOverflowError`): a wrapped sum would be silently wrong.
+Every encoded integer lies in ``[-L, L]`` with ``L = ceil(clip * scale)`` (stochastic rounding
+moves a value up to the next integer, never further; a weight, which lies in ``[0, clip]``, is
+encoded the same way), so a sum of ``n`` of them lies in ``[-nL, nL]`` and decodes uniquely
+(reinterpreting the ring element as a signed integer) as long as
 
-Error bound (:meth:`FixedPoint.error_bound`). Each rounding error is below one unit,
+    n * ceil(clip * scale) <= 2^(bits-1) - 1,
+
+i.e. about ``n * 2 * clip * scale < 2^bits``. :meth:`FixedPoint.check_clients` refuses a round with
+more clients than that (:class:`ModulusOverflowError`): a wrapped sum would be silently wrong.
+:func:`largest_safe_scale` gives the largest power-of-two scale that meets it for a round's ``n``
+(secure aggregation's default: the finest resolution the ring allows).
+
+Error bound (:func:`sum_error_bound`). Each rounding error is below one unit,
 ``|round(z) - z| < 1``, so for the decoded sum of ``n`` contributions
 
     |recovered - sum_u clip(x_u)| < n / scale     (per coordinate),
 
-plus the float64 conversion of the decoded integer (exact below 2^53 when ``scale`` is a power of
-two, else relative 2^-53). The errors are independent and zero-mean, so the typical error is far
-smaller: its standard deviation is at most ``sqrt(n) / (2 * scale)``.
+plus float64 arithmetic: none when ``scale`` is a power of two and ``n L <= 2^53`` (scaling,
+the integer's conversion and the division are then exact), else at most ``3 * 2^-53 * n L / scale``
+(relative rounding of the scaling, the conversion and the division). The errors are independent
+and zero-mean, so the typical error is far smaller: its standard deviation is at most
+``sqrt(n) / (2 * scale)``. The mean's bounds follow (:func:`mean_error_bound`,
+:func:`weighted_mean_error_bound`).
 """
 
 from __future__ import annotations
@@ -38,6 +47,116 @@ from securefed.errors import AggregationError
 
 class ModulusOverflowError(AggregationError, ValueError):
     """The sum of the round's clients could wrap the modulus (refused: it would decode wrong)."""
+
+
+UNIT_ROUNDOFF = 2.0**-53
+"""float64's unit roundoff: a rounded operation's relative error is at most this."""
+MAX_SCALE_EXPONENT = 1023
+"""``2^1023`` is the largest power of two that float64 represents."""
+
+
+def is_power_of_two(scale: float) -> bool:
+    """Whether ``scale`` is ``2^e`` for an integer ``e`` (then scaling and unscaling are exact)."""
+    return math.isfinite(scale) and scale > 0 and math.frexp(scale)[0] == 0.5
+
+
+def ring_limit(bits: int) -> int:
+    """``2^(bits-1) - 1``: the largest magnitude a signed sum in Z_{2^bits} can decode to."""
+    if bits not in (32, 64):
+        raise ValueError(f"bits must be 32 or 64, got {bits}")
+    return (1 << (bits - 1)) - 1
+
+
+def largest_safe_scale(n_clients: int, clip: float, bits: int) -> float:
+    """The largest power-of-two scale at which a sum of ``n_clients`` inputs cannot wrap.
+
+    Every encoded value (and the weight column, whose weights lie in ``[0, clip]``) is an integer
+    in ``[-L, L]`` with ``L = ceil(clip * scale)``: stochastic rounding may round ``clip * scale``
+    up, never beyond its ceiling. The sum of ``n`` of them decodes uniquely iff
+
+        n * ceil(clip * 2^e) <= 2^(bits-1) - 1,
+
+    and this returns ``2^e`` for the largest integer ``e`` that satisfies it. At ``2^(e+1)``,
+    ``n`` clients sending ``clip`` (and rounding up) would wrap the ring.
+
+    Args:
+        n_clients: clients in the round (at least 1).
+        clip: the clip range, finite and > 0.
+        bits: the ring, 32 or 64.
+
+    Raises:
+        ValueError: ``n_clients < 1``, or ``clip`` not finite and positive.
+        ModulusOverflowError: ``n_clients > 2^(bits-1) - 1``: no scale fits.
+    """
+    limit = ring_limit(bits)
+    if isinstance(n_clients, bool) or n_clients < 1:
+        raise ValueError(f"n_clients must be >= 1, got {n_clients!r}")
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip}")
+    if n_clients > limit:
+        raise ModulusOverflowError(
+            f"{n_clients} clients cannot share Z_2^{bits}: even one unit each could wrap the sum"
+        )
+
+    def fits(e: int) -> bool:
+        return n_clients * math.ceil(math.ldexp(clip, e)) <= limit
+
+    # Start one below the real-valued solution of n * clip * 2^e = limit, then step to the edge.
+    e = math.floor(math.log2(limit / n_clients) - math.log2(clip)) - 1
+    while not fits(e):
+        e -= 1
+    while fits(e + 1):
+        e += 1
+    if e > MAX_SCALE_EXPONENT:
+        raise ValueError(
+            f"clip {clip} is so small that the largest safe scale 2^{e} is not a finite float64"
+        )
+    return math.ldexp(1.0, e)
+
+
+def sum_error_bound(n_contributors: int, scale: float, level: int) -> float:
+    """Worst-case ``|recovered - true clipped sum|`` per coordinate for ``n`` contributions.
+
+    ``n / scale`` (one rounding unit per contribution), plus ``3 * 2^-53 * n L / scale`` for
+    float64 unless ``scale`` is a power of two and ``n L <= 2^53`` (then every float operation
+    on the way is exact). ``level`` is ``L = ceil(clip * scale)``.
+    """
+    rounding = n_contributors / scale
+    if is_power_of_two(scale) and n_contributors * level <= 2**53:
+        return rounding
+    return rounding + 3 * UNIT_ROUNDOFF * n_contributors * level / scale
+
+
+def mean_error_bound(n_contributors: int, scale: float, level: int, clip: float) -> float:
+    """Worst-case error per coordinate of an unweighted mean, the decoded sum over ``n``.
+
+    The count is exact, so the sum's bound divides by ``n``; the division adds one rounding of
+    a value at most ``clip`` in magnitude (``2^-53 * clip``, doubled for the operands' rounding).
+    """
+    if n_contributors < 1:
+        raise ValueError(f"a mean needs at least one contributor, got {n_contributors}")
+    sum_bound = sum_error_bound(n_contributors, scale, level)
+    return sum_bound / n_contributors + 2 * UNIT_ROUNDOFF * clip
+
+
+def weighted_mean_error_bound(sum_bound: float, weight: float, max_abs_mean: float) -> float:
+    """Worst-case error per coordinate of a weighted mean ``T / W`` decoded as ``T' / W'``.
+
+    With ``T' = T + a`` and ``W' = W + b``, ``|a|, |b| <= e`` (the weight column is one more
+    coordinate of the sum, so ``e = sum_bound``): ``T'/W' - T/W = (a - b T/W) / W'``, hence
+    ``delta <= e (1 + |m|) / W'`` with ``|m| <= |m'| + delta``, which solves to
+
+        delta <= e (1 + |m'|) / (W' - e)          (W' > e),
+
+    plus the division's rounding (``2^-51 |m'|`` covers it with margin). ``max_abs_mean`` is the
+    largest ``|m'|`` over the coordinates, so the bound holds for every coordinate.
+
+    Returns:
+        The bound, or ``inf`` when ``W' <= e`` (the decoded weight does not bound the mean).
+    """
+    if weight <= sum_bound:
+        return math.inf
+    return sum_bound * (1 + max_abs_mean) / (weight - sum_bound) + 4 * UNIT_ROUNDOFF * max_abs_mean
 
 
 def clip_values(values: np.ndarray, clip: float) -> tuple[np.ndarray, int]:
@@ -121,7 +240,7 @@ class FixedPoint:
     @property
     def max_clients(self) -> int:
         """Largest ``n`` whose sum cannot wrap: ``n * L <= 2^(bits-1) - 1``."""
-        return ((1 << (self.bits - 1)) - 1) // self.level
+        return ring_limit(self.bits) // self.level
 
     def check_clients(self, n_clients: int) -> None:
         """Refuse a round whose sum of ``n_clients`` encoded inputs could wrap the modulus.
@@ -145,8 +264,12 @@ class FixedPoint:
         return n_contributors * self.level
 
     def error_bound(self, n_contributors: int) -> float:
-        """Worst-case ``|recovered - true clipped sum|`` per coordinate: ``n / scale``."""
-        return n_contributors / self.scale
+        """Worst-case ``|recovered - true sum|`` per coordinate (:func:`sum_error_bound`)."""
+        return sum_error_bound(n_contributors, self.scale, self.level)
+
+    def mean_error_bound(self, n_contributors: int) -> float:
+        """Worst-case error per coordinate of the sum over ``n`` (:func:`mean_error_bound`)."""
+        return mean_error_bound(n_contributors, self.scale, self.level, self.clip)
 
     def encode(self, values: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, int]:
         """Encode real ``values`` (1-D) into the ring.

@@ -155,7 +155,8 @@ class Wire:
         if self.secagg is not None:
             config |= {
                 "secagg_bits": self.secagg.bits,
-                "secagg_scale": float(self.secagg.scale),
+                # The round's scale (an automatic one follows the round's client count).
+                "secagg_scale": float(self.secagg.fixed_point_for(n_round_clients).scale),
                 "secagg_clip": float(self.secagg.clip),
                 "secagg_prg": self.secagg.prg,
                 "secagg_aead": self.secagg.aead,

@@ -115,18 +115,22 @@ class SecAggOptions:
     The defaults are sized for FedMF blocks (gradients, counts and statistics rows): a 64-bit
     ring, values clipped to +-2^12 and scaled by 2^20, so the sum of n clients cannot wrap while
     ``n * 2 * 2^12 * 2^20 < 2^64`` (n < 2^31), and the recovered sum is within ``n / 2^20`` of the
-    true one (about 1e-3 for 943 clients).
+    true one (about 1e-3 for 943 clients). The scale stays fixed here so that every recorded FedMF
+    figure stays as it was; ``scale=none`` takes secure aggregation's automatic scale instead (the
+    largest power of two at which the round's clients cannot wrap the ring: 2^41 for 943 clients
+    at these bits and clip, docs/secagg.md).
 
     Attributes:
         bits, scale, clip, neighbours, threshold, prg, aead, failure_target: as
-            :class:`~securefed.transport.secagg.SecAggConfig` (validated by it).
+            :class:`~securefed.transport.secagg.SecAggConfig` (validated by it; ``scale`` None
+            is automatic per round).
         expected_dropout: the dropout the automatic neighbourhood size plans for (``None``: the
             run's dropout).
         remote_clients: the clients run elsewhere (the server of ``securefed.flower``).
     """
 
     bits: int = 64
-    scale: float = 2.0**20
+    scale: float | None = 2.0**20
     clip: float = 2.0**12
     neighbours: int | None = None
     threshold: int | None = None

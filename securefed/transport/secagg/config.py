@@ -9,12 +9,15 @@ when clients drop out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
-from securefed.crypto.fixed_point import FixedPoint
+from securefed.crypto.fixed_point import FixedPoint, largest_safe_scale
 from securefed.errors import InsecureParameterError
+
+AUTOMATIC_SCALE = "largest 2^e with n*ceil(clip*2^e) <= 2^(bits-1)-1"
+"""How :meth:`SecAggConfig.public` records an automatic scale (each round records its value)."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,11 @@ class SecAggConfig:
     Attributes:
         bits: the ring Z_{2^bits}, 32 or 64; uploads cost ``bits / 8`` bytes per value.
         scale: fixed-point scale; resolution and per-client rounding error below ``1 / scale``.
+            ``None`` (the default) is chosen per round: the largest power of two at which the
+            round's ``n`` clients cannot wrap the ring,
+            ``n * ceil(clip * scale) <= 2^(bits-1) - 1``
+            (:func:`~securefed.crypto.fixed_point.largest_safe_scale`). A fixed scale is checked
+            against each round's ``n`` instead (``ModulusOverflowError`` when it could wrap).
         clip: update values (after weighting) are clipped to ``[-clip, clip]``; weights must lie in
             ``[0, clip]``.
         neighbours: SecAgg+ neighbourhood size ``k``; ``None`` is automatic: ``ceil(2 log2 n)``,
@@ -43,7 +51,7 @@ class SecAggConfig:
     """
 
     bits: int = 32
-    scale: float = 2.0**16
+    scale: float | None = None
     clip: float = 1.0
     neighbours: int | None = None
     threshold: int | None = None
@@ -53,7 +61,7 @@ class SecAggConfig:
     failure_target: float = 1e-3
 
     def __post_init__(self) -> None:
-        FixedPoint(self.bits, self.scale, self.clip)  # validates bits, scale, clip
+        self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
         if self.neighbours is not None and (
             isinstance(self.neighbours, bool) or self.neighbours < 1
         ):
@@ -73,8 +81,46 @@ class SecAggConfig:
             raise ValueError(f"failure_target must lie in (0, 1), got {self.failure_target!r}")
 
     @property
+    def automatic_scale(self) -> bool:
+        """Whether each round picks its own scale (``scale=None``)."""
+        return self.scale is None
+
+    @property
     def fixed_point(self) -> FixedPoint:
+        """The codec of a fixed scale (an automatic one depends on the round: :meth:`for_round`).
+
+        Raises:
+            ValueError: the scale is automatic.
+        """
+        if self.scale is None:
+            raise ValueError(
+                "this SecAggConfig picks its scale per round (scale=None): use "
+                "fixed_point_for(n_clients), or the round's config (config.for_round(n))"
+            )
         return FixedPoint(self.bits, self.scale, self.clip)
+
+    def fixed_point_for(self, n_clients: int) -> FixedPoint:
+        """The codec of a round of ``n_clients``: the automatic scale, or the fixed one checked.
+
+        Rounds of fewer than two clients are refused elsewhere; they get the codec of two.
+
+        Raises:
+            ModulusOverflowError: the sum of ``n_clients`` inputs could wrap at the fixed scale,
+                or no scale fits that many clients.
+        """
+        n_clients = max(int(n_clients), 2)
+        if self.scale is None:
+            return FixedPoint(
+                self.bits, largest_safe_scale(n_clients, self.clip, self.bits), self.clip
+            )
+        fixed_point = FixedPoint(self.bits, self.scale, self.clip)
+        fixed_point.check_clients(n_clients)
+        return fixed_point
+
+    def for_round(self, n_clients: int) -> SecAggConfig:
+        """This configuration with the scale of a round of ``n_clients`` fixed (what its parties
+        use; validated like :meth:`fixed_point_for`)."""
+        return replace(self, scale=self.fixed_point_for(n_clients).scale)
 
     def round_parameters(self, n_clients: int) -> tuple[int, int]:
         """``(k, t)`` for a round of ``n_clients >= 2``, validated.
@@ -103,7 +149,7 @@ class SecAggConfig:
         """JSON-ready public parameters."""
         return {
             "bits": self.bits,
-            "scale": self.scale,
+            "scale": AUTOMATIC_SCALE if self.scale is None else self.scale,
             "clip": self.clip,
             "neighbours": "ceil(2 log2 n)" if self.neighbours is None else self.neighbours,
             "threshold": "floor(k/2)+1" if self.threshold is None else self.threshold,

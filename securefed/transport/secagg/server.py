@@ -21,7 +21,7 @@ import numpy as np
 from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
 from securefed.crypto import shamir
-from securefed.crypto.fixed_point import from_ring
+from securefed.crypto.fixed_point import from_ring, weighted_mean_error_bound
 from securefed.errors import AggregationError
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates
@@ -83,6 +83,9 @@ class SecAggRound(AggregationRound):
     Public, for tests and audits:
 
     Attributes:
+        config: the transport's configuration with this round's scale fixed
+            (:meth:`SecAggConfig.for_round`); its clients encode with it.
+        fixed_point: the round's codec (``config.fixed_point``).
         neighbours_k: the graph degree ``k`` of this round.
         threshold: the Shamir threshold ``t``.
         public_keys: ``client -> (c public, s public)`` as advertised.
@@ -112,7 +115,7 @@ class SecAggRound(AggregationRound):
         inputs: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
-        self.config = config
+        self.config = config.for_round(len(self.clients))
         self.remote_clients = remote_clients
         # How many clipped inputs each client's upload sums (1 unless it is a party of several).
         self._inputs: dict[int, int] = (
@@ -120,7 +123,8 @@ class SecAggRound(AggregationRound):
         )
         self._party: SecAggRound | None = None
         self._members: dict[int, frozenset[int]] = {}
-        self.fixed_point = config.fixed_point
+        self.fixed_point = self.config.fixed_point
+        self._mean_bound: float | None = None  # a weighted round's, known once decoded
         self.timer = _Timer()
         self.timings = self.timer.seconds
         self.clipped: dict[int, int] = {}
@@ -143,7 +147,7 @@ class SecAggRound(AggregationRound):
             return
         if n == 1:
             raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
-        self.neighbours_k, self.threshold = config.round_parameters(n)
+        self.neighbours_k, self.threshold = self.config.round_parameters(n)
         seed = graph_seed(round_id, self.clients, seeds.key("secagg", "graph", round_id))
         self._graph = neighbour_graph(n, self.neighbours_k, seed)
         self.view.public.update(
@@ -153,6 +157,7 @@ class SecAggRound(AggregationRound):
                 "secagg_t": self.threshold,
                 "secagg_graph_seed": seed.hex(),
                 "secagg_secure_randomness": bool(seeds.secure),
+                **self._precision(sum(self._inputs.values()) or n),
             }
         )
         if not remote_clients:
@@ -486,7 +491,15 @@ class SecAggRound(AggregationRound):
         decoded = self.fixed_point.decode(total)
         self.timer.add("unmasking", start)
         weight = float(decoded[-1]) if self._weighted else float(len(contributors))
-        return Aggregate(decoded[:n_values].reshape(self.shape), weight, contributors)
+        values = decoded[:n_values]
+        n_inputs = sum(self._inputs.get(int(c), 1) for c in contributors)
+        if self._weighted:
+            largest = float(np.max(np.abs(values)) / weight) if weight > 0 and n_values else 0.0
+            self._mean_bound = weighted_mean_error_bound(
+                self.fixed_point.error_bound(n_inputs), weight, largest
+            )
+        self.view.public.update(self._precision(n_inputs))
+        return Aggregate(values.reshape(self.shape), weight, contributors)
 
     def _gather(
         self,
@@ -659,10 +672,45 @@ class SecAggRound(AggregationRound):
             merged.update(fields)
             self.view.record_payload(client, merged)
 
-    def error_bound(self) -> float:
-        """The documented bound on ``|result - true clipped sum|`` per coordinate (n / scale)."""
-        n_inputs = sum(self._inputs.get(int(c), 1) for c in self.submitted)
-        return self.fixed_point.error_bound(n_inputs if self._inputs else len(self.submitted))
+    def _precision(self, n_contributors: int) -> dict[str, float]:
+        """The round's scale and error bounds, as its view records them (``view.public``)."""
+        return {
+            "secagg_scale": float(self.fixed_point.scale),
+            "secagg_error_bound_sum": self.error_bound("sum", n_contributors),
+            "secagg_error_bound_mean": self.error_bound("mean", n_contributors),
+        }
+
+    def error_bound(self, quantity: str = "sum", n_contributors: int | None = None) -> float:
+        """The bound on the result's error per coordinate (``docs/secagg.md``, fixed point).
+
+        Args:
+            quantity: ``"sum"``: ``|total - true clipped (weighted) sum|``, also the bound on the
+                weight of a weighted round; ``"mean"``: the error of ``total / weight`` (an
+                unweighted round's mean over its contributors; a weighted round's once decoded,
+                from its weight, :func:`~securefed.crypto.fixed_point.weighted_mean_error_bound`).
+            n_contributors: the contributors it holds for (default: those who submitted).
+
+        Raises:
+            ValueError: an unknown quantity.
+            AggregationError: the mean of a weighted round before its result.
+        """
+        n = self._n_inputs() if n_contributors is None else int(n_contributors)
+        if quantity == "sum":
+            return self.fixed_point.error_bound(n)
+        if quantity != "mean":
+            raise ValueError(f"quantity must be 'sum' or 'mean', got {quantity!r}")
+        if self._weighted:
+            if self._mean_bound is None:
+                raise AggregationError(
+                    "a weighted round's bound on the mean depends on its decoded weight: call "
+                    "result() first"
+                )
+            return self._mean_bound
+        return self.fixed_point.mean_error_bound(max(n, 1))
+
+    def _n_inputs(self) -> int:
+        """Clipped inputs in the sum so far: one per client, a party's members for a party."""
+        return sum(self._inputs.get(int(c), 1) for c in self.submitted)
 
     # -- parties of several clients (a message layer whose nodes host many users) --------
     def among_parties(self, members: Mapping[int, Sequence[int]]) -> SecAggRound:

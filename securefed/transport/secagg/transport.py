@@ -62,7 +62,8 @@ class SecAggTransport(Transport):
         """Start a round: check the parameters for its clients, then AdvertiseKeys and ShareKeys.
 
         Raises:
-            ModulusOverflowError: if the clients' sum could wrap the modulus.
+            ModulusOverflowError: if the clients' sum could wrap the modulus at the configured
+                scale (an automatic scale is the largest that cannot, for these clients).
             InsecureParameterError: for a threshold or neighbourhood that voids the guarantee.
             AggregationError: for a round of a single client.
         """
@@ -70,7 +71,7 @@ class SecAggTransport(Transport):
         if len(ids) == 1:
             raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
         if len(ids):
-            self.config.fixed_point.check_clients(len(ids))
+            self.config.fixed_point_for(len(ids))  # refuses a fixed scale that could wrap
             self.config.round_parameters(len(ids))
         round_view = self.view.open(round_id, ids)
         return SecAggRound(
