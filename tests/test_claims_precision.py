@@ -140,7 +140,10 @@ def test_measured_errors_stay_under_the_recorded_bounds_over_many_random_rounds(
         clip = float(rng.choice([1.0, 0.37, 8.0, 2.0**12]))
         scale = None if trial % 3 else float(rng.choice([2.0**10, 1000.0]))
         weighted = bool(rng.integers(2))
-        config = SecAggConfig(bits=bits, clip=clip, scale=scale, neighbours=int(rng.integers(2, 8)))
+        config = SecAggConfig(
+            bits=bits, clip=clip, scale=scale, neighbours=int(rng.integers(2, 8)),
+            out_of_range="clip",
+        )  # fmt: skip
         transport = SecAggTransport(config)
         rnd = transport.open_round(trial, range(n), shape=(1, d), seeds=SeedTree(trial))
         x = rng.uniform(-1.2 * clip, 1.2 * clip, (n, d))  # some values beyond the clip

@@ -218,7 +218,7 @@ def test_a_round_among_parties_sums_its_members_and_refuses_what_it_cannot_check
         encoded = np.zeros(length, config.fixed_point.dtype)
         for u in users:
             values = pack_values(updates.client_block(u), None)
-            encoded += encode_input(values, rounding_key(seeds, 1, u), workspace)[0]
+            encoded += encode_input(values, rounding_key(seeds, 1, u), workspace, owner=u)[0]
         request = parties.mask_request(p)
         masked = nodes[p].mask_encoded(encoded, request.neighbours, request.s_publics, workspace)
         with pytest.raises(AggregationError, match="its own"):

@@ -80,13 +80,23 @@ def test_sparse_batches_are_densified():
     _check_close(rnd.result().total, updates.weighted_sum(), rnd.error_bound())
 
 
-def test_clipping_is_counted():
-    _, rnd = _open(4, 5, config=SecAggConfig(clip=1.0))
+def test_clipping_is_counted_when_asked_for():
+    _, rnd = _open(4, 5, config=SecAggConfig(clip=1.0, out_of_range="clip"))
     rnd.submit(0, np.array([2.0, -3.0, 0.5, 0.0, 1.0]))
     for c in (1, 2, 3):
         rnd.submit(c, np.zeros(5))
     assert rnd.clipped == {0: 2, 1: 0, 2: 0, 3: 0}
     _check_close(rnd.result().total, [1.0, -1.0, 0.5, 0.0, 1.0], rnd.error_bound())
+    assert rnd.view.public["secagg_values_clipped"] == 2
+
+
+def test_values_out_of_the_clip_range_are_refused_by_default():
+    # Issue 17 item 10's exploit: three clients sending 3.0 summed to 3.0, silently clipped.
+    _, rnd = _open(3, 1, config=SecAggConfig(clip=1.0))
+    with pytest.raises(ValueError, match=r"client 0's update has 1 value\(s\) outside"):
+        rnd.submit(0, np.array([3.0]))
+    with pytest.raises(AggregationError):  # the round stays refused, nothing half-summed
+        rnd.submit(1, np.array([0.5]))
 
 
 @pytest.mark.parametrize("bits", [32, 64])
@@ -213,7 +223,9 @@ def test_property_sum_or_refusal(data):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1.2, 1.2, (n, d))  # some values outside the clip range
     w = rng.uniform(0, 1, n)
-    config = SecAggConfig(neighbours=neighbours, threshold=threshold, scale=2.0**14)
+    config = SecAggConfig(
+        neighbours=neighbours, threshold=threshold, scale=2.0**14, out_of_range="clip"
+    )
     _, rnd = _open(n, d, config=config, seed=seed)
     submitted, dropped = set(), set()
     for c in range(n):

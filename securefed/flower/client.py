@@ -310,7 +310,9 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
     encoded = np.zeros(length, secagg.fixed_point.dtype)
     for k, user in enumerate(updates.clients.tolist()):
         values = pack_values(updates.client_block(k), weights[k] if weighted else None)
-        ring, _ = encode_input(values, rounding_key(setup.seeds, round_id, user), workspace)
+        ring, _ = encode_input(
+            values, rounding_key(setup.seeds, round_id, user), workspace, owner=user
+        )
         np.add(encoded, ring, out=encoded)  # in Z_2^bits: the dtype wraps
     masked = clients[party].mask_encoded(
         encoded, arrays["neighbours"][0].tolist(), rec.rows_bytes(arrays["s_publics"][0]), workspace

@@ -68,6 +68,8 @@ class _Workspace:
     """Scratch buffers of a round's masking (the simulated clients run one after another)."""
 
     def __init__(self, length: int, config: SecAggConfig) -> None:
+        self.out_of_range = config.out_of_range
+        self.clip = config.clip
         self.encoder = Encoder(config.fixed_point, length)
         self.uniform = prg_mod.UniformSource(length, prg=config.prg)
         self.expander = prg_mod.MaskExpander(length, bits=config.bits, prg=config.prg)
@@ -366,7 +368,9 @@ class SecAggClient:
         self._check_mask_request(neighbours, s_publics)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
-        masked, n_clipped = encode_input(values, self.random.secret("rounding"), workspace)
+        masked, n_clipped = encode_input(
+            values, self.random.secret("rounding"), workspace, owner=self.id
+        )
         start = timer.add("encoding", start)
         self._add_masks(masked, neighbours, s_publics, workspace, timer, start)
         return masked, n_clipped
@@ -494,14 +498,32 @@ def rounding_key(seeds: SeedTree, round_id: int, client: int) -> bytes:
     return _ClientRandomness(seeds, round_id, client).secret("rounding")
 
 
-def encode_input(values: np.ndarray, key: bytes, workspace: _Workspace) -> tuple[np.ndarray, int]:
-    """Clip, scale and round ``values`` stochastically (uniforms from ``key``) into the ring.
+def encode_input(
+    values: np.ndarray, key: bytes, workspace: _Workspace, *, owner: int
+) -> tuple[np.ndarray, int]:
+    """Scale and round ``values`` stochastically (uniforms from ``key``) into the ring.
+
+    A value outside ``[-clip, clip]`` is refused unless the round's configuration says to clip
+    it (:attr:`SecAggConfig.out_of_range`): a silent clip would change the sum without a word.
+
+    Args:
+        owner: the client whose values these are (named in the refusal).
 
     Returns:
         ``(ring vector, number of values clipped)``; the ring vector is a fresh array.
+
+    Raises:
+        ValueError: values outside the clip range under ``out_of_range="refuse"``.
     """
     uniform = workspace.uniform.draw(key)
-    return workspace.encoder.encode(values, uniform)
+    ring, n_clipped = workspace.encoder.encode(values, uniform)
+    if n_clipped and workspace.out_of_range == "refuse":
+        raise ValueError(
+            f"client {owner}'s update has {n_clipped} value(s) outside [-clip, clip] = "
+            f"[-{workspace.clip:g}, {workspace.clip:g}] (weights included): refused; raise the "
+            "clip, or SecAggConfig(out_of_range='clip') to clip them (the view counts them)"
+        )
+    return ring, n_clipped
 
 
 def pack_values(block: np.ndarray, weight: float | None) -> np.ndarray:

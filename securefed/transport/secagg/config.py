@@ -32,8 +32,12 @@ class SecAggConfig:
             ``n * ceil(clip * scale) <= 2^(bits-1) - 1``
             (:func:`~securefed.crypto.fixed_point.largest_safe_scale`). A fixed scale is checked
             against each round's ``n`` instead (``ModulusOverflowError`` when it could wrap).
-        clip: update values (after weighting) are clipped to ``[-clip, clip]``; weights must lie in
+        clip: update values (after weighting) must lie in ``[-clip, clip]``; weights in
             ``[0, clip]``.
+        out_of_range: what a client does with a value outside ``[-clip, clip]``: ``"refuse"``
+            (the default: the round fails naming the client and the count, nothing is changed
+            silently) or ``"clip"`` (clip it, and the round's view records how many values were
+            clipped, ``secagg_values_clipped``).
         neighbours: SecAgg+ neighbourhood size ``k``; ``None`` is automatic: ``ceil(2 log2 n)``,
             raised when ``expected_dropout > 0`` to the smallest ``k`` that meets
             ``failure_target`` (:func:`neighbours_for_dropout`). Capped at ``n - 1`` (the
@@ -59,9 +63,14 @@ class SecAggConfig:
     aead: str = "aes-256-gcm"
     expected_dropout: float = 0.0
     failure_target: float = 1e-3
+    out_of_range: str = "refuse"
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
+        if self.out_of_range not in OUT_OF_RANGE:
+            raise ValueError(
+                f"out_of_range must be one of {OUT_OF_RANGE}, got {self.out_of_range!r}"
+            )
         if self.neighbours is not None and (
             isinstance(self.neighbours, bool) or self.neighbours < 1
         ):
@@ -155,12 +164,17 @@ class SecAggConfig:
             "threshold": "floor(k/2)+1" if self.threshold is None else self.threshold,
             "expected_dropout": self.expected_dropout,
             "failure_target": self.failure_target,
+            "out_of_range": self.out_of_range,
             "prg": self.prg,
             "aead": self.aead,
             "key_agreement": "X25519",
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
         }
+
+
+OUT_OF_RANGE = ("refuse", "clip")
+"""What a client does with a value outside ``[-clip, clip]`` (:attr:`SecAggConfig.out_of_range`)."""
 
 
 # ----------------------------------------------------------------------------- pure protocol math

@@ -316,11 +316,17 @@ class SecAggRound(AggregationRound):
         for k, client in enumerate(updates.clients.tolist()):
             values = pack_values(updates.client_block(k), weights[k] if weighted else None)
             request = self.mask_request(client)
-            masked, n_clipped = self._clients[client].mask(
-                values, request.neighbours, request.s_publics, self._workspace, self.timer
-            )
+            try:
+                masked, n_clipped = self._clients[client].mask(
+                    values, request.neighbours, request.s_publics, self._workspace, self.timer
+                )
+            except ValueError as error:  # out of range: the round is refused, not half-summed
+                self._failure = str(error)
+                raise
             self.clipped[client] = n_clipped
             self._add_masked(client, masked)
+        if self.config.out_of_range == "clip":
+            self.view.public["secagg_values_clipped"] = sum(self.clipped.values())
         self.view.add_bytes_up(updates.clients, length * self.config.bits // 8)
 
     def receive_masked(self, client: int, masked: np.ndarray, *, weighted: bool) -> None:
