@@ -505,6 +505,28 @@ def record_forward(
     )
 
 
+def record_backward(
+    view, received: Mapping[str, Any], result: Mapping[str, Any], *, tag: str
+) -> None:
+    """Record a backward exchange: the output gradients the parties sent, the input gradients
+    the server returned (arrays only in rounds whose payloads the view keeps)."""
+    payloads = None
+    if view.keeps_current:
+        payloads = {p: {"output_grad": numpy_view(g)} for p, g in received.items()}
+        for q, value in result.items():
+            payloads.setdefault(q, {})["input_grad"] = numpy_view(value)
+    view.record(
+        "backward",
+        network="online",
+        tag=tag,
+        train=True,
+        outputs=list(result),
+        bytes_up=array_bytes(received),
+        bytes_down=array_bytes(result),
+        payloads=payloads,
+    )
+
+
 def numpy_view(value) -> np.ndarray | None:
     """A numpy copy-free view of an array or a (detached) tensor; ``None`` stays ``None``."""
     if value is None or isinstance(value, np.ndarray):
@@ -664,21 +686,7 @@ class PlaintextFusionChannel:
         self._pending = None
         result = {q: dx[q] for q in recipients}
         received = {p: as_matrix(f"party {p!r} output gradient", v) for p, v in grads.items()}
-        payloads = None
-        if self.view.keeps_current:
-            payloads = {p: {"output_grad": v} for p, v in received.items()}
-            for q in recipients:
-                payloads.setdefault(q, {})["input_grad"] = result[q]
-        self.view.record(
-            "backward",
-            network="online",
-            tag=tag,
-            train=True,
-            outputs=recipients,
-            bytes_up=array_bytes(received),
-            bytes_down=array_bytes(result),
-            payloads=payloads,
-        )
+        record_backward(self.view, received, result, tag=tag)
         return result
 
 

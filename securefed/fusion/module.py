@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 
 from securefed.fusion.base import (
-    array_bytes,
     check_network,
     check_parties_named,
     check_positions,
     check_tag,
     numpy_view,
     pick,
+    record_backward,
     record_forward,
 )
 from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party_names
@@ -305,21 +305,7 @@ class ModuleFusionChannel:
         }
         self.optimiser.step()
         self._pending = None
-        payloads = None
-        if self.view.keeps_current:
-            payloads = {p: {"output_grad": numpy_view(g)} for p, g in received.items()}
-            for q in recipients:
-                payloads.setdefault(q, {})["input_grad"] = numpy_view(result[q])
-        self.view.record(
-            "backward",
-            network="online",
-            tag=tag,
-            train=True,
-            outputs=recipients,
-            bytes_up=array_bytes(received),
-            bytes_down=array_bytes(result),
-            payloads=payloads,
-        )
+        record_backward(self.view, received, result, tag=tag)
         return result
 
 
