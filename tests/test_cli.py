@@ -307,3 +307,14 @@ def test_startup_bench_times_fresh_processes(tmp_path, capsys):
         time_command([sys.executable, "-c", "raise SystemExit(3)"], 1)
     with pytest.raises(ValueError, match="repeats"):
         time_command([sys.executable, "-c", "pass"], 0)
+
+
+def test_fedrec_plus_runs_through_secure_aggregation_from_its_first_round(tmp_path):
+    # Its statistics rows exceed 2^12 in the first rounds: silently clipped before, refused when
+    # the encoder stopped clipping, and in range with the registry's clip 2^20.
+    config = LeakUtilityConfig(
+        rounds=2, variants=("fedrec+",), transports=("secagg",), transport_rounds=0,
+        progress=False, workers=1,
+    )  # fmt: skip
+    (row,) = run(config, tmp_path)
+    assert row["status"] == "ok", row["status"]

@@ -280,7 +280,9 @@ def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example
             assert isinstance(transport.ledger, PrivacyLedger)
             assert (transport.config.clip, transport.config.noise_multiplier) == (2.0, 0.5)
         assert describe_transport(server).dp is not None
-    remote = example.FedMFApp(transport="secagg", secagg_bits=32, secagg_scale=2.0**10)
+    remote = example.FedMFApp(
+        transport="secagg", secagg_bits=32, secagg_scale=2.0**10, secagg_clip=4096.0
+    )
     server = remote.make_transport(remote=True)
     assert server.remote_clients and server.ledger is None
     assert (server.config.bits, server.config.scale) == (32, 2.0**10)

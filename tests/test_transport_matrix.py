@@ -262,7 +262,10 @@ def test_defaults_are_the_recorded_ones():
     from securefed.privacy.calibration import noise_for_target
 
     secagg = build_transport("secagg", dropout=0.1, n_clients=943)
-    assert (secagg.config.bits, secagg.config.clip, secagg.config.scale) == (64, 2.0**12, 2.0**20)
+    # Clip 2^20 (2^12 before the encoder stopped clipping silently: FedRec+'s statistics rows
+    # exceed 2^12 in a run's first rounds); the scale is the recorded figures' 2^20.
+    assert (secagg.config.bits, secagg.config.clip, secagg.config.scale) == (64, 2.0**20, 2.0**20)
+    assert secagg.config.out_of_range == "refuse"
     assert secagg.config.expected_dropout == 0.1
     dp = build_transport("dp", {"epsilon": 4.0}, total_rounds=20, sample_rate=0.5)
     assert dp.config.clip == 1.0 and dp.config.placement == "central"

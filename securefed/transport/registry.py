@@ -30,7 +30,7 @@ ckks+dp        distributed DP under CKKS encryption (extras ``he`` and ``dp``; n
 
 Options per group (frozen dataclasses, validated): :class:`SecAggOptions`, :class:`CKKSOptions`,
 :class:`DPOptions`. Their defaults are the ones every recorded figure was made with (64-bit ring,
-clip 2^12 and scale 2^20 for secure aggregation, ``expected_dropout`` the run's dropout; CKKS
+clip 2^20 and scale 2^20 for secure aggregation, ``expected_dropout`` the run's dropout; CKKS
 sized for ``max(1024, n_clients)`` clients; DP clip 1.0, noise calibrated by
 :func:`~securefed.privacy.calibration.noise_for_target` when an epsilon target is given).
 
@@ -113,15 +113,19 @@ class SecAggOptions:
     """Options of secure aggregation (``secagg``, ``secagg+dp``): ``SecAggConfig``'s fields.
 
     The defaults are sized for FedMF blocks (gradients, counts and statistics rows): a 64-bit
-    ring, values clipped to +-2^12 and scaled by 2^20, so the sum of n clients cannot wrap while
-    ``n * 2 * 2^12 * 2^20 < 2^64`` (n < 2^31), and the recovered sum is within ``n / 2^20`` of the
-    true one (about 1e-3 for 943 clients). The scale stays fixed here so that every recorded FedMF
-    figure stays as it was; ``scale=none`` takes secure aggregation's automatic scale instead (the
-    largest power of two at which the round's clients cannot wrap the ring: 2^41 for 943 clients
-    at these bits and clip, docs/secagg.md).
+    ring, values within +-2^20 (FedRec+'s squared-gradient statistics reach about 4e4 on
+    ML-100K and 6.9e4 = 2^16.1 in ml-latest-small's first rounds; a value outside is refused,
+    ``out_of_range``) and scaled by 2^20, so the sum of n clients cannot wrap while
+    ``n * 2 * 2^20 * 2^20 < 2^64`` (n < 2^23), and the recovered sum is within ``n / 2^20`` of
+    the true one (about 1e-3 for 943 clients). The clip was 2^12 until the encoder stopped
+    clipping silently: FedRec+'s statistics rows were clipped then, in a run's first rounds.
+    The scale stays fixed here, with room for the range check of the decoded sum;
+    ``scale=none`` takes secure aggregation's automatic scale instead (the largest power of two
+    at which the round's clients cannot wrap the ring: 2^33 for 943 clients at these bits and
+    clip, docs/secagg.md).
 
     Attributes:
-        bits, scale, clip, neighbours, threshold, prg, aead, failure_target: as
+        bits, scale, clip, neighbours, threshold, prg, aead, failure_target, out_of_range: as
             :class:`~securefed.transport.secagg.SecAggConfig` (validated by it; ``scale`` None
             is automatic per round).
         expected_dropout: the dropout the automatic neighbourhood size plans for (``None``: the
@@ -131,13 +135,14 @@ class SecAggOptions:
 
     bits: int = 64
     scale: float | None = 2.0**20
-    clip: float = 2.0**12
+    clip: float = 2.0**20
     neighbours: int | None = None
     threshold: int | None = None
     prg: str = "aes-256-ctr"
     aead: str = "aes-256-gcm"
     expected_dropout: float | None = None
     failure_target: float = 1e-3
+    out_of_range: str = "refuse"
     remote_clients: bool = False
 
     def __post_init__(self) -> None:
@@ -158,6 +163,7 @@ class SecAggOptions:
             aead=self.aead,
             expected_dropout=dropout if self.expected_dropout is None else self.expected_dropout,
             failure_target=self.failure_target,
+            out_of_range=self.out_of_range,
         )
 
 

@@ -112,7 +112,7 @@ class FedMFApp:
     transport: str = "plaintext"
     secagg_bits: int = 64
     secagg_scale: float = 2.0**20
-    secagg_clip: float = 4096.0
+    secagg_clip: float = 1048576.0
     secagg_neighbours: int = 0
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
