@@ -185,7 +185,8 @@ def run_rounds(
         raise ValueError(
             "an unseeded (secure-mode) run keeps its root entropy secret, and its checkpoints "
             "store it only encrypted: give RunOptions(checkpoint_key=...) (at least 16 bytes, "
-            "kept apart from the checkpoints), or no checkpoint_dir"
+            "kept apart from the checkpoints; on the command line --checkpoint-key-file), or "
+            "no checkpoint_dir"
         )
     transport.view.public["seeds"] = seeds.describe()
     transport.view.public["randomness"] = seeds.randomness
