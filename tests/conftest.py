@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,18 @@ def small_split() -> Split:
     """120 users x 80 items, about 2400 ratings on the 1..5 scale."""
     ratings = synthetic_ratings(120, 80, 2400, rank=4, noise=0.3, scale=ML100K_SCALE, seed=3)
     return random_split(ratings, 0.2, np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The FedMF example Flower app (recsys/flower_app), importable as on a SuperNode."""
+    from securefed.recsys.fedmf_flower import APP_DIR
+
+    if str(APP_DIR) not in sys.path:
+        sys.path.insert(0, str(APP_DIR))
+    from securefed_fedmf_app import app
+
+    return app
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ share refuses the round on Flower as in one process (a refusal, not a dropout).
 from __future__ import annotations
 
 import itertools
-import sys
 
 import numpy as np
 import pytest
@@ -37,22 +36,12 @@ from securefed.flower import records as rec
 from securefed.flower.client import SECAGG_STATE
 from securefed.flower.server import ADVERTISE, MASK, SHARE, TRAIN, UNMASK, run_federation
 from securefed.randomness import SeedTree
-from securefed.recsys.fedmf_flower import APP_DIR
 from securefed.transport.secagg import SecAggClient, SecAggConfig
 
 SIMULATION_BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
 }
-
-
-@pytest.fixture(scope="module")
-def example():
-    if str(APP_DIR) not in sys.path:
-        sys.path.insert(0, str(APP_DIR))
-    from securefed_fedmf_app import app
-
-    return app
 
 
 # ----------------------------------------------------------------------------- a direct grid

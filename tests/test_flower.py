@@ -51,16 +51,6 @@ SIMULATION_BACKEND = {
 }
 
 
-@pytest.fixture(scope="module")
-def example():
-    """The FedMF example app (app_template), importable as in a SuperNode."""
-    if str(APP_DIR) not in sys.path:
-        sys.path.insert(0, str(APP_DIR))
-    from securefed_fedmf_app import app
-
-    return app
-
-
 def _batch(rng, clients, n_rows=6, width=3, weighted=False) -> RowUpdates:
     counts = rng.integers(0, n_rows + 1, len(clients))
     rows = np.concatenate([np.sort(rng.choice(n_rows, c, replace=False)) for c in counts])

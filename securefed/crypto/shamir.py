@@ -156,13 +156,8 @@ def interpolate_at_zero(points: Sequence[tuple[int, int]]) -> int:
     return sum(c * y for c, (_, y) in zip(coefficients, points, strict=True)) % PRIME
 
 
-def reconstruct(points: Sequence[tuple[int, int]], threshold: int) -> int:
-    """The secret from at least ``threshold`` shares ``(x, f(x))`` (uses the first ``threshold``).
-
-    Raises:
-        ValueError: with fewer than ``threshold`` shares (the secret is information-theoretically
-            hidden by them) or repeated x-coordinates.
-    """
+def _check_enough(points: Sequence[tuple[int, int]], threshold: int) -> None:
+    """Refuse a threshold below 1, or fewer points than it takes."""
     if threshold < 1:
         raise ValueError(f"threshold must be >= 1, got {threshold}")
     if len(points) < threshold:
@@ -170,6 +165,16 @@ def reconstruct(points: Sequence[tuple[int, int]], threshold: int) -> int:
             f"{len(points)} share(s) cannot reconstruct a {threshold}-out-of-n secret: "
             f"{threshold - len(points)} more are needed"
         )
+
+
+def reconstruct(points: Sequence[tuple[int, int]], threshold: int) -> int:
+    """The secret from at least ``threshold`` shares ``(x, f(x))`` (uses the first ``threshold``).
+
+    Raises:
+        ValueError: with fewer than ``threshold`` shares (the secret is information-theoretically
+            hidden by them) or repeated x-coordinates.
+    """
+    _check_enough(points, threshold)
     return interpolate_at_zero(list(points)[:threshold])
 
 
@@ -305,13 +310,7 @@ def decode_shares(points: Sequence[tuple[int, int]], threshold: int) -> tuple[in
             shares than the spare ones correct); ``suspects`` holds every x-coordinate.
         ValueError: fewer than ``threshold`` points, or repeated x-coordinates.
     """
-    if threshold < 1:
-        raise ValueError(f"threshold must be >= 1, got {threshold}")
-    if len(points) < threshold:
-        raise ValueError(
-            f"{len(points)} share(s) cannot reconstruct a {threshold}-out-of-n secret: "
-            f"{threshold - len(points)} more are needed"
-        )
+    _check_enough(points, threshold)
     _check_xs([x % PRIME for x, _ in points])
     interpolant = _Interpolant(list(points)[:threshold])
     if all(interpolant(x % PRIME) == y % PRIME for x, y in list(points)[threshold:]):
