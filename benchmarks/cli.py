@@ -191,6 +191,13 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     if args.save_view:
+        # What `securefed attack` needs to rebuild the truth: public names, no ratings.
+        transport.view.public["data"] = {
+            "name": split.name,
+            "source": str(args.data),
+            "split": args.split,
+            "split_seed": args.split_seed,
+        }
         transport.view.save(args.save_view)
         record["view"] = str(args.save_view)
     if args.json:
@@ -281,3 +288,7 @@ def _command_name(args: argparse.Namespace) -> str:
     """``fedmf``, ``bench fedslate``: the chosen command as typed."""
     group = registry.COMMANDS[args.command]
     return f"{args.command} {getattr(args, args.command)}" if group.subcommands else args.command
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -174,6 +174,11 @@ COMMANDS: dict[str, Command] = _table(
     Command("demo", "the main job, small: leak versus utility", "securefed.bench.cli:_add_demo"),
     Command("bench", "benchmarks and paper tables", subcommands=tuple(BENCHES.values())),
     Command(
+        "attack",
+        "attack a saved ServerView and score it against the run's data",
+        "securefed.bench.cli_attack:register",
+    ),
+    Command(
         "privacy",
         "DP accounting: epsilon of a schedule, noise for a target",
         "securefed.bench.cli_privacy:register",

@@ -5,8 +5,10 @@ per-client payloads *as the server sees them* (plaintext rows, masked integers, 
 noisy vectors: each transport decides), the aggregate it obtained, the state it broadcast, and the
 public parameters of the protocol. Attacks (``attacks/``) take a ServerView and nothing else. It is
 also the communication ledger: bytes up and down per client per round are always kept, while full
-payloads (and broadcast arrays) are kept only for the rounds selected by a :class:`RoundSelection`,
-because a long dense run would not fit in memory.
+payloads, aggregates and broadcast arrays are kept only for the rounds selected by a
+:class:`RoundSelection` (the round in progress holds its aggregate until the next round opens),
+because each is as large as the model and a long dense run would not fit in memory or on disk.
+docs/serverview.md documents the saved format field by field, and what a view costs.
 
 Saved format (``ServerView.save(directory, key=None)``), version 2, no pickle anywhere:
 
@@ -128,7 +130,8 @@ class RoundView:
         bytes_down: bytes each client received (aligned with ``clients``).
         dropped: clients that dropped out (sent nothing usable).
         payloads: per-client payload fields as received, only in rounds that keep payloads.
-        aggregate: what the server computed or obtained (e.g. the decoded sum).
+        aggregate: what the server computed or obtained (e.g. the decoded sum); kept with the
+            payloads (cleared when the next round opens in a round that keeps none).
         broadcast: state the server sent to clients (kept with the payloads).
         public: public per-round parameters (learning rate, sampling, ...).
         keep_payloads: whether this round records payloads and broadcast arrays.
@@ -230,6 +233,11 @@ class ServerView:
     def open(self, round_id: int, clients: np.ndarray) -> RoundView:
         """Start the record of a round (replacing a stale record of the same id, e.g. on resume)."""
         self.rounds = [r for r in self.rounds if r.round_id != round_id]
+        for earlier in self.rounds:
+            if not earlier.keep_payloads:
+                # A finished round outside the selection keeps only its byte ledger: an
+                # aggregate is as large as the model, and a long run would hold one per round.
+                earlier.aggregate.clear()
         keep = self.keep_payloads.keeps(round_id, self.total_rounds)
         view = RoundView(round_id, np.unique(np.asarray(clients, np.int64)), keep_payloads=keep)
         self.rounds.append(view)
@@ -286,7 +294,8 @@ class ServerView:
                 fields[str(client)] = sorted(payload)
                 for name, value in payload.items():
                     arrays[f"{prefix}/payload/{client}/{name}"] = value
-            for name, value in view.aggregate.items():
+            aggregate = view.aggregate if view.keep_payloads else {}
+            for name, value in aggregate.items():
                 arrays[f"{prefix}/aggregate/{name}"] = np.asarray(value)
             for name, value in view.broadcast.items():
                 arrays[f"{prefix}/broadcast/{name}"] = np.asarray(value)
@@ -297,7 +306,7 @@ class ServerView:
                     "dropped": [int(c) for c in view.dropped],
                     "keep_payloads": view.keep_payloads,
                     "payload_fields": fields,
-                    "aggregate": sorted(view.aggregate),
+                    "aggregate": sorted(aggregate),
                     "broadcast": sorted(view.broadcast),
                 }
             )
