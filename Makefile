@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= dev,he,dp,rl,flower
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: install
 
 test: install
 	$(BIN)/python -P -m pytest -q
+
+docs: install
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	$(BIN)/python -P docs/build_api.py build/api
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,8 +1,7 @@
 """Attacks that replay what an honest-but-curious server saw (a ServerView) and measure the leak.
 
 * :mod:`securefed.attacks.gradient_inversion`: FedMF gradient inversion (Chai et al. 2020;
-specs/fedmf.md
-  section 2): closed form from two rounds, rating-grid search from one.
+  specs/fedmf.md section 2): closed form from two rounds, rating-grid search from one.
 * :mod:`securefed.attacks.item_inference`: which uploaded rows are rated items under hybrid filling
   (specs/fedmf.md section 3).
 * :mod:`securefed.attacks.metrics`: exact share, RMSE, precision / recall / F1.
@@ -13,10 +12,9 @@ specs/fedmf.md
   Q-values in the fusion channel's view (:func:`read_inquiries`, :func:`verify_qvalue_leak`).
 
 The two RL modules need torch and gymnasium (the ``rl`` extra); their names are exported lazily,
-so ``import attacks`` works without them.
+so ``import securefed.attacks`` works without them.
 
-Note: ``securefed.attacks.verify`` is the function; the module is ``securefed.attacks.verify`` in
-``sys.modules``
+Note: ``securefed.attacks.verify`` is the function; the module of that name is in ``sys.modules``
 (import its helpers with ``from securefed.attacks.verify import ...``).
 """
 
