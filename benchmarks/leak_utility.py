@@ -41,7 +41,7 @@ from securefed.bench.bench_fedmf import markdown_table
 from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
-from securefed.recsys.data import Ratings, Split, random_split, reindex
+from securefed.recsys.data import Split, densest_split
 from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
 from securefed.transport import option_groups
 
@@ -106,52 +106,12 @@ def parse_transport(spec: str) -> tuple[str, dict]:
     return name, {"epsilon": float(argument)}
 
 
-def restrict(ratings: Ratings, max_users: int, max_items: int) -> Ratings:
-    """The ``max_items`` most rated items and, among their raters, the ``max_users`` most active."""
-    keep = np.ones(len(ratings), bool)
-    if max_items:
-        popular = np.argsort(-np.bincount(ratings.items, minlength=ratings.n_items))[:max_items]
-        keep &= np.isin(ratings.items, popular)
-    if max_users:
-        activity = np.bincount(ratings.users[keep], minlength=ratings.n_users)
-        active = np.argsort(-activity)[:max_users]
-        keep &= np.isin(ratings.users, active)
-    users, items, user_ids, item_ids = reindex(
-        ratings.user_ids[ratings.users[keep]], ratings.item_ids[ratings.items[keep]]
-    )
-    return Ratings(
-        users,
-        items,
-        ratings.ratings[keep],
-        None if ratings.timestamps is None else ratings.timestamps[keep],
-        len(user_ids),
-        len(item_ids),
-        ratings.scale,
-        user_ids,
-        item_ids,
-        name=f"{ratings.name}[{len(user_ids)}x{len(item_ids)}]",
-    )
-
-
 def load_split(config: LeakUtilityConfig) -> Split:
     split = datasets.load(config.data, config.split, seed=config.seed)
     if not (config.max_users or config.max_items):
         return split
-    whole = np.concatenate  # re-split the restricted union so train and test share an index space
-    union = Ratings(
-        whole([split.train.users, split.test.users]),
-        whole([split.train.items, split.test.items]),
-        whole([split.train.ratings, split.test.ratings]),
-        None,
-        split.train.n_users,
-        split.train.n_items,
-        split.train.scale,
-        split.train.user_ids,
-        split.train.item_ids,
-        name=split.name,
-    )
-    small = restrict(union, config.max_users, config.max_items)
-    return random_split(small, 0.2, np.random.default_rng(config.seed))
+    rng = np.random.default_rng(config.seed)
+    return densest_split(split, config.max_users, config.max_items, rng)
 
 
 def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -> dict:

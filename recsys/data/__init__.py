@@ -38,6 +38,7 @@ from securefed.recsys.data.splits import (
     random_split,
     temporal_split,
 )
+from securefed.recsys.data.subsets import densest, densest_split
 from securefed.recsys.data.synthetic import synthetic_ratings
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "Ratings",
     "RawRatings",
     "Split",
+    "densest",
+    "densest_split",
     "embedded_default_path",
     "load_dataset",
     "load_movielens_100k",
