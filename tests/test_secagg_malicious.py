@@ -459,3 +459,24 @@ def test_the_threat_model_is_an_option_malicious_by_default_and_validated():
     with pytest.raises(AggregationError, match="no ConsistencyCheck"):
         hbc = SecAggTransport(SecAggConfig(server=HBC, neighbours=4))
         hbc.open_round(0, range(6), shape=(1, D), seeds=seeds).consistency_requests()
+
+
+# ----------------------------------------------------------------------------- Flower's SecAgg+
+def test_the_same_lie_decodes_the_victim_against_flowers_secaggplus():
+    """Flower 1.42's node reveals the share of the self-mask seed of every node it is told is
+    active and of the mask key of every node it is told is dead, in one answer, with nothing
+    signed: a server that lists the victim in both decodes it from one message per neighbour,
+    at a minority or a majority threshold; splitting the neighbours works at a minority one.
+    (benchmarks/results/secagg_malicious/flower_lie.json records the same runs.)"""
+    pytest.importorskip("flwr")
+    from securefed.bench.secagg_flower_lie import run_flower_lie
+
+    for lie, threshold in [("both lists", 3), ("split", 3), ("both lists", 4)]:
+        record = run_flower_lie(lie, threshold=threshold, length=200)
+        assert record["node_refusals"] == {}
+        assert record["decoded"] is True
+        assert record["max_abs_error"] <= record["quantization_step"]
+    # At a majority threshold the split cannot give t shares of both: Flower's answer-once
+    # holds there, and only the unchecked double listing breaks it.
+    split = run_flower_lie("split", threshold=4, length=200)
+    assert split["decoded"] is False

@@ -634,11 +634,17 @@ class SecAggClient:
                 f"{(strangers or absent)[:5]}, which are not among its neighbours in the survivor "
                 "set; refusing"
             )
-        for signer, signature in signatures.items():
-            self.registry.verify(int(signer), message, signature, what="survivor set")
-        if len(signatures) < self.threshold:
+        # In id order until t verify: t valid ones are the quorum (extra ones are not needed);
+        # one that fails on the way refuses.
+        valid = 0
+        for signer in sorted(signatures):
+            if valid == self.threshold:
+                break
+            self.registry.verify(signer, message, signatures[signer], what="survivor set")
+            valid += 1
+        if valid < self.threshold:
             raise ConsistencyError(
-                f"client {self.id} holds {len(signatures)} valid signature(s) of its neighbours on "
+                f"client {self.id} holds {valid} valid signature(s) of its neighbours on "
                 f"the survivor set of round {self.round_id}, fewer than the threshold "
                 f"{self.threshold}: the server may have told other clients another set; "
                 "refusing to unmask (Bonawitz et al. 2017, Fig. 5, Round 4)"

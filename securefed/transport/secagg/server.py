@@ -162,6 +162,7 @@ class SecAggRound(AggregationRound):
         self._unmasking = False  # set when the helpers are first asked: no masked input after
         self.excluded_helpers: frozenset[int] = frozenset()
         self._shared: set[int] = set()
+        self._neighbour_ids: dict[int, np.ndarray] = {}
         n = len(self._ids)
         self._clients: dict[int, SecAggClient] = {}
         if n == 0:
@@ -195,9 +196,13 @@ class SecAggRound(AggregationRound):
 
     # -- public graph ---------------------------------------------------------------------
     def neighbours(self, client: int) -> np.ndarray:
-        """The ids of ``client``'s neighbours (public)."""
-        position = int(self.view.positions([client])[0])
-        return self.clients[self._graph[position]]
+        """The ids of ``client``'s neighbours (public; a fresh array)."""
+        client = int(client)
+        cached = self._neighbour_ids.get(client)
+        if cached is None:
+            position = int(self.view.positions([client])[0])
+            cached = self._neighbour_ids[client] = self.clients[self._graph[position]]
+        return cached.copy()
 
     # -- stage 1 --------------------------------------------------------------------------
     def _advertise_keys(self, seeds: SeedTree) -> None:
@@ -254,7 +259,7 @@ class SecAggRound(AggregationRound):
             )
             if arity == 3:
                 signed[client] = bytes(keys[client][2])
-        if self.registry is not None and signed:
+        if self.registry is not None and signed and self.remote_clients:
             start = time.perf_counter()
             for client, signature in signed.items():
                 message = advertisement_message(self.round_id, client, *checked[client])
