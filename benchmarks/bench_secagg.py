@@ -120,13 +120,12 @@ def run_case(
     rng = np.random.default_rng(seed + 1)
     dropped = set(rng.choice(clients, round(dropout * clients), replace=False).tolist())
     seeds = SeedTree(seed)
-    config = SecAggConfig(
-        expected_dropout=dropout if sized_for_dropout else 0.0, server=server
-    )
+    config = SecAggConfig(expected_dropout=dropout if sized_for_dropout else 0.0, server=server)
     transport = SecAggTransport(config)
     late = set(
-        rng.choice(sorted(set(range(clients)) - dropped), round(dropped_after * clients), False)
-        .tolist()
+        rng.choice(
+            sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
+        ).tolist()
     )
     start = time.perf_counter()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
@@ -565,9 +564,7 @@ def _measured_round(n: int, length: int, dropout: float, *, seed: int, server: s
 
     SecAggTransport.open_round = keep
     try:
-        case = run_case(
-            n, length, dropout / 2, seed=seed, server=server, dropped_after=dropout / 2
-        )
+        case = run_case(n, length, dropout / 2, seed=seed, server=server, dropped_after=dropout / 2)
     finally:
         SecAggTransport.open_round = original
     return case, holder["round"]

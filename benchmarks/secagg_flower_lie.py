@@ -30,28 +30,6 @@ LIES = ("both lists", "split")
 
 def _flower():
     """Flower's modules, imported when used (flwr is an optional extra)."""
-    import flwr.compat.common.recorddict_compat as compat
-    from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
-    from flwr.app.message_type import MessageType
-    from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
-    from flwr.common import (
-        Code,
-        FitRes,
-        Status,
-        bytes_to_ndarray,
-        ndarrays_to_parameters,
-    )
-    from flwr.common.secure_aggregation import ndarrays_arithmetic as arithmetic
-    from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-    from flwr.common.secure_aggregation.quantization import dequantize
-    from flwr.common.secure_aggregation.secaggplus_constants import (
-        RECORD_KEY_CONFIGS,
-        Key,
-        Stage,
-    )
-    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
-    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-    from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
     return SimpleNamespace(**locals())
 
@@ -93,9 +71,7 @@ def run_flower_lie(
     ids = [1000 + 17 * i for i in range(nodes)]  # Flower node ids (any distinct ints)
     victim = ids[victim_index]
     contexts = {
-        nid: fl.Context(
-            run_id=1, node_id=nid, node_config={}, state=fl.RecordDict(), run_config={}
-        )
+        nid: fl.Context(run_id=1, node_id=nid, node_config={}, state=fl.RecordDict(), run_config={})
         for nid in ids
     }
 
@@ -121,9 +97,7 @@ def run_flower_lie(
         row = inputs[ids.index(nid)]
 
         def fit(msg, ctxt):  # the node's training: its input, weight (num_examples) 1
-            res = fl.FitRes(
-                fl.Status(fl.Code.OK, ""), fl.ndarrays_to_parameters([row]), 1, {}
-            )
+            res = fl.FitRes(fl.Status(fl.Code.OK, ""), fl.ndarrays_to_parameters([row]), 1, {})
             return SimpleNamespace(content=fl.compat.fitres_to_recorddict(res, keep_input=True))
 
         reply = fl.secaggplus_mod(message, contexts[nid], fit)
@@ -173,8 +147,11 @@ def run_flower_lie(
         try:
             reply = send(
                 nid,
-                {key.STAGE: fl.Stage.UNMASK, key.ACTIVE_NODE_ID_LIST: active,
-                 key.DEAD_NODE_ID_LIST: dead},
+                {
+                    key.STAGE: fl.Stage.UNMASK,
+                    key.ACTIVE_NODE_ID_LIST: active,
+                    key.DEAD_NODE_ID_LIST: dead,
+                },
             )
         except Exception as error:  # a node's refusal is what is being measured
             refusals[str(nid)] = f"{type(error).__name__}: {error}"
@@ -200,8 +177,18 @@ def run_flower_lie(
     }
     if len(seed_shares) < threshold or len(key_shares) < threshold:
         return record | {"decoded": False, "max_abs_error": None}
-    decoded = _decode(fl, masked[victim], seed_shares, key_shares, victim, ids, public, clip,
-                      target_range, mod_range)
+    decoded = _decode(
+        fl,
+        masked[victim],
+        seed_shares,
+        key_shares,
+        victim,
+        ids,
+        public,
+        clip,
+        target_range,
+        mod_range,
+    )
     error = float(np.max(np.abs(decoded - inputs[victim_index])))
     return record | {
         "decoded": True,

@@ -350,7 +350,9 @@ def test_a_lying_helper_with_spare_shares_is_identified_and_excluded(kind):
 
 
 def test_more_liars_than_the_spare_shares_correct_refuse_the_round():
-    config = SecAggConfig(server=HBC, neighbours=100)  # k = 7, t = 4: one wrong share per secret corrected
+    config = SecAggConfig(
+        server=HBC, neighbours=100
+    )  # k = 7, t = 4: one wrong share per secret corrected
     rnd, clients = _stages_until_masked(config, 8)
     responses = _reveals(rnd, clients)
     for liar in (3, 6):

@@ -142,7 +142,9 @@ def _lying_server_attack(config, n):
     # The server opens the shares the victim sealed to the server's own keys: both kinds.
     points = {"b": [], "s": []}
     for v, fake in fakes.items():
-        key = kx.pair_key(fake.private, rnd.public_keys[VICTIM][0], kx.PURPOSE_SHARE_KEY, 0, VICTIM, v)
+        key = kx.pair_key(
+            fake.private, rnd.public_keys[VICTIM][0], kx.PURPOSE_SHARE_KEY, 0, VICTIM, v
+        )
         plain = kx.open_sealed(
             rnd.config.aead, key, rnd.share_store[(VICTIM, v)], kx.share_aad(0, VICTIM, v)
         )
@@ -296,7 +298,9 @@ def test_an_s_key_other_than_the_signed_one_is_refused_at_masking():
     request = rnd.mask_request(0)
     swapped = (kx.keypair_from_seed(bytes(32)).public, *request.s_publics[1:])
     with pytest.raises(SignatureError, match="other than the one"):
-        clients[0].mask(_inputs(6)[0], request.neighbours, swapped, masking_workspace(D, rnd.config))
+        clients[0].mask(
+            _inputs(6)[0], request.neighbours, swapped, masking_workspace(D, rnd.config)
+        )
 
 
 def test_a_client_outside_the_key_registry_is_refused():
@@ -309,7 +313,9 @@ def test_a_client_outside_the_key_registry_is_refused():
     rnd = SecAggTransport(config, remote_clients=True).open_round(
         0, range(5), shape=(1, D), seeds=seeds
     )
-    clients = {c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(4)}
+    clients = {
+        c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(4)
+    }
     clients[4] = SecAggClient(4, 0, config, seeds, signer=sybil, registry=rogue)
     rnd.receive_keys({c: clients[c].advertise() for c in range(5)})
     with pytest.raises(SignatureError, match="client 4 is not in the key registry"):
@@ -323,9 +329,11 @@ def test_a_server_with_the_registry_refuses_a_forged_advertisement_early():
     rnd = SecAggTransport(config, remote_clients=True, registry=registry).open_round(
         0, range(6), shape=(1, D), seeds=seeds
     )
-    clients = {c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(6)}
+    clients = {
+        c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(6)
+    }
     adverts = {c: clients[c].advertise() for c in range(6)}
-    c_key, s_key, signature = adverts[2]
+    _, s_key, signature = adverts[2]
     adverts[2] = (kx.keypair_from_seed(bytes(32)).public, s_key, signature)
     with pytest.raises(SignatureError, match="client 2's signature"):
         rnd.receive_keys(adverts)

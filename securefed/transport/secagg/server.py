@@ -36,17 +36,17 @@ from securefed.transport.secagg.client import (
     pack_values,
 )
 from securefed.transport.secagg.config import SecAggConfig
-from securefed.transport.secagg.signatures import (
-    SIGNATURE_BYTES,
-    KeyRegistry,
-    SigningKey,
-    advertisement_message,
-)
 from securefed.transport.secagg.graph import (
     UnmaskingPlan,
     graph_seed,
     neighbour_graph,
     plan_unmasking,
+)
+from securefed.transport.secagg.signatures import (
+    SIGNATURE_BYTES,
+    KeyRegistry,
+    SigningKey,
+    advertisement_message,
 )
 from securefed.views import RoundView
 

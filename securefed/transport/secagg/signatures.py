@@ -156,7 +156,7 @@ def advertisement_message(round_id: int, client: int, c_public: bytes, s_public:
 
 
 def consistency_message(round_id: int, survivors: Iterable[int]) -> bytes:
-    """What a survivor signs at ConsistencyCheck: the round and the survivor set ``U_3`` it was told.
+    """What a survivor signs at ConsistencyCheck: the round and the survivor set ``U_3`` told.
 
     The set is hashed (SHA-256 of the sorted ids) so the message stays short for large rounds.
     """
