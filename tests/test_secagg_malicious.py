@@ -488,3 +488,18 @@ def test_the_same_lie_decodes_the_victim_against_flowers_secaggplus():
     # holds there, and only the unchecked double listing breaks it.
     split = run_flower_lie("split", threshold=4, length=200)
     assert split["decoded"] is False
+
+
+def test_the_audit_warns_of_a_round_run_against_an_honest_but_curious_server_only():
+    from securefed.audit import audit
+
+    codes = {}
+    for server in ("malicious", HBC):
+        transport = SecAggTransport(SecAggConfig(neighbours=4, server=server))
+        rnd = transport.open_round(0, range(6), shape=(1, D), seeds=SeedTree.secure_mode())
+        for c in range(6):
+            rnd.submit(c, np.full(D, 0.25))
+        rnd.result()
+        codes[server] = audit(transport.view).codes
+    assert "secagg-honest-but-curious" in codes[HBC]
+    assert "secagg-honest-but-curious" not in codes["malicious"]
