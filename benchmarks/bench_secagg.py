@@ -22,7 +22,15 @@ this machine: the simulation runs every client's work one after another, so a ro
 *sum* of all clients' and the server's compute, not the latency of a deployment.
 
 Each round runs at the automatic scale (the largest power of two at which its ``n`` clients cannot
-wrap the 32-bit ring), recorded per case.
+wrap the 32-bit ring), recorded per case, and in the threat model of ``--server`` (the default
+``malicious`` since issue 21: signatures and ConsistencyCheck; the figures in docs/secagg.md
+before it are ``honest_but_curious`` rounds).
+
+``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures both threat models'
+rounds at n = 100 and 1000 clients x 1e5 values, 0 % and 10 % dropout, beside the floor of their
+cryptography (operation counts times the primitives' costs measured in the same run), and with
+``--flower-lie`` runs the lying server against Flower's SecAgg+
+(:mod:`securefed.bench.secagg_flower_lie`).
 
 Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
 :func:`compare_with_flower` gives both systems the same inputs (one vector per client in
@@ -687,6 +695,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the comparison with Flower's SecAgg+ (error on the mean, matched parameters)",
     )
+    parser.add_argument(
+        "--server",
+        default="malicious",
+        choices=("malicious", "honest_but_curious"),
+        help="the threat model of the measured rounds (SecAggConfig.server; default malicious)",
+    )
     parser.add_argument("--flower-clients", type=int, default=FLOWER_CLIENTS)
     parser.add_argument("--flower-length", type=int, default=FLOWER_LENGTH)
     args = parser.parse_args(argv)
@@ -712,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in clients:
         for d in lengths:
             for dropout in DROPOUTS:
-                case = run_case(n, d, dropout, seed=args.seed)
+                case = run_case(n, d, dropout, seed=args.seed, server=args.server)
                 print(
                     f"n={n} d={d} dropout={dropout:.0%} k={case.k}: {case.seconds:.2f} s "
                     f"({case.ratio:.1f}x plaintext) {case.status}",
@@ -722,7 +736,9 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(case)
     # SecAgg+ at its default degree cannot absorb 30 % dropout: show the refusal.
     n, d = clients[-1], lengths[-1]
-    cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed))
+    cases.append(
+        run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server)
+    )
     flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
     print(markdown_table(cases))

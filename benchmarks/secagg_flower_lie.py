@@ -28,10 +28,46 @@ import numpy as np
 LIES = ("both lists", "split")
 
 
-def _flower():
-    """Flower's modules, imported when used (flwr is an optional extra)."""
+def _flower() -> SimpleNamespace:
+    """Flower's names this module uses, imported when used (flwr is an optional extra)."""
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
+    from flwr.app.message_type import MessageType
+    from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+    from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_parameters
+    from flwr.common.secure_aggregation import ndarrays_arithmetic as arithmetic
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+    from flwr.common.secure_aggregation.quantization import dequantize
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+    from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-    return SimpleNamespace(**locals())
+    return SimpleNamespace(
+        compat=compat,
+        ConfigRecord=ConfigRecord,
+        Context=Context,
+        Message=Message,
+        Metadata=Metadata,
+        RecordDict=RecordDict,
+        MessageType=MessageType,
+        secaggplus_mod=secaggplus_mod,
+        Code=Code,
+        FitRes=FitRes,
+        Status=Status,
+        bytes_to_ndarray=bytes_to_ndarray,
+        ndarrays_to_parameters=ndarrays_to_parameters,
+        arithmetic=arithmetic,
+        combine_shares=combine_shares,
+        generate_shared_key=generate_shared_key,
+        dequantize=dequantize,
+        RECORD_KEY_CONFIGS=RECORD_KEY_CONFIGS,
+        Key=Key,
+        Stage=Stage,
+        pseudo_rand_gen=pseudo_rand_gen,
+        bytes_to_private_key=bytes_to_private_key,
+        bytes_to_public_key=bytes_to_public_key,
+    )
 
 
 def run_flower_lie(
