@@ -736,9 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(case)
     # SecAgg+ at its default degree cannot absorb 30 % dropout: show the refusal.
     n, d = clients[-1], lengths[-1]
-    cases.append(
-        run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server)
-    )
+    cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server))
     flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
     print(markdown_table(cases))
