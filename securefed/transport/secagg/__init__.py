@@ -88,6 +88,8 @@ Modules, one per part of the protocol:
 * :mod:`~securefed.transport.secagg.client`: :class:`SecAggClient`, its randomness, and the
   server's requests to it;
 * :mod:`~securefed.transport.secagg.server`: :class:`SecAggRound`, the server's round;
+* :mod:`~securefed.transport.secagg.signatures`: the malicious-server variant's Ed25519 keys,
+  the key registry and the signed messages;
 * :mod:`~securefed.transport.secagg.transport`: :class:`SecAggTransport`.
 
 Randomness: with ``seeds.secure`` key pairs come from ``X25519PrivateKey.generate()`` and seeds,
@@ -130,6 +132,13 @@ from securefed.transport.secagg.graph import (
     plan_unmasking,
 )
 from securefed.transport.secagg.server import ID_BYTES, SecAggRound, check_weights
+from securefed.transport.secagg.signatures import (
+    ConsistencyError,
+    KeyRegistry,
+    SignatureError,
+    SigningKey,
+    SimulatedSigners,
+)
 from securefed.transport.secagg.transport import SecAggTransport
 
 __all__ = [
@@ -139,12 +148,17 @@ __all__ = [
     "SHARE_PLAINTEXT_BYTES",
     "STAGES",
     "STAGE_NAMES",
+    "ConsistencyError",
+    "KeyRegistry",
     "MaskRequest",
     "SecAggClient",
     "SecAggConfig",
     "SecAggRound",
     "SecAggTransport",
     "ShareRequest",
+    "SignatureError",
+    "SigningKey",
+    "SimulatedSigners",
     "UnmaskRequest",
     "UnmaskingPlan",
     "binomial_cdf",
