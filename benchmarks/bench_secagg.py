@@ -22,7 +22,15 @@ this machine: the simulation runs every client's work one after another, so a ro
 *sum* of all clients' and the server's compute, not the latency of a deployment.
 
 Each round runs at the automatic scale (the largest power of two at which its ``n`` clients cannot
-wrap the 32-bit ring), recorded per case.
+wrap the 32-bit ring), recorded per case, and in the threat model of ``--server`` (the default
+``malicious`` since issue 21: signatures and ConsistencyCheck; the figures in docs/secagg.md
+before it are ``honest_but_curious`` rounds).
+
+``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures both threat models'
+rounds at n = 100 and 1000 clients x 1e5 values, 0 % and 10 % dropout, beside the floor of their
+cryptography (operation counts times the primitives' costs measured in the same run), and with
+``--flower-lie`` runs the lying server against Flower's SecAgg+
+(:mod:`securefed.bench.secagg_flower_lie`).
 
 Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
 :func:`compare_with_flower` gives both systems the same inputs (one vector per client in
@@ -40,6 +48,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,6 +74,7 @@ class Case:
     length: int
     dropout: float
     sized_for_dropout: bool
+    server: str = "malicious"
     k: int = 0
     t: int = 0
     scale: float = 0.0
@@ -99,16 +109,32 @@ def _plaintext_round(case: Case, pool: np.ndarray, dropped: set[int], seeds: See
 
 
 def run_case(
-    clients: int, length: int, dropout: float, *, sized_for_dropout: bool = True, seed: int = 0
+    clients: int,
+    length: int,
+    dropout: float,
+    *,
+    sized_for_dropout: bool = True,
+    seed: int = 0,
+    server: str = "malicious",
+    dropped_after: float = 0.0,
 ) -> Case:
-    """Measure one secure round and one plaintext round on the same updates."""
-    case = Case(clients, length, dropout, sized_for_dropout)
+    """Measure one secure round and one plaintext round on the same updates.
+
+    ``server`` is the threat model (``SecAggConfig.server``); ``dropped_after`` a fraction of the
+    clients that drop after uploading their masked input (before ConsistencyCheck / Unmasking).
+    """
+    case = Case(clients, length, dropout, sized_for_dropout, server)
     pool = _updates(length, seed)
     rng = np.random.default_rng(seed + 1)
     dropped = set(rng.choice(clients, round(dropout * clients), replace=False).tolist())
     seeds = SeedTree(seed)
-    config = SecAggConfig(expected_dropout=dropout if sized_for_dropout else 0.0)
+    config = SecAggConfig(expected_dropout=dropout if sized_for_dropout else 0.0, server=server)
     transport = SecAggTransport(config)
+    late = set(
+        rng.choice(
+            sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
+        ).tolist()
+    )
     start = time.perf_counter()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
     case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
@@ -117,6 +143,8 @@ def run_case(
             rnd.drop(c)
         else:
             rnd.submit(c, pool[c % POOL])
+    for c in sorted(late):
+        rnd.drop(c)
     try:
         aggregate = rnd.result()
     except AggregationError as error:
@@ -374,6 +402,281 @@ def markdown_table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- secagg-malicious
+MALICIOUS_CLIENTS = (100, 1000)
+MALICIOUS_LENGTH = 100_000
+MALICIOUS_DROPOUTS = (0.0, 0.1)
+RESULTS = Path(__file__).resolve().parent / "results" / "secagg_malicious"
+
+
+def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr") -> dict:
+    """Seconds per use of each primitive the round must run, measured here and now.
+
+    ``mask_expansion``: one PRG expansion of ``length`` ring elements added into a vector (AES-CTR
+    keystream, ``length * bits / 8`` bytes); ``rounding_draw``: one client's stochastic-rounding
+    uniforms; ``x25519``: one key agreement (exchange only, no HKDF); ``x25519_keygen``: one
+    public key from a private one; ``ed25519_sign`` / ``ed25519_verify``: one signature.
+    """
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (
+        X25519PrivateKey,
+        X25519PublicKey,
+    )
+
+    from securefed.crypto import prg as prg_mod
+    from securefed.transport.secagg.signatures import SigningKey
+
+    def per_use(fn, repeats: int) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start) / repeats
+
+    expander = prg_mod.MaskExpander(length, bits=bits, prg=prg_name)
+    acc = np.zeros(length, np.uint32 if bits == 32 else np.uint64)
+    uniform = prg_mod.UniformSource(length, prg=prg_name)
+    key = bytes(range(32))
+    private = X25519PrivateKey.from_private_bytes(bytes(range(32)))
+    public = X25519PublicKey.from_public_bytes(
+        X25519PrivateKey.from_private_bytes(bytes(range(1, 33))).public_key().public_bytes_raw()
+    )
+    signer = SigningKey.from_seed(bytes(range(32)))
+    message = b"m" * 80
+    signature = signer.sign(message)
+    verifier = signer.private.public_key()
+    expansion = per_use(lambda: expander.add(acc, key, domain=prg_mod.DOMAIN_PAIR_MASK), 200)
+    return {
+        "mask_expansion": expansion,
+        "keystream_bytes_per_second": length * bits / 8 / expansion,
+        "rounding_draw": per_use(lambda: uniform.draw(key), 100),
+        "x25519": per_use(lambda: private.exchange(public), 3000),
+        "x25519_keygen": per_use(
+            lambda: X25519PrivateKey.from_private_bytes(key).public_key().public_bytes_raw(), 3000
+        ),
+        "ed25519_sign": per_use(lambda: signer.sign(message), 3000),
+        "ed25519_verify": per_use(lambda: verifier.verify(signature, message), 3000),
+    }
+
+
+def round_operations(rnd, *, malicious: bool) -> dict[str, int]:
+    """How many times the round (all clients and the server) must use each primitive.
+
+    Expansions: each contributor's self mask and one per neighbour, the server's removal of each
+    contributor's self mask and of each dangling pairwise mask; key agreements: ``c`` with each
+    neighbour at ShareKeys, ``s`` with each at masking, the server's per dangling mask; key
+    generation: two key pairs per client and one check per rebuilt mask key. Signatures
+    (malicious): one advertisement per client and one survivor set per helper; verifications:
+    each client's of its neighbours' advertisements, each helper's of ``t`` of its neighbours'
+    survivor-set signatures (the quorum; a simulated round's server does not check them).
+    """
+    ids = rnd.clients.tolist()
+    contributors = set(rnd.submitted)
+    helpers = contributors - set(rnd.dropped)
+    neighbours = {c: rnd.neighbours(c).tolist() for c in ids}
+    dangling = sum(
+        sum(1 for v in neighbours[u] if v in contributors) for u in ids if u not in contributors
+    )
+    rebuilt_mask_keys = sum(
+        1 for u in ids if u not in contributors and any(v in contributors for v in neighbours[u])
+    )
+    k = rnd.neighbours_k
+    ops = {
+        "mask_expansion": len(contributors) * (1 + k) + len(contributors) + dangling,
+        "rounding_draw": len(contributors),
+        "x25519": len(ids) * k + len(contributors) * k + dangling,
+        "x25519_keygen": 2 * len(ids) + rebuilt_mask_keys,
+        "ed25519_sign": 0,
+        "ed25519_verify": 0,
+    }
+    if malicious:
+        ops["ed25519_sign"] = len(ids) + len(helpers)
+        ops["ed25519_verify"] = len(ids) * k + sum(
+            min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers
+        )
+    return ops
+
+
+def floor_seconds(ops: dict[str, int], costs: dict[str, float], names) -> float:
+    """The floor: each operation count times its measured cost, summed over ``names``."""
+    return float(sum(ops[name] * costs[name] for name in names))
+
+
+_MASKING = ("mask_expansion", "rounding_draw")
+_KEYS = ("x25519", "x25519_keygen")
+_SIGNING = ("ed25519_sign", "ed25519_verify")
+
+
+def run_malicious_cost(
+    clients: Sequence[int] = MALICIOUS_CLIENTS,
+    length: int = MALICIOUS_LENGTH,
+    dropouts: Sequence[float] = MALICIOUS_DROPOUTS,
+    *,
+    seed: int = 0,
+) -> dict[str, object]:
+    """Both threat models' rounds on the same updates, beside the floor of their cryptography.
+
+    Per ``(n, dropout)``: the honest-but-curious round, the malicious-server round (the extra
+    round and the signatures), the floor of each (operation counts of that very round times the
+    primitives' costs measured in the same run) and the ratios the issue sets goals for. Half the
+    dropout drops before masking (their pairwise masks are rebuilt), half after (they are
+    contributors who sign no survivor set).
+    """
+    costs = primitive_costs(length)
+    rows = []
+    for n in clients:
+        for dropout in dropouts:
+            row: dict[str, object] = {"clients": n, "length": length, "dropout": dropout}
+            for server in ("honest_but_curious", "malicious"):
+                case, rnd = _measured_round(n, length, dropout, seed=seed, server=server)
+                ops = round_operations(rnd, malicious=server == "malicious")
+                floor_hbc = floor_seconds(ops, costs, _MASKING + _KEYS)
+                floor = floor_hbc + floor_seconds(ops, costs, _SIGNING)
+                row[server] = {
+                    "status": case.status,
+                    "k": case.k,
+                    "t": case.t,
+                    "seconds": case.seconds,
+                    "stages": case.stages,
+                    "operations": ops,
+                    "floor_seconds": floor,
+                    "floor_masking_seconds": floor_seconds(ops, costs, _MASKING),
+                    "floor_key_agreement_seconds": floor_seconds(ops, costs, _KEYS),
+                    "floor_signature_seconds": floor_seconds(ops, costs, _SIGNING),
+                    "ratio_to_floor": case.seconds / floor,
+                    "bytes_up_per_client": case.bytes_up_per_client,
+                    "bytes_down_per_client": case.bytes_down_per_client,
+                    "max_error": case.max_error,
+                    "plaintext_seconds": case.plaintext_seconds,
+                }
+                print(
+                    f"n={n} dropout={dropout:.0%} {server}: {case.seconds:.2f} s, floor "
+                    f"{floor:.2f} s ({case.seconds / floor:.2f}x) {case.status}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            hbc, mal = row["honest_but_curious"], row["malicious"]
+            row["malicious_over_hbc"] = mal["seconds"] / hbc["seconds"]
+            row["extra_seconds"] = mal["seconds"] - hbc["seconds"]
+            rows.append(row)
+    return {"primitive_costs": costs, "rows": rows}
+
+
+def _measured_round(n: int, length: int, dropout: float, *, seed: int, server: str):
+    """One round (``run_case``) and the round object, to count its operations."""
+    holder: dict[str, object] = {}
+    original = SecAggTransport.open_round
+
+    def keep(self, *args, **kwargs):
+        holder["round"] = original(self, *args, **kwargs)
+        return holder["round"]
+
+    SecAggTransport.open_round = keep
+    try:
+        case = run_case(n, length, dropout / 2, seed=seed, server=server, dropped_after=dropout / 2)
+    finally:
+        SecAggTransport.open_round = original
+    return case, holder["round"]
+
+
+def malicious_table(report: dict[str, object]) -> str:
+    """The cost record as a markdown table (seconds, single process, all parties summed)."""
+    lines = [
+        "| n | dropout | k | HbC s | HbC floor s | HbC / floor | malicious s | malicious floor s "
+        "| malicious / floor | extra s (signatures + ConsistencyCheck) | signature stage s "
+        "| malicious / HbC | KiB up/client HbC / mal. |",
+        "|" + "---|" * 13,
+    ]
+    for row in report["rows"]:
+        hbc, mal = row["honest_but_curious"], row["malicious"]
+        lines.append(
+            f"| {row['clients']} | {row['dropout']:.0%} | {hbc['k']} | {hbc['seconds']:.2f} "
+            f"| {hbc['floor_seconds']:.2f} | {hbc['ratio_to_floor']:.2f}x "
+            f"| {mal['seconds']:.2f} | {mal['floor_seconds']:.2f} "
+            f"| {mal['ratio_to_floor']:.2f}x | {row['extra_seconds']:.2f} "
+            f"| {mal['stages']['signatures']:.2f} | {row['malicious_over_hbc']:.2f}x "
+            f"| {hbc['bytes_up_per_client'] / 1024:.1f} / {mal['bytes_up_per_client'] / 1024:.1f} |"
+        )
+    costs = report["primitive_costs"]
+    lines += [
+        "",
+        f"Primitives measured in the same run: AES-256-CTR keystream "
+        f"{costs['keystream_bytes_per_second'] / 1e9:.2f} GB/s "
+        f"({costs['mask_expansion'] * 1e3:.3f} ms per expansion into the vector), rounding draw "
+        f"{costs['rounding_draw'] * 1e3:.3f} ms, X25519 {costs['x25519'] * 1e6:.1f} us per "
+        f"agreement and {costs['x25519_keygen'] * 1e6:.1f} us per public key, Ed25519 "
+        f"{costs['ed25519_sign'] * 1e6:.1f} us per signature and "
+        f"{costs['ed25519_verify'] * 1e6:.1f} us per verification.",
+    ]
+    return "\n".join(lines)
+
+
+def flower_lie_record() -> dict[str, object]:
+    """The lying server against Flower's SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`):
+    both lies at a minority threshold (3 of 7) and the "both lists" lie at a majority (4 of 7)."""
+    if importlib.util.find_spec("flwr") is None:
+        return {"flwr": "not installed: Flower's SecAgg+ was not attacked"}
+    from securefed.bench.secagg_flower_lie import run_flower_lie
+
+    runs = [run_flower_lie("both lists"), run_flower_lie("split")]
+    runs.append(run_flower_lie("both lists", threshold=4))
+    return {
+        "benchmark": "secagg-malicious --flower-lie",
+        "flwr": _flwr_version(),
+        "server": (
+            "plays SecAggPlusWorkflow's messages honestly through the masked-vector "
+            "collection, then lies at unmask (node ids listed active and dead)"
+        ),
+        "runs": runs,
+    }
+
+
+def run_malicious(args: argparse.Namespace) -> int:
+    """``securefed bench secagg-malicious``: write cost.json and cost.md (and flower_lie.json)."""
+    out = Path(args.out)
+    if args.flower_lie:
+        out.mkdir(parents=True, exist_ok=True)
+        record = flower_lie_record()
+        (out / "flower_lie.json").write_text(json.dumps(record, indent=1))
+        print(json.dumps(record, indent=1))
+        return 0
+    clients = tuple(int(c) for c in args.clients.split(","))
+    report = run_malicious_cost(clients, args.length, seed=args.seed)
+    record = {
+        "benchmark": "secagg-malicious",
+        "command": " ".join(sys.argv),
+        "machine": {"python": platform.python_version(), "processor": platform.processor()},
+        "note": "single process: every client's and the server's work summed, one after another",
+        **report,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost.json").write_text(json.dumps(record, indent=1))
+    table = malicious_table(report)
+    (out / "cost.md").write_text(
+        "# Secure aggregation against a lying server: cost (securefed bench secagg-malicious)\n\n"
+        + table
+        + "\n"
+    )
+    print(table)
+    return 0
+
+
+def register(benches) -> None:
+    """Add ``secagg-malicious`` to the ``securefed bench`` subcommands."""
+    from securefed.bench.registry import BENCHES
+
+    parser = BENCHES["secagg-malicious"].add_to(benches)
+    parser.add_argument("--clients", default="100,1000", help="comma-separated client counts")
+    parser.add_argument("--length", type=int, default=MALICIOUS_LENGTH, help="values per client")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS), help="directory for cost.json and cost.md")
+    parser.add_argument(
+        "--flower-lie",
+        action="store_true",
+        help="only the lying server against Flower's SecAgg+ (flower_lie.json; needs flwr)",
+    )
+    parser.set_defaults(func=run_malicious)
+
+
 def _flwr_version() -> str:
     if importlib.util.find_spec("flwr") is None:
         return "not installed"
@@ -391,6 +694,12 @@ def main(argv: list[str] | None = None) -> int:
         "--flower-only",
         action="store_true",
         help="only the comparison with Flower's SecAgg+ (error on the mean, matched parameters)",
+    )
+    parser.add_argument(
+        "--server",
+        default="malicious",
+        choices=("malicious", "honest_but_curious"),
+        help="the threat model of the measured rounds (SecAggConfig.server; default malicious)",
     )
     parser.add_argument("--flower-clients", type=int, default=FLOWER_CLIENTS)
     parser.add_argument("--flower-length", type=int, default=FLOWER_LENGTH)
@@ -417,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in clients:
         for d in lengths:
             for dropout in DROPOUTS:
-                case = run_case(n, d, dropout, seed=args.seed)
+                case = run_case(n, d, dropout, seed=args.seed, server=args.server)
                 print(
                     f"n={n} d={d} dropout={dropout:.0%} k={case.k}: {case.seconds:.2f} s "
                     f"({case.ratio:.1f}x plaintext) {case.status}",
@@ -427,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 cases.append(case)
     # SecAgg+ at its default degree cannot absorb 30 % dropout: show the refusal.
     n, d = clients[-1], lengths[-1]
-    cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed))
+    cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server))
     flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
     print(markdown_table(cases))

@@ -158,6 +158,11 @@ BENCHES: dict[str, Command] = _table(
         ("flower",),
     ),
     Command(
+        "secagg-malicious",
+        "secure aggregation against a lying server: cost beside honest-but-curious and the floor",
+        "securefed.bench.bench_secagg:register",
+    ),
+    Command(
         "startup",
         "start-up time of the command line and of `import securefed`",
         "securefed.bench.bench_startup:register",

@@ -7,6 +7,11 @@ reveals for each peer the share of ``b`` or of ``s``, never both, checks ``t > k
 least ``t`` peers survive before it reveals anything; the server takes no masked input once
 unmasking began. A reconstruction is checked against every share received (Shamir shares are a
 Reed-Solomon codeword), and the decoded sum against the range the fixed point allows.
+
+These rules hold in both threat models; the tests drive the honest-but-curious variant's stage
+methods (``server="honest_but_curious"``: no signatures, no ConsistencyCheck). The
+malicious-server variant's signatures and ConsistencyCheck are tested in
+tests/test_secagg_malicious.py.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from securefed.transport.secagg import (
     masking_workspace,
 )
 
+HBC = "honest_but_curious"
 D = 5
 TRUE_VALUE = 0.25
 
@@ -124,7 +130,7 @@ def _ask_twice(rnd, clients, victim, *, restore=False):
 # ----------------------------------------------------------------------------- item 3: clients
 @pytest.mark.parametrize("restore", [False, True])
 def test_a_client_answers_unmasking_once_so_asking_twice_decodes_nothing(restore):
-    config = SecAggConfig(neighbours=4)  # n = 6: k = 4, t = 3
+    config = SecAggConfig(server=HBC, neighbours=4)  # n = 6: k = 4, t = 3
     rnd, clients = _stages_until_masked(config, 6)
     with pytest.raises(AggregationError, match="once"):
         _ask_twice(rnd, clients, victim=2, restore=restore)
@@ -134,7 +140,7 @@ def test_a_server_lying_about_survivors_gets_at_most_one_secret_of_each_client()
     """Telling some helpers that the victim contributed (its ``b``-share) and others that it
     dropped (its ``s``-share): each helper answers once, and two disjoint groups of ``t > k/2``
     helpers do not fit among its ``k`` neighbours, whichever way the server splits them."""
-    config = SecAggConfig(neighbours=4)  # n = 6: k = 4, t = 3
+    config = SecAggConfig(server=HBC, neighbours=4)  # n = 6: k = 4, t = 3
     victim = 2
     for split in range(2**4):
         rnd, clients = _stages_until_masked(config, 6)
@@ -157,7 +163,7 @@ def test_a_server_lying_about_survivors_gets_at_most_one_secret_of_each_client()
 def test_a_late_masked_input_is_refused_once_unmasking_began():
     """The server starts unmasking without the victim (its helpers reveal its ``s``-share), then
     takes the victim's late masked input and asks for the ``b``-shares: refused at both ends."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     victim = 2
     rnd, clients = _stages_until_masked(config, 6, missing=(victim,))
     requests = rnd.unmask_requests()
@@ -183,7 +189,7 @@ def test_a_late_masked_input_is_refused_once_unmasking_began():
 def test_a_client_refuses_a_threshold_outside_half_its_neighbourhood(threshold, match):
     """With ``t = 1`` each share is the secret itself: one neighbour (or the server and one
     colluder) would hold the victim's self-mask seed and mask key."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     seeds = SeedTree(0)
     rnd = SecAggTransport(config, remote_clients=True).open_round(
         0, range(6), shape=(1, D), seeds=seeds
@@ -199,7 +205,7 @@ def test_a_client_refuses_a_threshold_outside_half_its_neighbourhood(threshold, 
 def test_a_client_reveals_nothing_unless_t_of_its_neighbours_contributed():
     """A server that declares most of a helper's neighbours dropped would collect their mask
     keys; the helper refuses when fewer than ``t`` of its neighbours are among the contributors."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6)
     requests = rnd.unmask_requests()
     helper, request = next(iter(requests.items()))
@@ -213,7 +219,7 @@ def test_a_client_reveals_nothing_unless_t_of_its_neighbours_contributed():
 
 
 def test_a_client_answers_each_stage_once_and_in_order():
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6)
     client = clients[1]
     request = rnd.share_request(1)
@@ -230,7 +236,7 @@ def test_a_client_answers_each_stage_once_and_in_order():
 
 def test_a_client_masks_only_with_the_neighbours_it_shared_with():
     """Masking with one neighbour only would let the server and that neighbour decode it."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6, missing=(0,))
     request = rnd.mask_request(0)
     workspace = masking_workspace(D, rnd.config)
@@ -249,7 +255,7 @@ def test_a_client_masks_only_with_the_neighbours_it_shared_with():
 @pytest.mark.parametrize("name", sorted(LOW_ORDER_POINTS))
 def test_low_order_public_keys_are_refused_with_a_clear_error(name):
     point = LOW_ORDER_POINTS[name]
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     seeds = SeedTree(0)
     clients = {c: SecAggClient(c, 0, config, seeds) for c in range(6)}
     keys = {c: clients[c].advertise() for c in range(6)}
@@ -280,7 +286,7 @@ def test_low_order_public_keys_are_refused_with_a_clear_error(name):
 
 def test_a_non_canonical_public_key_is_refused():
     """Bit 255 is ignored by X25519: the same key under two encodings passes a duplicate check."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     seeds = SeedTree(0)
     keys = {c: SecAggClient(c, 0, config, seeds).advertise() for c in range(6)}
     flipped = bytearray(keys[1][1])
@@ -308,7 +314,7 @@ def test_a_lying_helper_without_spare_shares_to_identify_it_refuses_the_round():
     """The review's exploit: one corrupted self-mask share and the server output garbage
     ([13461.98, 7645.01, ...] for a true 1.5) with no error. Four shares of a 3-of-4 secret
     show the lie but cannot tell who told it: the round is refused, naming the helpers."""
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6)
     responses = _reveals(rnd, clients)
     owner = 0
@@ -324,7 +330,7 @@ def test_a_lying_helper_without_spare_shares_to_identify_it_refuses_the_round():
 def test_a_lying_helper_with_spare_shares_is_identified_and_excluded(kind):
     """Seven shares of a 4-of-7 secret correct one wrong share (Berlekamp-Welch): the liar is
     named in ``excluded_helpers`` and the sum is right."""
-    config = SecAggConfig(neighbours=100)  # complete graph on 8: k = 7, t = 4
+    config = SecAggConfig(server=HBC, neighbours=100)  # complete graph on 8: k = 7, t = 4
     owner = 0
     missing = (owner,) if kind == "s" else ()  # a non-contributor's mask key is rebuilt
     rnd, clients = _stages_until_masked(config, 8, missing=missing)
@@ -344,7 +350,9 @@ def test_a_lying_helper_with_spare_shares_is_identified_and_excluded(kind):
 
 
 def test_more_liars_than_the_spare_shares_correct_refuse_the_round():
-    config = SecAggConfig(neighbours=100)  # k = 7, t = 4: one wrong share per secret corrected
+    config = SecAggConfig(
+        server=HBC, neighbours=100
+    )  # k = 7, t = 4: one wrong share per secret corrected
     rnd, clients = _stages_until_masked(config, 8)
     responses = _reveals(rnd, clients)
     for liar in (3, 6):
@@ -358,7 +366,7 @@ def test_more_liars_than_the_spare_shares_correct_refuse_the_round():
 def test_an_unverifiable_wrong_share_is_caught_by_the_range_of_the_sum():
     """With exactly ``t`` shares nothing can be checked; a wrong secret leaves a uniform ring
     sum, which falls outside ``[-n L, n L]`` (``L = ceil(clip scale)``) and is refused."""
-    config = SecAggConfig(neighbours=2)  # n = 4: k = 2, t = 2, no spare share
+    config = SecAggConfig(server=HBC, neighbours=2)  # n = 4: k = 2, t = 2, no spare share
     rnd, clients = _stages_until_masked(config, 4)
     responses = _reveals(rnd, clients)
     _lie(responses, int(rnd.neighbours(1)[0]), 1)
@@ -373,7 +381,7 @@ def test_a_client_input_beyond_the_clip_range_is_refused_when_the_sum_leaves_its
     ``n`` clipped inputs can give is refused (values and weights). The fixed scale 2^16 leaves
     the ring room above ``n L`` for the 2^30-unit shift to fall outside it; the automatic scale
     leaves none (docs/secagg.md, fixed point)."""
-    config = SecAggConfig(neighbours=4, scale=2.0**16)
+    config = SecAggConfig(server=HBC, neighbours=4, scale=2.0**16)
     rnd, clients = _stages_until_masked(config, 6, missing=(5,))
     request = rnd.mask_request(5)
     masked, _ = clients[5].mask(
@@ -389,7 +397,7 @@ def test_a_client_input_beyond_the_clip_range_is_refused_when_the_sum_leaves_its
 def test_a_wrong_share_of_a_mask_key_is_caught_by_the_public_key():
     """A dropped client's mask key rebuilt from exactly ``t`` shares is checked against the key it
     advertised: a wrong share is refused, naming the helpers."""
-    config = SecAggConfig(neighbours=4)  # n = 6: k = 4, t = 3
+    config = SecAggConfig(server=HBC, neighbours=4)  # n = 6: k = 4, t = 3
     rnd, clients = _stages_until_masked(config, 6, missing=(0,))
     rnd.drop(0)
     responses = _reveals(rnd, clients)
@@ -404,7 +412,7 @@ def test_a_wrong_share_of_a_mask_key_is_caught_by_the_public_key():
 
 # ----------------------------------------------------------------------------- malformed messages
 def test_the_server_takes_each_unmasking_message_once_and_in_order():
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6)
     with pytest.raises(AggregationError, match="before unmask_requests"):
         rnd.receive_reveals({})
@@ -419,7 +427,7 @@ def test_the_server_takes_each_unmasking_message_once_and_in_order():
 
 @pytest.mark.parametrize("defect", ["wrong kind", "not a neighbour"])
 def test_a_helper_response_it_cannot_have_given_is_refused(defect):
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6)
     responses = _reveals(rnd, clients)
     helper = 0
@@ -435,7 +443,7 @@ def test_a_helper_response_it_cannot_have_given_is_refused(defect):
 
 
 def test_a_client_refuses_malformed_share_and_unmask_requests():
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     seeds = SeedTree(0)
     rnd = SecAggTransport(config, remote_clients=True).open_round(
         0, range(6), shape=(1, D), seeds=seeds
@@ -450,7 +458,7 @@ def test_a_client_refuses_malformed_share_and_unmask_requests():
         clients[0].share(
             (*request.neighbours[:3], request.neighbours[0]), request.xs, (own_key,) * 4, 3
         )
-    pinned = SecAggClient(0, 0, SecAggConfig(neighbours=4, threshold=4), seeds)
+    pinned = SecAggClient(0, 0, SecAggConfig(server=HBC, neighbours=4, threshold=4), seeds)
     pinned.advertise()
     with pytest.raises(InsecureParameterError, match="configured threshold is 4"):
         pinned.share(request.neighbours, request.xs, request.c_publics, request.threshold)
@@ -465,7 +473,7 @@ def test_a_client_refuses_malformed_share_and_unmask_requests():
 
 
 def test_a_client_refuses_to_mask_with_a_neighbour_twice():
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6, missing=(0,))
     request = rnd.mask_request(0)
     neighbours = (*request.neighbours[:3], request.neighbours[0])
@@ -482,7 +490,7 @@ def test_a_flower_node_keeps_each_users_stage_between_messages():
 
     from securefed.flower import client as node
 
-    config = SecAggConfig(neighbours=4)
+    config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6, missing=(4, 5))
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     shared = {c: clients[c] for c in (4, 5)}

@@ -45,6 +45,7 @@ from securefed.transport.secagg import (
     pack_values,
 )
 
+HBC = "honest_but_curious"  # what securefed.flower carries (docs/secagg.md)
 SIMULATION_BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
@@ -153,7 +154,7 @@ def _remote_round(config, clients, updates, seeds, *, drop=(), restore=False):
 
 @pytest.mark.parametrize("restore", [False, True])
 def test_remote_secagg_stages_equal_the_simulated_round(restore):
-    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0, neighbours=4)
+    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0, neighbours=4, server=HBC)
     clients = list(range(8))
     updates = _batch(np.random.default_rng(2), clients)
     seeds = SeedTree(9)
@@ -181,7 +182,7 @@ def test_a_round_among_parties_sums_its_members_and_refuses_what_it_cannot_check
     (each with the member's own rounding key): the same ring sum as five clients alone."""
     from securefed.transport.secagg import encode_input, rounding_key
 
-    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0)
+    config = SecAggConfig(bits=64, scale=2.0**20, clip=64.0, server=HBC)
     updates = _batch(np.random.default_rng(3), list(range(5)))
     seeds = SeedTree(4)
     alone = SecAggTransport(config).open_round(1, range(5), shape=updates.shape, seeds=seeds)
@@ -231,7 +232,7 @@ def test_a_round_among_parties_sums_its_members_and_refuses_what_it_cannot_check
 
 
 def test_remote_secagg_round_refuses_what_it_cannot_check():
-    config = SecAggConfig(neighbours=2)
+    config = SecAggConfig(neighbours=2, server=HBC)
     seeds = SeedTree(0)
     rnd = SecAggTransport(config, remote_clients=True).open_round(
         0, range(4), shape=(1, 2), seeds=seeds
@@ -249,7 +250,7 @@ def test_transports_the_flower_server_can_and_cannot_carry():
     assert describe_transport(PlaintextTransport()).kind == "plaintext"
     wire = describe_transport(
         DPTransport(
-            SecAggTransport(remote_clients=True),
+            SecAggTransport(SecAggConfig(server=HBC), remote_clients=True),
             clip=1.0,
             noise_multiplier=1.0,
             placement="distributed",
@@ -258,6 +259,9 @@ def test_transports_the_flower_server_can_and_cannot_carry():
     assert wire.kind == "secagg" and wire.client_noise
     with pytest.raises(ValueError, match="remote_clients=True"):
         describe_transport(SecAggTransport())
+    # The malicious-server variant is refused, not carried without its signatures.
+    with pytest.raises(ValueError, match="honest-but-curious variant"):
+        describe_transport(SecAggTransport(remote_clients=True))
 
 
 def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example):

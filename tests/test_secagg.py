@@ -403,9 +403,10 @@ def test_masked_upload_is_uniform_and_independent_of_the_input():
     assert np.mean(residue == 0) < 0.001
 
 
-def test_view_records_what_the_server_sees_and_counts_bytes():
+@pytest.mark.parametrize("server", ["malicious", "honest_but_curious"])
+def test_view_records_what_the_server_sees_and_counts_bytes(server):
     n, d = 6, 10
-    transport, rnd = _open(n, d, config=SecAggConfig(neighbours=4))
+    transport, rnd = _open(n, d, config=SecAggConfig(neighbours=4, server=server))
     for c in range(n):
         rnd.submit(c, np.full(d, 0.1))
     aggregate = rnd.result()
@@ -420,8 +421,14 @@ def test_view_records_what_the_server_sees_and_counts_bytes():
     assert rnd.view.aggregate["ring_sum"].dtype == np.uint32
     # Bytes up: 2 keys + k sealed shares (with recipient ids) + d values x 4 B + k revealed shares.
     expected_up = 64 + k * (8 + 94) + d * 4 + k * (8 + 33)
-    assert rnd.view.bytes_up.tolist() == [expected_up] * n
     expected_down = k * (8 + 64) + k * (8 + 94) + k * 8
+    if server == "malicious":
+        # A signed advertisement (64 B up, relayed to k neighbours), the survivor set (n ids
+        # down), a ConsistencyCheck signature (64 B up) and the k neighbours' ones with ids.
+        expected_up += 64 + 64
+        expected_down += k * 64 + n * 8 + k * (8 + 64)
+        assert payload["advert_signature"].shape == (64,)
+    assert rnd.view.bytes_up.tolist() == [expected_up] * n
     assert rnd.view.bytes_down.tolist() == [expected_down] * n
     public = transport.public_parameters()
     for key in ("bits", "scale", "clip", "neighbours", "threshold", "prg", "aead"):

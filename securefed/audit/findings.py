@@ -106,7 +106,8 @@ AUDITED_KEYS = _words(
     "protocol variant transport placement dp_placement upload virtual_ratings_on_scale "
     "pseudo_items_resampled epsilon delta epsilon_budget epsilon_server n_users n_clients "
     "clients_per_round secagg_threshold secagg_neighbours threshold neighbours secagg_t "
-    "secagg_k secagg_n secagg_secure_randomness expected_dropout expected_colluders "
+    "secagg_k secagg_n secagg_secure_randomness secagg_server server expected_dropout "
+    "expected_colluders "
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "ckks_flooding_security_bits ckks_flooding_unsafe_for_tests "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
@@ -119,7 +120,7 @@ RECORDED_KEYS = _words(
     "bits scale clip failure_target prg aead key_agreement kdf shamir_field secagg_graph_seed "
     "secagg_parties secagg_users secagg_party_members secagg_party_learns "
     "secagg_scale secagg_error_bound_sum secagg_error_bound_mean out_of_range "
-    "secagg_values_clipped "
+    "secagg_values_clipped signatures "
     # CKKS
     "ckks_scheme ckks_total_coeff_bits ckks_max_coeff_bits_128 ckks_scale_bits ckks_slots "
     "ckks_levels ckks_encryption ckks_key_model key_model max_clients value_bound "
@@ -467,12 +468,25 @@ def check_secagg(config: Mapping[str, object]) -> list[Finding]:
       shares of both the self-mask seed and the pairwise secret of one client (Bonawitz et al.,
       CCS 2017; warning, since it takes an actively cheating server);
     * ``k (1 - d) >= ln n`` (warning: below the ``O(log n)`` degree of Bell et al., CCS 2020,
-      the surviving masking graph falls apart; a necessary condition, not a sufficient one).
+      the surviving masking graph falls apart; a necessary condition, not a sufficient one);
+    * the malicious-server variant (warning when a round records ``secagg_server`` or
+      ``server`` ``"honest_but_curious"``: without signatures and ConsistencyCheck a server that
+      relays its own keys as a neighbour's and lies about who dropped decodes an update).
     """
     findings: list[Finding] = []
     parts = _transport_parts(config)
     if parts and not any(p.startswith("secagg") for p in parts):
         return findings
+    if "honest_but_curious" in (config.get("secagg_server"), config.get("server")):
+        findings.append(
+            Finding(
+                "warning",
+                "secagg-honest-but-curious",
+                "secure aggregation ran without signatures and ConsistencyCheck "
+                "(server='honest_but_curious'): a server that relays its own keys as a "
+                "neighbour's and lies about who dropped decodes an update (docs/secagg.md)",
+            )
+        )
     # A SecAggTransport's own public parameters name them "threshold" and "neighbours" (ints,
     # or a description of the automatic rule, which the transport itself enforces).
     # Its rounds record the values they used: secagg_t, secagg_k, secagg_n.

@@ -150,6 +150,7 @@ def _secagg_config(config: Mapping[str, object]) -> SecAggConfig:
         clip=float(config["secagg_clip"]),
         prg=str(config["secagg_prg"]),
         aead=str(config["secagg_aead"]),
+        server=str(config["secagg_server"]),
     )
 
 

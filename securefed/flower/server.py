@@ -160,6 +160,7 @@ class Wire:
                 "secagg_clip": float(self.secagg.clip),
                 "secagg_prg": self.secagg.prg,
                 "secagg_aead": self.secagg.aead,
+                "secagg_server": self.secagg.server,
             }
         return config
 
@@ -197,6 +198,15 @@ def describe_transport(transport: Transport) -> Wire:
                 "the server's SecAggTransport simulates its clients in the server's process; on "
                 "Flower the clients run on the nodes: use SecAggTransport(config, "
                 "remote_clients=True)"
+            )
+        if base.config.malicious:
+            raise ValueError(
+                "securefed.flower carries the honest-but-curious variant of secure aggregation "
+                "only: its messages do not carry the signed advertisements, the key registry and "
+                "the ConsistencyCheck round of server='malicious' yet; use "
+                "SecAggConfig(server='honest_but_curious') (registry option "
+                "server=honest_but_curious), which a server that relays its own keys as a "
+                "node's and lies about dropouts defeats (docs/secagg.md)"
             )
         return Wire("secagg", dp, base.config)
     raise NotImplementedError(

@@ -131,6 +131,9 @@ class SecAggOptions:
         expected_dropout: the dropout the automatic neighbourhood size plans for (``None``: the
             run's dropout).
         remote_clients: the clients run elsewhere (the server of ``securefed.flower``).
+        server: the threat model, ``malicious`` (default) or ``honest_but_curious``
+            (:attr:`~securefed.transport.secagg.SecAggConfig.server`; ``securefed.flower``
+            carries only the latter and says so).
     """
 
     bits: int = 64
@@ -144,6 +147,7 @@ class SecAggOptions:
     failure_target: float = 1e-3
     out_of_range: str = "refuse"
     remote_clients: bool = False
+    server: str = "malicious"
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -164,6 +168,7 @@ class SecAggOptions:
             expected_dropout=dropout if self.expected_dropout is None else self.expected_dropout,
             failure_target=self.failure_target,
             out_of_range=self.out_of_range,
+            server=self.server,
         )
 
 

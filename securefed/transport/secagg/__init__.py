@@ -54,15 +54,24 @@ key that does not match its public key, an unmasked sum outside ``[-n L, n L]``
 (``L = ceil(clip scale)``); NaN/inf, wrong lengths, weights above ``clip`` (``ValueError``). A
 refused round stays refused.
 
-Not covered (see docs/secagg.md): the active-adversary variant (signatures and the
-ConsistencyCheck round). A server that tells different helpers different survivor sets cannot
-learn both secrets of a client on its own (each helper answers once, and two disjoint groups of
-``t > k/2`` helpers do not fit in ``k`` neighbours), but it can with ``2t - k`` of the client's
-neighbours colluding. The graph and the threshold come from the server: a client checks ``t``
-against the ``k`` neighbours it is given, not ``k`` against the round's ``n`` (given one neighbour
-it accepts ``t = 1``, legitimate only in a round of two). A wrong share among exactly ``t``
-shares of a secret is caught only by the public key (mask keys) or the range of the sum (self-mask
-seeds).
+Threat model (``SecAggConfig.server``): ``"malicious"``, the default, adds Bonawitz et al.'s
+active-adversary variant (2017, Sec. 6; :mod:`~securefed.transport.secagg.signatures`): every
+advertisement is signed with Ed25519 and checked against a key registry given to the clients at
+set-up (there is no PKI), and a ConsistencyCheck round between masking and unmasking, where each
+helper signs the survivor set it was told and reveals nothing without ``t`` valid signatures of
+its neighbours on the same set. ``"honest_but_curious"`` runs without them: there a server that
+relays its own keys in place of ``2t - k`` of a victim's neighbours and lies about who dropped
+decodes the victim (tests/test_secagg_malicious.py). Either way a server that tells different
+helpers different survivor sets cannot learn both secrets of a client on its own (each helper
+answers once, and two disjoint groups of ``t > k/2`` helpers do not fit in ``k`` neighbours),
+but it can with ``2t - k`` of the client's neighbours colluding (the bound the malicious variant
+assumes).
+
+Not covered (see docs/secagg.md): the graph and the threshold come from the server: a client
+checks ``t`` against the ``k`` neighbours it is given, not ``k`` against the round's ``n`` (given
+one neighbour it accepts ``t = 1``, legitimate only in a round of two). A wrong share among
+exactly ``t`` shares of a secret is caught only by the public key (mask keys) or the range of the
+sum (self-mask seeds).
 
 The clients' side of each stage is :class:`SecAggClient`; the server's side is
 :class:`SecAggRound`, whose stage methods (``receive_keys``, ``share_request``/``receive_shares``,
@@ -79,6 +88,8 @@ Modules, one per part of the protocol:
 * :mod:`~securefed.transport.secagg.client`: :class:`SecAggClient`, its randomness, and the
   server's requests to it;
 * :mod:`~securefed.transport.secagg.server`: :class:`SecAggRound`, the server's round;
+* :mod:`~securefed.transport.secagg.signatures`: the malicious-server variant's Ed25519 keys,
+  the key registry and the signed messages;
 * :mod:`~securefed.transport.secagg.transport`: :class:`SecAggTransport`.
 
 Randomness: with ``seeds.secure`` key pairs come from ``X25519PrivateKey.generate()`` and seeds,
@@ -121,6 +132,13 @@ from securefed.transport.secagg.graph import (
     plan_unmasking,
 )
 from securefed.transport.secagg.server import ID_BYTES, SecAggRound, check_weights
+from securefed.transport.secagg.signatures import (
+    ConsistencyError,
+    KeyRegistry,
+    SignatureError,
+    SigningKey,
+    SimulatedSigners,
+)
 from securefed.transport.secagg.transport import SecAggTransport
 
 __all__ = [
@@ -130,12 +148,17 @@ __all__ = [
     "SHARE_PLAINTEXT_BYTES",
     "STAGES",
     "STAGE_NAMES",
+    "ConsistencyError",
+    "KeyRegistry",
     "MaskRequest",
     "SecAggClient",
     "SecAggConfig",
     "SecAggRound",
     "SecAggTransport",
     "ShareRequest",
+    "SignatureError",
+    "SigningKey",
+    "SimulatedSigners",
     "UnmaskRequest",
     "UnmaskingPlan",
     "binomial_cdf",

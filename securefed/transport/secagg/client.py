@@ -25,10 +25,18 @@ from securefed.crypto.fixed_point import Encoder
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree
 from securefed.transport.secagg.config import SecAggConfig, check_threshold
+from securefed.transport.secagg.signatures import (
+    ConsistencyError,
+    KeyRegistry,
+    SignatureError,
+    SigningKey,
+    advertisement_message,
+    consistency_message,
+)
 
 SHARE_PLAINTEXT_BYTES = 2 * shamir.SHARE_BYTES
 SEALED_SHARE_BYTES = kx.encrypted_size(SHARE_PLAINTEXT_BYTES)
-STAGES = ("key_agreement", "sharing", "encoding", "mask_expansion", "unmasking")
+STAGES = ("key_agreement", "sharing", "encoding", "mask_expansion", "signatures", "unmasking")
 
 
 class _ClientRandomness:
@@ -89,12 +97,18 @@ class ShareRequest:
         xs: the Shamir evaluation points of the neighbours (position + 1, public).
         c_publics: each neighbour's advertised ``c`` public key.
         threshold: the Shamir threshold ``t``.
+        s_publics: each neighbour's advertised ``s`` public key (malicious-server variant: the
+            client checks the signature on both keys before it uses either; empty otherwise).
+        signatures: each neighbour's Ed25519 signature on its advertisement (malicious-server
+            variant; empty otherwise).
     """
 
     neighbours: tuple[int, ...]
     xs: tuple[int, ...]
     c_publics: tuple[bytes, ...]
     threshold: int
+    s_publics: tuple[bytes, ...] = ()
+    signatures: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,23 +127,39 @@ class UnmaskRequest:
         inbox: ``sender -> sealed share`` addressed to this client (relayed at ShareKeys).
         contributors: the clients whose masked input arrived (their ``b``-shares are asked for;
             every other sender's ``s``-share is).
+        signatures: malicious-server variant: ``neighbour -> its ConsistencyCheck signature`` on
+            the survivor set (the client needs ``t`` valid ones on the set it signed itself).
     """
 
     inbox: dict[int, bytes]
     contributors: frozenset[int]
+    signatures: dict[int, bytes] = field(default_factory=dict)
 
 
 STAGE_NAMES = {
     "advertise": "AdvertiseKeys",
     "share": "ShareKeys",
     "mask": "MaskedInputCollection",
+    "consistency": "ConsistencyCheck",
     "reveal": "Unmasking",
 }
-"""A client's stages in the order it answers them, once each (Bonawitz et al. 2017, Fig. 4)."""
+"""A client's stages in the order it answers them, once each (Bonawitz et al. 2017, Figs. 4 and 5;
+ConsistencyCheck only in the malicious-server variant)."""
 
 _ORDER = tuple(STAGE_NAMES)
+_ORDER_HONEST_BUT_CURIOUS = tuple(stage for stage in _ORDER if stage != "consistency")
 
-SECRET_FIELDS = ("c", "s", "b", "share_peers", "share_keys", "stage", "threshold")
+SECRET_FIELDS = (
+    "c",
+    "s",
+    "b",
+    "share_peers",
+    "share_keys",
+    "stage",
+    "threshold",
+    "peer_s_keys",
+    "survivors",
+)
 
 
 class SecAggClient:
@@ -155,6 +185,16 @@ class SecAggClient:
         seeds: the run's seed tree (secure mode: keys and secrets come from the OS).
         secrets: restore a client that advertised (and perhaps shared) in an earlier message
             (:meth:`export_secrets`); ``None`` makes fresh key pairs (AdvertiseKeys).
+        signer: the client's long-term Ed25519 key (malicious-server variant only).
+        registry: every client's verification key, from set-up, not from the server
+            (malicious-server variant only; it must hold ``signer``'s key under this client's id).
+
+    In the malicious-server variant (``config.server == "malicious"``, Bonawitz et al. 2017,
+    Sec. 6) the client also signs its advertisement, checks its neighbours' signatures before it
+    uses their keys (:class:`~securefed.transport.secagg.signatures.SignatureError`), signs the
+    survivor set at ConsistencyCheck (:meth:`consistency`), and reveals nothing unless the
+    survivor set at Unmasking is the one it signed and ``t`` of its neighbours signed it too
+    (:class:`~securefed.transport.secagg.signatures.ConsistencyError`).
 
     Attributes:
         stage: the last stage answered (``""`` before AdvertiseKeys), a key of
@@ -170,10 +210,18 @@ class SecAggClient:
         seeds: SeedTree,
         *,
         secrets: dict[str, bytes] | None = None,
+        signer: SigningKey | None = None,
+        registry: KeyRegistry | None = None,
     ) -> None:
         self.id = int(client)
         self.round_id = round_id
         self.config = config
+        self._check_signing(signer, registry)
+        self.signer = signer
+        self.registry = registry
+        self._order = _ORDER if config.malicious else _ORDER_HONEST_BUT_CURIOUS
+        self.peer_s_keys: dict[int, bytes] = {}  # neighbour -> its signed s key (malicious)
+        self.survivors: frozenset[int] | None = None  # the set signed at ConsistencyCheck
         self.random = _ClientRandomness(seeds, round_id, self.id)
         self.share_keys: dict[int, bytes] = {}  # neighbour -> AEAD key (symmetric per pair)
         self.b = b""  # the self-mask seed, drawn at ShareKeys
@@ -184,6 +232,26 @@ class SecAggClient:
             self.s = self.random.keypair("s")
         else:
             self._restore(secrets)
+
+    def _check_signing(self, signer: SigningKey | None, registry: KeyRegistry | None) -> None:
+        if not self.config.malicious:
+            if signer is not None or registry is not None:
+                raise ValueError(
+                    f"client {self.id}: a signing key and a key registry apply only to "
+                    "server='malicious'; this round is honest-but-curious"
+                )
+            return
+        if signer is None or registry is None:
+            raise InsecureParameterError(
+                f"client {self.id}: the malicious-server variant (server='malicious') needs the "
+                "client's signing key and the key registry given at set-up; without them a server "
+                "could relay its own keys as a neighbour's (use server='honest_but_curious' to "
+                "run without signatures, against an honest-but-curious server only)"
+            )
+        if registry.keys.get(self.id) != signer.public:
+            raise ValueError(
+                f"client {self.id}'s signing key is not the one the key registry holds for it"
+            )
 
     def _restore(self, secrets: dict[str, bytes]) -> None:
         unknown = set(secrets) - set(SECRET_FIELDS)
@@ -208,6 +276,17 @@ class SecAggClient:
         self.share_keys = {
             int(v): keys[i * kx.KEY_BYTES : (i + 1) * kx.KEY_BYTES] for i, v in enumerate(peers)
         }
+        s_keys = bytes(secrets.get("peer_s_keys", b""))
+        if s_keys:
+            if len(s_keys) != len(peers) * kx.PUBLIC_KEY_BYTES:
+                raise ValueError(f"client {self.id}'s saved signed keys do not match its peers")
+            self.peer_s_keys = {
+                int(v): s_keys[i * kx.PUBLIC_KEY_BYTES : (i + 1) * kx.PUBLIC_KEY_BYTES]
+                for i, v in enumerate(peers)
+            }
+        if stage in ("consistency", "reveal") and self.config.malicious:
+            ids = np.frombuffer(bytes(secrets.get("survivors", b"")), dtype=">i8")
+            self.survivors = frozenset(int(c) for c in ids)
 
     def export_secrets(self) -> dict[str, bytes]:
         """Everything a later stage needs, as bytes (keep it on the client's own machine)."""
@@ -220,6 +299,8 @@ class SecAggClient:
             "share_keys": b"".join(self.share_keys[v] for v in peers),
             "stage": self.stage.encode("ascii"),
             "threshold": self.threshold.to_bytes(8, "big"),
+            "peer_s_keys": b"".join(self.peer_s_keys.get(v, b"") for v in peers),
+            "survivors": np.asarray(sorted(self.survivors or ()), dtype=">i8").tobytes(),
         }
 
     def _check_stage(self, stage: str) -> None:
@@ -228,8 +309,14 @@ class SecAggClient:
         Raises:
             AggregationError: naming the stage.
         """
-        wanted = _ORDER.index(stage)
-        done = _ORDER.index(self.stage) + 1 if self.stage else 0
+        if stage not in self._order:
+            raise AggregationError(
+                f"client {self.id} runs the honest-but-curious variant: it has no "
+                f"{STAGE_NAMES[stage]} stage (server='malicious' has)"
+            )
+        order = self._order
+        wanted = order.index(stage)
+        done = order.index(self.stage) + 1 if self.stage else 0
         if wanted < done:
             raise AggregationError(
                 f"client {self.id} already answered {STAGE_NAMES[stage]} of round "
@@ -242,20 +329,61 @@ class SecAggClient:
                     f"client {self.id} has no self-mask seed: it must run ShareKeys before masking"
                 )
             raise AggregationError(
-                f"client {self.id} must answer {STAGE_NAMES[_ORDER[wanted - 1]]} before "
+                f"client {self.id} must answer {STAGE_NAMES[order[wanted - 1]]} before "
                 f"{STAGE_NAMES[stage]} in round {self.round_id}"
             )
 
     # Stage 1
-    def advertise(self) -> tuple[bytes, bytes]:
-        """AdvertiseKeys: the ``c`` and ``s`` public keys.
+    def advertise(self) -> tuple[bytes, bytes] | tuple[bytes, bytes, bytes]:
+        """AdvertiseKeys: the ``c`` and ``s`` public keys (and, malicious-server variant, the
+        client's Ed25519 signature on them and the round, :func:`advertisement_message`).
 
         Raises:
             AggregationError: the client advertised already.
         """
         self._check_stage("advertise")
         self.stage = "advertise"
-        return self.c.public, self.s.public
+        if not self.config.malicious:
+            return self.c.public, self.s.public
+        message = advertisement_message(self.round_id, self.id, self.c.public, self.s.public)
+        return self.c.public, self.s.public, self.signer.sign(message)
+
+    def _check_advertisements(
+        self,
+        neighbours: Sequence[int],
+        c_publics: Sequence[bytes],
+        s_publics: Sequence[bytes],
+        signatures: Sequence[bytes],
+    ) -> dict[int, bytes]:
+        """The neighbours' signed ``s`` keys, once every advertisement verifies (malicious).
+
+        Raises:
+            SignatureError: a neighbour outside the registry, or an advertisement whose
+                signature does not verify (keys the server substituted, or another round's).
+            ValueError: ``signatures`` given to an honest-but-curious client, or lengths that
+                do not match the neighbours.
+        """
+        if not self.config.malicious:
+            if s_publics or signatures:
+                raise ValueError(
+                    f"client {self.id} runs the honest-but-curious variant: signed "
+                    "advertisements do not apply (server='malicious' checks them)"
+                )
+            return {}
+        if len(s_publics) != len(neighbours) or len(signatures) != len(neighbours):
+            raise SignatureError(
+                f"client {self.id} got {len(neighbours)} neighbours but {len(s_publics)} s keys "
+                f"and {len(signatures)} signed advertisements: each neighbour's keys must come "
+                "with its signature; refusing"
+            )
+        signed = {}
+        for v, c_public, s_public, signature in zip(
+            neighbours, c_publics, s_publics, signatures, strict=True
+        ):
+            message = advertisement_message(self.round_id, int(v), c_public, s_public)
+            self.registry.verify(int(v), message, signature, what="advertisement")
+            signed[int(v)] = bytes(s_public)
+        return signed
 
     def _check_share_request(
         self, neighbours: Sequence[int], xs: Sequence[int], c_publics: Sequence[bytes], t: int
@@ -286,8 +414,14 @@ class SecAggClient:
         c_publics: Sequence[bytes],
         threshold: int,
         timer: _Timer | None = None,
+        *,
+        s_publics: Sequence[bytes] = (),
+        signatures: Sequence[bytes] = (),
     ) -> list[bytes]:
         """ShareKeys: Shamir-share ``b_u`` and ``s_u`` among ``neighbours``, one sealed share each.
+
+        In the malicious-server variant every neighbour's advertisement (``c`` and ``s`` key,
+        ``s_publics``) must carry its valid signature (``signatures``) before any key is used.
 
         Returns:
             One sealed share per neighbour, in the order of ``neighbours``.
@@ -298,17 +432,22 @@ class SecAggClient:
             InvalidPublicKeyError: a neighbour's ``c`` key is malformed or of low order.
             AggregationError: the client shared already, or has not advertised; repeated
                 neighbours, or itself among them.
+            SignatureError: (malicious-server variant) an advertisement without a valid
+                signature, or a neighbour outside the key registry.
         """
         self._check_stage("share")
         self._check_share_request(neighbours, xs, c_publics, threshold)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
+        peer_s_keys = self._check_advertisements(neighbours, c_publics, s_publics, signatures)
+        start = timer.add("signatures", start)
         share_keys = {}
         for v, public in zip(neighbours, c_publics, strict=True):
             share_keys[v] = kx.pair_key(
                 self.c.private, public, kx.PURPOSE_SHARE_KEY, self.round_id, self.id, v
             )
         self.share_keys = share_keys
+        self.peer_s_keys = peer_s_keys
         start = timer.add("key_agreement", start)
         self.b = self.random.secret("b")
         b_shares = shamir.split(shamir.secret_to_int(self.b), threshold, xs, self.random.randbytes)
@@ -338,6 +477,17 @@ class SecAggClient:
             )
         if len(set(neighbours)) != len(neighbours):
             raise AggregationError(f"client {self.id} is asked to mask with a neighbour twice")
+        if self.config.malicious:
+            swapped = [
+                int(v)
+                for v, public in zip(neighbours, s_publics, strict=True)
+                if self.peer_s_keys.get(int(v)) != bytes(public)
+            ]
+            if swapped:
+                raise SignatureError(
+                    f"client {self.id} is asked to mask with s key(s) of client(s) {swapped[:5]} "
+                    "other than the one(s) they signed at AdvertiseKeys; refusing"
+                )
         if len(neighbours) < self.threshold:
             raise AggregationError(
                 f"client {self.id} is asked to mask with {len(neighbours)} neighbour(s), fewer "
@@ -446,21 +596,101 @@ class SecAggClient:
                 "Round 4)"
             )
 
+    # Stage 3.5 (malicious-server variant)
+    def consistency(self, survivors: set[int] | frozenset[int]) -> bytes:
+        """ConsistencyCheck (Bonawitz et al. 2017, Fig. 5, Round 3): sign the survivor set told.
+
+        The client checks the set as it would at Unmasking (it is in it, and so are ``t`` of its
+        neighbours), remembers it, and signs ``(round, survivors)``
+        (:func:`~securefed.transport.secagg.signatures.consistency_message`). It answers once:
+        signing two sets would let the server show each group of helpers the one it wants.
+
+        Raises:
+            AggregationError: not the malicious-server variant, answered already, not masked yet;
+                the set omits the client or holds fewer than ``t`` of its neighbours.
+        """
+        self._check_stage("consistency")
+        survivors = frozenset(int(c) for c in survivors)
+        self._check_survivors(set(survivors))
+        self.survivors = survivors
+        self.stage = "consistency"
+        return self.signer.sign(consistency_message(self.round_id, survivors))
+
+    def _check_consistency(self, contributors: set[int], signatures: dict[int, bytes]) -> None:
+        """Refuse unless the set is the one signed and ``t`` neighbours signed it too (valid)."""
+        if contributors != self.survivors:
+            added = sorted(contributors - self.survivors)[:5]
+            removed = sorted(self.survivors - contributors)[:5]
+            raise ConsistencyError(
+                f"client {self.id} signed a survivor set at ConsistencyCheck, and is asked to "
+                f"unmask another one (added {added}, removed {removed}); refusing"
+            )
+        message = consistency_message(self.round_id, self.survivors)
+        strangers = sorted(int(v) for v in signatures if int(v) not in self.share_keys)
+        absent = sorted(int(v) for v in signatures if int(v) not in self.survivors)
+        if strangers or absent:
+            raise ConsistencyError(
+                f"client {self.id} got ConsistencyCheck signatures from client(s) "
+                f"{(strangers or absent)[:5]}, which are not among its neighbours in the survivor "
+                "set; refusing"
+            )
+        # In id order until t verify: t valid ones are the quorum (extra ones are not needed);
+        # one that fails on the way refuses.
+        valid = 0
+        for signer in sorted(signatures):
+            if valid == self.threshold:
+                break
+            self.registry.verify(signer, message, signatures[signer], what="survivor set")
+            valid += 1
+        if valid < self.threshold:
+            raise ConsistencyError(
+                f"client {self.id} holds {valid} valid signature(s) of its neighbours on "
+                f"the survivor set of round {self.round_id}, fewer than the threshold "
+                f"{self.threshold}: the server may have told other clients another set; "
+                "refusing to unmask (Bonawitz et al. 2017, Fig. 5, Round 4)"
+            )
+
     # Stage 4
-    def reveal(self, inbox: dict[int, bytes], contributors: set[int]) -> dict[int, tuple[str, int]]:
+    def reveal(
+        self,
+        inbox: dict[int, bytes],
+        contributors: set[int],
+        signatures: dict[int, bytes] | None = None,
+        timer: _Timer | None = None,
+    ) -> dict[int, tuple[str, int]]:
         """Open every share held, then reveal ``b``-shares of contributors, ``s``-shares of others.
 
         All ciphertexts are opened before anything is revealed, so a bad one aborts the client with
         nothing disclosed (Bonawitz et al. 2017, Fig. 4, Round 4). The client answers once: for
-        each peer it reveals the share of ``b`` or of ``s``, never both.
+        each peer it reveals the share of ``b`` or of ``s``, never both. In the malicious-server
+        variant it first checks the ConsistencyCheck: ``contributors`` must be the set it signed,
+        and ``signatures`` (``neighbour -> signature``) must hold at least ``t`` valid
+        signatures of its neighbours on that same set, and no invalid one.
 
         Raises:
             ShareDecryptionError: naming the sender, if a share fails authentication.
-            AggregationError: the client revealed already, or has not masked; the contributors
-                omit it, or hold fewer than ``t`` of its neighbours.
+            AggregationError: the client revealed already, or has not masked (or, malicious, not
+                signed the survivor set); the contributors omit it, or hold fewer than ``t`` of
+                its neighbours.
+            ConsistencyError: (malicious) another set than the one signed, fewer than ``t``
+                neighbours' signatures, or one from a client outside its neighbourhood.
+            SignatureError: (malicious) a signature that does not verify on the set (a
+                neighbour signed another set, or another round's, or it is forged).
+            ValueError: signatures given to an honest-but-curious client.
         """
         self._check_stage("reveal")
         contributors = {int(c) for c in contributors}
+        signatures = {} if signatures is None else {int(v): bytes(s) for v, s in signatures.items()}
+        if self.config.malicious:
+            start = time.perf_counter()
+            self._check_consistency(contributors, signatures)
+            if timer is not None:
+                timer.add("signatures", start)
+        elif signatures:
+            raise ValueError(
+                f"client {self.id} runs the honest-but-curious variant: ConsistencyCheck "
+                "signatures do not apply"
+            )
         self._check_survivors(contributors)
         opened = {}
         for sender, blob in inbox.items():

@@ -52,6 +52,13 @@ class SecAggConfig:
             cannot be unmasked (independent dropouts at ``expected_dropout``) below this.
         prg: mask PRG, ``"aes-256-ctr"`` or ``"chacha20"``.
         aead: share encryption, ``"aes-256-gcm"`` or ``"chacha20-poly1305"``.
+        server: the threat model, ``"malicious"`` (the default: Bonawitz et al. 2017, Sec. 6:
+            signed advertisements checked against a key registry from set-up, the
+            ConsistencyCheck round, a client reveals nothing without ``t`` consistent
+            signatures of its neighbours; :mod:`~securefed.transport.secagg.signatures`) or
+            ``"honest_but_curious"`` (no signatures, no ConsistencyCheck: a server that relays
+            its own keys in a neighbour's place and lies about who dropped decodes an update,
+            tests/test_secagg_malicious.py).
     """
 
     bits: int = 32
@@ -64,6 +71,7 @@ class SecAggConfig:
     expected_dropout: float = 0.0
     failure_target: float = 1e-3
     out_of_range: str = "refuse"
+    server: str = "malicious"
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
@@ -71,6 +79,8 @@ class SecAggConfig:
             raise ValueError(
                 f"out_of_range must be one of {OUT_OF_RANGE}, got {self.out_of_range!r}"
             )
+        if self.server not in SERVER_MODELS:
+            raise ValueError(f"server must be one of {SERVER_MODELS}, got {self.server!r}")
         if self.neighbours is not None and (
             isinstance(self.neighbours, bool) or self.neighbours < 1
         ):
@@ -88,6 +98,11 @@ class SecAggConfig:
             )
         if not 0 < self.failure_target < 1:
             raise ValueError(f"failure_target must lie in (0, 1), got {self.failure_target!r}")
+
+    @property
+    def malicious(self) -> bool:
+        """Whether the round runs the malicious-server variant (signatures, ConsistencyCheck)."""
+        return self.server == "malicious"
 
     @property
     def automatic_scale(self) -> bool:
@@ -167,11 +182,16 @@ class SecAggConfig:
             "out_of_range": self.out_of_range,
             "prg": self.prg,
             "aead": self.aead,
+            "server": self.server,
+            "signatures": "Ed25519, key registry from set-up" if self.malicious else "none",
             "key_agreement": "X25519",
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
         }
 
+
+SERVER_MODELS = ("malicious", "honest_but_curious")
+"""The threat models of :attr:`SecAggConfig.server`."""
 
 OUT_OF_RANGE = ("refuse", "clip")
 """What a client does with a value outside ``[-clip, clip]`` (:attr:`SecAggConfig.out_of_range`)."""

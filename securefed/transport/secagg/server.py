@@ -42,6 +42,12 @@ from securefed.transport.secagg.graph import (
     neighbour_graph,
     plan_unmasking,
 )
+from securefed.transport.secagg.signatures import (
+    SIGNATURE_BYTES,
+    KeyRegistry,
+    SigningKey,
+    advertisement_message,
+)
 from securefed.views import RoundView
 
 ID_BYTES = 8
@@ -99,7 +105,17 @@ class SecAggRound(AggregationRound):
 
     Args (beyond the round's): ``inputs`` maps a client of the round to the number of clipped
     inputs its upload sums (a party of several clients, :meth:`among_parties`); the range check
-    and the error bound count them. ``None``: one each.
+    and the error bound count them. ``None``: one each. ``signers`` (simulated clients,
+    malicious-server variant): each client's signing key, which the round hands to its simulated
+    client only; ``registry``: the key registry from set-up, handed to the simulated clients and
+    used by the server to refuse a forged advertisement early (the clients check again: the
+    guarantee rests on their checks, not the server's).
+
+    Malicious-server variant (``config.server == "malicious"``): ``receive_keys`` takes
+    ``(c public, s public, signature)``; ``share_request`` relays the neighbours' ``s`` keys and
+    signatures; between MaskedInputCollection and Unmasking the server runs ConsistencyCheck
+    (:meth:`consistency_requests`, :meth:`receive_consistency`) and :meth:`unmask_requests`
+    forwards each helper its neighbours' signatures on the survivor set.
     """
 
     def __init__(
@@ -113,10 +129,17 @@ class SecAggRound(AggregationRound):
         config: SecAggConfig,
         remote_clients: bool = False,
         inputs: Mapping[int, int] | None = None,
+        signers: Mapping[int, SigningKey] | None = None,
+        registry: KeyRegistry | None = None,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config.for_round(len(self.clients))
         self.remote_clients = remote_clients
+        self.registry = registry
+        self._signers = {} if signers is None else dict(signers)
+        self.advert_signatures: dict[int, bytes] = {}
+        self.survivors: frozenset[int] | None = None  # U_3 as the server sent it (malicious)
+        self.consistency_signatures: dict[int, bytes] = {}
         # How many clipped inputs each client's upload sums (1 unless it is a party of several).
         self._inputs: dict[int, int] = (
             {} if inputs is None else {int(c): int(m) for c, m in inputs.items()}
@@ -139,6 +162,7 @@ class SecAggRound(AggregationRound):
         self._unmasking = False  # set when the helpers are first asked: no masked input after
         self.excluded_helpers: frozenset[int] = frozenset()
         self._shared: set[int] = set()
+        self._neighbour_ids: dict[int, np.ndarray] = {}
         n = len(self._ids)
         self._clients: dict[int, SecAggClient] = {}
         if n == 0:
@@ -157,6 +181,7 @@ class SecAggRound(AggregationRound):
                 "secagg_t": self.threshold,
                 "secagg_graph_seed": seed.hex(),
                 "secagg_secure_randomness": bool(seeds.secure),
+                "secagg_server": self.config.server,
                 **self._precision(sum(self._inputs.values()) or n),
             }
         )
@@ -171,20 +196,35 @@ class SecAggRound(AggregationRound):
 
     # -- public graph ---------------------------------------------------------------------
     def neighbours(self, client: int) -> np.ndarray:
-        """The ids of ``client``'s neighbours (public)."""
-        position = int(self.view.positions([client])[0])
-        return self.clients[self._graph[position]]
+        """The ids of ``client``'s neighbours (public; a fresh array)."""
+        client = int(client)
+        cached = self._neighbour_ids.get(client)
+        if cached is None:
+            position = int(self.view.positions([client])[0])
+            cached = self._neighbour_ids[client] = self.clients[self._graph[position]]
+        return cached.copy()
 
     # -- stage 1 --------------------------------------------------------------------------
     def _advertise_keys(self, seeds: SeedTree) -> None:
         start = time.perf_counter()
+        malicious = self.config.malicious
         for client in self._ids:
-            self._clients[client] = SecAggClient(client, self.round_id, self.config, seeds)
+            self._clients[client] = SecAggClient(
+                client,
+                self.round_id,
+                self.config,
+                seeds,
+                signer=self._signers.get(client) if malicious else None,
+                registry=self.registry if malicious else None,
+            )
         self.timer.add("key_agreement", start)
         self.receive_keys({c: self._clients[c].advertise() for c in self._ids})
 
-    def receive_keys(self, keys: Mapping[int, tuple[bytes, bytes]]) -> None:
+    def receive_keys(self, keys: Mapping[int, tuple[bytes, ...]]) -> None:
         """AdvertiseKeys, server side: every client's ``(c public, s public)``; relayed to peers.
+
+        In the malicious-server variant each entry is ``(c public, s public, signature)``; with a
+        :attr:`registry` the server checks the signatures too (a client checks them again).
 
         Raises:
             AggregationError: a client of the round did not advertise (open the round with the
@@ -203,29 +243,56 @@ class SecAggRound(AggregationRound):
                 f"round {self.round_id}: client(s) {missing[:5]} advertised no keys; a round must "
                 "be opened with the clients that advertised (Bonawitz et al.'s U_1)"
             )
-        checked = {}
+        checked, signed = {}, {}
+        arity = 3 if self.config.malicious else 2
         for client in self._ids:
-            c_public, s_public = keys[client]
+            if len(keys[client]) != arity:
+                raise AggregationError(
+                    f"round {self.round_id}: client {client} advertised {len(keys[client])} "
+                    f"items, but this {self.config.server} round takes {arity} (c key, s key"
+                    f"{', signature' if arity == 3 else ''})"
+                )
+            c_public, s_public = keys[client][:2]
             checked[client] = (
                 kx.check_public_key(c_public, owner=f"client {client}"),
                 kx.check_public_key(s_public, owner=f"client {client}"),
             )
+            if arity == 3:
+                signed[client] = bytes(keys[client][2])
+        if self.registry is not None and signed and self.remote_clients:
+            start = time.perf_counter()
+            for client, signature in signed.items():
+                message = advertisement_message(self.round_id, client, *checked[client])
+                self.registry.verify(client, message, signature, what="advertisement")
+            self.timer.add("signatures", start)
         self.public_keys.update(checked)
+        self.advert_signatures.update(signed)
         flat = [key for pair in self.public_keys.values() for key in pair]
         if len(set(flat)) != len(flat):
             raise AggregationError("two advertised public keys coincide; refusing the round")
         k = self.neighbours_k
-        self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES)
-        self.view.add_bytes_down(self.clients, k * (ID_BYTES + 2 * kx.PUBLIC_KEY_BYTES))
+        signature_bytes = SIGNATURE_BYTES if signed else 0
+        self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES + signature_bytes)
+        self.view.add_bytes_down(
+            self.clients, k * (ID_BYTES + 2 * kx.PUBLIC_KEY_BYTES + signature_bytes)
+        )
         for client, (c_public, s_public) in self.public_keys.items():
             self._record(client, c_public=_u8(c_public), s_public=_u8(s_public))
+            if client in signed:
+                self._record(client, advert_signature=_u8(signed[client]))
 
     # -- stage 2 --------------------------------------------------------------------------
     def _share_keys(self) -> None:
         for client in self._ids:
             request = self.share_request(client)
             sealed = self._clients[client].share(
-                request.neighbours, request.xs, request.c_publics, request.threshold, self.timer
+                request.neighbours,
+                request.xs,
+                request.c_publics,
+                request.threshold,
+                self.timer,
+                s_publics=request.s_publics,
+                signatures=request.signatures,
             )
             self.receive_shares(client, sealed)
 
@@ -235,11 +302,14 @@ class SecAggRound(AggregationRound):
             raise AggregationError(f"round {self.round_id}: no public keys received yet")
         positions = self._graph[int(self.view.positions([client])[0])]
         neighbours = tuple(self._ids[p] for p in positions)
+        malicious = self.config.malicious
         return ShareRequest(
             neighbours,
             tuple(int(p) + 1 for p in positions),  # Shamir x = position + 1 (public)
             tuple(self.public_keys[v][0] for v in neighbours),
             self.threshold,
+            s_publics=tuple(self.public_keys[v][1] for v in neighbours) if malicious else (),
+            signatures=tuple(self.advert_signatures[v] for v in neighbours) if malicious else (),
         )
 
     def receive_shares(self, client: int, sealed: Sequence[bytes]) -> None:
@@ -399,26 +469,101 @@ class SecAggRound(AggregationRound):
             )
         return plan
 
-    def unmask_requests(self) -> dict[int, UnmaskRequest]:
-        """Unmasking, what the server sends each surviving contributor ("helper").
-
-        From the first call on the contributors are fixed: no masked input is taken after it.
-
-        Raises:
-            AggregationError: too few helpers for some needed secret, or the contributors' graph
-                fell apart (the round is then refused for good).
-            ShareDecryptionError: the server holds no share where one is needed.
-        """
+    def _fix_contributors(self) -> tuple[np.ndarray, UnmaskingPlan | None]:
+        """Fix the contributors (no masked input after this) and plan the unmasking."""
         self._check_usable()
         self._unmasking = True
         contributors = np.array(sorted(self.submitted), dtype=np.int64)
         if len(contributors) == 0:
-            return {}
+            return contributors, None
         try:
-            plan = self._plan(contributors)
+            return contributors, self._plan(contributors)
         except AggregationError as error:
             self._failure = str(error)
             raise
+
+    def consistency_requests(self) -> dict[int, frozenset[int]]:
+        """ConsistencyCheck (malicious-server variant): the survivor set ``U_3`` for each helper.
+
+        Fixes the contributors, like :meth:`unmask_requests` does in the honest-but-curious
+        variant. Each helper signs the set (:meth:`SecAggClient.consistency`) and the server
+        hands the signatures to :meth:`receive_consistency`.
+
+        Raises:
+            AggregationError: the honest-but-curious variant (no such round), asked twice, and
+                whatever the unmasking plan refuses (too few helpers, a split graph).
+        """
+        if not self.config.malicious:
+            raise AggregationError(
+                f"round {self.round_id} is honest-but-curious: it has no ConsistencyCheck round"
+            )
+        if self.survivors is not None:
+            raise AggregationError(f"round {self.round_id} already sent its survivor set")
+        contributors, plan = self._fix_contributors()
+        self.survivors = frozenset(contributors.tolist())
+        if plan is None:
+            return {}
+        helpers = [self._ids[p] for p in plan.helpers.tolist()]
+        self.view.add_bytes_down(helpers, len(contributors) * ID_BYTES)
+        return {v: self.survivors for v in helpers}
+
+    def receive_consistency(self, signatures: Mapping[int, bytes]) -> None:
+        """ConsistencyCheck, server side: each helper's signature on the survivor set.
+
+        Raises:
+            AggregationError: before :meth:`consistency_requests`, twice, or from a non-helper.
+            ValueError: a signature of the wrong size.
+        """
+        self._check_usable()
+        if self.survivors is None:
+            raise AggregationError(
+                f"round {self.round_id}: ConsistencyCheck signatures arrived before the "
+                "survivor set was sent"
+            )
+        if self.consistency_signatures:
+            raise AggregationError(
+                f"round {self.round_id} already received its ConsistencyCheck signatures"
+            )
+        present = self.survivors - self.dropped
+        strangers = sorted(set(int(v) for v in signatures) - present)
+        if strangers:
+            raise AggregationError(
+                f"round {self.round_id}: ConsistencyCheck signatures from non-helpers "
+                f"{strangers[:5]}"
+            )
+        for v, signature in signatures.items():
+            if len(signature) != SIGNATURE_BYTES:
+                raise ValueError(f"client {v}'s signature must be {SIGNATURE_BYTES} bytes")
+        self.consistency_signatures = {int(v): bytes(s) for v, s in signatures.items()}
+        self.view.add_bytes_up(list(self.consistency_signatures), SIGNATURE_BYTES)
+
+    def unmask_requests(self) -> dict[int, UnmaskRequest]:
+        """Unmasking, what the server sends each surviving contributor ("helper").
+
+        From the first call on the contributors are fixed: no masked input is taken after it.
+        In the malicious-server variant the contributors were fixed at ConsistencyCheck, and each
+        request carries the helper's neighbours' signatures on the survivor set.
+
+        Raises:
+            AggregationError: too few helpers for some needed secret, or the contributors' graph
+                fell apart (the round is then refused for good); (malicious) no ConsistencyCheck
+                signatures received yet.
+            ShareDecryptionError: the server holds no share where one is needed.
+        """
+        if self.config.malicious:
+            if self.survivors is None or not self.consistency_signatures:
+                raise AggregationError(
+                    f"round {self.round_id} runs the malicious-server variant: the helpers "
+                    "unmask only after ConsistencyCheck (consistency_requests(), then "
+                    "receive_consistency())"
+                )
+            self._check_usable()
+            contributors = np.array(sorted(self.survivors), dtype=np.int64)
+            plan = self._plan(contributors) if len(contributors) else None
+        else:
+            contributors, plan = self._fix_contributors()
+        if plan is None:
+            return {}
         contributor_set = frozenset(contributors.tolist())
         requests = {}
         for p in plan.helpers.tolist():
@@ -428,7 +573,13 @@ class SecAggRound(AggregationRound):
                 if (u, v) not in self.share_store:
                     raise kx.ShareDecryptionError(f"the server holds no share from {u} to {v}")
                 inbox[u] = self.share_store[(u, v)]
-            requests[v] = UnmaskRequest(inbox, contributor_set)
+            signatures = {
+                u: self.consistency_signatures[u]
+                for u in self.neighbours(v).tolist()
+                if u in self.consistency_signatures
+            }
+            self.view.add_bytes_down([v], len(signatures) * (ID_BYTES + SIGNATURE_BYTES))
+            requests[v] = UnmaskRequest(inbox, contributor_set, signatures)
         return requests
 
     def receive_reveals(self, responses: Mapping[int, Mapping[int, tuple[str, int]]]) -> None:
@@ -451,7 +602,11 @@ class SecAggRound(AggregationRound):
         self._reveals = {int(v): dict(r) for v, r in responses.items()}
 
     def _unmask(self, contributors: np.ndarray, n_values: int) -> Aggregate:
+        simulated = self._reveals is None and not self.remote_clients
+        if simulated and self.config.malicious:
+            self._run_consistency_check()
         start = time.perf_counter()
+        signatures_before = self.timings["signatures"]
         plan = self._plan(contributors)
         contributor_set = set(contributors.tolist())
         if self._reveals is not None:
@@ -464,7 +619,9 @@ class SecAggRound(AggregationRound):
         else:
             # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
             responses = {
-                v: self._clients[v].reveal(request.inbox, set(request.contributors))
+                v: self._clients[v].reveal(
+                    request.inbox, set(request.contributors), request.signatures, self.timer
+                )
                 for v, request in self.unmask_requests().items()
             }
         gathered = self._gather(responses, plan, contributor_set)
@@ -496,6 +653,8 @@ class SecAggRound(AggregationRound):
         self.view.aggregate["ring_sum"] = total.copy()
         decoded = self.fixed_point.decode(total)
         self.timer.add("unmasking", start)
+        # The helpers' checks of the ConsistencyCheck signatures are counted as "signatures".
+        self.timings["unmasking"] -= self.timings["signatures"] - signatures_before
         weight = float(decoded[-1]) if self._weighted else float(len(contributors))
         values = decoded[:n_values]
         n_inputs = sum(self._inputs.get(int(c), 1) for c in contributors)
@@ -506,6 +665,15 @@ class SecAggRound(AggregationRound):
             )
         self.view.public.update(self._precision(n_inputs))
         return Aggregate(values.reshape(self.shape), weight, contributors)
+
+    def _run_consistency_check(self) -> None:
+        """ConsistencyCheck with the simulated helpers (timed as ``signatures``)."""
+        start = time.perf_counter()
+        requests = self.consistency_requests()
+        self.receive_consistency(
+            {v: self._clients[v].consistency(survivors) for v, survivors in requests.items()}
+        )
+        self.timer.add("signatures", start)
 
     def _gather(
         self,

@@ -12,6 +12,7 @@ from securefed.transport.base import AggregationRound, Transport
 from securefed.transport.capabilities import TransportCapabilities
 from securefed.transport.secagg.config import SecAggConfig
 from securefed.transport.secagg.server import SecAggRound
+from securefed.transport.secagg.signatures import KeyRegistry, SimulatedSigners
 from securefed.views import NO_PAYLOADS, RoundSelection
 
 
@@ -26,6 +27,10 @@ class SecAggTransport(Transport):
         remote_clients: the clients run elsewhere and talk to the server's stage methods through
             a message layer (``securefed.flower``); the rounds then hold no client secrets and
             refuse a plaintext ``submit`` (:class:`SecAggRound`).
+        registry: (malicious-server variant, remote clients) the key registry of set-up, for the
+            server's own early check of the advertisements; the clients check them regardless.
+            Simulated clients get signing keys and a registry from the transport's set-up
+            (:class:`~securefed.transport.secagg.signatures.SimulatedSigners`).
 
     Example:
         >>> from securefed import SeedTree
@@ -46,9 +51,17 @@ class SecAggTransport(Transport):
         keep_payloads: RoundSelection = NO_PAYLOADS,
         total_rounds: int | None = None,
         remote_clients: bool = False,
+        registry: KeyRegistry | None = None,
     ) -> None:
         self.config = SecAggConfig() if config is None else config
         self.remote_clients = bool(remote_clients)
+        if registry is not None and not (self.config.malicious and self.remote_clients):
+            raise ValueError(
+                "a key registry applies to server='malicious' with remote clients (simulated "
+                "clients get theirs from the transport's set-up)"
+            )
+        self.registry = registry
+        self._signers = SimulatedSigners()
         super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
 
     def open_round(
@@ -74,6 +87,9 @@ class SecAggTransport(Transport):
             self.config.fixed_point_for(len(ids))  # refuses a fixed scale that could wrap
             self.config.round_parameters(len(ids))
         round_view = self.view.open(round_id, ids)
+        signers, registry = None, self.registry
+        if self.config.malicious and not self.remote_clients:
+            signers, registry = self._signers.set_up(ids.tolist(), seeds)
         return SecAggRound(
             round_id,
             ids,
@@ -82,6 +98,8 @@ class SecAggTransport(Transport):
             seeds=seeds,
             config=self.config,
             remote_clients=self.remote_clients,
+            signers=signers,
+            registry=registry,
         )
 
     @property
@@ -99,6 +117,11 @@ class SecAggTransport(Transport):
     def public_parameters(self) -> dict[str, object]:
         return {
             "transport": self.name,
-            "protocol": "SecAgg+ (Bell et al. 2020) over Bonawitz et al. 2017, honest-but-curious",
+            "protocol": "SecAgg+ (Bell et al. 2020) over Bonawitz et al. 2017, "
+            + (
+                "malicious server (signatures, ConsistencyCheck)"
+                if self.config.malicious
+                else "honest-but-curious"
+            ),
             **self.config.public(),
         }
