@@ -370,7 +370,7 @@ class ItemBiasInversion:
         clip_factor: ``s`` (the DP clipping factor; 1 without clipping).
         centred: ``r_i - C_u = b_i + <U, V_i> + e_i``, with ``C_u`` the user's constant (global
             mean, user bias, private offset).
-        residual: relative residual of the fit ``h_i = -2 s e_i U``.
+        residual: relative residual of the linear fit of the factor columns.
     """
 
     items: np.ndarray
@@ -395,23 +395,24 @@ def item_bias_inversion(
 
     The upload convention: an item row's gradient has ``dim + 1`` entries, the last being the
     item-bias gradient ``-2 e_i + 2 mu_b b_i`` (the user bias stays on the device); a DP transport
-    scales the whole block by ``s``. With ``beta_i`` the bias column and ``h_i`` the factor columns
-    less their regulariser, ``h_i = -2 s e_i U`` and ``beta_i = -2 s e_i + 2 s mu_b b_i``:
+    scales the whole block by ``s``. With ``g_i`` the factor columns and ``beta_i`` the bias
+    column as uploaded, ``-2 s e_i = beta_i - 2 s mu_b b_i``, so
 
-    * ``s`` and ``t = s e_i`` follow from ``beta_i = -2 t_i + 2 s mu_b b_i`` once ``U`` is fixed
-      by ``h``: ``h_i = t_i (-2 U)`` makes ``t_i = <h_i, w> / (-2 |U|)``, so ``beta_i = <h_i, w> /
-      |U| + 2 s mu_b b_i`` is linear in ``(1 / |U|, s)`` (signed ``|U|`` along ``w``): least
-      squares over the rows. Without regularisers on the upload (``aggregation="fixed"``) the
-      factor ``2 s mu_b b_i`` vanishes, ``|U| = <h_i, w> / beta_i`` row by row, and ``s`` is not
-      needed: the clipping factor cancels in the ratio.
-    * ``e_i = t_i / s``. ``s`` is identified by the regulariser term when ``reg_bias > 0``;
-      without it (``aggregation="fixed"``) pass ``clip_factor`` (1 for an unclipped block, which
-      :func:`clipped` tells); a clipped block without a regulariser leaves ``s`` as the one unknown
-      scalar (not resolved here).
+        g_i = beta_i U - 2 mu_b b_i W + 2 mu s V_i,        W = s U,
 
-    Then ``r_i - C_u = b_i + <U, V_i> + e_i`` with no sign or scale left: only the user's
-    constant ``C_u``, which the grid (``r_i`` on the levels), the bounds and the population
-    settle as in :func:`resolve_population`.
+    linear in ``(U, W, s)``: ``dim`` equations per row, least squares over the rows (the columns
+    of ``W`` only when ``mu_b > 0``, of ``s`` only when ``mu > 0``). The bias gradient reads the
+    error directly: ``U`` comes out with its sign and its length (no grid, no prior), and
+
+        e_i = -(beta_i - 2 s mu_b b_i) / (2 s),    r_i - C_u = b_i + <U, V_i> + e_i,
+
+    with ``C_u`` the user's constant (global mean, user bias, private offset), which the grid
+    (``r_i`` on the levels), the bounds and the population settle as in
+    :func:`resolve_population`. ``s`` comes from the ``mu`` column, else from ``W = s U``; with
+    no regulariser on the upload (``aggregation="fixed"``: the server applies them) ``s`` does not
+    show in the rows: pass ``clip_factor`` (1 for an unclipped block, which :func:`clipped`
+    tells; a clipped block then leaves ``s`` as the one unknown scalar of ``e``, not resolved
+    here), else 1 is assumed.
 
     Args:
         rows: item index of each gradient row.
@@ -420,12 +421,12 @@ def item_bias_inversion(
         item_biases: the broadcast item biases ``b`` of the round.
         reg_item: the ``mu`` on the uploaded factor rows (0 under ``aggregation="fixed"``).
         reg_bias: the ``mu_b`` on the uploaded bias entries (0 under ``"fixed"``).
-        clip_factor: the block's clipping factor ``s`` if known; ``None``: estimated when
-            ``reg_bias > 0``, else 1.
+        clip_factor: the block's clipping factor ``s`` if known; ``None``: estimated when a
+            regulariser shows it, else 1.
 
     Raises:
-        InversionError: on shape mismatches, when every error vanishes, or when ``reg_bias``
-            is 0 and ``clip_factor`` is not positive.
+        InversionError: on shape mismatches, when the bias column is zero, or when the
+            clipping factor is not positive.
     """
     rows = np.asarray(rows, dtype=np.int64)
     gradients = np.asarray(gradients, dtype=np.float64)
@@ -437,26 +438,31 @@ def item_bias_inversion(
             f"gradients of shape {gradients.shape} do not match {len(rows)} rows x {dim + 1} "
             "columns (dim factor gradients and the item-bias gradient)"
         )
-    h = gradients[:, :dim] - 2.0 * reg_item * factors[rows]
-    beta = gradients[:, dim]
-    w, c = user_direction(h)
-    # beta_i = c_i / A + 2 s mu_b b_i with A the signed length of U along w (c_i = -2 s e_i A).
+    g, beta = gradients[:, :dim], gradients[:, dim]
+    if not np.any(beta):
+        raise InversionError("the bias column carries no error: the user vector is undefined")
+    eye = np.eye(dim)
+    blocks = [np.kron(beta[:, None], eye)]  # coefficient of U in row-major (row, coordinate)
     if reg_bias > 0:
-        design = np.column_stack([c, 2.0 * reg_bias * biases[rows]])
-        (inverse_length, estimated), *_ = np.linalg.lstsq(design, beta, rcond=None)
-        clip_factor = float(estimated) if clip_factor is None else float(clip_factor)
-    else:
-        inverse_length = float(c @ beta) / float(c @ c)
-        clip_factor = 1.0 if clip_factor is None else float(clip_factor)
+        blocks.append(np.kron(-2.0 * reg_bias * biases[rows][:, None], eye))
+    if reg_item > 0:
+        blocks.append(2.0 * reg_item * factors[rows].reshape(-1, 1))
+    design = np.hstack(blocks)
+    solution, *_ = np.linalg.lstsq(design, g.reshape(-1), rcond=None)
+    user_vector = solution[:dim]
+    if clip_factor is None:
+        if reg_item > 0:
+            clip_factor = float(solution[-1])
+        elif reg_bias > 0:
+            clip_factor = float(solution[dim : 2 * dim] @ user_vector / (user_vector @ user_vector))
+        else:
+            clip_factor = 1.0
+    clip_factor = float(clip_factor)
     if not clip_factor > 0:
         raise InversionError(f"the clipping factor must be positive, got {clip_factor:g}")
-    if not np.isfinite(inverse_length) or inverse_length == 0:
-        raise InversionError("the bias column carries no error: the user's length is undefined")
-    length = 1.0 / float(inverse_length)
-    scaled_errors = c / (-2.0 * length)  # s e_i
-    errors = scaled_errors / clip_factor
-    user_vector = length * w
-    fit = np.outer(-2.0 * scaled_errors, user_vector)
-    residual = float(np.linalg.norm(fit - h) / max(np.linalg.norm(h), 1e-300))
+    residual = float(
+        np.linalg.norm(design @ solution - g.reshape(-1)) / max(np.linalg.norm(g), 1e-300)
+    )
+    errors = -(beta - 2.0 * clip_factor * reg_bias * biases[rows]) / (2.0 * clip_factor)
     centred = biases[rows] + factors[rows] @ user_vector + errors
     return ItemBiasInversion(rows, errors, user_vector, clip_factor, centred, residual)
