@@ -243,7 +243,7 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
 
 
 def write_outputs(rows: list[dict], meta: dict, config: LeakUtilityConfig, out: str | Path) -> None:
-    """Write ``leak_utility.json``, ``.md`` and ``.png`` of the rows into ``out``; print the table."""
+    """Write the JSON, markdown and PNG outputs of the rows into ``out``; print the table."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
