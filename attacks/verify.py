@@ -368,7 +368,9 @@ def attack_user(
             other = _try(invert_one_round, uploads[1], factors[1], protocol, round_id=round_ids[1])
     shape = None
     if not invertible and two and exact and not protocol.fills:
-        clip = context.clips[0] if context.clips else None
+        # With a weight column the clipping factor cancels when the weight is divided out.
+        fixed = protocol.aggregation == "fixed"
+        clip = context.clips[0] if context.clips and fixed else None
         shape = _try(
             offset_shape,
             uploads[0],
