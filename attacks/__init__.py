@@ -2,6 +2,8 @@
 
 * :mod:`securefed.attacks.gradient_inversion`: FedMF gradient inversion (Chai et al. 2020;
   specs/fedmf.md section 2): closed form from two rounds, rating-grid search from one.
+* :mod:`securefed.attacks.offset_inversion`: the values behind a private per-user offset and an
+  unknown DP clip (the DP preset), and the algebra of an item-bias column.
 * :mod:`securefed.attacks.item_inference`: which uploaded rows are rated items under hybrid filling
   (specs/fedmf.md section 3).
 * :mod:`securefed.attacks.metrics`: exact share, RMSE, precision / recall / F1.

@@ -114,8 +114,10 @@ class FedMFProtocol:
         virtual_on_scale: whether virtual ratings are snapped onto the scale.
         warmup_rounds: T', rounds before virtual ratings become the user's own prediction.
         aggregation: ``"mean"``, ``"sum"`` or ``"fixed"`` (no weight column: rows are read by
-            their gradient, and the rating values are not inverted, see :func:`extract_upload`).
-        offset: ``"none"`` or ``"user_mean"`` (ratings shifted by a private per-user mean).
+            their gradient, see :func:`extract_upload`; the values by
+            :mod:`securefed.attacks.offset_inversion`, not by these closed forms).
+        offset: ``"none"`` or ``"user_mean"`` (ratings shifted by a private per-user mean; the
+            values by :mod:`securefed.attacks.offset_inversion`).
     """
 
     lr: float

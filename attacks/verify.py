@@ -19,6 +19,11 @@ truth is only used to score them). Stages:
    item.
    Hybrid filling (FedRec, FedRec+): the rating grid in each round, then the item tests of
    :mod:`securefed.attacks.item_inference` and their combination.
+   A private offset or a weightless, clipped upload (the DP preset: ``aggregation="fixed"``,
+   ``offset="user_mean"``; vanilla FedMF, two exact rounds): the shape of ``r - m_u`` from the
+   closed form, then every user's admissible (scale, sign, shift) hypotheses
+   (:mod:`securefed.attacks.offset_inversion`), one chosen per user by the rating prior and the
+   agreement between users (a population step after the per-user one).
 5. **Chance baseline.** Ratings: the global mean of the true ratings. Items: the most popular
    items, popularity read from the released aggregate's per-item uploader counts when the view
    holds one (else the truth's item counts), as many as the user truly rated (without truth, the
@@ -59,6 +64,12 @@ from securefed.attacks.metrics import (
     overall_metrics,
     per_user_metrics,
     truth_sets,
+)
+from securefed.attacks.offset_inversion import (
+    OffsetShape,
+    offset_shape,
+    resolve_population,
+    value_hypotheses,
 )
 from securefed.recsys.data import Ratings, RatingScale
 from securefed.views import ServerView
@@ -278,6 +289,7 @@ class UserAttack:
     tests: dict[str, np.ndarray | None]
     method: str
     applied: tuple[str, ...]
+    shape: OffsetShape | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -289,12 +301,14 @@ class AttackContext:
         rounds: the attacked rounds (``(t-1, t)`` or ``(t,)``).
         factors: the broadcast ``V`` of each attacked round.
         link_lr: gamma of the round whose steps link the two rounds' user vectors.
+        clips: the DP clip of each attacked round (``None``: no clipping recorded).
     """
 
     protocol: FedMFProtocol
     rounds: tuple[int, ...]
     factors: tuple[np.ndarray, ...]
     link_lr: float
+    clips: tuple[float | None, ...] = ()
 
 
 def _try(function, *args, **kwargs):
@@ -352,6 +366,23 @@ def attack_user(
             applied.append("gradient_inversion.rating_grid")
         if two and protocol.fills:
             other = _try(invert_one_round, uploads[1], factors[1], protocol, round_id=round_ids[1])
+    shape = None
+    if not invertible and two and exact and not protocol.fills:
+        # With a weight column the clipping factor cancels when the weight is divided out.
+        fixed = protocol.aggregation == "fixed"
+        clip = context.clips[0] if context.clips and fixed else None
+        shape = _try(
+            offset_shape,
+            uploads[0],
+            uploads[1],
+            factors[0],
+            factors[1],
+            protocol,
+            lr=context.link_lr,
+            clip=clip,
+        )
+        if shape is not None:
+            applied.append("offset_inversion.shape")
     tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
     if protocol.fills:
         if inversion is not None and exact:
@@ -392,7 +423,7 @@ def attack_user(
     else:
         values = inversion.values
         method = inversion.method
-    return UserAttack(base.items, values, tests, method, tuple(applied))
+    return UserAttack(base.items, values, tests, method, tuple(applied), shape)
 
 
 def _virtual_rating_mask(
@@ -446,6 +477,7 @@ def verify(
     *,
     rounds: tuple[int, int] | None = None,
     users: Iterable[int] | None = None,
+    rating_prior: np.ndarray | None = None,
 ) -> LeakReport:
     """Run every applicable attack on ``view`` and score it against ``truth``.
 
@@ -456,6 +488,9 @@ def verify(
         rounds: ``(t-1, t)`` to attack; default: the last consecutive pair with payloads.
         users: client ids to evaluate; default: every client with a payload in the attacked
             rounds, plus every user with a true rating.
+        rating_prior: the attacker's assumed share of each rating level in the population,
+            used where a private offset leaves the sign and the shift of a user's ratings open
+            (default :func:`~securefed.attacks.offset_inversion.skewed_prior`).
 
     Returns:
         A :class:`LeakReport`.
@@ -479,7 +514,9 @@ def verify(
     chosen = choose_rounds(view, rounds) if protocol is not None else ()
     uploads = _read_uploads(view, chosen, protocol, notes) if protocol is not None else []
     evaluated = _evaluated_users(view, chosen, truth, users)
-    results, applied = _attack_users(view, chosen, protocol, uploads, evaluated, notes)
+    results, applied = _attack_users(
+        view, chosen, protocol, uploads, evaluated, notes, rating_prior
+    )
     scale = protocol.scale if protocol is not None else (truth.scale if truth else None)
     n_items = protocol.n_items if protocol is not None else (truth.n_items if truth else 0)
     truth_set = truth_sets(truth, evaluated) if truth is not None else None
@@ -562,12 +599,12 @@ def _read_uploads(
             "threshold and inverted by the closed form on the noisy values; the exact-value tests "
             "(rating grid, rating scale, virtual rating, update consistency) do not apply"
         )
-    if not protocol.values_invertible:
+    if not protocol.values_invertible and protocol.fills:
         notes.append(
-            f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r}: rows are read, "
-            "rating values are not inverted (each client's clipping factor and private offset "
-            "are unknown to these closed forms; a stronger attack may still recover them up to a "
-            "per-user affine map): the value leak measured here is a lower bound"
+            f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r} with hybrid "
+            f"filling ({protocol.variant}): rows are read, rating values are not inverted (the "
+            "offset inversion needs the real rows of the user's step, which filling hides; not "
+            "implemented): the value leak measured here is a lower bound"
         )
     if protocol.fills:
         notes.append(
@@ -596,6 +633,7 @@ def _attack_users(
     uploads: list[dict[int, ClientUpload]],
     evaluated: np.ndarray,
     notes: list[str],
+    rating_prior: np.ndarray | None = None,
 ) -> tuple[dict[int, UserAttack], set[str]]:
     """Stage 4 for every evaluated user with an upload; returns results and attack names."""
     results: dict[int, UserAttack] = {}
@@ -608,12 +646,16 @@ def _attack_users(
         chosen,
         tuple(np.asarray(view.round(r).broadcast["V"]) for r in chosen),
         float(view.round(link_round).public.get("lr", protocol.lr)),  # type: ignore[arg-type]
+        tuple(_round_clip(view, r) for r in chosen),
     )
     for client in evaluated.tolist():
         result = attack_user(tuple(u.get(client) for u in uploads), context)
         if result is not None:
             results[client] = result
             applied.update(result.applied)
+    if any(result.shape is not None for result in results.values()):
+        _resolve_offsets(results, protocol, notes, rating_prior)
+        applied.add("offset_inversion.population")
     if protocol.fills:
         for name, why in (
             ("upload_order", "rows do not form rated-then-pseudo runs for any user"),
@@ -623,6 +665,53 @@ def _attack_users(
             if f"item_inference.{name}" not in applied:
                 notes.append(f"{name} decided for no user: {why}")
     return results, applied
+
+
+def _round_clip(view: ServerView, round_id: int) -> float | None:
+    """The DP clip a round's payloads went through, if the round records one."""
+    clip = view.round(round_id).public.get("dp_clip")
+    return None if clip is None else float(clip)  # type: ignore[arg-type]
+
+
+def _resolve_offsets(
+    results: dict[int, UserAttack],
+    protocol: FedMFProtocol,
+    notes: list[str],
+    rating_prior: np.ndarray | None,
+) -> None:
+    """The population step of the offset inversion: one hypothesis per user, values filled in."""
+    clients = [client for client, result in results.items() if result.shape is not None]
+    fits = [results[client].shape for client in clients]
+    free_shift = protocol.offset == "user_mean"
+    hypotheses = [value_hypotheses(fit, protocol.scale, free_shift=free_shift) for fit in fits]
+    resolution = resolve_population(
+        hypotheses,
+        [fit.items for fit in fits],
+        protocol.n_items,
+        protocol.scale,
+        prior=rating_prior,
+    )
+    for client, values in zip(clients, resolution.values, strict=True):
+        if len(values):
+            result = results[client]
+            results[client] = UserAttack(
+                result.items,
+                values,
+                result.tests,
+                "offset_population",
+                result.applied,
+                result.shape,
+            )
+    counts = resolution.n_hypotheses
+    n_clipped = sum(fit.clipped for fit in fits)
+    notes.append(
+        f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r}: values by the offset "
+        f"inversion (shape of r - m_u from two rounds; {n_clipped} of {len(fits)} blocks clipped, "
+        "their scale from the rating grid; sign and shift by the rating prior and the agreement "
+        f"between users): {int(np.sum(counts == 1))} users had one admissible rating vector, "
+        f"{int(np.sum(counts > 1))} several (median {float(np.median(counts)):g}), "
+        f"{int(np.sum(counts == 0))} none"
+    )
 
 
 def _chance_baseline(

@@ -39,6 +39,21 @@ def _add_fedmf(subparsers) -> None:
         default=None,
         help="u1..u5/ua/ub for ML-100K; random or temporal (default random)",
     )
+    # Data options (issue 20): how a ratings file is read.
+    parser.add_argument(
+        "--duplicates",
+        default="error",
+        choices=["error", "first", "last", "mean"],
+        help="a (user, item) pair on several lines: error (default, naming both lines), keep "
+        "the first or the last line, or the mean rating rounded to the scale",
+    )
+    parser.add_argument(
+        "--scale",
+        default=None,
+        metavar="MIN:MAX:STEP",
+        help="the rating scale, e.g. 0.5:4:0.5 (default: the format's own, else inferred); "
+        "a rating off it is an error naming its line",
+    )
     parser.add_argument(
         "--preset",
         default="paper",
@@ -135,7 +150,11 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
     from securefed.transport import option_groups, parse_transport_spec
 
-    split = datasets.load(args.data, args.split, seed=args.split_seed)
+    split = datasets.load(
+        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+    )
+    if split.train.load_report is not None:
+        print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
     if args.checkpoint_key_file is not None:
         checkpoint_key = Path(args.checkpoint_key_file).read_bytes()

@@ -54,6 +54,17 @@ def resolve(source: str | os.PathLike) -> str | Path:
     )
 
 
-def load(source: str | os.PathLike, split: str | None = None, seed: int = 0) -> Split:
-    """Resolve and load a data set with its split (``u1``.. for ML-100K, ``random`` otherwise)."""
-    return load_dataset(resolve(source), split=split, seed=seed)
+def load(
+    source: str | os.PathLike,
+    split: str | None = None,
+    seed: int = 0,
+    *,
+    scale: str | None = None,
+    duplicates: str = "error",
+) -> Split:
+    """Resolve and load a data set with its split (``u1``.. for ML-100K, ``random`` otherwise).
+
+    ``scale`` (``"MIN:MAX:STEP"``) and ``duplicates`` go to
+    :func:`securefed.recsys.data.load_dataset`.
+    """
+    return load_dataset(resolve(source), split=split, seed=seed, scale=scale, duplicates=duplicates)

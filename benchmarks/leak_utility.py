@@ -189,8 +189,6 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     else:
         rows = _run_cells_in_processes(split, cells, config, bar)
     bar.close()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "data": split.name,
         "users": split.train.n_users,
@@ -200,6 +198,14 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
         "rounds": config.rounds,
         "seed": config.seed,
     }
+    write_outputs(rows, meta, config, out)
+    return rows
+
+
+def write_outputs(rows: list[dict], meta: dict, config: LeakUtilityConfig, out: str | Path) -> None:
+    """Write the JSON, markdown and PNG outputs of the rows into ``out``; print the table."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
     columns = [
         "variant",
@@ -236,7 +242,6 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     plot(rows, out / "leak_utility.png", meta)
     print(table)
     print(f"\nwritten: {out}/leak_utility.json, .md, .png")
-    return rows
 
 
 # The dearest cells start first so that the workers finish together.

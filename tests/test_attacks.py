@@ -387,14 +387,15 @@ def test_noisy_dense_payloads_are_inverted_on_the_noisy_values(train):
     assert report.overall["exact_share"] > report.baseline["exact_share"]
 
 
-def test_fixed_aggregation_view_reads_rows_but_not_values(train):
-    """Central-DP-style FedMF (no weight column, private offset): items leak, values are not
-    inverted by these closed forms, and the report says its value leak is a lower bound."""
+def test_fixed_aggregation_view_reads_rows_and_values(train):
+    """Central-DP-style FedMF (no weight column, private offset): items leak, and the offset
+    inversion recovers values (tests/test_attack_dp_preset.py; this synthetic data has no shared
+    item quality, so the sign and shift are settled for fewer users than on real ratings)."""
     view = run_view(train, aggregation="fixed", offset="user_mean")
     report = verify(view, train)
     assert report.overall["f1"] == pytest.approx(1.0)
-    assert report.overall["exact_share"] == pytest.approx(report.baseline["exact_share"])
-    assert any("lower bound" in note for note in report.notes)
+    assert report.overall["exact_share"] > report.baseline["exact_share"] + 0.3
+    assert not any("lower bound" in note for note in report.notes)
     rng = np.random.default_rng(1)
     n_rows, width = view.public["block_rows"], view.public["block_columns"]
     for round_view in view:  # local-DP-like dense noisy payloads: rows by a chi-square test

@@ -6,10 +6,11 @@ The package turns rating files into :class:`Ratings`, a validated, re-indexed co
 
 * :mod:`~securefed.recsys.data.containers`: :class:`RatingScale` (and the MovieLens scales),
   :class:`Ratings`, :class:`Split`.
-* :mod:`~securefed.recsys.data.formats`: the four on-disk layouts (MovieLens 100K ``u.data``,
-  ml-1m/10M ``.dat``, ml-latest ``.csv``, plain CSV) and format detection.
+* :mod:`~securefed.recsys.data.formats`: the five on-disk layouts (MovieLens 100K ``u.data``,
+  ml-1m/10M ``.dat``, ml-latest ``.csv``, plain CSV, whitespace separated) and format detection.
 * :mod:`~securefed.recsys.data.readers`: :func:`read_ratings_file` (parse and check one file,
-  original ids kept exactly), :func:`reindex`, :func:`load_ratings`; malformed files raise
+  original ids kept exactly, repeated pairs by a stated policy, a :class:`LoadReport`),
+  :func:`reindex`, :func:`load_ratings`; malformed files raise
   :class:`DataFormatError` (:mod:`~securefed.recsys.data.errors`) naming the file, the line and
   the cause.
 * :mod:`~securefed.recsys.data.splits`: :func:`random_split`, :func:`temporal_split` and
@@ -29,8 +30,15 @@ from securefed.recsys.data.containers import (
     Split,
 )
 from securefed.recsys.data.errors import DataFormatError
-from securefed.recsys.data.formats import FORMATS
-from securefed.recsys.data.readers import RawRatings, load_ratings, read_ratings_file, reindex
+from securefed.recsys.data.formats import FORMAT_DESCRIPTIONS, FORMATS
+from securefed.recsys.data.readers import (
+    DUPLICATE_POLICIES,
+    LoadReport,
+    RawRatings,
+    load_ratings,
+    read_ratings_file,
+    reindex,
+)
 from securefed.recsys.data.sources import EMBEDDED_DATASET, embedded_default_path, load_dataset
 from securefed.recsys.data.splits import (
     ML100K_SPLITS,
@@ -42,12 +50,15 @@ from securefed.recsys.data.subsets import densest, densest_split
 from securefed.recsys.data.synthetic import synthetic_ratings
 
 __all__ = [
+    "DUPLICATE_POLICIES",
     "EMBEDDED_DATASET",
     "FORMATS",
+    "FORMAT_DESCRIPTIONS",
     "ML100K_SCALE",
     "ML100K_SPLITS",
     "ML_LATEST_SCALE",
     "DataFormatError",
+    "LoadReport",
     "RatingScale",
     "Ratings",
     "RawRatings",

@@ -10,9 +10,13 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse
+
+if TYPE_CHECKING:
+    from securefed.recsys.data.readers import LoadReport
 
 __all__ = ["ML100K_SCALE", "ML_LATEST_SCALE", "RatingScale", "Ratings", "Split"]
 
@@ -57,6 +61,30 @@ class RatingScale:
 
     def __str__(self) -> str:
         return f"{self.minimum:g}..{self.maximum:g} step {self.step:g}"
+
+    @classmethod
+    def parse(cls, text: str) -> RatingScale:
+        """Read a scale written ``MIN:MAX:STEP`` (the command line's ``--scale 0.5:4:0.5``).
+
+        Raises:
+            ValueError: naming the text when it is not three numbers separated by colons, or
+                when they make no scale (see the class).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a scale to parse must be a string, got {type(text).__name__}")
+        parts = text.strip().split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            minimum, maximum, step = (float(part) for part in parts)
+        except ValueError:
+            raise ValueError(
+                f"a rating scale is written MIN:MAX:STEP (e.g. 0.5:5:0.5), got {text!r}"
+            ) from None
+        try:
+            return cls(minimum, maximum, step)
+        except ValueError as error:
+            raise ValueError(f"the scale {text!r} is invalid: {error}") from None
 
     @property
     def n_levels(self) -> int:
@@ -198,6 +226,9 @@ class Ratings:
         user_ids: int64 original id of each user index (length ``n_users``).
         item_ids: int64 original id of each item index (length ``n_items``).
         name: Free-form label, e.g. the data set name.
+        load_report: What reading the file found (a
+            :class:`~securefed.recsys.data.readers.LoadReport`), or ``None`` for ratings not
+            read from a file; kept by :meth:`subset`.
     """
 
     users: np.ndarray
@@ -210,6 +241,7 @@ class Ratings:
     user_ids: np.ndarray
     item_ids: np.ndarray
     name: str = ""
+    load_report: LoadReport | None = None
 
     def __post_init__(self) -> None:
         n_users = operator.index(self.n_users)
@@ -307,6 +339,7 @@ class Ratings:
             user_ids=self.user_ids,
             item_ids=self.item_ids,
             name=self.name,
+            load_report=self.load_report,
         )
 
     def to_csr(self) -> scipy.sparse.csr_matrix:

@@ -1,6 +1,6 @@
 """On-disk layouts of rating files and how a file's layout is recognised.
 
-Four layouts are understood (:data:`FORMATS`, besides ``"auto"``):
+Five layouts are understood (:data:`FORMATS`, besides ``"auto"``):
 
 * ``movielens100k``: MovieLens 100K ``u.data`` / ``uN.base`` / ``uN.test``, whitespace (tab)
   separated ``user item rating timestamp`` without a header, ratings 1..5.
@@ -9,6 +9,12 @@ Four layouts are understood (:data:`FORMATS`, besides ``"auto"``):
   ratings 0.5..5.
 * ``csv``: plain comma separated, either with a header naming ``user,item,rating`` and
   optionally ``timestamp``, or without a header and with 3 or 4 columns.
+* ``whitespace``: fields separated by any run of spaces or tabs, with or without a header naming
+  ``user item rating [timestamp]``, 3 or 4 columns.
+
+A first line that is no header of these layouts but holds numbers (``1;2;3``) is a data line of
+an unknown layout: the error says that the format was not recognised and lists the layouts
+(:data:`FORMAT_DESCRIPTIONS`).
 """
 
 from __future__ import annotations
@@ -21,10 +27,19 @@ from pathlib import Path
 from securefed.recsys.data.containers import ML100K_SCALE, ML_LATEST_SCALE, RatingScale
 from securefed.recsys.data.errors import DataFormatError
 
-__all__ = ["FORMATS"]
+__all__ = ["FORMATS", "FORMAT_DESCRIPTIONS"]
 
-FORMATS = ("auto", "movielens100k", "dat", "ml-latest", "csv")
+FORMATS = ("auto", "movielens100k", "dat", "ml-latest", "csv", "whitespace")
 """Values accepted by the ``fmt`` argument of the readers."""
+
+FORMAT_DESCRIPTIONS = {
+    "movielens100k": "user item rating timestamp, tab separated, no header (u.data, uN.base)",
+    "dat": "user::item::rating::timestamp, no header (ml-1m, ml-10m)",
+    "ml-latest": "header userId,movieId,rating[,timestamp], comma separated",
+    "csv": "user,item,rating[,timestamp], comma separated, header optional",
+    "whitespace": "user item rating [timestamp], runs of spaces or tabs, header optional",
+}
+"""What each layout looks like, for the error that names an unrecognised file."""
 
 COLUMN_NAMES = ("user", "item", "rating", "timestamp")
 """The fields of one rating, in the order of :attr:`Layout.columns`."""
@@ -142,16 +157,45 @@ _CSV_HEADER = ("user", "item", "rating", "timestamp")
 
 
 def detect_format(path: Path, first_line: str) -> str:
-    """Guess the format from the file name, then from the first non-blank line."""
+    """Guess the format from the file name, then from the first non-blank line.
+
+    ``*.dat`` or ``::``: dat; a MovieLens 100K file name, or a comma-free line of four
+    tab-separated fields starting with a number: movielens100k; any other comma-free line of two
+    or more whitespace-separated fields: whitespace; a ``userId``/``movieId`` header:
+    ml-latest; else csv.
+    """
     name = path.name.lower()
     if name.endswith(".dat") or "::" in first_line:
         return "dat"
-    if _ML100K_NAME.fullmatch(name) or "\t" in first_line:
+    if _ML100K_NAME.fullmatch(name):
         return "movielens100k"
+    if "," not in first_line:
+        words = first_line.split()
+        if "\t" in first_line and len(words) == 4 and is_number(words[0]):
+            return "movielens100k"
+        if len(words) >= 2:
+            return "whitespace"
     fields = [field.strip().lower() for field in first_line.split(",")]
     if not is_number(fields[0]) and {"userid", "movieid"} & set(fields):
         return "ml-latest"
     return "csv"
+
+
+_SEPARATORS = re.compile(r"[\s,;|:]+")
+
+
+def looks_like_data(line: str) -> bool:
+    """Tell whether a line that is no header holds a number between common separators."""
+    return any(is_number(token) for token in _SEPARATORS.split(line.strip()) if token)
+
+
+def unrecognised_format(line: str) -> str:
+    """The cause for a data line that no layout reads (it was about to be taken for a header)."""
+    listing = "; ".join(f"{fmt}: {text}" for fmt, text in FORMAT_DESCRIPTIONS.items())
+    return (
+        f"format not recognised: the first line {line.strip()!r} is a data line of none of the "
+        f"formats there are ({listing}); convert the file, or pass fmt= if it is one of them"
+    )
 
 
 def _header_layout(
@@ -161,8 +205,9 @@ def _header_layout(
     names: tuple[str, str, str, str],
     fmt: str,
     default_scale: RatingScale | None,
+    delimiter: str | None = ",",
 ) -> Layout:
-    """Build the layout of a comma-separated file from its header line.
+    """Build the layout of a delimited file from its header line.
 
     Args:
         path: The file, for errors.
@@ -172,9 +217,18 @@ def _header_layout(
             optional); matched case-insensitively.
         fmt: Format name.
         default_scale: Scale of the format.
+        delimiter: Field separator; ``None``: runs of whitespace.
+
+    Raises:
+        DataFormatError: naming a column missing or named twice, or saying that the format
+            was not recognised when the line is data rather than a header.
     """
-    header = [field.strip().lower() for field in line.split(",")]
-    expected = ",".join(names[:3]) + f"[,{names[3]}]"
+    fields = line.split() if delimiter is None else line.split(delimiter)
+    header = [field.strip().lower() for field in fields]
+    if delimiter is None:
+        expected = " ".join(names[:3]) + f" [{names[3]}], whitespace separated"
+    else:
+        expected = ",".join(names[:3]) + f"[,{names[3]}], comma separated"
     columns: list[int | None] = []
     for name in names:
         positions = [position for position, field in enumerate(header) if field == name.lower()]
@@ -186,14 +240,15 @@ def _header_layout(
             columns.append(positions[0])
         elif name == names[3]:
             columns.append(None)
+        elif looks_like_data(line):
+            raise DataFormatError(path, line_number, unrecognised_format(line))
         else:
             raise DataFormatError(
                 path,
                 line_number,
-                f"header lacks the column {name!r} (expected {expected}, comma separated; "
-                f"found {line.strip()!r})",
+                f"header lacks the column {name!r} (expected {expected}; found {line.strip()!r})",
             )
-    return Layout(fmt, ",", len(header), tuple(columns), default_scale)
+    return Layout(fmt, delimiter, len(header), tuple(columns), default_scale)
 
 
 def _times(positions: list[int]) -> str:
@@ -203,13 +258,14 @@ def _times(positions: list[int]) -> str:
     return f"{how_often} (columns {', '.join(numbers[:-1])} and {numbers[-1]})"
 
 
-def _is_header(line: str) -> bool:
-    """Tell whether a comma-separated line is a header: none of its fields is a number.
+def _is_header(line: str, delimiter: str | None = ",") -> bool:
+    """Tell whether a delimited line is a header: none of its fields is a number.
 
     A line with a text field beside numeric ones (``alice,31,4``) is a data line with a bad
     field, not a header that lacks its columns.
     """
-    return not any(is_number(field) for field in line.split(","))
+    fields = line.split() if delimiter is None else line.split(delimiter)
+    return not any(is_number(field) for field in fields)
 
 
 def body_and_layout(path: Path, text: str, fmt: str) -> Body:
@@ -229,16 +285,24 @@ def body_and_layout(path: Path, text: str, fmt: str) -> Body:
             path, line_number, first_line, _ML_LATEST_HEADER, fmt, ML_LATEST_SCALE
         )
         return Body(path, text[end:], line_number + 1, layout)
+    delimiter = None if fmt == "whitespace" else ","
+    if fmt == "whitespace":
+        has_header = _is_header(first_line, None)
     if has_header:
-        layout = _header_layout(path, line_number, first_line, _CSV_HEADER, fmt, None)
+        layout = _header_layout(
+            path, line_number, first_line, _CSV_HEADER, fmt, None, delimiter=delimiter
+        )
         return Body(path, text[end:], line_number + 1, layout)
-    n_fields = len(first_line.split(","))
+    n_fields = len(first_line.split() if delimiter is None else first_line.split(","))
     if n_fields not in (3, 4):
         qualifier = "too few" if n_fields < 3 else "too many"
+        shown = (
+            "user item rating [timestamp]" if delimiter is None else "user,item,rating[,timestamp]"
+        )
         raise DataFormatError(
             path,
             line_number,
-            f"{qualifier} fields: expected 3 or 4 (user,item,rating[,timestamp]), found {n_fields}",
+            f"{qualifier} fields: expected 3 or 4 ({shown}), found {n_fields}",
         )
     columns = (0, 1, 2, 3 if n_fields == 4 else None)
-    return Body(path, text, 1, Layout(fmt, ",", n_fields, columns, None))
+    return Body(path, text, 1, Layout(fmt, delimiter, n_fields, columns, None))

@@ -6,6 +6,10 @@
 
 Parsing is done in one vectorised pass with :func:`numpy.loadtxt`; only when that fails is the
 file scanned line by line to find and name the offending line in a :class:`DataFormatError`.
+
+Repeated (user, item) pairs follow a stated policy (:data:`DUPLICATE_POLICIES`; the default
+``"error"`` names both lines), and every read ends with a :class:`LoadReport` (lines read, ratings
+kept, repeated pairs, exact repeated lines, where the scale came from).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import NamedTuple
@@ -32,7 +37,71 @@ from securefed.recsys.data.formats import (
     is_number,
 )
 
-__all__ = ["RawRatings", "load_ratings", "read_ratings_file", "reindex"]
+__all__ = [
+    "DUPLICATE_POLICIES",
+    "LoadReport",
+    "RawRatings",
+    "load_ratings",
+    "read_ratings_file",
+    "reindex",
+]
+
+DUPLICATE_POLICIES = ("error", "first", "last", "mean")
+"""What to do with a (user, item) pair given on more than one line: refuse the file (naming both
+lines), keep the first line, keep the last line, or keep one rating, the mean of the lines'
+ratings rounded to the nearest level of the scale (halves upwards), at the first line's place with
+the latest timestamp."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What reading one ratings file found.
+
+    Attributes:
+        path: The file.
+        fmt: The format it was read as.
+        header: Whether its first non-blank line was a header.
+        data_lines: Non-blank data lines read.
+        ratings: Ratings kept (``data_lines`` less the repeats the policy removed).
+        scale: The scale the ratings were checked against.
+        scale_source: ``"given"`` (``scale=``), ``"format"`` (the format's own) or ``"inferred"``.
+        duplicates: The policy applied to repeated pairs (:data:`DUPLICATE_POLICIES`).
+        repeated_pairs: Lines whose (user, item) pair an earlier line already gave.
+        exact_repeats: Of those, lines equal to an earlier line in every field (same user, item,
+            rating and timestamp, compared as numbers).
+        rounded_means: Pairs whose mean rating lay between two levels and was rounded
+            (``duplicates="mean"`` only).
+    """
+
+    path: str
+    fmt: str
+    header: bool
+    data_lines: int
+    ratings: int
+    scale: RatingScale
+    scale_source: str
+    duplicates: str = "error"
+    repeated_pairs: int = 0
+    exact_repeats: int = 0
+    rounded_means: int = 0
+
+    def summary(self) -> str:
+        """One line for people, e.g. for the command line's standard error."""
+        text = (
+            f"{self.path}: {self.fmt}{' with header' if self.header else ''}, "
+            f"{self.data_lines} lines, {self.ratings} ratings, scale {self.scale} "
+            f"({self.scale_source})"
+        )
+        if self.repeated_pairs:
+            text += (
+                f", {self.repeated_pairs} repeated (user, item) pairs resolved by "
+                f"duplicates={self.duplicates!r} ({self.exact_repeats} exact repeated lines"
+            )
+            if self.duplicates == "mean":
+                text += f", {self.rounded_means} means rounded to the scale"
+            text += ")"
+        return text
+
 
 _INT64_MIN = int(np.iinfo(np.int64).min)
 _INT64_MAX = int(np.iinfo(np.int64).max)
@@ -49,6 +118,7 @@ class RawRatings(NamedTuple):
         timestamps: int64 timestamps, or ``None`` when the file has none.
         scale: The scale the ratings were checked against.
         fmt: The format the file was read as.
+        report: What the read found (:class:`LoadReport`).
     """
 
     users: np.ndarray
@@ -57,6 +127,7 @@ class RawRatings(NamedTuple):
     timestamps: np.ndarray | None
     scale: RatingScale
     fmt: str
+    report: LoadReport | None = None
 
 
 class _Columns(NamedTuple):
@@ -227,31 +298,91 @@ def _infer_scale(body: Body, ratings: np.ndarray) -> RatingScale:
 
 
 def _check_on_scale(body: Body, ratings: np.ndarray, scale: RatingScale) -> None:
-    """Raise for the first rating off the scale (NaN and infinities included)."""
+    """Raise for the first rating off the scale (NaN and infinities included), saying whether
+    it lies outside the range or between two levels."""
     off_scale = ~scale.contains(ratings)
     if off_scale.any():
         row = int(np.argmax(off_scale))
         token = body.field_text(row, 2)
-        raise body.error(row, f"rating {token} is off the scale {scale}")
+        value = ratings[row]
+        if value < scale.minimum or value > scale.maximum:
+            where = "below its minimum" if value < scale.minimum else "above its maximum"
+        else:
+            where = f"between two of its levels (step {scale.step:g})"
+        raise body.error(row, f"rating {token} is off the scale {scale}: {where}")
 
 
-def _check_unique_pairs(body: Body, users: np.ndarray, items: np.ndarray) -> None:
-    """Raise for the first (user, item) pair that repeats an earlier line."""
-    user_index = np.unique(users, return_inverse=True)[1]
+class _Resolved(NamedTuple):
+    """The rows a duplicates policy keeps, with their ratings and timestamps."""
+
+    keep: np.ndarray
+    ratings: np.ndarray
+    timestamps: np.ndarray | None
+    repeated_pairs: int
+    exact_repeats: int
+    rounded_means: int
+
+
+def _resolve_duplicates(
+    body: Body, columns: _Columns, scale: RatingScale, policy: str
+) -> _Resolved:
+    """Apply a :data:`DUPLICATE_POLICIES` policy to repeated (user, item) pairs.
+
+    Raises:
+        DataFormatError: under ``"error"``, for the first pair that repeats an earlier line,
+            naming both lines.
+    """
+    users, items, ratings, timestamps = columns
+    n = len(ratings)
+    user_index = np.unique(users, return_inverse=True)[1].reshape(-1)
     item_ids, item_index = np.unique(items, return_inverse=True)
-    duplicate = first_duplicate(pair_keys(user_index, item_index, item_ids.size))
-    if duplicate is not None:
-        first, second = duplicate
-        first_line, _ = body.locate(first)
-        raise body.error(
-            second,
-            f"duplicate rating of item {items[second]} by user {users[second]} "
-            f"(first given on line {first_line})",
-        )
+    keys = pair_keys(user_index, item_index.reshape(-1), item_ids.size)
+    if policy == "error":
+        duplicate = first_duplicate(keys)
+        if duplicate is not None:
+            first, second = duplicate
+            first_line, _ = body.locate(first)
+            raise body.error(
+                second,
+                f"duplicate rating of item {items[second]} by user {users[second]} "
+                f"(first given on line {first_line}); pass duplicates='first', 'last' or "
+                "'mean' (--duplicates) to resolve repeated pairs",
+            )
+        return _Resolved(np.arange(n), ratings, timestamps, 0, 0, 0)
+    order = np.argsort(keys, kind="stable")  # within a pair: file order
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))
+    ends = np.concatenate([starts[1:], [n]])
+    repeated_pairs = n - len(starts)
+    stamps = np.zeros(n, np.int64) if timestamps is None else timestamps
+    whole_lines = np.unique(np.column_stack([keys, ratings.view(np.int64), stamps]), axis=0)
+    exact_repeats = n - len(whole_lines)
+    kept_ratings, kept_stamps, rounded = ratings, timestamps, 0
+    if policy == "first":
+        keep = order[starts]
+    elif policy == "last":
+        keep = order[ends - 1]
+    else:  # mean, at the first line's place, with the latest timestamp
+        keep = order[starts]
+        means = np.add.reduceat(ratings[order], starts) / (ends - starts)
+        positions = (means - scale.minimum) / scale.step
+        snapped = scale.minimum + np.floor(positions + 0.5) * scale.step
+        rounded = int(np.sum(~scale.contains(means)))
+        kept_ratings = ratings.copy()
+        kept_ratings[keep] = scale.snap(snapped)
+        if timestamps is not None:
+            kept_stamps = timestamps.copy()
+            kept_stamps[keep] = np.maximum.reduceat(timestamps[order], starts)
+    keep = np.sort(keep)
+    return _Resolved(keep, kept_ratings, kept_stamps, repeated_pairs, exact_repeats, rounded)
 
 
 def read_ratings_file(
-    path: str | os.PathLike, *, fmt: str = "auto", scale: RatingScale | None = None
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    scale: RatingScale | None = None,
+    duplicates: str = "error",
 ) -> RawRatings:
     """Read and check one ratings file, keeping the original ids.
 
@@ -262,8 +393,10 @@ def read_ratings_file(
             (``::``, tabs, an ``userId,movieId`` header, else plain csv).
         scale: Rating scale to check against. ``None`` means the format's own scale
             (1..5 step 1 for ``movielens100k`` and ``dat``, 0.5..5 step 0.5 for
-            ``ml-latest``) or, for plain ``csv``, one inferred from the data (its minimum
-            to its maximum, step 0.5 if any rating is a half, else 1).
+            ``ml-latest``) or, for plain ``csv`` and ``whitespace``, one inferred from the
+            data (its minimum to its maximum, step 0.5 if any rating is a half, else 1).
+        duplicates: What to do with a (user, item) pair given on several lines, one of
+            :data:`DUPLICATE_POLICIES` (default ``"error"``).
 
     Returns:
         The ratings in file order, as :class:`RawRatings`.
@@ -274,14 +407,22 @@ def read_ratings_file(
         DataFormatError: If the file is malformed: not UTF-8, empty, a header column
             missing or named twice, a line with too few or too many fields, a non-numeric
             field, an id or timestamp that is no integer or lies outside the int64 range,
-            a non-finite (NaN or infinite) rating, a rating off the scale, or a repeated
-            (user, item) pair. The error names the file, the line and that cause.
+            a non-finite (NaN or infinite) rating, a rating off the scale (outside its range
+            or between its levels), a repeated (user, item) pair under
+            ``duplicates="error"``, or a first line that no format reads ("format not
+            recognised", listing the formats). The error names the file, the line and that
+            cause.
 
     Ids and timestamps are read exactly (as decimal integers, never through float64), so
     distinct ids stay distinct across the whole int64 range.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if duplicates not in DUPLICATE_POLICIES:
+        raise ValueError(
+            f"unknown duplicates policy {duplicates!r}; expected one of "
+            f"{', '.join(DUPLICATE_POLICIES)}"
+        )
     if scale is not None and not isinstance(scale, RatingScale):
         raise TypeError(f"scale must be a RatingScale or None, got {type(scale).__name__}")
     path = Path(path)
@@ -297,11 +438,37 @@ def read_ratings_file(
     if columns is None:
         columns = _parse_slowly(body)
     _check_finite(body, columns.ratings)
-    if scale is None:
-        scale = body.layout.default_scale or _infer_scale(body, columns.ratings)
+    if scale is not None:
+        scale_source = "given"
+    elif body.layout.default_scale is not None:
+        scale, scale_source = body.layout.default_scale, "format"
+    else:
+        scale, scale_source = _infer_scale(body, columns.ratings), "inferred"
     _check_on_scale(body, columns.ratings, scale)
-    _check_unique_pairs(body, columns.users, columns.items)
-    return RawRatings(columns.users, columns.items, columns.ratings, columns.timestamps, scale, fmt)
+    resolved = _resolve_duplicates(body, columns, scale, duplicates)
+    keep = resolved.keep
+    report = LoadReport(
+        path=os.fspath(path),
+        fmt=fmt,
+        header=body.first_line > 1,
+        data_lines=len(columns.ratings),
+        ratings=len(keep),
+        scale=scale,
+        scale_source=scale_source,
+        duplicates=duplicates,
+        repeated_pairs=resolved.repeated_pairs,
+        exact_repeats=resolved.exact_repeats,
+        rounded_means=resolved.rounded_means,
+    )
+    return RawRatings(
+        columns.users[keep],
+        columns.items[keep],
+        resolved.ratings[keep],
+        None if resolved.timestamps is None else resolved.timestamps[keep],
+        scale,
+        fmt,
+        report,
+    )
 
 
 def _int64_ids(values: np.ndarray, label: str) -> np.ndarray:
@@ -364,6 +531,7 @@ def load_ratings(
     fmt: str = "auto",
     scale: RatingScale | None = None,
     name: str | None = None,
+    duplicates: str = "error",
 ) -> Ratings:
     """Read one ratings file into re-indexed :class:`Ratings`.
 
@@ -373,16 +541,18 @@ def load_ratings(
         scale: Rating scale, see :func:`read_ratings_file`.
         name: Label of the result; defaults to the file stem (or its folder's name for
             ``ratings.*`` and ``u.data``).
+        duplicates: Policy for repeated (user, item) pairs, see :func:`read_ratings_file`.
 
     Returns:
-        The ratings in file order; indices follow ascending original ids.
+        The ratings in file order; indices follow ascending original ids; ``load_report``
+        says what the read found.
 
     Raises:
         FileNotFoundError: If the file does not exist.
         DataFormatError: If the file is malformed.
     """
     path = Path(path)
-    raw = read_ratings_file(path, fmt=fmt, scale=scale)
+    raw = read_ratings_file(path, fmt=fmt, scale=scale, duplicates=duplicates)
     users, items, user_ids, item_ids = reindex(raw.users, raw.items)
     return Ratings(
         users=users,
@@ -395,4 +565,5 @@ def load_ratings(
         user_ids=user_ids,
         item_ids=item_ids,
         name=_default_name(path) if name is None else name,
+        load_report=raw.report,
     )

@@ -11,7 +11,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from securefed.recsys.data.containers import Split
+from securefed.recsys.data.containers import RatingScale, Split
 from securefed.recsys.data.readers import load_ratings
 from securefed.recsys.data.splits import (
     ML100K_SPLITS,
@@ -54,6 +54,8 @@ def load_dataset(
     split: str | None = None,
     test_fraction: float = 0.2,
     seed: int = 0,
+    scale: RatingScale | str | None = None,
+    duplicates: str = "error",
 ) -> Split:
     """Load a data set and split it into train and test.
 
@@ -65,9 +67,15 @@ def load_dataset(
             for MovieLens 100K also one of :data:`ML100K_SPLITS` (default ``"u1"``).
         test_fraction: Share of ratings held out by ``"random"`` and ``"temporal"``.
         seed: Seed of the ``"random"`` split.
+        scale: The rating scale, as a :class:`RatingScale` or written ``"MIN:MAX:STEP"``
+            (``"0.5:4:0.5"``); ``None``: the format's own or one inferred from the data. A
+            rating off the stated scale's range or grid is an error naming its line.
+        duplicates: What to do with a (user, item) pair given on several lines:
+            ``"error"`` (default, naming both lines), ``"first"``, ``"last"`` or ``"mean"``
+            (:data:`~securefed.recsys.data.readers.DUPLICATE_POLICIES`).
 
     Returns:
-        The train/test split.
+        The train/test split; ``split.train.load_report`` says what reading the file found.
 
     Raises:
         FileNotFoundError: If ``source`` does not exist or a folder holds no known file.
@@ -75,8 +83,16 @@ def load_dataset(
         DataFormatError: If a file is malformed.
     """
     test_fraction = check_fraction(test_fraction)
+    if isinstance(scale, str):
+        scale = RatingScale.parse(scale)
     if isinstance(source, str) and source == EMBEDDED_DATASET:
-        ratings = load_ratings(embedded_default_path(), fmt="ml-latest", name=EMBEDDED_DATASET)
+        ratings = load_ratings(
+            embedded_default_path(),
+            fmt="ml-latest",
+            name=EMBEDDED_DATASET,
+            scale=scale,
+            duplicates=duplicates,
+        )
         return split_by(ratings, split or "random", test_fraction, seed)
     path = Path(source)
     if not path.exists():
@@ -88,16 +104,23 @@ def load_dataset(
         if (path / "u.data").is_file():
             method = split or "u1"
             if method in ML100K_SPLITS:
-                return load_movielens_100k(path, method)
+                return load_movielens_100k(path, method, scale=scale, duplicates=duplicates)
             if method not in SPLIT_METHODS:
                 raise ValueError(
                     f"unknown split {method!r}; expected one of {ML100K_SPLITS + SPLIT_METHODS}"
                 )
-            ratings = load_ratings(path / "u.data", fmt="movielens100k")
+            ratings = load_ratings(
+                path / "u.data", fmt="movielens100k", scale=scale, duplicates=duplicates
+            )
             return split_by(ratings, method, test_fraction, seed)
         candidates = [path / "ratings.csv", path / "ratings.dat"]
         found = [candidate for candidate in candidates if candidate.is_file()]
         if not found:
             raise FileNotFoundError(f"{path} holds none of u.data, ratings.csv, ratings.dat")
         path = found[0]
-    return split_by(load_ratings(path), split or "random", test_fraction, seed)
+    return split_by(
+        load_ratings(path, scale=scale, duplicates=duplicates),
+        split or "random",
+        test_fraction,
+        seed,
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed.recsys.data.containers import Ratings, Split
+from securefed.recsys.data.containers import Ratings, RatingScale, Split
 from securefed.recsys.data.errors import DataFormatError
 from securefed.recsys.data.readers import read_ratings_file
 
@@ -116,9 +116,16 @@ def _positions_of(path: Path, ids: np.ndarray, raw: np.ndarray, label: str) -> n
     return positions.astype(np.int32)
 
 
-def _ratings_in_space(path: Path, user_ids: np.ndarray, item_ids: np.ndarray, name: str) -> Ratings:
+def _ratings_in_space(
+    path: Path,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    name: str,
+    scale: RatingScale | None,
+    duplicates: str,
+) -> Ratings:
     """Read a MovieLens 100K file into the index space of given id arrays."""
-    raw = read_ratings_file(path, fmt="movielens100k")
+    raw = read_ratings_file(path, fmt="movielens100k", scale=scale, duplicates=duplicates)
     return Ratings(
         users=_positions_of(path, user_ids, raw.users, "user"),
         items=_positions_of(path, item_ids, raw.items, "item"),
@@ -130,10 +137,17 @@ def _ratings_in_space(path: Path, user_ids: np.ndarray, item_ids: np.ndarray, na
         user_ids=user_ids,
         item_ids=item_ids,
         name=name,
+        load_report=raw.report,
     )
 
 
-def load_movielens_100k(root: str | os.PathLike, split: str = "u1") -> Split:
+def load_movielens_100k(
+    root: str | os.PathLike,
+    split: str = "u1",
+    *,
+    scale: RatingScale | None = None,
+    duplicates: str = "error",
+) -> Split:
     """Load one of the fixed MovieLens 100K train/test splits.
 
     Train and test are indexed together over all ids of ``u.data`` (943 users and 1682
@@ -142,6 +156,9 @@ def load_movielens_100k(root: str | os.PathLike, split: str = "u1") -> Split:
     Args:
         root: Folder holding ``u.data`` and the ``<split>.base`` / ``<split>.test`` files.
         split: One of :data:`ML100K_SPLITS`.
+        scale: Rating scale (default: the format's 1..5).
+        duplicates: Policy for repeated (user, item) pairs in each file
+            (:data:`~securefed.recsys.data.readers.DUPLICATE_POLICIES`).
 
     Returns:
         The split, named ``"<folder>/<split>"``.
@@ -154,10 +171,12 @@ def load_movielens_100k(root: str | os.PathLike, split: str = "u1") -> Split:
     if split not in ML100K_SPLITS:
         raise ValueError(f"unknown MovieLens 100K split {split!r}; expected one of {ML100K_SPLITS}")
     root = Path(root)
-    everything = read_ratings_file(root / "u.data", fmt="movielens100k")
+    everything = read_ratings_file(
+        root / "u.data", fmt="movielens100k", scale=scale, duplicates=duplicates
+    )
     user_ids = np.unique(everything.users)
     item_ids = np.unique(everything.items)
     name = f"{root.resolve().name or 'ml-100k'}/{split}"
-    train = _ratings_in_space(root / f"{split}.base", user_ids, item_ids, name)
-    test = _ratings_in_space(root / f"{split}.test", user_ids, item_ids, name)
+    train = _ratings_in_space(root / f"{split}.base", user_ids, item_ids, name, scale, duplicates)
+    test = _ratings_in_space(root / f"{split}.test", user_ids, item_ids, name, scale, duplicates)
     return Split(train, test, name)
