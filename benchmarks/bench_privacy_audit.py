@@ -96,7 +96,7 @@ def privacy_audit(args: argparse.Namespace) -> int:
     """Run every (transport, epsilon) cell; write the table, the record and the plots."""
     split = datasets.load(args.data, args.split)
     # Opacus's accountant is imported on first use (seconds): before any run is timed.
-    epsilon_for_schedule(1.0, args.delta, 1.0, 1)
+    epsilon_for_schedule(1.0, 1.0, 1, args.delta)
     config = user_level_dp_config(rounds=args.rounds)
     config = replace(config, expected_clients=float(split.train.n_users + args.rating_canaries))
     plan = CanaryPlan(
