@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from securefed import RowUpdates, SeedTree, Transport
+from securefed import RoundSelection, RowUpdates, SeedTree, Transport
 from securefed.attacks.gradient_inversion import (
     FedMFProtocol,
     InversionError,
@@ -47,7 +47,7 @@ from securefed.attacks.gradient_inversion import (
     invert_one_round,
 )
 from securefed.recsys.data import Ratings, RatingScale
-from securefed.recsys.fedmf import FedMF
+from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.views import ServerView
 
 
@@ -487,16 +487,17 @@ class FedMFCanaryJob:
         transport_options: its options (``{"epsilon": 4.0, "clip": 1.0}``).
         plan: the canaries.
         seed: the run's seed (the audit of a seeded run is reproducible).
-        keep_payloads: rounds whose payloads the view keeps (the white-box payload scores).
+        keep_payloads: rounds whose payloads the view keeps (the white-box payload scores;
+            ``None``: none).
     """
 
     train: Ratings
-    config: object
+    config: FedMFConfig
     transport: str
     plan: CanaryPlan
     transport_options: Mapping[str, object] = field(default_factory=dict)
     seed: int = 0
-    keep_payloads: object = None
+    keep_payloads: RoundSelection | None = None
 
     def rating_design(self) -> RatingCanaries | None:
         if self.plan.n_rating == 0:
@@ -519,7 +520,7 @@ class FedMFCanaryJob:
         )
 
     def __call__(self, included: np.ndarray) -> CanaryObservation:
-        from securefed import ClientSampling, RoundSelection, RunOptions, run_rounds
+        from securefed import ClientSampling, RunOptions, run_rounds
         from securefed.transport import build_transport
 
         included = np.asarray(included, dtype=bool)
