@@ -40,6 +40,8 @@ from securefed.recsys.data import synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
 from securefed.transport.base import RowUpdates
 
+pytest_plugins = ["pytester"]
+
 # ----------------------------------------------------------------------------- the bound
 
 
@@ -335,3 +337,15 @@ def test_fixture_fails_a_broken_run(securefed_privacy_audit, monkeypatch):
 
 def test_marker_is_registered(pytestconfig):
     assert any(line.startswith("privacy_audit:") for line in pytestconfig.getini("markers"))
+
+
+def test_fixture_refuses_an_unmarked_test(pytester):
+    pytester.makepyfile(
+        """
+        def test_unmarked(securefed_privacy_audit):
+            pass
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*mark the test @pytest.mark.privacy_audit*"])
