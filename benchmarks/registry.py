@@ -134,6 +134,12 @@ BENCHES: dict[str, Command] = _table(
         "leak versus utility, every variant x transport",
         "securefed.bench.leak_utility:register",
     ),
+    Command(
+        "privacy-audit",
+        "measured epsilon lower bounds (canaries, one run) beside the ledger's",
+        "securefed.bench.bench_privacy_audit:register",
+        ("dp",),
+    ),
     Command("ckks-fusion", "CKKS vs plaintext fused outputs", _CKKS, ("he",)),
     Command("ckks-training", "fusion training under CKKS vs plaintext", _CKKS, ("he",)),
     Command("ckks-fedmf-round", "cost of a FedMF round under CKKS", _CKKS, ("he",)),
