@@ -34,16 +34,30 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed import RoundSelection, SecurefedError, TransportUnavailable
-from securefed.attacks import verify
+from securefed import RoundSelection, RunOptions, SecurefedError, SeedTree, TransportUnavailable
+from securefed import run_rounds as _run_rounds
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table
-from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
+from securefed.bench.experiment import WARM_START_TRANSPORT, save_json, warm_start_transport
+from securefed.bench.plugins import (
+    AttackPlugin,
+    CellContext,
+    ModelPlugin,
+    attack_names,
+    attack_plugin,
+    model_names,
+    model_plugin,
+)
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import Ratings, Split, random_split, reindex
-from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
-from securefed.transport import option_groups
+from securefed.transport import (
+    build_transport,
+    option_groups,
+    parse_transport_spec,
+    resolve_options,
+    transport_names,
+)
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
 LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
@@ -57,7 +71,8 @@ class LeakUtilityConfig:
         data: data set (``ml-latest-small`` embedded, ``ml-100k``, or a path).
         split: split name (``u1`` for ML-100K; random otherwise).
         rounds: training rounds of every cell.
-        variants: FedMF variants.
+        variants: the model's variants (``None``: all of the model's, FedMF's are ``fedmf``,
+            ``fedrec``, ``fedrec+``).
         transports: transport specs (module docstring).
         seed: the run seed.
         max_users, max_items: keep only the most active users / most rated items (0: all), to
@@ -65,16 +80,22 @@ class LeakUtilityConfig:
         dp_clip: per-client L2 clip of the DP transports.
         transport_rounds: rounds at the end of a hiding transport's run that go through it (the
             others over its clear counterpart; module docstring); 0: every round.
-        extra_config: FedMFConfig overrides of the non-DP cells.
-        dp_config: overrides of :func:`securefed.recsys.fedmf.user_level_dp_config` for the DP
-        cells.
+        extra_config: the model's options of the non-DP cells (FedMF: FedMFConfig overrides).
+        dp_config: the model's options of the DP cells (FedMF: overrides of
+            :func:`securefed.recsys.fedmf.user_level_dp_config`).
         workers: cells trained at once, each in its own process (one core each).
+        model: the model plug-in (:mod:`securefed.bench.plugins`; ``fedmf`` built in).
+        attacks: the attack plug-ins run on every view (``None``: the model's own).
+
+    Raises:
+        ValueError: an unknown transport, model, attack or variant (naming the known ones), or
+            a schedule the attack cannot read.
     """
 
     data: str = "ml-latest-small"
     split: str | None = None
     rounds: int = 200
-    variants: tuple[str, ...] = ("fedmf", "fedrec", "fedrec+")
+    variants: tuple[str, ...] | None = None
     transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS.split(","))
     seed: int = 0
     max_users: int = 0
@@ -85,6 +106,8 @@ class LeakUtilityConfig:
     extra_config: dict = field(default_factory=dict)
     dp_config: dict = field(default_factory=dict)
     workers: int = 2
+    model: str = "fedmf"
+    attacks: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -96,6 +119,29 @@ class LeakUtilityConfig:
                 "transport_rounds must be 0 (all) or >= 2 (the attack reads two rounds), "
                 f"got {self.transport_rounds}"
             )
+        known = transport_names()
+        for spec in self.transports:
+            if parse_transport(spec)[0] not in known:
+                raise ValueError(f"unknown transport {spec!r}; known: {', '.join(known)}")
+        plugin = model_plugin(self.model)  # raises for an unknown model, listing the known
+        unknown = [v for v in self.variants or () if v not in plugin.variants]
+        if unknown:
+            raise ValueError(
+                f"model {self.model!r} has no variant {unknown[0]!r}; its variants: "
+                + ", ".join(plugin.variants)
+            )
+        for name in self.attacks or ():
+            attack_plugin(name)  # raises for an unknown attack, listing the known
+        if not (self.attacks if self.attacks is not None else plugin.attacks):
+            raise ValueError(f"no attack to run on model {self.model!r}'s views: give attacks")
+
+    def model_variants(self) -> tuple[str, ...]:
+        """The variants this run trains."""
+        return self.variants or model_plugin(self.model).variants
+
+    def attack_names(self) -> tuple[str, ...]:
+        """The attacks this run applies to every view."""
+        return self.attacks if self.attacks is not None else model_plugin(self.model).attacks
 
 
 def parse_transport(spec: str) -> tuple[str, dict]:
@@ -154,63 +200,143 @@ def load_split(config: LeakUtilityConfig) -> Split:
     return random_split(small, 0.2, np.random.default_rng(config.seed))
 
 
-def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -> dict:
-    """Train one (variant, transport) cell, attack its view, return the table row."""
+def run_cell(
+    split: Split,
+    variant: str,
+    spec: str,
+    config: LeakUtilityConfig,
+    model: ModelPlugin | None = None,
+    attacks: tuple[AttackPlugin, ...] | None = None,
+) -> dict:
+    """Train one (variant, transport) cell, attack its view, return the table row.
+
+    Args:
+        split, variant, spec, config: the cell.
+        model, attacks: the plug-ins (``None``: looked up from ``config``); the benchmark
+            passes them so that worker processes need not find them registered.
+    """
+    model = model_plugin(config.model) if model is None else model
+    if attacks is None:
+        attacks = tuple(attack_plugin(name) for name in config.attack_names())
     name, options = parse_transport(spec)
-    upload = "part" if name in ("plaintext", "dp") else "full"
-    if "dp" in option_groups(name):
+    dp = "dp" in option_groups(name)
+    if dp:
         options["dp.clip"] = config.dp_clip
-        weighting = {"weighting": "uniform"} if variant == "fedrec+" else {}
-        model_config = user_level_dp_config(
-            variant=variant, rounds=config.rounds, upload=upload, **(weighting | config.dp_config)
-        )
-    else:
-        model_config = FedMFConfig(
-            variant=variant, rounds=config.rounds, upload=upload, **config.extra_config
-        )
     tail = config.transport_rounds
-    run = FedMFRun(
-        config=model_config,
-        transport=name,
-        seed=config.seed,
-        keep_payloads=RoundSelection(last=2),
-        progress=False,
-        transport_options=options,
-        warm_start_rounds=config.rounds - tail
+    warm_rounds = (
+        config.rounds - tail
         if tail and name in WARM_START_TRANSPORT and tail < config.rounds
-        else 0,
+        else 0
     )
     row = {
         "variant": variant,
         "transport": spec,
         "status": "ok",
-        "transport_rounds": config.rounds - run.warm_start_rounds,
+        "transport_rounds": config.rounds - warm_rounds,
     }
+    if config.model != "fedmf":
+        row = {"model": config.model} | row
     started = time.perf_counter()
     try:
-        record, _, transport = run_fedmf(split, run)
+        result = train_cell(split, variant, name, options, dp, warm_rounds, config, model)
     except TransportUnavailable as error:
         return row | {"status": f"unavailable: {error}"}
     except (ValueError, FloatingPointError, SecurefedError) as error:  # diverged, budget spent
         return row | {"status": f"failed: {error}", "seconds": time.perf_counter() - started}
+    utility, run, transport, train_seconds = result
     attack_started = time.perf_counter()
-    report = verify(transport.view, split.train)
+    outcomes = [(attack, attack.run(transport.view, run.truth)) for attack in attacks]
+    up_per_client, _ = transport.view.mean_bytes_per_client()
+    row |= {key: float(value) for key, value in utility.items()}
     row |= {
-        "rmse": record["rmse"],
-        "mae": record["mae"],
-        "epsilon": record.get("epsilon"),
-        "epsilon_server": record.get("epsilon_server"),
-        "kib_up_per_client_round": record["bytes_up_per_client"] / 1024,
-        "train_seconds": record["seconds"],
+        "epsilon": transport.epsilon() if transport.ledger is not None else None,
+        "epsilon_server": transport.epsilon(against="server")
+        if transport.ledger is not None
+        else None,
+        "kib_up_per_client_round": up_per_client / 1024,
+        "train_seconds": train_seconds,
         "attack_seconds": time.perf_counter() - attack_started,
         "seconds": time.perf_counter() - started,
-        "attacks": ",".join(report.attacks_applied) or "none",
+        "attacks": ",".join(a for _, o in outcomes for a in o.applied) or "none",
     }
-    for key in LEAK_COLUMNS:
-        row[f"leak_{key}"] = report.overall.get(key, float("nan"))
-        row[f"chance_{key}"] = report.baseline.get(key, float("nan"))
-    row["notes"] = " ".join(report.notes)
+    for attack, outcome in outcomes:
+        for measure in outcome.measures:
+            if f"leak_{measure.name}" in row:
+                raise ValueError(
+                    f"attack {attack.name!r} measures {measure.name!r}, as another attack does"
+                )
+            row[f"leak_{measure.name}"] = measure.value
+            row[f"chance_{measure.name}"] = measure.chance
+    row["notes"] = " ".join(o.notes for _, o in outcomes if o.notes)
     return row
+
+
+def train_cell(
+    split: Split,
+    variant: str,
+    name: str,
+    options: dict,
+    dp: bool,
+    warm_rounds: int,
+    config: LeakUtilityConfig,
+    model: ModelPlugin,
+):
+    """Build the model and the transport, train (warm start first), evaluate.
+
+    Returns:
+        ``(utility metrics, ModelRun, transport, training seconds)``.
+    """
+    seeds = SeedTree(config.seed)
+    context = CellContext(
+        split=split,
+        variant=variant,
+        transport=name,
+        dp=dp,
+        rounds=config.rounds,
+        seed=config.seed,
+        seeds=seeds,
+        model_options=dict(config.extra_config),
+        dp_model_options=dict(config.dp_config),
+    )
+    run = model.build(context)
+    n_clients = run.algorithm.n_clients
+    groups = resolve_options(parse_transport_spec(name), options)
+    build = {
+        "total_rounds": config.rounds,
+        "n_clients": n_clients,
+        "dropout": run.dropout,
+        "sample_rate": run.sampling.rate(n_clients),
+    }
+    transport = build_transport(name, groups, keep_payloads=RoundSelection(last=2), **build)
+    if warm_rounds:
+        warm_start(run, name, groups, build, transport, seeds, warm_rounds)
+    started = time.perf_counter()
+    _run_rounds(
+        run.algorithm,
+        transport,
+        seeds,
+        RunOptions(
+            rounds=config.rounds,
+            sampling=run.sampling,
+            progress=False,
+            first_round=warm_rounds,
+            on_budget_exhausted="raise",
+        ),
+    )
+    seconds = time.perf_counter() - started
+    return dict(run.utility()), run, transport, seconds
+
+
+def warm_start(run, name, groups, build, transport, seeds, rounds) -> None:
+    """The first ``rounds`` rounds over the clear counterpart of ``transport``
+    (:func:`securefed.bench.experiment.warm_start_transport`)."""
+    warm = warm_start_transport(name, groups, build, transport)
+    _run_rounds(
+        run.algorithm,
+        warm,
+        seeds,
+        RunOptions(rounds=rounds, sampling=run.sampling, progress=False),
+    )
 
 
 def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
@@ -218,16 +344,18 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     from tqdm.auto import tqdm
 
     split = load_split(config)
-    cells = [(v, t) for v in config.variants for t in config.transports]
+    model = model_plugin(config.model)
+    attacks = tuple(attack_plugin(name) for name in config.attack_names())
+    cells = [(v, t) for v in config.model_variants() for t in config.transports]
     bar = tqdm(total=len(cells), desc="leak-utility", disable=not config.progress)
     if config.workers == 1:
         rows = []
         for variant, spec in cells:
             bar.set_postfix_str(f"{variant} / {spec}")
-            rows.append(run_cell(split, variant, spec, config))
+            rows.append(run_cell(split, variant, spec, config, model, attacks))
             bar.update(1)
     else:
-        rows = _run_cells_in_processes(split, cells, config, bar)
+        rows = _run_cells_in_processes(split, cells, config, bar, model, attacks)
     bar.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,21 +368,22 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
         "rounds": config.rounds,
         "seed": config.seed,
     }
+    if config.model != "fedmf":
+        meta |= {"model": config.model, "attacks": list(config.attack_names())}
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
+    measures = [
+        name for attack in attacks for name in attack.table_measures or _measures_of(rows, attack)
+    ]
     columns = [
+        *(["model"] if config.model != "fedmf" else []),
         "variant",
         "transport",
         "status",
         "transport_rounds",
-        "rmse",
+        model.utility_columns[0],
         "epsilon",
         "epsilon_server",
-        "leak_exact_share",
-        "chance_exact_share",
-        "leak_rmse",
-        "chance_rmse",
-        "leak_f1",
-        "chance_f1",
+        *[f"{kind}_{name}" for name in measures for kind in ("leak", "chance")],
         "kib_up_per_client_round",
         "seconds",
     ]
@@ -269,21 +398,41 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
             if config.transport_rounds
             else "Every round of every cell went through its transport. "
         )
-        + "DP cells: user_level_dp_config (fixed-denominator aggregation, user-mean offset).\n\n"
+        + (model.table_note + "\n\n" if model.table_note else "\n\n")
     )
     table = header + markdown_table(rows, columns)
     (out / "leak_utility.md").write_text(table + "\n")
-    plot(rows, out / "leak_utility.png", meta)
+    if config.model == "fedmf":
+        plot(rows, out / "leak_utility.png", meta)
+    else:
+        plot_model(rows, out / "leak_utility.png", meta, model, measures)
     print(table)
     print(f"\nwritten: {out}/leak_utility.json, .md, .png")
     return rows
+
+
+def _measures_of(rows: list[dict], attack: AttackPlugin) -> list[str]:
+    """Every measure name the rows hold (an attack that names no table measures shows all)."""
+    names = []
+    for row in rows:
+        for key in row:
+            if key.startswith("leak_") and key[5:] not in names:
+                names.append(key[5:])
+    return names
 
 
 # The dearest cells start first so that the workers finish together.
 _COST_ORDER = ("ckks", "secagg+dp", "secagg")
 
 
-def _run_cells_in_processes(split: Split, cells: list, config: LeakUtilityConfig, bar) -> list:
+def _run_cells_in_processes(
+    split: Split,
+    cells: list,
+    config: LeakUtilityConfig,
+    bar,
+    model: ModelPlugin,
+    attacks: tuple[AttackPlugin, ...],
+) -> list:
     """:func:`run_cell` for every cell in ``config.workers`` processes; rows in cell order."""
 
     def cost_rank(cell: tuple[str, str]) -> int:
@@ -297,12 +446,51 @@ def _run_cells_in_processes(split: Split, cells: list, config: LeakUtilityConfig
         bar.set_postfix_str(f"done {variant} / {spec}")
         bar.update(1)
 
-    calls = [(split, *cells[k], config) for k in order]
+    calls = [(split, *cells[k], config, model, attacks) for k in order]
     rows_in_order = map_in_processes(run_cell, calls, config.workers, done)
     rows: list[dict | None] = [None] * len(cells)
     for position, k in enumerate(order):
         rows[k] = rows_in_order[position]
     return rows  # type: ignore[return-value]
+
+
+def plot_model(
+    rows: list[dict], path: Path, meta: dict, model: ModelPlugin, measures: list[str]
+) -> None:
+    """A plug-in model's utility against each leak measure (up to three), one point per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "ok"]
+    shown = measures[:3]
+    utility = model.utility_columns[0]
+    figure, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.5), squeeze=False)
+    for axis, name in zip(axes[0], shown, strict=True):
+        for row in done:
+            axis.scatter(row[f"leak_{name}"], row[utility], s=40)
+            axis.annotate(
+                row["transport"],
+                (row[f"leak_{name}"], row[utility]),
+                fontsize=7,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
+        chances = [row[f"chance_{name}"] for row in done]
+        if chances:
+            axis.axvline(float(np.nanmean(chances)), color="grey", linestyle="--", label="chance")
+            axis.legend(fontsize=7)
+        axis.set_xlabel(f"leak: {name} (honest-but-curious server)")
+        axis.grid(alpha=0.3)
+    better = "lower" if model.lower_is_better else "higher"
+    axes[0][0].set_ylabel(f"{utility} (utility: {better} is better)")
+    figure.suptitle(
+        f"{model.name}: leak versus utility on {meta['data']} ({meta['rounds']} rounds)"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def plot(rows: list[dict], path: Path, meta: dict) -> None:
@@ -366,12 +554,32 @@ def demo(
     return 0
 
 
+def parse_model_options(items: list[str] | None) -> dict[str, object]:
+    """``["lr=0.15", "dim=8"]`` -> ``{"lr": 0.15, "dim": 8}`` (values read as in spec strings).
+
+    Raises:
+        ValueError: an item that is not ``KEY=VALUE`` or a key given twice.
+    """
+    from securefed.transport.registry import parse_transport_spec as _spec
+
+    options: dict[str, object] = {}
+    for item in items or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"model option {item!r} is not KEY=VALUE")
+        if key.strip() in options:
+            raise ValueError(f"model option {key.strip()!r} is given twice")
+        # the spec parser reads values the way every option of the command line is read
+        options[key.strip()] = _spec(f"plaintext:x={value.strip()}").options["x"]
+    return options
+
+
 def _main(args: argparse.Namespace) -> int:
     config = LeakUtilityConfig(
         data=args.data,
         split=args.split,
         rounds=args.rounds,
-        variants=tuple(args.variants.split(",")),
+        variants=tuple(args.variants.split(",")) if args.variants else None,
         transports=tuple(args.transports.split(",")),
         seed=args.seed,
         max_users=args.max_users,
@@ -379,28 +587,162 @@ def _main(args: argparse.Namespace) -> int:
         dp_clip=args.dp_clip,
         transport_rounds=args.transport_rounds,
         workers=args.workers,
+        model=args.model,
+        attacks=tuple(args.attacks.split(",")) if args.attacks else None,
+        extra_config=parse_model_options(args.model_option),
+        dp_config=parse_model_options(args.dp_model_option),
     )
     run(config, args.out)
     return 0
 
 
+def _usage_error(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Check the names before any cell runs: a bad one is a usage error (exit 2)."""
+    try:
+        config_names = {
+            "transports": args.transports.split(","),
+            "model": args.model,
+            "attacks": args.attacks.split(",") if args.attacks else (),
+        }
+        known = transport_names()
+        for spec in config_names["transports"]:
+            if parse_transport(spec)[0] not in known:
+                raise ValueError(f"unknown transport {spec!r}; known: {', '.join(known)}")
+            if spec.partition(":")[2]:
+                float(spec.partition(":")[2])
+        plugin = model_plugin(args.model)
+        for variant in args.variants.split(",") if args.variants else ():
+            if variant not in plugin.variants:
+                raise ValueError(
+                    f"model {args.model!r} has no variant {variant!r}; its variants: "
+                    + ", ".join(plugin.variants)
+                )
+        for name in config_names["attacks"]:
+            attack_plugin(name)
+    except ValueError as error:
+        parser.error(str(error))  # prints the usage line and exits with status 2
+    return _main(args)
+
+
 def register(benches) -> None:
-    parser = BENCHES["leak-utility"].add_to(benches)
-    parser.add_argument("--data", default="ml-latest-small")
-    parser.add_argument("--split", default=None)
-    parser.add_argument("--rounds", type=int, default=LeakUtilityConfig.rounds)
-    parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
-    parser.add_argument("--transports", default=DEFAULT_TRANSPORTS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-users", type=int, default=0)
-    parser.add_argument("--max-items", type=int, default=0)
-    parser.add_argument("--dp-clip", type=float, default=1.0)
-    parser.add_argument(
+    parser = BENCHES["leak-utility"].add_to(
+        benches,
+        description="Train a model through every transport, attack every server view, and "
+        "tabulate utility against leak (with each attack's chance baseline). Writes "
+        "leak_utility.json, .md and .png to --out. Models and attacks are plug-ins "
+        "(securefed.bench.plugins; entry-point groups securefed.models and securefed.attacks).",
+    )
+    add = parser.add_argument
+    add(
+        "--data",
+        default="ml-latest-small",
+        metavar="NAME|PATH",
+        help="ml-latest-small (embedded), ml-100k, or a path to a ratings file or folder "
+        "(default: %(default)s)",
+    )
+    add(
+        "--split",
+        default=None,
+        metavar="NAME",
+        help="u1..u5/ua/ub for ML-100K; random otherwise (default: random)",
+    )
+    add(
+        "--model",
+        default="fedmf",
+        metavar="NAME",
+        help=f"the model plug-in (known here: {', '.join(model_names())}; default: %(default)s)",
+    )
+    add(
+        "--variants",
+        default=None,
+        metavar="V1,V2,...",
+        help="comma-separated variants of the model (default: all of the model's; fedmf's: "
+        "fedmf,fedrec,fedrec+)",
+    )
+    add(
+        "--attacks",
+        default=None,
+        metavar="A1,A2,...",
+        help=f"comma-separated attack plug-ins run on every view (known here: "
+        f"{', '.join(attack_names())}; default: the model's own, gradient-inversion for fedmf)",
+    )
+    add(
+        "--transports",
+        default=DEFAULT_TRANSPORTS,
+        metavar="SPEC,SPEC,...",
+        help="comma-separated transports: plaintext, secagg, ckks, dp:EPS (central DP at "
+        "epsilon EPS), dp-local:EPS, secagg+dp:EPS, ckks+dp:EPS (default: %(default)s)",
+    )
+    add(
+        "--rounds",
+        type=int,
+        default=LeakUtilityConfig.rounds,
+        metavar="N",
+        help="training rounds of every cell, >= 2 (default: %(default)s)",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the run seed: reproducible, not private (default: %(default)s)",
+    )
+    add(
+        "--max-users",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep only the N most active users (0: all; default: %(default)s)",
+    )
+    add(
+        "--max-items",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep only the N most rated items (0: all; default: %(default)s)",
+    )
+    add(
+        "--dp-clip",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="per-client L2 clip of the DP transports (default: %(default)s)",
+    )
+    add(
         "--transport-rounds",
         type=int,
         default=LeakUtilityConfig.transport_rounds,
-        help="last rounds of secagg/ckks cells run through the transport (0: all rounds)",
+        metavar="N",
+        help="last rounds of secagg/ckks/secagg+dp/ckks+dp cells run through the transport, "
+        "the earlier ones over its clear counterpart; 0: all rounds (default: %(default)s)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="cells trained at once")
-    parser.add_argument("--out", default="results/leak_utility")
-    parser.set_defaults(func=_main)
+    add(
+        "--model-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the model in its non-DP cells (FedMF: a FedMFConfig field), "
+        "repeatable (default: none)",
+    )
+    add(
+        "--dp-model-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the model in its DP cells (FedMF: a user_level_dp_config field), "
+        "repeatable (default: none)",
+    )
+    add(
+        "--workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="cells trained at once, one process each (default: %(default)s)",
+    )
+    add(
+        "--out",
+        default="results/leak_utility",
+        metavar="DIR",
+        help="output folder (default: %(default)s)",
+    )
+    parser.set_defaults(func=lambda args: _usage_error(parser, args))
