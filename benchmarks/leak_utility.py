@@ -1,14 +1,19 @@
-"""Leak versus utility: train each FedMF variant over each transport, attack every view.
+"""Leak versus utility: train a model over each transport, attack every view.
 
-For every (variant, transport) cell: train on the training split, measure test RMSE/MAE, then hand
-the ServerView of the last two rounds to :func:`securefed.attacks.verify` and score what it recovers
-against the true training ratings (share of ratings recovered exactly, rating-recovery RMSE,
-rated-item precision/recall/F1) beside a chance baseline. A transport that cannot run here
-appears as a row that says why. Output: ``leak_utility.json``, ``leak_utility.md`` and
-``leak_utility.png`` in ``--out``.
+The model and the attacks are plug-ins (:mod:`securefed.bench.plugins`): FedMF's variants with
+:func:`securefed.attacks.verify` by default, or any registered model (``--model``) with its
+attacks (``--attacks``). For every (variant, transport) cell: build the model's
+FederatedAlgorithm, train it on the training split, measure its utility (FedMF: test RMSE/MAE),
+then hand the ServerView of the last two rounds to every attack and keep what each measures
+beside its chance baseline (FedMF's gradient inversion: share of ratings recovered exactly,
+rating-recovery RMSE, rated-item precision/recall/F1). A transport that cannot run here appears
+as a row that says why; an unknown transport, model, attack or variant is refused before any cell
+runs (on the command line, a usage error: exit 2). Output: ``leak_utility.json``,
+``leak_utility.md`` and ``leak_utility.png`` in ``--out``.
 
-Transport specs: ``plaintext``, ``secagg``, ``ckks``, ``dp:EPS`` (central DP at epsilon EPS),
-``secagg+dp:EPS`` (distributed DP under secure aggregation).
+Transport specs: a registered name (``plaintext``, ``secagg``, ``ckks``, ...) optionally with
+``:EPS``, the run's target epsilon for a DP one: ``dp:EPS`` (central DP), ``secagg+dp:EPS``
+(distributed DP under secure aggregation), ``dp-local:EPS``, ``ckks+dp:EPS``.
 
 Cost. Secure aggregation and CKKS compute the same sums as plaintext at a far higher cost (CKKS:
 tens of seconds per ML-100K round), and the attacks read only the last two rounds. So by default
@@ -19,10 +24,10 @@ that transport shows, and the model equals the all-rounds one up to the transpor
 error (``securefed bench fedmf-transport`` measures it: RMSE differences below 1e-4).
 ``transport_rounds=0`` runs every round through the transport.
 
-DP cells train :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator aggregation,
-user-mean
-offset): the per-item mean of the other cells diverges under DP noise. FedRec+ there uses uniform
-client weights (its Wasserstein weights need statistics rows that this aggregation does not send).
+FedMF's DP cells train :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator
+aggregation, user-mean offset): the per-item mean of the other cells diverges under DP noise.
+FedRec+ there uses uniform client weights (its Wasserstein weights need statistics rows that this
+aggregation does not send).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def _fedavg_config(dp: bool, options: dict) -> FedAvgConfig:
     return FedAvgConfig(
         local_epochs=int(options.get("local_epochs", 5)),
         batch_size=1 << 16,  # full batch: a user's history is all of its ratings
-        client_lr=float(options.get("client_lr", 0.5)),
+        client_lr=float(options.get("client_lr", 1.0)),
         weighting="uniform" if dp else "examples",
         server=ServerOptimiserConfig(name=str(options.get("server", "sgd")), lr=server_lr),
     )
@@ -249,18 +249,20 @@ def register() -> None:
 # ------------------------------------------------------------------------------ runs
 @dataclass(frozen=True)
 class Schedule:
+    """How long the example runs (``FULL``: the record; ``QUICK``: the test suite's)."""
+
     rounds: int
     max_users: int
     max_items: int
     epsilons: tuple[float, ...]
-    clip_rounds: int
+    local_epochs: int
     workers: int
 
 
 FULL = Schedule(
-    rounds=30, max_users=100, max_items=300, epsilons=(4.0, 8.0), clip_rounds=30, workers=2
+    rounds=20, max_users=100, max_items=300, epsilons=(4.0, 8.0), local_epochs=5, workers=2
 )
-QUICK = Schedule(rounds=3, max_users=24, max_items=40, epsilons=(8.0,), clip_rounds=3, workers=1)
+QUICK = Schedule(rounds=2, max_users=16, max_items=30, epsilons=(8.0,), local_epochs=1, workers=1)
 DP_CLIP = 0.5
 
 
@@ -282,6 +284,8 @@ def leak_utility_table(schedule: Schedule, out: Path) -> list[dict]:
         transport_rounds=0,  # every round through its transport: the utilities compare exactly
         dp_clip=DP_CLIP,
         workers=schedule.workers,
+        extra_config={"local_epochs": schedule.local_epochs},
+        dp_config={"local_epochs": schedule.local_epochs},
         progress=False,
         model="two-tower",
     )
@@ -297,7 +301,7 @@ def compare_clipping(schedule: Schedule, out: Path) -> list[dict]:
     """
     register()
     config = LeakUtilityConfig(
-        rounds=max(schedule.clip_rounds, 2),
+        rounds=schedule.rounds,
         max_users=schedule.max_users,
         max_items=schedule.max_items,
         model="two-tower",
@@ -308,7 +312,10 @@ def compare_clipping(schedule: Schedule, out: Path) -> list[dict]:
         for mode in ("fixed", "adaptive"):
             started = time.perf_counter()
             seeds = SeedTree(0)
-            context = CellContext(split, "default", "dp", True, config.rounds, 0, seeds)
+            options = {"local_epochs": schedule.local_epochs}
+            context = CellContext(
+                split, "default", "dp", True, config.rounds, 0, seeds, options, options
+            )
             model_run = build_two_tower(context)
             algorithm = model_run.algorithm
             if mode == "adaptive":  # the same model object: model_run.utility() scores it

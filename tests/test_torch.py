@@ -216,3 +216,27 @@ def test_secagg_carries_the_same_mean_as_plaintext():
     secagg = build_transport("secagg", n_clients=4, total_rounds=2)
     run_rounds(masked, secagg, SeedTree(0), RunOptions(rounds=2))
     np.testing.assert_allclose(masked.params, plain.params, atol=1e-5)
+
+
+def test_the_guides_twenty_lines_run(capsys):
+    """docs/byom.md's first code block, as written (secure aggregation, 5 rounds)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "byom.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 20
+    namespace: dict = {}
+    exec(compile(code, "docs/byom.md", "exec"), namespace)
+    history = namespace["history"]
+    assert history.completed and len(history.rounds) == 5
+    assert namespace["transport"].view.transport == "secagg"
+    assert "update_norm_median" in capsys.readouterr().out
+
+
+def test_a_dp_round_that_sampled_no_client_is_refused():
+    from securefed import AggregationError
+
+    transport = build_transport("dp", {"dp.noise_multiplier": 1.0}, n_clients=3)
+    algorithm = FedAvg(_linear(), _clients([3, 3, 3]), _mse, FedAvgConfig())
+    with pytest.raises(AggregationError, match="sampled no client"):
+        algorithm.run_round(0, np.zeros(0, np.int64), transport, SeedTree(0))
