@@ -50,3 +50,10 @@ def test_the_example_table_on_a_short_schedule(example, tmp_path):
     table = (tmp_path / "leak_utility.md").read_text()
     assert "two-tower" in table and "leak_f1" in table
     assert (tmp_path / "leak_utility.png").stat().st_size > 0
+
+
+def test_one_round_agrees_within_each_transports_stated_bound(example, tmp_path):
+    rows = example.one_round_agreement(example.QUICK, tmp_path)
+    assert [row["transport"] for row in rows] == ["plaintext", "secagg", "ckks"]
+    for row in rows[1:]:
+        assert 0 < row["max_abs_deviation_of_the_mean"] <= row["stated_bound"], row
