@@ -1,7 +1,7 @@
 """Bring your own torch model: parameter vectors, FedAvg / FedOpt, DP-FedAvg with adaptive clipping.
 
-Needs the ``torch`` package (``pip install 'securefed[dp]'`` or ``'securefed[rl]'``); importing
-``securefed`` itself never imports this module.
+Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp`` and ``rl`` extras
+bring it too); importing ``securefed`` itself never imports this module.
 
 * :func:`module_to_vector` / :func:`vector_to_module` (and :func:`arrays_to_vector` /
   :func:`vector_to_arrays` for a list of numpy arrays): a model's parameters as one float64
