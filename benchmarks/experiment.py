@@ -109,6 +109,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
             progress=run.progress,
             fingerprint=fingerprint,
             first_round=run.warm_start_rounds,
+            on_budget_exhausted="raise",
         ),
     )
     seconds = time.perf_counter() - started
@@ -166,6 +167,21 @@ def _warm_start(
     against the server as the deployment would be (:meth:`DPTransport.charge_server_as`). The
     warm rounds' server view is discarded.
     """
+    warm = warm_start_transport(name, groups, context, transport)
+    run_rounds(
+        model,
+        warm,
+        seeds,
+        RunOptions(rounds=run.warm_start_rounds, sampling=run.sampling, progress=False),
+    )
+
+
+def warm_start_transport(name: str, groups: dict, context: dict, transport):
+    """The clear counterpart of ``transport`` (:data:`WARM_START_TRANSPORT`) for a warm start.
+
+    The same options; DP placed centrally and charged to ``transport``'s ledger, against the
+    server as ``transport`` would be (:func:`_warm_start`'s docstring says why that is sound).
+    """
     warm_name = WARM_START_TRANSPORT.get(name, name)
     warm_groups = {group: groups[group] for group in option_groups(warm_name)}
     if "dp" in warm_groups:
@@ -173,12 +189,7 @@ def _warm_start(
     warm = build_transport(warm_name, warm_groups, ledger=transport.ledger, **context)
     if warm is not transport and warm.ledger is not None:
         warm.charge_server_as(transport)  # the same sums; the server's cost is the deployment's
-    run_rounds(
-        model,
-        warm,
-        seeds,
-        RunOptions(rounds=run.warm_start_rounds, sampling=run.sampling, progress=False),
-    )
+    return warm
 
 
 def save_json(record: dict, path: str | os.PathLike) -> Path:

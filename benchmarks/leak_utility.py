@@ -1,14 +1,19 @@
-"""Leak versus utility: train each FedMF variant over each transport, attack every view.
+"""Leak versus utility: train a model over each transport, attack every view.
 
-For every (variant, transport) cell: train on the training split, measure test RMSE/MAE, then hand
-the ServerView of the last two rounds to :func:`securefed.attacks.verify` and score what it recovers
-against the true training ratings (share of ratings recovered exactly, rating-recovery RMSE,
-rated-item precision/recall/F1) beside a chance baseline. A transport that cannot run here
-appears as a row that says why. Output: ``leak_utility.json``, ``leak_utility.md`` and
-``leak_utility.png`` in ``--out``.
+The model and the attacks are plug-ins (:mod:`securefed.bench.plugins`): FedMF's variants with
+:func:`securefed.attacks.verify` by default, or any registered model (``--model``) with its
+attacks (``--attacks``). For every (variant, transport) cell: build the model's
+FederatedAlgorithm, train it on the training split, measure its utility (FedMF: test RMSE/MAE),
+then hand the ServerView of the last two rounds to every attack and keep what each measures
+beside its chance baseline (FedMF's gradient inversion: share of ratings recovered exactly,
+rating-recovery RMSE, rated-item precision/recall/F1). A transport that cannot run here appears
+as a row that says why; an unknown transport, model, attack or variant is refused before any cell
+runs (on the command line, a usage error: exit 2). Output: ``leak_utility.json``,
+``leak_utility.md`` and ``leak_utility.png`` in ``--out``.
 
-Transport specs: ``plaintext``, ``secagg``, ``ckks``, ``dp:EPS`` (central DP at epsilon EPS),
-``secagg+dp:EPS`` (distributed DP under secure aggregation).
+Transport specs: a registered name (``plaintext``, ``secagg``, ``ckks``, ...) optionally with
+``:EPS``, the run's target epsilon for a DP one: ``dp:EPS`` (central DP), ``secagg+dp:EPS``
+(distributed DP under secure aggregation), ``dp-local:EPS``, ``ckks+dp:EPS``.
 
 Cost. Secure aggregation and CKKS compute the same sums as plaintext at a far higher cost (CKKS:
 tens of seconds per ML-100K round), and the attacks read only the last two rounds. So by default
@@ -19,31 +24,46 @@ that transport shows, and the model equals the all-rounds one up to the transpor
 error (``securefed bench fedmf-transport`` measures it: RMSE differences below 1e-4).
 ``transport_rounds=0`` runs every round through the transport.
 
-DP cells train :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator aggregation,
-user-mean
-offset): the per-item mean of the other cells diverges under DP noise. FedRec+ there uses uniform
-client weights (its Wasserstein weights need statistics rows that this aggregation does not send).
+FedMF's DP cells train :func:`securefed.recsys.fedmf.user_level_dp_config` (fixed-denominator
+aggregation, user-mean offset): the per-item mean of the other cells diverges under DP noise.
+FedRec+ there uses uniform client weights (its Wasserstein weights need statistics rows that this
+aggregation does not send).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from securefed import RoundSelection, SecurefedError, TransportUnavailable
-from securefed.attacks import verify
+from securefed import RoundSelection, RunOptions, SecurefedError, SeedTree, TransportUnavailable
+from securefed import run_rounds as _run_rounds
 from securefed.bench import datasets
-from securefed.bench.bench_fedmf import markdown_table
-from securefed.bench.experiment import WARM_START_TRANSPORT, FedMFRun, run_fedmf, save_json
+from securefed.bench.experiment import WARM_START_TRANSPORT, save_json, warm_start_transport
+from securefed.bench.plugins import (
+    AttackPlugin,
+    CellContext,
+    ModelPlugin,
+    attack_names,
+    attack_plugin,
+    model_names,
+    model_plugin,
+)
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import Split, densest_split
-from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
-from securefed.transport import option_groups
+from securefed.transport import (
+    build_transport,
+    option_groups,
+    parse_transport_spec,
+    resolve_options,
+    transport_names,
+)
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
 LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
@@ -57,7 +77,8 @@ class LeakUtilityConfig:
         data: data set (``ml-latest-small`` embedded, ``ml-100k``, or a path).
         split: split name (``u1`` for ML-100K; random otherwise).
         rounds: training rounds of every cell.
-        variants: FedMF variants.
+        variants: the model's variants (``None``: all of the model's, FedMF's are ``fedmf``,
+            ``fedrec``, ``fedrec+``).
         transports: transport specs (module docstring).
         seed: the run seed.
         max_users, max_items: keep only the most active users / most rated items (0: all), to
@@ -65,16 +86,22 @@ class LeakUtilityConfig:
         dp_clip: per-client L2 clip of the DP transports.
         transport_rounds: rounds at the end of a hiding transport's run that go through it (the
             others over its clear counterpart; module docstring); 0: every round.
-        extra_config: FedMFConfig overrides of the non-DP cells.
-        dp_config: overrides of :func:`securefed.recsys.fedmf.user_level_dp_config` for the DP
-        cells.
+        extra_config: the model's options of the non-DP cells (FedMF: FedMFConfig overrides).
+        dp_config: the model's options of the DP cells (FedMF: overrides of
+            :func:`securefed.recsys.fedmf.user_level_dp_config`).
         workers: cells trained at once, each in its own process (one core each).
+        model: the model plug-in (:mod:`securefed.bench.plugins`; ``fedmf`` built in).
+        attacks: the attack plug-ins run on every view (``None``: the model's own).
+
+    Raises:
+        ValueError: an unknown transport, model, attack or variant (naming the known ones), or
+            a schedule the attack cannot read.
     """
 
     data: str = "ml-latest-small"
     split: str | None = None
     rounds: int = 200
-    variants: tuple[str, ...] = ("fedmf", "fedrec", "fedrec+")
+    variants: tuple[str, ...] | None = None
     transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS.split(","))
     seed: int = 0
     max_users: int = 0
@@ -85,6 +112,8 @@ class LeakUtilityConfig:
     extra_config: dict = field(default_factory=dict)
     dp_config: dict = field(default_factory=dict)
     workers: int = 2
+    model: str = "fedmf"
+    attacks: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -96,6 +125,29 @@ class LeakUtilityConfig:
                 "transport_rounds must be 0 (all) or >= 2 (the attack reads two rounds), "
                 f"got {self.transport_rounds}"
             )
+        known = transport_names()
+        for spec in self.transports:
+            if parse_transport(spec)[0] not in known:
+                raise ValueError(f"unknown transport {spec!r}; known: {', '.join(known)}")
+        plugin = model_plugin(self.model)  # raises for an unknown model, listing the known
+        unknown = [v for v in self.variants or () if v not in plugin.variants]
+        if unknown:
+            raise ValueError(
+                f"model {self.model!r} has no variant {unknown[0]!r}; its variants: "
+                + ", ".join(plugin.variants)
+            )
+        for name in self.attacks or ():
+            attack_plugin(name)  # raises for an unknown attack, listing the known
+        if not (self.attacks if self.attacks is not None else plugin.attacks):
+            raise ValueError(f"no attack to run on model {self.model!r}'s views: give attacks")
+
+    def model_variants(self) -> tuple[str, ...]:
+        """The variants this run trains."""
+        return self.variants or model_plugin(self.model).variants
+
+    def attack_names(self) -> tuple[str, ...]:
+        """The attacks this run applies to every view."""
+        return self.attacks if self.attacks is not None else model_plugin(self.model).attacks
 
 
 def parse_transport(spec: str) -> tuple[str, dict]:
@@ -114,63 +166,170 @@ def load_split(config: LeakUtilityConfig) -> Split:
     return densest_split(split, config.max_users, config.max_items, rng)
 
 
-def run_cell(split: Split, variant: str, spec: str, config: LeakUtilityConfig) -> dict:
-    """Train one (variant, transport) cell, attack its view, return the table row."""
+def run_cell(
+    split: Split,
+    variant: str,
+    spec: str,
+    config: LeakUtilityConfig,
+    model: ModelPlugin | None = None,
+    attacks: tuple[AttackPlugin, ...] | None = None,
+    progress: RoundProgress | None = None,
+) -> dict:
+    """Train one (variant, transport) cell, attack its view, return the table row.
+
+    Args:
+        split, variant, spec, config: the cell.
+        model, attacks: the plug-ins (``None``: looked up from ``config``); the benchmark
+            passes them so that worker processes need not find them registered.
+        progress: told of every round the cell trains (warm start included), so that a
+            progress bar moves during a long cell.
+    """
+    model = model_plugin(config.model) if model is None else model
+    if attacks is None:
+        attacks = tuple(attack_plugin(name) for name in config.attack_names())
     name, options = parse_transport(spec)
-    upload = "part" if name in ("plaintext", "dp") else "full"
-    if "dp" in option_groups(name):
+    dp = "dp" in option_groups(name)
+    if dp:
         options["dp.clip"] = config.dp_clip
-        weighting = {"weighting": "uniform"} if variant == "fedrec+" else {}
-        model_config = user_level_dp_config(
-            variant=variant, rounds=config.rounds, upload=upload, **(weighting | config.dp_config)
-        )
-    else:
-        model_config = FedMFConfig(
-            variant=variant, rounds=config.rounds, upload=upload, **config.extra_config
-        )
     tail = config.transport_rounds
-    run = FedMFRun(
-        config=model_config,
-        transport=name,
-        seed=config.seed,
-        keep_payloads=RoundSelection(last=2),
-        progress=False,
-        transport_options=options,
-        warm_start_rounds=config.rounds - tail
+    warm_rounds = (
+        config.rounds - tail
         if tail and name in WARM_START_TRANSPORT and tail < config.rounds
-        else 0,
+        else 0
     )
     row = {
         "variant": variant,
         "transport": spec,
         "status": "ok",
-        "transport_rounds": config.rounds - run.warm_start_rounds,
+        "transport_rounds": config.rounds - warm_rounds,
     }
+    if config.model != "fedmf":
+        row = {"model": config.model} | row
     started = time.perf_counter()
     try:
-        record, _, transport = run_fedmf(split, run)
+        result = train_cell(split, variant, name, options, dp, warm_rounds, config, model, progress)
     except TransportUnavailable as error:
         return row | {"status": f"unavailable: {error}"}
     except (ValueError, FloatingPointError, SecurefedError) as error:  # diverged, budget spent
         return row | {"status": f"failed: {error}", "seconds": time.perf_counter() - started}
+    utility, run, transport, train_seconds = result
     attack_started = time.perf_counter()
-    report = verify(transport.view, split.train)
+    outcomes = [(attack, attack.run(transport.view, run.truth)) for attack in attacks]
+    up_per_client, _ = transport.view.mean_bytes_per_client()
+    row |= {key: float(value) for key, value in utility.items()}
     row |= {
-        "rmse": record["rmse"],
-        "mae": record["mae"],
-        "epsilon": record.get("epsilon"),
-        "epsilon_server": record.get("epsilon_server"),
-        "kib_up_per_client_round": record["bytes_up_per_client"] / 1024,
-        "train_seconds": record["seconds"],
+        "epsilon": transport.epsilon() if transport.ledger is not None else None,
+        "epsilon_server": transport.epsilon(against="server")
+        if transport.ledger is not None
+        else None,
+        "kib_up_per_client_round": up_per_client / 1024,
+        "train_seconds": train_seconds,
         "attack_seconds": time.perf_counter() - attack_started,
         "seconds": time.perf_counter() - started,
-        "attacks": ",".join(report.attacks_applied) or "none",
+        "attacks": ",".join(a for _, o in outcomes for a in o.applied) or "none",
     }
-    for key in LEAK_COLUMNS:
-        row[f"leak_{key}"] = report.overall.get(key, float("nan"))
-        row[f"chance_{key}"] = report.baseline.get(key, float("nan"))
-    row["notes"] = " ".join(report.notes)
+    for attack, outcome in outcomes:
+        for measure in outcome.measures:
+            if f"leak_{measure.name}" in row:
+                raise ValueError(
+                    f"attack {attack.name!r} measures {measure.name!r}, as another attack does"
+                )
+            row[f"leak_{measure.name}"] = measure.value
+            row[f"chance_{measure.name}"] = measure.chance
+    row["notes"] = " ".join(o.notes for _, o in outcomes if o.notes)
     return row
+
+
+def train_cell(
+    split: Split,
+    variant: str,
+    name: str,
+    options: dict,
+    dp: bool,
+    warm_rounds: int,
+    config: LeakUtilityConfig,
+    model: ModelPlugin,
+    progress: RoundProgress | None = None,
+):
+    """Build the model and the transport, train (warm start first), evaluate.
+
+    Returns:
+        ``(utility metrics, ModelRun, transport, training seconds)``.
+    """
+    seeds = SeedTree(config.seed)
+    context = CellContext(
+        split=split,
+        variant=variant,
+        transport=name,
+        dp=dp,
+        rounds=config.rounds,
+        seed=config.seed,
+        seeds=seeds,
+        model_options=dict(config.extra_config),
+        dp_model_options=dict(config.dp_config),
+    )
+    run = model.build(context)
+    n_clients = run.algorithm.n_clients
+    groups = resolve_options(parse_transport_spec(name), options)
+    build = {
+        "total_rounds": config.rounds,
+        "n_clients": n_clients,
+        "dropout": run.dropout,
+        "sample_rate": run.sampling.rate(n_clients),
+    }
+    transport = build_transport(name, groups, keep_payloads=RoundSelection(last=2), **build)
+    on_round = None if progress is None else progress.round_done
+    if warm_rounds:
+        warm_start(run, name, groups, build, transport, seeds, warm_rounds, on_round)
+    started = time.perf_counter()
+    _run_rounds(
+        run.algorithm,
+        transport,
+        seeds,
+        RunOptions(
+            rounds=config.rounds,
+            sampling=run.sampling,
+            progress=False,
+            first_round=warm_rounds,
+            on_budget_exhausted="raise",
+        ),
+        on_round=on_round,
+    )
+    seconds = time.perf_counter() - started
+    return dict(run.utility()), run, transport, seconds
+
+
+def warm_start(run, name, groups, build, transport, seeds, rounds, on_round=None) -> None:
+    """The first ``rounds`` rounds over the clear counterpart of ``transport``
+    (:func:`securefed.bench.experiment.warm_start_transport`)."""
+    warm = warm_start_transport(name, groups, build, transport)
+    _run_rounds(
+        run.algorithm,
+        warm,
+        seeds,
+        RunOptions(rounds=rounds, sampling=run.sampling, progress=False),
+        on_round=on_round,
+    )
+
+
+class RoundProgress:
+    """Counts a cell's rounds into a progress bar, in this process or from a worker.
+
+    In this process it updates the bar directly; a worker process gets a copy whose queue (a
+    ``multiprocessing`` manager's, picklable) carries each round back to the bar's thread.
+    """
+
+    def __init__(self, bar=None, queue=None) -> None:
+        self.bar, self.queue = bar, queue
+
+    def __getstate__(self) -> dict:
+        return {"bar": None, "queue": self.queue}  # the bar stays with the parent
+
+    def round_done(self, round_id: int, metrics) -> None:
+        if self.queue is not None:
+            self.queue.put(1)
+        elif self.bar is not None:
+            self.bar.update(1)
 
 
 def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
@@ -178,17 +337,26 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     from tqdm.auto import tqdm
 
     split = load_split(config)
-    cells = [(v, t) for v in config.variants for t in config.transports]
-    bar = tqdm(total=len(cells), desc="leak-utility", disable=not config.progress)
+    model = model_plugin(config.model)
+    attacks = tuple(attack_plugin(name) for name in config.attack_names())
+    cells = [(v, t) for v in config.model_variants() for t in config.transports]
+    # Counted in rounds, so that the bar and its ETA move during a long cell.
+    bar = tqdm(
+        total=len(cells) * config.rounds,
+        desc=f"leak-utility, {len(cells)} cells",
+        unit="round",
+        disable=not config.progress,
+    )
     if config.workers == 1:
         rows = []
         for variant, spec in cells:
-            bar.set_postfix_str(f"{variant} / {spec}")
-            rows.append(run_cell(split, variant, spec, config))
-            bar.update(1)
+            bar.set_postfix_str(f"{human_variant(variant)} / {human_transport(spec)}")
+            rows.append(run_cell(split, variant, spec, config, model, attacks, RoundProgress(bar)))
     else:
-        rows = _run_cells_in_processes(split, cells, config, bar)
+        rows = _run_cells_in_processes(split, cells, config, bar, model, attacks)
     bar.close()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "data": split.name,
         "users": split.train.n_users,
@@ -198,29 +366,22 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
         "rounds": config.rounds,
         "seed": config.seed,
     }
-    write_outputs(rows, meta, config, out)
-    return rows
-
-
-def write_outputs(rows: list[dict], meta: dict, config: LeakUtilityConfig, out: str | Path) -> None:
-    """Write the JSON, markdown and PNG outputs of the rows into ``out``; print the table."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if config.model != "fedmf":
+        meta |= {"model": config.model, "attacks": list(config.attack_names())}
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
+    measures = [
+        name for attack in attacks for name in attack.table_measures or _measures_of(rows, attack)
+    ]
     columns = [
+        *(["model"] if config.model != "fedmf" else []),
         "variant",
         "transport",
         "status",
         "transport_rounds",
-        "rmse",
+        model.utility_columns[0],
         "epsilon",
         "epsilon_server",
-        "leak_exact_share",
-        "chance_exact_share",
-        "leak_rmse",
-        "chance_rmse",
-        "leak_f1",
-        "chance_f1",
+        *[f"{kind}_{name}" for name in measures for kind in ("leak", "chance")],
         "kib_up_per_client_round",
         "seconds",
     ]
@@ -235,20 +396,124 @@ def write_outputs(rows: list[dict], meta: dict, config: LeakUtilityConfig, out: 
             if config.transport_rounds
             else "Every round of every cell went through its transport. "
         )
-        + "DP cells: user_level_dp_config (fixed-denominator aggregation, user-mean offset).\n\n"
+        + (model.table_note + "\n\n" if model.table_note else "\n\n")
     )
-    table = header + markdown_table(rows, columns)
+    table = header + human_table(rows, columns)
     (out / "leak_utility.md").write_text(table + "\n")
-    plot(rows, out / "leak_utility.png", meta)
+    if config.model == "fedmf":
+        plot(rows, out / "leak_utility.png", meta)
+    else:
+        plot_model(rows, out / "leak_utility.png", meta, model, measures)
     print(table)
     print(f"\nwritten: {out}/leak_utility.json, .md, .png")
+    return rows
+
+
+VARIANT_NAMES = {"fedmf": "FedMF", "fedrec": "FedRec", "fedrec+": "FedRec+"}
+TRANSPORT_NAMES = {
+    "plaintext": "plaintext",
+    "secagg": "secure aggregation",
+    "ckks": "CKKS",
+    "dp": "central DP",
+    "dp-local": "local DP",
+    "secagg+dp": "distributed DP (secagg)",
+    "ckks+dp": "CKKS + central DP",
+}
+COLUMN_TITLES = {
+    "model": "model",
+    "variant": "variant",
+    "transport": "transport",
+    "status": "status",
+    "transport_rounds": "rounds through it",
+    "rmse": "test RMSE",
+    "epsilon": "epsilon (released model)",
+    "epsilon_server": "epsilon (server)",
+    "kib_up_per_client_round": "KiB up / client / round",
+    "seconds": "seconds",
+}
+MEASURE_TITLES = {
+    "exact_share": "ratings recovered exactly",
+    "rmse": "RMSE of recovered ratings",
+    "precision": "rated items: precision",
+    "recall": "rated items: recall",
+    "f1": "rated-item F1",
+}
+
+
+def human_variant(variant: str) -> str:
+    """``"fedrec+"`` -> ``"FedRec+"`` (other names as they are)."""
+    return VARIANT_NAMES.get(variant, variant)
+
+
+def human_transport(spec: str) -> str:
+    """``"dp:4"`` -> ``"central DP, epsilon 4"``; ``"secagg"`` -> ``"secure aggregation"``."""
+    name, options = parse_transport(spec)
+    words = TRANSPORT_NAMES.get(name, name)
+    return f"{words}, epsilon {options['epsilon']:g}" if "epsilon" in options else words
+
+
+def column_title(column: str) -> str:
+    """A table column's words: ``leak_f1`` -> ``rated-item F1``, ``chance_f1`` -> ``chance``."""
+    kind, _, measure = column.partition("_")
+    if kind in ("leak", "chance") and measure:
+        return "chance" if kind == "chance" else MEASURE_TITLES.get(measure, measure)
+    return COLUMN_TITLES.get(column, column.replace("_", " "))
+
+
+def cell_text(column: str, value: object) -> str:
+    """A table cell: no epsilon (no DP) as "–", infinite epsilon as "none (inf)", shares in %."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "–"
+    if column == "variant":
+        return human_variant(str(value))
+    if column == "transport":
+        return human_transport(str(value))
+    if isinstance(value, float):
+        if np.isinf(value):
+            return "none (inf)" if column.startswith("epsilon") else "inf"
+        if column.endswith("exact_share"):
+            return f"{value:.1%}"
+        if column.startswith("epsilon"):
+            return f"{value:.2f}"
+        if column in ("kib_up_per_client_round", "seconds"):
+            return f"{value:.1f}"
+        if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e5):
+            return f"{value:.1e}"
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def human_table(rows: list[dict], columns: list[str]) -> str:
+    """The rows as a markdown table with words for headers and readable cells."""
+    lines = ["| " + " | ".join(column_title(c) for c in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(cell_text(c, row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _measures_of(rows: list[dict], attack: AttackPlugin) -> list[str]:
+    """Every measure name the rows hold (an attack that names no table measures shows all)."""
+    names = []
+    for row in rows:
+        for key in row:
+            if key.startswith("leak_") and key[5:] not in names:
+                names.append(key[5:])
+    return names
 
 
 # The dearest cells start first so that the workers finish together.
 _COST_ORDER = ("ckks", "secagg+dp", "secagg")
 
 
-def _run_cells_in_processes(split: Split, cells: list, config: LeakUtilityConfig, bar) -> list:
+def _run_cells_in_processes(
+    split: Split,
+    cells: list,
+    config: LeakUtilityConfig,
+    bar,
+    model: ModelPlugin,
+    attacks: tuple[AttackPlugin, ...],
+) -> list:
     """:func:`run_cell` for every cell in ``config.workers`` processes; rows in cell order."""
 
     def cost_rank(cell: tuple[str, str]) -> int:
@@ -259,47 +524,153 @@ def _run_cells_in_processes(split: Split, cells: list, config: LeakUtilityConfig
 
     def done(position: int, row: object) -> None:
         variant, spec = cells[order[position]]
-        bar.set_postfix_str(f"done {variant} / {spec}")
-        bar.update(1)
+        bar.set_postfix_str(f"done {human_variant(variant)} / {human_transport(spec)}")
 
-    calls = [(split, *cells[k], config) for k in order]
-    rows_in_order = map_in_processes(run_cell, calls, config.workers, done)
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        queue = manager.Queue()
+        counter = threading.Thread(target=_count_rounds, args=(queue, bar), daemon=True)
+        counter.start()
+        progress = RoundProgress(queue=queue)
+        calls = [(split, *cells[k], config, model, attacks, progress) for k in order]
+        try:
+            rows_in_order = map_in_processes(run_cell, calls, config.workers, done)
+        finally:
+            queue.put(None)
+            counter.join()
     rows: list[dict | None] = [None] * len(cells)
     for position, k in enumerate(order):
         rows[k] = rows_in_order[position]
     return rows  # type: ignore[return-value]
 
 
-def plot(rows: list[dict], path: Path, meta: dict) -> None:
-    """Test RMSE against the two leak measures, one point per cell."""
+def _count_rounds(queue, bar) -> None:
+    """Move ``bar`` by what the workers put on ``queue``, until ``None``."""
+    while (step := queue.get()) is not None:
+        bar.update(step)
+
+
+CAVEAT = (
+    "Leak: what this package's attacks recover from the server's view, a lower bound of what "
+    "a server could learn. Central DP: the server sees the clipped, un-noised updates "
+    "(epsilon against it: none)."
+)
+"""The footnote every leak-utility figure carries."""
+
+
+def plot_cells(
+    rows: list[dict],
+    path: Path,
+    title: str,
+    utility: tuple[str, str],
+    panels: list[tuple[str, str]],
+) -> None:
+    """Utility against each leak measure, one point per cell, with the chance level drawn.
+
+    Points carry no text labels (they would overlap where transports coincide): colour and
+    marker name the transport and the variant in a legend, and cells at the same place are
+    dodged sideways by a fraction of the axis so that each stays visible.
+
+    Args:
+        rows: the table rows (only ``status == "ok"`` are drawn).
+        path: the PNG to write.
+        title: the figure's title.
+        utility: ``(column, axis label)`` of the utility.
+        panels: ``(measure, axis label)`` per panel; columns ``leak_<measure>`` and
+            ``chance_<measure>``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["status"] == "ok"]
-    figure, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    markers = {"fedmf": "o", "fedrec": "s", "fedrec+": "^"}
-    for axis, key, label in (
-        (axes[0], "leak_exact_share", "ratings recovered exactly"),
-        (axes[1], "leak_f1", "rated-item F1"),
-    ):
+    done = [r for r in rows if r["status"] == "ok" and r.get(utility[0]) is not None]
+    transports = list(dict.fromkeys(r["transport"] for r in done))
+    variants = list(dict.fromkeys(r["variant"] for r in done))
+    colours = plt.get_cmap("tab10")
+    markers = "os^DvP*X"
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 5.2), sharey=True, squeeze=False
+    )
+    for axis, (measure, label) in zip(axes[0], panels, strict=True):
+        spread = 0.006 * max(len(transports) - 1, 1)
         for row in done:
-            axis.scatter(row[key], row["rmse"], marker=markers.get(row["variant"], "o"), s=50)
-            axis.annotate(
-                f"{row['variant']}/{row['transport']}",
-                (row[key], row["rmse"]),
-                fontsize=7,
-                xytext=(4, 2),
-                textcoords="offset points",
+            t, v = transports.index(row["transport"]), variants.index(row["variant"])
+            dodge = spread * (t / max(len(transports) - 1, 1) - 0.5)
+            axis.scatter(
+                row[f"leak_{measure}"] + dodge,
+                row[utility[0]],
+                color=colours(t % 10),
+                marker=markers[v % len(markers)],
+                s=55,
+                edgecolors="black",
+                linewidths=0.4,
             )
-        axis.set_xlabel(f"leak: {label} (honest-but-curious server)")
+        chances = [row[f"chance_{measure}"] for row in done if f"chance_{measure}" in row]
+        if chances:
+            axis.axvline(float(np.nanmean(chances)), color="grey", linestyle="--", linewidth=1)
+            axis.text(
+                float(np.nanmean(chances)),
+                1.0,
+                " chance",
+                transform=axis.get_xaxis_transform(),
+                va="top",
+                fontsize=8,
+                color="grey",
+            )
+        axis.set_xlabel(f"leak: {label}")
         axis.grid(alpha=0.3)
-    axes[0].set_ylabel("test RMSE (utility: lower is better)")
-    figure.suptitle(f"Leak versus utility on {meta['data']} ({meta['rounds']} rounds)")
-    figure.tight_layout()
+    axes[0][0].set_ylabel(utility[1])
+    handles = [
+        plt.Line2D(
+            [], [], color=colours(t % 10), marker="o", linestyle="", label=human_transport(n)
+        )
+        for t, n in enumerate(transports)
+    ]
+    if len(variants) > 1:
+        handles += [
+            plt.Line2D(
+                [],
+                [],
+                color="black",
+                marker=markers[v % len(markers)],
+                linestyle="",
+                markerfacecolor="none",
+                label=human_variant(n),
+            )
+            for v, n in enumerate(variants)
+        ]
+    figure.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    figure.suptitle(title)
+    figure.text(0.01, 0.01, CAVEAT, fontsize=7.5, wrap=True)
+    figure.tight_layout(rect=(0, 0.05, 0.8, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def plot_model(
+    rows: list[dict], path: Path, meta: dict, model: ModelPlugin, measures: list[str]
+) -> None:
+    """A plug-in model's utility against each leak measure (up to three)."""
+    utility = model.utility_columns[0]
+    better = "lower" if model.lower_is_better else "higher"
+    plot_cells(
+        rows,
+        path,
+        f"{model.name}: leak versus utility on {meta['data']} ({meta['rounds']} rounds)",
+        (utility, f"{utility} (utility: {better} is better)"),
+        [(name, MEASURE_TITLES.get(name, name)) for name in measures[:3]],
+    )
+
+
+def plot(rows: list[dict], path: Path, meta: dict) -> None:
+    """FedMF's test RMSE against the two leak measures."""
+    plot_cells(
+        rows,
+        path,
+        f"Leak versus utility on {meta['data']} ({meta['rounds']} rounds)",
+        ("rmse", "test RMSE (utility: lower is better)"),
+        [("exact_share", "ratings recovered exactly"), ("f1", "rated-item F1")],
+    )
 
 
 DEMO_ROUNDS = 40
@@ -331,12 +702,32 @@ def demo(
     return 0
 
 
+def parse_model_options(items: list[str] | None) -> dict[str, object]:
+    """``["lr=0.15", "dim=8"]`` -> ``{"lr": 0.15, "dim": 8}`` (values read as in spec strings).
+
+    Raises:
+        ValueError: an item that is not ``KEY=VALUE`` or a key given twice.
+    """
+    from securefed.transport.registry import parse_transport_spec as _spec
+
+    options: dict[str, object] = {}
+    for item in items or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"model option {item!r} is not KEY=VALUE")
+        if key.strip() in options:
+            raise ValueError(f"model option {key.strip()!r} is given twice")
+        # the spec parser reads values the way every option of the command line is read
+        options[key.strip()] = _spec(f"plaintext:x={value.strip()}").options["x"]
+    return options
+
+
 def _main(args: argparse.Namespace) -> int:
     config = LeakUtilityConfig(
         data=args.data,
         split=args.split,
         rounds=args.rounds,
-        variants=tuple(args.variants.split(",")),
+        variants=tuple(args.variants.split(",")) if args.variants else None,
         transports=tuple(args.transports.split(",")),
         seed=args.seed,
         max_users=args.max_users,
@@ -344,28 +735,162 @@ def _main(args: argparse.Namespace) -> int:
         dp_clip=args.dp_clip,
         transport_rounds=args.transport_rounds,
         workers=args.workers,
+        model=args.model,
+        attacks=tuple(args.attacks.split(",")) if args.attacks else None,
+        extra_config=parse_model_options(args.model_option),
+        dp_config=parse_model_options(args.dp_model_option),
     )
     run(config, args.out)
     return 0
 
 
+def _usage_error(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Check the names before any cell runs: a bad one is a usage error (exit 2)."""
+    try:
+        config_names = {
+            "transports": args.transports.split(","),
+            "model": args.model,
+            "attacks": args.attacks.split(",") if args.attacks else (),
+        }
+        known = transport_names()
+        for spec in config_names["transports"]:
+            if parse_transport(spec)[0] not in known:
+                raise ValueError(f"unknown transport {spec!r}; known: {', '.join(known)}")
+            if spec.partition(":")[2]:
+                float(spec.partition(":")[2])
+        plugin = model_plugin(args.model)
+        for variant in args.variants.split(",") if args.variants else ():
+            if variant not in plugin.variants:
+                raise ValueError(
+                    f"model {args.model!r} has no variant {variant!r}; its variants: "
+                    + ", ".join(plugin.variants)
+                )
+        for name in config_names["attacks"]:
+            attack_plugin(name)
+    except ValueError as error:
+        parser.error(str(error))  # prints the usage line and exits with status 2
+    return _main(args)
+
+
 def register(benches) -> None:
-    parser = BENCHES["leak-utility"].add_to(benches)
-    parser.add_argument("--data", default="ml-latest-small")
-    parser.add_argument("--split", default=None)
-    parser.add_argument("--rounds", type=int, default=LeakUtilityConfig.rounds)
-    parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
-    parser.add_argument("--transports", default=DEFAULT_TRANSPORTS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-users", type=int, default=0)
-    parser.add_argument("--max-items", type=int, default=0)
-    parser.add_argument("--dp-clip", type=float, default=1.0)
-    parser.add_argument(
+    parser = BENCHES["leak-utility"].add_to(
+        benches,
+        description="Train a model through every transport, attack every server view, and "
+        "tabulate utility against leak (with each attack's chance baseline). Writes "
+        "leak_utility.json, .md and .png to --out. Models and attacks are plug-ins "
+        "(securefed.bench.plugins; entry-point groups securefed.models and securefed.attacks).",
+    )
+    add = parser.add_argument
+    add(
+        "--data",
+        default="ml-latest-small",
+        metavar="NAME|PATH",
+        help="ml-latest-small (embedded), ml-100k, or a path to a ratings file or folder "
+        "(default: %(default)s)",
+    )
+    add(
+        "--split",
+        default=None,
+        metavar="NAME",
+        help="u1..u5/ua/ub for ML-100K; random otherwise (default: random)",
+    )
+    add(
+        "--model",
+        default="fedmf",
+        metavar="NAME",
+        help=f"the model plug-in (known here: {', '.join(model_names())}; default: %(default)s)",
+    )
+    add(
+        "--variants",
+        default=None,
+        metavar="V1,V2,...",
+        help="comma-separated variants of the model (default: all of the model's; fedmf's: "
+        "fedmf,fedrec,fedrec+)",
+    )
+    add(
+        "--attacks",
+        default=None,
+        metavar="A1,A2,...",
+        help=f"comma-separated attack plug-ins run on every view (known here: "
+        f"{', '.join(attack_names())}; default: the model's own, gradient-inversion for fedmf)",
+    )
+    add(
+        "--transports",
+        default=DEFAULT_TRANSPORTS,
+        metavar="SPEC,SPEC,...",
+        help="comma-separated transports: plaintext, secagg, ckks, dp:EPS (central DP at "
+        "epsilon EPS), dp-local:EPS, secagg+dp:EPS, ckks+dp:EPS (default: %(default)s)",
+    )
+    add(
+        "--rounds",
+        type=int,
+        default=LeakUtilityConfig.rounds,
+        metavar="N",
+        help="training rounds of every cell, >= 2 (default: %(default)s)",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the run seed: reproducible, not private (default: %(default)s)",
+    )
+    add(
+        "--max-users",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep only the N most active users (0: all; default: %(default)s)",
+    )
+    add(
+        "--max-items",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep only the N most rated items (0: all; default: %(default)s)",
+    )
+    add(
+        "--dp-clip",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="per-client L2 clip of the DP transports (default: %(default)s)",
+    )
+    add(
         "--transport-rounds",
         type=int,
         default=LeakUtilityConfig.transport_rounds,
-        help="last rounds of secagg/ckks cells run through the transport (0: all rounds)",
+        metavar="N",
+        help="last rounds of secagg/ckks/secagg+dp/ckks+dp cells run through the transport, "
+        "the earlier ones over its clear counterpart; 0: all rounds (default: %(default)s)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="cells trained at once")
-    parser.add_argument("--out", default="results/leak_utility")
-    parser.set_defaults(func=_main)
+    add(
+        "--model-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the model in its non-DP cells (FedMF: a FedMFConfig field), "
+        "repeatable (default: none)",
+    )
+    add(
+        "--dp-model-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the model in its DP cells (FedMF: a user_level_dp_config field), "
+        "repeatable (default: none)",
+    )
+    add(
+        "--workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="cells trained at once, one process each (default: %(default)s)",
+    )
+    add(
+        "--out",
+        default="results/leak_utility",
+        metavar="DIR",
+        help="output folder (default: %(default)s)",
+    )
+    parser.set_defaults(func=lambda args: _usage_error(parser, args))

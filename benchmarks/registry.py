@@ -22,6 +22,7 @@ from importlib import import_module
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "he": ("tenseal",),
+    "torch": ("torch",),
     "dp": ("opacus", "torch"),
     "rl": ("torch", "gymnasium", "sklearn"),
     "flower": ("flwr",),

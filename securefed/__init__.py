@@ -8,6 +8,7 @@ of recommenders; ``recsys`` and ``rl`` are its reference users.
 
 from securefed.errors import (
     AggregationError,
+    AlgorithmContractError,
     CheckpointError,
     InsecureParameterError,
     LedgerFormatError,
@@ -18,7 +19,14 @@ from securefed.errors import (
     ViewFormatError,
 )
 from securefed.randomness import SeedTree
-from securefed.runtime import ClientSampling, RunHistory, RunOptions, run_rounds
+from securefed.runtime import (
+    ClientSampling,
+    FederatedAlgorithm,
+    RunHistory,
+    RunOptions,
+    check_algorithm,
+    run_rounds,
+)
 from securefed.transport import (
     Aggregate,
     AggregationRound,
@@ -41,9 +49,11 @@ __all__ = [
     "Aggregate",
     "AggregationError",
     "AggregationRound",
+    "AlgorithmContractError",
     "CheckpointError",
     "ClientSampling",
     "FactoredRows",
+    "FederatedAlgorithm",
     "InsecureParameterError",
     "LedgerFormatError",
     "PlaintextTransport",
@@ -64,5 +74,6 @@ __all__ = [
     "ViewFormatError",
     "available_transports",
     "build_transport",
+    "check_algorithm",
     "run_rounds",
 ]

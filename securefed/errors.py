@@ -47,3 +47,10 @@ class UnsupportedTransport(SecurefedError, ValueError):
     Raised when the run is built (``run_rounds``' first step, or the algorithm's own), naming the
     option that needs what the transport lacks; never half-way through a run.
     """
+
+
+class AlgorithmContractError(SecurefedError, TypeError):
+    """An object handed to ``run_rounds`` lacks a member of the ``FederatedAlgorithm`` contract.
+
+    Raised when the run is built, naming every missing or malformed member.
+    """

@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from securefed.errors import CheckpointError, ViewFormatError
+from securefed.errors import (
+    AlgorithmContractError,
+    CheckpointError,
+    PrivacyBudgetExceeded,
+    ViewFormatError,
+)
 from securefed.integrity import (
     check_key,
     open_secret,
@@ -85,11 +90,16 @@ class ClientSampling:
 
 
 class FederatedAlgorithm(Protocol):
-    """What :func:`run_rounds` needs from an algorithm.
+    """What :func:`run_rounds` needs from an algorithm (checked by :func:`check_algorithm`).
 
-    An algorithm may also state what its configuration needs from the transport as a
-    ``transport_needs`` attribute (a :class:`~securefed.transport.capabilities.TransportNeeds`);
-    without one it needs aggregation rounds only.
+    Members:
+        n_clients: how many clients there are (an ``int >= 1``); client ids are
+            ``0 .. n_clients - 1`` and the sampling draws from them.
+        run_round: one round with the sampled clients (below).
+        state_dict, load_state_dict: everything needed to continue training, for checkpoints.
+        transport_needs: optional, a :class:`~securefed.transport.capabilities.TransportNeeds`
+            stating what the algorithm's configuration needs from the transport; without one it
+            needs aggregation rounds only.
     """
 
     n_clients: int
@@ -122,6 +132,10 @@ class RunOptions:
             rounds went through another transport, e.g. a plaintext warm start).
         checkpoint_key: optional key (at least 16 bytes) for HMAC digests of the checkpoints
             (else SHA-256, which detects corruption but not a deliberate edit).
+        on_budget_exhausted: what a round refused for its privacy budget does: ``"stop"`` ends
+            the run there and returns the history of the rounds done, with
+            :attr:`RunHistory.stop_reason` saying why; ``"raise"`` lets
+            :class:`~securefed.errors.PrivacyBudgetExceeded` propagate (the history is lost).
     """
 
     rounds: int
@@ -133,9 +147,15 @@ class RunOptions:
     fingerprint: Mapping[str, object] = field(default_factory=dict)
     first_round: int = 0
     checkpoint_key: bytes | None = field(default=None, repr=False)
+    on_budget_exhausted: Literal["stop", "raise"] = "stop"
 
     def __post_init__(self) -> None:
         check_key(self.checkpoint_key)
+        if self.on_budget_exhausted not in BUDGET_EXHAUSTED_ACTIONS:
+            raise ValueError(
+                f"on_budget_exhausted must be one of {BUDGET_EXHAUSTED_ACTIONS}, got "
+                f"{self.on_budget_exhausted!r}"
+            )
         if self.rounds < 1:
             raise ValueError(
                 f"rounds must be >= 1 (a run of no round trains nothing), got {self.rounds}"
@@ -146,12 +166,33 @@ class RunOptions:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
 
 
+BUDGET_EXHAUSTED_ACTIONS = ("stop", "raise")
+
+
 @dataclass
 class RunHistory:
-    """Per-round metrics of a run (restored with the checkpoint)."""
+    """Per-round metrics of a run (restored with the checkpoint).
+
+    Attributes:
+        rounds: one dict of metrics per completed round.
+        resumed_from: the round the run started from (a checkpoint's next round, else 0 or
+            ``first_round``).
+        stop_reason: ``None`` when every round ran; otherwise why the run ended early (the
+            budget refusal's message, ``RunOptions(on_budget_exhausted="stop")``).
+        stopped_at: the round that was refused (``None`` when every round ran). Its aggregate
+            was not released and the server model is the one after round ``stopped_at - 1``;
+            client-side work done before the refusal is not rolled back.
+    """
 
     rounds: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int = 0
+    stop_reason: str | None = None
+    stopped_at: int | None = None
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run did every round it was asked to."""
+        return self.stop_reason is None
 
     def last(self) -> dict[str, float]:
         return self.rounds[-1] if self.rounds else {}
@@ -176,10 +217,19 @@ def run_rounds(
     Returns:
         The per-round metrics; ``transport.view`` holds what the server saw.
 
+    A round refused for its privacy budget (:class:`~securefed.errors.PrivacyBudgetExceeded`)
+    ends the run there: the history of the rounds done is returned with its ``stop_reason`` and
+    ``stopped_at`` (``options.on_budget_exhausted="raise"``: the exception propagates instead).
+    No checkpoint is written for the refused round.
+
     Raises:
+        AlgorithmContractError: before any round, when ``algorithm`` lacks a member of
+            :class:`FederatedAlgorithm` (naming each).
         UnsupportedTransport: before any round, when ``transport`` cannot serve what the
             algorithm needs (naming the option that needs it).
+        PrivacyBudgetExceeded: a refused round under ``on_budget_exhausted="raise"``.
     """
+    check_algorithm(algorithm)
     require_capabilities(transport, loop_needs(algorithm))
     if options.checkpoint_dir and seeds.seed is None and options.checkpoint_key is None:
         raise ValueError(
@@ -211,7 +261,14 @@ def run_rounds(
             clients = options.sampling.sample(
                 algorithm.n_clients, seeds.generator("sampling", round_id)
             )
-            metrics = dict(algorithm.run_round(round_id, clients, transport, seeds))
+            try:
+                metrics = dict(algorithm.run_round(round_id, clients, transport, seeds))
+            except PrivacyBudgetExceeded as error:
+                if options.on_budget_exhausted == "raise":
+                    raise
+                history.stop_reason = f"privacy budget exhausted at round {round_id}: {error}"
+                history.stopped_at = round_id
+                break
             metrics["round"] = round_id
             metrics["clients"] = len(clients)
             history.rounds.append(metrics)
@@ -235,6 +292,39 @@ def run_rounds(
         if progress is not None:
             progress.close()
     return history
+
+
+_CONTRACT_METHODS = ("run_round", "state_dict", "load_state_dict")
+
+
+def check_algorithm(algorithm: object) -> None:
+    """Refuse an object that does not meet the :class:`FederatedAlgorithm` contract.
+
+    Raises:
+        AlgorithmContractError: naming every missing or malformed member (``n_clients`` must be
+            an ``int >= 1``; ``run_round``, ``state_dict``, ``load_state_dict`` callables;
+            ``transport_needs``, if present, a ``TransportNeeds``).
+    """
+    kind = type(algorithm).__name__
+    problems = []
+    n_clients = getattr(algorithm, "n_clients", None)
+    if n_clients is None:
+        problems.append("an 'n_clients' attribute (how many clients; ids 0 .. n_clients - 1)")
+    elif isinstance(n_clients, bool) or not isinstance(n_clients, (int, np.integer)):
+        problems.append(f"'n_clients' as an int, not {type(n_clients).__name__}")
+    elif n_clients < 1:
+        problems.append(f"'n_clients' >= 1, not {n_clients}")
+    for name in _CONTRACT_METHODS:
+        if not callable(getattr(algorithm, name, None)):
+            problems.append(f"a '{name}' method")
+    needs = getattr(algorithm, "transport_needs", None)
+    if needs is not None and not isinstance(needs, TransportNeeds):
+        problems.append(f"'transport_needs' as a TransportNeeds, not {type(needs).__name__}")
+    if problems:
+        raise AlgorithmContractError(
+            f"{kind} is not a FederatedAlgorithm: it needs " + "; ".join(problems) + " (see "
+            "securefed.runtime.FederatedAlgorithm and docs/byom.md)"
+        )
 
 
 def loop_needs(algorithm: FederatedAlgorithm) -> TransportNeeds:

@@ -15,7 +15,6 @@ import pytest
 from securefed import (
     CheckpointError,
     PlaintextTransport,
-    PrivacyBudgetExceeded,
     RunOptions,
     SeedTree,
     run_rounds,
@@ -85,8 +84,10 @@ def test_resumed_run_reports_the_epsilon_and_history_of_the_uninterrupted_run(
 def test_the_budget_binds_across_a_resume(small_split, tmp_path):
     _dp_run(small_split, tmp_path, rounds=20)  # checkpoint after round 20, the run's end
     ledger = _budget_ledger()
-    with pytest.raises(PrivacyBudgetExceeded, match="budget"):
-        _dp_run(small_split, tmp_path, rounds=2 * PLANNED_ROUNDS, ledger=ledger)  # 40 more
+    # 40 more rounds asked: the run stops cleanly where the budget binds (issue 19)
+    _, _, history = _dp_run(small_split, tmp_path, rounds=2 * PLANNED_ROUNDS, ledger=ledger)
+    assert history.stopped_at == PLANNED_ROUNDS and "budget" in history.stop_reason
+    assert [r["round"] for r in history.rounds][-1] == PLANNED_ROUNDS - 1
     assert ledger.steps == PLANNED_ROUNDS  # stopped where 30 rounds in all spent the budget
     assert ledger.epsilon() <= EPSILON * 1.0001
     saved = PrivacyLedger.from_state_dict(_checkpoint_ledgers(tmp_path)[0])

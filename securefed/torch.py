@@ -1,0 +1,516 @@
+"""Bring your own torch model: parameter vectors, FedAvg / FedOpt, DP-FedAvg with adaptive clipping.
+
+Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp`` and ``rl`` extras
+bring it too); importing ``securefed`` itself never imports this module.
+
+* :func:`module_to_vector` / :func:`vector_to_module` (and :func:`arrays_to_vector` /
+  :func:`vector_to_arrays` for a list of numpy arrays): a model's parameters as one float64
+  vector, so that a round submits a model delta directly
+  (``rnd.submit(client, module_to_vector(local) - global_vector, weight=w)``).
+* :class:`FedAvg`, a :class:`~securefed.runtime.FederatedAlgorithm`: every sampled client copies
+  the global model, runs ``local_epochs`` of minibatch SGD on its own examples and submits its
+  delta; the server moves the model with the mean delta through a server optimiser
+  (:mod:`securefed.server_optim`: ``sgd`` with ``lr=1`` is McMahan et al. 2017's FedAvg;
+  ``momentum``, ``adam``, ``yogi`` are Reddi et al. 2021's FedOpt). The weight rules each
+  transport needs are applied here, from what the transport declares (its capabilities and
+  public parameters), never by asking which transport it is:
+
+  - without DP, client ``k`` weighs ``n_k / max_j n_j`` (``weighting="examples"``; at most 1, so
+    ``w * delta`` stays inside secure aggregation's value range whenever ``delta`` does) or 1
+    (``"uniform"``), and the mean is ``total / weight``;
+  - under DP (a transport whose ``capabilities.dp_placement`` is set) the weights are
+    ``min(n_k / weight_cap, 1)`` (``dp_weight_cap``; ``None``: 1 for everyone), so that one
+    client moves the sum by at most the transport's clip, and the mean divides by the *fixed*
+    denominator ``q * sum_k w_k`` (``q`` the sampling rate, sum over all clients), never by the
+    released weight: McMahan et al. 2018, "Learning Differentially Private Recurrent Language
+    Models", DP-FedAvg with the fixed-denominator estimator. The round is refused if the
+    transport charges another sampling rate than the algorithm's :class:`ClientSampling`.
+
+* Adaptive clipping (:class:`AdaptiveClipping`; Andrew et al. 2021, "Differentially Private
+  Learning with Adaptive Clipping", Algorithm 1): the clip ``C_t`` follows a target quantile
+  ``gamma`` of the update norms by the geometric rule
+  ``C_{t+1} = C_t * exp(-eta_C * (b_t - gamma))``, ``b_t`` the noisy fraction of clients whose
+  update norm was at most ``C_t``. The fraction is released by the *same* Gaussian mechanism as
+  the update: each client submits ``[delta_k * A / C_t (clipped to norm A), B * (2 b_k - 1)]``,
+  a vector of norm at most ``sqrt(A^2 + B^2) = C`` (the transport's clip), and the transport adds
+  ``N(0, (sigma C)^2)`` to every coordinate and charges its ledger once per round for
+  ``sigma``. The update then carries the multiplier ``z_delta = sigma C / A`` and the bit count
+  the std ``sigma_b = sigma C / (2 B)``, i.e. ``z_delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)``:
+  their Theorem 1's split, and the quantile's noise is charged to the same ledger as the
+  update's. (Given ``sigma_b``, ``B = sigma C / (2 sigma_b)``; it must stay below ``C``.)
+
+Determinism: each client's minibatch order comes from ``seeds.generator("fedavg", round,
+client)``; the model must itself be deterministic (no dropout drawing from torch's global
+generator).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from securefed.errors import AggregationError, InsecureParameterError
+from securefed.randomness import SeedTree
+from securefed.runtime import ClientSampling
+from securefed.server_optim import ServerOptimiser, ServerOptimiserConfig
+from securefed.transport.base import Transport
+from securefed.transport.capabilities import TransportNeeds
+
+WEIGHTINGS = ("examples", "uniform")
+Batch = Sequence[torch.Tensor]
+LossFunction = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+# ------------------------------------------------------------------------------ vectors
+def _parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError(f"{type(module).__name__} has no trainable parameter")
+    return named
+
+
+def parameter_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Name and shape of each trainable parameter, in :func:`module_to_vector`'s order."""
+    return {name: tuple(p.shape) for name, p in _parameters(module)}
+
+
+def module_to_vector(module: nn.Module) -> np.ndarray:
+    """The trainable parameters of ``module`` as one float64 vector (``named_parameters`` order)."""
+    return np.concatenate(
+        [p.detach().cpu().double().reshape(-1).numpy() for _, p in _parameters(module)]
+    )
+
+
+def vector_to_module(vector: np.ndarray, module: nn.Module) -> None:
+    """Write ``vector`` (from :func:`module_to_vector` of a module of the same architecture)
+    into ``module``'s trainable parameters, in place, in their own dtype.
+
+    Raises:
+        ValueError: a vector of another length, not 1-D, or not finite.
+    """
+    vector = np.asarray(vector, dtype=np.float64)
+    named = _parameters(module)
+    expected = sum(p.numel() for _, p in named)
+    if vector.ndim != 1 or vector.size != expected:
+        raise ValueError(
+            f"vector of shape {vector.shape} does not fit {type(module).__name__}: it has "
+            f"{expected} trainable numbers"
+        )
+    if not np.isfinite(vector).all():
+        raise ValueError("the parameter vector holds a non-finite value")
+    offset = 0
+    with torch.no_grad():
+        for _, p in named:
+            part = vector[offset : offset + p.numel()].reshape(p.shape)
+            p.copy_(torch.from_numpy(part).to(dtype=p.dtype, device=p.device))
+            offset += p.numel()
+
+
+def arrays_to_vector(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """A list of numpy arrays (e.g. a Keras or JAX model's weights) as one float64 vector."""
+    if not len(arrays):
+        raise ValueError("no array to flatten")
+    return np.concatenate([np.asarray(a, dtype=np.float64).reshape(-1) for a in arrays])
+
+
+def vector_to_arrays(vector: np.ndarray, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Split ``vector`` into float64 arrays of the shapes of ``like`` (inverse of
+    :func:`arrays_to_vector`).
+
+    Raises:
+        ValueError: a vector of another length than the arrays of ``like`` hold together.
+    """
+    vector = np.asarray(vector, dtype=np.float64)
+    shapes = [np.shape(a) for a in like]
+    sizes = [math.prod(s) for s in shapes]
+    if vector.ndim != 1 or vector.size != sum(sizes):
+        raise ValueError(f"vector of shape {vector.shape} does not fit {sum(sizes)} numbers")
+    bounds = np.cumsum([0, *sizes])
+    pieces = zip(bounds[:-1], bounds[1:], shapes, strict=True)
+    return [vector[a:b].reshape(s).copy() for a, b, s in pieces]
+
+
+# ------------------------------------------------------------------------------ pure rules
+def example_weights(
+    n_examples: np.ndarray, weighting: str, *, dp: bool, weight_cap: float | None = None
+) -> np.ndarray:
+    """Per-client aggregation weights, all in ``[0, 1]``.
+
+    Args:
+        n_examples: each client's number of examples.
+        weighting: ``"examples"`` (``n_k / max_j n_j``) or ``"uniform"`` (1); not used under DP.
+        dp: the transport adds DP noise: ``min(n_k / weight_cap, 1)`` (McMahan et al. 2018),
+            all 1 without a cap.
+        weight_cap: the cap ``w_hat`` under DP (``None``: uniform).
+    """
+    counts = np.asarray(n_examples, dtype=np.float64)
+    if dp:
+        if weight_cap is None:
+            return np.ones_like(counts)
+        return np.minimum(counts / weight_cap, 1.0)
+    if weighting == "uniform":
+        return np.ones_like(counts)
+    return counts / counts.max()
+
+
+def weighted_mean(deltas: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``sum_k w_k delta_k / sum_k w_k`` (FedAvg's aggregate; McMahan et al. 2017, Alg. 1)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.sum() <= 0:
+        raise ValueError("the weights sum to zero: the mean is undefined")
+    return np.tensordot(weights, np.asarray(deltas, dtype=np.float64), axes=1) / weights.sum()
+
+
+def clip_to_norm(vector: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
+    """``vector * min(1, bound / ||vector||)`` and the norm before clipping."""
+    norm = float(np.linalg.norm(vector))
+    return (vector * (bound / norm) if norm > bound else vector), norm
+
+
+def quantile_split(noise_multiplier: float, count_noise: float, clip: float) -> tuple[float, float]:
+    """How a vector of norm at most ``clip`` is shared between the update and the clipped bit.
+
+    Returns ``(A, B)``: the update part's norm bound and the bit's magnitude, with
+    ``A^2 + B^2 = clip^2`` and ``B = noise_multiplier * clip / (2 * count_noise)``, so that the
+    count of clipped clients carries noise std ``count_noise`` (Andrew et al. 2021, Theorem 1).
+
+    Raises:
+        InsecureParameterError: ``count_noise <= noise_multiplier / 2`` (``B >= clip``: the
+            update would get no share).
+    """
+    share = noise_multiplier * clip / (2.0 * count_noise)
+    if share >= clip:
+        raise InsecureParameterError(
+            f"adaptive clipping's count noise {count_noise:g} must exceed half the noise "
+            f"multiplier ({noise_multiplier / 2:g}): Andrew et al.'s split "
+            "z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) is undefined otherwise"
+        )
+    return math.sqrt(clip * clip - share * share), share
+
+
+def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> float:
+    """``z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``: the update's own multiplier when the bit
+    count shares the Gaussian mechanism of multiplier ``z`` (Andrew et al. 2021, Theorem 1)."""
+    rest = noise_multiplier**-2 - (2.0 * count_noise) ** -2
+    if rest <= 0:
+        raise InsecureParameterError("count_noise must exceed half the noise multiplier")
+    return rest**-0.5
+
+
+def geometric_clip_update(
+    clip: float, unclipped_fraction: float, target_quantile: float, clip_lr: float
+) -> float:
+    """``C * exp(-eta_C * (b - gamma))`` (Andrew et al. 2021, the geometric update)."""
+    return clip * math.exp(-clip_lr * (unclipped_fraction - target_quantile))
+
+
+# ------------------------------------------------------------------------------ configuration
+@dataclass(frozen=True)
+class AdaptiveClipping:
+    """Adaptive clipping of DP-FedAvg (Andrew et al. 2021).
+
+    Attributes:
+        initial_clip: ``C_0`` (> 0).
+        target_quantile: ``gamma``, the share of clients left unclipped, in (0, 1).
+        clip_lr: ``eta_C`` of the geometric update (> 0; the paper uses 0.2).
+        count_noise: ``sigma_b``, the noise std on the count of unclipped clients (``None``: the
+            paper's ``expected clients / 20``).
+    """
+
+    initial_clip: float = 0.1
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    count_noise: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.initial_clip) and self.initial_clip > 0):
+            raise ValueError(f"initial_clip must be finite and > 0, got {self.initial_clip!r}")
+        if not 0 < self.target_quantile < 1:
+            raise ValueError(f"target_quantile must lie in (0, 1), got {self.target_quantile!r}")
+        if not (math.isfinite(self.clip_lr) and self.clip_lr > 0):
+            raise ValueError(f"clip_lr must be finite and > 0, got {self.clip_lr!r}")
+        if self.count_noise is not None and not (
+            math.isfinite(self.count_noise) and self.count_noise > 0
+        ):
+            raise ValueError(f"count_noise must be finite and > 0, got {self.count_noise!r}")
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    """What :class:`FedAvg` does each round.
+
+    Attributes:
+        local_epochs: passes over its examples each sampled client makes (>= 1).
+        batch_size: minibatch size of the local SGD (>= 1).
+        client_lr: the clients' SGD step (> 0).
+        weighting: ``"examples"`` or ``"uniform"`` without DP (module docstring).
+        server: the server optimiser (:mod:`securefed.server_optim`).
+        sampling: the run's client sampling; must be the one given to ``RunOptions`` (DP's fixed
+            denominator and the accountant's rate both come from it).
+        dp_weight_cap: under DP, ``w_k = min(n_k / dp_weight_cap, 1)`` (``None``: all 1).
+        adaptive_clipping: adaptive clipping under DP (``None``: the transport's fixed clip).
+    """
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    client_lr: float = 0.1
+    weighting: str = "examples"
+    server: ServerOptimiserConfig = field(default_factory=ServerOptimiserConfig)
+    sampling: ClientSampling = field(default_factory=ClientSampling)
+    dp_weight_cap: float | None = None
+    adaptive_clipping: AdaptiveClipping | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("local_epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (math.isfinite(self.client_lr) and self.client_lr > 0):
+            raise ValueError(f"client_lr must be finite and > 0, got {self.client_lr!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if not isinstance(self.server, ServerOptimiserConfig):
+            raise ValueError("server must be a ServerOptimiserConfig")
+        if not isinstance(self.sampling, ClientSampling):
+            raise ValueError("sampling must be a runtime.ClientSampling")
+        if self.dp_weight_cap is not None and not (
+            math.isfinite(self.dp_weight_cap) and self.dp_weight_cap > 0
+        ):
+            raise ValueError(f"dp_weight_cap must be finite and > 0, got {self.dp_weight_cap!r}")
+        if self.adaptive_clipping is not None and self.dp_weight_cap is not None:
+            raise ValueError(
+                "adaptive_clipping needs uniform DP weights (the clipped bit's sensitivity "
+                "assumes weight 1): leave dp_weight_cap None"
+            )
+
+
+# ------------------------------------------------------------------------------ the algorithm
+class FedAvg:
+    """FedAvg / FedOpt / DP-FedAvg over any ``nn.Module`` (module docstring).
+
+    Args:
+        model: the global model (its parameters are overwritten after every round).
+        clients: one tuple of tensors per client (all with the client's examples along the first
+            axis, e.g. ``(items, ratings)``); client ``k`` is ``clients[k]``.
+        loss: ``loss(model, batch)`` -> scalar loss of a minibatch (a tuple of the client's
+            tensors, sliced along the first axis).
+        config: :class:`FedAvgConfig`.
+
+    Attributes:
+        n_clients: ``len(clients)``.
+        clip_history: the clip of each round run under adaptive clipping.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        clients: Sequence[Batch],
+        loss: LossFunction,
+        config: FedAvgConfig | None = None,
+    ) -> None:
+        self.config = FedAvgConfig() if config is None else config
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
+        if not callable(loss):
+            raise ValueError("loss must be callable: loss(model, batch) -> scalar tensor")
+        self.model = model
+        self.loss = loss
+        self.clients = [tuple(data) for data in clients]
+        if not self.clients:
+            raise ValueError("FedAvg needs at least one client")
+        counts = []
+        for k, data in enumerate(self.clients):
+            sizes = {len(t) for t in data}
+            if not data or len(sizes) != 1 or 0 in sizes:
+                raise ValueError(
+                    f"client {k}'s tensors must be non-empty with one length along the first axis"
+                    f" (got lengths {sorted(sizes)})"
+                )
+            counts.append(sizes.pop())
+        self.n_examples = np.array(counts, dtype=np.int64)
+        self.n_clients = len(self.clients)
+        self.shapes = parameter_shapes(model)
+        self.params = module_to_vector(model)
+        self._local = copy.deepcopy(model)
+        self.optimiser = ServerOptimiser(self.config.server)
+        clipping = self.config.adaptive_clipping
+        self.clip = None if clipping is None else clipping.initial_clip
+        self.clip_history: list[float] = []
+
+    @property
+    def transport_needs(self) -> TransportNeeds:
+        return TransportNeeds("FedAvg")
+
+    # -- the client --------------------------------------------------------------------
+    def local_delta(self, client: int, rng: np.random.Generator) -> np.ndarray:
+        """Client ``client``'s update: its locally trained parameters minus the global ones."""
+        local = self._local
+        vector_to_module(self.params, local)
+        local.train()
+        optimiser = torch.optim.SGD(local.parameters(), lr=self.config.client_lr)
+        data = self.clients[client]
+        size = len(data[0])
+        for _ in range(self.config.local_epochs):
+            order = torch.from_numpy(rng.permutation(size))
+            for start in range(0, size, self.config.batch_size):
+                index = order[start : start + self.config.batch_size]
+                optimiser.zero_grad(set_to_none=True)
+                value = self.loss(local, tuple(t[index] for t in data))
+                value.backward()
+                optimiser.step()
+        return module_to_vector(local) - self.params
+
+    # -- a round -----------------------------------------------------------------------
+    def run_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> Mapping[str, float]:
+        """Train the sampled clients, aggregate their deltas over ``transport``, step the server.
+
+        Raises:
+            InsecureParameterError: DP with a sampling rate other than the transport charges,
+                or adaptive clipping over a transport without DP.
+            AggregationError: a DP round that sampled no client.
+        """
+        dp = transport.capabilities.dp_placement is not None
+        if self.config.adaptive_clipping is not None and not dp:
+            raise InsecureParameterError(
+                "adaptive_clipping applies to DP-FedAvg only: the transport adds no DP noise, "
+                "and a clip without noise bounds nothing (use a dp transport or drop it)"
+            )
+        clients = np.asarray(clients, dtype=np.int64)
+        if dp:
+            self._check_sampling(transport)
+            if len(clients) == 0:
+                raise AggregationError(
+                    f"round {round_id} sampled no client: a DP round releases its noisy sum "
+                    "whoever took part, and cannot be opened empty"
+                )
+        elif len(clients) == 0:
+            return {"loss_clients": float("nan")}
+        weights = example_weights(
+            self.n_examples[clients],
+            self.config.weighting,
+            dp=dp,
+            weight_cap=self.config.dp_weight_cap,
+        )
+        adaptive = self.config.adaptive_clipping is not None
+        width = self.params.size + (1 if adaptive else 0)
+        rnd = transport.open_round(round_id, clients, shape=(1, width), seeds=seeds)
+        rnd.broadcast("model", self.params)
+        parts = self._adaptive_parts(transport) if adaptive else None
+        norms = []
+        for client, weight in zip(clients.tolist(), weights.tolist(), strict=True):
+            delta = self.local_delta(client, seeds.generator("fedavg", round_id, client))
+            norms.append(float(np.linalg.norm(delta)))
+            if parts is not None:
+                delta = self._with_clipped_bit(delta, *parts)
+            rnd.submit(client, delta, weight=weight)
+        aggregate = rnd.result()
+        metrics = {"update_norm_median": float(np.median(norms))}
+        if parts is not None:
+            mean, unclipped = self._adaptive_mean(aggregate.total[0], *parts)
+            metrics |= {"clip": self.clip, "unclipped_fraction": unclipped}
+            self.clip_history.append(self.clip)
+            cfg = self.config.adaptive_clipping
+            self.clip = geometric_clip_update(
+                self.clip, unclipped, cfg.target_quantile, cfg.clip_lr
+            )
+        elif dp:
+            mean = aggregate.total[0] / self._fixed_denominator()
+        else:
+            mean = aggregate.total[0] / aggregate.weight
+        self._apply(mean)
+        return metrics
+
+    def _check_sampling(self, transport: Transport) -> None:
+        charged = transport.view.public.get("sample_rate")
+        rate = self.config.sampling.rate(self.n_clients)
+        if charged is None or not math.isclose(float(charged), rate, rel_tol=1e-9):
+            raise InsecureParameterError(
+                f"FedAvg's fixed denominator assumes sampling rate {rate:g} "
+                f"(FedAvgConfig.sampling {self.config.sampling}), the transport charges "
+                f"{charged!r}: give both the run's ClientSampling"
+            )
+        ledger = transport.ledger  # the accountant, told the run's sampling by run_rounds
+        mode = None if ledger is None else ledger.sampling
+        if mode is not None and mode != self.config.sampling.mode:
+            raise InsecureParameterError(
+                f"FedAvgConfig.sampling is {self.config.sampling.mode!r} but the run samples "
+                f"{mode!r}: give RunOptions and FedAvgConfig the same ClientSampling"
+            )
+
+    def _fixed_denominator(self) -> float:
+        """``q * sum_k w_k`` over every client: the expected weight of a round (public)."""
+        all_weights = example_weights(
+            self.n_examples, self.config.weighting, dp=True, weight_cap=self.config.dp_weight_cap
+        )
+        return self.config.sampling.rate(self.n_clients) * float(all_weights.sum())
+
+    def _count_noise(self) -> float:
+        given = self.config.adaptive_clipping.count_noise
+        return given if given is not None else self._fixed_denominator() / 20.0
+
+    def _adaptive_parts(self, transport: Transport) -> tuple[float, float]:
+        public = transport.view.public
+        clip, sigma = float(public["dp_clip"]), float(public["dp_noise_multiplier"])
+        return quantile_split(sigma, self._count_noise(), clip)
+
+    def _with_clipped_bit(self, delta: np.ndarray, update_bound: float, bit: float) -> np.ndarray:
+        clipped, norm = clip_to_norm(delta, self.clip)
+        unclipped = 1.0 if norm <= self.clip else 0.0
+        # Scaled a hair inside the bound so that the transport's own clip leaves it untouched.
+        scaled = clipped * (update_bound * (1 - 1e-12) / self.clip)
+        return np.append(scaled, bit * (2.0 * unclipped - 1.0))
+
+    def _adaptive_mean(
+        self, total: np.ndarray, update_bound: float, bit: float
+    ) -> tuple[np.ndarray, float]:
+        expected = self._fixed_denominator()
+        mean = total[:-1] * (self.clip / (update_bound * (1 - 1e-12))) / expected
+        unclipped = float(total[-1] / (2.0 * bit) / expected + 0.5)
+        return mean, unclipped
+
+    def _apply(self, mean: np.ndarray) -> None:
+        updated = []
+        offset = 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            block = self.params[offset : offset + size].reshape(shape)
+            step = mean[offset : offset + size].reshape(shape)
+            updated.append(self.optimiser.step(name, block, step).reshape(-1))
+            offset += size
+        self.params = np.concatenate(updated)
+        vector_to_module(self.params, self.model)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The global parameters, the server optimiser's moments and the clip (if adaptive)."""
+        state = {"params": self.params.copy()}
+        state |= {f"server/{k}": v for k, v in self.optimiser.state_dict().items()}
+        if self.clip is not None:
+            state["clip"] = np.array(self.clip)
+            state["clip_history"] = np.array(self.clip_history, dtype=np.float64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            KeyError: a missing entry. ValueError: parameters of another size.
+        """
+        params = np.asarray(state["params"], dtype=np.float64)
+        if params.shape != self.params.shape:
+            raise ValueError(f"params of shape {params.shape}, the model has {self.params.shape}")
+        server = {k[len("server/") :]: v for k, v in state.items() if k.startswith("server/")}
+        self.optimiser.load_state_dict(server)
+        if self.clip is not None:
+            self.clip = float(state["clip"])
+            self.clip_history = [float(c) for c in np.asarray(state["clip_history"])]
+        self.params = params.copy()
+        vector_to_module(self.params, self.model)
