@@ -334,3 +334,7 @@ def _command_name(args: argparse.Namespace) -> str:
     """``fedmf``, ``bench fedslate``: the chosen command as typed."""
     group = registry.COMMANDS[args.command]
     return f"{args.command} {getattr(args, args.command)}" if group.subcommands else args.command
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
