@@ -76,7 +76,7 @@ def surprise_svd(split: Split, settings: SVDSettings, seed: int) -> dict:
         path = os.path.join(directory, "train.txt")
         with open(path, "w") as handle:
             for user, item, rating in zip(train.users, train.items, train.ratings, strict=True):
-                handle.write(f"{user} {item} {rating!r}\n")
+                handle.write(f"{user} {item} {float(rating)!r}\n")
         reader = Reader(
             line_format="user item rating", sep=" ", rating_scale=(scale.minimum, scale.maximum)
         )

@@ -755,8 +755,7 @@ class FedMF:
         new_user = user - cfg.lr * (-2.0 * pull + 2.0 * cfg.reg_user * user)
         if not cfg.biases:
             return new_user, user_bias
-        bias_pull = np.add.reduceat(errors, indptr[:-1]) if len(errors) else np.zeros(len(user))
-        bias_pull = np.where(counts > 0, bias_pull, 0.0)  # reduceat repeats at empty segments
+        bias_pull = segment_sum(errors[:, None], indptr)[:, 0]
         if cfg.user_step == "mean":
             bias_pull = bias_pull / np.maximum(counts, 1)
         return new_user, user_bias - cfg.lr * (-2.0 * bias_pull + 2.0 * cfg.reg_bias * user_bias)

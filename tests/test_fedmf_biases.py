@@ -347,3 +347,15 @@ def test_defaults_beat_the_damped_baseline_on_ml_latest_small():
     split = datasets.load("ml-latest-small", None, seed=0)
     fedmf, baseline = _biased_against_baseline(split, biased_config())
     assert fedmf < baseline - 0.02  # measured: 0.8737 against 0.9032
+
+
+def test_users_without_training_ratings_keep_zero_bias(small_split):
+    train = small_split.train
+    last = train.n_users - 1
+    train = train.subset((train.users != last) & (train.users != 0))  # first and last: empty
+    cfg = FedMFConfig(dim=3, rounds=2, biases=True, reg_bias=0.0)
+    seeds = SeedTree(0)
+    model = FedMF(train, cfg, seeds)
+    run_rounds(model, PlaintextTransport(), seeds, RunOptions(rounds=2, progress=False))
+    assert model.user_bias[0] == 0.0 and model.user_bias[last] == 0.0
+    assert np.count_nonzero(model.user_bias) == train.n_users - 2
