@@ -136,7 +136,8 @@ class FedMFConfig:
             as published; True for FedRec+).
         virtual_rating: where virtual ratings come from: ``"hybrid"`` (FedRec: the user's mean
             for ``warmup_rounds``, then its prediction), ``"similar"`` (similarity-weighted mean
-            of the user's ratings; FedRec+ default) or ``"prediction"`` (the user's prediction
+            of the user's ratings; FedRec+ default; with ``biases``, of its ratings net of their
+            item biases, plus the pseudo item's bias) or ``"prediction"`` (the user's prediction
             from the start: most accurate, but recomputable by the server). ``None``: the
             variant's default.
         virtual_rounding: how virtual ratings are put on the scale: ``"nearest"`` grid point, or
@@ -839,9 +840,14 @@ class FedMF:
             # From the similar rated items: a prediction <U_u, V_j> would equal what the server
             # computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
             entries, _ = take_rows(self.indptr, clients)
+            rated = self.ratings[entries]
+            if cfg.biases:  # the neighbours' ratings net of their item bias, plus the item's own
+                rated = rated - self.item_bias[items]
             virtual = similarity_weighted_ratings(
-                indptr, items, self.ratings[entries], pseudo_indptr, pseudo_items, self.V
+                indptr, items, rated, pseudo_indptr, pseudo_items, self.V
             )
+            if cfg.biases:
+                virtual = virtual + self.item_bias[pseudo_items]
         elif round_id >= cfg.warmup_rounds or cfg.virtual_source == "prediction":
             if current_dot is None:
                 current_dot = self._scores(
