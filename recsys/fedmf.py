@@ -40,6 +40,12 @@ What a client uploads is one ``(n_items + 2, dim + 1)`` block (a :class:`RowUpda
   Wasserstein weights need (and ``sum_u p_u`` for ``aggregation="sum"``); both zero under
   ``aggregation="fixed"``.
 
+With ``biases`` (docs/fedmf.md) the block is ``(n_items + 2, dim + 2)``: item row ``i`` is
+``[p_u * g_ui, p_u * (-2 e_ui + 2 mu_b b_i), p_u]``, the item bias's gradient one extra column
+of the item row (index ``dim``), before the count column; the statistics rows carry zero there.
+The user bias never leaves the device; the global mean comes from one aggregation round of
+``[sum of ratings, count]`` (:meth:`FedMF.rating_mean_round`).
+
 Every quantity is a sum over clients, so the same code runs under secure aggregation or CKKS.
 For a synchronous round the users are independent given ``V``, so computing all of them with a
 few sparse products is exact (``tests/test_fedmf.py`` checks it against a per-client loop).
