@@ -57,9 +57,11 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--preset",
         default="paper",
-        choices=["paper", "dp"],
-        help="starting settings: paper (FedMFConfig defaults) or dp (user_level_dp_config: "
-        "fixed-denominator aggregation, user-mean offset); the options below override them",
+        choices=["paper", "biased", "dp"],
+        help="starting settings: paper (FedMFConfig defaults), biased (biased_config: biases, "
+        "Adam on the server, a third of the rounds; the choice for a new ratings file) or dp "
+        "(user_level_dp_config: fixed-denominator aggregation, user-mean offset); the options "
+        "below override them",
     )
     parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
     from securefed.transport import transport_names
@@ -73,8 +75,46 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument("--dim", type=int, default=None, help="latent dimension (20)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (500)")
     parser.add_argument("--lr", type=float, default=None, help="users' step size gamma (0.1)")
-    parser.add_argument("--server-lr", type=float, default=None, help="server step eta (0.1)")
+    parser.add_argument(
+        "--server-lr", type=float, default=None, help="server step eta (0.1; Adam's in biased)"
+    )
     parser.add_argument("--reg", type=float, default=None, help="lambda = mu, L2 weight (0.12)")
+    parser.add_argument(
+        "--biases",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="model global mean + user bias (on the device) + item bias (uploaded with the item "
+        "rows); on in the biased preset",
+    )
+    parser.add_argument("--reg-bias", type=float, default=None, help="L2 weight of the biases")
+    from securefed.server_optim import SERVER_OPTIMISERS
+
+    parser.add_argument(
+        "--server-optimiser",
+        default=None,
+        choices=SERVER_OPTIMISERS,
+        help="the server's rule for V and the item biases (FedOpt; sgd is V - eta G)",
+    )
+    parser.add_argument(
+        "--validation",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="choose the rounds by early stopping on FRACTION of each user's training ratings "
+        "(--rounds is then the most), then train on all of them (not under DP)",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=4,
+        help="with --validation: evaluations without improvement before stopping (4)",
+    )
+    parser.add_argument(
+        "--validate-every",
+        type=int,
+        default=5,
+        help="with --validation: rounds between two evaluations (5)",
+    )
     parser.add_argument("--init-std", type=float, default=None, help="initial factor std (0.3)")
     parser.add_argument("--upload", default=None, choices=["part", "full"])
     parser.add_argument("--aggregation", default=None, choices=["mean", "sum", "fixed"])
@@ -147,7 +187,8 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
-    from securefed.recsys.fedmf import FedMFConfig, user_level_dp_config
+    from securefed.recsys.fedmf import FedMFConfig, biased_config, user_level_dp_config
+    from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
     split = datasets.load(
@@ -175,9 +216,15 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "weighting": args.weighting,
         "filling_regularisation": args.filling_regularisation,
         "dropout": args.dropout,
+        "biases": args.biases,
+        "reg_bias": args.reg_bias,
+        "server_optimiser": args.server_optimiser,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
-    config = user_level_dp_config(**overrides) if args.preset == "dp" else FedMFConfig(**overrides)
+    presets = {"paper": FedMFConfig, "biased": biased_config, "dp": user_level_dp_config}
+    config = presets[args.preset](**overrides)
+    if args.validation is None and (args.patience != 4 or args.validate_every != 5):
+        raise ValueError("--patience and --validate-every apply only with --validation")
     sampling = (
         ClientSampling()
         if args.clients_per_round is None
@@ -203,6 +250,8 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         progress=False if args.no_progress else None,
         ranking=args.ranking,
         transport_options=transport_options,
+        validation=args.validation,
+        early_stopping=EarlyStopping(patience=args.patience, every=args.validate_every),
     )
     try:
         record, _, transport = run_fedmf(split, run)
@@ -237,6 +286,10 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         )
     }
     shown |= {k: v for k, v in record.items() if k.startswith(("hr@", "ndcg@", "epsilon"))}
+    if "validation" in record:
+        shown["validation"] = {
+            k: record["validation"][k] for k in ("rounds", "stopped_early", "seconds")
+        }
     if args.seed is not None:
         print(
             f"securefed: seeded run (seed {args.seed}): every key, mask and noise draw follows "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -13,6 +14,7 @@ from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_
 from securefed.recsys.data import Split
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
+from securefed.recsys.validation import EarlyStopping, best_round, holdout_split
 from securefed.transport import (
     build_transport,
     option_groups,
@@ -44,8 +46,12 @@ class FedMFRun:
     ranking: bool = False
     transport_options: dict = field(default_factory=dict)
     warm_start_rounds: int = 0
+    validation: float | None = None
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
 
     def __post_init__(self) -> None:
+        if self.validation is not None and self.warm_start_rounds:
+            raise ValueError("validation cannot be combined with warm_start_rounds")
         if not 0 <= self.warm_start_rounds < max(self.config.rounds, 1):
             raise ValueError(
                 f"warm_start_rounds must lie in [0, rounds), got {self.warm_start_rounds}"
@@ -63,13 +69,91 @@ WARM_START_TRANSPORT = {
 }
 
 
+class _Stopped(Exception):
+    """Raised from the round callback once early stopping has decided (caught in this module)."""
+
+
+def choose_rounds(split: Split, run: FedMFRun) -> dict:
+    """The number of rounds by the validation rule (:mod:`securefed.recsys.validation`).
+
+    Holds out ``run.validation`` of each user's training ratings (the test set stays out),
+    trains on the rest over ``run``'s transport for at most ``config.rounds`` rounds, evaluates
+    the validation RMSE every ``early_stopping.every`` rounds and stops after ``patience``
+    evaluations without improvement.
+
+    Returns:
+        ``{"rounds": chosen, "stopped_early": bool, "curve": [[rounds, rmse], ...],
+        "seconds": float, ...}``.
+
+    Raises:
+        InsecureParameterError: a transport that charges a privacy ledger (a choice made on the
+            private ratings is a release the ledger would not count).
+    """
+    from securefed.errors import InsecureParameterError
+
+    if "dp" in option_groups(parse_transport_spec(run.transport).name):
+        raise InsecureParameterError(
+            f"validation over {run.transport!r}: choosing the rounds from the private ratings "
+            "spends privacy that the DP ledger does not count; choose them on public data"
+        )
+    seeds = SeedTree.secure_mode() if run.seed is None else SeedTree(run.seed)
+    parts = holdout_split(split.train, run.validation, seeds.generator("validation"))
+    inner = Split(parts.train, parts.test, f"{split.name}/validation")
+    stopping, curve = run.early_stopping, []
+
+    def on_round(model: FedMF, round_id: int) -> None:
+        if not stopping.evaluates(round_id):
+            return
+        predictions = model.predict(inner.test.users, inner.test.items)
+        curve.append((round_id + 1, rmse(predictions, inner.test.ratings)))
+        if best_round(curve, stopping)[1]:
+            raise _Stopped
+
+    started = time.perf_counter()
+    with contextlib.suppress(_Stopped):
+        _train(inner, replace(run, validation=None, checkpoint_dir=None), on_round)
+    seconds = time.perf_counter() - started
+    if not curve:
+        raise ValueError(
+            f"validation evaluates every {stopping.every} rounds but the run has only "
+            f"{run.config.rounds}"
+        )
+    rounds, stopped = best_round(curve, stopping)
+    return {
+        "rounds": rounds,
+        "stopped_early": stopped,
+        "curve": [[r, v] for r, v in curve],
+        "seconds": seconds,
+        "fraction": run.validation,
+        "patience": stopping.patience,
+        "every": stopping.every,
+    }
+
+
 def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
     """Train, evaluate, and return ``(result record, model, transport)``.
+
+    With ``run.validation`` the number of rounds is first chosen by :func:`choose_rounds`
+    (``config.rounds`` is then the most it may pick) and the model is trained on all the
+    training ratings for that many; the record's ``validation`` entry holds the curve, and
+    ``seconds`` the final run's time (``validation["seconds"]`` the choice's).
 
     The record holds at least: rmse, mae, variant, transport, rounds, seconds, bytes_up,
     bytes_down (totals over the run), bytes_up_per_client and bytes_down_per_client (mean per
     participating client per round), and the data set's name and sizes.
     """
+    validation = None
+    if run.validation is not None:
+        validation = choose_rounds(split, run)
+        run = replace(run, config=replace(run.config, rounds=validation["rounds"]), validation=None)
+    record, model, transport = _train(split, run, None)
+    if validation is not None:
+        record["validation"] = validation
+    return record, model, transport
+
+
+def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
+    """One run of ``run.config.rounds`` rounds (``on_round(model, round_id)`` after each)."""
     cfg = run.config
     if cfg.aggregation == "fixed" and cfg.expected_clients is None:
         # The public denominator: the expected number of uploads under the run's sampling.
@@ -111,6 +195,7 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
             first_round=run.warm_start_rounds,
             on_budget_exhausted="raise",
         ),
+        on_round=None if on_round is None else (lambda r, _: on_round(model, r)),
     )
     seconds = time.perf_counter() - started
     predictions = model.predict(split.test.users, split.test.items)

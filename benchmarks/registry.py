@@ -131,6 +131,11 @@ BENCHES: dict[str, Command] = _table(
     Command("fedmf-dp", "FedMF test RMSE per epsilon and placement", _FEDMF, ("dp",)),
     Command("fedmf-perf", "round vs centralised step; scale", _FEDMF),
     Command(
+        "fedmf-vs-centralised",
+        "biased FedMF vs Surprise SVD and the damped baseline: RMSE and time",
+        "securefed.bench.bench_centralised:register",
+    ),
+    Command(
         "leak-utility",
         "leak versus utility, every variant x transport",
         "securefed.bench.leak_utility:register",
