@@ -572,12 +572,19 @@ def server_network(config: FedSlateConfig, generator: torch.Generator | None = N
 
 def ckks_config(config: FedSlateConfig):
     """The CKKS channel's parameters for ``config`` (``None`` for other channels): the output
-    gradients of FedSlate's Huber losses are bounded by ``huber_delta``."""
+    gradients of FedSlate's Huber losses are bounded by ``huber_delta``; Q-values by
+    :data:`CKKS_Q_BOUND` (a platform refuses to encrypt a larger one, ending the run)."""
     if config.fusion != "ckks":
         return None
     from securefed.fusion.ckks_module import CKKSModuleConfig
 
-    return CKKSModuleConfig(grad_bound=max(1.0, config.huber_delta))
+    return CKKSModuleConfig(value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta))
+
+
+CKKS_Q_BOUND = 64.0
+"""Public bound on a platform's Q-values under CKKS. Returns are near 1.5 at the default reward
+scale, but a platform without rewards drifts: B's Q-values passed 8 after 65 episodes of a
+(10, 3) run (docs/fedslate.md); the flooding's error bound grows with its square."""
 
 
 def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOADS) -> FedSlateRun:

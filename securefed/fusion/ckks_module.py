@@ -94,7 +94,8 @@ __all__ = [
 ]
 
 STEP_STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
-"""Where a channel's time goes (``channel.seconds``)."""
+"""Where a channel's time goes (``channel.seconds``: CPU seconds of the process, so that a
+shared machine's load does not inflate them; the work is single-threaded)."""
 
 
 def circuit_levels(degree: int) -> int:
@@ -588,9 +589,9 @@ class CKKSModuleFusionChannel:
         if network == "target" and self.target is None:
             raise RuntimeError("this channel has no target network (built with target=None)")
         module = self.module if network == "online" else self.target
-        start = time.perf_counter()
+        start = time.process_time()
         coefficients = self._coefficients(module, grad=False).numpy()
-        self.seconds["server_evaluation"] += time.perf_counter() - start
+        self.seconds["server_evaluation"] += time.process_time() - start
         length = int(np.prod(shape))
         per_member = shape[1] * shape[2]
         slots = self.params.slots
@@ -598,14 +599,14 @@ class CKKSModuleFusionChannel:
         senders = self._parties if self.cross else None
         result, pending = {}, {}
         for p in outputs:
-            start = time.perf_counter()
+            start = time.process_time()
             order = [p, *[q for q in self._parties if q != p]]
             ordered = [q for q in order if senders is not None or q == p]
             encrypted = {
                 q: self.keys[q].encrypt_for(arrays[q].reshape(-1), self.keys[p]) for q in ordered
             }
             self.counts["encrypt"] += sum(len(v) for v in encrypted.values())
-            now = time.perf_counter()
+            now = time.process_time()
             self.seconds["encryption"] += now - start
             start = now
             context = self.server_contexts[p]
@@ -620,11 +621,11 @@ class CKKSModuleFusionChannel:
                 value = self._combine(terms, multipliers[0])
                 returned.append(self._to_party(self._return(value, p), p))
                 chunk_monomials.append(powers)
-            now = time.perf_counter()
+            now = time.process_time()
             self.seconds["server_evaluation"] += now - start
             start = now
             fused = self.keys[p].decrypt(returned, length).reshape(shape)
-            self.seconds["decryption"] += time.perf_counter() - start
+            self.seconds["decryption"] += time.process_time() - start
             if p in chosen:
                 index = chosen[p]
                 index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
@@ -724,15 +725,15 @@ class CKKSModuleFusionChannel:
         derivative_coefficients = coefficients[:, source] * factor
         result = {}
         for p, g in full.items():
-            start = time.perf_counter()
+            start = time.process_time()
             encrypted = self.keys[p].encrypt_for(g.reshape(-1), self.keys[p])
             self.counts["encrypt"] += len(encrypted)
-            now = time.perf_counter()
+            now = time.process_time()
             self.seconds["encryption"] += now - start
             chunk_monomials = pending["parties"][p][0]
             returned = []
             for c, (a, b) in enumerate(bounds):
-                start = time.perf_counter()
+                start = time.process_time()
                 g_c = _context_of(encrypted[c], self.server_contexts[p])
                 powers = chunk_monomials[c]
                 segments = _segments(a, b, per_member)
@@ -740,9 +741,9 @@ class CKKSModuleFusionChannel:
                     product = g_c if k == 0 else g_c * powers[m]
                     if k:
                         self.counts["cipher_mul"] += 1
-                    self.seconds["server_evaluation"] += time.perf_counter() - start
+                    self.seconds["server_evaluation"] += time.process_time() - start
                     sums[:, k] += self._masked_sums(product, p, segments, a, per_member)
-                    start = time.perf_counter()
+                    start = time.process_time()
                 multipliers = self._coefficient_vectors(derivative_coefficients, a, b, per_member)
                 acc = None
                 for k, m in enumerate(smaller):
@@ -757,18 +758,18 @@ class CKKSModuleFusionChannel:
                 if acc is None:
                     acc = g_c * 2.0 ** -(self.params.scale_bits - 4)
                 returned.append(self._to_party(self._return(acc, p), p))
-                self.seconds["server_evaluation"] += time.perf_counter() - start
+                self.seconds["server_evaluation"] += time.process_time() - start
             if p in recipients:
-                start = time.perf_counter()
+                start = time.process_time()
                 dx = self.keys[p].decrypt(returned, length).reshape(shape)
-                self.seconds["decryption"] += time.perf_counter() - start
+                self.seconds["decryption"] += time.process_time() - start
                 result[p] = torch.from_numpy(dx).to(pending["dtype"] or torch.float64)
-        start = time.perf_counter()
+        start = time.process_time()
         self.optimiser.zero_grad(set_to_none=True)
         surrogate = (coefficients_t * torch.from_numpy(sums)).sum()
         surrogate.backward()
         self.optimiser.step()
-        self.seconds["server_evaluation"] += time.perf_counter() - start
+        self.seconds["server_evaluation"] += time.process_time() - start
         self._pending = None
         self.last_sums = sums
         n = len(bounds)
@@ -786,7 +787,7 @@ class CKKSModuleFusionChannel:
 
     def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
         """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""
-        tick = time.perf_counter()
+        tick = time.process_time()
         mask = self.masks.draw(product.size())
         masked = product + mask.tolist()
         local = [(a - start, b - start) for a, b in segments]
@@ -798,7 +799,7 @@ class CKKSModuleFusionChannel:
         for (a, b), value in zip(segments, released, strict=True):
             out[a // per_member] += value - mask[a - start : b - start].sum()
         self.counts["exchange"] += 1
-        self.seconds["exchange"] += time.perf_counter() - tick
+        self.seconds["exchange"] += time.process_time() - tick
         return out
 
     def _record(self, kind, *, network, tag, train, outputs, up, down, aggregate=None) -> None:
