@@ -60,7 +60,6 @@ import numpy as np
 import tenseal as ts
 
 from securefed.crypto.ckks import (
-    Ciphertext,
     Flooding,
     FusionCircuit,
     PublicContext,
@@ -823,8 +822,3 @@ def _segments(start: int, stop: int, per_member: int) -> list[tuple[int, int]]:
         out.append((a, b))
         a = b
     return out
-
-
-def envelope(vector: ts.CKKSVector, key_id: str, length: int) -> Ciphertext:
-    """A ciphertext as it would travel (serialized), for tests and byte counts."""
-    return Ciphertext(key_id, vector.serialize(), int(length))
