@@ -260,7 +260,12 @@ def compare(args: argparse.Namespace) -> int:
         sd = plain.std(axis=1, ddof=1) if plain.shape[1] > 1 else np.zeros(len(plain))
         inside = float(np.mean(mean_gap <= sd))
         member_gap = np.abs(enc - plain)
+        run_means = {
+            f: np.asarray(r["episode_rewards"])[:, :, p].mean(axis=0) for f, r in records.items()
+        }
         payload["platforms"][name] = {
+            "run_mean_gap": float(abs(run_means["ckks"].mean() - run_means["plaintext"].mean())),
+            "run_mean_sd": float(run_means["plaintext"].std(ddof=1)),
             "fraction_within_one_sd": inside,
             "max_mean_gap": float(mean_gap.max()),
             "mean_sd": float(sd.mean()),

@@ -97,7 +97,7 @@ from securefed.fusion import (
     ModuleFusionChannel,
     build_fusion_channel,
 )
-from securefed.fusion.polynomial import PolynomialNetwork
+from securefed.fusion.expansion import PolynomialNetwork
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (

@@ -1,5 +1,5 @@
 """FedSlate's server network under CKKS: one key per platform, members packed, Adam through the
-masked exchange (securefed.fusion.ckks_module, securefed.fusion.polynomial)."""
+masked exchange (securefed.fusion.ckks_module, securefed.fusion.expansion)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from securefed.fusion.ckks_module import (  # noqa: E402
     CKKSModuleFusionChannel,
     masked_sum_error_bound,
 )
-from securefed.fusion.polynomial import (  # noqa: E402
+from securefed.fusion.expansion import (  # noqa: E402
     PolynomialNetwork,
     evaluate_numpy,
     expand,

@@ -19,7 +19,7 @@ Packing: the ``(members, batch, positions)`` entries of a party's vector, flatte
 slots (``N / 2 = 4096`` at degree 8192; larger vectors are split into chunks): one ciphertext
 per party per chunk whatever the network's width.
 
-Evaluation (:mod:`securefed.fusion.polynomial`): the network is the polynomial
+Evaluation (:mod:`securefed.fusion.expansion`): the network is the polynomial
 ``f(x) = sum_m C_m x^m`` of total degree ``D = d^(depth - 1)`` in its ``K`` inputs; the server
 expands its weights into the coefficients ``C`` ``(members, M)`` in the clear, computes the
 monomials ``x^m`` by ciphertext products (binary powering: ``ceil(log2 D)`` levels) and their
@@ -29,7 +29,7 @@ same polynomial activation, so both compute the same function.
 Training (the masked exchange of FATE's interactive layer, specs/transport.md): ``p`` sends
 ``[[g]]`` (the gradient of its loss with respect to its output, zeros at positions it did not
 ask for); the server needs in the clear only the per-member batch sums ``S_m = sum g x^m``
-(:mod:`securefed.fusion.polynomial`: the weight gradient is ``sum_m dC_m/dtheta S_m``). For each
+(:mod:`securefed.fusion.expansion`: the weight gradient is ``sum_m dC_m/dtheta S_m``). For each
 it adds a uniform mask ``R`` (every slot, ``|R| <= 2^16`` at the default chains) to
 ``[[g x^m]]``, ``p`` decrypts, sums each member's slots, floods and rounds
 (:class:`~securefed.crypto.ckks.Flooding` with its std derived from
@@ -70,7 +70,7 @@ from securefed.crypto.ckks import (
 )
 from securefed.fusion.base import check_network, check_parties_named, check_positions, check_tag
 from securefed.fusion.ckks import _MaskSource
-from securefed.fusion.polynomial import (
+from securefed.fusion.expansion import (
     derivative,
     expand,
     monomial_level,
@@ -286,7 +286,7 @@ class CKKSModuleFusionChannel:
 
     Behind the :class:`~securefed.fusion.base.FusionChannel` seam, the ``"per_party"`` layout
     (``(members, batch, width)`` vectors, own party first in each evaluation). The module
-    provides ``polynomial_network()`` (a :class:`~securefed.fusion.polynomial.PolynomialNetwork`
+    provides ``polynomial_network()`` (a :class:`~securefed.fusion.expansion.PolynomialNetwork`
     of its parameters); its optimiser steps on the gradients the masked exchange yields.
 
     Args:
