@@ -149,6 +149,12 @@ BENCHES: dict[str, Command] = _table(
     Command("ckks-fusion", "CKKS vs plaintext fused outputs", _CKKS, ("he",)),
     Command("ckks-training", "fusion training under CKKS vs plaintext", _CKKS, ("he",)),
     Command("ckks-fedmf-round", "cost of a FedMF round under CKKS", _CKKS, ("he",)),
+    Command(
+        "fusion-step",
+        "a FedSlate learning step under CKKS vs plaintext; 200-episode curves",
+        "securefed.bench.bench_fusion_step:register",
+        ("rl", "he"),
+    ),
     Command("fedhpd", "FedHPD: the paper's Table 2 column of a task", _FEDHPD, ("rl",)),
     Command("fedhpd-speed", "FedHPD: fast learner vs step-by-step", _FEDHPD, ("rl",)),
     Command(

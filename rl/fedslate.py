@@ -91,14 +91,17 @@ from torch import nn
 from securefed import NO_PAYLOADS, RoundSelection, SeedTree
 from securefed.fusion import (
     FUSION_CHANNELS,
+    RELU_FIT,
     FusionChannel,
     FusionNeeds,
     ModuleFusionChannel,
     build_fusion_channel,
 )
+from securefed.fusion.expansion import PolynomialNetwork
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
+    ACTIVATIONS,
     PLATFORM_LETTERS,
     ChoiceModel,
     EnsembleMLP,
@@ -181,7 +184,11 @@ class FedSlateConfig(SlateQConfig):
             module docstring).
         fusion: the fusion channel the server network runs behind, one of
             :data:`securefed.fusion.FUSION_CHANNELS` (a channel that cannot serve this
-            configuration refuses when the run is built, naming why).
+            configuration refuses when the run is built, naming why). ``"ckks"`` needs a
+            polynomial server activation (``activation`` or ``server_activation``
+            ``"polynomial"``) and ``server_arch="position"``.
+        server_activation: the server network's hidden activation (``None``: ``activation``,
+            which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
     """
 
     variant: str = "fedslate"
@@ -190,6 +197,7 @@ class FedSlateConfig(SlateQConfig):
     server_lr: float | None = None
     alignment: str = "position"
     fusion: str = "plaintext"
+    server_activation: str | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -214,14 +222,28 @@ class FedSlateConfig(SlateQConfig):
             raise ValueError("FedSlate needs at least one platform with feedback (the team target)")
         if self.fusion not in FUSION_CHANNELS:
             raise ValueError(f"fusion must be one of {FUSION_CHANNELS}, got {self.fusion!r}")
+        if self.server_activation is not None and self.server_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"server_activation must be one of {ACTIVATIONS}, got {self.server_activation!r}"
+            )
+
+    @property
+    def server_hidden_activation(self) -> str:
+        """The server network's hidden activation (the linear ablation: ``"identity"``)."""
+        if self.variant == "linear":
+            return "identity"
+        return self.server_activation or self.activation
 
     def fusion_needs(self) -> FusionNeeds:
         """What the server network asks of its fusion channel: ``members`` side by side, its
         hidden activation, one evaluation per platform with that platform's Q-values first,
-        Adam."""
-        activation = "identity" if self.variant == "linear" else self.activation
+        Adam, and whether it acts position by position (``server_arch="position"``)."""
         return FusionNeeds(
-            members=self.members, activation=activation, layout="per_party", optimiser="adam"
+            members=self.members,
+            activation=self.server_hidden_activation,
+            layout="per_party",
+            optimiser="adam",
+            elementwise=self.server_arch == "position",
         )
 
 
@@ -259,6 +281,7 @@ class ServerNetwork(nn.Module):
         if arch not in SERVER_ARCHS:
             raise ValueError(f"arch must be one of {SERVER_ARCHS}, got {arch!r}")
         self.arch, self.num_platforms, self.num_candidates = arch, num_platforms, num_candidates
+        self.activation_name, self.output_activation_name = activation, output_activation
         if arch == "position":
             sizes = [num_platforms, *hidden, 1]
         else:
@@ -302,6 +325,34 @@ class ServerNetwork(nn.Module):
         stacked = np.stack(list(ordered), axis=-1)
         s, b, n, k = stacked.shape
         return self.mlp.numpy_forward(stacked.reshape(s, b * n, k)).reshape(s, b, n)
+
+    def polynomial_network(self) -> PolynomialNetwork:
+        """The per-position network as a polynomial's layers (what a CKKS channel evaluates).
+
+        Raises:
+            ValueError: the flat architecture (a polynomial in all ``K N`` inputs), a
+                non-polynomial hidden activation, or an output activation other than identity.
+        """
+        if self.arch != "position":
+            raise ValueError(
+                "server_arch 'flat' mixes all K N Q-values (a polynomial in K N variables); "
+                "only the per-position server ('position') has a polynomial form here"
+            )
+        coefficients = {"polynomial": RELU_FIT, "identity": (0.0, 1.0)}
+        if self.activation_name not in coefficients:
+            raise ValueError(
+                f"the server's hidden activation {self.activation_name!r} is not a polynomial "
+                "(use 'polynomial')"
+            )
+        if self.output_activation_name != "identity":
+            raise ValueError(
+                f"the server's output activation {self.output_activation_name!r} is not a "
+                "polynomial (use 'identity')"
+            )
+        return PolynomialNetwork(
+            list(zip(self.mlp.weights, self.mlp.biases, strict=True)),
+            coefficients[self.activation_name],
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,10 +564,27 @@ def server_network(config: FedSlateConfig, generator: torch.Generator | None = N
         config.num_candidates,
         config.server_hidden[:1] if linear else config.server_hidden,
         arch=config.server_arch,
-        activation="identity" if linear else config.activation,
+        activation=config.server_hidden_activation,
         output_activation=config.output_activation,
         generator=generator,
     )
+
+
+def ckks_config(config: FedSlateConfig):
+    """The CKKS channel's parameters for ``config`` (``None`` for other channels): the output
+    gradients of FedSlate's Huber losses are bounded by ``huber_delta``; Q-values by
+    :data:`CKKS_Q_BOUND` (a platform refuses to encrypt a larger one, ending the run)."""
+    if config.fusion != "ckks":
+        return None
+    from securefed.fusion.ckks_module import CKKSModuleConfig
+
+    return CKKSModuleConfig(value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta))
+
+
+CKKS_Q_BOUND = 64.0
+"""Public bound on a platform's Q-values under CKKS. Returns are near 1.5 at the default reward
+scale, but a platform without rewards drifts: B's Q-values passed 8 after 65 episodes of a
+(10, 3) run (docs/fedslate.md); the flooding's error bound grows with its square."""
 
 
 def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOADS) -> FedSlateRun:
@@ -558,6 +626,8 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         cross=config.variant != "fedq",
         keep_payloads=keep_payloads,
         total_rounds=config.episodes * config.steps_per_platform,
+        seeds=tree if config.fusion == "ckks" else None,
+        ckks_config=ckks_config(config),
     )
     return FedSlateRun(
         config=config,

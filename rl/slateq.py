@@ -48,6 +48,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from securefed import SeedTree
+from securefed.fusion.base import RELU_FIT
 from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
 from securefed.rl.envs.choc_kale import (
     ChocKaleBatch,
@@ -86,7 +87,9 @@ __all__ = [
 SLATE_METHODS = ("topk", "greedy", "lp")
 PLATFORM_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TARGETS = ("qlearning", "sarsa")
-ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity")
+ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity", "polynomial")
+"""``"polynomial"``: the least-squares degree-2 fit of ReLU on [-4, 4],
+:data:`securefed.fusion.RELU_FIT` (what a CKKS evaluation computes exactly)."""
 LOCAL_ARCHS = ("item", "flat")
 
 
@@ -350,7 +353,16 @@ def _np_activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
         return np.tanh
     if name == "identity":
         return lambda x: x
+    if name == "polynomial":
+        return _relu_fit
     raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
+
+
+def _relu_fit(x):
+    """``c_0 + c_1 x + c_2 x^2`` (:data:`securefed.fusion.RELU_FIT`) by Horner's rule, for numpy
+    arrays and torch tensors alike."""
+    c0, c1, c2 = RELU_FIT
+    return (x * c2 + c1) * x + c0
 
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -364,6 +376,8 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return torch.tanh
     if name == "identity":
         return lambda x: x
+    if name == "polynomial":
+        return _relu_fit
     raise ValueError(f"unknown activation {name!r}; choose from {ACTIVATIONS}")
 
 

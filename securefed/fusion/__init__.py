@@ -8,6 +8,11 @@
   channel cannot serve a server function (:func:`fusion_refusal`).
 * :mod:`securefed.fusion.ckks`: a FusionSpec network on CKKS ciphertexts, trained through the
   masked gradient exchange (needs the ``he`` extra, TenSEAL); import it from there.
+* :mod:`securefed.fusion.expansion`: a per-position MLP with a polynomial activation as the
+  polynomial it is (coefficients differentiable in the weights; pure math, torch).
+* :mod:`securefed.fusion.ckks_module`: such a torch module on CKKS ciphertexts, one key per party,
+  members packed in the slots, its own optimiser on the masked exchange's batch sums (what
+  ``build_fusion_channel("ckks", ...)`` builds; FedSlate's CKKS channel; needs ``he``).
 
 Every channel records what its server saw in a :class:`~securefed.views.FusionView`. Importing
 this package imports neither torch nor tenseal. See docs/ckks.md.

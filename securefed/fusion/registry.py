@@ -8,10 +8,12 @@ channel or raises :class:`FusionNotApplicable` with that reason, before any exch
 
 * ``"plaintext"``: :class:`~securefed.fusion.module.ModuleFusionChannel` serves any torch
   module.
-* ``"ckks"``: :class:`~securefed.fusion.ckks.CKKSFusionChannel` evaluates a
-  :class:`~securefed.fusion.base.FusionSpec` network (linear layers and a polynomial activation
-  on the parties' concatenated vectors, SGD through the masked exchange); it cannot run a torch
-  module, and the refusal lists every need it does not meet.
+* ``"ckks"``: :class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` evaluates a
+  torch module that acts position by position (``elementwise``) with a polynomial activation
+  (its ``polynomial_network()``) on ciphertexts, one key per party, any number of members, its
+  optimiser stepped on the batch gradients of the masked exchange; the refusal lists every need
+  it does not meet. (:class:`~securefed.fusion.ckks.CKKSFusionChannel`, the shared-key
+  FusionSpec network on concatenated vectors, is built directly.)
 * ``"dp"``: no DP fusion channel exists yet.
 * ``"secagg"``: secure aggregation computes sums; a fusion network is not one.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from securefed.errors import SecurefedError
+from securefed.randomness import SeedTree
 from securefed.views import NO_PAYLOADS, RoundSelection
 
 __all__ = [
@@ -58,12 +61,15 @@ class FusionNeeds:
             vectors ordered with that party's first) or ``"concatenated"`` (one evaluation on
             the fixed concatenation, each party's output a slice).
         optimiser: the server optimiser's name, lower case (``"sgd"``, ``"adam"``, ...).
+        elementwise: the function acts position by position on the parties' aligned entries,
+            ``y_p[..., i] = f(x_p[..., i], x_others[..., i])`` (FedSlate's per-position server).
     """
 
     members: int = 1
     activation: str = "polynomial"
     layout: str = "per_party"
     optimiser: str = "sgd"
+    elementwise: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.members, bool) or int(self.members) != self.members or self.members < 1:
@@ -83,23 +89,18 @@ def _ckks_gaps(needs: FusionNeeds) -> list[str]:
             f"its hidden activation must be a polynomial (CKKS evaluates only additions and "
             f"multiplications), the server network's is {needs.activation!r}"
         )
-    if needs.members != 1:
-        gaps.append(f"it holds one network, the server function runs {needs.members} members")
-    if needs.layout != "concatenated":
+    if needs.layout != "per_party":
         gaps.append(
-            "it evaluates one network on the parties' concatenated vectors and splits the "
-            "output, the server function is evaluated once per output party with that party's "
-            "vector first"
+            "it evaluates a torch module once per output party with that party's vector first; "
+            "the concatenated layout is CKKSFusionChannel's (securefed.fusion.ckks), built "
+            "directly"
         )
-    if needs.optimiser != "sgd":
+    if not needs.elementwise:
         gaps.append(
-            f"it steps the server's weights by SGD through the masked exchange, the server "
-            f"function's optimiser is {needs.optimiser!r}"
+            "it evaluates a function of the parties' aligned entries position by position "
+            "(y_p[..., i] = f(x_p[..., i], x_others[..., i])), the server function mixes "
+            "positions"
         )
-    gaps.append(
-        "it runs a FusionSpec network with FusionWeights (securefed.fusion.ckks."
-        "CKKSFusionChannel), not a torch module"
-    )
     return gaps
 
 
@@ -116,9 +117,10 @@ def fusion_refusal(name: str, needs: FusionNeeds) -> str | None:
     if name == "plaintext":
         return None
     if name == "ckks":
-        return "the ckks fusion channel cannot serve this server function: " + "; ".join(
-            _ckks_gaps(needs)
-        )
+        gaps = _ckks_gaps(needs)
+        if not gaps:
+            return None
+        return "the ckks fusion channel cannot serve this server function: " + "; ".join(gaps)
     if name == "dp":
         return (
             "securefed has no DP fusion channel yet: clipping and noising each party's vector "
@@ -142,6 +144,8 @@ def build_fusion_channel(
     cross: bool = True,
     keep_payloads: RoundSelection = NO_PAYLOADS,
     total_rounds: int | None = None,
+    seeds: SeedTree | None = None,
+    ckks_config: Any = None,
 ):
     """The fusion channel ``name`` around a torch server module (``"per_party"`` layout).
 
@@ -155,9 +159,13 @@ def build_fusion_channel(
         cross: ``False``: each party's evaluation sees zeros for the other parties' vectors.
         keep_payloads: which rounds of the channel's view keep full payloads.
         total_rounds: the run's length (for ``keep_payloads``' ``last:K``).
+        seeds: the run's seed tree (``"ckks"``: masks and noise; required there).
+        ckks_config: ``"ckks"`` only: a :class:`~securefed.fusion.ckks_module.CKKSModuleConfig`
+            (``None``: its defaults).
 
     Raises:
-        FusionNotApplicable: the channel cannot serve ``needs`` (the message says why).
+        FusionNotApplicable: the channel cannot serve ``needs`` (the message says why), or
+            the module has no polynomial form (``"ckks"``).
         ValueError: an unknown name, or ``needs`` that do not describe ``optimiser``.
     """
     why = fusion_refusal(name, needs)
@@ -170,6 +178,13 @@ def build_fusion_channel(
     declared, actual = needs.optimiser, type(optimiser).__name__.lower()
     if declared != actual:
         raise ValueError(f"needs.optimiser is {declared!r} but the optimiser is {actual!r}")
+    if name == "ckks":
+        return _build_ckks(
+            parties, module, optimiser, needs, target, cross, keep_payloads, total_rounds, seeds,
+            ckks_config,
+        )  # fmt: skip
+    if ckks_config is not None:
+        raise ValueError(f"ckks_config applies to the 'ckks' channel only, not {name!r}")
     from securefed.fusion.module import ModuleFusionChannel
 
     return ModuleFusionChannel(
@@ -179,6 +194,40 @@ def build_fusion_channel(
         target=target,
         members=needs.members,
         cross=cross,
+        keep_payloads=keep_payloads,
+        total_rounds=total_rounds,
+        public={"activation": needs.activation},
+    )
+
+
+def _build_ckks(
+    parties, module, optimiser, needs, target, cross, keep_payloads, total_rounds, seeds, config
+):
+    if seeds is None:
+        raise ValueError("the ckks fusion channel needs the run's seed tree (seeds=...)")
+    form = getattr(module, "polynomial_network", None)
+    if form is None:
+        raise FusionNotApplicable(
+            f"the ckks fusion channel cannot serve this server function: the module "
+            f"{type(module).__name__} has no polynomial_network() (its polynomial form)"
+        )
+    try:
+        form()
+    except ValueError as error:
+        raise FusionNotApplicable(
+            f"the ckks fusion channel cannot serve this server function: {error}"
+        ) from error
+    from securefed.fusion.ckks_module import CKKSModuleFusionChannel
+
+    return CKKSModuleFusionChannel(
+        parties,
+        module,
+        optimiser,
+        target=target,
+        members=needs.members,
+        cross=cross,
+        seeds=seeds,
+        config=config,
         keep_payloads=keep_payloads,
         total_rounds=total_rounds,
         public={"activation": needs.activation},

@@ -1,0 +1,343 @@
+"""``securefed bench fusion-step``: one FedSlate learning step under CKKS against plaintext.
+
+Two modes (``--mode``):
+
+* ``step`` (default): a FedSlate run of the configuration (``--candidates``, ``--slate``,
+  ``--members``, ``--batch``, ``--server-hidden``, polynomial server activation) is built twice,
+  behind the ``ckks`` and the ``plaintext`` fusion channel, its replay filled by real acting
+  rounds (random slates), then ``--repeats`` learning steps (:func:`securefed.rl.fedslate.learn`:
+  the targets, Algorithm 1 for A, Algorithm 2 for B) and ``--repeats`` acting inquiries are
+  timed in each. Prints the CKKS breakdown (encryption, server evaluation, exchange,
+  decryption, from the channel's clocks), wall and process-CPU seconds, the ratio to the
+  plaintext step measured in the same run, and the projection of a full run (``--project``
+  episodes: rounds x acting + learning steps x step). JSON and markdown under ``--out``
+  (default ``results/fusion_step``).
+* ``curves``: ``--episodes`` FedSlate episodes behind each of ``--transports`` with the same
+  seed and activation (acting, targets and learning through the channel), each transport's
+  rewards to ``<out>/<transport>.json``; ``compare`` reads them and writes ``comparison.json``,
+  ``comparison.md`` and ``curves.png`` (the 20-episode moving averages, mean +- s.d. over
+  members).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from securefed.bench.bench_fedmf import markdown_table, write_outputs
+from securefed.bench.experiment import save_json
+from securefed.bench.registry import BENCHES
+
+RESULTS = Path("results")
+STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
+
+
+def fedslate_config(args: argparse.Namespace, fusion: str, **overrides):
+    """The benchmark's FedSlate configuration behind ``fusion``."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    fields = dict(
+        num_candidates=args.candidates,
+        slate_size=args.slate,
+        members=args.members,
+        batch_size=args.batch,
+        server_hidden=tuple(int(w) for w in args.server_hidden.split(",")),
+        server_activation="polynomial",
+        seed=args.seed,
+        fusion=fusion,
+    )
+    return FedSlateConfig(**(fields | overrides))
+
+
+def _filled_run(config, rounds: int):
+    """A run whose replay holds ``rounds`` rounds of real acting (random slates)."""
+    from securefed.rl.fedslate import choose_slates, features, play_round, start_run
+
+    run = start_run(config)
+    run.env.reset()
+    x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
+    for _ in range(rounds):
+        from securefed.rl.fedslate import acting_inquiry
+
+        run.channel.open_round(run.rounds)
+        qf = acting_inquiry(run, x)
+        done = play_round(run, 0, x, choose_slates(run, x, qf, 1.0))
+        run.replay.commit(done)
+        run.rounds += 1
+        if done:
+            run.env.reset()
+            x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
+    return run, x
+
+
+def _time(function, repeats: int, clocks: dict | None) -> dict[str, object]:
+    before = dict(clocks) if clocks is not None else None
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        function()
+        wall.append(time.perf_counter() - w)
+        cpu.append(time.process_time() - c)
+    out: dict[str, object] = {
+        "wall_s": float(np.median(wall)),
+        "cpu_s": float(np.median(cpu)),
+        "wall_all": wall,
+        "cpu_all": cpu,
+    }
+    if clocks is not None:
+        out["stages_s"] = {k: (clocks[k] - before[k]) / repeats for k in STAGES}
+    return out
+
+
+def measure(args: argparse.Namespace, fusion: str) -> dict[str, object]:
+    """Median learning step and acting inquiry of one channel."""
+    import torch
+
+    from securefed.rl.fedslate import acting_inquiry, learn
+
+    torch.set_num_threads(1)
+    config = fedslate_config(args, fusion)
+    run, x = _filled_run(config, max(args.batch + 2, args.fill))
+    clocks = getattr(run.channel, "seconds", None)
+    learn(run)  # warm-up (lazy imports, first expansions)
+    counts = dict(getattr(run.channel, "counts", {}))
+    step = _time(lambda: learn(run), args.repeats, clocks)
+    if fusion == "ckks":
+        after = run.channel.counts
+        step["operations"] = {k: (after[k] - counts.get(k, 0)) / args.repeats for k in after}
+    acting = _time(lambda: acting_inquiry(run, x), args.repeats, clocks)
+    record = {"fusion": fusion, "learning_step": step, "acting_inquiry": acting}
+    if fusion == "ckks":
+        record["public"] = {
+            k: v for k, v in run.channel.view.public.items() if k not in ("module",)
+        }
+        record["flooding_bound_std"] = list(
+            run.channel.flooding_std(config.batch_size * config.num_candidates)
+        )
+    return record
+
+
+def project(record: dict, episodes: int, config) -> dict[str, float]:
+    """A full run's seconds from the measured per-step and per-round costs."""
+    rounds = episodes * config.steps_per_platform
+    learning = max(0, (rounds - config.burn_in) // config.learn_every)
+    acting_s = rounds * record["acting_inquiry"]["cpu_s"]
+    learning_s = learning * record["learning_step"]["cpu_s"]
+    return {
+        "episodes": episodes,
+        "rounds": rounds,
+        "learning_steps": learning,
+        "acting_s": acting_s,
+        "learning_s": learning_s,
+        "total_s": acting_s + learning_s,
+        "total_h": (acting_s + learning_s) / 3600,
+    }
+
+
+def step(args: argparse.Namespace) -> int:
+    config = fedslate_config(args, "ckks")
+    records = {f: measure(args, f) for f in ("plaintext", "ckks")}
+    ckks, plain = records["ckks"], records["plaintext"]
+    ratio = ckks["learning_step"]["cpu_s"] / plain["learning_step"]["cpu_s"]
+    projection = {f: project(r, args.project, config) for f, r in records.items()}
+    rows = []
+    for fusion, record in records.items():
+        row = {"fusion": fusion}
+        for what in ("learning_step", "acting_inquiry"):
+            row[f"{what} cpu s"] = record[what]["cpu_s"]
+            row[f"{what} wall s"] = record[what]["wall_s"]
+        for stage in STAGES:
+            stages = record["learning_step"].get("stages_s")
+            row[f"step {stage} s"] = stages[stage] if stages else ""
+        row[f"{args.project} episodes (h)"] = projection[fusion]["total_h"]
+        rows.append(row)
+    table = markdown_table(rows, list(rows[0]))
+    table += (
+        f"\n\n(N, n) = ({args.candidates}, {args.slate}), {args.members} members, batch "
+        f"{args.batch}, server hidden {args.server_hidden} (polynomial activation); medians of "
+        f"{args.repeats} steps. CKKS / plaintext learning step (CPU): {ratio:.1f}x. Projected "
+        f"{args.project}-episode run under CKKS: {projection['ckks']['total_h']:.1f} h on one "
+        f"core ({projection['ckks']['learning_steps']} learning steps, "
+        f"{projection['ckks']['rounds']} acting inquiries)."
+    )
+    payload = {
+        "config": config.to_dict(),
+        "repeats": args.repeats,
+        "records": records,
+        "ratio_cpu": ratio,
+        "projection": projection,
+    }
+    name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
+    write_outputs(name, payload, table, Path(args.out))
+    return 0
+
+
+# ----------------------------------------------------------------------------- curves
+def curves(args: argparse.Namespace) -> int:
+    import torch
+
+    from securefed.rl.fedslate import run_fedslate, summarize
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    for fusion in args.transports.split(","):
+        schedule = {"episodes": args.episodes, "log_every": args.log_every}
+        for name in ("steps_per_platform", "burn_in", "eps_decay"):
+            if getattr(args, name) is not None:
+                schedule[name] = getattr(args, name)
+        config = fedslate_config(args, fusion, **schedule)
+        checkpoints = None
+        if args.checkpoint_every:
+            from securefed.rl.checkpoint import EpisodeCheckpoints
+
+            checkpoints = EpisodeCheckpoints(out / f"{fusion}.partial.pt", args.checkpoint_every)
+        start = time.perf_counter()
+        cpu = time.process_time()
+        result = run_fedslate(config, checkpoints)
+        record = {
+            "fusion": fusion,
+            "config": config.to_dict(),
+            "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu,
+            "learn_steps": result.learn_steps,
+            "rounds": result.rounds,
+            "timings": result.timings,
+            "episode_rewards": result.episode_rewards.tolist(),
+            "summary": summarize(result, window=min(100, args.episodes), tail=50),
+        }
+        if hasattr(result.fusion_view, "public"):
+            record["channel_public"] = result.fusion_view.public
+        save_json(record, out / f"{fusion}.json")
+        print(f"{fusion}: {record['seconds']:.0f} s, written {out / f'{fusion}.json'}")
+    return 0
+
+
+def moving(rewards: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average along axis 0."""
+    cumsum = np.concatenate([np.zeros((1, *rewards.shape[1:])), np.cumsum(rewards, axis=0)])
+    return (cumsum[window:] - cumsum[:-window]) / window
+
+
+def partial_record(path: Path) -> dict[str, object]:
+    """The episodes completed so far of a run still going, from its checkpoint."""
+    import torch
+
+    payload = torch.load(path, weights_only=True)
+    counters = json.loads(payload["meta"])["counters"]
+    done = int(counters["episodes"])
+    rewards = payload["arrays"]["rewards"].numpy()[:done]
+    return {"episode_rewards": rewards.tolist(), "seconds": counters["seconds"],
+            "partial": True, "counters": counters}  # fmt: skip
+
+
+def _load_record(out: Path, fusion: str) -> dict[str, object]:
+    final = out / f"{fusion}.json"
+    if final.is_file():
+        return json.loads(final.read_text())
+    return partial_record(out / f"{fusion}.partial.pt")
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Compare the recorded curves: where the CKKS moving average lies within one s.d. (over
+    members) of the plaintext one, over the episodes both runs completed (a run still going is
+    read from its checkpoint)."""
+    out = Path(args.out)
+    records = {f: _load_record(out, f) for f in ("plaintext", "ckks")}
+    episodes = min(len(r["episode_rewards"]) for r in records.values())
+    for r in records.values():
+        r["episode_rewards"] = r["episode_rewards"][:episodes]
+    window = args.window
+    averages = {f: moving(np.asarray(r["episode_rewards"]), window) for f, r in records.items()}
+    rows, payload = [], {"window": window, "platforms": {}}
+    for p, name in enumerate(("A", "B")):
+        plain = averages["plaintext"][:, :, p]
+        enc = averages["ckks"][:, :, p]
+        mean_gap = np.abs(enc.mean(axis=1) - plain.mean(axis=1))
+        sd = plain.std(axis=1, ddof=1) if plain.shape[1] > 1 else np.zeros(len(plain))
+        inside = float(np.mean(mean_gap <= sd))
+        member_gap = np.abs(enc - plain)
+        run_means = {
+            f: np.asarray(r["episode_rewards"])[:, :, p].mean(axis=0) for f, r in records.items()
+        }
+        payload["platforms"][name] = {
+            "run_mean_gap": float(abs(run_means["ckks"].mean() - run_means["plaintext"].mean())),
+            "run_mean_sd": float(run_means["plaintext"].std(ddof=1)),
+            "fraction_within_one_sd": inside,
+            "max_mean_gap": float(mean_gap.max()),
+            "mean_sd": float(sd.mean()),
+            "max_member_gap": float(member_gap.max()),
+            "plaintext_mean": _mean_reward(records["plaintext"], p),
+            "ckks_mean": _mean_reward(records["ckks"], p),
+        }
+        rows.append({"platform": name} | payload["platforms"][name])
+    payload["seconds"] = {f: r["seconds"] for f, r in records.items()}
+    payload["episodes_compared"] = episodes
+    payload["partial"] = {f: bool(r.get("partial")) for f, r in records.items()}
+    table = markdown_table(rows, list(rows[0]))
+    table += (
+        f"\n\n{window}-episode moving averages, {len(averages['ckks']) + window - 1} episodes, "
+        f"s.d. over the plaintext run's members; seconds: plaintext "
+        f"{records['plaintext']['seconds']:.0f}, ckks {records['ckks']['seconds']:.0f}."
+    )
+    write_outputs("comparison", payload, table, out)
+    _plot(averages, out / "curves.png", window)
+    return 0
+
+
+def _mean_reward(record: dict, platform: int) -> float:
+    return float(np.asarray(record["episode_rewards"])[:, :, platform].mean())
+
+
+def _plot(averages: dict, path: Path, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
+    for p, ax in enumerate(axes):
+        for fusion, colour in (("plaintext", "tab:blue"), ("ckks", "tab:red")):
+            series = averages[fusion][:, :, p]
+            x = np.arange(window, window + len(series))
+            mean, sd = series.mean(axis=1), series.std(axis=1)
+            ax.plot(x, mean, color=colour, label=fusion)
+            ax.fill_between(x, mean - sd, mean + sd, color=colour, alpha=0.2)
+        ax.set_title(f"platform {'AB'[p]}")
+        ax.set_xlabel("episode")
+    axes[0].set_ylabel(f"{window}-episode mean reward")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"step": step, "curves": curves, "compare": compare}[args.mode](args)
+
+
+def register(benches) -> None:
+    parser = BENCHES["fusion-step"].add_to(benches)
+    parser.add_argument("--mode", choices=("step", "curves", "compare"), default="step")
+    parser.add_argument("--candidates", type=int, default=10)
+    parser.add_argument("--slate", type=int, default=3)
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--server-hidden", default="16", help="comma-separated widths")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fill", type=int, default=64, help="acting rounds before timing")
+    parser.add_argument("--project", type=int, default=5000, help="episodes to project")
+    parser.add_argument("--episodes", type=int, default=200, help="curves: episodes per run")
+    parser.add_argument("--transports", default="plaintext,ckks", help="curves: channels")
+    parser.add_argument("--window", type=int, default=20, help="compare: moving average")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--steps-per-platform", type=int, help="curves: a shorter episode")
+    parser.add_argument("--burn-in", type=int, help="curves: rounds before learning")
+    parser.add_argument("--eps-decay", type=float, help="curves: exploration decay per round")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="curves: episodes")
+    parser.add_argument("--out", default=str(RESULTS / "fusion_step"))
+    parser.set_defaults(func=run)

@@ -1,0 +1,824 @@
+"""A per-position polynomial server network on CKKS ciphertexts, one key per party (FedSlate).
+
+The server function of the ``"per_party"`` layout (:mod:`securefed.fusion.module`) with
+``members`` side by side, evaluated on ciphertexts: for output party ``p``,
+``y_p[s, b, i] = f_s(x_p[s, b, i], x_others[s, b, i])``, a per-position MLP with a polynomial
+activation, trained by the server's own torch optimiser (Adam for FedSlate).
+
+Keys. Every party holds its own CKKS key pair (:class:`~securefed.crypto.ckks.SecretContext`);
+the server holds only the parties' :class:`~securefed.crypto.ckks.PublicContext` (public and
+relinearization keys, no secret key). Everything computed for ``p`` is computed under ``p``'s
+key: ``p`` encrypts its own vector under its key, every other party encrypts its vector under
+``p``'s public key (TenSEAL has no multi-key CKKS; a masked key switch from the other party's
+key would give the server the same ciphertext at the cost of one decryption and encryption per
+ciphertext by that party), and ``p`` gets its output back under its key. So the other parties
+never receive anything computed from another party's vector but their own outputs, and the
+server never decrypts.
+
+Packing: the ``(members, batch, positions)`` entries of a party's vector, flattened, fill the
+slots (``N / 2 = 4096`` at degree 8192; larger vectors are split into chunks): one ciphertext
+per party per chunk whatever the network's width.
+
+Evaluation (:mod:`securefed.fusion.expansion`): the network is the polynomial
+``f(x) = sum_m C_m x^m`` of total degree ``D = d^(depth - 1)`` in its ``K`` inputs; the server
+expands its weights into the coefficients ``C`` ``(members, M)`` in the clear, computes the
+monomials ``x^m`` by ciphertext products (binary powering: ``ceil(log2 D)`` levels) and their
+combination with per-member coefficient vectors (one level). The plaintext model trains with the
+same polynomial activation, so both compute the same function.
+
+Training (the masked exchange of FATE's interactive layer, specs/transport.md): ``p`` sends
+``[[g]]`` (the gradient of its loss with respect to its output, zeros at positions it did not
+ask for); the server needs in the clear only the per-member batch sums ``S_m = sum g x^m``
+(:mod:`securefed.fusion.expansion`: the weight gradient is ``sum_m dC_m/dtheta S_m``). For each
+it adds a uniform mask ``R`` (every slot, ``|R| <= 2^16`` at the default chains) to
+``[[g x^m]]``, ``p`` decrypts, sums each member's slots, floods and rounds
+(:class:`~securefed.crypto.ckks.Flooding` with its std derived from
+:func:`masked_sum_error_bound`, :func:`~securefed.crypto.flooding.flooding_floor`) and returns one
+number per member; the server subtracts ``sum R``, back-propagates ``sum_m C_m(theta) S_m`` through
+its coefficient expansion and steps its optimiser. Adam needs nothing more: it is a function of
+the batch gradients that the server obtains for SGD anyway. ``p``'s input gradient
+``g * df/dx_p`` is computed on ciphertexts and returned under ``p``'s key.
+
+What each side learns: the server learns the per-member batch sums ``S_m`` (batch gradients; the
+same as SGD through the exchange) and nothing of a single entry; ``p`` sees masked values (hidden
+up to ``|v| / 2^16`` per slot), its own outputs and input gradients. Every ciphertext returned to
+a party is re-randomized with a fresh encryption of Gaussian noise (``output_noise_std``). A
+server colluding with ``p`` decrypts the other parties' vectors encrypted under ``p``'s key
+(non-colluding parties are assumed, as in every two-server vertical FL scheme).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+
+from securefed.crypto.ckks import (
+    Flooding,
+    FusionCircuit,
+    PublicContext,
+    SecretContext,
+    ckks_context,
+    decryption_error_bound,
+    error_tail_factor,
+)
+from securefed.fusion.base import check_network, check_parties_named, check_positions, check_tag
+from securefed.fusion.ckks import _MaskSource
+from securefed.fusion.expansion import (
+    derivative,
+    expand,
+    monomial_level,
+    monomials,
+    split_monomial,
+)
+from securefed.privacy.noise import noise_source
+from securefed.randomness import SeedTree
+from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party_names
+
+__all__ = [
+    "STEP_STAGES",
+    "CKKSModuleConfig",
+    "CKKSModuleFusionChannel",
+    "ModuleKeyParty",
+    "circuit_levels",
+    "input_gradient_error_bound",
+    "masked_sum_error_bound",
+    "polynomial_error_bound",
+]
+
+STEP_STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
+"""Where a channel's time goes (``channel.seconds``: CPU seconds of the process, so that a
+shared machine's load does not inflate them; the work is single-threaded)."""
+
+
+def circuit_levels(degree: int) -> int:
+    """Levels of the evaluation and the training exchange of a degree-``D`` polynomial.
+
+    Forward: monomials at ``ceil(log2 D)`` levels, one more for the coefficients. Weight sums:
+    ``g x^m`` one level over the monomial. Input gradient: ``(g * c') x^m`` for ``|m| <= D - 1``:
+    ``max(1, level(x^m)) + 1``. All within ``ceil(log2 D) + 1`` (1 for a linear network).
+    """
+    if degree < 1:
+        raise ValueError(f"degree must be >= 1, got {degree}")
+    return monomial_level(degree) + 1
+
+
+def masked_sum_error_bound(
+    base_error: float, degree: int, value_bound: float, grad_bound: float, n_slots: int
+) -> float:
+    """Bound on the key-dependent error of one released masked sum ``sum_slots g x^m``.
+
+    Model (stated, per slot): every fresh encryption, rescaling and relinearization adds an
+    error of at most ``base_error`` (the public-key encryption bound of
+    :func:`~securefed.crypto.ckks.decryption_error_bound` for one ciphertext: the same
+    ``(r_0 + r_1 s) / scale`` rounding form, SEAL dividing by a prime each time); a product of
+    values ``|a| <= A``, ``|b| <= B`` with errors ``e_a``, ``e_b`` errs by at most
+    ``A e_b + B e_a + e_a e_b + base_error``; the mask's encoding adds one more ``base_error``.
+    With ``|x| <= value_bound`` (the parties refuse larger inputs) and ``|g| <= grad_bound``,
+    the monomial of degree ``D`` (the worst) is built by binary powering; the sum of ``n_slots``
+    slots errs by at most ``n_slots`` times the slot's bound.
+    """
+    if base_error <= 0 or value_bound <= 0 or grad_bound <= 0 or n_slots < 1:
+        raise ValueError("base_error, value_bound, grad_bound and n_slots must be > 0")
+
+    magnitude, error = _monomial_bounds(base_error, value_bound, degree)
+    slot = grad_bound * error + magnitude * base_error + error * base_error + 2 * base_error
+    return n_slots * slot
+
+
+def _monomial_bounds(base_error: float, value_bound: float, total: int) -> tuple[float, float]:
+    """``(magnitude, error)`` bounds of a monomial of degree ``total`` built by binary powering
+    from fresh ciphertexts of ``|x| <= value_bound`` (the model of
+    :func:`masked_sum_error_bound`)."""
+    if total == 0:
+        return 1.0, 0.0
+    if total == 1:
+        return value_bound, base_error
+    (ma, ea) = _monomial_bounds(base_error, value_bound, (total + 1) // 2)
+    (mb, eb) = _monomial_bounds(base_error, value_bound, total // 2)
+    return ma * mb, ma * eb + mb * ea + ea * eb + base_error
+
+
+def polynomial_error_bound(
+    base_error: float,
+    coefficients: np.ndarray,
+    basis: Sequence[tuple[int, ...]],
+    value_bound: float,
+    output_noise_std: float,
+) -> float:
+    """Bound on ``|decrypted - exact|`` per slot of ``sum_m C_m x^m`` as the channel evaluates
+    it (per member: ``coefficients`` ``(M,)``), returned re-randomized.
+
+    The model of :func:`masked_sum_error_bound`: each monomial's error, times ``|C_m|``, plus
+    one ``base_error`` per plaintext product (encoding and rescaling, scaled by the monomial's
+    magnitude) and for the constant; the re-randomizing noise adds its own Gaussian tail
+    (:func:`~securefed.crypto.ckks.error_tail_factor` standard deviations) and one fresh
+    encryption.
+    """
+    total = base_error + 2 * base_error
+    for c, exponent in zip(coefficients, basis, strict=True):
+        degree = sum(exponent)
+        if degree == 0:
+            continue
+        magnitude, error = _monomial_bounds(base_error, value_bound, degree)
+        total += abs(float(c)) * error + max(magnitude, 1.0) * base_error
+    return total + error_tail_factor() * output_noise_std
+
+
+def input_gradient_error_bound(
+    base_error: float,
+    derivative_coefficients: np.ndarray,
+    basis: Sequence[tuple[int, ...]],
+    value_bound: float,
+    grad_bound: float,
+    output_noise_std: float,
+) -> float:
+    """Bound per slot on the error of ``g * sum_k d_k x^k`` computed as ``sum_k (g d_k) x^k``
+    (one member's derivative coefficients ``d``), returned re-randomized (same model)."""
+    total = 0.0
+    for d, exponent in zip(derivative_coefficients, basis, strict=True):
+        scaled = grad_bound * abs(float(d))
+        scaled_error = scaled * base_error + base_error
+        magnitude, error = _monomial_bounds(base_error, value_bound, sum(exponent))
+        total += scaled * error + magnitude * scaled_error + error * scaled_error + base_error
+    return total + base_error + error_tail_factor() * output_noise_std
+
+
+# ----------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class CKKSModuleConfig:
+    """Parameters of :class:`CKKSModuleFusionChannel`.
+
+    Attributes:
+        value_bound: public bound on ``|x|`` of every party's vector (a party refuses to
+            encrypt a larger value, naming it: the flooding's error bound rests on it).
+        grad_bound: public bound on ``|g|`` of the output gradients (refused likewise).
+        flooding: the key holder's release of each masked sum; ``std=None`` (default) floods at
+            :func:`~securefed.crypto.flooding.flooding_floor` of :func:`masked_sum_error_bound`
+            at ``security_bits``; a given std below that floor is refused.
+        output_noise_std: Gaussian noise, freshly encrypted under the receiver's public key,
+            added to every ciphertext returned to a party (circuit privacy).
+        mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: two bits
+            below what the deepest level holds.
+        poly_modulus_degree: ring degree (``None``: the smallest that fits the levels).
+    """
+
+    value_bound: float = 8.0
+    grad_bound: float = 1.0
+    flooding: Flooding = field(default_factory=lambda: Flooding(std=None, security_bits=20))
+    output_noise_std: float = 2.0**-20
+    mask_bits: int | None = None
+    poly_modulus_degree: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("value_bound", "grad_bound"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        if not isinstance(self.flooding, Flooding):
+            raise TypeError(f"flooding must be a Flooding, got {type(self.flooding).__name__}")
+        if not math.isfinite(self.output_noise_std) or self.output_noise_std < 0:
+            raise ValueError(f"output_noise_std must be >= 0, got {self.output_noise_std!r}")
+        if self.mask_bits is not None and not 1 <= self.mask_bits <= 40:
+            raise ValueError(f"mask_bits must lie in [1, 40], got {self.mask_bits!r}")
+
+
+# ----------------------------------------------------------------------------- a party
+class ModuleKeyParty:
+    """One party: its own secret key, encryption for any party, decryption of its own results.
+
+    Args:
+        name: the party.
+        secret: its key pair (never leaves it).
+    """
+
+    def __init__(self, name: str, secret: SecretContext) -> None:
+        self.name = name
+        self._secret = secret
+        self.public = secret.public()
+
+    @property
+    def slots(self) -> int:
+        return self._secret.params.slots
+
+    def encrypt_for(self, values: np.ndarray, recipient: ModuleKeyParty | PublicContext):
+        """Encrypt a flat vector's chunks under ``recipient``'s key (its own: the secret
+        context; another party's: that party's public context)."""
+        if recipient is self:
+            context = self._secret
+        else:
+            context = recipient if isinstance(recipient, PublicContext) else recipient.public
+        slots = self.slots
+        return [
+            context.encrypt_vector(values[start : start + slots])
+            for start in range(0, len(values), slots)
+        ]
+
+    def decrypt(self, vectors: Sequence[ts.CKKSVector], length: int) -> np.ndarray:
+        """Decrypt chunks made or evaluated under this party's key into one flat vector."""
+        parts = [self._secret.decrypt_vector(v) for v in vectors]
+        return np.concatenate(parts)[:length]
+
+    def release_sums(
+        self, masked: ts.CKKSVector, segments: Sequence[tuple[int, int]], flooding, std, noise
+    ) -> np.ndarray:
+        """The key holder's step: decrypt a masked vector, sum each segment, flood and round."""
+        values = self._secret.decrypt_vector(masked)
+        sums = np.array([values[a:b].sum() for a, b in segments])
+        return flooding._release(sums, std, noise)
+
+
+def _context_of(vector: ts.CKKSVector, context) -> ts.CKKSVector:
+    """Hand a ciphertext over in memory: link it to the receiver's context (no copy, no bytes)."""
+    vector.link_context(context.tenseal)
+    return vector
+
+
+# ----------------------------------------------------------------------------- the channel
+class CKKSModuleFusionChannel:
+    """A per-position polynomial server module under CKKS, each party with its own key.
+
+    Behind the :class:`~securefed.fusion.base.FusionChannel` seam, the ``"per_party"`` layout
+    (``(members, batch, width)`` vectors, own party first in each evaluation). The module
+    provides ``polynomial_network()`` (a :class:`~securefed.fusion.expansion.PolynomialNetwork`
+    of its parameters); its optimiser steps on the gradients the masked exchange yields.
+
+    Args:
+        parties: party names.
+        module: the server's torch module (``polynomial_network()``).
+        optimiser: its optimiser (the server's own; any torch optimiser).
+        target: the frozen copy for ``network="target"`` (its weights are overwritten), or None.
+        members: the vectors' leading axis.
+        cross: ``False`` evaluates each party's output with the others' inputs at 0 (they
+            then send nothing).
+        seeds: the run's seed tree (masks and noise; ChaCha20 in secure mode).
+        config: channel parameters.
+        keep_payloads, total_rounds: as for every fusion channel's view.
+        public: extra public parameters for the view.
+
+    Raises:
+        ValueError: bad parties or members, a module without a polynomial form, a chain too
+            short for its degree, or flooding below the floor of its error bound.
+    """
+
+    name = "ckks"
+
+    def __init__(
+        self,
+        parties: Sequence[str],
+        module: Any,
+        optimiser: Any,
+        *,
+        target: Any = None,
+        members: int = 1,
+        cross: bool = True,
+        seeds: SeedTree,
+        config: CKKSModuleConfig | None = None,
+        keep_payloads: RoundSelection = NO_PAYLOADS,
+        total_rounds: int | None = None,
+        public: Mapping[str, object] | None = None,
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        names = check_party_names(parties)
+        if isinstance(members, bool) or int(members) != members or members < 1:
+            raise ValueError(f"members must be an integer >= 1, got {members!r}")
+        if not isinstance(seeds, SeedTree):
+            raise TypeError(f"seeds must be a SeedTree, got {type(seeds).__name__}")
+        if target is module:
+            raise ValueError("the target network must be a separate module (a frozen copy)")
+        self.config = CKKSModuleConfig() if config is None else config
+        network = module.polynomial_network()
+        if network.inputs != len(names) or network.members != members:
+            raise ValueError(
+                f"the module's polynomial takes {network.inputs} inputs for {network.members} "
+                f"members; the channel has {len(names)} parties and {members} members"
+            )
+        if target is not None:
+            target.load_state_dict(module.state_dict())
+            target.requires_grad_(False)
+        self._parties = names
+        self.module, self.optimiser, self.target = module, optimiser, target
+        self.members, self.cross = int(members), bool(cross)
+        self.degree = network.degree
+        self.basis = monomials(len(names), self.degree)
+        self.levels = circuit_levels(self.degree)
+        circuit = FusionCircuit(depth=self.levels, activation_degree=1, training=False)
+        self.keys = {
+            name: ModuleKeyParty(
+                name,
+                ckks_context(
+                    circuit,
+                    poly_modulus_degree=self.config.poly_modulus_degree,
+                    encryption="public-key",
+                ),
+            )
+            for name in names
+        }
+        self.params = self.keys[names[0]].public.params
+        # The server: public contexts only (a test tries to decrypt with them).
+        self.server_contexts: dict[str, PublicContext] = {n: k.public for n, k in self.keys.items()}
+        self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
+        mask_bits = (
+            self.config.mask_bits
+            if self.config.mask_bits is not None
+            else int(np.log2(self.params.max_abs_value(self.params.levels))) - 2
+        )
+        self.masks = _MaskSource(seeds, 2.0**mask_bits)
+        self.base_error = decryption_error_bound(self.params, 1)
+        self._flood_noise = noise_source(seeds, "ckks-module-fusion", "flood")
+        self._output_noise = noise_source(seeds, "ckks-module-fusion", "output-noise")
+        self._pending: dict | None = None
+        self._flood_std: dict[int, tuple[float, float]] = {}
+        self.seconds = dict.fromkeys(STEP_STAGES, 0.0)
+        self.counts: Counter = Counter()
+        first = self.keys[names[0]]
+        self.ciphertext_bytes = len(first.encrypt_for(np.zeros(1), first)[0].serialize())
+        self.view = FusionView(
+            self.name,
+            names,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
+            public={
+                "layout": "per_party",
+                "members": self.members,
+                "cross": self.cross,
+                "module": type(module).__name__,
+                "parameters": int(sum(p.numel() for p in module.parameters())),
+                "optimiser": type(optimiser).__name__.lower(),
+                "target_network": target is not None,
+                "ckks": self.params.public(),
+                "keys": "one key pair per party; the server holds public contexts only",
+                "polynomial_degree": self.degree,
+                "monomials": len(self.basis),
+                "value_bound": self.config.value_bound,
+                "grad_bound": self.config.grad_bound,
+                "mask_bound": self.masks.bound,
+                "flooding": self.config.flooding.public(),
+                "per_operation_error": self.base_error,
+                "output_noise_std": self.config.output_noise_std,
+                "seeded": not seeds.secure,
+                "ciphertext_bytes": self.ciphertext_bytes,
+            }
+            | dict(public or {}),
+        )
+
+    # ------------------------------------------------------------------ seam plumbing
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self._parties
+
+    def open_round(self, round_id: int) -> None:
+        self.view.open_round(round_id)
+
+    def sync_target(self) -> None:
+        if self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        self.target.load_state_dict(self.module.state_dict())
+
+    def flooding_std(self, n_slots: int) -> tuple[float, float]:
+        """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""
+        if n_slots not in self._flood_std:
+            bound = masked_sum_error_bound(
+                self.base_error,
+                self.degree,
+                self.config.value_bound,
+                self.config.grad_bound,
+                n_slots,
+            )
+            self._flood_std[n_slots] = (bound, self.config.flooding.std_for(bound))
+        return self._flood_std[n_slots]
+
+    def error_bounds(self, network: str = "online") -> dict[str, np.ndarray]:
+        """Per member, the stated bounds on the error of an output entry and of an input
+        gradient entry for the current weights (:func:`polynomial_error_bound`,
+        :func:`input_gradient_error_bound`)."""
+        check_network(network, False)
+        module = self.module if network == "online" else self.target
+        coefficients = self._coefficients(module, grad=False).numpy()
+        source, factor = derivative(len(self._parties), self.degree, 0)
+        smaller = monomials(len(self._parties), max(self.degree - 1, 0))
+        noise, bound = self.config.output_noise_std, self.config.value_bound
+        return {
+            "output": np.array([
+                polynomial_error_bound(self.base_error, c, self.basis, bound, noise)
+                for c in coefficients
+            ]),
+            "input_gradient": np.array([
+                input_gradient_error_bound(
+                    self.base_error, c[source] * factor, smaller, bound, self.config.grad_bound,
+                    noise,
+                )
+                for c in coefficients
+            ]),
+        }  # fmt: skip
+
+    def _coefficients(self, module, *, grad: bool):
+        zero = () if self.cross else tuple(range(1, len(self._parties)))
+        network = module.polynomial_network()
+        if grad:
+            return expand(network, zero_inputs=zero)
+        with self._torch.no_grad():
+            return expand(network, zero_inputs=zero)
+
+    def _check(self, inputs: Mapping[str, Any], bound: float, what: str) -> tuple[dict, tuple]:
+        """Numpy float64 copies of ``(members, batch, width)`` vectors, within ``bound``."""
+        arrays, leading, dtype = {}, None, None
+        for party, value in inputs.items():
+            if hasattr(value, "detach"):
+                dtype = value.dtype
+                value = value.detach().cpu().numpy()
+            array = np.asarray(value, dtype=np.float64)
+            if array.ndim != 3 or array.shape[0] != self.members:
+                raise ValueError(
+                    f"party {party!r} {what} has shape {array.shape}; expected ({self.members}, "
+                    "batch, width)"
+                )
+            if leading is None:
+                leading = array.shape
+            elif array.shape != leading:
+                raise ValueError(
+                    f"party {party!r} {what} has shape {array.shape}, expected {leading} "
+                    "(every party sends the same users, in the same order)"
+                )
+            if not np.isfinite(array).all():
+                raise ValueError(f"party {party!r} {what} contains NaN or infinity")
+            peak = float(np.abs(array).max()) if array.size else 0.0
+            if peak > bound:
+                raise ValueError(
+                    f"party {party!r} {what} reaches |{peak:.4g}|, above the channel's public "
+                    f"bound {bound:g} (the flooding's error bound rests on it; raise "
+                    "value_bound/grad_bound in CKKSModuleConfig)"
+                )
+            arrays[party] = array
+        return arrays, (leading, dtype)
+
+    def _coefficient_vectors(self, coefficients: np.ndarray, start: int, stop: int, per_member):
+        """Per monomial, the plain multiplier of chunk ``[start, stop)``: a scalar with one
+        member, else each slot's member's coefficient (``None`` where it encodes to zero)."""
+        if self.members == 1:
+            values = [float(c) for c in coefficients[0]]
+            return [v if abs(v) >= self.min_weight else None for v in values]
+        owner = np.arange(start, stop) // per_member
+        out = []
+        for m in range(coefficients.shape[1]):
+            column = coefficients[owner, m]
+            out.append(column.tolist() if np.abs(column).max() >= self.min_weight else None)
+        return out
+
+    def _monomials(self, variables: list, needed_degree: int) -> dict:
+        """``x^m`` for every monomial up to ``needed_degree`` (degree 0 omitted)."""
+        out = {}
+        for exponent in self.basis:
+            total = sum(exponent)
+            if total == 0 or total > needed_degree:
+                continue
+            if total == 1:
+                out[exponent] = variables[exponent.index(1)]
+                continue
+            first, second = split_monomial(exponent)
+            out[exponent] = out[first] * out[second]
+            self.counts["cipher_mul"] += 1
+        return out
+
+    def _combine(self, terms: list, constant) -> ts.CKKSVector:
+        """``sum_k multiplier_k * vector_k + constant`` (terms ``(vector, multiplier)``)."""
+        acc = None
+        for vector, multiplier in terms:
+            if multiplier is None:
+                continue
+            product = vector * multiplier
+            self.counts["plain_mul"] += 1
+            acc = product if acc is None else acc.add_(product)
+        if acc is None:  # everything encodes to zero: a negligible multiple keeps a ciphertext
+            vector = terms[0][0]
+            acc = vector * 2.0 ** -(self.params.scale_bits - 4)
+        if constant is not None:
+            acc.add_(constant)
+        return acc
+
+    def _return(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector:
+        """Re-randomize with a fresh encryption of noise under ``party``'s key, hand it over."""
+        context = self.server_contexts[party]
+        if self.config.output_noise_std > 0:
+            noise = self._output_noise.normal(self.config.output_noise_std, vector.size())
+            vector = vector + context.encrypt_vector(noise)
+        return vector
+
+    def _to_party(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector:
+        return _context_of(vector, self.keys[party]._secret)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        positions: Mapping[str, Any] | None = None,
+        network: str = "online",
+        train: bool = True,
+        tag: str = "",
+    ) -> dict[str, Any]:
+        """Each party in ``outputs`` gets ``f`` on its vector first, under its own key.
+
+        Arguments and return types as :meth:`securefed.fusion.module.ModuleFusionChannel.forward`
+        (positions are picked by the party after decryption: the server does not see them).
+        """
+        torch = self._torch
+        outputs = check_parties_named("outputs", self._parties, outputs)
+        check_network(network, train)
+        check_tag(tag)
+        missing = set(self._parties) - set(inputs)
+        unknown = set(inputs) - set(self._parties)
+        if missing or unknown:
+            raise ValueError(
+                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
+                f"unknown {sorted(unknown)}"
+            )
+        as_numpy = all(isinstance(v, np.ndarray) for v in inputs.values())
+        arrays, (shape, dtype) = self._check(inputs, self.config.value_bound, "input")
+        chosen = check_positions(positions, outputs, shape[:2])
+        if network == "target" and self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        module = self.module if network == "online" else self.target
+        start = time.process_time()
+        coefficients = self._coefficients(module, grad=False).numpy()
+        self.seconds["server_evaluation"] += time.process_time() - start
+        length = int(np.prod(shape))
+        per_member = shape[1] * shape[2]
+        slots = self.params.slots
+        bounds = [(a, min(length, a + slots)) for a in range(0, length, slots)]
+        senders = self._parties if self.cross else None
+        result, pending = {}, {}
+        for p in outputs:
+            start = time.process_time()
+            order = [p, *[q for q in self._parties if q != p]]
+            ordered = [q for q in order if senders is not None or q == p]
+            encrypted = {
+                q: self.keys[q].encrypt_for(arrays[q].reshape(-1), self.keys[p]) for q in ordered
+            }
+            self.counts["encrypt"] += sum(len(v) for v in encrypted.values())
+            now = time.process_time()
+            self.seconds["encryption"] += now - start
+            start = now
+            context = self.server_contexts[p]
+            chunk_monomials, returned = [], []
+            for c, (a, b) in enumerate(bounds):
+                variables = [_context_of(encrypted[q][c], context) for q in ordered]
+                if len(variables) < len(order):  # cross=False: the others are not sent
+                    variables += [variables[0]] * (len(order) - len(variables))
+                powers = self._monomials(variables, self.degree)
+                multipliers = self._coefficient_vectors(coefficients, a, b, per_member)
+                terms = [(powers[m], multipliers[k]) for k, m in enumerate(self.basis) if k]
+                value = self._combine(terms, multipliers[0])
+                returned.append(self._to_party(self._return(value, p), p))
+                chunk_monomials.append(powers)
+            now = time.process_time()
+            self.seconds["server_evaluation"] += now - start
+            start = now
+            fused = self.keys[p].decrypt(returned, length).reshape(shape)
+            self.seconds["decryption"] += time.process_time() - start
+            if p in chosen:
+                index = chosen[p]
+                index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
+                if index.shape[-1] and int(index.max()) >= shape[2]:
+                    raise ValueError(
+                        f"positions up to {int(index.max())} for an output of width {shape[2]}"
+                    )
+                fused = np.take_along_axis(fused, index, axis=-1)
+            if as_numpy and not train:
+                result[p] = fused.astype(np.result_type(*inputs.values()))
+            else:
+                result[p] = torch.from_numpy(fused).to(dtype or torch.float64)
+            pending[p] = (chunk_monomials, chosen.get(p))
+        if train:
+            self._pending = {"shape": shape, "bounds": bounds, "parties": pending, "tag": tag,
+                             "dtype": dtype}  # fmt: skip
+        n_up = len(bounds) * (len(self._parties) if self.cross else 1)
+
+        def senders_or(named):
+            return self._parties if self.cross else named
+
+        self._record(
+            "forward",
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=outputs,
+            up={q: n_up * self.ciphertext_bytes for q in senders_or(outputs)},
+            down={p: len(bounds) * self.ciphertext_bytes for p in outputs},
+        )
+        return result
+
+    # ------------------------------------------------------------------ backward
+    def backward(
+        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """``p`` sends ``[[dL/dy_p]]``; the masked exchange yields the batch sums, the server
+        steps its optimiser, ``p`` gets ``[[dL/dx_p]]`` under its key.
+
+        Only a party that received an output can receive its input gradient (it is computed
+        under its key); ``recipients`` defaults to those parties.
+
+        Raises:
+            RuntimeError: without a training forward since the last backward.
+            ValueError: a gradient of a party without output, of the wrong shape, above
+                ``grad_bound``, or a recipient without an output in that forward.
+        """
+        torch = self._torch
+        if self._pending is None:
+            raise RuntimeError("backward() needs a forward(train=True) first (once per forward)")
+        pending = self._pending
+        received = tuple(pending["parties"])
+        recipients = (
+            received
+            if recipients is None
+            else check_parties_named("recipients", self._parties, recipients)
+        )
+        outside = [q for q in recipients if q not in received]
+        if outside:
+            raise ValueError(
+                f"parties {outside} received no output in the last forward: their input "
+                "gradient would be computed under another party's key"
+            )
+        unknown = set(grads) - set(received)
+        if unknown:
+            raise ValueError(f"no forward output for parties {sorted(unknown)}")
+        shape, bounds = pending["shape"], pending["bounds"]
+        full = {}
+        for p, g in grads.items():
+            array = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
+            array = np.asarray(array, dtype=np.float64)
+            index = pending["parties"][p][1]
+            expected = shape if index is None else (*shape[:2], index.shape[-1])
+            if array.shape != tuple(expected):
+                raise ValueError(
+                    f"party {p!r} output gradient must have shape {tuple(expected)}, got "
+                    f"{array.shape}"
+                )
+            if index is not None:
+                block = np.zeros(shape)
+                idx = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
+                np.add.at(
+                    block,
+                    (np.arange(shape[0])[:, None, None], np.arange(shape[1])[None, :, None], idx),
+                    array,
+                )
+                array = block
+            full[p] = array
+        full, _ = self._check(full, self.config.grad_bound, "output gradient")
+        coefficients_t = self._coefficients(self.module, grad=True)
+        coefficients = coefficients_t.detach().numpy()
+        per_member = shape[1] * shape[2]
+        length = int(np.prod(shape))
+        sums = np.zeros((self.members, len(self.basis)))
+        source, factor = derivative(len(self._parties), self.degree, 0)
+        smaller = monomials(len(self._parties), max(self.degree - 1, 0))
+        derivative_coefficients = coefficients[:, source] * factor
+        result = {}
+        for p, g in full.items():
+            start = time.process_time()
+            encrypted = self.keys[p].encrypt_for(g.reshape(-1), self.keys[p])
+            self.counts["encrypt"] += len(encrypted)
+            now = time.process_time()
+            self.seconds["encryption"] += now - start
+            chunk_monomials = pending["parties"][p][0]
+            returned = []
+            for c, (a, b) in enumerate(bounds):
+                start = time.process_time()
+                g_c = _context_of(encrypted[c], self.server_contexts[p])
+                powers = chunk_monomials[c]
+                segments = _segments(a, b, per_member)
+                for k, m in enumerate(self.basis):
+                    product = g_c if k == 0 else g_c * powers[m]
+                    if k:
+                        self.counts["cipher_mul"] += 1
+                    self.seconds["server_evaluation"] += time.process_time() - start
+                    sums[:, k] += self._masked_sums(product, p, segments, a, per_member)
+                    start = time.process_time()
+                multipliers = self._coefficient_vectors(derivative_coefficients, a, b, per_member)
+                acc = None
+                for k, m in enumerate(smaller):
+                    if multipliers[k] is None:
+                        continue
+                    term = g_c * multipliers[k]
+                    self.counts["plain_mul"] += 1
+                    if k:
+                        term = term * powers[m]
+                        self.counts["cipher_mul"] += 1
+                    acc = term if acc is None else acc.add_(term)
+                if acc is None:
+                    acc = g_c * 2.0 ** -(self.params.scale_bits - 4)
+                returned.append(self._to_party(self._return(acc, p), p))
+                self.seconds["server_evaluation"] += time.process_time() - start
+            if p in recipients:
+                start = time.process_time()
+                dx = self.keys[p].decrypt(returned, length).reshape(shape)
+                self.seconds["decryption"] += time.process_time() - start
+                result[p] = torch.from_numpy(dx).to(pending["dtype"] or torch.float64)
+        start = time.process_time()
+        self.optimiser.zero_grad(set_to_none=True)
+        surrogate = (coefficients_t * torch.from_numpy(sums)).sum()
+        surrogate.backward()
+        self.optimiser.step()
+        self.seconds["server_evaluation"] += time.process_time() - start
+        self._pending = None
+        self.last_sums = sums
+        n = len(bounds)
+        self._record(
+            "backward",
+            network="online",
+            tag=pending["tag"],
+            train=True,
+            outputs=list(result),
+            up={p: n * (self.ciphertext_bytes + len(self.basis) * 8 * self.members) for p in full},
+            down={p: n * (1 + len(self.basis)) * self.ciphertext_bytes for p in full},
+            aggregate={"batch_sums": sums},
+        )
+        return result
+
+    def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
+        """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""
+        tick = time.process_time()
+        mask = self.masks.draw(product.size())
+        masked = product + mask.tolist()
+        local = [(a - start, b - start) for a, b in segments]
+        _, std = self.flooding_std(max(b - a for a, b in segments))
+        released = self.keys[party].release_sums(
+            self._to_party(masked, party), local, self.config.flooding, std, self._flood_noise
+        )
+        out = np.zeros(self.members)
+        for (a, b), value in zip(segments, released, strict=True):
+            out[a // per_member] += value - mask[a - start : b - start].sum()
+        self.counts["exchange"] += 1
+        self.seconds["exchange"] += time.process_time() - tick
+        return out
+
+    def _record(self, kind, *, network, tag, train, outputs, up, down, aggregate=None) -> None:
+        self.view.record(
+            kind,
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=outputs,
+            bytes_up=up,
+            bytes_down=down,
+            aggregate=aggregate if self.view.keeps_current else None,
+        )
+
+
+def _segments(start: int, stop: int, per_member: int) -> list[tuple[int, int]]:
+    """The flat ranges of ``[start, stop)`` that belong to one member each."""
+    out, a = [], start
+    while a < stop:
+        b = min(stop, (a // per_member + 1) * per_member)
+        out.append((a, b))
+        a = b
+    return out
