@@ -101,7 +101,14 @@ def bernoulli_exp_neg(
     if num.size and (num.min() < 0 or den.min() <= 0):
         raise ValueError("bernoulli_exp_neg needs num >= 0 and den > 0")
     whole = num // den
-    result = np.ones(num.size, bool)
+    return _bernoulli_exp_neg_split(whole, num - whole * den, den, rng)
+
+
+def _bernoulli_exp_neg_split(
+    whole: np.ndarray, remainder: np.ndarray, den: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """``Bernoulli(exp(-(whole + remainder / den)))``, ``0 <= remainder < den`` (Algorithm 1)."""
+    result = np.ones(whole.size, bool)
     remaining = whole.copy()
     alive = np.flatnonzero(remaining > 0)
     while alive.size:
@@ -111,8 +118,7 @@ def bernoulli_exp_neg(
         remaining[alive] -= 1
         alive = alive[ok & (remaining[alive] > 0)]
     survivors = np.flatnonzero(result)
-    frac = num[survivors] - whole[survivors] * den[survivors]
-    result[survivors] = _bernoulli_exp_neg_unit(frac, den[survivors], rng)
+    result[survivors] = _bernoulli_exp_neg_unit(remainder[survivors], den[survivors], rng)
     return result
 
 
@@ -157,11 +163,17 @@ def discrete_laplace(scale: int, size: int, rng: np.random.Generator) -> np.ndar
     return out
 
 
+MAX_INTEGER_VARIANCE = 1 << 28
+"""The sampler's largest variance: ``2 sigma^2 t^2`` (the acceptance denominator) stays below
+``2^58``, so every uniform integer it draws fits in int64. A mechanism coarsens its grid to stay
+under it (:func:`securefed.transport.ddp.plan_mechanism`)."""
+
+
 def _check_variance(sigma2: int) -> int:
-    if isinstance(sigma2, bool) or int(sigma2) != sigma2 or sigma2 < 1:
+    if isinstance(sigma2, bool) or int(sigma2) != sigma2 or not 1 <= sigma2 <= MAX_INTEGER_VARIANCE:
         raise ValueError(
-            f"the discrete Gaussian's variance parameter must be an integer >= 1 (exact "
-            f"arithmetic), got {sigma2!r}"
+            f"the discrete Gaussian's variance parameter must be an integer in [1, 2^28] (exact "
+            f"int64 arithmetic), got {sigma2!r}"
         )
     return int(sigma2)
 
@@ -182,24 +194,29 @@ def discrete_gaussian(sigma2: int, size: int, rng: np.random.Generator) -> np.nd
     Returns:
         ``size`` int64 draws.
 
+    The numerator ``(|Y| t - sigma2)^2`` is split into its whole multiples of the denominator and
+    the remainder in int64 where ``|gap| < 2^31``, and with Python integers for the rare draws
+    beyond (far in the tail, accepted with probability below ``exp(-30)``).
+
     Raises:
-        ValueError: ``sigma2`` not an integer >= 1.
-        OverflowError: ``sigma2`` so large that the acceptance numerators leave int64
-            (about ``sigma2 > 2^40``).
+        ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
     """
     sigma2 = _check_variance(sigma2)
     t = math.isqrt(sigma2) + 1
     den = 2 * sigma2 * t * t
-    if den >= _INT_LIMIT:
-        raise OverflowError(f"sigma2 = {sigma2} is too large for the int64 sampler")
     out = np.zeros(size, np.int64)
     pending = np.arange(size)
     while pending.size:
         y = discrete_laplace(t, pending.size, rng)
         gap = np.abs(y) * t - sigma2
-        if pending.size and int(np.abs(gap).max()) >= (1 << 31):
-            raise OverflowError("a discrete Laplace draw too large for the int64 acceptance test")
-        accept = bernoulli_exp_neg(gap * gap, np.full(pending.size, den), rng)
+        small = np.abs(gap) < (1 << 31)
+        square = np.where(small, gap, 0) ** 2
+        whole = square // den
+        remainder = square - whole * den
+        for k in np.flatnonzero(~small).tolist():  # exact, in Python integers
+            whole[k], remainder[k] = divmod(int(gap[k]) ** 2, den)
+        dens = np.full(pending.size, den)
+        accept = _bernoulli_exp_neg_split(whole, remainder, dens, rng)
         out[pending[accept]] = y[accept]
         pending = pending[~accept]
     return out

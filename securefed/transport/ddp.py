@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from securefed.privacy.discrete import (
+    MAX_INTEGER_VARIANCE,
     DiscreteRelease,
     discrete_gaussian,
     integer_l1_bound,
@@ -355,9 +356,10 @@ def plan_mechanism(
 ) -> DistributedIntegerMechanism:
     """The round's mechanism for ``n_clients`` asked and a target noise std on the sum.
 
-    ``gamma`` from :func:`granularity_for`; each client's integer noise so that ``n_clients``
-    together carry at least ``noise_std`` (model units): the discrete Gaussian's variance
-    ``ceil(noise_std^2 / (n gamma^2))`` (rounded up: never less noise than planned), Skellam's
+    ``gamma`` from :func:`granularity_for` (coarser where the per-client integer variance would
+    pass :data:`~securefed.privacy.discrete.MAX_INTEGER_VARIANCE`); each client's integer noise
+    so that ``n_clients`` together carry at least ``noise_std`` (model units): the discrete
+    Gaussian's variance ``ceil(noise_std^2 / (n gamma^2))`` (rounded up), Skellam's
     ``mu_i = noise_std^2 / (2 n gamma^2)``.
 
     Raises:
@@ -372,9 +374,12 @@ def plan_mechanism(
     gamma = granularity_for(
         bits, n_clients, clip, padded, noise_std, wrap_target, proxy_factor=factor
     )
+    # A coarser grid where the exact sampler's variance would pass its int64 range: the
+    # rounding error (at most one unit) is then below 2^-14 of the noise.
+    gamma = max(gamma, noise_std / math.sqrt(n_clients * MAX_INTEGER_VARIANCE))
     per_client_var = noise_std**2 / (n_clients * gamma * gamma)
     if mechanism == "discrete_gaussian":
-        noise = float(max(1, math.ceil(per_client_var)))
+        noise = float(min(MAX_INTEGER_VARIANCE, max(1, math.ceil(per_client_var))))
     else:
         noise = per_client_var / 2
     return DistributedIntegerMechanism(
