@@ -432,6 +432,8 @@ def test_integer_mechanisms_refuse_what_does_not_apply():
         )
     with pytest.raises(ValueError, match="secagg"):
         build_transport("dp:mechanism=discrete_gaussian,noise_multiplier=1")
+    with pytest.raises(ValueError, match="ring itself"):
+        build_transport("secagg+dp:mechanism=skellam,noise_multiplier=1,secagg.scale=2**16")
     dp = DPTransport(
         _integer_secagg(),
         clip=1.0,

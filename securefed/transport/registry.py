@@ -793,6 +793,14 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         )
     if (dp.placement or "distributed") != "distributed":
         raise ValueError(f"mechanism {dp.mechanism!r} takes the distributed placement only")
+    defaults = SecAggOptions()
+    chosen = {name: getattr(secagg, name) for name in ("bits", "scale", "clip", "out_of_range")}
+    if chosen != {name: getattr(defaults, name) for name in chosen}:
+        raise ValueError(
+            f"mechanism {dp.mechanism!r} sets secure aggregation's ring itself (32 bits, scale 1, "
+            f"clip from the clients): leave secagg bits, scale, clip and out_of_range at their "
+            f"defaults (given {chosen})"
+        )
     ring_clients = max(run.n_clients or 0, 1024)
     config = replace(
         secagg.config(run.dropout), bits=32, scale=1.0, clip=float(((1 << 31) - 1) // ring_clients)
