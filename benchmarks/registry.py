@@ -129,6 +129,12 @@ BENCHES: dict[str, Command] = _table(
     Command("fedmf-transport", "a transport against plaintext", _FEDMF),
     Command("fedrec-weights", "FedRec+ client weightings compared", _FEDMF),
     Command("fedmf-dp", "FedMF test RMSE per epsilon and placement", _FEDMF, ("dp",)),
+    Command(
+        "ddp-vs-central",
+        "FedMF: distributed discrete Gaussian under secagg vs central DP",
+        "securefed.bench.bench_ddp:register",
+        ("dp",),
+    ),
     Command("fedmf-perf", "round vs centralised step; scale", _FEDMF),
     Command(
         "fedmf-vs-centralised",

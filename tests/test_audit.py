@@ -27,6 +27,7 @@ CLEAN = {
     "variant": "fedrec",
     "transport": "secagg+dp",
     "placement": "distributed",
+    "dp_mechanism": "discrete_gaussian",  # float noise under secagg is flagged inexact
     "upload": "full",
     "virtual_ratings_on_scale": True,
     "pseudo_items_resampled": False,

@@ -111,7 +111,7 @@ AUDITED_KEYS = _words(
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "ckks_flooding_security_bits ckks_flooding_unsafe_for_tests "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
-    "aggregation uploads_reveal epsilon_budget_against randomness"
+    "aggregation uploads_reveal epsilon_budget_against randomness dp_mechanism ddp_wrap_bound"
 )
 # Keys that securefed's components record and the checks need not read (parameters of the
 # mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
@@ -129,7 +129,9 @@ RECORDED_KEYS = _words(
     "ckks_folded_into_state block_rows block_columns "
     # DP
     "accountant dp_clip dp_noise dp_noise_multiplier dp_sigma dp_sigma_effective "
-    "inner_transport privacy_ledger noise_multiplier "
+    "inner_transport privacy_ledger noise_multiplier dp_modulus_bits dp_min_contributors "
+    "dp_contributors ddp_bits ddp_gamma ddp_dim ddp_padded_dim ddp_beta ddp_noise ddp_l2_units "
+    "ddp_l1_units ddp_min_contributors "
     # FedMF and the command line's run record
     "dim lr server_lr reg_user reg_item row_reg_item init_std local_steps user_step "
     "gradient_user_vector offset rating_scale chunk_ratings count_cap min_item_weight "
@@ -683,6 +685,50 @@ def check_distributed_dp(config: Mapping[str, object]) -> list[Finding]:
     ]
 
 
+INTEGER_DP_MECHANISMS = ("discrete_gaussian", "skellam")
+WRAP_WARNING = 1e-3
+"""A round whose modular-wrap bound exceeds this is flagged (its sum may decode wrong)."""
+
+
+def check_dp_mechanism(config: Mapping[str, object]) -> list[Finding]:
+    """Float noise under secure aggregation (inexact), and integer noise that may wrap.
+
+    Distributed DP whose noise is the continuous Gaussian (``dp_mechanism`` ``"gaussian"``, or
+    absent: records made before the integer mechanisms) is rounded to fixed point and summed
+    modulo ``2^bits`` by secure aggregation or approximated by CKKS: the continuous Gaussian's
+    guarantee is not proven for what is released. The integer mechanisms' guarantee holds for
+    the sum; a wrap bound above :data:`WRAP_WARNING` means the sum may decode wrong.
+    """
+    parts = _transport_parts(config)
+    if "dp" not in parts or _text(config, "placement", "dp_placement") != "distributed":
+        return []
+    mechanism = _text(config, "dp_mechanism") or "gaussian"
+    findings = []
+    if mechanism not in INTEGER_DP_MECHANISMS and parts[0] in ("secagg", "ckks"):
+        findings.append(
+            Finding(
+                "warning",
+                "distributed-dp-inexact",
+                f"distributed DP adds float Gaussian noise that {parts[0]} then rounds "
+                "(and secure aggregation sums modulo 2^bits): the continuous Gaussian's "
+                "epsilon is not proven for that release; use secagg+dp with "
+                "mechanism=discrete_gaussian (or skellam), whose own accountant covers the "
+                "rounded, modular sum",
+            )
+        )
+    wrap = _number(config, "ddp_wrap_bound", findings)
+    if wrap is not None and wrap > WRAP_WARNING:
+        findings.append(
+            Finding(
+                "warning",
+                "distributed-dp-wrap",
+                f"the integer sum may wrap its modulus with probability up to {wrap:.3g} per "
+                "round (then it decodes wrong); raise modulus_bits or lower wrap_target",
+            )
+        )
+    return findings
+
+
 def check_dp_denominator(config: Mapping[str, object]) -> list[Finding]:
     """FedMF under DP with a data-dependent denominator (``aggregation`` ``mean`` or ``sum``)."""
     aggregation = _text(config, "aggregation")
@@ -887,6 +933,7 @@ CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_randomness,
     check_sampling,
     check_distributed_dp,
+    check_dp_mechanism,
     check_dp_denominator,
     check_uploads,
     check_server_epsilon,

@@ -61,6 +61,7 @@ import numpy as np
 
 from securefed.errors import InsecureParameterError, LedgerFormatError, PrivacyBudgetExceeded
 from securefed.integrity import check_key, read_json, verify, write_sealed_json
+from securefed.privacy.discrete import DiscreteRelease
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTANT_SAMPLING = "poisson"
@@ -177,6 +178,37 @@ def epsilon_of_history(
         return float(prv.get_epsilon(delta=delta))
 
 
+def epsilon_with_discrete(
+    history: list[tuple[float, float, int]],
+    discrete: Sequence[tuple[DiscreteRelease, int]],
+    delta: float,
+) -> float:
+    """Epsilon at ``delta`` of Gaussian releases and integer-noise releases, composed in RDP.
+
+    The RDP curve of every ``(release, steps)`` pair of ``discrete``
+    (:meth:`~securefed.privacy.discrete.DiscreteRelease.rdp`: Kairouz et al. 2021's bound for the
+    sum of discrete Gaussians, Agarwal et al. 2021's for Skellam) is added, times its steps, to
+    the Gaussian history's at Opacus's default orders, and converted by Opacus's
+    ``get_privacy_spent`` (Balle et al. 2020). Integer releases are charged without
+    amplification by sampling (conservative). Without ``discrete`` this is
+    :func:`epsilon_of_history` with the RDP accountant.
+    """
+    _check_delta(delta)
+    if not discrete:
+        return epsilon_of_history(history, delta, "rdp")
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    total = np.zeros(len(orders))
+    for sigma, q, steps in history:
+        total = total + steps * _unit_rdp(float(sigma), float(q))
+    for release, steps in discrete:
+        total = total + steps * release.rdp(orders)
+    eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=total, delta=delta)
+    return float(eps)
+
+
 class PrivacyLedger:
     """Records every noisy release and reports the privacy spent (Opacus accountants).
 
@@ -227,6 +259,8 @@ class PrivacyLedger:
         self._accountant = create_accountant(mechanism=self.accountant)
         self._server = create_accountant(mechanism=self.accountant)
         self.server_clear_steps = 0
+        self._discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
+        self._server_discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
         self._warned_fixed = False
 
     # ------------------------------------------------------------------ reading
@@ -242,9 +276,19 @@ class PrivacyLedger:
         return _triples(self._server.history)
 
     @property
+    def discrete_history(self) -> list[tuple[DiscreteRelease, int]]:
+        """Against the released model: the integer-noise releases and their step counts."""
+        return list(self._discrete)
+
+    @property
+    def server_discrete_history(self) -> list[tuple[DiscreteRelease, int]]:
+        """Against the server: the integer-noise releases as it saw them."""
+        return list(self._server_discrete)
+
+    @property
     def steps(self) -> int:
-        """Number of noisy releases recorded."""
-        return sum(n for _, _, n in self.history)
+        """Number of noisy releases recorded (Gaussian and integer noise)."""
+        return sum(n for _, _, n in self.history) + sum(n for _, n in self._discrete)
 
     def _delta(self, delta: float | None) -> float:
         if delta is not None:
@@ -299,7 +343,13 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ charging
     def _state(self) -> _Trial:
-        return _Trial(self._accountant, self._server, self.server_clear_steps)
+        return _Trial(
+            self._accountant,
+            self._server,
+            self.server_clear_steps,
+            self._discrete,
+            self._server_discrete,
+        )
 
     def _trial(
         self,
@@ -321,9 +371,47 @@ class PrivacyLedger:
             if server is not None:
                 seen.step(noise_multiplier=float(server[0]), sample_rate=float(server[1]))
         clear = self.server_clear_steps + (int(steps) if server is None else 0)
-        return _Trial(released, seen, clear)
+        return _Trial(released, seen, clear, self._discrete, self._server_discrete)
+
+    def _discrete_trial(
+        self, release: DiscreteRelease, server: DiscreteRelease | None, steps: int
+    ) -> _Trial:
+        if not isinstance(release, DiscreteRelease) or not (
+            server is None or isinstance(server, DiscreteRelease)
+        ):
+            raise TypeError("an integer-noise charge takes DiscreteRelease objects")
+        if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        if self.accountant != "rdp":
+            raise ValueError(
+                f"integer-noise releases are accounted in Rényi DP; this ledger uses the "
+                f"{self.accountant!r} accountant, which cannot compose them: use accountant='rdp'"
+            )
+        seen = self._server_discrete
+        if server is not None:
+            seen = _merge_discrete(seen, server, int(steps))
+        clear = self.server_clear_steps + (int(steps) if server is None else 0)
+        return _Trial(
+            self._accountant,
+            self._server,
+            clear,
+            _merge_discrete(self._discrete, release, int(steps)),
+            seen,
+        )
 
     def _epsilons(self, trial: _Trial, delta: float) -> dict[str, float]:
+        if trial.released_discrete or trial.server_discrete:
+            server = (
+                math.inf
+                if trial.server_clear_steps
+                else epsilon_with_discrete(
+                    _triples(trial.server.history), trial.server_discrete, delta
+                )
+            )
+            released = epsilon_with_discrete(
+                _triples(trial.released.history), trial.released_discrete, delta
+            )
+            return {"released_model": released, "server": server}
         server = (
             math.inf
             if trial.server_clear_steps
@@ -396,23 +484,73 @@ class PrivacyLedger:
             ValueError: a non-positive noise multiplier, a rate outside (0, 1], bad steps.
         """
         trial = self._trial(noise_multiplier, sample_rate, steps, server)
+        what = (
+            f"release(s) with noise multiplier {noise_multiplier:g} at sample rate "
+            f"{sample_rate:g} (server: {'in the clear' if server is None else server})"
+        )
+        self._commit(trial, steps, what)
+
+    def charge_discrete(
+        self,
+        release: DiscreteRelease,
+        *,
+        server: DiscreteRelease | None,
+        steps: int = 1,
+    ) -> None:
+        """Record ``steps`` releases of a sum of integer noise (distributed discrete Gaussian
+        or Skellam), charged by their own accountant
+        (:meth:`~securefed.privacy.discrete.DiscreteRelease.rdp`) without amplification by
+        sampling.
+
+        Args:
+            release: the release against the released model's observers.
+            server: the release as the server sees it (the same sum under secure aggregation;
+                one client's noisy vector where it reads each update); ``None``: in the clear.
+            steps: how many such releases.
+
+        Raises:
+            PrivacyBudgetExceeded: the budget would be overrun (ledger unchanged).
+            ValueError: a ledger whose accountant is not ``"rdp"``, or bad steps.
+        """
+        trial = self._discrete_trial(release, server, steps)
+        self._commit(trial, steps, f"release(s) of {release} (server: {server})")
+
+    def _commit(self, trial: _Trial, steps: int, what: str) -> None:
         over = self._overrun(trial)
         if over:
             observer, after = next(iter(over.items()))
             spent = self._epsilons(self._state(), self.budget.delta)[observer]
             raise PrivacyBudgetExceeded(
                 f"privacy budget exceeded against the {observer.replace('_', ' ')}: {steps} more "
-                f"release(s) with noise multiplier {noise_multiplier:g} at sample rate "
-                f"{sample_rate:g} (server: {'in the clear' if server is None else server}) "
-                f"would bring epsilon to {after:.4f} at delta {self.budget.delta:g}, over the "
-                f"budget of {self.budget.epsilon:g} (spent so far: {spent:.4f} over "
+                f"{what} would bring epsilon to {after:.4f} at delta {self.budget.delta:g}, "
+                f"over the budget of {self.budget.epsilon:g} (spent so far: {spent:.4f} over "
                 f"{self.steps} release(s), {self.accountant} accountant); nothing was "
                 "recorded and nothing should be released"
             )
         self._accountant, self._server = trial.released, trial.server
         self.server_clear_steps = trial.server_clear_steps
+        self._discrete, self._server_discrete = trial.released_discrete, trial.server_discrete
         if self.path is not None:
             self.save(self.path, key=self._key)
+
+    def would_exceed_discrete(
+        self, release: DiscreteRelease, *, server: DiscreteRelease | None, steps: int = 1
+    ) -> bool:
+        """Whether :meth:`charge_discrete` would overrun the budget (False without a budget)."""
+        return bool(self._overrun(self._discrete_trial(release, server, steps)))
+
+    def epsilon_after_discrete(
+        self,
+        release: DiscreteRelease,
+        *,
+        server: DiscreteRelease | None,
+        steps: int = 1,
+        delta: float | None = None,
+        against: str = "released_model",
+    ) -> float:
+        """Epsilon against ``against`` after :meth:`charge_discrete` (nothing is recorded)."""
+        trial = self._discrete_trial(release, server, steps)
+        return self._epsilons(trial, self._delta(delta))[_check_observer(against)]
 
     def record_sampling(self, sampling: object, *, rate: float | None = None) -> None:
         """Record the runtime's sampling mode (a mode string or a ``ClientSampling``) and rate.
@@ -482,6 +620,15 @@ class PrivacyLedger:
             "history": [[s, q, n] for s, q, n in self.history],
             "server_history": [[s, q, n] for s, q, n in self.server_history],
             "server_clear_steps": self.server_clear_steps,
+        } | self._discrete_state()
+
+    def _discrete_state(self) -> dict[str, object]:
+        """The integer-noise histories, present only when there are any (older files lack them)."""
+        if not (self._discrete or self._server_discrete):
+            return {}
+        return {
+            "discrete_history": [[*r.as_list(), n] for r, n in self._discrete],
+            "discrete_server_history": [[*r.as_list(), n] for r, n in self._server_discrete],
         }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -497,6 +644,8 @@ class PrivacyLedger:
         self._accountant.history = parsed.history
         self._server.history = parsed.server_history
         self.server_clear_steps = parsed.server_clear_steps
+        self._discrete = parsed.discrete
+        self._server_discrete = parsed.server_discrete
         self.sampling = parsed.sampling
         self.sampling_rate = parsed.sampling_rate
 
@@ -526,11 +675,19 @@ class PrivacyLedger:
             mine, saved = getattr(self, name), getattr(parsed, name)
             if mine is not None and saved is not None and mine != saved:
                 causes.append(f"{name}: the checkpoint's is {saved!r}, this one {mine!r}")
-        fresh = not self.history and not self.server_history and not self.server_clear_steps
+        fresh = (
+            not self.history
+            and not self.server_history
+            and not self.server_clear_steps
+            and not self._discrete
+            and not self._server_discrete
+        )
         same = (
             self.history == parsed.history
             and self.server_history == parsed.server_history
             and self.server_clear_steps == parsed.server_clear_steps
+            and self._discrete == parsed.discrete
+            and self._server_discrete == parsed.server_discrete
         )
         if not (fresh or same):
             causes.append(
@@ -641,6 +798,7 @@ _STATE_KEYS = frozenset(
         "server_clear_steps",
     }
 )
+_OPTIONAL_STATE_KEYS = frozenset({"discrete_history", "discrete_server_history"})
 
 
 @dataclass(frozen=True)
@@ -650,6 +808,17 @@ class _Trial:
     released: object
     server: object
     server_clear_steps: int
+    released_discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
+    server_discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
+
+
+def _merge_discrete(
+    history: tuple[tuple[DiscreteRelease, int], ...], release: DiscreteRelease, steps: int
+) -> tuple[tuple[DiscreteRelease, int], ...]:
+    """``history`` with ``steps`` more of ``release`` (merged into an equal last entry)."""
+    if history and history[-1][0] == release:
+        return (*history[:-1], (release, history[-1][1] + steps))
+    return (*history, (release, steps))
 
 
 @dataclass(frozen=True)
@@ -661,6 +830,24 @@ class _ParsedState:
     history: list[tuple[float, float, int]]
     server_history: list[tuple[float, float, int]]
     server_clear_steps: int
+    discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
+    server_discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
+
+
+def _parse_discrete(entries: object, name: str) -> tuple[tuple[DiscreteRelease, int], ...]:
+    if not isinstance(entries, list):
+        raise ValueError(
+            f"ledger {name} must be a list of [mechanism, noise, n, l2, l1, dim, steps]"
+        )
+    parsed = []
+    for entry in entries:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 7:
+            raise ValueError(f"ledger {name} entries have 7 fields, got {entry!r}")
+        steps = entry[6]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"ledger {name} steps must be an integer >= 1, got {steps!r}")
+        parsed.append((DiscreteRelease.from_list(list(entry[:6])), steps))
+    return tuple(parsed)
 
 
 def _triples(history: Sequence) -> list[tuple[float, float, int]]:
@@ -704,7 +891,8 @@ def _parse_state(state: Mapping[str, object], accountant: str | None) -> _Parsed
         raise ValueError(f"not a privacy ledger state (format {state.get('format')!r})")
     if state.get("version") != LEDGER_VERSION:
         raise ValueError(f"unsupported ledger state version {state.get('version')!r}")
-    missing, unknown = sorted(_STATE_KEYS - set(state)), sorted(set(state) - _STATE_KEYS)
+    missing = sorted(_STATE_KEYS - set(state))
+    unknown = sorted(set(state) - _STATE_KEYS - _OPTIONAL_STATE_KEYS)
     if missing or unknown:
         raise ValueError(f"ledger state has missing fields {missing}, unknown fields {unknown}")
     if accountant is not None and state["accountant"] != accountant:
@@ -738,4 +926,8 @@ def _parse_state(state: Mapping[str, object], accountant: str | None) -> _Parsed
         history=_parse_history(state["history"], "history"),
         server_history=_parse_history(state["server_history"], "server_history"),
         server_clear_steps=clear,
+        discrete=_parse_discrete(state.get("discrete_history", []), "discrete_history"),
+        server_discrete=_parse_discrete(
+            state.get("discrete_server_history", []), "discrete_server_history"
+        ),
     )

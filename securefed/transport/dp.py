@@ -85,7 +85,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from securefed.errors import InsecureParameterError
+from securefed.errors import AggregationError, InsecureParameterError
+from securefed.privacy.discrete import DiscreteRelease
 from securefed.privacy.ledger import SAMPLING_MODES, PrivacyLedger, _check_sampling
 from securefed.privacy.noise import (
     NoiseSource,
@@ -97,11 +98,21 @@ from securefed.privacy.noise import (
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, AggregationRound, RowUpdates, Transport
 from securefed.transport.capabilities import HIDING, TransportCapabilities
+from securefed.transport.ddp import (
+    INTEGER_MECHANISMS,
+    MECHANISMS,
+    DistributedIntegerMechanism,
+    noise_for_integer_target,
+    plan_mechanism,
+    rotation_signs,
+)
 
 PLACEMENTS = ("central", "local", "distributed")
 # Densified local/distributed batches are noised and submitted in chunks of about this many
 # numbers, so that thousands of dense client blocks never sit in memory at once.
 _DENSE_CHUNK = 1 << 23
+# Integer mechanisms encode about this many coordinates (clients x padded length) per call.
+_INTEGER_CHUNK = 1 << 22
 
 
 def _shows_single_updates(transport: Transport) -> bool:
@@ -121,6 +132,16 @@ class DPConfig:
         sampling: runtime client sampling mode (``"all"``, ``"poisson"``, ``"fixed"`` or None).
         secure: require cryptographic noise (refuses a seeded tree).
         delta: delta at which epsilon is reported when the ledger has no budget.
+        mechanism: the noise: ``"gaussian"`` (float noise, the default: inexact after secure
+            aggregation's rounding and wrap, flagged by the audit under distributed placement),
+            ``"discrete_gaussian"`` or ``"skellam"`` (integers, distributed placement only:
+            :mod:`securefed.transport.ddp`).
+        modulus_bits: the integer mechanisms' modulus ``2^modulus_bits`` (bits per coordinate),
+            2..32.
+        wrap_target: the integer mechanisms' bound on the chance that the sum wraps the
+            modulus in a round (chooses the granularity).
+        min_contributors: a distributed release of fewer contributors is refused. ``None``:
+            no minimum for ``"gaussian"``; every client asked for the integer mechanisms.
     """
 
     clip: float
@@ -130,6 +151,10 @@ class DPConfig:
     sampling: str | None = None
     secure: bool = False
     delta: float | None = None
+    mechanism: str = "gaussian"
+    modulus_bits: int = 20
+    wrap_target: float = 1e-6
+    min_contributors: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -146,6 +171,30 @@ class DPConfig:
             raise ValueError(f"sampling must be one of {SAMPLING_MODES} or None")
         if self.delta is not None and not (0 < self.delta < 1):
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
+        if self.mechanism in INTEGER_MECHANISMS:
+            if self.placement != "distributed":
+                raise InsecureParameterError(
+                    f"mechanism {self.mechanism!r} is the distributed placement's (each client "
+                    f"adds integer noise under secure aggregation); placement "
+                    f"{self.placement!r} takes mechanism='gaussian'"
+                )
+            if self.secure:
+                raise InsecureParameterError(
+                    f"mechanism {self.mechanism!r} has no cryptographic integer source yet: its "
+                    "samplers take a numpy Generator (seeded mode, tests and benchmarks only)"
+                )
+        if isinstance(self.modulus_bits, bool) or not 2 <= int(self.modulus_bits) <= 32:
+            raise ValueError(
+                f"modulus_bits must be an integer in [2, 32], got {self.modulus_bits!r}"
+            )
+        if not 0 < self.wrap_target < 1:
+            raise ValueError(f"wrap_target must lie in (0, 1), got {self.wrap_target!r}")
+        if self.min_contributors is not None and (
+            isinstance(self.min_contributors, bool) or self.min_contributors < 1
+        ):
+            raise ValueError(f"min_contributors must be >= 1 or None, got {self.min_contributors}")
         if self.sampling == "all" and self.sample_rate < 1 and self.placement != "local":
             raise InsecureParameterError(
                 f"sampling 'all' puts every client in every round, but sample_rate "
@@ -260,6 +309,11 @@ class DPRound(AggregationRound):
         self._weight_sq: dict[int, float] = {}
         self._secure_source: NoiseSource | None = None
         self._charged = False
+        self.mechanism: DistributedIntegerMechanism | None = transport._pending_mechanism
+        self._signs: np.ndarray | None = transport._pending_signs
+        self._block = inner.shape if self.mechanism is None else transport._pending_shape
+        if self.mechanism is not None:
+            self.shape = self._block  # the callers' block; the inner round carries (1, D)
         if self.config.placement == "distributed":
             # Under distributed placement the inner round's decoding *is* the release of the
             # noisy sum. Its ``result`` is sealed on this instance, so that whoever holds the
@@ -281,6 +335,9 @@ class DPRound(AggregationRound):
     def _accept(self, updates: RowUpdates) -> None:
         weights = check_client_weights(updates)
         clipped, _ = clip_row_updates(updates, self.config.clip)
+        if self.mechanism is not None:
+            self._accept_integers(clipped, weights)
+            return
         if self.config.placement == "central":
             self.inner.submit_batch(clipped)
             return
@@ -293,6 +350,34 @@ class DPRound(AggregationRound):
         for start in range(0, len(clipped.clients), step):
             part = _slice_clients(clipped, start, min(len(clipped.clients), start + step))
             self.inner.submit_batch(noise_dense_blocks(densify(part), std, self._source))
+
+    def _accept_integers(self, clipped: RowUpdates, weights: np.ndarray) -> None:
+        """Encode each client's clipped block into noisy integers; submit them to the inner round.
+
+        Raises:
+            InsecureParameterError: a weight other than 1 (the integer mechanisms' sensitivity
+                is one client's rounded vector; weights are not encoded).
+        """
+        if clipped.weights is not None and np.any(weights != 1):
+            raise InsecureParameterError(
+                f"mechanism {self.mechanism.mechanism!r} takes unweighted updates (weight 1): "
+                "scale the update instead of weighting it"
+            )
+        mechanism, signs = self.mechanism, self._signs
+        clients = clipped.clients.tolist()
+        # The exact samplers loop over shrinking sets of pending draws: one call for many
+        # clients costs about 1 us a draw, one per client tens of times more.
+        step = max(1, _INTEGER_CHUNK // mechanism.padded)
+        for start in range(0, len(clients), step):
+            chunk = clients[start : start + step]
+            flat = np.stack(
+                [clipped.client_block(k).reshape(-1) for k in range(start, start + len(chunk))]
+            )
+            rng = self.seeds.generator("dp", self.round_id, "integers", int(chunk[0]))
+            integers = mechanism.encode(flat, signs, rng)
+            for row, client in zip(integers, chunk, strict=True):
+                self._weight_sq[int(client)] = 1.0
+                self.inner.submit(int(client), row.astype(np.float64))
 
     def _on_drop(self, client: int) -> None:
         self.inner.drop(client)
@@ -311,6 +396,8 @@ class DPRound(AggregationRound):
         after submitting stays in the sum: AggregationRound.drop). A refused charge raises every
         time it is asked again, so the sum is never decoded.
         """
+        if not self._charged and self.mechanism is not None:
+            self._charge_integers()
         if not self._charged:
             sigma_eff = self._effective_sigma(sorted(self.submitted))
             self.view.public["dp_sigma_effective"] = sigma_eff
@@ -320,9 +407,39 @@ class DPRound(AggregationRound):
             self._charged = True
         return self._decode()
 
+    def _charge_integers(self) -> None:
+        """Refuse too few contributors; charge the integer mechanism's accountant for the sum.
+
+        Raises:
+            AggregationError: fewer contributors than the minimum (nothing is released).
+            PrivacyBudgetExceeded: the charge would overrun the budget.
+        """
+        n = len(self.submitted)
+        minimum = self.mechanism.min_contributors
+        if n < minimum:
+            raise AggregationError(
+                f"round {self.round_id}: {n} contributor(s), fewer than the minimum of {minimum} "
+                f"for a DP release of {self.mechanism.mechanism!r} noise (each contributor adds "
+                "1/n of it): refused, nothing is decoded"
+            )
+        release = self.mechanism.release(n)
+        server = self.transport.server_release(self.mechanism, n)
+        self.transport.ledger.charge_discrete(release, server=server)
+        self.view.public["dp_contributors"] = n
+        self.view.public["ddp_wrap_bound"] = self.mechanism.wrap_bound(n)
+        self.view.public["dp_sigma_effective"] = (
+            self.mechanism.noise_std_units(n) * self.mechanism.gamma / self.config.clip
+        )
+        self.transport._report(self.view)
+        self._charged = True
+
     def _finish(self) -> Aggregate:
         placement = self.config.placement
         sigma = self.config.noise_multiplier
+        if self.mechanism is not None:
+            inner = self.inner.result()  # the sealed release: charges first
+            total = self.mechanism.decode(inner.total, self._signs).reshape(self._block)
+            return Aggregate(total, float(len(inner.contributors)), inner.contributors)
         if placement == "local":
             return self.inner.result()
         if placement == "distributed":
@@ -368,6 +485,40 @@ class DPRound(AggregationRound):
             self._result = self._finish()
             self.view.aggregate["dp_total"] = self._result.total
         return self._result
+
+
+def _check_integer_inner(inner: Transport, mechanism: str) -> None:
+    """Refuse an inner transport that cannot sum integers exactly for ``mechanism``.
+
+    Secure aggregation must encode at scale 1 (its codec is then the identity on integers) and
+    run its clients in this process (the remote clients' side is not built); CKKS sums
+    approximately. A plaintext inner transport sums float64 integers exactly (a stand-in, which
+    warns as every distributed placement over it does).
+
+    Raises:
+        InsecureParameterError: naming what does not fit.
+    """
+    from securefed.transport.plaintext import PlaintextTransport
+    from securefed.transport.secagg import SecAggTransport
+
+    if isinstance(inner, SecAggTransport):
+        if inner.config.scale != 1.0:
+            raise InsecureParameterError(
+                f"mechanism {mechanism!r} submits integers: the inner secure aggregation must "
+                f"encode at scale 1 (SecAggConfig(scale=1.0, ...)), not {inner.config.scale!r}"
+            )
+        if inner.remote_clients:
+            raise InsecureParameterError(
+                f"mechanism {mechanism!r} is not built for remote (Flower) clients: their side "
+                "adds float noise; use mechanism='gaussian' there (inexact, flagged by the audit)"
+            )
+        return
+    if isinstance(inner, PlaintextTransport):
+        return
+    raise InsecureParameterError(
+        f"mechanism {mechanism!r} needs an inner transport that sums integers exactly (secagg, or "
+        f"plaintext as a stand-in), not {inner.name!r}"
+    )
 
 
 def _slice_clients(updates: RowUpdates, start: int, stop: int) -> RowUpdates:
@@ -427,6 +578,12 @@ class DPTransport(Transport):
         sampling: object = None,
         secure: bool = False,
         delta: float | None = None,
+        mechanism: str = "gaussian",
+        modulus_bits: int = 20,
+        wrap_target: float = 1e-6,
+        min_contributors: int | None = None,
+        target_epsilon: float | None = None,
+        target_rounds: int | None = None,
     ) -> None:
         if not isinstance(inner, Transport):
             raise TypeError(f"inner must be a Transport, got {type(inner).__name__}")
@@ -447,8 +604,29 @@ class DPTransport(Transport):
             sampling=sampling,
             secure=bool(secure),
             delta=delta,
+            mechanism=mechanism,
+            modulus_bits=int(modulus_bits),
+            wrap_target=float(wrap_target),
+            min_contributors=min_contributors,
         )
         self.inner = inner
+        self._pending_mechanism: DistributedIntegerMechanism | None = None
+        self._pending_signs: np.ndarray | None = None
+        self._pending_shape: tuple[int, int] = (0, 0)
+        self._target: tuple[float, int] | None = None
+        if target_epsilon is not None or target_rounds is not None:
+            if self.config.mechanism not in INTEGER_MECHANISMS:
+                raise ValueError(
+                    "target_epsilon/target_rounds calibrate an integer mechanism at its first "
+                    "round; the gaussian mechanism takes a calibrated noise_multiplier"
+                )
+            if target_epsilon is None or target_rounds is None or target_rounds < 1:
+                raise ValueError("give both target_epsilon and target_rounds >= 1")
+            if ledger.budget is None and delta is None:
+                raise ValueError("calibrating to a target epsilon needs a delta (or a budget)")
+            self._target = (float(target_epsilon), int(target_rounds))
+        if self.config.mechanism in INTEGER_MECHANISMS:
+            _check_integer_inner(inner, self.config.mechanism)
         self.ledger: PrivacyLedger = ledger
         self.name = f"{inner.name}+dp"
         if self.config.sampling is not None:
@@ -561,7 +739,10 @@ class DPTransport(Transport):
         sigma = self.config.noise_multiplier
         local = self.config.placement == "local"
         rate = 1.0 if local else self.config.sample_rate
-        server = self.server_exposure(sigma, len(np.unique(np.asarray(clients))))
+        n_asked = len(np.unique(np.asarray(clients)))
+        if self.config.mechanism in INTEGER_MECHANISMS:
+            return self._open_integer_round(round_id, clients, n_asked, shape, seeds)
+        server = self.server_exposure(sigma, n_asked)
         if self.ledger.would_exceed(sigma, rate, server=server):
             self.ledger.charge(sigma, rate, server=server)  # raises with the figures
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
@@ -586,6 +767,128 @@ class DPTransport(Transport):
         if local:
             self._report(inner_round.view)
         return DPRound(self, inner_round)
+
+    def plan(self, n_clients: int, shape: tuple[int, int]) -> DistributedIntegerMechanism:
+        """The integer mechanism of a round of ``n_clients`` asked, for ``shape`` blocks.
+
+        Raises:
+            ValueError: the transport's mechanism is ``"gaussian"``, or no granularity fits.
+        """
+        cfg = self.config
+        if cfg.mechanism not in INTEGER_MECHANISMS:
+            raise ValueError("the gaussian mechanism has no integer plan")
+        minimum = n_clients if cfg.min_contributors is None else cfg.min_contributors
+        return plan_mechanism(
+            cfg.mechanism,
+            bits=cfg.modulus_bits,
+            clip=cfg.clip,
+            noise_std=cfg.noise_multiplier * cfg.clip,
+            n_clients=n_clients,
+            dim=int(shape[0]) * int(shape[1]),
+            min_contributors=minimum,
+            wrap_target=cfg.wrap_target,
+        )
+
+    def _calibrate(self, n_asked: int, shape: tuple[int, int]) -> None:
+        """Fix the noise multiplier at the first round: the smallest whose integer plan spends
+        at most the target epsilon over the target rounds (its own accountant), with the
+        round's clients and block (:func:`~securefed.transport.ddp.noise_for_integer_target`).
+        """
+        epsilon, rounds = self._target
+        cfg = self.config
+        minimum = n_asked if cfg.min_contributors is None else cfg.min_contributors
+        sigma = noise_for_integer_target(
+            cfg.mechanism,
+            epsilon,
+            self.delta,
+            rounds,
+            bits=cfg.modulus_bits,
+            clip=cfg.clip,
+            n_clients=n_asked,
+            dim=int(shape[0]) * int(shape[1]),
+            min_contributors=minimum,
+            wrap_target=cfg.wrap_target,
+        )
+        self.config = replace(cfg, noise_multiplier=sigma)
+        self._target = None
+        self.view.public.update(self.public_parameters())
+
+    def server_release(
+        self, mechanism: DistributedIntegerMechanism, n_contributors: int
+    ) -> DiscreteRelease:
+        """The integer release as the server sees it: the sum under a hiding transport, one
+        client's noisy vector (its own noise only) where the server reads each update."""
+        if _shows_single_updates(self.inner):
+            return mechanism.release(1)
+        return mechanism.release(n_contributors)
+
+    def _open_integer_round(
+        self,
+        round_id: int,
+        clients: Sequence[int] | np.ndarray,
+        n_asked: int,
+        shape: tuple[int, int],
+        seeds: SeedTree,
+    ) -> DPRound:
+        """Plan the round's integer mechanism, pre-check the budget, open the inner round.
+
+        The inner round carries each client's ``(1, D)`` integer vector; the rotation's signs
+        come from the round's public seed (``seeds.key("dp", "rotation", round_id)``).
+
+        Raises:
+            PrivacyBudgetExceeded: the round would overrun the budget with all clients asked.
+            InsecureParameterError: the inner secure aggregation cannot hold a client's
+                integers (its clip is below the mechanism's per-client bound).
+            AggregationError: fewer clients asked than the minimum of contributors.
+        """
+        if self._target is not None:
+            self._calibrate(n_asked, shape)
+        mechanism = self.plan(n_asked, shape)
+        if n_asked < mechanism.min_contributors:
+            raise AggregationError(
+                f"round {round_id} asks {n_asked} client(s), fewer than the minimum of "
+                f"{mechanism.min_contributors} contributors for a DP release"
+            )
+        release = mechanism.release(n_asked)
+        server = self.server_release(mechanism, n_asked)
+        if self.ledger.would_exceed_discrete(release, server=server):
+            self.ledger.charge_discrete(release, server=server)  # raises with the figures
+        inner_clip = getattr(getattr(self.inner, "config", None), "clip", None)
+        if inner_clip is not None and inner_clip < mechanism.client_bound():
+            raise InsecureParameterError(
+                f"the inner secure aggregation's clip {inner_clip:g} is below the integer "
+                f"mechanism's per-client bound {mechanism.client_bound()} (rounding bound plus "
+                "40 noise stds): a client's integers could be refused, which would depend on "
+                "its noise; raise the clip (scale 1) or lower bits"
+            )
+        signs = rotation_signs(seeds.key("dp", "rotation", round_id), mechanism.padded)
+        inner_round = self.inner.open_round(
+            round_id, clients, shape=(1, mechanism.padded), seeds=seeds
+        )
+        self.view.public["seeded"] = seeds.seed is not None
+        self.view.public["secure"] = False
+        self.view.public["sampling"] = self.ledger.sampling
+        inner_round.view.public.update(
+            {
+                "dp_clip": self.config.clip,
+                "dp_sigma": self.config.noise_multiplier,
+                "dp_placement": self.config.placement,
+                "dp_sample_rate": 1.0,
+                "dp_noise": f"exact {mechanism.mechanism} (seeded numpy integers)"
+                if mechanism.mechanism == "discrete_gaussian"
+                else "skellam (numpy Poisson, seeded)",
+                "epsilon": self.epsilon(),
+                "epsilon_server": self.epsilon(against="server"),
+                "delta": self.delta,
+                **mechanism.public(),
+            }
+        )
+        self._pending_mechanism, self._pending_signs = mechanism, signs
+        self._pending_shape = (int(shape[0]), int(shape[1]))
+        try:
+            return DPRound(self, inner_round)
+        finally:
+            self._pending_mechanism, self._pending_signs = None, None
 
     def _round_class(self) -> type[AggregationRound]:
         return DPRound  # not used: open_round builds DPRound around the inner round
@@ -625,8 +928,15 @@ class DPTransport(Transport):
                 "placement": self.config.placement,
                 "sample_rate": self.config.sample_rate,
                 "sampling": self.config.sampling,
-                "accountant": self.ledger.accountant,
+                "accountant": self.ledger.accountant
+                if self.config.mechanism == "gaussian"
+                else f"{self.config.mechanism} (Rényi bound, no sampling amplification)",
                 "accountant_sampling": PrivacyLedger.accounting_sampling,
+                "dp_mechanism": self.config.mechanism,
+                "dp_modulus_bits": None
+                if self.config.mechanism == "gaussian"
+                else self.config.modulus_bits,
+                "dp_min_contributors": self.config.min_contributors,
                 "epsilon": self.epsilon(),
                 "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,

@@ -283,6 +283,13 @@ class DPOptions:
         placement: ``"central"``, ``"local"`` or ``"distributed"`` (``None``: the name's:
             ``dp`` central, ``dp-local`` local, ``secagg+dp`` and ``ckks+dp`` distributed).
         secure: cryptographic noise only (a seeded run is refused).
+        mechanism: ``"gaussian"`` (float noise; under ``secagg+dp`` inexact after the rounding
+            and the wrap, which the audit flags), ``"discrete_gaussian"`` or ``"skellam"``
+            (integer noise summed exactly under secure aggregation, ``secagg+dp`` only: its
+            secure aggregation then runs a 32-bit ring at scale 1, and ``epsilon`` is met by
+            the mechanism's own accountant at the first round, :mod:`securefed.transport.ddp`).
+        modulus_bits, wrap_target, min_contributors: the integer mechanisms' modulus bits,
+            wrap bound and minimum of contributors (``None``: every client asked).
 
     Raises:
         ValueError: neither ``epsilon`` nor ``noise_multiplier`` given, or a value out of range.
@@ -294,10 +301,20 @@ class DPOptions:
     delta: float = 1e-5
     placement: str | None = None
     secure: bool = False
+    mechanism: str = "gaussian"
+    modulus_bits: int = 20
+    wrap_target: float = 1e-6
+    min_contributors: int | None = None
 
     def __post_init__(self) -> None:
         _typed(self)
         owner = type(self).__name__
+        from securefed.transport.ddp import MECHANISMS
+
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(
+                f"{owner} mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"
+            )
         for name in ("clip", "noise_multiplier", "epsilon"):
             _finite_positive(owner, name, getattr(self, name))
         if not 0 < self.delta < 1:
@@ -743,8 +760,10 @@ def _with_dp(inner: Builder, placement: str) -> Builder:
         from securefed.transport.dp import DPTransport
 
         dp: DPOptions = options["dp"]
-        noise_multiplier = dp.resolved_noise(run.sample_rate, run.total_rounds)
         ledger = run.ledger if run.ledger is not None else PrivacyLedger(budget=dp.budget())
+        if dp.mechanism != "gaussian":
+            return _integer_dp(options, run, ledger)
+        noise_multiplier = dp.resolved_noise(run.sample_rate, run.total_rounds)
         return DPTransport(
             inner(options, run),
             clip=dp.clip,
@@ -757,6 +776,63 @@ def _with_dp(inner: Builder, placement: str) -> Builder:
         )
 
     return build
+
+
+def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Transport:
+    """``secagg+dp`` with an integer mechanism: secure aggregation at scale 1 in a 32-bit ring.
+
+    The ring's clip is the most a client's integers may reach with ``max(n, 1024)`` clients in
+    ``Z_{2^32}``; ``DPTransport`` checks it against the mechanism's per-client bound. With an
+    epsilon target the noise is calibrated at the first round by the mechanism's accountant.
+    """
+    from dataclasses import replace
+
+    from securefed.transport.dp import DPTransport
+    from securefed.transport.secagg import SecAggTransport
+
+    dp: DPOptions = options["dp"]
+    secagg: SecAggOptions | None = options.get("secagg")
+    if secagg is None:
+        raise ValueError(
+            f"mechanism {dp.mechanism!r} sums integers under secure aggregation: use 'secagg+dp'"
+        )
+    if (dp.placement or "distributed") != "distributed":
+        raise ValueError(f"mechanism {dp.mechanism!r} takes the distributed placement only")
+    defaults = SecAggOptions()
+    chosen = {name: getattr(secagg, name) for name in ("bits", "scale", "clip", "out_of_range")}
+    if chosen != {name: getattr(defaults, name) for name in chosen}:
+        raise ValueError(
+            f"mechanism {dp.mechanism!r} sets secure aggregation's ring itself (32 bits, scale 1, "
+            f"clip from the clients): leave secagg bits, scale, clip and out_of_range at their "
+            f"defaults (given {chosen})"
+        )
+    ring_clients = max(run.n_clients or 0, 1024)
+    config = replace(
+        secagg.config(run.dropout), bits=32, scale=1.0, clip=float(((1 << 31) - 1) // ring_clients)
+    )
+    inner = SecAggTransport(
+        config,
+        keep_payloads=run.keep_payloads,
+        total_rounds=run.total_rounds,
+        remote_clients=secagg.remote_clients,
+    )
+    placeholder = 1.0 if dp.noise_multiplier is None else dp.noise_multiplier
+    return DPTransport(
+        inner,
+        clip=dp.clip,
+        noise_multiplier=placeholder,
+        placement="distributed",
+        ledger=ledger,
+        sample_rate=run.sample_rate,
+        secure=dp.secure,
+        delta=dp.delta,
+        mechanism=dp.mechanism,
+        modulus_bits=dp.modulus_bits,
+        wrap_target=dp.wrap_target,
+        min_contributors=dp.min_contributors,
+        target_epsilon=None if dp.noise_multiplier is not None else dp.epsilon,
+        target_rounds=None if dp.noise_multiplier is not None else (run.total_rounds or 1),
+    )
 
 
 HE, DP = ("tenseal", "he"), ("opacus", "dp")

@@ -1,0 +1,408 @@
+"""Integer noise and its accounting: the discrete Gaussian, the Skellam mechanism, sums of them.
+
+Samplers (pure functions of an explicit ``np.random.Generator``):
+
+* :func:`bernoulli_exp_neg`, :func:`discrete_laplace`, :func:`discrete_gaussian`: Canonne, Kamath
+  and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1-3.
+  Exact: every step is a Bernoulli trial with a *rational* probability, decided by comparing a
+  uniform integer (numpy's ``Generator.integers``, which rejects rather than rounds) with the
+  numerator, so no floating-point number enters the sampler and the output law is exactly
+  ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2`` (Mironov 2012's gaps in the
+  float samplers cannot arise). Vectorised: each stage runs on every pending draw at once, and the
+  rejection loops shrink the pending set until it is empty.
+* :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
+  Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
+  sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
+
+Accounting (pure functions; Rényi DP at Opacus's orders, so :class:`PrivacyLedger` composes them
+with its Gaussian releases and converts with the same ``get_privacy_spent``):
+
+* :func:`discrete_gaussian_sum_rdp`: the sum of ``n`` independent ``N_Z(0, sigma^2)^d`` vectors
+  (each client's noise) shifted by an integer vector of norms ``l2`` and ``l1``. The sum is not
+  itself a discrete Gaussian; Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian
+  Mechanism for Federated Learning with Secure Aggregation" (ICML 2021, arXiv:2102.06387,
+  Proposition 14) bound its Rényi divergence of order ``alpha`` by the least of
+
+      alpha l2^2 / (2 n sigma^2) + tau d,
+      alpha / 2 (l2^2 / (n sigma^2) + 2 l1 tau / (sqrt(n) sigma) + tau^2 d),
+      alpha / 2 (l2 / (sqrt(n) sigma) + tau sqrt(d))^2,
+
+  with ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))`` (needs ``sigma >= 1/2``).
+  ``tests/test_discrete_dp.py`` checks the bound against the exact divergence, computed by
+  convolving the probability mass functions.
+* :func:`skellam_rdp`: the Skellam mechanism, Agarwal et al. 2021, Theorem 3.5 (multi-dimensional
+  Skellam, noise ``Sk(mu, mu)`` of variance ``2 mu`` on the sum):
+  ``alpha l2^2 / (4 mu) + min(((2 alpha - 1) l2^2 + 6 l1) / (16 mu^2), 3 l1 / (4 mu))``; also
+  checked against the exact divergence in the tests. The sum of ``n`` clients' ``Sk(mu_i, mu_i)``
+  is exactly ``Sk(n mu_i, n mu_i)``.
+* :func:`rounded_l2_bound`: the norm bound of conditional randomised rounding (Kairouz et al.
+  2021, Theorem 1, eq. 2), and :func:`integer_l1_bound`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Uniform integers are drawn below den * K: keep it well inside int64.
+_INT_LIMIT = 1 << 62
+
+
+# ----------------------------------------------------------------------------- exact samplers
+def _check_generator(rng: np.random.Generator) -> None:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+
+
+def _bernoulli_exp_neg_unit(num: np.ndarray, den: np.ndarray, rng: np.random.Generator):
+    """``Bernoulli(exp(-num/den))`` for ``0 <= num/den <= 1`` (CKS 2020, Algorithm 1, first case).
+
+    Draw ``A_K ~ Bernoulli(gamma / K)`` for ``K = 1, 2, ...`` until one is 0; the result is 1
+    iff that ``K`` is odd. ``Bernoulli(num / (den K))`` is ``U < num`` for ``U`` uniform on
+    ``{0, ..., den K - 1}``.
+    """
+    k = np.ones(num.shape, np.int64)
+    pending = np.arange(num.size)
+    while pending.size:
+        high = den[pending] * k[pending]
+        if int(high.max()) >= _INT_LIMIT:
+            raise OverflowError("Bernoulli(exp(-x)) denominator beyond 2^62")
+        success = rng.integers(0, high) < num[pending]
+        k[pending[success]] += 1
+        pending = pending[success]
+    return (k % 2) == 1
+
+
+def bernoulli_exp_neg(
+    num: np.ndarray | int, den: np.ndarray | int, rng: np.random.Generator
+) -> np.ndarray:
+    """Exact ``Bernoulli(exp(-num / den))`` draws, one per element (CKS 2020, Algorithm 1).
+
+    For ``gamma = num / den > 1``: ``floor(gamma)`` independent ``Bernoulli(exp(-1))`` trials must
+    all succeed, then one ``Bernoulli(exp(-(gamma - floor(gamma))))``.
+
+    Args:
+        num: non-negative integer numerators (array or scalar).
+        den: positive integer denominators (broadcast against ``num``).
+        rng: the generator.
+
+    Returns:
+        A boolean array of ``num``'s shape.
+
+    Raises:
+        ValueError: a negative numerator or a non-positive denominator.
+    """
+    _check_generator(rng)
+    num, den = np.broadcast_arrays(np.asarray(num, np.int64), np.asarray(den, np.int64))
+    num, den = num.ravel().copy(), den.ravel().copy()
+    if num.size and (num.min() < 0 or den.min() <= 0):
+        raise ValueError("bernoulli_exp_neg needs num >= 0 and den > 0")
+    whole = num // den
+    return _bernoulli_exp_neg_split(whole, num - whole * den, den, rng)
+
+
+def _bernoulli_exp_neg_split(
+    whole: np.ndarray, remainder: np.ndarray, den: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """``Bernoulli(exp(-(whole + remainder / den)))``, ``0 <= remainder < den`` (Algorithm 1)."""
+    result = np.ones(whole.size, bool)
+    remaining = whole.copy()
+    alive = np.flatnonzero(remaining > 0)
+    while alive.size:
+        ones = np.ones(alive.size, np.int64)
+        ok = _bernoulli_exp_neg_unit(ones, ones, rng)
+        result[alive[~ok]] = False
+        remaining[alive] -= 1
+        alive = alive[ok & (remaining[alive] > 0)]
+    survivors = np.flatnonzero(result)
+    result[survivors] = _bernoulli_exp_neg_unit(remainder[survivors], den[survivors], rng)
+    return result
+
+
+def discrete_laplace(scale: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Exact draws of the discrete Laplace law ``P(x) ∝ exp(-|x| / scale)`` (CKS, Algorithm 2).
+
+    Args:
+        scale: the integer scale ``t >= 1``.
+        size: how many draws.
+        rng: the generator.
+
+    Returns:
+        ``size`` int64 draws.
+    """
+    _check_generator(rng)
+    if isinstance(scale, bool) or int(scale) != scale or scale < 1:
+        raise ValueError(f"the discrete Laplace scale must be an integer >= 1, got {scale!r}")
+    t = int(scale)
+    out = np.zeros(size, np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        m = pending.size
+        u = rng.integers(0, t, m)
+        keep = bernoulli_exp_neg(u, np.full(m, t), rng)
+        idx, u = pending[keep], u[keep]
+        # V ~ Geometric(1 - exp(-1)): count Bernoulli(exp(-1)) successes before the first failure.
+        v = np.zeros(idx.size, np.int64)
+        going = np.arange(idx.size)
+        while going.size:
+            ones = np.ones(going.size, np.int64)
+            success = bernoulli_exp_neg(ones, ones, rng)
+            v[going[success]] += 1
+            going = going[success]
+        sign = rng.integers(0, 2, idx.size)
+        reject = (sign == 1) & (u == 0) & (v == 0)  # -0 would count zero twice
+        magnitude = u + t * v
+        accepted = ~reject
+        out[idx[accepted]] = np.where(
+            sign[accepted] == 1, -magnitude[accepted], magnitude[accepted]
+        )
+        pending = np.concatenate([pending[~keep], idx[reject]])
+    return out
+
+
+MAX_INTEGER_VARIANCE = 1 << 28
+"""The sampler's largest variance: ``2 sigma^2 t^2`` (the acceptance denominator) stays below
+``2^58``, so every uniform integer it draws fits in int64. A mechanism coarsens its grid to stay
+under it (:func:`securefed.transport.ddp.plan_mechanism`)."""
+
+
+def _check_variance(sigma2: int) -> int:
+    if isinstance(sigma2, bool) or int(sigma2) != sigma2 or not 1 <= sigma2 <= MAX_INTEGER_VARIANCE:
+        raise ValueError(
+            f"the discrete Gaussian's variance parameter must be an integer in [1, 2^28] (exact "
+            f"int64 arithmetic), got {sigma2!r}"
+        )
+    return int(sigma2)
+
+
+def discrete_gaussian(sigma2: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Exact draws of ``N_Z(0, sigma2)``: ``P(x) ∝ exp(-x^2 / (2 sigma2))`` on the integers.
+
+    Canonne, Kamath and Steinke 2020, Algorithm 3: ``t = floor(sigma) + 1``; draw
+    ``Y ~ DLap(t)`` and accept it with probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``,
+    which for an integer ``sigma2`` is ``exp(-(|Y| t - sigma2)^2 / (2 sigma2 t^2))``: a ratio of
+    integers. Accepts with probability above 0.6 per try (their Section 5.3).
+
+    Args:
+        sigma2: the integer variance parameter ``sigma^2 >= 1``.
+        size: how many draws.
+        rng: the generator.
+
+    Returns:
+        ``size`` int64 draws.
+
+    The numerator ``(|Y| t - sigma2)^2`` is split into its whole multiples of the denominator and
+    the remainder in int64 where ``|gap| < 2^31``, and with Python integers for the rare draws
+    beyond (far in the tail, accepted with probability below ``exp(-30)``).
+
+    Raises:
+        ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
+    """
+    sigma2 = _check_variance(sigma2)
+    t = math.isqrt(sigma2) + 1
+    den = 2 * sigma2 * t * t
+    out = np.zeros(size, np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        y = discrete_laplace(t, pending.size, rng)
+        gap = np.abs(y) * t - sigma2
+        small = np.abs(gap) < (1 << 31)
+        square = np.where(small, gap, 0) ** 2
+        whole = square // den
+        remainder = square - whole * den
+        for k in np.flatnonzero(~small).tolist():  # exact, in Python integers
+            whole[k], remainder[k] = divmod(int(gap[k]) ** 2, den)
+        dens = np.full(pending.size, den)
+        accept = _bernoulli_exp_neg_split(whole, remainder, dens, rng)
+        out[pending[accept]] = y[accept]
+        pending = pending[~accept]
+    return out
+
+
+def discrete_gaussian_pmf(sigma2: float, support: np.ndarray) -> np.ndarray:
+    """``P(X = x)`` of ``N_Z(0, sigma2)`` at each ``x`` of ``support`` (normalised numerically).
+
+    The normalising constant sums ``exp(-k^2 / (2 sigma2))`` over ``|k| <= 40 sigma + 40``; the
+    terms left out are below ``exp(-800)``.
+    """
+    reach = int(40 * math.sqrt(sigma2)) + 40
+    k = np.arange(-reach, reach + 1, dtype=np.float64)
+    norm = float(np.exp(-(k * k) / (2 * sigma2)).sum())
+    x = np.asarray(support, dtype=np.float64)
+    return np.exp(-(x * x) / (2 * sigma2)) / norm
+
+
+def skellam(mu: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``Poisson(mu) - Poisson(mu)`` draws (variance ``2 mu``; numpy's Poisson, not exact)."""
+    _check_generator(rng)
+    if not (math.isfinite(mu) and mu > 0):
+        raise ValueError(f"the Skellam parameter must be finite and > 0, got {mu!r}")
+    return rng.poisson(mu, size).astype(np.int64) - rng.poisson(mu, size).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- accounting
+def _orders(orders: Sequence[float]) -> np.ndarray:
+    alphas = np.asarray(orders, dtype=np.float64)
+    if alphas.ndim != 1 or not alphas.size or np.any(alphas <= 1):
+        raise ValueError("Rényi orders must be a non-empty list of numbers > 1")
+    return alphas
+
+
+def ddg_tau(sigma2: float, n: int) -> float:
+    """``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))`` (Kairouz et al. 2021)."""
+    return 10.0 * sum(math.exp(-2 * math.pi**2 * sigma2 * k / (k + 1)) for k in range(1, int(n)))
+
+
+def discrete_gaussian_sum_rdp(
+    orders: Sequence[float], sigma2: float, n: int, l2: float, l1: float, dim: int
+) -> np.ndarray:
+    """Rényi DP of the sum of ``n`` clients' ``N_Z(0, sigma2)^dim`` noise at integer shifts.
+
+    Kairouz, Liu and Steinke 2021, Proposition 14 (module docstring): the least of its three
+    bounds, at each order.
+
+    Args:
+        orders: Rényi orders ``alpha > 1``.
+        sigma2: each client's variance parameter (in the integer units of the sum), ``>= 1/4``.
+        n: the clients whose noise is in the sum (at least 1).
+        l2: the L2 sensitivity of the sum in integer units (one client's rounded vector).
+        l1: its L1 sensitivity.
+        dim: the number of coordinates.
+
+    Raises:
+        ValueError: ``sigma2 < 1/4``, ``n < 1``, negative sensitivities, ``dim < 1``.
+    """
+    alphas = _orders(orders)
+    if not sigma2 >= 0.25:
+        raise ValueError(f"the bound needs sigma >= 1/2, got sigma^2 = {sigma2!r}")
+    if n < 1 or dim < 1 or l2 < 0 or l1 < 0:
+        raise ValueError("need n >= 1, dim >= 1 and non-negative sensitivities")
+    tau = ddg_tau(sigma2, n)
+    var = n * sigma2
+    b1 = alphas * l2 * l2 / (2 * var) + tau * dim
+    b2 = alphas / 2 * (l2 * l2 / var + 2 * l1 * tau / math.sqrt(var) + tau * tau * dim)
+    b3 = alphas / 2 * (l2 / math.sqrt(var) + tau * math.sqrt(dim)) ** 2
+    return np.minimum(np.minimum(b1, b2), b3)
+
+
+def skellam_rdp(orders: Sequence[float], mu: float, l2: float, l1: float) -> np.ndarray:
+    """Rényi DP of the Skellam mechanism: noise ``Sk(mu, mu)`` on the sum (Agarwal et al. 2021).
+
+    ``alpha l2^2 / (4 mu) + min(((2 alpha - 1) l2^2 + 6 l1) / (16 mu^2), 3 l1 / (4 mu))``.
+
+    Args:
+        orders: Rényi orders ``alpha > 1``.
+        mu: the sum's Skellam parameter (``n`` clients of ``mu_i`` each: ``n mu_i``); its
+            variance is ``2 mu``.
+        l2, l1: the sum's sensitivities in integer units.
+    """
+    alphas = _orders(orders)
+    if not (math.isfinite(mu) and mu > 0) or l2 < 0 or l1 < 0:
+        raise ValueError("need mu > 0 and non-negative sensitivities")
+    lead = alphas * l2 * l2 / (4 * mu)
+    extra = np.minimum(((2 * alphas - 1) * l2 * l2 + 6 * l1) / (16 * mu * mu), 3 * l1 / (4 * mu))
+    return lead + extra
+
+
+def rounded_l2_bound(clip: float, gamma: float, dim: int, beta: float) -> float:
+    """The L2 bound conditional randomised rounding enforces (unscaled units; Kairouz et al.).
+
+    A vector of norm at most ``clip``, scaled by ``1/gamma`` and rounded coordinate-wise at
+    random, is kept only when its norm (times ``gamma``) is at most
+
+        min( sqrt(c^2 + gamma^2 d / 4 + sqrt(2 log(1/beta)) gamma (c + gamma sqrt(d) / 2)),
+             c + gamma sqrt(d) )
+
+    (Theorem 1, eq. 2); one try passes with probability at least ``1 - beta``. ``beta = 0``
+    gives the second (deterministic) bound alone.
+    """
+    if not (clip > 0 and gamma > 0 and dim >= 1 and 0 <= beta < 1):
+        raise ValueError("need clip > 0, gamma > 0, dim >= 1 and beta in [0, 1)")
+    worst = clip + gamma * math.sqrt(dim)
+    if beta == 0:
+        return worst
+    squared = (
+        clip * clip
+        + gamma * gamma * dim / 4
+        + math.sqrt(2 * math.log(1 / beta)) * gamma * (clip + gamma * math.sqrt(dim) / 2)
+    )
+    return min(math.sqrt(squared), worst)
+
+
+def integer_l1_bound(l2: float, dim: int) -> float:
+    """L1 bound of an integer vector of L2 norm at most ``l2`` in ``dim`` coordinates.
+
+    ``min(sqrt(d) l2, l2^2)``: Cauchy-Schwarz, and ``|v_j| <= v_j^2`` for every integer ``v_j``.
+    """
+    return min(math.sqrt(dim) * l2, l2 * l2)
+
+
+DISCRETE_MECHANISMS = ("discrete_gaussian", "skellam")
+
+
+@dataclass(frozen=True)
+class DiscreteRelease:
+    """One release of a sum of integer noise, as the ledger charges it (JSON-ready).
+
+    Attributes:
+        mechanism: ``"discrete_gaussian"`` or ``"skellam"``.
+        noise: each contributor's integer variance ``sigma_i^2`` (discrete Gaussian) or
+            Skellam parameter ``mu_i``.
+        n: the contributors whose noise is in the sum.
+        l2, l1: the sum's sensitivities in integer units (one client's rounded vector).
+        dim: the coordinates.
+    """
+
+    mechanism: str
+    noise: float
+    n: int
+    l2: float
+    l1: float
+    dim: int
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in DISCRETE_MECHANISMS:
+            raise ValueError(
+                f"mechanism must be one of {DISCRETE_MECHANISMS}, got {self.mechanism!r}"
+            )
+        values = (self.noise, self.l2, self.l1)
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        ):
+            raise ValueError(f"a discrete release needs finite numbers, got {values!r}")
+        for name in ("n", "dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"a discrete release needs {name} >= 1, got {value!r}")
+        if self.noise <= 0 or self.l2 < 0 or self.l1 < 0:
+            raise ValueError("a discrete release needs noise > 0 and non-negative sensitivities")
+        if self.mechanism == "discrete_gaussian" and self.noise < 0.25:
+            raise ValueError(f"the discrete Gaussian bound needs sigma^2 >= 1/4, got {self.noise}")
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """Its Rényi DP at ``orders`` (:func:`discrete_gaussian_sum_rdp` / :func:`skellam_rdp`)."""
+        if self.mechanism == "discrete_gaussian":
+            return discrete_gaussian_sum_rdp(orders, self.noise, self.n, self.l2, self.l1, self.dim)
+        return skellam_rdp(orders, self.n * self.noise, self.l2, self.l1)
+
+    def as_list(self) -> list[object]:
+        """``[mechanism, noise, n, l2, l1, dim]`` (the ledger's JSON form)."""
+        return [
+            self.mechanism,
+            float(self.noise),
+            int(self.n),
+            float(self.l2),
+            float(self.l1),
+            int(self.dim),
+        ]
+
+    @classmethod
+    def from_list(cls, entry: object) -> DiscreteRelease:
+        """Parse :meth:`as_list` (raises ``ValueError`` naming the entry)."""
+        if not isinstance(entry, (list, tuple)) or len(entry) != 6:
+            raise ValueError(f"a discrete release is [mechanism, noise, n, l2, l1, dim]: {entry!r}")
+        return cls(*entry)
