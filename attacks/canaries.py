@@ -50,6 +50,9 @@ from securefed.recsys.data import Ratings, RatingScale
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.views import ServerView
 
+RELEASED_SUMS = ("dp_total", "total")
+"""The aggregates the direction scores sum over rounds (``dp_total`` falls back to ``total``)."""
+
 
 # ----------------------------------------------------------------------------- rating canaries
 @dataclass(frozen=True, eq=False)
@@ -551,11 +554,23 @@ class FedMFCanaryJob:
             n_clients=algorithm.n_clients,
             sample_rate=1.0,
         )
+        sums: dict[str, np.ndarray] = {}
+
+        def add_round_sums(round_id: int, metrics) -> None:
+            # Summed as each round ends: a view keeps the aggregates of its selected rounds only.
+            aggregate = transport.view.round(round_id).aggregate
+            for key in RELEASED_SUMS:
+                value = aggregate.get(key, aggregate.get("total"))
+                if value is None:
+                    raise ValueError(f"round {round_id} of the view holds no aggregate")
+                sums[key] = np.array(value, np.float64) + sums.get(key, 0.0)
+
         run_rounds(
             algorithm,
             transport,
             seeds,
             RunOptions(rounds=self.config.rounds, sampling=ClientSampling(), progress=False),
+            on_round=add_round_sums,
         )
         epsilons = {"released_model": float("inf"), "server": float("inf")}
         if transport.ledger is not None:
@@ -574,6 +589,7 @@ class FedMFCanaryJob:
             first_direction_client=model.n_clients,
             protocol=FedMFProtocol.from_public(transport.view.public),
             user_mean_offset=self.config.offset == "user_mean",
+            _sums=sums,
         )
 
     def scorers(self, *, white_box_payloads: bool) -> dict[str, object]:

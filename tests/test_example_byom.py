@@ -48,7 +48,7 @@ def test_the_example_table_on_a_short_schedule(example, tmp_path):
         assert 7.9 < by[dp]["epsilon"] <= 8.0 * 1.0001
     assert by["dp:8"]["epsilon_server"] == float("inf")
     table = (tmp_path / "leak_utility.md").read_text()
-    assert "two-tower" in table and "leak_f1" in table
+    assert "two-tower" in table and "rated-item F1" in table and "None" not in table
     assert (tmp_path / "leak_utility.png").stat().st_size > 0
 
 
