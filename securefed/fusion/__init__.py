@@ -4,6 +4,8 @@
   :class:`FusionWeights` and the plaintext channel of a FusionSpec network.
 * :mod:`securefed.fusion.module`: :class:`ModuleFusionChannel`, plaintext fusion around any
   torch server module (members side by side, selected outputs, a target network, its optimiser).
+* :mod:`securefed.fusion.dp`: :class:`DPFusionChannel`, any channel behind per-party clipping
+  and Gaussian noise with a privacy ledger per party (:class:`DPFusionOptions`).
 * :mod:`securefed.fusion.registry`: channels by name (:func:`build_fusion_channel`), and why a
   channel cannot serve a server function (:func:`fusion_refusal`).
 * :mod:`securefed.fusion.ckks`: a FusionSpec network on CKKS ciphertexts, trained through the
@@ -25,8 +27,10 @@ from securefed.fusion.base import (
     init_weights,
     polynomial,
 )
+from securefed.fusion.dp import DPFusionChannel, DPFusionOptions
 from securefed.fusion.module import ModuleFusionChannel
 from securefed.fusion.registry import (
+    DP_CHANNELS,
     FUSION_CHANNELS,
     FusionNeeds,
     FusionNotApplicable,
@@ -35,6 +39,7 @@ from securefed.fusion.registry import (
 )
 
 __all__ = [
+    "DP_CHANNELS",
     "FUSION_CHANNELS",
     "NETWORKS",
     "RELU_FIT",
@@ -43,6 +48,8 @@ __all__ = [
     "FusionNotApplicable",
     "FusionSpec",
     "FusionWeights",
+    "DPFusionChannel",
+    "DPFusionOptions",
     "ModuleFusionChannel",
     "Party",
     "PlaintextFusionChannel",

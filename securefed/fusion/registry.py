@@ -12,7 +12,11 @@ channel or raises :class:`FusionNotApplicable` with that reason, before any exch
   :class:`~securefed.fusion.base.FusionSpec` network (linear layers and a polynomial activation
   on the parties' concatenated vectors, SGD through the masked exchange); it cannot run a torch
   module, and the refusal lists every need it does not meet.
-* ``"dp"``: no DP fusion channel exists yet.
+* ``"dp"``: :class:`~securefed.fusion.dp.DPFusionChannel` around the plaintext channel: each
+  party clips and noises its rows before they leave (needs :class:`~securefed.fusion.dp.
+  DPFusionOptions` and one noise source per party); it serves whatever the plaintext one does.
+* ``"ckks+dp"``: the same wrapper around the ``"ckks"`` channel (refused where ``"ckks"`` is,
+  with its reason).
 * ``"secagg"``: secure aggregation computes sums; a fusion network is not one.
 
 Importing this module imports neither torch nor tenseal.
@@ -20,7 +24,7 @@ Importing this module imports neither torch nor tenseal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +32,7 @@ from securefed.errors import SecurefedError
 from securefed.views import NO_PAYLOADS, RoundSelection
 
 __all__ = [
+    "DP_CHANNELS",
     "FUSION_CHANNELS",
     "LAYOUTS",
     "FusionNeeds",
@@ -36,7 +41,9 @@ __all__ = [
     "fusion_refusal",
 ]
 
-FUSION_CHANNELS = ("plaintext", "ckks", "dp", "secagg")
+FUSION_CHANNELS = ("plaintext", "ckks", "dp", "ckks+dp", "secagg")
+DP_CHANNELS = {"dp": "plaintext", "ckks+dp": "ckks"}
+"""The DP channels by name, and the channel each one wraps."""
 LAYOUTS = ("per_party", "concatenated")
 POLYNOMIAL_ACTIVATIONS = ("polynomial", "identity")
 """Activation names a CKKS evaluation can compute exactly (``identity`` is degree 1)."""
@@ -119,12 +126,9 @@ def fusion_refusal(name: str, needs: FusionNeeds) -> str | None:
         return "the ckks fusion channel cannot serve this server function: " + "; ".join(
             _ckks_gaps(needs)
         )
-    if name == "dp":
-        return (
-            "securefed has no DP fusion channel yet: clipping and noising each party's vector "
-            "before the server sees it is not implemented (use 'plaintext'; a recorded view's "
-            "vectors can be noised after the run to measure what such noise would hide)"
-        )
+    if name in DP_CHANNELS:
+        inner = fusion_refusal(DP_CHANNELS[name], needs)
+        return None if inner is None else f"the {name} fusion channel wraps {inner}"
     return (
         "secure aggregation does not apply to the fusion shape: it computes only sums of the "
         "parties' vectors, and a fusion network of their vectors is not a sum"
@@ -142,6 +146,8 @@ def build_fusion_channel(
     cross: bool = True,
     keep_payloads: RoundSelection = NO_PAYLOADS,
     total_rounds: int | None = None,
+    dp: Any = None,
+    noise: Mapping[str, Any] | None = None,
 ):
     """The fusion channel ``name`` around a torch server module (``"per_party"`` layout).
 
@@ -155,14 +161,44 @@ def build_fusion_channel(
         cross: ``False``: each party's evaluation sees zeros for the other parties' vectors.
         keep_payloads: which rounds of the channel's view keep full payloads.
         total_rounds: the run's length (for ``keep_payloads``' ``last:K``).
+        dp: for ``"dp"`` and ``"ckks+dp"`` (and only for them): the
+            :class:`~securefed.fusion.dp.DPFusionOptions`.
+        noise: with ``dp``: one noise source (or numpy generator) per party.
 
     Raises:
         FusionNotApplicable: the channel cannot serve ``needs`` (the message says why).
-        ValueError: an unknown name, or ``needs`` that do not describe ``optimiser``.
+        ValueError: an unknown name, ``needs`` that do not describe ``optimiser``, DP options
+            for a channel without DP or a DP channel without them.
+        PrivacyBudgetExceeded: the DP options' schedule overruns their budget.
     """
     why = fusion_refusal(name, needs)
     if why is not None:
         raise FusionNotApplicable(why)
+    if name in DP_CHANNELS:
+        if dp is None or noise is None:
+            raise ValueError(
+                f"the {name} fusion channel needs DP options (epsilon, clip, the releases per "
+                "unit of privacy) and one noise source per party"
+            )
+        from securefed.fusion.dp import DPFusionChannel
+
+        inner = build_fusion_channel(
+            DP_CHANNELS[name],
+            parties,
+            module,
+            optimiser,
+            needs,
+            target=target,
+            cross=cross,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
+        )
+        return DPFusionChannel(inner, dp, noise=noise)
+    if dp is not None or noise is not None:
+        raise ValueError(
+            f"DP options apply only to the DP fusion channels {sorted(DP_CHANNELS)}, not to "
+            f"{name!r} (refused rather than ignored)"
+        )
     if needs.layout != "per_party":
         raise FusionNotApplicable(
             f"a torch server module is evaluated per party; needs.layout is {needs.layout!r}"
