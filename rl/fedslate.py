@@ -967,6 +967,7 @@ def run_result(run: FedSlateRun) -> RunResult:
         networks={f"local_{names[p]}": run.local[p] for p in range(k_plat)}
         | {"server": run.channel.module},
         fusion_view=run.channel.view,
+        fusion_clean=getattr(run.channel, "clean_inputs", None),
     )
 
 
@@ -978,6 +979,7 @@ def run_fedslate(
     checkpoints: EpisodeCheckpoints | None = None,
     *,
     keep_payloads: RoundSelection = NO_PAYLOADS,
+    keep_clean: bool = False,
 ) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
@@ -993,12 +995,22 @@ def run_fedslate(
             (:mod:`securefed.rl.checkpoint`; the view is part of the state); ``None``: none.
         keep_payloads: which rounds of the view keep every vector (rounds are numbered from 0
             over the run; ``ALL_PAYLOADS`` for the Q-value attack).
+        keep_clean: under a DP transport, keep the acting inquiries' Q-values before noise in
+            ``result.fusion_clean`` (to score a leak against them; benchmarks only).
 
     Raises:
         FusionNotApplicable: the fusion channel cannot serve this configuration (before any
             episode).
+        ValueError: ``keep_clean`` without a DP transport (the view holds the clean values).
     """
+    if keep_clean and config.fusion not in DP_CHANNELS:
+        raise ValueError(
+            f"keep_clean applies to the DP transports {sorted(DP_CHANNELS)}; under "
+            f"{config.fusion!r} the view itself holds the Q-values as sent"
+        )
     run = start_run(config, keep_payloads)
+    if keep_clean:
+        run.channel.keep_clean = (ACT,)
     state = run.training_state()
     resumed = resume_counters(state, checkpoints, config.variant, config)
     first_episode, run.rounds, run.learn_steps = (

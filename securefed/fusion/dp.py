@@ -180,6 +180,10 @@ class DPFusionChannel:
         options: the mechanism and the accounting.
         noise: per party, its noise source (a :class:`~securefed.privacy.noise.NoiseSource`,
             or a numpy generator: seeded noise, for tests and benchmarks only).
+        keep_clean: tags of the forwards whose rows *before* clipping and noise the channel
+            keeps in :attr:`clean_inputs` (``(round, {party: rows})`` per forward), for scoring
+            a leak against the truth (benchmarks only: those rows never reach the wrapped
+            channel or its view).
 
     Raises:
         PrivacyBudgetExceeded: ``options.releases_per_unit`` releases at the noise multiplier
@@ -193,6 +197,7 @@ class DPFusionChannel:
         options: DPFusionOptions,
         *,
         noise: Mapping[str, NoiseSource | np.random.Generator],
+        keep_clean: Sequence[str] = (),
     ) -> None:
         if not isinstance(options, DPFusionOptions):
             raise TypeError(f"options must be DPFusionOptions, got {type(options).__name__}")
@@ -222,6 +227,8 @@ class DPFusionChannel:
         self._released: dict[str, dict[str, int]] = {p: {} for p in parties}
         self._pending: dict[str, np.ndarray] | None = None
         self._pending_tag = ""
+        self.keep_clean = tuple(keep_clean)
+        self.clean_inputs: list[tuple[int | None, dict[str, np.ndarray]]] = []
         self.view.channel = self.name
         self.view.public["dp"] = self.public()
 
@@ -267,6 +274,9 @@ class DPFusionChannel:
         """The wrapped forward on every party's clipped, noised input (same arguments)."""
         self._check_tag(tag)
         self._check_parties(inputs, "inputs")
+        if tag in self.keep_clean:
+            clean = {p: np.array(_numpy(v)) for p, v in inputs.items()}
+            self.clean_inputs.append((self.view.current_round, clean))
         released, factors = {}, {}
         for party, value in inputs.items():
             released[party], factors[party] = self._release(
@@ -356,7 +366,7 @@ class DPFusionChannel:
     def _release(self, party: str, value: Any, clip: float, key: str):
         """One party's message, every row clipped and noised, in the type it came in."""
         is_tensor = hasattr(value, "detach")
-        array = value.detach().cpu().numpy() if is_tensor else np.asarray(value)
+        array = _numpy(value)
         dtype = array.dtype
         array = finite_array(f"party {party!r} {key}", array)
         if array.ndim < 1 or array.shape[-1] < 1:
@@ -371,6 +381,10 @@ class DPFusionChannel:
 
             return torch.from_numpy(noised), factors
         return noised, factors
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
 
 
 def _scaled(gradient: Any, factors: np.ndarray) -> Any:
