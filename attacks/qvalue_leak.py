@@ -44,13 +44,12 @@ noisy observation of ``sat`` (noise std 0.1, five times the spread of ``sat``: t
 themselves barely see it), and the user's recent engagement on the first platform with feedback
 (the sum of its last ``history_length`` engagements, private to that platform).
 
-Under DP the fusion channel would see clipped, noised Q-values; securefed has no such fusion
-channel yet (``build_fusion_channel("dp", ...)`` refuses, saying so), so :func:`perturb_record`
-adds Gaussian noise to the recorded Q-values after the run to measure how the attack degrades
-(the run's utility under that noise is not measured). Secure aggregation does not apply to the
-fusion (it is not a sum), and under CKKS the server would hold ciphertexts only (its view keeps
-their sizes and digests, and :func:`read_inquiries` refuses it): the attack would fall to the
-baseline.
+Under the DP fusion channel (``run_fedslate`` with ``fusion="dp"``) the view holds the clipped,
+noised Q-values, and the attack runs on them as recorded (:mod:`securefed.attacks.fedslate_leak`
+measures it beside the other leaks); :func:`perturb_record` adds Gaussian noise to a plaintext
+record after the run instead (no retraining under that noise). Secure aggregation does not
+apply to the fusion (it is not a sum), and under CKKS the server holds ciphertexts only (its
+view keeps their sizes and digests, and :func:`read_inquiries` refuses it).
 """
 
 from __future__ import annotations
