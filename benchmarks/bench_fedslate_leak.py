@@ -291,19 +291,21 @@ def markdown(record: dict[str, object]) -> str:
             f"## Leak measures (N=10, n=3; {c})",
             "",
             "Server, nke: R^2 of the ridge inference of a user's net kale exposure from the "
-            "Q-values it received (chance: 0, the labelled users' mean). Server, slate: the "
-            "fraction of each platform's shown slate among the top-n of its uploaded Q-values "
-            "(chance: n / N). Other platform: R^2 of B's inference of A's private engagement "
-            "history from the fused values B received (chance: 0; B's own observation alone: "
-            "the 'own' column).",
+            "Q-values it received (chance: 0, the labelled users' mean). Server, ranking: the "
+            "fraction of each platform's model ranking (the top n of its Q-values before noise) "
+            "among the top n of its uploaded Q-values (chance: n / N); 'shown': the same guess "
+            "against the slate shown in greedy rounds (under DP a post-processing of the noised "
+            "rows). Other platform: R^2 of B's inference of A's private engagement history from "
+            "the fused values B received and its own observation (chance: 0; B's own "
+            "observation alone: the 'own' column). Epsilon per platform and user episode.",
             "",
-            "| transport | epsilon | noise std | server nke R^2 | server slate A (chance) | "
-            "server slate B (chance) | B about A R^2 | B own-only R^2 | A mean | B mean |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| transport | epsilon | noise std | server nke R^2 | server ranking A (chance) | "
+            "server ranking B | shown A / B | B about A R^2 | B own-only R^2 | A mean | B mean |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in leak:
             if "refused" in row:
-                lines.append(f"| {row['label']} | refused: {row['refused']} |||||||||")
+                lines.append(f"| {row['label']} | refused: {row['refused']} ||||||||||")
                 continue
             m = row["measures"]
             eps = None if row["epsilon"] is None else row["epsilon"]["A"]
@@ -311,7 +313,8 @@ def markdown(record: dict[str, object]) -> str:
             lines.append(
                 f"| {row['label']} | {_f(eps, 2)} | {_f(row['noise_std'], 2)} | "
                 f"{_f(m['server_nke']['attack'], 2)} | {_f(sa['attack'], 3)} "
-                f"({_f(sa['chance'], 3)}) | {_f(sb['attack'], 3)} ({_f(sb['chance'], 3)}) | "
+                f"({_f(sa['chance'], 3)}) | {_f(sb['attack'], 3)} | "
+                f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)} | "
                 f"{_f(m['other_platform']['attack'], 2)} | {_f(m['other_platform']['own'], 2)} "
                 f"| {_f(row['mean_reward']['A'])} | {_f(row['mean_reward']['B'])} |"
             )
@@ -335,7 +338,7 @@ def plot(record: dict[str, object], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     series = {
         "server: nke R^2": lambda m: m["server_nke"]["attack"],
-        "server: slate A overlap - chance": lambda m: (
+        "server: ranking A overlap - chance": lambda m: (
             m["server_slate"]["A"]["attack"] - m["server_slate"]["A"]["chance"]
         ),
         "B about A: R^2": lambda m: m["other_platform"]["attack"],
@@ -368,7 +371,8 @@ def plot(record: dict[str, object], path: Path) -> Path | None:
     axes[1].set_xscale("log")
     axes[1].set_xlabel("epsilon (dotted: plaintext A)")
     axes[1].set_ylabel("mean episode reward over the run")
-    axes[1].legend(fontsize=7)
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
