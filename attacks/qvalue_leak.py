@@ -44,13 +44,12 @@ noisy observation of ``sat`` (noise std 0.1, five times the spread of ``sat``: t
 themselves barely see it), and the user's recent engagement on the first platform with feedback
 (the sum of its last ``history_length`` engagements, private to that platform).
 
-Under DP the fusion channel would see clipped, noised Q-values; securefed has no such fusion
-channel yet (``build_fusion_channel("dp", ...)`` refuses, saying so), so :func:`perturb_record`
-adds Gaussian noise to the recorded Q-values after the run to measure how the attack degrades
-(the run's utility under that noise is not measured). Secure aggregation does not apply to the
-fusion (it is not a sum), and under CKKS the server would hold ciphertexts only (its view keeps
-their sizes and digests, and :func:`read_inquiries` refuses it): the attack would fall to the
-baseline.
+Under the DP fusion channel (``run_fedslate`` with ``fusion="dp"``) the view holds the clipped,
+noised Q-values, and the attack runs on them as recorded (:mod:`securefed.attacks.fedslate_leak`
+measures it beside the other leaks); :func:`perturb_record` adds Gaussian noise to a plaintext
+record after the run instead (no retraining under that noise). Secure aggregation does not
+apply to the fusion (it is not a sum), and under CKKS the server holds ciphertexts only (its
+view keeps their sizes and digests, and :func:`read_inquiries` refuses it).
 """
 
 from __future__ import annotations
@@ -205,6 +204,9 @@ class HiddenStates:
             with feedback observed (``None`` without such a platform).
         episode: episode index of each inquiry ``(T,)``. step: step within the episode ``(T,)``.
         parties: party names.
+        feedback_party: the first platform with feedback.
+        slates: ``(T, S, K, n)`` the slates shown (after exploration); greedy_slates: the
+            greedy slates on the fused values before exploration (``None`` if not replayed).
     """
 
     nke: np.ndarray
@@ -215,6 +217,8 @@ class HiddenStates:
     step: np.ndarray
     parties: tuple[str, ...]
     feedback_party: str | None = None
+    slates: np.ndarray | None = None
+    greedy_slates: np.ndarray | None = None
 
     def target(self, name: str) -> np.ndarray:
         """The ``(T, S)`` array of a target named as in :data:`TARGETS`."""
@@ -266,6 +270,8 @@ def replay_truth(
     observed = np.zeros((total, members, k_plat))
     engagement = np.zeros((total, members)) if feedback else None
     rewards = np.zeros((config.episodes, members, k_plat))
+    shown = np.zeros((total, members, k_plat, n), np.int64)
+    greedy = np.zeros((total, members, k_plat, n), np.int64)
     t = 0
     for episode in range(config.episodes):
         env.reset()
@@ -281,8 +287,10 @@ def replay_truth(
             v, v_null = choice_weights(choice, x_all, n_cand)
             q_all = np.concatenate([record.outputs[names[p]][t] for p in range(k_plat)])
             slates = select_slates(config.slate_method, q_all, v, v_null, n)
+            greedy[t] = slates.reshape(k_plat, members, n).transpose(1, 0, 2)
             eps = config.epsilon(t)
             slates = explore(slates, eps, act_rng, n_cand).reshape(k_plat, members, n)
+            shown[t] = slates.transpose(1, 0, 2)
             for p in range(k_plat):
                 out = env.step(p, slates[p])
                 rewards[episode, :, p] += out.engagement
@@ -297,7 +305,7 @@ def replay_truth(
     steps = np.arange(total)
     return HiddenStates(
         nke, sat, observed, engagement, steps // length, steps % length, tuple(names),
-        names[feedback[0]] if feedback else None,
+        names[feedback[0]] if feedback else None, shown, greedy,
     )  # fmt: skip
 
 

@@ -35,6 +35,10 @@ processes, dearest first):
 ``--runs slateq_all,fedslate_two_without_item,random`` runs only the named runs of the variant
 experiments (their names in the report), for a long schedule that cannot afford them all.
 
+``--transport dp --epsilon 4`` (and the other DP options of ``securefed fedslate``) puts every
+FedSlate run behind that fusion channel (cache names get a suffix, e.g. ``_dp_eps4``); the
+references and SlateQ, which have no server, are unchanged.
+
 Metrics (docs/fedslate.md): per-platform episode reward; optimal reward = best 100-episode moving
 average; ETROR = first episode at which the 100-episode moving average reaches 99% of that run's
 optimal reward; final = mean of the last 500 episodes. Outputs: ``<out>/fedslate.json``,
@@ -54,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.cli_fedslate import add_transport_arguments, transport_fields
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
 from securefed.rl.checkpoint import EpisodeCheckpoints
@@ -245,7 +250,28 @@ def run_missing(cells: list[Cell], out_dir: Path, jobs: int) -> int:
 
 
 def _record(name: str, kind: str, key: str, result: RunResult) -> dict[str, object]:
-    return {"name": name, "kind": kind, "key": key} | result.to_record()
+    record = {"name": name, "kind": kind, "key": key} | result.to_record()
+    view = result.fusion_view
+    if view is not None:
+        record |= fusion_costs(view, result.learn_steps)
+        if "dp" in view.public:
+            record["dp"] = view.public["dp"]  # the mechanism and the epsilon spent
+    return record
+
+
+def fusion_costs(view, learn_steps: int) -> dict[str, object]:
+    """Bytes the fusion channel carried: in all (up, down), and per learning step (a learning
+    round's bytes beyond the mean of the rounds without learning, which hold only the acting
+    inquiry, over the learning steps)."""
+    ledger = view.ledger()
+    per_round = ledger["bytes_up"].sum(axis=1) + ledger["bytes_down"].sum(axis=1)
+    learning = ledger["backwards"] > 0
+    acting = float(per_round[~learning].mean()) if (~learning).any() else 0.0
+    extra = float((per_round[learning] - acting).sum())
+    return {
+        "fusion_bytes": list(view.total_bytes()),
+        "bytes_per_learning_step": extra / learn_steps if learn_steps else None,
+    }
 
 
 def metrics(record: dict[str, object], platform: int) -> dict[str, object]:
@@ -284,6 +310,11 @@ def _base(args: argparse.Namespace, n_cand: int, slate: int, **changes) -> dict[
     } | changes
 
 
+def _fed(args: argparse.Namespace, fields: dict[str, object]) -> FedSlateConfig:
+    """A FedSlate cell's configuration behind the bench's transport (``--transport``)."""
+    return FedSlateConfig(**fields, **args.transport)
+
+
 def table_cells(args) -> dict[str, tuple[tuple[int, int], dict[str, Cell]]]:
     """The paper's table: per setting, the references, SlateQ and FedSlate."""
     out = {}
@@ -300,7 +331,9 @@ def table_cells(args) -> dict[str, tuple[tuple[int, int], dict[str, Cell]]]:
                 "A_highest_k+B_random": Cell(f"{tag}_hk_random", "highest_k+random", plain),
                 "A_highest_k+B_lowest_k": Cell(f"{tag}_hk_lk", "highest_k+lowest_k", plain),
                 "slateq": Cell(f"{tag}_slateq", "slateq", plain),
-                "fedslate": Cell(f"{tag}_fedslate", "fedslate", FedSlateConfig(**base)),
+                "fedslate": Cell(
+                    f"{tag}_fedslate{args.transport_suffix}", "fedslate", _fed(args, base)
+                ),
             },
         )
     return out
@@ -328,9 +361,9 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
     runs: dict[str, tuple[str, SlateQConfig]] = {}
     if experiment == "ablation":
         runs = {
-            "fedslate": ("fedslate", FedSlateConfig(**base)),
-            "linear": ("fedslate", FedSlateConfig(**base, variant="linear")),
-            "fedq": ("fedslate", FedSlateConfig(**base, variant="fedq")),
+            "fedslate": ("fedslate", _fed(args, base)),
+            "linear": ("fedslate", _fed(args, base | {"variant": "linear"})),
+            "fedq": ("fedslate", _fed(args, base | {"variant": "fedq"})),
             "random": ("random", SlateQConfig(**base)),
         }
     elif experiment == "ablation_flat":
@@ -338,15 +371,15 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
         # the paper reports that a linear server "never converges".
         flat = base | {"server_arch": "flat"}
         runs = {
-            "fedslate_flat": ("fedslate", FedSlateConfig(**flat)),
-            "linear_flat": ("fedslate", FedSlateConfig(**flat, variant="linear")),
+            "fedslate_flat": ("fedslate", _fed(args, flat)),
+            "linear_flat": ("fedslate", _fed(args, flat | {"variant": "linear"})),
             "random": ("random", SlateQConfig(**base)),
         }
     elif experiment == "sparse":
         sparse = base | {"feedback_prob": SPARSE_PROB}
         runs = {
-            "fedslate": ("fedslate", FedSlateConfig(**sparse)),
-            "extended": ("fedslate", FedSlateConfig(**sparse, variant="extended")),
+            "fedslate": ("fedslate", _fed(args, sparse)),
+            "extended": ("fedslate", _fed(args, sparse | {"variant": "extended"})),
             "slateq": ("slateq", SlateQConfig(**sparse)),
             "random": ("random", SlateQConfig(**base)),
         }
@@ -355,32 +388,32 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
         all_fb = (True,) * 5
         two_without = (True, True, True, False, False)
         runs = {
-            "fedslate_all": ("fedslate", FedSlateConfig(**k5, feedback=all_fb)),
-            "fedslate_two_without": ("fedslate", FedSlateConfig(**k5, feedback=two_without)),
+            "fedslate_all": ("fedslate", _fed(args, k5 | {"feedback": all_fb})),
+            "fedslate_two_without": ("fedslate", _fed(args, k5 | {"feedback": two_without})),
             "fedslate_two_without_item": (
                 "fedslate",
-                FedSlateConfig(**k5, feedback=two_without, alignment="item"),
+                _fed(args, k5 | {"feedback": two_without, "alignment": "item"}),
             ),
             "slateq_all": ("slateq", SlateQConfig(**k5, feedback=all_fb)),
             "random": ("random", SlateQConfig(**k5)),
         }
     elif experiment == "choice":
         runs = {
-            "fedslate": ("fedslate", FedSlateConfig(**base)),
-            "fedslate_paper_code": ("fedslate", FedSlateConfig(**base, choice_model="paper_code")),
+            "fedslate": ("fedslate", _fed(args, base)),
+            "fedslate_paper_code": ("fedslate", _fed(args, base | {"choice_model": "paper_code"})),
             "slateq_paper_code": ("slateq", SlateQConfig(**base, choice_model="paper_code")),
             "random": ("random", SlateQConfig(**base)),
         }
     elif experiment == "corpus":
         runs = {
-            "fedslate": ("fedslate", FedSlateConfig(**base)),
-            "fedslate_shared": ("fedslate", FedSlateConfig(**base, shared_corpus=True)),
+            "fedslate": ("fedslate", _fed(args, base)),
+            "fedslate_shared": ("fedslate", _fed(args, base | {"shared_corpus": True})),
             "random": ("random", SlateQConfig(**base)),
         }
     elif experiment == "alignment":
         runs = {
-            "fedslate": ("fedslate", FedSlateConfig(**base)),
-            "fedslate_item": ("fedslate", FedSlateConfig(**base, alignment="item")),
+            "fedslate": ("fedslate", _fed(args, base)),
+            "fedslate_item": ("fedslate", _fed(args, base | {"alignment": "item"})),
             "highest_k": ("highest_k", SlateQConfig(**base)),
             "random": ("random", SlateQConfig(**base)),
         }
@@ -397,14 +430,15 @@ def variant_cells(args, experiment: str) -> tuple[tuple[int, int], dict[str, Cel
             ),
             "slateq_mish": ("slateq", SlateQConfig(**base, activation="mish")),
             "slateq_lr3e-4": ("slateq", SlateQConfig(**base, lr=3e-4)),
-            "fedslate": ("fedslate", FedSlateConfig(**base)),
-            "fedslate_server_64": ("fedslate", FedSlateConfig(**base, server_hidden=(64, 64))),
+            "fedslate": ("fedslate", _fed(args, base)),
+            "fedslate_server_64": ("fedslate", _fed(args, base | {"server_hidden": (64, 64)})),
             "random": ("random", SlateQConfig(**base)),
         }
     else:
         raise ValueError(f"unknown experiment {experiment!r}")
+    suffix = {"fedslate": args.transport_suffix}
     return (n_cand, slate), {
-        name: Cell(f"{experiment}_{tag}_{name}", kind, config)
+        name: Cell(f"{experiment}_{tag}_{name}{suffix.get(kind, '')}", kind, config)
         for name, (kind, config) in runs.items()
         if args.runs is None or name in args.runs
     }
@@ -692,6 +726,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=1, help="worker processes for the uncached runs (one core each)"
     )
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (about a minute)")
+    add_transport_arguments(parser)
 
 
 def _finish(args: argparse.Namespace) -> argparse.Namespace:
@@ -700,6 +735,12 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
     if unknown:
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
     args.experiments = names
+    # The FedSlate runs' transport (the references and SlateQ have no server to send to).
+    args.transport = transport_fields(args)
+    args.transport_suffix = ""
+    if args.fusion != "plaintext":
+        eps = f"_eps{args.epsilon:g}" if args.epsilon is not None else ""
+        args.transport_suffix = f"_{args.fusion.replace('+', '_')}{eps}"
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1 worker process, got {args.jobs}")
     if args.quick:

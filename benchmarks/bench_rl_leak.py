@@ -186,14 +186,15 @@ def run_fedhpd(bench: LeakBenchConfig) -> dict[str, object]:
 
 
 POST_HOC_NOISE = (
-    "the 'noised (post hoc)' rows add Gaussian noise to the recorded Q-values (the view a DP "
-    "fusion channel would give the server; utility under that noise not measured)"
+    "the 'noised (post hoc)' rows add Gaussian noise to a plaintext run's recorded Q-values "
+    "(utility under that noise not measured); the dp fusion channel noises them in the run "
+    "itself: securefed bench fedslate-leak measures this attack and the run's rewards under it"
 )
 
 
 def fusion_refusals(config) -> dict[str, str]:
-    """Why each fusion channel other than plaintext cannot serve ``config``'s server network
-    (the registry's own words; the ``dp`` row also says what the post-hoc rows stand for)."""
+    """Why each fusion channel other than plaintext and dp cannot serve ``config``'s server
+    network (the registry's own words), and what the post-hoc rows stand for (``dp`` row)."""
     from securefed.fusion import FUSION_CHANNELS, fusion_refusal
 
     needs = config.fusion_needs()
@@ -201,7 +202,8 @@ def fusion_refusals(config) -> dict[str, str]:
     for name in FUSION_CHANNELS:
         why = fusion_refusal(name, needs)
         if why is not None:
-            out[name] = f"{why}; {POST_HOC_NOISE}" if name == "dp" else why
+            out[name] = why
+    out["dp"] = f"runs (not measured in this bench); {POST_HOC_NOISE}"
     return out
 
 

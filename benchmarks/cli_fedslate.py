@@ -7,7 +7,8 @@
     securefed fedslate --variant extended --feedback-prob 0.1
     securefed fedslate --platforms 5 --feedback 1,1,1,0,0
     securefed fedslate --candidates 500 --slate 10 --checkpoint runs/n500.pt   # resumable
-    securefed fedslate --fusion ckks      # refused: the CKKS channel cannot serve this network
+    securefed fedslate --transport dp --epsilon 4       # Q-values clipped and noised (local DP)
+    securefed fedslate --transport ckks   # refused: the CKKS channel cannot serve this network
 
 The main CLI calls :func:`register` with its subparsers; the leaf parser sets ``func`` (a
 callable taking the parsed namespace and returning an exit code). :func:`main` runs the command
@@ -26,7 +27,7 @@ import numpy as np
 
 from securefed import SecurefedError
 from securefed.bench.registry import COMMANDS
-from securefed.fusion import FUSION_CHANNELS
+from securefed.fusion import DP_CHANNELS, FUSION_CHANNELS
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     ALIGNMENTS,
@@ -50,6 +51,69 @@ def _widths(text: str) -> tuple[int, ...]:
 
 def _flags(text: str) -> tuple[bool, ...]:
     return tuple(part.strip() not in ("0", "false", "no") for part in text.split(","))
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--transport`` (alias ``--fusion``) and the DP options, for FedSlate's commands."""
+    parser.add_argument(
+        "--transport",
+        "--fusion",
+        dest="fusion",
+        choices=FUSION_CHANNELS,
+        default="plaintext",
+        help="how the Q-values travel: the fusion channel the server network runs behind "
+        "(one that cannot serve the configuration refuses, saying why; --fusion is an alias)",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="dp, ckks+dp: epsilon per platform and user episode (the unit of privacy)",
+    )
+    parser.add_argument("--dp-delta", type=float, default=1e-5, help="dp, ckks+dp: delta")
+    parser.add_argument(
+        "--dp-clip", type=float, default=1.0, help="dp, ckks+dp: L2 bound per Q-value row"
+    )
+    parser.add_argument(
+        "--dp-grad-clip",
+        type=float,
+        default=None,
+        help="dp, ckks+dp: L2 bound per gradient row (default huber delta / batch size)",
+    )
+
+
+def transport_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The FedSlateConfig fields of the transport options (the DP ones only when given or
+    needed, so that a plaintext configuration keeps its defaults and its cache key).
+
+    Raises:
+        ValueError: DP options for a transport without DP, or a DP transport without
+            ``--epsilon`` (refused rather than ignored).
+    """
+    fields: dict[str, object] = {"fusion": args.fusion}
+    dp_given = {
+        "--dp-delta": args.dp_delta != 1e-5,
+        "--dp-clip": args.dp_clip != 1.0,
+        "--dp-grad-clip": args.dp_grad_clip is not None,
+    }
+    if args.fusion not in DP_CHANNELS:
+        given = [flag for flag, on in dp_given.items() if on]
+        if args.epsilon is not None:
+            given.insert(0, "--epsilon")
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} apply only to the DP transports {sorted(DP_CHANNELS)}, not "
+                f"to {args.fusion!r}"
+            )
+        return fields
+    if args.epsilon is None:
+        raise ValueError(f"transport {args.fusion!r} needs --epsilon (per platform and episode)")
+    return fields | {
+        "dp_epsilon": args.epsilon,
+        "dp_delta": args.dp_delta,
+        "dp_clip": args.dp_clip,
+        "dp_grad_clip": args.dp_grad_clip,
+    }
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -83,13 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="what the server fuses: every platform's own candidates (position, the paper) or "
         "every platform's value of the fused platform's candidates (item)",
     )
-    parser.add_argument(
-        "--fusion",
-        choices=FUSION_CHANNELS,
-        default="plaintext",
-        help="the fusion channel the server network runs behind (one that cannot serve the "
-        "configuration refuses, saying why)",
-    )
+    add_transport_arguments(parser)
     parser.add_argument("--activation", default="silu")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
@@ -137,7 +195,12 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
             server_hidden=args.server_hidden,
             server_arch=args.server_arch,
             alignment=args.alignment,
-            fusion=args.fusion,
+            **transport_fields(args),
+        )
+    if args.fusion != "plaintext" or args.epsilon is not None:
+        raise ValueError(
+            f"--transport {args.fusion} / --epsilon apply to FedSlate's fusion only, not to "
+            f"--algorithm {args.algorithm}"
         )
     return SlateQConfig(**common)
 
@@ -182,6 +245,8 @@ def _run(args: argparse.Namespace) -> int:
     window = min(100, config.episodes)
     summary = summarize(result, window=window)
     record = result.to_record() | {"metrics": summary}
+    if result.fusion_view is not None and "dp" in result.fusion_view.public:
+        record["dp"] = result.fusion_view.public["dp"]  # the mechanism and epsilon spent
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record))
@@ -194,6 +259,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     shown = {k: record[k] for k in ("algorithm", "seconds", "episodes_per_second", "updates")}
     shown["metrics"] = summary
+    if "dp" in record:
+        shown["dp"] = record["dp"]
     print(json.dumps(shown, indent=1, default=float))
     return 0
 

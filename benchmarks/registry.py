@@ -170,6 +170,12 @@ BENCHES: dict[str, Command] = _table(
         ("rl",),
     ),
     Command(
+        "fedslate-leak",
+        "FedSlate behind every fusion transport: rewards, cost and leak measures",
+        "securefed.bench.bench_fedslate_leak:register",
+        ("rl",),
+    ),
+    Command(
         "rl-leak",
         "attacks on FedHPD uploads and FedSlate Q-values",
         "securefed.bench.bench_rl_leak:register",

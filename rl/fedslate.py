@@ -79,6 +79,7 @@ lr 1e-3 instead of 0.01; the agents' choice model is the environment's (``choice
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,8 +91,10 @@ from torch import nn
 
 from securefed import NO_PAYLOADS, RoundSelection, SeedTree
 from securefed.fusion import (
+    DP_CHANNELS,
     FUSION_CHANNELS,
     RELU_FIT,
+    DPFusionOptions,
     FusionChannel,
     FusionNeeds,
     ModuleFusionChannel,
@@ -136,6 +139,7 @@ __all__ = [
     "acting_inquiry",
     "choose_slates",
     "clicked_loss",
+    "dp_unit_releases",
     "etror",
     "exchange_update",
     "greedy_positions",
@@ -159,6 +163,9 @@ VARIANTS = ("fedslate", "extended", "fedq", "linear")
 SERVER_ARCHS = ("position", "flat")
 ALIGNMENTS = ("position", "item")
 PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
+DP_TAIL_FRACTION = 0.1
+"""Under DP, the share of ``dp_delta`` given to the tail of the replay-draw bound
+(:func:`dp_unit_releases`); the Gaussian mechanism keeps the rest."""
 ACT, TARGET, SELECT, LEARN = "act", "target", "select", "learn"
 """Tags of the fusion exchanges in the view: the acting inquiry, the target networks' values,
 B's greedy-slate evaluation, an update's forward and backward."""
@@ -182,11 +189,19 @@ class FedSlateConfig(SlateQConfig):
         alignment: ``"position"`` (the paper: every platform's Q-values of its own candidates)
             or ``"item"`` (the others' networks evaluated on the fused platform's candidates;
             module docstring).
-        fusion: the fusion channel the server network runs behind, one of
-            :data:`securefed.fusion.FUSION_CHANNELS` (a channel that cannot serve this
-            configuration refuses when the run is built, naming why). ``"ckks"`` needs a
-            polynomial server activation (``activation`` or ``server_activation``
+        fusion: the transport of the Q-values, the fusion channel the server network runs
+            behind: one of :data:`securefed.fusion.FUSION_CHANNELS` (a channel that cannot
+            serve this configuration refuses when the run is built, naming why). ``"ckks"``
+            needs a polynomial server activation (``activation`` or ``server_activation``
             ``"polynomial"``) and ``server_arch="position"``.
+        dp_epsilon: for the ``"dp"`` and ``"ckks+dp"`` transports (required there, refused
+            elsewhere): the budget of each platform's unit of privacy, one user's episode on
+            that platform (:func:`dp_unit_releases`; docs/fedslate.md section 9).
+        dp_delta: the budget's delta (it includes the tail probability of the release bound,
+            :data:`DP_TAIL_FRACTION` of it).
+        dp_clip: L2 bound on each Q-value row a platform sends (one state's ``N`` values).
+        dp_grad_clip: L2 bound on each loss-gradient row a platform sends; ``None``:
+            ``huber_delta / batch_size`` (a full batch's Huber gradient never exceeds it).
         server_activation: the server network's hidden activation (``None``: ``activation``,
             which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
     """
@@ -198,6 +213,10 @@ class FedSlateConfig(SlateQConfig):
     alignment: str = "position"
     fusion: str = "plaintext"
     server_activation: str | None = None
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
+    dp_clip: float = 1.0
+    dp_grad_clip: float | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -227,6 +246,42 @@ class FedSlateConfig(SlateQConfig):
                 f"server_activation must be one of {ACTIVATIONS}, got {self.server_activation!r}"
             )
 
+        if (self.fusion in DP_CHANNELS) != (self.dp_epsilon is not None):
+            raise ValueError(
+                f"dp_epsilon is required by the DP transports {sorted(DP_CHANNELS)} and applies "
+                f"to no other: transport {self.fusion!r} with dp_epsilon {self.dp_epsilon!r}"
+            )
+        if self.dp_epsilon is not None:
+            # Checked here so that a bad option fails when the run is configured.
+            self.dp_options(releases_per_unit=1, tail_delta=0.0)
+
+    def dp_options(
+        self, *, releases_per_unit: int | None = None, tail_delta: float | None = None
+    ) -> DPFusionOptions:
+        """The DP channel's options: the budget, clips, and the release bound of one unit
+        (default: :func:`dp_unit_releases` of this configuration).
+
+        Raises:
+            ValueError: without ``dp_epsilon`` (not a DP transport), or a bad option.
+        """
+        if self.dp_epsilon is None:
+            raise ValueError(f"transport {self.fusion!r} has no DP options (dp_epsilon unset)")
+        if releases_per_unit is None or tail_delta is None:
+            bound = dp_unit_releases(self)
+            releases_per_unit, tail_delta = bound["releases"], bound["tail_delta"]
+        grad_clip = self.dp_grad_clip
+        if grad_clip is None:
+            grad_clip = self.huber_delta / self.batch_size
+        return DPFusionOptions(
+            epsilon=float(self.dp_epsilon),
+            delta=float(self.dp_delta),
+            clip=float(self.dp_clip),
+            grad_clip=float(grad_clip),
+            releases_per_unit=int(releases_per_unit),
+            tail_delta=float(tail_delta),
+            tags=(ACT, TARGET, SELECT, LEARN),
+        )
+
     @property
     def server_hidden_activation(self) -> str:
         """The server network's hidden activation (the linear ablation: ``"identity"``)."""
@@ -245,6 +300,64 @@ class FedSlateConfig(SlateQConfig):
             optimiser="adam",
             elementwise=self.server_arch == "position",
         )
+
+
+# --------------------------------------------------------------------------------------------
+# DP accounting: how many rows of one unit of privacy a platform releases
+
+
+def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
+    """The most Q-value and gradient rows of one unit a platform sends, with a tail bound.
+
+    The unit of privacy is one user's episode on one platform: a platform's data about a user
+    is what it observes during that user's episode, and every episode draws a fresh user
+    (docs/fedslate.md section 9). Its rows leave the platform in
+
+    * the acting inquiries: one row per round of the episode (``steps_per_platform`` rounds;
+      with item alignment the platform also sends its values of every other platform's
+      candidates, ``K`` rows a round);
+    * the learning steps that draw one of the episode's rounds from the replay: per drawn round,
+      one row in each target forward (one per platform with rewards), in each update's forward
+      (one per platform), in each greedy-slate forward (one per platform without rewards), and
+      its own loss gradient (one): ``2 K + 1`` rows.
+
+    The replay draws are independent of the data: a learning step draws ``batch_size`` rows
+    with replacement from a buffer of at least ``m = min(buffer_size, burn_in + 1)`` rows (one
+    fewer for SARSA), of which at most ``L = steps_per_platform`` are the episode's; the episode
+    stays in the buffer for ``buffer_size + L`` rounds, i.e. in at most ``s =
+    ceil((buffer_size + L) / learn_every)`` learning steps. So the number of drawn rounds is
+    dominated by ``Binomial(s * batch_size, min(1, L / m))``; ``k`` is its ``1 - tail_delta``
+    quantile with ``tail_delta = DP_TAIL_FRACTION * dp_delta``, and a run whose draws exceed
+    ``k`` for some unit (probability at most ``tail_delta`` per unit) is covered by adding
+    ``tail_delta`` to delta.
+
+    Returns:
+        ``{"releases": acting + k * (2K + 1), "acting": ..., "drawn_rounds_bound": k,
+        "rows_per_drawn_round": 2K + 1, "learning_steps": s, "draw_probability": ...,
+        "tail_delta": ...}``.
+    """
+    from scipy.stats import binom
+
+    k_plat, length = config.num_platforms, config.steps_per_platform
+    acting = length * (k_plat if config.alignment == "item" else 1)
+    per_drawn = 2 * k_plat + 1
+    smallest = min(config.buffer_size, config.burn_in + 1) - (1 if config.target == "sarsa" else 0)
+    probability = min(1.0, length / max(1, smallest))
+    steps = math.ceil((config.buffer_size + length) / config.learn_every)
+    draws = steps * config.batch_size
+    tail = DP_TAIL_FRACTION * config.dp_delta
+    drawn = int(binom.isf(tail, draws, probability)) if probability < 1 else draws
+    while drawn < draws and binom.sf(drawn, draws, probability) > tail:
+        drawn += 1  # isf is a floating-point inverse; make sure the tail really is <= tail
+    return {
+        "releases": acting + drawn * per_drawn,
+        "acting": acting,
+        "drawn_rounds_bound": drawn,
+        "rows_per_drawn_round": per_drawn,
+        "learning_steps": steps,
+        "draw_probability": probability,
+        "tail_delta": tail,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,6 +621,7 @@ class FedSlateRun:
         updates: optimiser steps per network.
         timings: seconds spent acting and learning.
         start: ``time.perf_counter()`` at the (virtual) start of the run.
+        dp_noise: per platform, the stream its DP channel noises from (empty without DP).
     """
 
     config: FedSlateConfig
@@ -527,6 +641,7 @@ class FedSlateRun:
     updates: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     start: float = 0.0
+    dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
 
     @property
     def with_rewards(self) -> list[int]:
@@ -549,7 +664,8 @@ class FedSlateRun:
             | {"server_opt": channel.optimiser, "replay": self.replay}
             | {"fusion_view": FusionViewState(channel.view)},
             generators={"explore": self.act_rng, "replay": self.replay_rng}
-            | {f"env.{k}": g for k, g in self.env.streams.named().items()},
+            | {f"env.{k}": g for k, g in self.env.streams.named().items()}
+            | {f"dp_noise.{k}": g for k, g in self.dp_noise.items()},
             arrays={"rewards": self.rewards},
         )
 
@@ -574,7 +690,7 @@ def ckks_config(config: FedSlateConfig):
     """The CKKS channel's parameters for ``config`` (``None`` for other channels): the output
     gradients of FedSlate's Huber losses are bounded by ``huber_delta``; Q-values by
     :data:`CKKS_Q_BOUND` (a platform refuses to encrypt a larger one, ending the run)."""
-    if config.fusion != "ckks":
+    if config.fusion not in ("ckks", "ckks+dp"):
         return None
     from securefed.fusion.ckks_module import CKKSModuleConfig
 
@@ -616,6 +732,12 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
     # Server: the fusion network, its target copy and its optimiser, behind the channel.
     server = server_network(config, torch_generator(tree, "init", "server"))
     server_opt = torch.optim.Adam(server.parameters(), lr=config.server_lr or config.lr, fused=True)
+    # Under DP each platform noises its rows from its own stream (seeded: benchmarks only).
+    dp_noise = (
+        {name: tree.generator("fusion-dp", name) for name in names}
+        if config.fusion in DP_CHANNELS
+        else {}
+    )
     channel = build_fusion_channel(
         config.fusion,
         names,
@@ -626,8 +748,10 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         cross=config.variant != "fedq",
         keep_payloads=keep_payloads,
         total_rounds=config.episodes * config.steps_per_platform,
-        seeds=tree if config.fusion == "ckks" else None,
+        seeds=tree if config.fusion in ("ckks", "ckks+dp") else None,
         ckks_config=ckks_config(config),
+        dp=config.dp_options() if dp_noise else None,
+        noise=dp_noise or None,
     )
     return FedSlateRun(
         config=config,
@@ -644,6 +768,7 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         rewards=np.zeros((config.episodes, config.members, k_plat)),
         updates={f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0},
         timings={"acting": 0.0, "learning": 0.0},
+        dp_noise=dp_noise,
     )
 
 
@@ -913,6 +1038,7 @@ def run_result(run: FedSlateRun) -> RunResult:
         networks={f"local_{names[p]}": run.local[p] for p in range(k_plat)}
         | {"server": run.channel.module},
         fusion_view=run.channel.view,
+        fusion_clean=getattr(run.channel, "clean_inputs", None),
     )
 
 
@@ -924,6 +1050,7 @@ def run_fedslate(
     checkpoints: EpisodeCheckpoints | None = None,
     *,
     keep_payloads: RoundSelection = NO_PAYLOADS,
+    keep_clean: bool = False,
 ) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
@@ -939,12 +1066,22 @@ def run_fedslate(
             (:mod:`securefed.rl.checkpoint`; the view is part of the state); ``None``: none.
         keep_payloads: which rounds of the view keep every vector (rounds are numbered from 0
             over the run; ``ALL_PAYLOADS`` for the Q-value attack).
+        keep_clean: under a DP transport, keep the acting inquiries' Q-values before noise in
+            ``result.fusion_clean`` (to score a leak against them; benchmarks only).
 
     Raises:
         FusionNotApplicable: the fusion channel cannot serve this configuration (before any
             episode).
+        ValueError: ``keep_clean`` without a DP transport (the view holds the clean values).
     """
+    if keep_clean and config.fusion not in DP_CHANNELS:
+        raise ValueError(
+            f"keep_clean applies to the DP transports {sorted(DP_CHANNELS)}; under "
+            f"{config.fusion!r} the view itself holds the Q-values as sent"
+        )
     run = start_run(config, keep_payloads)
+    if keep_clean:
+        run.channel.keep_clean = (ACT,)
     state = run.training_state()
     resumed = resume_counters(state, checkpoints, config.variant, config)
     first_episode, run.rounds, run.learn_steps = (

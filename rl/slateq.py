@@ -808,6 +808,9 @@ class RunResult:
         fusion_view: FedSlate's fusion channel's record of what the server saw
             (:class:`~securefed.views.FusionView`); ``None`` for runs without a server. Not
             serialised with the result (save it with ``fusion_view.save(directory)``).
+        fusion_clean: under a DP transport asked to keep them, the acting inquiries' Q-values
+            before clipping and noise, ``(round, {party: rows})`` each (the scorer's truth,
+            never the server's view); ``None`` otherwise. Not serialised.
     """
 
     algorithm: str
@@ -820,6 +823,7 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     networks: dict[str, nn.Module] = field(default_factory=dict, repr=False)
     fusion_view: FusionView | None = field(default=None, repr=False)
+    fusion_clean: list | None = field(default=None, repr=False)
 
     @property
     def episodes_per_second(self) -> float:

@@ -271,7 +271,7 @@ PER_PARTY_ADAM = FusionNeeds(members=3, activation="relu", layout="per_party", o
 
 
 def test_channels_by_name_build_or_say_why_not():
-    assert FUSION_CHANNELS == ("plaintext", "ckks", "dp", "secagg")
+    assert FUSION_CHANNELS == ("plaintext", "ckks", "dp", "ckks+dp", "secagg")
     assert fusion_refusal("plaintext", PER_PARTY_ADAM) is None
     ckks = fusion_refusal("ckks", PER_PARTY_ADAM)
     for reason in ("polynomial", "'relu'", "position by position"):
@@ -283,13 +283,14 @@ def test_channels_by_name_build_or_say_why_not():
     by_position = FusionNeeds(3, "polynomial", optimiser="adam", elementwise=True)
     assert fusion_refusal("ckks", by_position) is None
     assert "not a sum" in fusion_refusal("secagg", PER_PARTY_ADAM)
-    assert "no DP fusion channel" in fusion_refusal("dp", PER_PARTY_ADAM)
+    assert fusion_refusal("dp", PER_PARTY_ADAM) is None  # the DP wrapper of the plaintext one
+    assert fusion_refusal("ckks+dp", PER_PARTY_ADAM).startswith("the ckks+dp fusion channel wraps")
     server = TwoSlots(2)
     adam = torch.optim.Adam(server.parameters())
     needs = FusionNeeds(members=2, activation="linear", optimiser="adam")
     channel = build_fusion_channel("plaintext", ("a", "b"), server, adam, needs)
     assert isinstance(channel, ModuleFusionChannel) and channel.view.public["optimiser"] == "adam"
-    for name in ("ckks", "dp", "secagg"):
+    for name in ("ckks", "ckks+dp", "secagg"):
         with pytest.raises(FusionNotApplicable) as refused:
             build_fusion_channel(name, ("a", "b"), server, adam, needs)
         assert isinstance(refused.value, SecurefedError) and isinstance(refused.value, ValueError)
@@ -317,7 +318,7 @@ TINY = {
     "burn_in": 11, "learn_every": 12, "buffer_size": 16, "batch_size": 4, "local_hidden": (8,),
     "server_hidden": (4,),
 }  # fmt: skip
-REFUSAL = {"ckks": "cannot serve", "dp": "no DP fusion channel", "secagg": "not a sum"}
+REFUSAL = {"ckks": "cannot serve", "ckks+dp": "ckks\\+dp fusion channel", "secagg": "not a sum"}
 
 
 @pytest.mark.parametrize("variant", ["fedslate", "linear"])
@@ -327,7 +328,8 @@ def test_fedslate_runs_one_episode_or_refuses_on_every_fusion_channel(name, vari
     from securefed.rl.envs import ChocKaleBatch
     from securefed.rl.fedslate import FedSlateConfig, run_fedslate
 
-    config = FedSlateConfig(**TINY, variant=variant, fusion=name)
+    dp = {"dp_epsilon": 8.0} if name in ("dp", "ckks+dp") else {}
+    config = FedSlateConfig(**TINY, variant=variant, fusion=name, **dp)
     why = fusion_refusal(name, config.fusion_needs())
     steps = []
     real_step = ChocKaleBatch.step
@@ -349,8 +351,10 @@ def test_fedslate_runs_one_episode_or_refuses_on_every_fusion_channel(name, vari
     with pytest.raises(FusionNotApplicable, match=REFUSAL[name]) as refused:
         run_fedslate(config)
     assert str(refused.value) == why and not steps  # refused before the first episode
-    if name == "ckks":  # what the configuration asks that the channel cannot give, by name
+    if name == "ckks":  # what the configuration asks that CKKS cannot give
         assert "'silu'" in why and variant == "fedslate"  # the linear server runs under CKKS
+    if name == "ckks+dp":  # CKKS's own reason where it refuses, else the composition's
+        assert ("'silu'" in why) == (variant == "fedslate") and "ckks+dp" in why
 
 
 def test_the_cli_refuses_a_fusion_channel_in_one_line(capsys):

@@ -4,6 +4,8 @@
   :class:`FusionWeights` and the plaintext channel of a FusionSpec network.
 * :mod:`securefed.fusion.module`: :class:`ModuleFusionChannel`, plaintext fusion around any
   torch server module (members side by side, selected outputs, a target network, its optimiser).
+* :mod:`securefed.fusion.dp`: :class:`DPFusionChannel`, any channel behind per-party clipping
+  and Gaussian noise with a privacy ledger per party (:class:`DPFusionOptions`).
 * :mod:`securefed.fusion.registry`: channels by name (:func:`build_fusion_channel`), and why a
   channel cannot serve a server function (:func:`fusion_refusal`).
 * :mod:`securefed.fusion.ckks`: a FusionSpec network on CKKS ciphertexts, trained through the
@@ -30,8 +32,10 @@ from securefed.fusion.base import (
     init_weights,
     polynomial,
 )
+from securefed.fusion.dp import DPFusionChannel, DPFusionOptions
 from securefed.fusion.module import ModuleFusionChannel
 from securefed.fusion.registry import (
+    DP_CHANNELS,
     FUSION_CHANNELS,
     FusionNeeds,
     FusionNotApplicable,
@@ -40,9 +44,12 @@ from securefed.fusion.registry import (
 )
 
 __all__ = [
+    "DP_CHANNELS",
     "FUSION_CHANNELS",
     "NETWORKS",
     "RELU_FIT",
+    "DPFusionChannel",
+    "DPFusionOptions",
     "FusionChannel",
     "FusionNeeds",
     "FusionNotApplicable",

@@ -14,7 +14,11 @@ channel or raises :class:`FusionNotApplicable` with that reason, before any exch
   optimiser stepped on the batch gradients of the masked exchange; the refusal lists every need
   it does not meet. (:class:`~securefed.fusion.ckks.CKKSFusionChannel`, the shared-key
   FusionSpec network on concatenated vectors, is built directly.)
-* ``"dp"``: no DP fusion channel exists yet.
+* ``"dp"``: :class:`~securefed.fusion.dp.DPFusionChannel` around the plaintext channel: each
+  party clips and noises its rows before they leave (needs :class:`~securefed.fusion.dp.
+  DPFusionOptions` and one noise source per party); it serves whatever the plaintext one does.
+* ``"ckks+dp"``: refused for now: the DP wrapper around the ``"ckks"`` channel needs bounds on
+  the noised rows that the CKKS flooding can rest on (the wrapper itself is generic).
 * ``"secagg"``: secure aggregation computes sums; a fusion network is not one.
 
 Importing this module imports neither torch nor tenseal.
@@ -22,7 +26,7 @@ Importing this module imports neither torch nor tenseal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +35,7 @@ from securefed.randomness import SeedTree
 from securefed.views import NO_PAYLOADS, RoundSelection
 
 __all__ = [
+    "DP_CHANNELS",
     "FUSION_CHANNELS",
     "LAYOUTS",
     "FusionNeeds",
@@ -39,7 +44,9 @@ __all__ = [
     "fusion_refusal",
 ]
 
-FUSION_CHANNELS = ("plaintext", "ckks", "dp", "secagg")
+FUSION_CHANNELS = ("plaintext", "ckks", "dp", "ckks+dp", "secagg")
+DP_CHANNELS = {"dp": "plaintext", "ckks+dp": "ckks"}
+"""The DP channels by name, and the channel each one wraps."""
 LAYOUTS = ("per_party", "concatenated")
 POLYNOMIAL_ACTIVATIONS = ("polynomial", "identity")
 """Activation names a CKKS evaluation can compute exactly (``identity`` is degree 1)."""
@@ -121,12 +128,18 @@ def fusion_refusal(name: str, needs: FusionNeeds) -> str | None:
         if not gaps:
             return None
         return "the ckks fusion channel cannot serve this server function: " + "; ".join(gaps)
-    if name == "dp":
-        return (
-            "securefed has no DP fusion channel yet: clipping and noising each party's vector "
-            "before the server sees it is not implemented (use 'plaintext'; a recorded view's "
-            "vectors can be noised after the run to measure what such noise would hide)"
-        )
+    if name in DP_CHANNELS:
+        inner = fusion_refusal(DP_CHANNELS[name], needs)
+        if inner is not None:
+            return f"the {name} fusion channel wraps {inner}"
+        if name == "ckks+dp":
+            return (
+                "the ckks+dp fusion channel is not built yet: the DP noise added before "
+                "encryption is unbounded, and the ckks channel's flooding rests on public bounds "
+                "of the values it encrypts (a noised row exceeds them and the run stops); use "
+                "'dp' or 'ckks'"
+            )
+        return None
     return (
         "secure aggregation does not apply to the fusion shape: it computes only sums of the "
         "parties' vectors, and a fusion network of their vectors is not a sum"
@@ -146,6 +159,8 @@ def build_fusion_channel(
     total_rounds: int | None = None,
     seeds: SeedTree | None = None,
     ckks_config: Any = None,
+    dp: Any = None,
+    noise: Mapping[str, Any] | None = None,
 ):
     """The fusion channel ``name`` around a torch server module (``"per_party"`` layout).
 
@@ -163,14 +178,47 @@ def build_fusion_channel(
         ckks_config: ``"ckks"`` only: a :class:`~securefed.fusion.ckks_module.CKKSModuleConfig`
             (``None``: its defaults).
 
+        dp: for ``"dp"`` and ``"ckks+dp"`` (and only for them): the
+            :class:`~securefed.fusion.dp.DPFusionOptions`.
+        noise: with ``dp``: one noise source (or numpy generator) per party.
+
     Raises:
         FusionNotApplicable: the channel cannot serve ``needs`` (the message says why), or
             the module has no polynomial form (``"ckks"``).
-        ValueError: an unknown name, or ``needs`` that do not describe ``optimiser``.
+        ValueError: an unknown name, ``needs`` that do not describe ``optimiser``, DP options
+            for a channel without DP or a DP channel without them.
+        PrivacyBudgetExceeded: the DP options' schedule overruns their budget.
     """
     why = fusion_refusal(name, needs)
     if why is not None:
         raise FusionNotApplicable(why)
+    if name in DP_CHANNELS:
+        if dp is None or noise is None:
+            raise ValueError(
+                f"the {name} fusion channel needs DP options (epsilon, clip, the releases per "
+                "unit of privacy) and one noise source per party"
+            )
+        from securefed.fusion.dp import DPFusionChannel
+
+        inner = build_fusion_channel(
+            DP_CHANNELS[name],
+            parties,
+            module,
+            optimiser,
+            needs,
+            target=target,
+            cross=cross,
+            keep_payloads=keep_payloads,
+            total_rounds=total_rounds,
+            seeds=seeds,
+            ckks_config=ckks_config,
+        )
+        return DPFusionChannel(inner, dp, noise=noise)
+    if dp is not None or noise is not None:
+        raise ValueError(
+            f"DP options apply only to the DP fusion channels {sorted(DP_CHANNELS)}, not to "
+            f"{name!r} (refused rather than ignored)"
+        )
     if needs.layout != "per_party":
         raise FusionNotApplicable(
             f"a torch server module is evaluated per party; needs.layout is {needs.layout!r}"
