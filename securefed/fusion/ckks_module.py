@@ -77,9 +77,10 @@ from securefed.fusion.expansion import (
     monomials,
     split_monomial,
 )
+from securefed.fusion.module import TorchServerChannel
 from securefed.privacy.noise import noise_source
 from securefed.randomness import SeedTree
-from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party_names
+from securefed.views import NO_PAYLOADS, FusionView, RoundSelection
 
 __all__ = [
     "STEP_STAGES",
@@ -281,7 +282,7 @@ def _context_of(vector: ts.CKKSVector, context) -> ts.CKKSVector:
 
 
 # ----------------------------------------------------------------------------- the channel
-class CKKSModuleFusionChannel:
+class CKKSModuleFusionChannel(TorchServerChannel):
     """A per-position polynomial server module under CKKS, each party with its own key.
 
     Behind the :class:`~securefed.fusion.base.FusionChannel` seam, the ``"per_party"`` layout
@@ -327,13 +328,9 @@ class CKKSModuleFusionChannel:
         import torch
 
         self._torch = torch
-        names = check_party_names(parties)
-        if isinstance(members, bool) or int(members) != members or members < 1:
-            raise ValueError(f"members must be an integer >= 1, got {members!r}")
         if not isinstance(seeds, SeedTree):
             raise TypeError(f"seeds must be a SeedTree, got {type(seeds).__name__}")
-        if target is module:
-            raise ValueError("the target network must be a separate module (a frozen copy)")
+        names = self._adopt(parties, module, optimiser, target, members, cross)
         self.config = CKKSModuleConfig() if config is None else config
         network = module.polynomial_network()
         if network.inputs != len(names) or network.members != members:
@@ -341,12 +338,6 @@ class CKKSModuleFusionChannel:
                 f"the module's polynomial takes {network.inputs} inputs for {network.members} "
                 f"members; the channel has {len(names)} parties and {members} members"
             )
-        if target is not None:
-            target.load_state_dict(module.state_dict())
-            target.requires_grad_(False)
-        self._parties = names
-        self.module, self.optimiser, self.target = module, optimiser, target
-        self.members, self.cross = int(members), bool(cross)
         self.degree = network.degree
         self.basis = monomials(len(names), self.degree)
         self.levels = circuit_levels(self.degree)
@@ -386,14 +377,8 @@ class CKKSModuleFusionChannel:
             names,
             keep_payloads=keep_payloads,
             total_rounds=total_rounds,
-            public={
-                "layout": "per_party",
-                "members": self.members,
-                "cross": self.cross,
-                "module": type(module).__name__,
-                "parameters": int(sum(p.numel() for p in module.parameters())),
-                "optimiser": type(optimiser).__name__.lower(),
-                "target_network": target is not None,
+            public=self._module_public()
+            | {
                 "ckks": self.params.public(),
                 "keys": "one key pair per party; the server holds public contexts only",
                 "polynomial_degree": self.degree,
@@ -409,19 +394,6 @@ class CKKSModuleFusionChannel:
             }
             | dict(public or {}),
         )
-
-    # ------------------------------------------------------------------ seam plumbing
-    @property
-    def parties(self) -> tuple[str, ...]:
-        return self._parties
-
-    def open_round(self, round_id: int) -> None:
-        self.view.open_round(round_id)
-
-    def sync_target(self) -> None:
-        if self.target is None:
-            raise RuntimeError("this channel has no target network (built with target=None)")
-        self.target.load_state_dict(self.module.state_dict())
 
     def flooding_std(self, n_slots: int) -> tuple[float, float]:
         """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""

@@ -44,10 +44,76 @@ from securefed.fusion.base import (
 )
 from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party_names
 
-__all__ = ["ModuleFusionChannel"]
+__all__ = ["ModuleFusionChannel", "TorchServerChannel"]
 
 
-class ModuleFusionChannel:
+class TorchServerChannel:
+    """What every fusion channel around a torch server module shares: its parties, the module,
+    optimiser and target copy, the public description of them in the view, and the seam's
+    plumbing (``parties``, ``open_round``, ``sync_target``). Subclasses set ``name`` and
+    ``view``."""
+
+    name = ""
+    view: FusionView
+
+    def _adopt(
+        self,
+        parties: Sequence[str],
+        module: Any,
+        optimiser: Any,
+        target: Any,
+        members: int,
+        cross: bool,
+    ) -> tuple[str, ...]:
+        """Check and keep the server's parts; the target gets the module's weights, frozen.
+
+        Raises:
+            ValueError: bad party names, ``members < 1``, or the target being the module itself.
+        """
+        names = check_party_names(parties)
+        if isinstance(members, bool) or int(members) != members or members < 1:
+            raise ValueError(f"members must be an integer >= 1, got {members!r}")
+        if target is module:
+            raise ValueError("the target network must be a separate module (a frozen copy)")
+        if target is not None:
+            target.load_state_dict(module.state_dict())
+            target.requires_grad_(False)
+        self._parties = names
+        self.module, self.optimiser, self.target = module, optimiser, target
+        self.members, self.cross = int(members), bool(cross)
+        return names
+
+    def _module_public(self) -> dict[str, object]:
+        """The view's public description of the server module (layout, members, optimiser)."""
+        return {
+            "layout": "per_party",
+            "members": self.members,
+            "cross": self.cross,
+            "module": type(self.module).__name__,
+            "parameters": int(sum(p.numel() for p in self.module.parameters())),
+            "optimiser": type(self.optimiser).__name__.lower(),
+            "target_network": self.target is not None,
+        }
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self._parties
+
+    def open_round(self, round_id: int) -> None:
+        self.view.open_round(round_id)
+
+    def sync_target(self) -> None:
+        """Copy the online weights into the target network.
+
+        Raises:
+            RuntimeError: if the channel was built without a target network.
+        """
+        if self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        self.target.load_state_dict(self.module.state_dict())
+
+
+class ModuleFusionChannel(TorchServerChannel):
     """Plaintext fusion through a torch module, with its optimiser and a target copy.
 
     Args:
@@ -85,23 +151,13 @@ class ModuleFusionChannel:
         import torch
 
         self._torch = torch
-        names = check_party_names(parties)
-        if isinstance(members, bool) or int(members) != members or members < 1:
-            raise ValueError(f"members must be an integer >= 1, got {members!r}")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         if not isinstance(optimiser, torch.optim.Optimizer):
             raise TypeError(
                 f"optimiser must be a torch.optim.Optimizer, got {type(optimiser).__name__}"
             )
-        if target is module:
-            raise ValueError("the target network must be a separate module (a frozen copy)")
-        if target is not None:
-            target.load_state_dict(module.state_dict())
-            target.requires_grad_(False)
-        self._parties = names
-        self.module, self.optimiser, self.target = module, optimiser, target
-        self.members, self.cross = int(members), bool(cross)
+        names = self._adopt(parties, module, optimiser, target, members, cross)
         self._numpy = getattr(module, "numpy_forward", None)
         self._pending: tuple | None = None
         self.view = FusionView(
@@ -109,34 +165,8 @@ class ModuleFusionChannel:
             names,
             keep_payloads=keep_payloads,
             total_rounds=total_rounds,
-            public={
-                "layout": "per_party",
-                "members": self.members,
-                "cross": self.cross,
-                "module": type(module).__name__,
-                "parameters": int(sum(p.numel() for p in module.parameters())),
-                "optimiser": type(optimiser).__name__.lower(),
-                "target_network": target is not None,
-            }
-            | dict(public or {}),
+            public=self._module_public() | dict(public or {}),
         )
-
-    @property
-    def parties(self) -> tuple[str, ...]:
-        return self._parties
-
-    def open_round(self, round_id: int) -> None:
-        self.view.open_round(round_id)
-
-    def sync_target(self) -> None:
-        """Copy the online weights into the target network.
-
-        Raises:
-            RuntimeError: if the channel was built without a target network.
-        """
-        if self.target is None:
-            raise RuntimeError("this channel has no target network (built with target=None)")
-        self.target.load_state_dict(self.module.state_dict())
 
     # ------------------------------------------------------------------ validation
     def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[int, int]:
