@@ -66,7 +66,6 @@ from securefed.transport import (
 )
 
 DEFAULT_TRANSPORTS = "plaintext,secagg,ckks,dp:1,dp:4,dp:16,secagg+dp:4"
-LEAK_COLUMNS = ("exact_share", "rmse", "precision", "recall", "f1")
 
 
 @dataclass(frozen=True)
