@@ -27,6 +27,12 @@ Three observers, four measures (:func:`measure_fedslate_leak`):
   on B's own observation alone ("own"), and chance 0. The gap is what crossing the server told
   B about A's user.
 
+Under an encrypted transport (``"ckks"``, ``"ckks+dp"``) the server's view holds ciphertexts
+only (:func:`encrypted_records`): it reads no value from them, so its features are constant (its
+nke fit is the public schedule's, its ranking guess a uniformly random ``n``-subset drawn from
+:data:`CIPHERTEXT_GUESS_SEED`); the truth and what B received come from the platforms' own
+record (``run_fedslate(..., keep_clean=True)``).
+
 Threat models as in :mod:`securefed.attacks.qvalue_leak`: honest-but-curious, the public
 schedule known (episode length, round counter), auxiliary truth for a labelled half of the
 users.
@@ -50,16 +56,22 @@ from securefed.attacks.qvalue_leak import (
     step_basis,
     verify_qvalue_leak,
 )
-from securefed.rl.fedslate import FedSlateConfig
+from securefed.rl.fedslate import ACT, FedSlateConfig
 from securefed.rl.slateq import RunResult
 
 __all__ = [
+    "CIPHERTEXT_GUESS_SEED",
     "clean_inquiries",
+    "encrypted_records",
     "measure_fedslate_leak",
     "other_platform_inference",
     "slate_overlap",
     "top_n",
 ]
+
+
+CIPHERTEXT_GUESS_SEED = 20261201
+"""Seed of the server's uniformly random ranking guess when it holds ciphertexts only."""
 
 
 def top_n(values: np.ndarray, n: int) -> np.ndarray:
@@ -109,6 +121,46 @@ def clean_inquiries(result: RunResult, record: FusionRecord) -> dict[str, np.nda
     ordered = [rounds[r] for r in sorted(rounds)]
     return {p: np.stack([np.asarray(r[p], np.float64)[:, 0] for r in ordered])
             for p in record.parties}  # fmt: skip
+
+
+def encrypted_records(result: RunResult) -> tuple[FusionRecord, FusionRecord]:
+    """``(server's record, platforms' record)`` of a run under an encrypted transport.
+
+    The platforms' record holds the Q-values each platform sent and the fused values it got
+    back, from its own tap (``result.fusion_clean`` as ``(round, sent, got)`` entries); the
+    server's is the same shape with every value zero: a ciphertext gives the server no value
+    to fit (its message counts are the view's).
+
+    Raises:
+        ValueError: the view holds Q-values in the clear, or the run kept no platform tap.
+    """
+    view = result.fusion_view
+    if "ckks" not in view.public:
+        raise ValueError(f"the view of channel {view.channel!r} is not an encrypted channel's")
+    tap = result.fusion_clean
+    if not tap or len(tap[0]) != 3:
+        raise ValueError(
+            "an encrypted run's view holds ciphertexts only: run it with keep_clean=True to "
+            "keep the platforms' own record of the inquiries (the scorer's truth)"
+        )
+    parties = tuple(view.parties)
+    entries = sorted(tap, key=lambda entry: entry[0])
+    sent = {p: np.stack([np.asarray(e[1][p], np.float64)[:, 0] for e in entries])
+            for p in parties}  # fmt: skip
+    got = {p: np.stack([np.asarray(e[2][p], np.float64)[:, 0] for e in entries])
+           for p in parties}  # fmt: skip
+    inquiries = view.count(kind="forward", tag=ACT)
+    if inquiries != len(entries) and inquiries != len(entries) * len(parties):
+        raise ValueError(f"the tap holds {len(entries)} inquiries, the view {inquiries}")
+    counts = {
+        "learning_forwards": view.count(kind="forward", network="online") - inquiries,
+        "target_forwards": view.count(kind="forward", network="target"),
+        "backwards": view.count(kind="backward"),
+    }
+    platforms = FusionRecord(parties=parties, inputs=sent, outputs=got, **counts)
+    blank = {p: np.zeros_like(v) for p, v in sent.items()}
+    server = FusionRecord(parties=parties, inputs=blank, outputs=blank, **counts)
+    return server, platforms
 
 
 def other_platform_inference(
@@ -177,17 +229,25 @@ def measure_fedslate_leak(
     """
     if config.num_platforms != 2 or tuple(config.feedback) != (True, False):
         raise ValueError("these measures are defined for platforms A (feedback) and B (none)")
-    record = read_inquiries(result.fusion_view)
+    encrypted = "ckks" in result.fusion_view.public
+    if encrypted:
+        seen, record = encrypted_records(result)
+        clean = {p: v.copy() for p, v in record.inputs.items()}
+        rng = np.random.default_rng(CIPHERTEXT_GUESS_SEED)
+        guesses = {p: top_n(rng.random(v.shape), config.slate_size) for p, v in clean.items()}
+    else:
+        record = seen = read_inquiries(result.fusion_view)
+        clean = clean_inquiries(result, record)
+        guesses = {p: top_n(v, config.slate_size) for p, v in record.inputs.items()}
     truth: HiddenStates = replay_truth(config, record, result)
     length, n, n_cand = config.steps_per_platform, config.slate_size, config.num_candidates
     qleak = QLeakConfig(labelled_fraction=labelled_fraction)
-    server = verify_qvalue_leak(record, truth, length, config=qleak, targets=("nke",),
+    server = verify_qvalue_leak(seen, truth, length, config=qleak, targets=("nke",),
                                 shadow=False).targets["nke"]  # fmt: skip
-    clean = clean_inquiries(result, record)
     greedy_rows = (truth.slates == truth.greedy_slates).all(axis=-1)  # (T, S, K)
     slate = {}
     for p, name in enumerate(record.parties):
-        guess = top_n(record.inputs[name], n)
+        guess = guesses[name]
         slate[name] = {
             "attack": slate_overlap(guess, top_n(clean[name], n)),
             "shown_greedy": slate_overlap(guess, truth.slates[:, :, p], greedy_rows[:, :, p]),
@@ -208,6 +268,7 @@ def measure_fedslate_leak(
         },
         "server_slate": slate,
         "other_platform": other | {"target": "recent_engagement_A"},
+        "server_view": "ciphertexts" if encrypted else "values",
         "messages": {
             "acting_inquiries": record.inquiries,
             "learning_forwards": record.learning_forwards,

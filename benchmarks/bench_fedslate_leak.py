@@ -10,8 +10,7 @@ Two parts, written together into ``--out`` (default ``results/fedslate_leak``) a
 ``fedslate_leak.json``, ``fedslate_leak.md`` and ``fedslate_leak.png``:
 
 * **rewards**: for each setting (N candidates, slate n) and transport (plaintext; DP at each
-  ``--epsilons``; CKKS and CKKS+DP, refused rows while the CKKS channel cannot serve FedSlate's
-  server network, with its reason), one FedSlate run of ``--members`` seeds: A's and B's mean
+  ``--epsilons``), one FedSlate run of ``--members`` seeds: A's and B's mean
   reward, optimal reward (best 100-episode moving average) and ETROR (first episode whose
   moving average reaches 99% of it); the cost (seconds per learning step, fusion bytes per
   learning step); epsilon per platform and unit (one user's episode). Plus the random policy and,
@@ -24,6 +23,16 @@ Two parts, written together into ``--out`` (default ``results/fedslate_leak``) a
   baseline: the server's inference of a user's net kale exposure, the server's recovery of
   each platform's slate from its uploaded Q-values, and what B learns about A's user from the
   fused values it receives.
+* **the encrypted rows** (part of **leak**): ``ckks`` and ``ckks+dp`` at each
+  ``--ckks-epsilons`` run through the channel FedSlate uses under CKKS
+  (:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel`: the polynomial server
+  activation, ``--ckks-members`` members, their own ``--ckks-episodes`` schedule), with the
+  plaintext run of the same server activation and schedule beside them as their reference
+  (``plaintext, polynomial server``); their rewards and cost also enter the (10, 3) rewards
+  table, each row with its schedule.
+
+A run of some parts keeps the other parts of an existing ``fedslate_leak.json`` in ``--out``
+(so the encrypted rows can be added beside the recorded ones without rerunning them).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from securefed.bench.registry import BENCHES
 
 RESULTS = Path("results") / "fedslate_leak"
 TRANSPORTS = ("plaintext", "dp", "ckks", "ckks+dp")
+POLYNOMIAL_REFERENCE = "plaintext, polynomial server"
+"""The encrypted rows' reference: plaintext fusion, their server activation and schedule."""
 
 
 def _log(message: str) -> None:
@@ -59,12 +70,21 @@ def _settings(text: str) -> list[tuple[int, int]]:
 
 
 def transport_rows(epsilons) -> list[tuple[str, str, float | None]]:
-    """``(label, transport, epsilon)`` for every row of a table."""
+    """``(label, transport, epsilon)`` for the plaintext and DP rows of a table."""
     rows: list[tuple[str, str, float | None]] = [("plaintext", "plaintext", None)]
     rows += [(f"dp eps={e:g}", "dp", float(e)) for e in epsilons]
+    return rows
+
+
+def encrypted_rows(
+    epsilons, transports=("plaintext", "ckks", "ckks+dp")
+) -> list[tuple[str, str, float | None]]:
+    """``(label, transport, epsilon)`` of the encrypted rows and their plaintext reference
+    (of ``transports`` only)."""
+    rows: list[tuple[str, str, float | None]] = [(POLYNOMIAL_REFERENCE, "plaintext", None)]
     rows.append(("ckks", "ckks", None))
     rows += [(f"ckks+dp eps={e:g}", "ckks+dp", float(e)) for e in epsilons]
-    return rows
+    return [row for row in rows if row[1] in transports]
 
 
 def schedule(args: argparse.Namespace, n_cand: int, slate: int) -> dict[str, object]:
@@ -157,13 +177,22 @@ def run_rewards(args: argparse.Namespace, out: Path) -> dict[str, object]:
 # ------------------------------------------------------------------------------ leak
 
 
-def leak_config(args: argparse.Namespace, transport: str, epsilon: float | None):
-    """The short recorded run's configuration (10 candidates, slate 3)."""
+def leak_config(
+    args: argparse.Namespace, transport: str, epsilon: float | None, *, encrypted: bool = False
+):
+    """The short recorded run's configuration (10 candidates, slate 3); ``encrypted``: the
+    encrypted rows' (the polynomial server activation, their members and episodes)."""
     from securefed.rl.fedslate import FedSlateConfig
 
+    shape = {"episodes": args.leak_episodes, "members": args.leak_members}
+    if encrypted:
+        shape = {
+            "episodes": args.ckks_episodes,
+            "members": args.ckks_members,
+            "server_activation": "polynomial",
+        }
     return FedSlateConfig(
-        episodes=args.leak_episodes,
-        members=args.leak_members,
+        **shape,
         burn_in=args.leak_burn_in,
         eps_decay=0.99,
         seed=args.leak_seed,
@@ -172,19 +201,34 @@ def leak_config(args: argparse.Namespace, transport: str, epsilon: float | None)
     )
 
 
+def leak_schedule(config) -> str:
+    """A row's schedule in words."""
+    server = config.server_hidden_activation
+    return (
+        f"{config.episodes} episodes, {config.members} member(s), burn-in {config.burn_in}, "
+        f"seed {config.seed}, {server} server"
+    )
+
+
 def run_leak(args: argparse.Namespace, out: Path) -> list[dict[str, object]]:
     """One recorded run per transport row, and every leak measure of its view (each row cached
     under ``<out>/leak_runs/`` by its configuration)."""
     rows = []
-    for label, transport, epsilon in transport_rows(args.leak_epsilons):
-        config = leak_config(args, transport, epsilon)
+    plans = [(*row, False) for row in transport_rows(args.leak_epsilons)]
+    if args.ckks_episodes:
+        chosen = encrypted_rows(args.ckks_epsilons, args.ckks_transports)
+        plans += [(*row, True) for row in chosen]
+    for label, transport, epsilon, encrypted in plans:
+        config = leak_config(args, transport, epsilon, encrypted=encrypted)
         why = refusal(config)
         if why is not None:
             rows.append({"label": label, "transport": transport, "refused": why})
             continue
         key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-        path = out / "leak_runs" / f"{label.replace(' ', '_').replace('=', '')}.json"
-        if path.exists() and json.loads(path.read_text()).get("key") == key:
+        stem = label.replace(", ", "_").replace(" ", "_").replace("=", "")
+        path = out / "leak_runs" / f"{stem}.json"
+        cached = json.loads(path.read_text()) if path.exists() else {}
+        if "key" in cached and json.loads(cached["key"]) == json.loads(key):
             rows.append(json.loads(path.read_text())["row"])
             continue
         row = leak_row(label, transport, config)
@@ -202,20 +246,24 @@ def leak_row(label: str, transport: str, config) -> dict[str, object]:
 
     from securefed import ALL_PAYLOADS
     from securefed.attacks.fedslate_leak import measure_fedslate_leak
+    from securefed.bench.bench_fedslate import _record
     from securefed.fusion import DP_CHANNELS
-    from securefed.rl.fedslate import run_fedslate
+    from securefed.rl.fedslate import ENCRYPTED_FUSIONS, run_fedslate
 
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
-    result = run_fedslate(
-        config, keep_payloads=ALL_PAYLOADS, keep_clean=config.fusion in DP_CHANNELS
-    )
+    cpu = time.process_time()
+    tapped = config.fusion in DP_CHANNELS or config.fusion in ENCRYPTED_FUSIONS
+    result = run_fedslate(config, keep_payloads=ALL_PAYLOADS, keep_clean=tapped)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     report = measure_fedslate_leak(config, result)
-    dp = result.fusion_view.public.get("dp")
+    view = result.fusion_view
+    dp = view.public.get("dp")
     row = {
         "label": label,
         "transport": transport,
+        "schedule": leak_schedule(config),
         "epsilon": None if dp is None else dp["epsilon_spent"],
         "noise_std": None if dp is None else dp["noise_std_input"],
         "train_seconds": seconds,
@@ -224,6 +272,15 @@ def leak_row(label: str, transport: str, config) -> dict[str, object]:
         },
         "measures": report,
     }
+    if config.server_hidden_activation == "polynomial":
+        # The encrypted rows (and their reference) also fill the rewards table.
+        key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        row["reward"] = reward_row(_record(label, "fedslate", key, result), "fedslate")
+        row["reward"]["cpu_seconds"] = cpu
+        if dp is not None and "clamp_bounds" in dp and dp["clamp_bounds"]:
+            row["clamp_rates"] = result_clamp_rates(result)
+        if "ckks" in view.public:
+            row["ckks"] = _ckks_public(view.public)
     server = report["server_nke"]
     _log(
         f"leak {label}: server nke R^2 {server['attack']:.2f} (chance {server['chance']:.2f}); "
@@ -232,6 +289,43 @@ def leak_row(label: str, transport: str, config) -> dict[str, object]:
         f"{report['other_platform']['attack']:.2f} ({seconds:.0f} s)"
     )
     return row
+
+
+def _ckks_public(public: dict[str, object]) -> dict[str, object]:
+    keys = ("ckks", "value_bound", "grad_bound", "flooding", "polynomial_degree", "monomials")
+    return {k: public[k] for k in keys if k in public}
+
+
+def result_clamp_rates(result) -> dict[str, object] | None:
+    """The clamp rates the run's DP channel reported (recorded in its view at the end)."""
+    return result.fusion_view.public.get("dp", {}).get("clamp_rates")
+
+
+def encrypted_reward_rows(leak: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """The (10, 3) rewards table's rows taken from the encrypted leak runs and their
+    reference (each with its schedule)."""
+    out = {}
+    for row in leak:
+        if "reward" not in row:
+            continue
+        entry = {"transport": row["transport"], "schedule": row["schedule"]} | row["reward"]
+        out[row["label"]] = entry
+    return out
+
+
+def merge_rewards(record: dict[str, object]) -> None:
+    """Put the encrypted rows of ``record["leak"]`` into its (10, 3) rewards table (in place),
+    replacing any earlier rows of those labels (a refused one included)."""
+    rows = encrypted_reward_rows(record.get("leak", []))
+    table = record.get("rewards", {}).get("N10_n3")
+    if not rows or table is None:
+        return
+    kept = {
+        label: row
+        for label, row in table["rows"].items()
+        if label not in rows and not row["transport"].startswith("ckks")
+    }
+    table["rows"] = kept | rows
 
 
 # ------------------------------------------------------------------------------ output
@@ -245,6 +339,12 @@ def _f(value: object, digits: int = 1) -> str:
 
 def _ms(m: dict[str, object], digits: int = 1) -> str:
     return f"{m['mean']:.{digits}f} ± {m['std']:.{digits}f}"
+
+
+def _clamp(rates: dict[str, dict[str, float]] | None) -> str:
+    if not rates:
+        return "n/a"
+    return " / ".join(f"{rates[p].get('input', 0.0):.1e}" for p in sorted(rates))
 
 
 def markdown(record: dict[str, object]) -> str:
@@ -267,12 +367,12 @@ def markdown(record: dict[str, object]) -> str:
             f"## Rewards and cost, N={n_cand}, n={slate}",
             "",
             "| transport | epsilon | A mean | A optimal | A ETROR | B mean | B optimal | B ETROR "
-            "| s / learning step | KiB / learning step |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| s / learning step | KiB / learning step | schedule |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, row in table["rows"].items():
             if "refused" in row:
-                lines.append(f"| {label} | refused: {row['refused']} |||||||||")
+                lines.append(f"| {label} | refused: {row['refused']} ||||||||||")
                 continue
             a, b = row["A"], row["B"]
             eps = row["dp"]["epsilon_spent"]["A"] if row.get("dp") else None
@@ -281,7 +381,8 @@ def markdown(record: dict[str, object]) -> str:
                 f"| {label} | {_f(eps, 2)} | {_ms(a['mean'])} | {_ms(a['optimal_reward'])} | "
                 f"{_ms(a['etror'], 0)} | {_ms(b['mean'])} | {_ms(b['optimal_reward'])} | "
                 f"{_ms(b['etror'], 0)} | {_f(row['seconds_per_learning_step'], 4)} | "
-                f"{_f(None if per_step is None else per_step / 1024, 1)} |"
+                f"{_f(None if per_step is None else per_step / 1024, 1)} | "
+                f"{row.get('schedule', 'the schedule above')} |"
             )
         lines.append("")
     leak = record.get("leak")
@@ -299,13 +400,19 @@ def markdown(record: dict[str, object]) -> str:
             "the fused values B received and its own observation (chance: 0; B's own "
             "observation alone: the 'own' column). Epsilon per platform and user episode.",
             "",
+            "Under ckks and ckks+dp the server holds ciphertexts only: its fit has constant "
+            "features (the public schedule's), its ranking guess is a random n-subset; B's "
+            "measure uses the fused values B decrypted. Clamp: ckks+dp's share of noised "
+            "Q-value entries clamped to B = clip + 4 std (A / B).",
+            "",
             "| transport | epsilon | noise std | server nke R^2 | server ranking A (chance) | "
-            "server ranking B | shown A / B | B about A R^2 | B own-only R^2 | A mean | B mean |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "server ranking B | shown A / B | B about A R^2 | B own-only R^2 | A mean | B mean "
+            "| clamp A / B | schedule |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in leak:
             if "refused" in row:
-                lines.append(f"| {row['label']} | refused: {row['refused']} ||||||||||")
+                lines.append(f"| {row['label']} | refused: {row['refused']} ||||||||||||")
                 continue
             m = row["measures"]
             eps = None if row["epsilon"] is None else row["epsilon"]["A"]
@@ -316,7 +423,8 @@ def markdown(record: dict[str, object]) -> str:
                 f"({_f(sa['chance'], 3)}) | {_f(sb['attack'], 3)} | "
                 f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)} | "
                 f"{_f(m['other_platform']['attack'], 2)} | {_f(m['other_platform']['own'], 2)} "
-                f"| {_f(row['mean_reward']['A'])} | {_f(row['mean_reward']['B'])} |"
+                f"| {_f(row['mean_reward']['A'])} | {_f(row['mean_reward']['B'])} | "
+                f"{_clamp(row.get('clamp_rates'))} | {row.get('schedule', c)} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -384,12 +492,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    record: dict[str, object] = {}
+    existing = out / "fedslate_leak.json"
+    record: dict[str, object] = json.loads(existing.read_text()) if existing.exists() else {}
+    before = dict(record.get("meta", {}))
     if "rewards" in args.parts:
         record["rewards"] = run_rewards(args, out)
     if "leak" in args.parts:
         record["leak"] = run_leak(args, out)
-    record["meta"] = {
+    merge_rewards(record)
+    record["meta"] = before | {
         "seconds": time.perf_counter() - started,
         "machine": f"{platform.machine()} {platform.system()}, Python "
         f"{platform.python_version()}, torch threads 1, {args.jobs} worker process(es)",
@@ -400,6 +511,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         f"exploration x0.99 per round, {args.leak_members} members, seed {args.leak_seed}",
         "parts": list(args.parts),
     }
+    if "rewards" not in args.parts and "schedule" in before:
+        record["meta"]["schedule"] = before["schedule"]  # the rewards kept are that schedule's
     from securefed.attacks.verify import _jsonable
 
     (out / "fedslate_leak.json").write_text(json.dumps(_jsonable(record), indent=1))
@@ -426,6 +539,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--leak-members", type=int, default=3)
     parser.add_argument("--leak-burn-in", type=int, default=300)
     parser.add_argument("--leak-seed", type=int, default=3)
+    parser.add_argument(
+        "--ckks-episodes", type=int, default=40, help="the encrypted rows' episodes (0: none)"
+    )
+    parser.add_argument("--ckks-members", type=int, default=1)
+    parser.add_argument("--ckks-epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
+    parser.add_argument(
+        "--ckks-transports",
+        type=lambda text: tuple(t for t in text.split(",") if t),
+        default=("plaintext", "ckks", "ckks+dp"),
+        help="which encrypted rows (and the plaintext reference) run",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for reward runs")
     parser.add_argument("--quick", action="store_true", help="a smoke run (minutes)")
 
@@ -439,10 +563,13 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("need --jobs >= 1, --episodes >= 1 and --leak-episodes >= 6")
     if any(not (math.isfinite(e) and e > 0) for e in (*args.epsilons, *args.leak_epsilons)):
         raise ValueError("epsilons must be finite and > 0")
+    if args.ckks_episodes and (args.ckks_episodes < 6 or args.ckks_members < 1):
+        raise ValueError("need --ckks-episodes >= 6 (or 0) and --ckks-members >= 1")
     if args.quick:
         args.settings, args.episodes, args.members = [(10, 3)], 120, 2
         args.burn_in, args.epsilons = 300, (4.0,)
         args.leak_episodes, args.leak_members, args.leak_epsilons = 8, 2, (4.0, 1024.0)
+        args.ckks_episodes, args.ckks_epsilons = 0, ()
     return args
 
 
@@ -468,4 +595,13 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["TRANSPORTS", "markdown", "reward_cells", "run", "transport_rows"]
+__all__ = [
+    "POLYNOMIAL_REFERENCE",
+    "TRANSPORTS",
+    "encrypted_rows",
+    "markdown",
+    "merge_rewards",
+    "reward_cells",
+    "run",
+    "transport_rows",
+]

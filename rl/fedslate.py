@@ -95,7 +95,6 @@ from securefed.fusion import (
     FUSION_CHANNELS,
     RELU_FIT,
     DPFusionOptions,
-    FusionChannel,
     FusionNeeds,
     ModuleFusionChannel,
     build_fusion_channel,
@@ -280,6 +279,7 @@ class FedSlateConfig(SlateQConfig):
             releases_per_unit=int(releases_per_unit),
             tail_delta=float(tail_delta),
             tags=(ACT, TARGET, SELECT, LEARN),
+            clamp_sigmas=CKKS_DP_CLAMP_SIGMAS if self.fusion == "ckks+dp" else None,
         )
 
     @property
@@ -622,6 +622,10 @@ class FedSlateRun:
         timings: seconds spent acting and learning.
         start: ``time.perf_counter()`` at the (virtual) start of the run.
         dp_noise: per platform, the stream its DP channel noises from (empty without DP).
+        platform_tap: ``None``, or the platforms' own record of every acting inquiry,
+            ``(round, {party: the Q-values it sent}, {party: the fused values it got})`` with
+            ``(S, 1, N)`` arrays: what the platforms hold in the clear under an encrypted
+            transport (the scorer's truth for the leak measures; never the server's view).
     """
 
     config: FedSlateConfig
@@ -642,6 +646,7 @@ class FedSlateRun:
     timings: dict[str, float] = field(default_factory=dict)
     start: float = 0.0
     dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
+    platform_tap: list | None = None
 
     @property
     def with_rewards(self) -> list[int]:
@@ -690,13 +695,19 @@ def ckks_config(config: FedSlateConfig):
     """The CKKS channel's parameters for ``config`` (``None`` for other channels): the output
     gradients of FedSlate's Huber losses are bounded by ``huber_delta``; Q-values by
     :data:`CKKS_Q_BOUND` (a platform refuses to encrypt a larger one, ending the run)."""
-    if config.fusion not in ("ckks", "ckks+dp"):
+    if config.fusion not in ENCRYPTED_FUSIONS:
         return None
     from securefed.fusion.ckks_module import CKKSModuleConfig
 
     return CKKSModuleConfig(value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta))
 
 
+ENCRYPTED_FUSIONS = ("ckks", "ckks+dp")
+"""The transports under which the server sees ciphertexts only."""
+CKKS_DP_CLAMP_SIGMAS = 4.0
+"""Under ``ckks+dp``, ``c`` of the public clamp bound ``B = clip + c * std`` of the noised
+Q-values (and gradients): an entry is clamped with probability at most ``2 Phi(-4) = 6.3e-5``
+(the channel reports the rate)."""
 CKKS_Q_BOUND = 64.0
 """Public bound on a platform's Q-values under CKKS. Returns are near 1.5 at the default reward
 scale, but a platform without rewards drifts: B's Q-values passed 8 after 65 episodes of a
@@ -748,7 +759,7 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         cross=config.variant != "fedq",
         keep_payloads=keep_payloads,
         total_rounds=config.episodes * config.steps_per_platform,
-        seeds=tree if config.fusion in ("ckks", "ckks+dp") else None,
+        seeds=tree if config.fusion in ENCRYPTED_FUSIONS else None,
         ckks_config=ckks_config(config),
         dp=config.dp_options() if dp_noise else None,
         noise=dp_noise or None,
@@ -795,16 +806,24 @@ def acting_inquiry(run: FedSlateRun, x: list[np.ndarray]) -> dict[str, np.ndarra
                 names[q]: local[q].numpy_forward(seen_by(config, x, q, p)[:, None, :])
                 for q in range(k_plat)
             }
-            qf |= _acting_fusion(run.channel, msgs, [names[p]])
+            qf |= _acting_fusion(run, msgs, [names[p]])
         return qf
     msgs = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
-    return _acting_fusion(run.channel, msgs, list(names))
+    return _acting_fusion(run, msgs, list(names))
 
 
 def _acting_fusion(
-    channel: FusionChannel, msgs: dict[str, np.ndarray], outputs: list[str]
+    run: FedSlateRun, msgs: dict[str, np.ndarray], outputs: list[str]
 ) -> dict[str, np.ndarray]:
-    fused = channel.forward(msgs, outputs=outputs, train=False, tag=ACT)
+    fused = run.channel.forward(msgs, outputs=outputs, train=False, tag=ACT)
+    if run.platform_tap is not None:
+        sent = {p: np.array(msgs[p]) for p in outputs}
+        got = {p: np.array(np.asarray(v)) for p, v in fused.items()}
+        if run.platform_tap and run.platform_tap[-1][0] == run.rounds:
+            run.platform_tap[-1][1].update(sent)  # item alignment: one exchange per platform
+            run.platform_tap[-1][2].update(got)
+        else:
+            run.platform_tap.append((run.rounds, sent, got))
     return {k: np.asarray(v)[:, 0] for k, v in fused.items()}
 
 
@@ -1026,6 +1045,8 @@ def report_progress(run: FedSlateRun, episode: int) -> None:
 def run_result(run: FedSlateRun) -> RunResult:
     """What the run produced (the channel's view included)."""
     k_plat, names = run.config.num_platforms, run.names
+    if "dp" in run.channel.view.public:
+        run.channel.view.public["dp"] = run.channel.public()  # the spent budget, clamp rates
     return RunResult(
         algorithm=run.config.variant,
         config=run.config.to_dict(),
@@ -1038,7 +1059,11 @@ def run_result(run: FedSlateRun) -> RunResult:
         networks={f"local_{names[p]}": run.local[p] for p in range(k_plat)}
         | {"server": run.channel.module},
         fusion_view=run.channel.view,
-        fusion_clean=getattr(run.channel, "clean_inputs", None),
+        fusion_clean=(
+            run.platform_tap
+            if run.platform_tap is not None
+            else getattr(run.channel, "clean_inputs", None)
+        ),
     )
 
 
@@ -1067,20 +1092,25 @@ def run_fedslate(
         keep_payloads: which rounds of the view keep every vector (rounds are numbered from 0
             over the run; ``ALL_PAYLOADS`` for the Q-value attack).
         keep_clean: under a DP transport, keep the acting inquiries' Q-values before noise in
-            ``result.fusion_clean`` (to score a leak against them; benchmarks only).
+            ``result.fusion_clean`` (to score a leak against them; benchmarks only); under an
+            encrypted one (:data:`ENCRYPTED_FUSIONS`), the platforms' own record of every
+            inquiry, ``(round, {party: Q-values sent}, {party: fused values got})``.
 
     Raises:
         FusionNotApplicable: the fusion channel cannot serve this configuration (before any
             episode).
         ValueError: ``keep_clean`` without a DP transport (the view holds the clean values).
     """
-    if keep_clean and config.fusion not in DP_CHANNELS:
+    tapped = sorted({*DP_CHANNELS, *ENCRYPTED_FUSIONS})
+    if keep_clean and config.fusion not in tapped:
         raise ValueError(
-            f"keep_clean applies to the DP transports {sorted(DP_CHANNELS)}; under "
+            f"keep_clean applies to the DP and encrypted transports {tapped}; under "
             f"{config.fusion!r} the view itself holds the Q-values as sent"
         )
     run = start_run(config, keep_payloads)
-    if keep_clean:
+    if keep_clean and config.fusion in ENCRYPTED_FUSIONS:
+        run.platform_tap = []
+    elif keep_clean:
         run.channel.keep_clean = (ACT,)
     state = run.training_state()
     resumed = resume_counters(state, checkpoints, config.variant, config)

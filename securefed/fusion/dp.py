@@ -60,6 +60,7 @@ __all__ = [
     "REPLACEMENT_SENSITIVITY",
     "DPFusionChannel",
     "DPFusionOptions",
+    "clamp_entries",
     "clip_rows_last_axis",
     "gaussian_rows",
 ]
@@ -87,6 +88,13 @@ class DPFusionOptions:
             ``releases_per_unit`` releases within ``(epsilon, delta - tail_delta)``.
         tags: the exchange tags the caller's accounting counted; an exchange with another tag
             is refused (``None``: any tag).
+        clamp_sigmas: ``c``; ``None`` (default): the noised rows are released as they are.
+            Else every noised entry is clamped to ``[-B, B]`` with ``B = clip + c * std`` (the
+            noise's standard deviation ``std = sigma * 2 clip``) and divided by ``B``, so that
+            every released input entry lies in ``[-1, 1]``; output gradients are clamped to
+            ``B_g = grad_clip + c * std_g`` (not rescaled). Post-processing of the Gaussian
+            release: the privacy guarantee is unchanged (Dwork and Roth 2014, Proposition
+            2.1). What a channel that rests on public value bounds needs (``"ckks+dp"``).
     """
 
     epsilon: float
@@ -98,6 +106,7 @@ class DPFusionOptions:
     accountant: str = "rdp"
     noise_multiplier: float | None = None
     tags: tuple[str, ...] | None = None
+    clamp_sigmas: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -125,6 +134,11 @@ class DPFusionOptions:
             if not tags or not all(isinstance(t, str) for t in tags):
                 raise ValueError(f"tags must be a non-empty tuple of strings, got {self.tags!r}")
             object.__setattr__(self, "tags", tags)
+        clamp = self.clamp_sigmas
+        if clamp is not None and not (
+            isinstance(clamp, (int, float)) and math.isfinite(clamp) and clamp > 0
+        ):
+            raise ValueError(f"clamp_sigmas must be finite and > 0, got {clamp!r}")
         object.__setattr__(self, "releases_per_unit", int(releases))
 
     @property
@@ -139,6 +153,16 @@ class DPFusionOptions:
         return noise_for_target(
             self.epsilon, self.mechanism_delta, 1.0, self.releases_per_unit, self.accountant
         )
+
+    def clamp_bounds(self) -> dict[str, float] | None:
+        """``{"input": B, "grad": B_g}``, the public clamp bounds (``None`` without a clamp).
+
+        ``B = clip (1 + 2 c sigma)`` and ``B_g = grad_clip (1 + 2 c sigma)``: a clipped entry is
+        at most its row's clip, plus ``c`` noise standard deviations."""
+        if self.clamp_sigmas is None:
+            return None
+        widening = 1.0 + self.clamp_sigmas * REPLACEMENT_SENSITIVITY * self.sigma()
+        return {"input": self.clip * widening, "grad": self.grad_clip * widening}
 
 
 # ----------------------------------------------------------------------------- the arithmetic
@@ -169,6 +193,12 @@ def gaussian_rows(
     clipped, factors = clip_rows_last_axis(values, clip)
     std = sigma * REPLACEMENT_SENSITIVITY * clip
     return clipped + noise.normal(std, clipped.shape), factors
+
+
+def clamp_entries(values: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+    """Every entry clamped to ``[-bound, bound]``; returns ``(clamped, entries clamped)``."""
+    outside = np.abs(values) > bound
+    return np.clip(values, -bound, bound), int(np.count_nonzero(outside))
 
 
 # ----------------------------------------------------------------------------- the channel
@@ -225,6 +255,8 @@ class DPFusionChannel:
                 server=(self.noise_multiplier, 1.0),
             )
         self._released: dict[str, dict[str, int]] = {p: {} for p in parties}
+        self.bounds = options.clamp_bounds()
+        self._clamped: dict[str, dict[str, list[int]]] = {p: {} for p in parties}
         self._pending: dict[str, np.ndarray] | None = None
         self._pending_tag = ""
         self.keep_clean = tuple(keep_clean)
@@ -280,7 +312,7 @@ class DPFusionChannel:
         released, factors = {}, {}
         for party, value in inputs.items():
             released[party], factors[party] = self._release(
-                party, value, self.options.clip, f"{tag}:input"
+                party, value, self.options.clip, f"{tag}:input", "input"
             )
         result = self.inner.forward(
             released,
@@ -311,7 +343,7 @@ class DPFusionChannel:
         self._check_parties(grads, "grads")
         factors, tag = self._pending, self._pending_tag
         noised = {
-            party: self._release(party, g, self.options.grad_clip, f"{tag}:grad")[0]
+            party: self._release(party, g, self.options.grad_clip, f"{tag}:grad", "grad")[0]
             for party, g in grads.items()
         }
         result = self.inner.backward(noised, recipients=recipients)
@@ -327,6 +359,16 @@ class DPFusionChannel:
     def releases(self) -> dict[str, dict[str, int]]:
         """Rows released so far, per party and ``"tag:input"`` / ``"tag:grad"``."""
         return {p: dict(counts) for p, counts in self._released.items()}
+
+    def clamp_rates(self) -> dict[str, dict[str, float]] | None:
+        """Per party and ``"input"`` / ``"grad"``, the share of released entries the clamp
+        changed so far (``None`` without a clamp; a kind with no entries yet is absent)."""
+        if self.bounds is None:
+            return None
+        return {
+            p: {kind: clamped / total for kind, (clamped, total) in kinds.items() if total}
+            for p, kinds in self._clamped.items()
+        }
 
     def public(self) -> dict[str, object]:
         """The mechanism's public parameters (recorded in the view)."""
@@ -347,6 +389,10 @@ class DPFusionChannel:
             "epsilon_spent": {p: self.epsilon(p) for p in self.parties},
             "noise_secure": all(source.secure for source in self._noise.values()),
             "tags": None if options.tags is None else list(options.tags),
+            "clamp_sigmas": options.clamp_sigmas,
+            "clamp_rates": self.clamp_rates(),
+            "clamp_bounds": self.bounds,
+            "input_scale": None if self.bounds is None else 1.0 / self.bounds["input"],
         }
 
     # ------------------------------------------------------------------ internals
@@ -363,8 +409,10 @@ class DPFusionChannel:
         if unknown:
             raise ValueError(f"{what} of parties {sorted(unknown)} that are not {self.parties}")
 
-    def _release(self, party: str, value: Any, clip: float, key: str):
-        """One party's message, every row clipped and noised, in the type it came in."""
+    def _release(self, party: str, value: Any, clip: float, key: str, kind: str):
+        """One party's message, every row clipped and noised (and, with a clamp, every entry
+        clamped; inputs also divided by their bound), in the type it came in. The factors are
+        what an input gradient is multiplied by on its way back (clip factor / bound)."""
         is_tensor = hasattr(value, "detach")
         array = _numpy(value)
         dtype = array.dtype
@@ -372,6 +420,15 @@ class DPFusionChannel:
         if array.ndim < 1 or array.shape[-1] < 1:
             raise ValueError(f"party {party!r} {key} has shape {array.shape}: no rows to release")
         noised, factors = gaussian_rows(array, clip, self.noise_multiplier, self._noise[party])
+        if self.bounds is not None:
+            bound = self.bounds[kind]
+            noised, clamped = clamp_entries(noised, bound)
+            tally = self._clamped[party].setdefault(kind, [0, 0])
+            tally[0] += clamped
+            tally[1] += noised.size
+            if kind == "input":
+                # Released in [-1, 1]; the chain rule through the scaling on the way back.
+                noised, factors = noised / bound, factors / bound
         rows = int(np.prod(array.shape[:-1], dtype=np.int64))
         counts = self._released[party]
         counts[key] = counts.get(key, 0) + rows

@@ -17,8 +17,12 @@ channel or raises :class:`FusionNotApplicable` with that reason, before any exch
 * ``"dp"``: :class:`~securefed.fusion.dp.DPFusionChannel` around the plaintext channel: each
   party clips and noises its rows before they leave (needs :class:`~securefed.fusion.dp.
   DPFusionOptions` and one noise source per party); it serves whatever the plaintext one does.
-* ``"ckks+dp"``: refused for now: the DP wrapper around the ``"ckks"`` channel needs bounds on
-  the noised rows that the CKKS flooding can rest on (the wrapper itself is generic).
+* ``"ckks+dp"``: the DP wrapper around the ``"ckks"`` channel: each party clips and noises
+  its rows (the ``"dp"`` mechanism, a ledger per party), clamps every noised entry to the public
+  bound ``B = clip + c * std`` (``DPFusionOptions.clamp_sigmas = c``, required here) and divides
+  it by ``B``, then encrypts: the CKKS channel's value bound is 1 and its gradient bound the
+  gradients' clamp bound, so its polynomial's range and its flooding rest on bounds that hold
+  (the clamp is post-processing: the DP guarantee is the ``"dp"`` channel's).
 * ``"secagg"``: secure aggregation computes sums; a fusion network is not one.
 
 Importing this module imports neither torch nor tenseal.
@@ -132,13 +136,6 @@ def fusion_refusal(name: str, needs: FusionNeeds) -> str | None:
         inner = fusion_refusal(DP_CHANNELS[name], needs)
         if inner is not None:
             return f"the {name} fusion channel wraps {inner}"
-        if name == "ckks+dp":
-            return (
-                "the ckks+dp fusion channel is not built yet: the DP noise added before "
-                "encryption is unbounded, and the ckks channel's flooding rests on public bounds "
-                "of the values it encrypts (a noised row exceeds them and the run stops); use "
-                "'dp' or 'ckks'"
-            )
         return None
     return (
         "secure aggregation does not apply to the fusion shape: it computes only sums of the "
@@ -198,8 +195,12 @@ def build_fusion_channel(
                 f"the {name} fusion channel needs DP options (epsilon, clip, the releases per "
                 "unit of privacy) and one noise source per party"
             )
-        from securefed.fusion.dp import DPFusionChannel
+        from securefed.fusion.dp import DPFusionChannel, DPFusionOptions
 
+        if not isinstance(dp, DPFusionOptions):
+            raise TypeError(f"dp must be DPFusionOptions, got {type(dp).__name__}")
+        if name == "ckks+dp":
+            ckks_config = _clamped_ckks_config(dp, ckks_config)
         inner = build_fusion_channel(
             DP_CHANNELS[name],
             parties,
@@ -246,6 +247,30 @@ def build_fusion_channel(
         total_rounds=total_rounds,
         public={"activation": needs.activation},
     )
+
+
+def _clamped_ckks_config(dp: Any, config: Any) -> Any:
+    """The ckks channel's parameters under ``ckks+dp``: value bound 1 (the released entries,
+    clamped to ``B`` and divided by it), gradient bound ``B_g`` (the clamp of the gradients).
+
+    Raises:
+        FusionNotApplicable: DP options without a clamp (the noise is unbounded, and the CKKS
+            channel's polynomial range and flooding rest on public bounds of what it encrypts).
+    """
+    bounds = dp.clamp_bounds()
+    if bounds is None:
+        raise FusionNotApplicable(
+            "the ckks+dp fusion channel needs DPFusionOptions.clamp_sigmas: Gaussian noise is "
+            "unbounded, and the ckks channel's polynomial range and flooding rest on public "
+            "bounds of the values it encrypts (clamping the noised entries to clip + c * std "
+            "is post-processing and keeps the DP guarantee)"
+        )
+    from dataclasses import replace
+
+    from securefed.fusion.ckks_module import CKKSModuleConfig
+
+    base = CKKSModuleConfig() if config is None else config
+    return replace(base, value_bound=1.0, grad_bound=bounds["grad"])
 
 
 def _build_ckks(
