@@ -250,7 +250,11 @@ def measure_fedslate_leak(
         guess = guesses[name]
         slate[name] = {
             "attack": slate_overlap(guess, top_n(clean[name], n)),
-            "shown_greedy": slate_overlap(guess, truth.slates[:, :, p], greedy_rows[:, :, p]),
+            "shown_greedy": (
+                slate_overlap(guess, truth.slates[:, :, p], greedy_rows[:, :, p])
+                if greedy_rows[:, :, p].any()
+                else None  # every round explored: no greedy slate to score against
+            ),
             "chance": n / n_cand,
         }
     other = other_platform_inference(

@@ -49,6 +49,9 @@ from securefed.bench.registry import BENCHES
 
 RESULTS = Path("results") / "fedslate_leak"
 TRANSPORTS = ("plaintext", "dp", "ckks", "ckks+dp")
+CKKS_SERVER_HIDDEN = (16,)
+"""The encrypted rows' server network: one hidden layer (degree 2), as the 200-episode CKKS
+run (docs/fedslate.md section 7: with two the flooding of the released sums is 9.9e6)."""
 POLYNOMIAL_REFERENCE = "plaintext, polynomial server"
 """The encrypted rows' reference: plaintext fusion, their server activation and schedule."""
 
@@ -190,6 +193,7 @@ def leak_config(
             "episodes": args.ckks_episodes,
             "members": args.ckks_members,
             "server_activation": "polynomial",
+            "server_hidden": CKKS_SERVER_HIDDEN,
         }
     return FedSlateConfig(
         **shape,
@@ -204,9 +208,10 @@ def leak_config(
 def leak_schedule(config) -> str:
     """A row's schedule in words."""
     server = config.server_hidden_activation
+    hidden = "x".join(str(w) for w in config.server_hidden)
     return (
         f"{config.episodes} episodes, {config.members} member(s), burn-in {config.burn_in}, "
-        f"seed {config.seed}, {server} server"
+        f"seed {config.seed}, {server} server {hidden}"
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +54,46 @@ def fedslate_config(args: argparse.Namespace, fusion: str, **overrides):
     return FedSlateConfig(**(fields | overrides))
 
 
-def _filled_run(config, rounds: int):
-    """A run whose replay holds ``rounds`` rounds of real acting (random slates)."""
+def ckks_overrides(args: argparse.Namespace):
+    """The CKKS channel's parameters the command line changes (``None``: FedSlate's own)."""
+    if args.flooding_bits is None and args.poly_degree is None and args.scale_bits is None:
+        return None
+    from securefed.crypto.ckks import Flooding
+    from securefed.rl.fedslate import ckks_config
+
+    base = ckks_config(fedslate_config(args, "ckks"))
+    changes: dict[str, object] = {}
+    if args.flooding_bits is not None:
+        changes["flooding"] = Flooding(std=None, security_bits=args.flooding_bits)
+    if args.poly_degree is not None:
+        changes["poly_modulus_degree"] = args.poly_degree
+    if args.scale_bits is not None:
+        changes["scale_bits"] = args.scale_bits
+    return replace(base, **changes)
+
+
+def _with_channel(run, ckks) -> None:
+    """Rebuild ``run``'s CKKS channel with the parameters ``ckks`` (same server, optimiser,
+    target copy and seeds)."""
+    from securefed import SeedTree
+    from securefed.fusion import build_fusion_channel
+
+    config = run.config
+    run.channel = build_fusion_channel(
+        "ckks", run.names, run.channel.module, run.channel.optimiser, config.fusion_needs(),
+        target=run.channel.target, cross=config.variant != "fedq", seeds=SeedTree(config.seed),
+        ckks_config=ckks,
+    )  # fmt: skip
+
+
+def _filled_run(config, rounds: int, ckks=None):
+    """A run whose replay holds ``rounds`` rounds of real acting (random slates); ``ckks``:
+    the CKKS channel's parameters instead of FedSlate's."""
     from securefed.rl.fedslate import choose_slates, features, play_round, start_run
 
     run = start_run(config)
+    if ckks is not None and config.fusion == "ckks":
+        _with_channel(run, ckks)
     run.env.reset()
     x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
     for _ in range(rounds):
@@ -101,7 +137,7 @@ def measure(args: argparse.Namespace, fusion: str) -> dict[str, object]:
 
     torch.set_num_threads(1)
     config = fedslate_config(args, fusion)
-    run, x = _filled_run(config, max(args.batch + 2, args.fill))
+    run, x = _filled_run(config, max(args.batch + 2, args.fill), ckks_overrides(args))
     clocks = getattr(run.channel, "seconds", None)
     learn(run)  # warm-up (lazy imports, first expansions)
     counts = dict(getattr(run.channel, "counts", {}))
@@ -164,6 +200,13 @@ def step(args: argparse.Namespace) -> int:
         f"core ({projection['ckks']['learning_steps']} learning steps, "
         f"{projection['ckks']['rounds']} acting inquiries)."
     )
+    bound, std = ckks["flooding_bound_std"]
+    public = ckks["public"]
+    table += (
+        f" Flooding of a released batch sum: {public['flooding']}, std {std:.3g} (its error "
+        f"bound {bound:.3g}); CKKS parameters {public['ckks']['coeff_mod_bit_sizes']} at degree "
+        f"{public['ckks']['poly_modulus_degree']}, scale 2^{public['ckks']['scale_bits']}."
+    )
     payload = {
         "config": config.to_dict(),
         "repeats": args.repeats,
@@ -172,6 +215,9 @@ def step(args: argparse.Namespace) -> int:
         "projection": projection,
     }
     name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
+    for flag, value in (("f", args.flooding_bits), ("d", args.poly_degree), ("s", args.scale_bits)):
+        if value is not None:
+            name += f"_{flag}{value}"
     write_outputs(name, payload, table, Path(args.out))
     return 0
 
@@ -340,4 +386,9 @@ def register(benches) -> None:
     parser.add_argument("--eps-decay", type=float, help="curves: exploration decay per round")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="curves: episodes")
     parser.add_argument("--out", default=str(RESULTS / "fusion_step"))
+    parser.add_argument(
+        "--flooding-bits", type=int, help="step: the masked sums' flooding level (FedSlate: 20)"
+    )
+    parser.add_argument("--poly-degree", type=int, help="step: the CKKS ring degree")
+    parser.add_argument("--scale-bits", type=int, help="step: log2 of the CKKS scale")
     parser.set_defaults(func=run)

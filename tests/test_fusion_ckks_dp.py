@@ -87,10 +87,19 @@ def test_ckks_dp_is_built_and_refused_without_a_clamp(torch_one_thread):
     assert public["clamp_bounds"] == channel.bounds and public["input_scale"] == 1 / widening
 
 
-def test_the_run_over_budget_is_refused_before_anything_is_built(torch_one_thread):
+def test_the_run_over_budget_is_refused_before_anything_is_built(torch_one_thread, monkeypatch):
+    built = []
+    original = CKKSModuleFusionChannel.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CKKSModuleFusionChannel, "__init__", counting)
     # The attack: a noise multiplier too small for the schedule would spend epsilon 4 many times.
     with pytest.raises(PrivacyBudgetExceeded):
         _channel("ckks+dp", _options(noise_multiplier=0.3, releases_per_unit=5000))
+    assert not built  # no key generated, nothing encrypted, nothing released
 
 
 def test_the_server_context_cannot_decrypt_a_noised_q_value_ciphertext(pair):

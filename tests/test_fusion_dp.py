@@ -211,7 +211,7 @@ def test_fedslate_dp_options_are_required_or_refused():
         FedSlateConfig(**TINY, fusion="dp")
     with pytest.raises(ValueError, match="applies to no other"):
         FedSlateConfig(**TINY, dp_epsilon=1.0)
-    with pytest.raises(ValueError, match="keep_clean applies to the DP transports"):
+    with pytest.raises(ValueError, match="keep_clean applies to the DP and encrypted transports"):
         run_fedslate(FedSlateConfig(**TINY), keep_clean=True)
 
 

@@ -208,6 +208,9 @@ class CKKSModuleConfig:
         mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: two bits
             below what the deepest level holds.
         poly_modulus_degree: ring degree (``None``: the smallest that fits the levels).
+        scale_bits: ``log2`` of the encoding scale (``None``: as large as fits, at most 40).
+            A larger scale lowers every operation's error (and so the flooding std at a given
+            security level) and the deepest level's capacity (``2^(60 - scale - 2)``).
     """
 
     value_bound: float = 8.0
@@ -216,6 +219,7 @@ class CKKSModuleConfig:
     output_noise_std: float = 2.0**-20
     mask_bits: int | None = None
     poly_modulus_degree: int | None = None
+    scale_bits: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("value_bound", "grad_bound"):
@@ -348,6 +352,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 ckks_context(
                     circuit,
                     poly_modulus_degree=self.config.poly_modulus_degree,
+                    scale_bits=self.config.scale_bits,
                     encryption="public-key",
                 ),
             )

@@ -36,6 +36,16 @@ budget (an explicit noise multiplier too small for it) is refused with
 rows it released (:meth:`DPFusionChannel.releases`) and refuses an exchange whose tag the
 caller's accounting did not count (``DPFusionOptions.tags``).
 
+**Clamped releases** (``DPFusionOptions.clamp_sigmas = c``, what ``"ckks+dp"`` needs). A
+channel that rests on public bounds of the values it receives (the CKKS channel's polynomial
+range and its flooding) cannot take Gaussian noise, which is unbounded. With a clamp every noised
+input entry is clamped to ``[-B, B]``, ``B = C (1 + 2 c sigma)`` (the clip plus ``c`` noise
+standard deviations), and divided by ``B``, so that it lies in ``[-1, 1]``; every noised
+gradient entry is clamped to ``B_g = C_g (1 + 2 c sigma)``. Both are post-processings of the
+Gaussian release (Dwork and Roth 2014, Proposition 2.1): the privacy guarantee and the ledgers
+are unchanged. An entry is clamped with probability at most ``2 Phi(-c)`` (``6.3e-5`` at
+``c = 4``); :meth:`DPFusionChannel.clamp_rates` reports the share clamped, per party and kind.
+
 What this does not cover: the parties' own networks are not DP-trained (they need not be: they
 never leave the party); the fused values and input gradients a party receives are
 post-processings of the others' noised rows. Noise from a seeded generator is for tests and
@@ -63,6 +73,7 @@ __all__ = [
     "clamp_entries",
     "clip_rows_last_axis",
     "gaussian_rows",
+    "unit_ledger",
 ]
 
 REPLACEMENT_SENSITIVITY = 2.0
@@ -201,6 +212,21 @@ def clamp_entries(values: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
     return np.clip(values, -bound, bound), int(np.count_nonzero(outside))
 
 
+def unit_ledger(options: DPFusionOptions, sigma: float) -> PrivacyLedger:
+    """A ledger of one party's worst-case unit, charged with its whole schedule
+    (``options.releases_per_unit`` Gaussian releases at noise multiplier ``sigma``).
+
+    Raises:
+        PrivacyBudgetExceeded: the schedule overruns ``(epsilon, delta - tail_delta)``.
+    """
+    budget = PrivacyBudget(
+        options.epsilon, options.mechanism_delta, against=("released_model", "server")
+    )
+    ledger = PrivacyLedger(options.accountant, budget=budget)
+    ledger.charge(sigma, 1.0, steps=options.releases_per_unit, server=(sigma, 1.0))
+    return ledger
+
+
 # ----------------------------------------------------------------------------- the channel
 class DPFusionChannel:
     """Any fusion channel behind per-party clipping and Gaussian noise (module docstring).
@@ -242,18 +268,7 @@ class DPFusionChannel:
         self.name = "dp" if inner.name == "plaintext" else f"{inner.name}+dp"
         self.noise_multiplier = options.sigma()
         self._noise = {p: as_noise_source(noise[p]) for p in parties}
-        budget = PrivacyBudget(
-            options.epsilon, options.mechanism_delta, against=("released_model", "server")
-        )
-        self.ledgers = {p: PrivacyLedger(options.accountant, budget=budget) for p in parties}
-        for ledger in self.ledgers.values():
-            # The worst-case unit's whole schedule, charged before any row is released.
-            ledger.charge(
-                self.noise_multiplier,
-                1.0,
-                steps=options.releases_per_unit,
-                server=(self.noise_multiplier, 1.0),
-            )
+        self.ledgers = {p: unit_ledger(options, self.noise_multiplier) for p in parties}
         self._released: dict[str, dict[str, int]] = {p: {} for p in parties}
         self.bounds = options.clamp_bounds()
         self._clamped: dict[str, dict[str, list[int]]] = {p: {} for p in parties}

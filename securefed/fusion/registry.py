@@ -195,10 +195,11 @@ def build_fusion_channel(
                 f"the {name} fusion channel needs DP options (epsilon, clip, the releases per "
                 "unit of privacy) and one noise source per party"
             )
-        from securefed.fusion.dp import DPFusionChannel, DPFusionOptions
+        from securefed.fusion.dp import DPFusionChannel, DPFusionOptions, unit_ledger
 
         if not isinstance(dp, DPFusionOptions):
             raise TypeError(f"dp must be DPFusionOptions, got {type(dp).__name__}")
+        unit_ledger(dp, dp.sigma())  # a schedule over budget is refused before anything is built
         if name == "ckks+dp":
             ckks_config = _clamped_ckks_config(dp, ckks_config)
         inner = build_fusion_channel(
