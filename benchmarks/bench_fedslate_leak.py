@@ -187,17 +187,22 @@ def leak_config(
     encrypted rows' (the polynomial server activation, their members and episodes)."""
     from securefed.rl.fedslate import FedSlateConfig
 
-    shape = {"episodes": args.leak_episodes, "members": args.leak_members}
+    shape = {
+        "episodes": args.leak_episodes,
+        "members": args.leak_members,
+        "burn_in": args.leak_burn_in,
+    }
     if encrypted:
         shape = {
             "episodes": args.ckks_episodes,
             "members": args.ckks_members,
+            "burn_in": args.ckks_burn_in,
+            "steps_per_platform": args.ckks_steps,
             "server_activation": "polynomial",
             "server_hidden": CKKS_SERVER_HIDDEN,
         }
     return FedSlateConfig(
         **shape,
-        burn_in=args.leak_burn_in,
         eps_decay=0.99,
         seed=args.leak_seed,
         fusion=transport,
@@ -210,8 +215,8 @@ def leak_schedule(config) -> str:
     server = config.server_hidden_activation
     hidden = "x".join(str(w) for w in config.server_hidden)
     return (
-        f"{config.episodes} episodes, {config.members} member(s), burn-in {config.burn_in}, "
-        f"seed {config.seed}, {server} server {hidden}"
+        f"{config.episodes} episodes x {config.steps_per_platform} steps, {config.members} "
+        f"member(s), burn-in {config.burn_in}, seed {config.seed}, {server} server {hidden}"
     )
 
 
@@ -548,6 +553,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ckks-episodes", type=int, default=40, help="the encrypted rows' episodes (0: none)"
     )
     parser.add_argument("--ckks-members", type=int, default=1)
+    parser.add_argument(
+        "--ckks-steps", type=int, default=10, help="the encrypted rows' steps per platform"
+    )
+    parser.add_argument("--ckks-burn-in", type=int, default=100)
     parser.add_argument("--ckks-epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
     parser.add_argument(
         "--ckks-transports",
