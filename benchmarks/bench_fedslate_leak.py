@@ -325,17 +325,16 @@ def encrypted_reward_rows(leak: list[dict[str, object]]) -> dict[str, dict[str, 
 
 def merge_rewards(record: dict[str, object]) -> None:
     """Put the encrypted rows of ``record["leak"]`` into its (10, 3) rewards table (in place),
-    replacing any earlier rows of those labels (a refused one included)."""
+    replacing any earlier rows of those labels; the encrypted rows of an earlier record (refused
+    ones, made before the CKKS channel served FedSlate) leave every table."""
     rows = encrypted_reward_rows(record.get("leak", []))
-    table = record.get("rewards", {}).get("N10_n3")
-    if not rows or table is None:
-        return
-    kept = {
-        label: row
-        for label, row in table["rows"].items()
-        if label not in rows and not row["transport"].startswith("ckks")
-    }
-    table["rows"] = kept | rows
+    for tag, table in record.get("rewards", {}).items():
+        kept = {
+            label: row
+            for label, row in table["rows"].items()
+            if label not in rows and not row["transport"].startswith("ckks")
+        }
+        table["rows"] = kept | (rows if tag == "N10_n3" else {})
 
 
 # ------------------------------------------------------------------------------ output

@@ -112,6 +112,9 @@ def test_the_encrypted_rows_replace_the_refused_ones_in_the_rewards_table():
             "plaintext": {"transport": "plaintext"} | reward,
             "ckks": {"transport": "ckks", "refused": "no"},
             "ckks+dp eps=1": {"transport": "ckks+dp", "refused": "no"},
+        }}, "N100_n10": {"setting": [100, 10], "rows": {
+            "plaintext": {"transport": "plaintext"} | reward,
+            "ckks": {"transport": "ckks", "refused": "no"},
         }}},
         "leak": leak,
         "meta": {"machine": "m", "seconds": 1.0, "schedule": "s", "leak_schedule": "l"},
@@ -120,5 +123,6 @@ def test_the_encrypted_rows_replace_the_refused_ones_in_the_rewards_table():
     rows = record["rewards"]["N10_n3"]["rows"]
     assert list(rows) == ["plaintext", "ckks"] and "refused" not in rows["ckks"]
     assert rows["ckks"]["schedule"] == "40 episodes, 1 member(s)"
+    assert list(record["rewards"]["N100_n10"]["rows"]) == ["plaintext"]  # not run there
     text = markdown(record)
     assert "refused" not in text and "40 episodes, 1 member(s)" in text
