@@ -133,6 +133,8 @@ from securefed.transport.secagg.graph import (
 )
 from securefed.transport.secagg.server import ID_BYTES, SecAggRound, check_weights
 from securefed.transport.secagg.signatures import (
+    AUTH_MODES,
+    ClientAuthentication,
     ConsistencyError,
     KeyRegistry,
     SignatureError,
@@ -142,12 +144,14 @@ from securefed.transport.secagg.signatures import (
 from securefed.transport.secagg.transport import SecAggTransport
 
 __all__ = [
+    "AUTH_MODES",
     "ID_BYTES",
     "SEALED_SHARE_BYTES",
     "SECRET_FIELDS",
     "SHARE_PLAINTEXT_BYTES",
     "STAGES",
     "STAGE_NAMES",
+    "ClientAuthentication",
     "ConsistencyError",
     "KeyRegistry",
     "MaskRequest",
