@@ -717,7 +717,7 @@ class SecAggRound(AggregationRound):
             # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
             responses = {
                 v: self._clients[v].reveal(
-                    request.inbox, set(request.contributors), request.signatures, self.timer
+                    request.inbox, request.contributors, request.signatures, self.timer
                 )
                 for v, request in self.unmask_requests().items()
             }
