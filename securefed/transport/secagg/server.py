@@ -159,6 +159,7 @@ class SecAggRound(AggregationRound):
         self.share_store: dict[tuple[int, int], bytes] = {}
         self._ids = self.clients.tolist()
         self._position = {c: p for p, c in enumerate(self._ids)}
+        self._planned: tuple[tuple[bytes, frozenset[int]], UnmaskingPlan] | None = None
         self._failure: str | None = None
         self._weighted: bool | None = None
         self._sum: np.ndarray | None = None
@@ -516,9 +517,16 @@ class SecAggRound(AggregationRound):
             raise
 
     def _plan(self, contributors: np.ndarray) -> UnmaskingPlan:
-        contributed = np.isin(self.clients, contributors)
-        present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
-        plan = plan_unmasking(self._graph, contributed, present, self.threshold)
+        # Planned once per state: ConsistencyCheck, the unmask requests and the unmasking ask
+        # for the same plan (the graph's components are the costly part).
+        state = (contributors.tobytes(), frozenset(self.dropped))
+        if self._planned is not None and self._planned[0] == state:
+            plan = self._planned[1]
+        else:
+            contributed = np.isin(self.clients, contributors)
+            present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
+            plan = plan_unmasking(self._graph, contributed, present, self.threshold)
+            self._planned = (state, plan)
         if plan.shortfalls:
             shown = ", ".join(
                 f"client {self._ids[p]}'s {what} ({have} of {self.threshold} helpers)"
