@@ -88,6 +88,7 @@ class Case:
     stages: dict[str, float] = field(default_factory=dict)
     plaintext_seconds: float = 0.0
     ratio: float = 0.0
+    cpu_seconds: float = 0.0
     bytes_up_per_client: float = 0.0
     bytes_down_per_client: float = 0.0
     plaintext_bytes_up_per_client: float = 0.0
@@ -145,7 +146,7 @@ def run_case(
             sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
         ).tolist()
     )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
     case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
     for c in range(clients):
@@ -161,6 +162,7 @@ def run_case(
         aggregate = None
         case.status = f"refused: {str(error)[:90]}"
     case.seconds = time.perf_counter() - start
+    case.cpu_seconds = time.process_time() - start_cpu
     case.stages = dict(rnd.timings)
     case.bytes_up_per_client = float(rnd.view.bytes_up.mean())
     case.bytes_down_per_client = float(rnd.view.bytes_down.mean())
@@ -437,16 +439,16 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     from securefed.crypto import prg as prg_mod
     from securefed.transport.secagg.signatures import SigningKey
 
+    cpu: dict[str, float] = {}
+
     def per_use(fn, repeats: int) -> float:
-        """The fastest of three batches' mean (a shared machine's load only slows a batch)."""
+        """Wall-clock seconds per call (the process's CPU seconds per call kept in ``cpu``)."""
         fn()
-        batch, best = max(repeats // 3, 1), float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            best = min(best, (time.perf_counter() - start) / batch)
-        return best
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(repeats):
+            fn()
+        cpu[len(cpu)] = (time.process_time() - start_cpu) / repeats
+        return (time.perf_counter() - start) / repeats
 
     expander = prg_mod.MaskExpander(length, bits=bits, prg=prg_name)
     acc = np.zeros(length, np.uint32 if bits == 32 else np.uint64)
@@ -461,7 +463,7 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     signature = signer.sign(message)
     verifier = signer.private.public_key()
     expansion = per_use(lambda: expander.add(acc, key, domain=prg_mod.DOMAIN_PAIR_MASK), 200)
-    return {
+    costs: dict = {
         "mask_expansion": expansion,
         "keystream_bytes_per_second": length * bits / 8 / expansion,
         "rounding_draw": per_use(lambda: uniform.draw(key), 100),
@@ -473,6 +475,10 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
         "ed25519_verify": per_use(lambda: verifier.verify(signature, message), 3000),
         "hmac": per_use(lambda: kx.mac(key, b"t" * 120), 20000),
     }
+    # The same measurements in the process's CPU time (what a loaded machine does not inflate).
+    names = [name for name in costs if name != "keystream_bytes_per_second"]
+    costs["cpu"] = dict(zip(names, cpu.values(), strict=True))
+    return costs
 
 
 def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[str, int]:
@@ -545,6 +551,7 @@ def run_malicious_cost(
     *,
     seed: int = 0,
     repeats: int = 1,
+    costs: dict[str, float] | None = None,
 ) -> dict[str, object]:
     """The threat models' rounds on the same updates, beside the floor of their cryptography.
 
@@ -558,10 +565,11 @@ def run_malicious_cost(
     are contributors who sign no survivor set). With ``repeats > 1`` the variants run in turn
     ``repeats`` times and each keeps its fastest round (on a shared machine, load only slows a
     round down; taking turns spreads it over the variants alike).
+    ``costs`` replaces the measured primitive costs (keys of :func:`primitive_costs`; for tests).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    costs = primitive_costs(length)
+    costs = primitive_costs(length) if costs is None else dict(costs)
     rows = []
     for n in clients:
         for dropout in dropouts:
@@ -600,6 +608,10 @@ def run_malicious_cost(
                     "floor_signature_seconds": floor_seconds(ops, costs, _SIGNING),
                     "floor_setup_seconds": ops["static_x25519"] * costs["x25519"],
                     "ratio_to_floor": per_round / floor,
+                    "first_round_cpu_seconds": case.cpu_seconds,
+                    "cpu_floor_seconds": floor_seconds(
+                        ops, costs["cpu"], _MASKING + _KEYS + _SIGNING
+                    ),
                     "bytes_up_per_client": case.bytes_up_per_client,
                     "bytes_down_per_client": case.bytes_down_per_client,
                     "max_error": case.max_error,
@@ -621,6 +633,9 @@ def run_malicious_cost(
                         mal["first_round_seconds"] / hbc["first_round_seconds"]
                     )
                     row[f"{key}_extra_seconds"] = mal["seconds"] - hbc["seconds"]
+                    row[f"{key}_cpu_first_round_over_hbc"] = (
+                        mal["first_round_cpu_seconds"] / hbc["first_round_cpu_seconds"]
+                    )
             rows.append(row)
     return {"primitive_costs": costs, "repeats": repeats, "rows": rows}
 
@@ -650,12 +665,16 @@ def malicious_table(report: dict[str, object]) -> str:
     """The cost record as a markdown table (seconds, single process, all parties summed).
 
     Per round: without the set-up stage (long-term keys, registry, static pairwise keys), which
-    its own columns give; "first round / HbC" includes it in both rounds.
+    its own columns give; "first round / HbC" includes it in both rounds. The CPU columns are the
+    process's CPU time of the first round (set-up included) against the floor in CPU time and
+    against the honest-but-curious round's: what a machine shared with other jobs does not
+    inflate (its wall-clock ratios are the load's as much as the code's).
     """
     lines = [
         "| n | dropout | k | variant | per round s | floor s | / floor | authentication stage s "
-        "| / HbC | set-up s (first round) | first round / HbC | KiB up/client |",
-        "|" + "---|" * 12,
+        "| / HbC | set-up s (first round) | first round / HbC | CPU: first round / floor "
+        "| CPU: first round / HbC | KiB up/client |",
+        "|" + "---|" * 14,
     ]
     names = {
         "honest_but_curious": "honest-but-curious",
@@ -667,11 +686,16 @@ def malicious_table(report: dict[str, object]) -> str:
             v = row[key]
             over = "-" if server != "malicious" else f"{row[f'{key}_over_hbc']:.2f}x"
             first = "-" if server != "malicious" else f"{row[f'{key}_first_round_over_hbc']:.2f}x"
+            cpu_over = (
+                "-" if server != "malicious" else f"{row[f'{key}_cpu_first_round_over_hbc']:.2f}x"
+            )
+            cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
             lines.append(
                 f"| {row['clients']} | {row['dropout']:.0%} | {v['k']} | {names[key]} "
                 f"| {v['seconds']:.2f} | {v['floor_seconds']:.2f} | {v['ratio_to_floor']:.2f}x "
                 f"| {v['stages']['signatures']:.2f} | {over} | {v['setup_seconds']:.2f} "
-                f"| {first} | {v['bytes_up_per_client'] / 1024:.1f} |"
+                f"| {first} | {cpu_floor:.2f}x | {cpu_over} "
+                f"| {v['bytes_up_per_client'] / 1024:.1f} |"
             )
     costs = report["primitive_costs"]
     lines += [

@@ -630,3 +630,28 @@ def test_static_pairwise_keys_are_agreed_once_per_pair_and_rounds_stay_apart():
             rnd.submit(c, np.full(D, 0.25))
         np.testing.assert_allclose(rnd.result().total, np.full((1, D), 1.25))
     assert all(tags[0][v] != tags[1][v] for v in tags[0])
+
+
+def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
+    """``securefed bench secagg-malicious`` at a toy size: every variant ran, counted its
+    operations, and the MAC round's set-up (its static pairwise keys) is reported apart."""
+    from securefed.bench.bench_secagg import malicious_table, run_malicious_cost
+
+    costs = dict.fromkeys(
+        ("mask_expansion", "rounding_draw", "x25519", "x25519_keygen", "hmac"), 1e-5
+    )
+    costs.update(ed25519_sign=4e-5, ed25519_verify=1e-4, keystream_bytes_per_second=1e9)
+    costs["cpu"] = dict(costs)
+    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs)
+    (row,) = report["rows"]
+    for key in ("honest_but_curious", "malicious_macs", "malicious_signatures"):
+        assert row[key]["status"] == "ok" and row[key]["floor_seconds"] > 0
+    macs, signed = row["malicious_macs"], row["malicious_signatures"]
+    assert macs["operations"]["hmac"] > 0 and macs["operations"]["ed25519_verify"] == 0
+    assert signed["operations"]["ed25519_verify"] > 0 and signed["operations"]["hmac"] == 0
+    assert macs["operations"]["static_x25519"] == 10 * macs["k"]
+    assert macs["setup_seconds"] > 0
+    assert macs["first_round_seconds"] == pytest.approx(macs["seconds"] + macs["setup_seconds"])
+    assert row["malicious_macs_over_hbc"] > 0
+    table = malicious_table(report)
+    assert "malicious, MACs (default)" in table and "Ed25519 signatures" in table
