@@ -427,3 +427,9 @@ def test_mac_tags_verify_only_under_their_key_and_message():
     assert not kx.check_mac(bytes(32), message, tag)
     assert not kx.check_mac(key, message + b"!", tag)
     assert not kx.check_mac(key, message, tag[:-1]) and not kx.check_mac(key, message, b"")
+    import hmac as stdlib_hmac
+
+    cached = kx.MacKey(key)
+    assert cached.tag(message) == tag == stdlib_hmac.new(key, message, "sha256").digest()
+    assert cached.check(message, tag) and not cached.check(message + b"!", tag)
+    assert not kx.MacKey(bytes(32)).check(message, tag)

@@ -108,7 +108,9 @@ class SigningKey:
 
     private: Ed25519PrivateKey
     static: kx.KeyPair = field(init=False, repr=False)
-    _pairwise: dict[int, tuple[bytes, bytes]] = field(init=False, repr=False, default_factory=dict)
+    _pairwise: dict[int, tuple[bytes, tuple[kx.MacKey, kx.MacKey]]] = field(
+        init=False, repr=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         seed = self.private.private_bytes(
@@ -152,8 +154,11 @@ class SigningKey:
         """Ed25519 signature (RFC 8032, deterministic) of ``message``."""
         return self.private.sign(message)
 
-    def pairwise_key(self, me: int, peer: int, peer_static: bytes) -> tuple[bytes, bool]:
-        """``K_uv^adv || K_uv^cc`` (64 bytes) with ``peer``, and whether it was agreed just now.
+    def pairwise_key(
+        self, me: int, peer: int, peer_static: bytes
+    ) -> tuple[tuple[kx.MacKey, kx.MacKey], bool]:
+        """``(K_uv^adv, K_uv^cc)`` with ``peer`` (from one 64-byte HKDF), and whether they were
+        agreed just now.
 
         Agreed once per peer and kept; agreed again if the registry's key for ``peer`` changed.
 
@@ -167,8 +172,9 @@ class SigningKey:
         low, high = sorted((int(me), int(peer)))
         info = kx.PROTOCOL_LABEL + PURPOSE_STATIC_PAIR + b"/" + struct.pack(">qq", low, high)
         key = kx.derive_key(shared, info, length=2 * kx.KEY_BYTES)
-        self._pairwise[int(peer)] = (bytes(peer_static), key)
-        return key, True
+        keys = (kx.MacKey(key[: kx.KEY_BYTES]), kx.MacKey(key[kx.KEY_BYTES :]))
+        self._pairwise[int(peer)] = (bytes(peer_static), keys)
+        return keys, True
 
 
 @dataclass(frozen=True)
@@ -361,16 +367,21 @@ class ClientAuthentication:
         self.identity = identity
         self.registry = registry
         self.setup_seconds = 0.0
+        self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
         self.wire_bytes = SIGNATURE_BYTES if mode == "signatures" else MAC_BYTES
 
-    def _key(self, peer: int, what: str) -> bytes:
+    def _key(self, peer: int, what: str) -> tuple[kx.MacKey, kx.MacKey]:
+        keys = self._keys.get(peer)
+        if keys is not None:
+            return keys
         start = time.perf_counter()
-        key, fresh = self.identity.pairwise_key(
+        keys, fresh = self.identity.pairwise_key(
             self.id, peer, self.registry.static(peer, what=what)
         )
         if fresh:
             self.setup_seconds += time.perf_counter() - start
-        return key
+        self._keys[peer] = keys
+        return keys
 
     def advertise(
         self, c_public: bytes, s_public: bytes, recipients: Sequence[int] | None
@@ -391,9 +402,8 @@ class ClientAuthentication:
                 "to the neighbours, so advertise() needs them"
             )
         return {
-            int(v): kx.mac(
-                self._key(int(v), "advertisement")[: kx.KEY_BYTES],
-                advertisement_tag_message(self.round_id, self.id, int(v), c_public, s_public),
+            int(v): self._key(int(v), "advertisement")[0].tag(
+                advertisement_tag_message(self.round_id, self.id, int(v), c_public, s_public)
             )
             for v in recipients
         }
@@ -411,9 +421,9 @@ class ClientAuthentication:
             message = advertisement_message(self.round_id, sender, c_public, s_public)
             self.registry.verify(sender, message, authenticator, what="advertisement")
             return
-        key = self._key(sender, "advertisement")[: kx.KEY_BYTES]
+        key = self._key(sender, "advertisement")[0]
         message = advertisement_tag_message(self.round_id, sender, self.id, c_public, s_public)
-        if not kx.check_mac(key, message, authenticator):
+        if not key.check(message, authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its advertisement does not verify (forged, on other "
                 "content, from another round, or addressed to another client); refusing"
@@ -424,9 +434,8 @@ class ClientAuthentication:
         if self.mode == "signatures":
             return self.identity.sign(consistency_message(self.round_id, survivors))
         return {
-            int(v): kx.mac(
-                self._key(int(v), "survivor set")[kx.KEY_BYTES :],
-                consistency_tag_message(self.round_id, self.id, int(v), survivors),
+            int(v): self._key(int(v), "survivor set")[1].tag(
+                consistency_tag_message(self.round_id, self.id, int(v), survivors)
             )
             for v in recipients
         }
@@ -441,9 +450,9 @@ class ClientAuthentication:
             message = consistency_message(self.round_id, survivors)
             self.registry.verify(sender, message, authenticator, what="survivor set")
             return
-        key = self._key(sender, "survivor set")[kx.KEY_BYTES :]
+        key = self._key(sender, "survivor set")[1]
         message = consistency_tag_message(self.round_id, sender, self.id, survivors)
-        if not kx.check_mac(key, message, authenticator):
+        if not key.check(message, authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
                 "forged, from another round, or addressed to another client); refusing"
