@@ -567,8 +567,10 @@ def _mac_round():
 
 
 def test_a_mac_reflected_to_its_sender_or_addressed_to_another_client_stops_the_round():
-    """K_uv is symmetric, so without the sender and recipient inside the tag the server could
-    hand u its own tag to v as v's tag to u; and v's tag to w is no tag to u."""
+    """u's own tag to v handed back to u as v's, and v's tag to another neighbour w handed to u,
+    are refused (here the advertised keys differ too; the ConsistencyCheck test below is where
+    the sender and recipient inside the tag alone stop the reflection: both directions MAC the
+    same set under the same symmetric K_uv)."""
     rnd, clients, adverts = _mac_round()
     request = rnd.share_request(0)
     v = request.neighbours[0]
@@ -590,6 +592,9 @@ def test_a_mac_reflected_to_its_sender_or_addressed_to_another_client_stops_the_
 
 
 def test_a_consistency_mac_reflected_or_on_another_set_stops_the_round():
+    """K_uv is symmetric and u's and v's tags are on the same survivor set: without the sender
+    and recipient inside the tag, the server could hand u its own tag as v's (checked: this test
+    fails when the tag message leaves them out)."""
     config = SecAggConfig(neighbours=4, auth="macs")
     rnd, clients = _honest_until_masked(config, 6)
     survivors = next(iter(rnd.consistency_requests().values()))
