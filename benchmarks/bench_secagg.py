@@ -26,11 +26,15 @@ wrap the 32-bit ring), recorded per case, and in the threat model of ``--server`
 ``malicious`` since issue 21: signatures and ConsistencyCheck; the figures in docs/secagg.md
 before it are ``honest_but_curious`` rounds).
 
-``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures both threat models'
-rounds at n = 100 and 1000 clients x 1e5 values, 0 % and 10 % dropout, beside the floor of their
-cryptography (operation counts times the primitives' costs measured in the same run), and with
-``--flower-lie`` runs the lying server against Flower's SecAgg+
-(:mod:`securefed.bench.secagg_flower_lie`).
+``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures the honest-but-curious
+round and the malicious-server round with each of its authentications (``auth="macs"``, the
+default, and ``auth="signatures"``) at n = 100 and 1000 clients x 1e5 values, 0 % and 10 %
+dropout, beside the floor of their cryptography (operation counts times the primitives' costs
+measured in the same run), and with ``--flower-lie`` runs the lying server against Flower's
+SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`). Each round runs on a fresh transport, so it
+pays the federation's set-up (long-term keys, the registry and, with MACs, the static pairwise
+keys of its ``k`` neighbours): the ``setup`` stage, reported apart; "per round" is the round
+without it, what every later round costs once the pairs it needs are agreed.
 
 Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
 :func:`compare_with_flower` gives both systems the same inputs (one vector per client in
@@ -75,6 +79,7 @@ class Case:
     dropout: float
     sized_for_dropout: bool
     server: str = "malicious"
+    auth: str = "macs"
     k: int = 0
     t: int = 0
     scale: float = 0.0
@@ -83,6 +88,7 @@ class Case:
     stages: dict[str, float] = field(default_factory=dict)
     plaintext_seconds: float = 0.0
     ratio: float = 0.0
+    cpu_seconds: float = 0.0
     bytes_up_per_client: float = 0.0
     bytes_down_per_client: float = 0.0
     plaintext_bytes_up_per_client: float = 0.0
@@ -116,6 +122,7 @@ def run_case(
     sized_for_dropout: bool = True,
     seed: int = 0,
     server: str = "malicious",
+    auth: str = "macs",
     dropped_after: float = 0.0,
 ) -> Case:
     """Measure one secure round and one plaintext round on the same updates.
@@ -123,19 +130,23 @@ def run_case(
     ``server`` is the threat model (``SecAggConfig.server``); ``dropped_after`` a fraction of the
     clients that drop after uploading their masked input (before ConsistencyCheck / Unmasking).
     """
-    case = Case(clients, length, dropout, sized_for_dropout, server)
+    case = Case(clients, length, dropout, sized_for_dropout, server, auth)
     pool = _updates(length, seed)
     rng = np.random.default_rng(seed + 1)
     dropped = set(rng.choice(clients, round(dropout * clients), replace=False).tolist())
     seeds = SeedTree(seed)
-    config = SecAggConfig(expected_dropout=dropout if sized_for_dropout else 0.0, server=server)
+    config = SecAggConfig(
+        expected_dropout=dropout if sized_for_dropout else 0.0,
+        server=server,
+        auth=auth if server == "malicious" else "macs",
+    )
     transport = SecAggTransport(config)
     late = set(
         rng.choice(
             sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
         ).tolist()
     )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
     case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
     for c in range(clients):
@@ -151,6 +162,7 @@ def run_case(
         aggregate = None
         case.status = f"refused: {str(error)[:90]}"
     case.seconds = time.perf_counter() - start
+    case.cpu_seconds = time.process_time() - start_cpu
     case.stages = dict(rnd.timings)
     case.bytes_up_per_client = float(rnd.view.bytes_up.mean())
     case.bytes_down_per_client = float(rnd.view.bytes_down.mean())
@@ -415,21 +427,27 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     ``mask_expansion``: one PRG expansion of ``length`` ring elements added into a vector (AES-CTR
     keystream, ``length * bits / 8`` bytes); ``rounding_draw``: one client's stochastic-rounding
     uniforms; ``x25519``: one key agreement (exchange only, no HKDF); ``x25519_keygen``: one
-    public key from a private one; ``ed25519_sign`` / ``ed25519_verify``: one signature.
+    public key from a private one; ``ed25519_sign`` / ``ed25519_verify``: one signature;
+    ``hmac``: one HMAC-SHA256 tag of a 120-byte message (made or checked).
     """
     from cryptography.hazmat.primitives.asymmetric.x25519 import (
         X25519PrivateKey,
         X25519PublicKey,
     )
 
+    from securefed.crypto import keys as kx
     from securefed.crypto import prg as prg_mod
     from securefed.transport.secagg.signatures import SigningKey
 
+    cpu: dict[str, float] = {}
+
     def per_use(fn, repeats: int) -> float:
+        """Wall-clock seconds per call (the process's CPU seconds per call kept in ``cpu``)."""
         fn()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(repeats):
             fn()
+        cpu[len(cpu)] = (time.process_time() - start_cpu) / repeats
         return (time.perf_counter() - start) / repeats
 
     expander = prg_mod.MaskExpander(length, bits=bits, prg=prg_name)
@@ -445,7 +463,7 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     signature = signer.sign(message)
     verifier = signer.private.public_key()
     expansion = per_use(lambda: expander.add(acc, key, domain=prg_mod.DOMAIN_PAIR_MASK), 200)
-    return {
+    costs: dict = {
         "mask_expansion": expansion,
         "keystream_bytes_per_second": length * bits / 8 / expansion,
         "rounding_draw": per_use(lambda: uniform.draw(key), 100),
@@ -455,19 +473,28 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
         ),
         "ed25519_sign": per_use(lambda: signer.sign(message), 3000),
         "ed25519_verify": per_use(lambda: verifier.verify(signature, message), 3000),
+        "hmac": per_use(lambda: kx.mac(key, b"t" * 120), 20000),
     }
+    # The same measurements in the process's CPU time (what a loaded machine does not inflate).
+    names = [name for name in costs if name != "keystream_bytes_per_second"]
+    costs["cpu"] = dict(zip(names, cpu.values(), strict=True))
+    return costs
 
 
-def round_operations(rnd, *, malicious: bool) -> dict[str, int]:
+def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[str, int]:
     """How many times the round (all clients and the server) must use each primitive.
 
     Expansions: each contributor's self mask and one per neighbour, the server's removal of each
     contributor's self mask and of each dangling pairwise mask; key agreements: ``c`` with each
     neighbour at ShareKeys, ``s`` with each at masking, the server's per dangling mask; key
     generation: two key pairs per client and one check per rebuilt mask key. Signatures
-    (malicious): one advertisement per client and one survivor set per helper; verifications:
-    each client's of its neighbours' advertisements, each helper's of ``t`` of its neighbours'
-    survivor-set signatures (the quorum; a simulated round's server does not check them).
+    (malicious, ``auth="signatures"``): one advertisement per client and one survivor set per
+    helper; verifications: each client's of its neighbours' advertisements, each helper's of
+    ``t`` of its neighbours' survivor-set signatures (the quorum; a simulated round's server does
+    not check them). MACs (``auth="macs"``): a tag per neighbour made and checked on each
+    advertisement, a tag per neighbour in the survivor set made by each helper and ``t``
+    checked; ``static_x25519``: the static pairwise keys agreed in this round (set-up: one per
+    pair and side, the first time two clients are neighbours).
     """
     ids = rnd.clients.tolist()
     contributors = set(rnd.submitted)
@@ -487,12 +514,17 @@ def round_operations(rnd, *, malicious: bool) -> dict[str, int]:
         "x25519_keygen": 2 * len(ids) + rebuilt_mask_keys,
         "ed25519_sign": 0,
         "ed25519_verify": 0,
+        "hmac": 0,
+        "static_x25519": 0,
     }
-    if malicious:
+    quorum = sum(min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers)
+    if malicious and auth == "signatures":
         ops["ed25519_sign"] = len(ids) + len(helpers)
-        ops["ed25519_verify"] = len(ids) * k + sum(
-            min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers
-        )
+        ops["ed25519_verify"] = len(ids) * k + quorum
+    elif malicious:
+        tagged = sum(sum(1 for v in neighbours[h] if v in contributors) for h in helpers)
+        ops["hmac"] = 2 * len(ids) * k + tagged + quorum
+        ops["static_x25519"] = len(ids) * k
     return ops
 
 
@@ -503,7 +535,13 @@ def floor_seconds(ops: dict[str, int], costs: dict[str, float], names) -> float:
 
 _MASKING = ("mask_expansion", "rounding_draw")
 _KEYS = ("x25519", "x25519_keygen")
-_SIGNING = ("ed25519_sign", "ed25519_verify")
+_SIGNING = ("ed25519_sign", "ed25519_verify", "hmac")
+_VARIANTS = (
+    ("honest_but_curious", "honest_but_curious", "macs"),
+    ("malicious_macs", "malicious", "macs"),
+    ("malicious_signatures", "malicious", "signatures"),
+)
+"""(row key, ``SecAggConfig.server``, ``SecAggConfig.auth``) of the rounds measured side by side."""
 
 
 def run_malicious_cost(
@@ -512,56 +550,99 @@ def run_malicious_cost(
     dropouts: Sequence[float] = MALICIOUS_DROPOUTS,
     *,
     seed: int = 0,
+    repeats: int = 1,
+    costs: dict[str, float] | None = None,
 ) -> dict[str, object]:
-    """Both threat models' rounds on the same updates, beside the floor of their cryptography.
+    """The threat models' rounds on the same updates, beside the floor of their cryptography.
 
-    Per ``(n, dropout)``: the honest-but-curious round, the malicious-server round (the extra
-    round and the signatures), the floor of each (operation counts of that very round times the
-    primitives' costs measured in the same run) and the ratios the issue sets goals for. Half the
-    dropout drops before masking (their pairwise masks are rebuilt), half after (they are
-    contributors who sign no survivor set).
+    Per ``(n, dropout)``: the honest-but-curious round and the malicious-server round with MACs
+    and with signatures (the extra round and the authentication), the floor of each (operation
+    counts of that very round times the primitives' costs measured in the same run) and the
+    ratios the issue sets goals for. Each round's ``seconds`` is its time without the set-up
+    stage (per round, what a later round costs); ``first_round_seconds`` includes it, and
+    ``setup_seconds`` is it (long-term keys and registry; with MACs the static pairwise keys).
+    Half the dropout drops before masking (their pairwise masks are rebuilt), half after (they
+    are contributors who sign no survivor set). With ``repeats > 1`` the variants run in turn
+    ``repeats`` times and each keeps its fastest round (on a shared machine, load only slows a
+    round down; taking turns spreads it over the variants alike).
+    ``costs`` replaces the measured primitive costs (keys of :func:`primitive_costs`; for tests).
     """
-    costs = primitive_costs(length)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    costs = primitive_costs(length) if costs is None else dict(costs)
     rows = []
     for n in clients:
         for dropout in dropouts:
             row: dict[str, object] = {"clients": n, "length": length, "dropout": dropout}
-            for server in ("honest_but_curious", "malicious"):
-                case, rnd = _measured_round(n, length, dropout, seed=seed, server=server)
-                ops = round_operations(rnd, malicious=server == "malicious")
+            fastest: dict[str, tuple[Case, object]] = {}
+            for _ in range(repeats):
+                for key, server, auth in _VARIANTS:
+                    case, rnd = _measured_round(
+                        n, length, dropout, seed=seed, server=server, auth=auth
+                    )
+                    per_round = case.seconds - case.stages.get("setup", 0.0)
+                    best = fastest.get(key)
+                    if best is None or per_round < best[0].seconds - best[0].stages["setup"]:
+                        fastest[key] = (case, rnd)
+            for key, server, auth in _VARIANTS:
+                case, rnd = fastest[key]
+                ops = round_operations(rnd, malicious=server == "malicious", auth=auth)
                 floor_hbc = floor_seconds(ops, costs, _MASKING + _KEYS)
                 floor = floor_hbc + floor_seconds(ops, costs, _SIGNING)
-                row[server] = {
+                setup = case.stages.get("setup", 0.0)
+                per_round = case.seconds - setup
+                row[key] = {
+                    "server": server,
+                    "auth": auth if server == "malicious" else "none",
                     "status": case.status,
                     "k": case.k,
                     "t": case.t,
-                    "seconds": case.seconds,
+                    "seconds": per_round,
+                    "first_round_seconds": case.seconds,
+                    "setup_seconds": setup,
                     "stages": case.stages,
                     "operations": ops,
                     "floor_seconds": floor,
                     "floor_masking_seconds": floor_seconds(ops, costs, _MASKING),
                     "floor_key_agreement_seconds": floor_seconds(ops, costs, _KEYS),
                     "floor_signature_seconds": floor_seconds(ops, costs, _SIGNING),
-                    "ratio_to_floor": case.seconds / floor,
+                    "floor_setup_seconds": ops["static_x25519"] * costs["x25519"],
+                    "ratio_to_floor": per_round / floor,
+                    "first_round_cpu_seconds": case.cpu_seconds,
+                    "cpu_floor_seconds": floor_seconds(
+                        ops, costs["cpu"], _MASKING + _KEYS + _SIGNING
+                    ),
                     "bytes_up_per_client": case.bytes_up_per_client,
                     "bytes_down_per_client": case.bytes_down_per_client,
                     "max_error": case.max_error,
                     "plaintext_seconds": case.plaintext_seconds,
                 }
                 print(
-                    f"n={n} dropout={dropout:.0%} {server}: {case.seconds:.2f} s, floor "
-                    f"{floor:.2f} s ({case.seconds / floor:.2f}x) {case.status}",
+                    f"n={n} dropout={dropout:.0%} {key}: {per_round:.2f} s per round (+"
+                    f"{setup:.2f} s set-up), floor {floor:.2f} s ({per_round / floor:.2f}x) "
+                    f"{case.status}",
                     file=sys.stderr,
                     flush=True,
                 )
-            hbc, mal = row["honest_but_curious"], row["malicious"]
-            row["malicious_over_hbc"] = mal["seconds"] / hbc["seconds"]
-            row["extra_seconds"] = mal["seconds"] - hbc["seconds"]
+            hbc = row["honest_but_curious"]
+            for key, server, _ in _VARIANTS:
+                if server == "malicious":
+                    mal = row[key]
+                    row[f"{key}_over_hbc"] = mal["seconds"] / hbc["seconds"]
+                    row[f"{key}_first_round_over_hbc"] = (
+                        mal["first_round_seconds"] / hbc["first_round_seconds"]
+                    )
+                    row[f"{key}_extra_seconds"] = mal["seconds"] - hbc["seconds"]
+                    row[f"{key}_cpu_first_round_over_hbc"] = (
+                        mal["first_round_cpu_seconds"] / hbc["first_round_cpu_seconds"]
+                    )
             rows.append(row)
-    return {"primitive_costs": costs, "rows": rows}
+    return {"primitive_costs": costs, "repeats": repeats, "rows": rows}
 
 
-def _measured_round(n: int, length: int, dropout: float, *, seed: int, server: str):
+def _measured_round(
+    n: int, length: int, dropout: float, *, seed: int, server: str, auth: str = "macs"
+):
     """One round (``run_case``) and the round object, to count its operations."""
     holder: dict[str, object] = {}
     original = SecAggTransport.open_round
@@ -572,30 +653,50 @@ def _measured_round(n: int, length: int, dropout: float, *, seed: int, server: s
 
     SecAggTransport.open_round = keep
     try:
-        case = run_case(n, length, dropout / 2, seed=seed, server=server, dropped_after=dropout / 2)
+        case = run_case(
+            n, length, dropout / 2, seed=seed, server=server, auth=auth, dropped_after=dropout / 2
+        )
     finally:
         SecAggTransport.open_round = original
     return case, holder["round"]
 
 
 def malicious_table(report: dict[str, object]) -> str:
-    """The cost record as a markdown table (seconds, single process, all parties summed)."""
+    """The cost record as a markdown table (seconds, single process, all parties summed).
+
+    Per round: without the set-up stage (long-term keys, registry, static pairwise keys), which
+    its own columns give; "first round / HbC" includes it in both rounds. The CPU columns are the
+    process's CPU time of the first round (set-up included) against the floor in CPU time and
+    against the honest-but-curious round's: what a machine shared with other jobs does not
+    inflate (its wall-clock ratios are the load's as much as the code's).
+    """
     lines = [
-        "| n | dropout | k | HbC s | HbC floor s | HbC / floor | malicious s | malicious floor s "
-        "| malicious / floor | extra s (signatures + ConsistencyCheck) | signature stage s "
-        "| malicious / HbC | KiB up/client HbC / mal. |",
-        "|" + "---|" * 13,
+        "| n | dropout | k | variant | per round s | floor s | / floor | authentication stage s "
+        "| / HbC | set-up s (first round) | first round / HbC | CPU: first round / floor "
+        "| CPU: first round / HbC | KiB up/client |",
+        "|" + "---|" * 14,
     ]
+    names = {
+        "honest_but_curious": "honest-but-curious",
+        "malicious_macs": "malicious, MACs (default)",
+        "malicious_signatures": "malicious, Ed25519 signatures",
+    }
     for row in report["rows"]:
-        hbc, mal = row["honest_but_curious"], row["malicious"]
-        lines.append(
-            f"| {row['clients']} | {row['dropout']:.0%} | {hbc['k']} | {hbc['seconds']:.2f} "
-            f"| {hbc['floor_seconds']:.2f} | {hbc['ratio_to_floor']:.2f}x "
-            f"| {mal['seconds']:.2f} | {mal['floor_seconds']:.2f} "
-            f"| {mal['ratio_to_floor']:.2f}x | {row['extra_seconds']:.2f} "
-            f"| {mal['stages']['signatures']:.2f} | {row['malicious_over_hbc']:.2f}x "
-            f"| {hbc['bytes_up_per_client'] / 1024:.1f} / {mal['bytes_up_per_client'] / 1024:.1f} |"
-        )
+        for key, server, _ in _VARIANTS:
+            v = row[key]
+            over = "-" if server != "malicious" else f"{row[f'{key}_over_hbc']:.2f}x"
+            first = "-" if server != "malicious" else f"{row[f'{key}_first_round_over_hbc']:.2f}x"
+            cpu_over = (
+                "-" if server != "malicious" else f"{row[f'{key}_cpu_first_round_over_hbc']:.2f}x"
+            )
+            cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
+            lines.append(
+                f"| {row['clients']} | {row['dropout']:.0%} | {v['k']} | {names[key]} "
+                f"| {v['seconds']:.2f} | {v['floor_seconds']:.2f} | {v['ratio_to_floor']:.2f}x "
+                f"| {v['stages']['signatures']:.2f} | {over} | {v['setup_seconds']:.2f} "
+                f"| {first} | {cpu_floor:.2f}x | {cpu_over} "
+                f"| {v['bytes_up_per_client'] / 1024:.1f} |"
+            )
     costs = report["primitive_costs"]
     lines += [
         "",
@@ -605,7 +706,8 @@ def malicious_table(report: dict[str, object]) -> str:
         f"{costs['rounding_draw'] * 1e3:.3f} ms, X25519 {costs['x25519'] * 1e6:.1f} us per "
         f"agreement and {costs['x25519_keygen'] * 1e6:.1f} us per public key, Ed25519 "
         f"{costs['ed25519_sign'] * 1e6:.1f} us per signature and "
-        f"{costs['ed25519_verify'] * 1e6:.1f} us per verification.",
+        f"{costs['ed25519_verify'] * 1e6:.1f} us per verification, HMAC-SHA256 "
+        f"{costs['hmac'] * 1e6:.2f} us per tag.",
     ]
     return "\n".join(lines)
 
@@ -640,7 +742,7 @@ def run_malicious(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=1))
         return 0
     clients = tuple(int(c) for c in args.clients.split(","))
-    report = run_malicious_cost(clients, args.length, seed=args.seed)
+    report = run_malicious_cost(clients, args.length, seed=args.seed, repeats=args.repeats)
     record = {
         "benchmark": "secagg-malicious",
         "command": " ".join(sys.argv),
@@ -668,6 +770,12 @@ def register(benches) -> None:
     parser.add_argument("--clients", default="100,1000", help="comma-separated client counts")
     parser.add_argument("--length", type=int, default=MALICIOUS_LENGTH, help="values per client")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds per variant, in turns; each keeps its fastest (for a shared machine)",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="directory for cost.json and cost.md")
     parser.add_argument(
         "--flower-lie",

@@ -395,3 +395,41 @@ def test_fixed_point_refuses_nan_overflow_and_bad_parameters():
             fpm.FixedPoint(**kwargs)
     assert issubclass(fpm.ModulusOverflowError, AggregationError)
     assert issubclass(fpm.ModulusOverflowError, ValueError)
+
+
+def test_hkdf_is_rfc_5869_and_the_bytes_of_cryptographys_hkdf():
+    """``cryptography``'s HKDF is RFC 5869 (test case 1), and the stdlib-HMAC one is its bytes."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    ikm, salt = bytes([0x0B]) * 22, bytes(range(13))
+    info = bytes(range(0xF0, 0xFA))
+    rfc = HKDF(algorithm=hashes.SHA256(), length=42, salt=salt, info=info).derive(ikm)
+    assert rfc.hex() == (
+        "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"
+    )
+    rng = np.random.default_rng(0)
+    for length in (1, 32, 33, 64, 100):
+        secret = rng.bytes(32)
+        info = rng.bytes(int(rng.integers(0, 80)))
+        reference = HKDF(
+            algorithm=hashes.SHA256(), length=length, salt=kx.PROTOCOL_LABEL, info=info
+        ).derive(secret)
+        assert kx.derive_key(secret, info, length=length) == reference
+    with pytest.raises(ValueError, match="HKDF-SHA256 gives"):
+        kx.derive_key(bytes(32), b"", length=0)
+
+
+def test_mac_tags_verify_only_under_their_key_and_message():
+    key, message = bytes(range(32)), b"survivor set"
+    tag = kx.mac(key, message)
+    assert len(tag) == kx.MAC_BYTES and kx.check_mac(key, message, tag)
+    assert not kx.check_mac(bytes(32), message, tag)
+    assert not kx.check_mac(key, message + b"!", tag)
+    assert not kx.check_mac(key, message, tag[:-1]) and not kx.check_mac(key, message, b"")
+    import hmac as stdlib_hmac
+
+    cached = kx.MacKey(key)
+    assert cached.tag(message) == tag == stdlib_hmac.new(key, message, "sha256").digest()
+    assert cached.check(message, tag) and not cached.check(message + b"!", tag)
+    assert not kx.MacKey(bytes(32)).check(message, tag)

@@ -403,10 +403,13 @@ def test_masked_upload_is_uniform_and_independent_of_the_input():
     assert np.mean(residue == 0) < 0.001
 
 
-@pytest.mark.parametrize("server", ["malicious", "honest_but_curious"])
-def test_view_records_what_the_server_sees_and_counts_bytes(server):
+@pytest.mark.parametrize(
+    ("server", "auth"),
+    [("malicious", "macs"), ("malicious", "signatures"), ("honest_but_curious", "macs")],
+)
+def test_view_records_what_the_server_sees_and_counts_bytes(server, auth):
     n, d = 6, 10
-    transport, rnd = _open(n, d, config=SecAggConfig(neighbours=4, server=server))
+    transport, rnd = _open(n, d, config=SecAggConfig(neighbours=4, server=server, auth=auth))
     for c in range(n):
         rnd.submit(c, np.full(d, 0.1))
     aggregate = rnd.result()
@@ -422,12 +425,19 @@ def test_view_records_what_the_server_sees_and_counts_bytes(server):
     # Bytes up: 2 keys + k sealed shares (with recipient ids) + d values x 4 B + k revealed shares.
     expected_up = 64 + k * (8 + 94) + d * 4 + k * (8 + 33)
     expected_down = k * (8 + 64) + k * (8 + 94) + k * 8
-    if server == "malicious":
+    if server == "malicious" and auth == "signatures":
         # A signed advertisement (64 B up, relayed to k neighbours), the survivor set (n ids
         # down), a ConsistencyCheck signature (64 B up) and the k neighbours' ones with ids.
         expected_up += 64 + 64
         expected_down += k * 64 + n * 8 + k * (8 + 64)
         assert payload["advert_signature"].shape == (64,)
+    elif server == "malicious":
+        # A MAC per neighbour on the advertisement and on the survivor set (with the
+        # recipient's id, 8 + 32 B up each), the neighbours' tags addressed to this client
+        # (32 B each, then 8 + 32 B with the sender's id) and the survivor set (n ids down).
+        expected_up += k * (8 + 32) + k * (8 + 32)
+        expected_down += k * 32 + n * 8 + k * (8 + 32)
+        assert payload["advert_signature"].shape == (k * (8 + 32),)
     assert rnd.view.bytes_up.tolist() == [expected_up] * n
     assert rnd.view.bytes_down.tolist() == [expected_down] * n
     public = transport.public_parameters()

@@ -7,6 +7,10 @@ others that it contributed (their ``b``-shares). Against the honest-but-curious 
 the victim's vector exactly. Against the malicious-server variant the substituted keys fail their
 signatures, the lie fails ConsistencyCheck, and the server never holds ``t`` shares of both of
 the victim's secrets. Then each signature or consistency failure, one by one, stops the round.
+Every test of the malicious variant runs with both of its authentications (``auth="macs"``,
+the default, and ``auth="signatures"``), and the MAC-specific forgeries (a tag under a key of the
+server's, a tag reflected to its sender or addressed to another client, a tag on another
+survivor set) stop the round too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from securefed.transport.secagg.signatures import (
     SigningKey,
     SimulatedSigners,
     advertisement_message,
+    advertisement_tag_message,
+    consistency_tag_message,
 )
 
 D = 6
@@ -38,6 +44,27 @@ VICTIM = 3
 # (n, neighbours): the complete graph of Bonawitz et al. (k = 6, t = 4) and a sparse SecAgg+
 # graph (k = 4, t = 3); in both the server needs 2t - k = 2 substituted neighbours.
 GRAPHS = [(7, 100), (10, 4)]
+AUTHS = ["macs", "signatures"]
+SIGNED = "(signature|MAC)"  # how a refusal names the authenticator, in either mode
+
+
+@pytest.fixture(params=AUTHS)
+def auth(request) -> str:
+    return request.param
+
+
+def _to(authenticator, recipient: int):
+    """What the server relays of an authenticator to ``recipient``: the signature, or the MAC
+    addressed to it (``None`` when there is none)."""
+    if isinstance(authenticator, dict):
+        return authenticator.get(recipient)
+    return authenticator
+
+
+def _advertise(rnd, clients, ids=None) -> dict:
+    """AdvertiseKeys of ``clients`` (each told its neighbours, which MACs are addressed to)."""
+    ids = range(len(clients)) if ids is None else ids
+    return {c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in ids}
 
 
 def _inputs(n: int) -> np.ndarray:
@@ -85,7 +112,7 @@ def _mask(rnd, client, values):
 
 def _honest_until_masked(config, n, round_id=0, *, signers=None, seeds=None):
     rnd, clients = _open(config, n, round_id, signers=signers, seeds=seeds)
-    rnd.receive_keys({c: clients[c].advertise() for c in range(n)})
+    rnd.receive_keys(_advertise(rnd, clients))
     for c in range(n):
         _share(rnd, clients[c], rnd.share_request(c))
     for c in range(n):
@@ -123,7 +150,7 @@ def _substituted(rnd, request, fakes):
 def _lying_server_attack(config, n):
     """The whole attack; returns ``(decoded victim vector or None, refusals by client)``."""
     rnd, clients = _open(config, n)
-    rnd.receive_keys({c: clients[c].advertise() for c in range(n)})
+    rnd.receive_keys(_advertise(rnd, clients))
     neighbours = rnd.neighbours(VICTIM).tolist()
     m = 2 * rnd.threshold - rnd.neighbours_k  # neighbours whose keys the server replaces
     fakes = {v: kx.keypair_from_seed(bytes([v + 1]) * 32) for v in neighbours[:m]}
@@ -174,9 +201,11 @@ def test_a_lying_server_decodes_the_victim_against_the_honest_but_curious_varian
 
 
 @pytest.mark.parametrize(("n", "neighbours"), GRAPHS)
-def test_the_same_lie_against_the_malicious_variant_is_refused_and_learns_nothing(n, neighbours):
+def test_the_same_lie_against_the_malicious_variant_is_refused_and_learns_nothing(
+    n, neighbours, auth
+):
     """The substituted keys fail their signatures: the victim refuses ShareKeys, masks nothing."""
-    decoded, refusals, rnd = _lying_server_attack(SecAggConfig(neighbours=neighbours), n)
+    decoded, refusals, rnd = _lying_server_attack(SecAggConfig(neighbours=neighbours, auth=auth), n)
     assert decoded is None and VICTIM not in rnd.submitted
     assert isinstance(refusals[VICTIM], SignatureError)
     assert "does not verify" in str(refusals[VICTIM])
@@ -198,7 +227,11 @@ def _consistency_lie(rnd, clients, told_dropped, *, forward_all=False):
     for helper in truth:
         near = rnd.neighbours(helper).tolist()
         signatures = {
-            v: signed[v] for v in near if v in signed and (forward_all or told[v] == told[helper])
+            v: _to(signed[v], helper)
+            for v in near
+            if v in signed
+            and (forward_all or told[v] == told[helper])
+            and _to(signed[v], helper) is not None  # a MAC exists only to neighbours in the set
         }
         inbox = {u: rnd.share_store[(u, helper)] for u in near}
         try:
@@ -213,10 +246,10 @@ def _consistency_lie(rnd, clients, told_dropped, *, forward_all=False):
 
 
 @pytest.mark.parametrize(("n", "neighbours"), GRAPHS)
-def test_a_lie_about_who_dropped_never_yields_both_secrets_of_the_victim(n, neighbours):
+def test_a_lie_about_who_dropped_never_yields_both_secrets_of_the_victim(n, neighbours, auth):
     """Whichever of the victim's neighbours the server tells "the victim dropped", it never
     holds ``t`` shares of both its self-mask seed and its mask key: nothing of ``y_v`` opens."""
-    config = SecAggConfig(neighbours=neighbours)
+    config = SecAggConfig(neighbours=neighbours, auth=auth)
     k = min(neighbours, n - 1)
     # Every split of a sparse neighbourhood; in the complete graph, one split of each size.
     splits = range(2**k) if k <= 4 else [(1 << j) - 1 for j in range(k + 1)]
@@ -235,10 +268,10 @@ def test_a_lie_about_who_dropped_never_yields_both_secrets_of_the_victim(n, neig
             assert refusals
 
 
-def test_in_the_complete_graph_every_honest_client_refuses_the_balanced_lie():
+def test_in_the_complete_graph_every_honest_client_refuses_the_balanced_lie(auth):
     """Bonawitz et al.'s complete graph, the split the server would need (half and half):
     no helper holds ``t`` consistent signatures, so every one refuses and nothing is revealed."""
-    config = SecAggConfig(neighbours=100)  # n = 7: k = 6, t = 4
+    config = SecAggConfig(neighbours=100, auth=auth)  # n = 7: k = 6, t = 4
     rnd, clients = _honest_until_masked(config, 7)
     near = rnd.neighbours(VICTIM).tolist()
     points, refusals = _consistency_lie(rnd, clients, set(near[:3]))
@@ -254,10 +287,10 @@ def test_in_the_complete_graph_every_honest_client_refuses_the_balanced_lie():
 
 
 # ----------------------------------------------------------------------------- each failure
-def test_a_forged_advertisement_stops_the_round():
-    config = SecAggConfig(neighbours=4)
+def test_a_forged_advertisement_stops_the_round(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)
     rnd, clients = _open(config, 6)
-    adverts = {c: clients[c].advertise() for c in range(6)}
+    adverts = _advertise(rnd, clients)
     rnd.receive_keys(adverts)
     request = rnd.share_request(0)
     v = request.neighbours[0]
@@ -266,18 +299,22 @@ def test_a_forged_advertisement_stops_the_round():
         request,
         c_publics=(kx.keypair_from_seed(bytes(32)).public, *request.c_publics[1:]),
     )
-    with pytest.raises(SignatureError, match=f"client {v}'s signature on its advertisement"):
+    with pytest.raises(SignatureError, match=f"client {v}'s {SIGNED} on its advertisement"):
         _share(rnd, clients[0], swapped)
-    # ... or signs the substitute with a key of its own: not the registered one either.
+    # ... or authenticates the substitute with a key of its own: not the registered one either
+    # (a signature under its own signing key; a MAC under a key it chose, lacking K_0v).
     server_key = SigningKey.from_seed(bytes(range(32)))
     fake = kx.keypair_from_seed(bytes(32)).public
+    if auth == "signatures":
+        forged = server_key.sign(advertisement_message(0, v, fake, request.s_publics[0]))
+    else:
+        forged = kx.mac(
+            bytes(range(32)), advertisement_tag_message(0, v, 0, fake, request.s_publics[0])
+        )
     resigned = dataclasses.replace(
         request,
         c_publics=(fake, *request.c_publics[1:]),
-        signatures=(
-            server_key.sign(advertisement_message(0, v, fake, request.s_publics[0])),
-            *request.signatures[1:],
-        ),
+        signatures=(forged, *request.signatures[1:]),
     )
     with pytest.raises(SignatureError, match="does not verify"):
         _share(rnd, clients[0], resigned)
@@ -289,10 +326,10 @@ def test_a_forged_advertisement_stops_the_round():
     assert 0 in rnd.shared_clients
 
 
-def test_an_s_key_other_than_the_signed_one_is_refused_at_masking():
-    config = SecAggConfig(neighbours=4)
+def test_an_s_key_other_than_the_signed_one_is_refused_at_masking(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)
     rnd, clients = _open(config, 6)
-    rnd.receive_keys({c: clients[c].advertise() for c in range(6)})
+    rnd.receive_keys(_advertise(rnd, clients))
     for c in range(6):
         _share(rnd, clients[c], rnd.share_request(c))
     request = rnd.mask_request(0)
@@ -303,13 +340,15 @@ def test_an_s_key_other_than_the_signed_one_is_refused_at_masking():
         )
 
 
-def test_a_client_outside_the_key_registry_is_refused():
+def test_a_client_outside_the_key_registry_is_refused(auth):
     """A Sybil: the server adds a client of its own; nobody registered its key at set-up."""
-    config = SecAggConfig(neighbours=100).for_round(5)
+    config = SecAggConfig(neighbours=100, auth=auth).for_round(5)
     seeds = SeedTree(0)
     keys, registry = SimulatedSigners().set_up(range(4), seeds)  # client 4 is the server's
     sybil = SigningKey.from_seed(bytes(range(1, 33)))
-    rogue = KeyRegistry({**registry.keys, 4: sybil.public})
+    rogue = KeyRegistry(
+        {**registry.keys, 4: sybil.public}, {**registry.statics, 4: sybil.static_public}
+    )
     rnd = SecAggTransport(config, remote_clients=True).open_round(
         0, range(5), shape=(1, D), seeds=seeds
     )
@@ -317,13 +356,16 @@ def test_a_client_outside_the_key_registry_is_refused():
         c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(4)
     }
     clients[4] = SecAggClient(4, 0, config, seeds, signer=sybil, registry=rogue)
-    rnd.receive_keys({c: clients[c].advertise() for c in range(5)})
+    # With signatures client 0 refuses at ShareKeys; with MACs already at AdvertiseKeys (it
+    # has no static key of client 4's to address a tag to).
     with pytest.raises(SignatureError, match="client 4 is not in the key registry"):
+        rnd.receive_keys(_advertise(rnd, clients))
         _share(rnd, clients[0], rnd.share_request(0))
 
 
 def test_a_server_with_the_registry_refuses_a_forged_advertisement_early():
-    config = SecAggConfig(neighbours=4).for_round(6)
+    """Signatures only: a MAC is checked by its recipient, never by the server."""
+    config = SecAggConfig(neighbours=4, auth="signatures").for_round(6)
     seeds = SeedTree(0)
     keys, registry = SimulatedSigners().set_up(range(6), seeds)
     rnd = SecAggTransport(config, remote_clients=True, registry=registry).open_round(
@@ -332,15 +374,15 @@ def test_a_server_with_the_registry_refuses_a_forged_advertisement_early():
     clients = {
         c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(6)
     }
-    adverts = {c: clients[c].advertise() for c in range(6)}
+    adverts = _advertise(rnd, clients)
     _, s_key, signature = adverts[2]
     adverts[2] = (kx.keypair_from_seed(bytes(32)).public, s_key, signature)
     with pytest.raises(SignatureError, match="client 2's signature"):
         rnd.receive_keys(adverts)
 
 
-def test_mismatched_survivor_sets_stop_the_round():
-    config = SecAggConfig(neighbours=4)
+def test_mismatched_survivor_sets_stop_the_round(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)
     rnd, clients = _honest_until_masked(config, 6)
     survivors = next(iter(rnd.consistency_requests().values()))
     signed = {h: clients[h].consistency(survivors) for h in survivors}
@@ -349,7 +391,9 @@ def test_mismatched_survivor_sets_stop_the_round():
     inbox = {u: rnd.share_store[(u, helper)] for u in near}
     # Asked to unmask another set than the one it signed:
     with pytest.raises(ConsistencyError, match="another one"):
-        clients[helper].reveal(inbox, set(survivors) - {near[0]}, {v: signed[v] for v in near})
+        clients[helper].reveal(
+            inbox, set(survivors) - {near[0]}, {v: _to(signed[v], helper) for v in near}
+        )
     # A neighbour's signature on another set (the server told it another U3):
     other = _honest_until_masked(config, 6)
     told_other = set(survivors) - {5}
@@ -357,34 +401,34 @@ def test_mismatched_survivor_sets_stop_the_round():
     rnd2.consistency_requests()
     signed2 = {h: clients2[h].consistency(survivors if h else told_other) for h in survivors}
     near2 = rnd2.neighbours(1).tolist()
-    sigs = {v: signed2[v] for v in near2}
+    sigs = {v: _to(signed2[v], 1) for v in near2}
     inbox2 = {u: rnd2.share_store[(u, 1)] for u in near2}
     if 0 in sigs:
-        with pytest.raises(SignatureError, match="client 0's signature on its survivor set"):
+        with pytest.raises(SignatureError, match=f"client 0's {SIGNED} on its survivor set"):
             clients2[1].reveal(inbox2, set(survivors), sigs)
     else:  # 0 is not 1's neighbour here: forward it anyway, from outside the neighbourhood
-        sigs[0] = signed2[0]
+        sigs[0] = _to(signed2[0], next(iter(signed2[0]))) if auth == "macs" else signed2[0]
         with pytest.raises(ConsistencyError, match="not among its neighbours"):
             clients2[1].reveal(inbox2, set(survivors), sigs)
 
 
-def test_too_few_signatures_stop_the_round():
-    config = SecAggConfig(neighbours=4)  # k = 4, t = 3
+def test_too_few_signatures_stop_the_round(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)  # k = 4, t = 3
     rnd, clients = _honest_until_masked(config, 6)
     survivors = next(iter(rnd.consistency_requests().values()))
     signed = {h: clients[h].consistency(survivors) for h in survivors}
     near = rnd.neighbours(0).tolist()
     inbox = {u: rnd.share_store[(u, 0)] for u in near}
-    few = {v: signed[v] for v in near[: rnd.threshold - 1]}
+    few = {v: _to(signed[v], 0) for v in near[: rnd.threshold - 1]}
     with pytest.raises(ConsistencyError, match="fewer than the threshold 3"):
         clients[0].reveal(inbox, set(survivors), few)
     # A refused request changes nothing: with t signatures on the set it signed, it unmasks.
-    revealed = clients[0].reveal(inbox, set(survivors), {v: signed[v] for v in near})
+    revealed = clients[0].reveal(inbox, set(survivors), {v: _to(signed[v], 0) for v in near})
     assert {kind for kind, _ in revealed.values()} == {"b"}
 
 
-def test_a_signature_replayed_from_another_round_stops_the_round():
-    config = SecAggConfig(neighbours=4)
+def test_a_signature_replayed_from_another_round_stops_the_round(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)
     signers = SimulatedSigners()
     seeds = SeedTree(0)
     old, old_clients = _honest_until_masked(config, 6, 0, signers=signers, seeds=seeds)
@@ -395,24 +439,25 @@ def test_a_signature_replayed_from_another_round_stops_the_round():
     rnd.consistency_requests()
     signed = {h: clients[h].consistency(survivors) for h in survivors}
     near = rnd.neighbours(0).tolist()
-    replayed = {v: signed[v] for v in near}
-    replayed[near[0]] = old_signed[near[0]]  # same signer, same set, round 0
+    replayed = {v: _to(signed[v], 0) for v in near}
+    replayed[near[0]] = _to(old_signed[near[0]], 0) or next(iter(old_signed[near[0]].values()))
     inbox = {u: rnd.share_store[(u, 0)] for u in near}
-    with pytest.raises(SignatureError, match=f"client {near[0]}'s signature on its survivor set"):
+    with pytest.raises(SignatureError, match=f"client {near[0]}'s {SIGNED} on its survivor set"):
         clients[0].reveal(inbox, set(survivors), replayed)
     # An advertisement signature from round 0 does not sign round 1's keys.
     fresh, fresh_clients = _open(config, 6, 2, signers=signers, seeds=seeds)
-    fresh.receive_keys({c: fresh_clients[c].advertise() for c in range(6)})
+    fresh.receive_keys(_advertise(fresh, fresh_clients))
     request = fresh.share_request(0)
     stale = dataclasses.replace(
-        request, signatures=tuple(old_adverts[v] for v in request.neighbours)
+        request,
+        signatures=tuple(_to(old_adverts[v], 0) or bytes(32) for v in request.neighbours),
     )
     with pytest.raises(SignatureError, match="does not verify"):
         _share(fresh, fresh_clients[0], stale)
 
 
-def test_a_client_signs_one_survivor_set_and_unmasks_only_after_consistency_check():
-    config = SecAggConfig(neighbours=4)
+def test_a_client_signs_one_survivor_set_and_unmasks_only_after_consistency_check(auth):
+    config = SecAggConfig(neighbours=4, auth=auth)
     rnd, clients = _honest_until_masked(config, 6)
     survivors = next(iter(rnd.consistency_requests().values()))
     with pytest.raises(AggregationError, match="ConsistencyCheck before Unmasking"):
@@ -426,11 +471,12 @@ def test_a_client_signs_one_survivor_set_and_unmasks_only_after_consistency_chec
 
 # ----------------------------------------------------------------------------- the default round
 @pytest.mark.parametrize("drop_after", [(), (4,)])
-def test_the_malicious_variant_gives_the_honest_but_curious_sum_bit_for_bit(drop_after):
+def test_the_malicious_variant_gives_the_honest_but_curious_sum_bit_for_bit(drop_after, auth):
     values = np.random.default_rng(0).uniform(-1, 1, size=(12, D))
     totals, views = {}, {}
     for server in ("malicious", HBC):
-        transport = SecAggTransport(SecAggConfig(neighbours=6, server=server))
+        config = SecAggConfig(neighbours=6, server=server, auth=auth if server != HBC else "macs")
+        transport = SecAggTransport(config)
         rnd = transport.open_round(0, range(12), shape=(1, D), seeds=SeedTree(1))
         rnd.drop(11)  # dropped before submitting
         for c in range(11):
@@ -453,6 +499,12 @@ def test_the_threat_model_is_an_option_malicious_by_default_and_validated():
     transport = build_transport("secagg", n_clients=10)
     assert transport.config.server == "malicious"
     assert "malicious server" in transport.public_parameters()["protocol"]
+    assert transport.config.auth == "macs"
+    assert build_transport("secagg:auth=signatures", n_clients=10).config.auth == "signatures"
+    with pytest.raises(ValueError, match="auth must be one of"):
+        SecAggConfig(auth="none")
+    with pytest.raises(ValueError, match="applies only to server='malicious'"):
+        SecAggConfig(server=HBC, auth="signatures")
     weak = build_transport("secagg:server=honest_but_curious", n_clients=10)
     assert weak.public_parameters()["server"] == HBC
     assert weak.public_parameters()["signatures"] == "none"
@@ -503,3 +555,108 @@ def test_the_audit_warns_of_a_round_run_against_an_honest_but_curious_server_onl
         codes[server] = audit(transport.view).codes
     assert "secagg-honest-but-curious" in codes[HBC]
     assert "secagg-honest-but-curious" not in codes["malicious"]
+
+
+# ----------------------------------------------------------------------------- MAC forgeries
+def _mac_round():
+    config = SecAggConfig(neighbours=4, auth="macs")
+    rnd, clients = _open(config, 6)
+    adverts = _advertise(rnd, clients)
+    rnd.receive_keys(adverts)
+    return rnd, clients, adverts
+
+
+def test_a_mac_reflected_to_its_sender_or_addressed_to_another_client_stops_the_round():
+    """u's own tag to v handed back to u as v's, and v's tag to another neighbour w handed to u,
+    are refused (here the advertised keys differ too; the ConsistencyCheck test below is where
+    the sender and recipient inside the tag alone stop the reflection: both directions MAC the
+    same set under the same symmetric K_uv)."""
+    rnd, clients, adverts = _mac_round()
+    request = rnd.share_request(0)
+    v = request.neighbours[0]
+    own = adverts[0][2][v]  # client 0's own tag, addressed to v, under K_0v
+    key = clients[0].signer.pairwise_key(0, v, clients[0].registry.statics[v])[0][0]
+    # The attack's premise: the reflected tag is a valid MAC under the very key 0 checks with.
+    assert key.check(advertisement_tag_message(0, 0, v, *rnd.public_keys[0]), own)
+    reflected = dataclasses.replace(request, signatures=(own, *request.signatures[1:]))
+    with pytest.raises(SignatureError, match=f"client {v}'s MAC on its advertisement"):
+        _share(rnd, clients[0], reflected)
+    other = next(w for w in adverts[v][2] if w != 0)  # v's tag to another of its neighbours
+    misrouted = dataclasses.replace(
+        request, signatures=(adverts[v][2][other], *request.signatures[1:])
+    )
+    with pytest.raises(SignatureError, match="addressed to another client"):
+        _share(rnd, clients[0], misrouted)
+    _share(rnd, clients[0], request)  # the refusals changed nothing
+    assert 0 in rnd.shared_clients
+
+
+def test_a_consistency_mac_reflected_or_on_another_set_stops_the_round():
+    """K_uv is symmetric and u's and v's tags are on the same survivor set: without the sender
+    and recipient inside the tag, the server could hand u its own tag as v's (checked: this test
+    fails when the tag message leaves them out)."""
+    config = SecAggConfig(neighbours=4, auth="macs")
+    rnd, clients = _honest_until_masked(config, 6)
+    survivors = next(iter(rnd.consistency_requests().values()))
+    tags = {h: clients[h].consistency(survivors) for h in survivors}
+    near = rnd.neighbours(0).tolist()
+    inbox = {u: rnd.share_store[(u, 0)] for u in near}
+    honest = {v: tags[v][0] for v in near}
+    # Client 0's own tag to near[0], reflected back as near[0]'s tag to 0:
+    reflected = {**honest, near[0]: tags[0][near[0]]}
+    with pytest.raises(SignatureError, match=f"client {near[0]}'s MAC on its survivor set"):
+        clients[0].reveal(inbox, set(survivors), reflected)
+    # A tag the server computes itself on the set, under a key it chose (it lacks K_0v):
+    forged = {
+        **honest,
+        near[0]: kx.mac(bytes(32), consistency_tag_message(0, near[0], 0, survivors)),
+    }
+    with pytest.raises(SignatureError, match="MAC on its survivor set does not verify"):
+        clients[0].reveal(inbox, set(survivors), forged)
+    revealed = clients[0].reveal(inbox, set(survivors), honest)
+    assert {kind for kind, _ in revealed.values()} == {"b"}
+
+
+def test_static_pairwise_keys_are_agreed_once_per_pair_and_rounds_stay_apart():
+    """The set-up cost is paid once per pair: a second round over the same clients agrees no new
+    static key, yet its tags differ from the first round's (the round is inside every tag)."""
+    transport = SecAggTransport(SecAggConfig(neighbours=100, auth="macs"))
+    tags = {}
+    for round_id in (0, 1):
+        rnd = transport.open_round(round_id, range(5), shape=(1, D), seeds=SeedTree(0))
+        identities = transport._signers._keys
+        if round_id == 0:
+            assert {c: identities[c].setup_pairs for c in range(5)} == dict.fromkeys(range(5), 4)
+            assert rnd.timings["setup"] > 0
+        else:
+            assert all(identities[c].setup_pairs == 4 for c in range(5))
+        tags[round_id] = rnd.advert_signatures[0]
+        for c in range(5):
+            rnd.submit(c, np.full(D, 0.25))
+        np.testing.assert_allclose(rnd.result().total, np.full((1, D), 1.25))
+    assert all(tags[0][v] != tags[1][v] for v in tags[0])
+
+
+def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
+    """``securefed bench secagg-malicious`` at a toy size: every variant ran, counted its
+    operations, and the MAC round's set-up (its static pairwise keys) is reported apart."""
+    from securefed.bench.bench_secagg import malicious_table, run_malicious_cost
+
+    costs = dict.fromkeys(
+        ("mask_expansion", "rounding_draw", "x25519", "x25519_keygen", "hmac"), 1e-5
+    )
+    costs.update(ed25519_sign=4e-5, ed25519_verify=1e-4, keystream_bytes_per_second=1e9)
+    costs["cpu"] = dict(costs)
+    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs)
+    (row,) = report["rows"]
+    for key in ("honest_but_curious", "malicious_macs", "malicious_signatures"):
+        assert row[key]["status"] == "ok" and row[key]["floor_seconds"] > 0
+    macs, signed = row["malicious_macs"], row["malicious_signatures"]
+    assert macs["operations"]["hmac"] > 0 and macs["operations"]["ed25519_verify"] == 0
+    assert signed["operations"]["ed25519_verify"] > 0 and signed["operations"]["hmac"] == 0
+    assert macs["operations"]["static_x25519"] == 10 * macs["k"]
+    assert macs["setup_seconds"] > 0
+    assert macs["first_round_seconds"] == pytest.approx(macs["seconds"] + macs["setup_seconds"])
+    assert row["malicious_macs_over_hbc"] > 0
+    table = malicious_table(report)
+    assert "malicious, MACs (default)" in table and "Ed25519 signatures" in table

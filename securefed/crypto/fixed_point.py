@@ -325,12 +325,18 @@ class Encoder:
                 f"expected {self.length} values and uniforms, "
                 f"got {values.shape} and {uniform.shape}"
             )
-        if not np.all(np.isfinite(values)):
-            raise ValueError("fixed-point encoding refuses NaN or infinite values")
         z, floor, up = self._scaled, self._floor, self._up
-        np.clip(values, -fp.clip, fp.clip, out=z)
-        n_clipped = int(np.count_nonzero(z != values))
-        np.multiply(z, fp.scale, out=z)
+        # Two reductions decide the common case (finite, nothing to clip: NaN fails both
+        # comparisons) without the finiteness, clip and count passes over the vector.
+        if self.length and -fp.clip <= values.min() and values.max() <= fp.clip:
+            n_clipped = 0
+            np.multiply(values, fp.scale, out=z)
+        else:
+            if not np.all(np.isfinite(values)):
+                raise ValueError("fixed-point encoding refuses NaN or infinite values")
+            np.clip(values, -fp.clip, fp.clip, out=z)
+            n_clipped = int(np.count_nonzero(z != values))
+            np.multiply(z, fp.scale, out=z)
         np.floor(z, out=floor)
         np.subtract(z, floor, out=z)  # the fractional part, exact
         np.less(uniform, z, out=up)

@@ -134,6 +134,8 @@ class SecAggOptions:
         server: the threat model, ``malicious`` (default) or ``honest_but_curious``
             (:attr:`~securefed.transport.secagg.SecAggConfig.server`; ``securefed.flower``
             carries only the latter and says so).
+        auth: the malicious variant's authentication, ``macs`` (default) or ``signatures``
+            (:attr:`~securefed.transport.secagg.SecAggConfig.auth`).
     """
 
     bits: int = 64
@@ -148,6 +150,7 @@ class SecAggOptions:
     out_of_range: str = "refuse"
     remote_clients: bool = False
     server: str = "malicious"
+    auth: str = "macs"
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -169,6 +172,7 @@ class SecAggOptions:
             failure_target=self.failure_target,
             out_of_range=self.out_of_range,
             server=self.server,
+            auth=self.auth,
         )
 
 

@@ -56,16 +56,19 @@ refused round stays refused.
 
 Threat model (``SecAggConfig.server``): ``"malicious"``, the default, adds Bonawitz et al.'s
 active-adversary variant (2017, Sec. 6; :mod:`~securefed.transport.secagg.signatures`): every
-advertisement is signed with Ed25519 and checked against a key registry given to the clients at
+advertisement is authenticated and checked against a key registry given to the clients at
 set-up (there is no PKI), and a ConsistencyCheck round between masking and unmasking, where each
-helper signs the survivor set it was told and reveals nothing without ``t`` valid signatures of
-its neighbours on the same set. ``"honest_but_curious"`` runs without them: there a server that
-relays its own keys in place of ``2t - k`` of a victim's neighbours and lies about who dropped
-decodes the victim (tests/test_secagg_malicious.py). Either way a server that tells different
-helpers different survivor sets cannot learn both secrets of a client on its own (each helper
-answers once, and two disjoint groups of ``t > k/2`` helpers do not fit in ``k`` neighbours),
-but it can with ``2t - k`` of the client's neighbours colluding (the bound the malicious variant
-assumes).
+helper authenticates the survivor set it was told and reveals nothing without ``t`` valid
+authenticators of its neighbours on the same set. The authentication (``SecAggConfig.auth``) is
+HMAC-SHA256 under static pairwise keys agreed once from the registry's long-term X25519 keys
+(``"macs"``, the default) or Ed25519 signatures (``"signatures"``); the same guarantee, argued in
+:mod:`~securefed.transport.secagg.signatures`. ``"honest_but_curious"`` runs without them: there
+a server that relays its own keys in place of ``2t - k`` of a victim's neighbours and lies about
+who dropped decodes the victim (tests/test_secagg_malicious.py). Either way a server that tells
+different helpers different survivor sets cannot learn both secrets of a client on its own (each
+helper answers once, and two disjoint groups of ``t > k/2`` helpers do not fit in ``k``
+neighbours), but it can with ``2t - k`` of the client's neighbours colluding (the bound the
+malicious variant assumes).
 
 Not covered (see docs/secagg.md): the graph and the threshold come from the server: a client
 checks ``t`` against the ``k`` neighbours it is given, not ``k`` against the round's ``n`` (given
@@ -88,8 +91,8 @@ Modules, one per part of the protocol:
 * :mod:`~securefed.transport.secagg.client`: :class:`SecAggClient`, its randomness, and the
   server's requests to it;
 * :mod:`~securefed.transport.secagg.server`: :class:`SecAggRound`, the server's round;
-* :mod:`~securefed.transport.secagg.signatures`: the malicious-server variant's Ed25519 keys,
-  the key registry and the signed messages;
+* :mod:`~securefed.transport.secagg.signatures`: the malicious-server variant's long-term keys,
+  the key registry, the signed or MAC'd messages and each client's side of checking them;
 * :mod:`~securefed.transport.secagg.transport`: :class:`SecAggTransport`.
 
 Randomness: with ``seeds.secure`` key pairs come from ``X25519PrivateKey.generate()`` and seeds,
@@ -133,6 +136,8 @@ from securefed.transport.secagg.graph import (
 )
 from securefed.transport.secagg.server import ID_BYTES, SecAggRound, check_weights
 from securefed.transport.secagg.signatures import (
+    AUTH_MODES,
+    ClientAuthentication,
     ConsistencyError,
     KeyRegistry,
     SignatureError,
@@ -142,12 +147,14 @@ from securefed.transport.secagg.signatures import (
 from securefed.transport.secagg.transport import SecAggTransport
 
 __all__ = [
+    "AUTH_MODES",
     "ID_BYTES",
     "SEALED_SHARE_BYTES",
     "SECRET_FIELDS",
     "SHARE_PLAINTEXT_BYTES",
     "STAGES",
     "STAGE_NAMES",
+    "ClientAuthentication",
     "ConsistencyError",
     "KeyRegistry",
     "MaskRequest",

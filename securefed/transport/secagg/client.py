@@ -26,17 +26,28 @@ from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree
 from securefed.transport.secagg.config import SecAggConfig, check_threshold
 from securefed.transport.secagg.signatures import (
+    Authenticator,
+    ClientAuthentication,
     ConsistencyError,
     KeyRegistry,
     SignatureError,
     SigningKey,
-    advertisement_message,
-    consistency_message,
 )
 
 SHARE_PLAINTEXT_BYTES = 2 * shamir.SHARE_BYTES
 SEALED_SHARE_BYTES = kx.encrypted_size(SHARE_PLAINTEXT_BYTES)
-STAGES = ("key_agreement", "sharing", "encoding", "mask_expansion", "signatures", "unmasking")
+STAGES = (
+    "key_agreement",
+    "sharing",
+    "encoding",
+    "mask_expansion",
+    "signatures",
+    "unmasking",
+    "setup",
+)
+"""Stages of a round's timings. ``signatures`` is the malicious variant's authentication
+(Ed25519 or MACs); ``setup`` is what a deployment does once, not per round: the long-term keys,
+the registry, and the static pairwise MAC keys agreed the first time two clients are neighbours."""
 
 
 class _ClientRandomness:
@@ -71,6 +82,11 @@ class _Timer:
         self.seconds[stage] += now - start
         return now
 
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """Count ``seconds`` already timed under ``source`` under ``target`` instead."""
+        self.seconds[source] -= seconds
+        self.seconds[target] += seconds
+
 
 class _Workspace:
     """Scratch buffers of a round's masking (the simulated clients run one after another)."""
@@ -98,9 +114,10 @@ class ShareRequest:
         c_publics: each neighbour's advertised ``c`` public key.
         threshold: the Shamir threshold ``t``.
         s_publics: each neighbour's advertised ``s`` public key (malicious-server variant: the
-            client checks the signature on both keys before it uses either; empty otherwise).
-        signatures: each neighbour's Ed25519 signature on its advertisement (malicious-server
-            variant; empty otherwise).
+            client checks the authenticator on both keys before it uses either; empty otherwise).
+        signatures: each neighbour's authenticator of its advertisement (malicious-server
+            variant: its Ed25519 signature, or its MAC addressed to this client; empty
+            otherwise).
     """
 
     neighbours: tuple[int, ...]
@@ -127,8 +144,9 @@ class UnmaskRequest:
         inbox: ``sender -> sealed share`` addressed to this client (relayed at ShareKeys).
         contributors: the clients whose masked input arrived (their ``b``-shares are asked for;
             every other sender's ``s``-share is).
-        signatures: malicious-server variant: ``neighbour -> its ConsistencyCheck signature`` on
-            the survivor set (the client needs ``t`` valid ones on the set it signed itself).
+        signatures: malicious-server variant: ``neighbour -> its ConsistencyCheck
+            authenticator`` of the survivor set (its signature, or its MAC addressed to this
+            client; the client needs ``t`` valid ones on the set it signed itself).
     """
 
     inbox: dict[int, bytes]
@@ -185,9 +203,11 @@ class SecAggClient:
         seeds: the run's seed tree (secure mode: keys and secrets come from the OS).
         secrets: restore a client that advertised (and perhaps shared) in an earlier message
             (:meth:`export_secrets`); ``None`` makes fresh key pairs (AdvertiseKeys).
-        signer: the client's long-term Ed25519 key (malicious-server variant only).
-        registry: every client's verification key, from set-up, not from the server
-            (malicious-server variant only; it must hold ``signer``'s key under this client's id).
+        signer: the client's long-term identity (Ed25519 and static X25519 keys;
+            malicious-server variant only).
+        registry: every client's long-term public keys, from set-up, not from the server
+            (malicious-server variant only; it must hold ``signer``'s keys under this client's
+            id).
 
     In the malicious-server variant (``config.server == "malicious"``, Bonawitz et al. 2017,
     Sec. 6) the client also signs its advertisement, checks its neighbours' signatures before it
@@ -219,6 +239,11 @@ class SecAggClient:
         self._check_signing(signer, registry)
         self.signer = signer
         self.registry = registry
+        self.auth = (
+            ClientAuthentication(config.auth, self.id, round_id, signer, registry)
+            if config.malicious
+            else None
+        )
         self._order = _ORDER if config.malicious else _ORDER_HONEST_BUT_CURIOUS
         self.peer_s_keys: dict[int, bytes] = {}  # neighbour -> its signed s key (malicious)
         self.survivors: frozenset[int] | None = None  # the set signed at ConsistencyCheck
@@ -247,10 +272,6 @@ class SecAggClient:
                 "client's signing key and the key registry given at set-up; without them a server "
                 "could relay its own keys as a neighbour's (use server='honest_but_curious' to "
                 "run without signatures, against an honest-but-curious server only)"
-            )
-        if registry.keys.get(self.id) != signer.public:
-            raise ValueError(
-                f"client {self.id}'s signing key is not the one the key registry holds for it"
             )
 
     def _restore(self, secrets: dict[str, bytes]) -> None:
@@ -334,19 +355,36 @@ class SecAggClient:
             )
 
     # Stage 1
-    def advertise(self) -> tuple[bytes, bytes] | tuple[bytes, bytes, bytes]:
-        """AdvertiseKeys: the ``c`` and ``s`` public keys (and, malicious-server variant, the
-        client's Ed25519 signature on them and the round, :func:`advertisement_message`).
+    def advertise(
+        self, neighbours: Sequence[int] | None = None, timer: _Timer | None = None
+    ) -> tuple[bytes, bytes] | tuple[bytes, bytes, Authenticator]:
+        """AdvertiseKeys: the ``c`` and ``s`` public keys and, in the malicious-server variant,
+        their authenticator bound to the round: the client's Ed25519 signature
+        (:func:`~securefed.transport.secagg.signatures.advertisement_message`), or with
+        ``auth="macs"`` a MAC for each of ``neighbours`` (``neighbour -> tag``).
+
+        Args:
+            neighbours: the neighbours the server announced (public graph); needed by MACs,
+                unused otherwise.
 
         Raises:
             AggregationError: the client advertised already.
+            SignatureError: (MACs) a neighbour outside the key registry.
         """
         self._check_stage("advertise")
-        self.stage = "advertise"
         if not self.config.malicious:
+            self.stage = "advertise"
             return self.c.public, self.s.public
-        message = advertisement_message(self.round_id, self.id, self.c.public, self.s.public)
-        return self.c.public, self.s.public, self.signer.sign(message)
+        start = time.perf_counter()
+        setup_before = self.auth.setup_seconds
+        authenticator = self.auth.advertise(
+            self.c.public, self.s.public, None if neighbours is None else list(neighbours)
+        )
+        if timer is not None:
+            timer.add("signatures", start)
+            timer.move(self.auth.setup_seconds - setup_before, "signatures", "setup")
+        self.stage = "advertise"
+        return self.c.public, self.s.public, authenticator
 
     def _check_advertisements(
         self,
@@ -380,8 +418,7 @@ class SecAggClient:
         for v, c_public, s_public, signature in zip(
             neighbours, c_publics, s_publics, signatures, strict=True
         ):
-            message = advertisement_message(self.round_id, int(v), c_public, s_public)
-            self.registry.verify(int(v), message, signature, what="advertisement")
+            self.auth.check_advertisement(int(v), bytes(c_public), bytes(s_public), signature)
             signed[int(v)] = bytes(s_public)
         return signed
 
@@ -439,8 +476,11 @@ class SecAggClient:
         self._check_share_request(neighbours, xs, c_publics, threshold)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
+        setup_before = self.auth.setup_seconds if self.auth is not None else 0.0
         peer_s_keys = self._check_advertisements(neighbours, c_publics, s_publics, signatures)
         start = timer.add("signatures", start)
+        if self.auth is not None:
+            timer.move(self.auth.setup_seconds - setup_before, "signatures", "setup")
         share_keys = {}
         for v, public in zip(neighbours, c_publics, strict=True):
             share_keys[v] = kx.pair_key(
@@ -580,7 +620,7 @@ class SecAggClient:
             start = timer.add("mask_expansion", start)
         self.stage = "mask"
 
-    def _check_survivors(self, contributors: set[int]) -> None:
+    def _check_survivors(self, contributors: set[int] | frozenset[int]) -> None:
         if self.id not in contributors:
             raise AggregationError(
                 f"client {self.id} uploaded its masked input, but the server's contributors of "
@@ -597,35 +637,40 @@ class SecAggClient:
             )
 
     # Stage 3.5 (malicious-server variant)
-    def consistency(self, survivors: set[int] | frozenset[int]) -> bytes:
+    def consistency(self, survivors: set[int] | frozenset[int]) -> Authenticator:
         """ConsistencyCheck (Bonawitz et al. 2017, Fig. 5, Round 3): sign the survivor set told.
 
         The client checks the set as it would at Unmasking (it is in it, and so are ``t`` of its
-        neighbours), remembers it, and signs ``(round, survivors)``
-        (:func:`~securefed.transport.secagg.signatures.consistency_message`). It answers once:
-        signing two sets would let the server show each group of helpers the one it wants.
+        neighbours), remembers it, and authenticates ``(round, survivors)``: one Ed25519
+        signature (:func:`~securefed.transport.secagg.signatures.consistency_message`), or
+        with ``auth="macs"`` one MAC for each of its neighbours in the set (``neighbour ->
+        tag``). It answers once: signing two sets would let the server show each group of
+        helpers the one it wants.
 
         Raises:
             AggregationError: not the malicious-server variant, answered already, not masked yet;
                 the set omits the client or holds fewer than ``t`` of its neighbours.
         """
         self._check_stage("consistency")
-        survivors = frozenset(int(c) for c in survivors)
-        self._check_survivors(set(survivors))
+        survivors = _survivor_set(survivors)
+        self._check_survivors(survivors)
+        recipients = sorted(v for v in self.share_keys if v in survivors)
+        authenticator = self.auth.endorse(survivors, recipients)
         self.survivors = survivors
         self.stage = "consistency"
-        return self.signer.sign(consistency_message(self.round_id, survivors))
+        return authenticator
 
-    def _check_consistency(self, contributors: set[int], signatures: dict[int, bytes]) -> None:
+    def _check_consistency(
+        self, contributors: frozenset[int], signatures: dict[int, bytes]
+    ) -> None:
         """Refuse unless the set is the one signed and ``t`` neighbours signed it too (valid)."""
-        if contributors != self.survivors:
+        if contributors is not self.survivors and contributors != self.survivors:
             added = sorted(contributors - self.survivors)[:5]
             removed = sorted(self.survivors - contributors)[:5]
             raise ConsistencyError(
                 f"client {self.id} signed a survivor set at ConsistencyCheck, and is asked to "
                 f"unmask another one (added {added}, removed {removed}); refusing"
             )
-        message = consistency_message(self.round_id, self.survivors)
         strangers = sorted(int(v) for v in signatures if int(v) not in self.share_keys)
         absent = sorted(int(v) for v in signatures if int(v) not in self.survivors)
         if strangers or absent:
@@ -640,7 +685,7 @@ class SecAggClient:
         for signer in sorted(signatures):
             if valid == self.threshold:
                 break
-            self.registry.verify(signer, message, signatures[signer], what="survivor set")
+            self.auth.check_endorsement(signer, self.survivors, signatures[signer])
             valid += 1
         if valid < self.threshold:
             raise ConsistencyError(
@@ -679,7 +724,7 @@ class SecAggClient:
             ValueError: signatures given to an honest-but-curious client.
         """
         self._check_stage("reveal")
-        contributors = {int(c) for c in contributors}
+        contributors = _survivor_set(contributors)
         signatures = {} if signatures is None else {int(v): bytes(s) for v, s in signatures.items()}
         if self.config.malicious:
             start = time.perf_counter()
@@ -715,6 +760,14 @@ class SecAggClient:
                 revealed[sender] = ("s", shamir.decode_share(plaintext[shamir.SHARE_BYTES :]))
         self.stage = "reveal"
         return revealed
+
+
+def _survivor_set(clients: set[int] | frozenset[int]) -> frozenset[int]:
+    """The ids as a frozenset of ints; a frozenset (the server's, shared by every helper) as is,
+    so that a thousand helpers do not copy a thousand-client set each."""
+    if isinstance(clients, frozenset):
+        return clients
+    return frozenset(int(c) for c in clients)
 
 
 def rounding_key(seeds: SeedTree, round_id: int, client: int) -> bytes:

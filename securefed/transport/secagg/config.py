@@ -15,6 +15,7 @@ from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
 from securefed.crypto.fixed_point import FixedPoint, largest_safe_scale
 from securefed.errors import InsecureParameterError
+from securefed.transport.secagg.signatures import AUTH_MODES
 
 AUTOMATIC_SCALE = "largest 2^e with n*ceil(clip*2^e) <= 2^(bits-1)-1"
 """How :meth:`SecAggConfig.public` records an automatic scale (each round records its value)."""
@@ -59,6 +60,13 @@ class SecAggConfig:
             ``"honest_but_curious"`` (no signatures, no ConsistencyCheck: a server that relays
             its own keys in a neighbour's place and lies about who dropped decodes an update,
             tests/test_secagg_malicious.py).
+        auth: how the malicious-server variant authenticates advertisements and survivor sets:
+            ``"macs"`` (the default: HMAC-SHA256 under static pairwise keys agreed once from
+            the registry's long-term X25519 keys) or ``"signatures"`` (Ed25519, Bonawitz et al.
+            2017's); the same guarantee, argued in
+            :mod:`~securefed.transport.secagg.signatures`. Refused with
+            ``server="honest_but_curious"`` unless left at its default (nothing is
+            authenticated there).
     """
 
     bits: int = 32
@@ -72,6 +80,7 @@ class SecAggConfig:
     failure_target: float = 1e-3
     out_of_range: str = "refuse"
     server: str = "malicious"
+    auth: str = "macs"
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
@@ -81,6 +90,13 @@ class SecAggConfig:
             )
         if self.server not in SERVER_MODELS:
             raise ValueError(f"server must be one of {SERVER_MODELS}, got {self.server!r}")
+        if self.auth not in AUTH_MODES:
+            raise ValueError(f"auth must be one of {AUTH_MODES}, got {self.auth!r}")
+        if not self.malicious and self.auth != AUTH_MODES[0]:
+            raise ValueError(
+                f"auth={self.auth!r} applies only to server='malicious': an honest-but-curious "
+                "round authenticates nothing"
+            )
         if self.neighbours is not None and (
             isinstance(self.neighbours, bool) or self.neighbours < 1
         ):
@@ -183,11 +199,22 @@ class SecAggConfig:
             "prg": self.prg,
             "aead": self.aead,
             "server": self.server,
-            "signatures": "Ed25519, key registry from set-up" if self.malicious else "none",
+            "auth": self.auth if self.malicious else "none",
+            "signatures": self._authentication(),
             "key_agreement": "X25519",
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
         }
+
+    def _authentication(self) -> str:
+        if not self.malicious:
+            return "none"
+        if self.auth == "signatures":
+            return "Ed25519, key registry from set-up"
+        return (
+            "HMAC-SHA256 under static pairwise keys (X25519 of the long-term keys in the "
+            "registry from set-up, agreed once per pair)"
+        )
 
 
 SERVER_MODELS = ("malicious", "honest_but_curious")

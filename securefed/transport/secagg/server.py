@@ -43,6 +43,7 @@ from securefed.transport.secagg.graph import (
     plan_unmasking,
 )
 from securefed.transport.secagg.signatures import (
+    MAC_BYTES,
     SIGNATURE_BYTES,
     KeyRegistry,
     SigningKey,
@@ -131,6 +132,7 @@ class SecAggRound(AggregationRound):
         inputs: Mapping[int, int] | None = None,
         signers: Mapping[int, SigningKey] | None = None,
         registry: KeyRegistry | None = None,
+        setup_seconds: float = 0.0,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config.for_round(len(self.clients))
@@ -149,11 +151,15 @@ class SecAggRound(AggregationRound):
         self.fixed_point = self.config.fixed_point
         self._mean_bound: float | None = None  # a weighted round's, known once decoded
         self.timer = _Timer()
+        self.timer.seconds["setup"] += float(setup_seconds)
         self.timings = self.timer.seconds
+        self._macs = self.config.malicious and self.config.auth == "macs"
         self.clipped: dict[int, int] = {}
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.share_store: dict[tuple[int, int], bytes] = {}
         self._ids = self.clients.tolist()
+        self._position = {c: p for p, c in enumerate(self._ids)}
+        self._planned: tuple[tuple[bytes, frozenset[int]], UnmaskingPlan] | None = None
         self._failure: str | None = None
         self._weighted: bool | None = None
         self._sum: np.ndarray | None = None
@@ -198,11 +204,29 @@ class SecAggRound(AggregationRound):
     def neighbours(self, client: int) -> np.ndarray:
         """The ids of ``client``'s neighbours (public; a fresh array)."""
         client = int(client)
+        return self._neighbours_of(client).copy()
+
+    def _neighbours_of(self, client: int) -> np.ndarray:
+        """``client``'s neighbours, the round's own cached array (never hand it out)."""
         cached = self._neighbour_ids.get(client)
         if cached is None:
-            position = int(self.view.positions([client])[0])
-            cached = self._neighbour_ids[client] = self.clients[self._graph[position]]
-        return cached.copy()
+            cached = self._neighbour_ids[client] = self.clients[
+                self._graph[self._position_of(client)]
+            ]
+        return cached
+
+    def _position_of(self, client: int) -> int:
+        """``client``'s position in the round (``ValueError`` naming it when it is not in it)."""
+        position = self._position.get(client)
+        if position is None:
+            return int(self.view.positions([client])[0])  # raises, naming the client
+        return position
+
+    def _add_bytes(self, client: int, up: int = 0, down: int = 0) -> None:
+        """One client's bytes on the wire (the view's counters, without a lookup per call)."""
+        position = self._position_of(client)
+        self.view.bytes_up[position] += up
+        self.view.bytes_down[position] += down
 
     # -- stage 1 --------------------------------------------------------------------------
     def _advertise_keys(self, seeds: SeedTree) -> None:
@@ -218,13 +242,22 @@ class SecAggRound(AggregationRound):
                 registry=self.registry if malicious else None,
             )
         self.timer.add("key_agreement", start)
-        self.receive_keys({c: self._clients[c].advertise() for c in self._ids})
+        self.receive_keys(
+            {
+                c: self._clients[c].advertise(
+                    self._neighbours_of(c).tolist() if self._macs else None, self.timer
+                )
+                for c in self._ids
+            }
+        )
 
     def receive_keys(self, keys: Mapping[int, tuple[bytes, ...]]) -> None:
         """AdvertiseKeys, server side: every client's ``(c public, s public)``; relayed to peers.
 
-        In the malicious-server variant each entry is ``(c public, s public, signature)``; with a
-        :attr:`registry` the server checks the signatures too (a client checks them again).
+        In the malicious-server variant each entry is ``(c public, s public, authenticator)``:
+        a signature, or with ``auth="macs"`` a mapping ``neighbour -> MAC`` addressed to each of
+        the client's neighbours. With a :attr:`registry` and signatures the server checks the
+        signatures too (a client checks them again); a MAC only its recipient can check.
 
         Raises:
             AggregationError: a client of the round did not advertise (open the round with the
@@ -258,8 +291,8 @@ class SecAggRound(AggregationRound):
                 kx.check_public_key(s_public, owner=f"client {client}"),
             )
             if arity == 3:
-                signed[client] = bytes(keys[client][2])
-        if self.registry is not None and signed and self.remote_clients:
+                signed[client] = self._advert_authenticator(client, keys[client][2])
+        if self.registry is not None and signed and self.remote_clients and not self._macs:
             start = time.perf_counter()
             for client, signature in signed.items():
                 message = advertisement_message(self.round_id, client, *checked[client])
@@ -271,15 +304,41 @@ class SecAggRound(AggregationRound):
         if len(set(flat)) != len(flat):
             raise AggregationError("two advertised public keys coincide; refusing the round")
         k = self.neighbours_k
-        signature_bytes = SIGNATURE_BYTES if signed else 0
-        self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES + signature_bytes)
-        self.view.add_bytes_down(
-            self.clients, k * (ID_BYTES + 2 * kx.PUBLIC_KEY_BYTES + signature_bytes)
-        )
-        for client, (c_public, s_public) in self.public_keys.items():
-            self._record(client, c_public=_u8(c_public), s_public=_u8(s_public))
-            if client in signed:
-                self._record(client, advert_signature=_u8(signed[client]))
+        if self._macs:  # k tags up (each with its recipient's id), one tag per neighbour down
+            up, down = k * (ID_BYTES + MAC_BYTES), MAC_BYTES
+        else:
+            up = down = SIGNATURE_BYTES if signed else 0
+        self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES + up)
+        self.view.add_bytes_down(self.clients, k * (ID_BYTES + 2 * kx.PUBLIC_KEY_BYTES + down))
+        if self.view.keep_payloads:
+            for client, (c_public, s_public) in self.public_keys.items():
+                self._record(client, c_public=_u8(c_public), s_public=_u8(s_public))
+                if client in signed:
+                    self._record(client, advert_signature=_u8(_wire(signed[client])))
+
+    def _advert_authenticator(self, client: int, authenticator) -> bytes | dict[int, bytes]:
+        """A client's advertisement authenticator, checked for shape (its validity is for the
+        clients to check): a signature, or (MACs) one tag per neighbour.
+
+        Raises:
+            AggregationError: MACs that are not one 32-byte tag for each neighbour.
+        """
+        if not self._macs:
+            return bytes(authenticator)
+        if not isinstance(authenticator, Mapping):
+            raise AggregationError(
+                f"round {self.round_id}: client {client} must advertise one MAC per neighbour "
+                "(auth='macs'), not a single signature"
+            )
+        tags = {int(v): bytes(tag) for v, tag in authenticator.items()}
+        if set(tags) != set(self._neighbours_of(client).tolist()) or any(
+            len(tag) != MAC_BYTES for tag in tags.values()
+        ):
+            raise AggregationError(
+                f"round {self.round_id}: client {client}'s advertisement must carry one "
+                f"{MAC_BYTES}-byte MAC for each of its neighbours"
+            )
+        return tags
 
     # -- stage 2 --------------------------------------------------------------------------
     def _share_keys(self) -> None:
@@ -300,7 +359,8 @@ class SecAggRound(AggregationRound):
         """ShareKeys, what the server sends ``client``: neighbours, their points and ``c`` keys."""
         if not self.public_keys:
             raise AggregationError(f"round {self.round_id}: no public keys received yet")
-        positions = self._graph[int(self.view.positions([client])[0])]
+        client = int(client)
+        positions = self._graph[self._position_of(client)]
         neighbours = tuple(self._ids[p] for p in positions)
         malicious = self.config.malicious
         return ShareRequest(
@@ -309,8 +369,17 @@ class SecAggRound(AggregationRound):
             tuple(self.public_keys[v][0] for v in neighbours),
             self.threshold,
             s_publics=tuple(self.public_keys[v][1] for v in neighbours) if malicious else (),
-            signatures=tuple(self.advert_signatures[v] for v in neighbours) if malicious else (),
+            signatures=(
+                tuple(self._advert_for(v, client) for v in neighbours) if malicious else ()
+            ),
         )
+
+    def _advert_for(self, sender: int, recipient: int) -> bytes:
+        """What the server relays of ``sender``'s advertisement authenticator to ``recipient``."""
+        authenticator = self.advert_signatures[sender]
+        if isinstance(authenticator, dict):
+            return authenticator.get(recipient, b"")
+        return authenticator
 
     def receive_shares(self, client: int, sealed: Sequence[bytes]) -> None:
         """ShareKeys, server side: ``client``'s sealed shares, one per neighbour, to relay.
@@ -322,7 +391,7 @@ class SecAggRound(AggregationRound):
         self._check_usable()
         self._check_before_unmasking("shares")
         client = int(client)
-        neighbours = self.neighbours(client).tolist()
+        neighbours = self._neighbours_of(client).tolist()
         if client in self._shared:
             raise AggregationError(f"client {client} already sent its shares")
         if len(sealed) != len(neighbours) or any(len(b) != SEALED_SHARE_BYTES for b in sealed):
@@ -333,19 +402,19 @@ class SecAggRound(AggregationRound):
         for v, blob in zip(neighbours, sealed, strict=True):
             self.share_store[(client, v)] = bytes(blob)
         self._shared.add(client)
-        self._record(
-            client,
-            shares_sent=np.frombuffer(b"".join(sealed), np.uint8),
-            share_recipients=np.asarray(neighbours, np.int64),
-        )
+        if self.view.keep_payloads:
+            self._record(
+                client,
+                shares_sent=np.frombuffer(b"".join(sealed), np.uint8),
+                share_recipients=np.asarray(neighbours, np.int64),
+            )
         per_client = self.neighbours_k * (ID_BYTES + SEALED_SHARE_BYTES)
-        self.view.add_bytes_up([client], per_client)
-        self.view.add_bytes_down([client], per_client)
+        self._add_bytes(client, per_client, per_client)
 
     # -- stage 3 --------------------------------------------------------------------------
     def mask_request(self, client: int) -> MaskRequest:
         """MaskedInputCollection, what the server sends ``client``: its neighbours' ``s`` keys."""
-        neighbours = tuple(self.neighbours(client).tolist())
+        neighbours = tuple(self._neighbours_of(int(client)).tolist())
         return MaskRequest(neighbours, tuple(self.public_keys[v][1] for v in neighbours))
 
     def _check_weighting(self, weighted: bool) -> None:
@@ -412,7 +481,7 @@ class SecAggRound(AggregationRound):
         self._check_usable()
         self._check_before_unmasking("masked input")
         client = int(client)
-        self.view.positions([client])
+        self._position_of(client)
         if client in self.submitted:
             raise AggregationError(f"client(s) [{client}] already submitted in this round")
         if client in self.dropped:
@@ -448,9 +517,16 @@ class SecAggRound(AggregationRound):
             raise
 
     def _plan(self, contributors: np.ndarray) -> UnmaskingPlan:
-        contributed = np.isin(self.clients, contributors)
-        present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
-        plan = plan_unmasking(self._graph, contributed, present, self.threshold)
+        # Planned once per state: ConsistencyCheck, the unmask requests and the unmasking ask
+        # for the same plan (the graph's components are the costly part).
+        state = (contributors.tobytes(), frozenset(self.dropped))
+        if self._planned is not None and self._planned[0] == state:
+            plan = self._planned[1]
+        else:
+            contributed = np.isin(self.clients, contributors)
+            present = ~np.isin(self.clients, np.asarray(sorted(self.dropped), np.int64))
+            plan = plan_unmasking(self._graph, contributed, present, self.threshold)
+            self._planned = (state, plan)
         if plan.shortfalls:
             shown = ", ".join(
                 f"client {self._ids[p]}'s {what} ({have} of {self.threshold} helpers)"
@@ -507,12 +583,16 @@ class SecAggRound(AggregationRound):
         self.view.add_bytes_down(helpers, len(contributors) * ID_BYTES)
         return {v: self.survivors for v in helpers}
 
-    def receive_consistency(self, signatures: Mapping[int, bytes]) -> None:
-        """ConsistencyCheck, server side: each helper's signature on the survivor set.
+    def receive_consistency(self, signatures: Mapping[int, bytes | Mapping[int, bytes]]) -> None:
+        """ConsistencyCheck, server side: each helper's authenticator of the survivor set.
+
+        A signature each, or with ``auth="macs"`` a mapping ``neighbour -> MAC`` addressed to
+        each of the helper's neighbours in the set.
 
         Raises:
             AggregationError: before :meth:`consistency_requests`, twice, or from a non-helper.
-            ValueError: a signature of the wrong size.
+            ValueError: a signature of the wrong size, or MACs that are not a mapping of
+                32-byte tags addressed to the helper's neighbours.
         """
         self._check_usable()
         if self.survivors is None:
@@ -531,11 +611,30 @@ class SecAggRound(AggregationRound):
                 f"round {self.round_id}: ConsistencyCheck signatures from non-helpers "
                 f"{strangers[:5]}"
             )
+        received = {}
         for v, signature in signatures.items():
-            if len(signature) != SIGNATURE_BYTES:
-                raise ValueError(f"client {v}'s signature must be {SIGNATURE_BYTES} bytes")
-        self.consistency_signatures = {int(v): bytes(s) for v, s in signatures.items()}
-        self.view.add_bytes_up(list(self.consistency_signatures), SIGNATURE_BYTES)
+            v = int(v)
+            if not self._macs:
+                if len(signature) != SIGNATURE_BYTES:
+                    raise ValueError(f"client {v}'s signature must be {SIGNATURE_BYTES} bytes")
+                received[v] = bytes(signature)
+                self._add_bytes(v, up=SIGNATURE_BYTES)
+                continue
+            if not isinstance(signature, Mapping):
+                raise ValueError(
+                    f"client {v}'s ConsistencyCheck answer must be one MAC per neighbour "
+                    "(auth='macs')"
+                )
+            tags = {int(u): bytes(tag) for u, tag in signature.items()}
+            near = set(self._neighbours_of(v).tolist())
+            if not set(tags) <= near or any(len(tag) != MAC_BYTES for tag in tags.values()):
+                raise ValueError(
+                    f"client {v}'s ConsistencyCheck MACs must be {MAC_BYTES}-byte tags addressed "
+                    "to its neighbours"
+                )
+            received[v] = tags
+            self._add_bytes(v, up=len(tags) * (ID_BYTES + MAC_BYTES))
+        self.consistency_signatures = received
 
     def unmask_requests(self) -> dict[int, UnmaskRequest]:
         """Unmasking, what the server sends each surviving contributor ("helper").
@@ -564,21 +663,27 @@ class SecAggRound(AggregationRound):
             contributors, plan = self._fix_contributors()
         if plan is None:
             return {}
-        contributor_set = frozenset(contributors.tolist())
+        contributor_set = (
+            self.survivors if self.survivors is not None else frozenset(contributors.tolist())
+        )
+        wire = MAC_BYTES if self._macs else SIGNATURE_BYTES
         requests = {}
         for p in plan.helpers.tolist():
             v = self._ids[p]
+            near = self._neighbours_of(v).tolist()
             inbox = {}
-            for u in self.neighbours(v).tolist():
+            for u in near:
                 if (u, v) not in self.share_store:
                     raise kx.ShareDecryptionError(f"the server holds no share from {u} to {v}")
                 inbox[u] = self.share_store[(u, v)]
-            signatures = {
-                u: self.consistency_signatures[u]
-                for u in self.neighbours(v).tolist()
-                if u in self.consistency_signatures
-            }
-            self.view.add_bytes_down([v], len(signatures) * (ID_BYTES + SIGNATURE_BYTES))
+            signatures = {}
+            for u in near:
+                authenticator = self.consistency_signatures.get(u)
+                if isinstance(authenticator, dict):
+                    authenticator = authenticator.get(v)
+                if authenticator is not None:
+                    signatures[u] = authenticator
+            self._add_bytes(v, down=len(signatures) * (ID_BYTES + wire))
             requests[v] = UnmaskRequest(inbox, contributor_set, signatures)
         return requests
 
@@ -620,7 +725,7 @@ class SecAggRound(AggregationRound):
             # Every helper opens its whole inbox first (a bad share aborts with nothing revealed).
             responses = {
                 v: self._clients[v].reveal(
-                    request.inbox, set(request.contributors), request.signatures, self.timer
+                    request.inbox, request.contributors, request.signatures, self.timer
                 )
                 for v, request in self.unmask_requests().items()
             }
@@ -688,6 +793,7 @@ class SecAggRound(AggregationRound):
                 neighbour, or of the wrong kind (``b`` for contributors, ``s`` for the others).
         """
         helper_ids = {self._ids[p] for p in plan.helpers.tolist()}
+        keep = self.view.keep_payloads
         if set(responses) - helper_ids:
             raise AggregationError(
                 f"round {self.round_id}: revealed shares came from non-helpers "
@@ -695,7 +801,7 @@ class SecAggRound(AggregationRound):
             )
         gathered: dict[int, dict[str, list[tuple[int, int]]]] = {}
         for v, revealed in responses.items():
-            neighbours = set(self.neighbours(v).tolist())
+            neighbours = set(self._neighbours_of(v).tolist())
             for owner, (kind, _) in revealed.items():
                 expected = "b" if owner in contributor_set else "s"
                 if owner not in neighbours or kind != expected:
@@ -703,19 +809,22 @@ class SecAggRound(AggregationRound):
                         f"round {self.round_id}: helper {v} revealed a {kind!r} share of client "
                         f"{owner}, which it cannot hold or was not asked for; no result"
                     )
-            x = int(self.view.positions([v])[0]) + 1
+            x = self._position_of(v) + 1
             for owner, (kind, value) in revealed.items():
                 gathered.setdefault(owner, {}).setdefault(kind, []).append((x, value))
             n_contrib = sum(1 for u in revealed if u in contributor_set)
-            self.view.add_bytes_down([v], n_contrib * ID_BYTES)
-            self.view.add_bytes_up([v], len(revealed) * (ID_BYTES + shamir.SHARE_BYTES))
-            self._record(
-                v,
-                unmask_owners=np.asarray(list(revealed), np.int64),
-                unmask_shares=np.frombuffer(
-                    b"".join(shamir.encode_share(val) for _, val in revealed.values()), np.uint8
-                ),
+            self._add_bytes(
+                v, up=len(revealed) * (ID_BYTES + shamir.SHARE_BYTES), down=n_contrib * ID_BYTES
             )
+            if keep:
+                self._record(
+                    v,
+                    unmask_owners=np.asarray(list(revealed), np.int64),
+                    unmask_shares=np.frombuffer(
+                        b"".join(shamir.encode_share(val) for _, val in revealed.values()),
+                        np.uint8,
+                    ),
+                )
         return gathered
 
     def _helper(self, x: int) -> int:
@@ -1035,3 +1144,12 @@ class SecAggRound(AggregationRound):
 
 def _u8(data: bytes) -> np.ndarray:
     return np.frombuffer(data, np.uint8).copy()
+
+
+def _wire(authenticator: bytes | Mapping[int, bytes]) -> bytes:
+    """An authenticator as the bytes it travels as: a signature, or ``(id, tag)`` per recipient."""
+    if isinstance(authenticator, bytes):
+        return authenticator
+    return b"".join(
+        np.asarray([v], ">i8").tobytes() + authenticator[v] for v in sorted(authenticator)
+    )

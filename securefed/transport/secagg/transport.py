@@ -28,9 +28,11 @@ class SecAggTransport(Transport):
             a message layer (``securefed.flower``); the rounds then hold no client secrets and
             refuse a plaintext ``submit`` (:class:`SecAggRound`).
         registry: (malicious-server variant, remote clients) the key registry of set-up, for the
-            server's own early check of the advertisements; the clients check them regardless.
-            Simulated clients get signing keys and a registry from the transport's set-up
-            (:class:`~securefed.transport.secagg.signatures.SimulatedSigners`).
+            server's own early check of signed advertisements (``auth="signatures"``; a MAC
+            only its recipient can check); the clients check them regardless. Simulated
+            clients get their long-term keys and a registry from the transport's set-up
+            (:class:`~securefed.transport.secagg.signatures.SimulatedSigners`, kept across
+            rounds with the static pairwise keys they agree).
 
     Example:
         >>> from securefed import SeedTree
@@ -88,6 +90,7 @@ class SecAggTransport(Transport):
             self.config.round_parameters(len(ids))
         round_view = self.view.open(round_id, ids)
         signers, registry = None, self.registry
+        setup_before = self._signers.setup_seconds
         if self.config.malicious and not self.remote_clients:
             signers, registry = self._signers.set_up(ids.tolist(), seeds)
         return SecAggRound(
@@ -100,6 +103,7 @@ class SecAggTransport(Transport):
             remote_clients=self.remote_clients,
             signers=signers,
             registry=registry,
+            setup_seconds=self._signers.setup_seconds - setup_before,
         )
 
     @property
@@ -119,7 +123,7 @@ class SecAggTransport(Transport):
             "transport": self.name,
             "protocol": "SecAgg+ (Bell et al. 2020) over Bonawitz et al. 2017, "
             + (
-                "malicious server (signatures, ConsistencyCheck)"
+                f"malicious server ({self.config.auth}, ConsistencyCheck)"
                 if self.config.malicious
                 else "honest-but-curious"
             ),
