@@ -84,16 +84,23 @@ def _distinct_positions(
         keys = users * n_items + (rng.random(len(users)) * population[users]).astype(np.int64)
         if chosen:
             keys = keys[~np.isin(keys, np.concatenate(chosen))]
-        keys, first = np.unique(keys, return_index=True)
-        keys = keys[np.argsort(first)]  # draw order decides which distinct draws are kept
+        keys = keys[_first_occurrences(keys)]  # distinct draws, in draw order
+        # Draws come user by user, so draw order is already grouped by user.
         owner = keys // n_items
-        order = np.argsort(owner, kind="stable")
-        keys, owner = keys[order], owner[order]
         rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
         kept = keys[rank < missing[owner]]
         chosen.append(kept)
         missing = missing - np.bincount(kept // n_items, minlength=len(need))
     return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def _first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """Mask of the entries whose key has not appeared before them (one stable sort)."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.ones(len(keys), dtype=bool)
+    first[order[1:][ordered[1:] == ordered[:-1]]] = False
+    return first
 
 
 def normalise_rows(features: np.ndarray) -> np.ndarray:
