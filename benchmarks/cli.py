@@ -57,11 +57,12 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--preset",
         default="paper",
-        choices=["paper", "biased", "dp"],
+        choices=["paper", "biased", "dp", "dp-biased"],
         help="starting settings: paper (FedMFConfig defaults), biased (biased_config: biases, "
         "Adam on the server, a third of the rounds; the choice for a new ratings file) or dp "
-        "(user_level_dp_config: fixed-denominator aggregation, user-mean offset); the options "
-        "below override them",
+        "(user_level_dp_config: fixed-denominator aggregation, user-mean offset) or dp-biased "
+        "(dp_biased_config: the dp preset with biases, the item-bias column uploaded at 0.3 of "
+        "its scale so that it does not take most of the clip); the options below override them",
     )
     parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
     from securefed.transport import transport_names
@@ -187,7 +188,12 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
-    from securefed.recsys.fedmf import FedMFConfig, biased_config, user_level_dp_config
+    from securefed.recsys.fedmf import (
+        FedMFConfig,
+        biased_config,
+        dp_biased_config,
+        user_level_dp_config,
+    )
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
@@ -221,7 +227,12 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "server_optimiser": args.server_optimiser,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
-    presets = {"paper": FedMFConfig, "biased": biased_config, "dp": user_level_dp_config}
+    presets = {
+        "paper": FedMFConfig,
+        "biased": biased_config,
+        "dp": user_level_dp_config,
+        "dp-biased": dp_biased_config,
+    }
     config = presets[args.preset](**overrides)
     if args.validation is None and (args.patience != 4 or args.validate_every != 5):
         raise ValueError("--patience and --validate-every apply only with --validation")

@@ -194,6 +194,10 @@ class FedMFConfig:
             damping (2010, section 2.1; :mod:`securefed.recsys.baselines`' ``lambda_i``)
             applied to ``V`` and ``b_i``. Server-side on the ``V`` and counts it already holds:
             no upload changes. 0 (default): today's step, bit for bit.
+        user_damping: ``k_u``, the same prior on the device (``user_step="mean"`` only): user
+            ``u`` regularises ``U_u`` and ``b_u`` with ``lambda (1 + k_u / n_u)`` instead of
+            ``lambda``, as if its mean loss had ``k_u`` more ratings at its prediction. Local:
+            nothing uploaded changes form. 0 (default): today's step, bit for bit.
         server_optimiser: the server's rule for ``V`` and ``b_i`` (FedOpt, Reddi et al. 2021;
             :mod:`securefed.server_optim`): ``"sgd"`` is ``V <- V - eta G``, today's path, bit
             for bit; ``"momentum"``, ``"adam"``, ``"adagrad"``, ``"yogi"`` treat ``-G`` as the
@@ -236,6 +240,7 @@ class FedMFConfig:
     reg_bias: float = 0.01
     bias_upload_scale: float = 1.0
     item_damping: float = 0.0
+    user_damping: float = 0.0
     server_optimiser: str = "sgd"
     server_momentum: float = 0.9
     server_beta1: float = 0.9
@@ -312,6 +317,13 @@ class FedMFConfig:
             )
         if not (np.isfinite(self.item_damping) and self.item_damping >= 0):
             raise ValueError(f"item_damping must be finite and >= 0, got {self.item_damping!r}")
+        if not (np.isfinite(self.user_damping) and self.user_damping >= 0):
+            raise ValueError(f"user_damping must be finite and >= 0, got {self.user_damping!r}")
+        if self.user_damping > 0 and self.user_step != "mean":
+            raise ValueError(
+                f"user_damping={self.user_damping!r} with user_step={self.user_step!r}: the "
+                "damping scales the regulariser of the user's mean loss; use user_step='mean'"
+            )
         if self.item_damping > 0 and self.aggregation != "mean":
             raise ValueError(
                 f"item_damping={self.item_damping!r} with aggregation={self.aggregation!r}: the "
@@ -474,6 +486,26 @@ def user_level_dp_config(**overrides) -> FedMFConfig:
         "rounds": 100,
     }
     return FedMFConfig(**(settings | overrides))
+
+
+DP_BIASED_SETTINGS: dict[str, object] = {"biases": True, "bias_upload_scale": 0.3}
+"""What :func:`dp_biased_config` adds to the DP preset (benchmarks/results/fedmf_biases/)."""
+
+
+def dp_biased_config(**overrides) -> FedMFConfig:
+    """The DP preset with item and user biases, the item bias uploaded at a third of its scale.
+
+    :func:`user_level_dp_config` plus ``biases`` (``r_ui ~ m_u + b_u + b_i + <U_u, V_i>``: the
+    user's own mean stays the offset, so no global-mean round is needed) and
+    ``bias_upload_scale`` 0.3: the item-bias column ``-2 e`` would otherwise take most of each
+    user's clip norm (the factor columns are ``-2 e U_u`` with small ``U_u``), shrinking the
+    factor gradients under the same noise. The transport still clips each user's whole block
+    to ``C``, so the sensitivity, and the epsilon of a run, are the DP preset's. Measured on
+    ML-100K u1 at epsilon 8 (distributed, clip 1, delta 1e-5, 100 rounds): 1.0083 against the
+    DP preset's 1.0133 (``dp_eps8_s9_*.json``). The DP preset itself is unchanged: the attacks'
+    tests and records are built on it.
+    """
+    return user_level_dp_config(**(DP_BIASED_SETTINGS | overrides))
 
 
 def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
@@ -831,13 +863,18 @@ class FedMF:
         pull = residuals @ self.V
         if cfg.user_step == "mean":
             pull = pull / np.maximum(counts, 1)[:, None]
-        new_user = user - cfg.lr * (-2.0 * pull + 2.0 * cfg.reg_user * user)
+        # user_damping: k zero-error ratings more in the user's mean, so that a light user's
+        # vector is shrunk as if it had k more ratings at its prediction (1 when k = 0).
+        damping = 1.0 + cfg.user_damping / np.maximum(counts, 1) if cfg.user_damping else 1.0
+        reg_user = cfg.reg_user * (damping[:, None] if cfg.user_damping else 1.0)
+        new_user = user - cfg.lr * (-2.0 * pull + 2.0 * reg_user * user)
         if not cfg.biases:
             return new_user, user_bias
         bias_pull = segment_sum(errors[:, None], indptr)[:, 0]
         if cfg.user_step == "mean":
             bias_pull = bias_pull / np.maximum(counts, 1)
-        return new_user, user_bias - cfg.lr * (-2.0 * bias_pull + 2.0 * cfg.reg_bias * user_bias)
+        reg_bias = cfg.reg_bias * damping
+        return new_user, user_bias - cfg.lr * (-2.0 * bias_pull + 2.0 * reg_bias * user_bias)
 
     def _pseudo_rows(self, round_id, clients, indptr, items, seeds) -> _PseudoRows:
         """The group's pseudo items and where rated and pseudo rows land in each client's upload.

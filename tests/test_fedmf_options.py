@@ -4,11 +4,20 @@ the factored statistics and first-draw masks against direct computations."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from securefed import PlaintextTransport, RunOptions, SeedTree, run_rounds
-from securefed.recsys.fedmf import FedMF, FedMFConfig, _RoundData, biased_config
+from securefed.recsys.fedmf import (
+    FedMF,
+    FedMFConfig,
+    _RoundData,
+    biased_config,
+    dp_biased_config,
+    user_level_dp_config,
+)
 from securefed.recsys.filling import _first_occurrences
 from securefed.transport.dp import clip_row_updates
 
@@ -48,6 +57,28 @@ def test_item_damping_steps_each_item_with_k_more_rows_of_zero_error(small_split
     np.testing.assert_array_equal(damped.V[~rated], before.V[~rated])  # untouched items stay
     # and the damping does change the step (the equalities above are not met by accident)
     assert not np.allclose(damped.V[rated], plain.V[rated])
+
+
+def test_user_damping_regularises_a_user_as_if_it_had_k_more_ratings(small_split):
+    # U'_k = U'_0 - gamma 2 lambda (k / n_u) U for the vector and b_u alike, from one state.
+    common = {"dim": 3, "rounds": 5, "biases": True, "reg_bias": 0.03, "offset": "user_mean"}
+    k = 9.0
+    before = _warm(small_split, FedMFConfig(**common))
+    plain = _next_round(small_split, before, FedMFConfig(**common))
+    damped = _next_round(small_split, before, FedMFConfig(**common, user_damping=k))
+    cfg = plain.config
+    n = np.maximum(np.diff(before.indptr), 1).astype(float)
+    expected_U = plain.U - cfg.lr * 2 * cfg.reg_user * (k / n)[:, None] * before.U
+    expected_b = plain.user_bias - cfg.lr * 2 * cfg.reg_bias * (k / n) * before.user_bias
+    np.testing.assert_allclose(damped.U, expected_U, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(damped.user_bias, expected_b, rtol=0, atol=1e-12)
+    assert np.abs(damped.U - plain.U).max() > 1e-6
+
+
+def test_the_dp_biased_preset_is_the_dp_preset_with_a_scaled_bias_column():
+    cfg = dp_biased_config()
+    assert cfg.biases and cfg.bias_upload_scale == 0.3 and cfg.offset == "user_mean"
+    assert replace(cfg, biases=False, bias_upload_scale=1.0) == user_level_dp_config()
 
 
 def test_bias_upload_scale_changes_nothing_without_dp(small_split):
@@ -124,6 +155,8 @@ def test_a_smaller_bias_scale_leaves_more_of_the_clip_to_the_factors(small_split
         ({"item_damping": -1.0}, "item_damping must be finite"),
         ({"item_damping": 5.0, "aggregation": "fixed"}, "only aggregation='mean'"),
         ({"item_damping": 5.0, "aggregation": "sum"}, "only aggregation='mean'"),
+        ({"user_damping": -2.0}, "user_damping must be finite"),
+        ({"user_damping": 5.0, "user_step": "sum"}, "use user_step='mean'"),
         ({"bias_upload_scale": 0.5}, "without biases"),
         ({"bias_upload_scale": 0.0, "biases": True}, "bias_upload_scale must be finite"),
         ({"bias_upload_scale": float("inf"), "biases": True}, "bias_upload_scale must be finite"),
