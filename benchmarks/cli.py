@@ -88,6 +88,30 @@ def _add_fedmf(subparsers) -> None:
         "rows); on in the biased preset",
     )
     parser.add_argument("--reg-bias", type=float, default=None, help="L2 weight of the biases")
+    parser.add_argument(
+        "--item-damping",
+        type=float,
+        default=None,
+        metavar="K",
+        help="the server shrinks each item as if it had K more ratings at its prediction "
+        "(aggregation mean only; the biased preset's 25, 0 turns it off)",
+    )
+    parser.add_argument(
+        "--user-damping",
+        type=float,
+        default=None,
+        metavar="K",
+        help="each device shrinks its vector and bias as if it had K more ratings "
+        "(the biased preset's 30, 0 turns it off)",
+    )
+    parser.add_argument(
+        "--bias-upload-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="upload the item-bias column times S, the server divides by S: under DP, how the "
+        "one clip norm is shared between factors and bias (the dp-biased preset's 0.3)",
+    )
     from securefed.server_optim import SERVER_OPTIMISERS
 
     parser.add_argument(
@@ -224,6 +248,9 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "dropout": args.dropout,
         "biases": args.biases,
         "reg_bias": args.reg_bias,
+        "item_damping": args.item_damping,
+        "user_damping": args.user_damping,
+        "bias_upload_scale": args.bias_upload_scale,
         "server_optimiser": args.server_optimiser,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
