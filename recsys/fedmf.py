@@ -453,7 +453,10 @@ BIASED_VARIANT_SETTINGS: dict[str, dict[str, object]] = {
     # Pseudo rows already shrink rarely rated items (they add uploaders of near-zero error to
     # every item's mean), so the filling variants need less, or no, server-side damping.
     "fedrec": {"item_damping": 0.0, "reg_item": 0.11},
-    "fedrec+": {"item_damping": 10.0, "rounds": 40},
+    # FedRec+ pads light users to dim + 1 uploaded rows (a defence), so its cost grows with dim:
+    # dim 50 costs 0.0008 validation RMSE against 100 and uploads a third fewer pseudo rows
+    # (benchmarks/results/fedmf_biases/README.md, "Time").
+    "fedrec+": {"item_damping": 10.0, "rounds": 40, "dim": 50},
 }
 """What :func:`biased_config` changes for FedRec and FedRec+ (chosen the same way)."""
 
@@ -471,7 +474,8 @@ def biased_config(**overrides) -> FedMFConfig:
     more; 35 rounds. Chosen on 10% validation parts of ML-100K u1.base and u2.base (never a test
     fold) by the rule of docs/fedmf.md, "Choosing rounds and regularisation", which
     ``--validation`` applies to another data set. FedRec and FedRec+ get
-    :data:`BIASED_VARIANT_SETTINGS` on top (``variant`` in ``overrides``).
+    :data:`BIASED_VARIANT_SETTINGS` on top (``variant`` in ``overrides``): FedRec no item
+    damping and an item L2 weight of 0.11, FedRec+ item damping 10, 40 rounds and ``dim`` 50.
     """
     variant = overrides.get("variant", BIASED_SETTINGS.get("variant", "fedmf"))
     return FedMFConfig(**(BIASED_SETTINGS | BIASED_VARIANT_SETTINGS.get(variant, {}) | overrides))
