@@ -162,7 +162,9 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def _rounds(args: argparse.Namespace) -> dict:
-    return {} if args.rounds is None else {"rounds": args.rounds}
+    """The preset overrides given on the command line (``--rounds``, ``--dim``)."""
+    given = {"rounds": args.rounds, "dim": args.dim}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def register(benches) -> None:
@@ -171,7 +173,10 @@ def register(benches) -> None:
     parser.add_argument("--splits", default="u1,u2,u3,u4,u5")
     parser.add_argument("--variants", default="fedmf")
     parser.add_argument(
-        "--rounds", type=int, default=None, help="FedMF rounds (the biased preset's 150)"
+        "--rounds", type=int, default=None, help="FedMF rounds (the biased preset's 35, FedRec+ 40)"
+    )
+    parser.add_argument(
+        "--dim", type=int, default=None, help="FedMF's latent dimension (the biased preset's 100)"
     )
     parser.add_argument(
         "--validation",

@@ -57,11 +57,12 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--preset",
         default="paper",
-        choices=["paper", "biased", "dp"],
+        choices=["paper", "biased", "dp", "dp-biased"],
         help="starting settings: paper (FedMFConfig defaults), biased (biased_config: biases, "
         "Adam on the server, a third of the rounds; the choice for a new ratings file) or dp "
-        "(user_level_dp_config: fixed-denominator aggregation, user-mean offset); the options "
-        "below override them",
+        "(user_level_dp_config: fixed-denominator aggregation, user-mean offset) or dp-biased "
+        "(dp_biased_config: the dp preset with biases, the item-bias column uploaded at 0.3 of "
+        "its scale so that it does not take most of the clip); the options below override them",
     )
     parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
     from securefed.transport import transport_names
@@ -87,6 +88,30 @@ def _add_fedmf(subparsers) -> None:
         "rows); on in the biased preset",
     )
     parser.add_argument("--reg-bias", type=float, default=None, help="L2 weight of the biases")
+    parser.add_argument(
+        "--item-damping",
+        type=float,
+        default=None,
+        metavar="K",
+        help="the server shrinks each item as if it had K more ratings at its prediction "
+        "(aggregation mean only; the biased preset's 25, 0 turns it off)",
+    )
+    parser.add_argument(
+        "--user-damping",
+        type=float,
+        default=None,
+        metavar="K",
+        help="each device shrinks its vector and bias as if it had K more ratings "
+        "(the biased preset's 30, 0 turns it off)",
+    )
+    parser.add_argument(
+        "--bias-upload-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="upload the item-bias column times S, the server divides by S: under DP, how the "
+        "one clip norm is shared between factors and bias (the dp-biased preset's 0.3)",
+    )
     from securefed.server_optim import SERVER_OPTIMISERS
 
     parser.add_argument(
@@ -187,7 +212,12 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
-    from securefed.recsys.fedmf import FedMFConfig, biased_config, user_level_dp_config
+    from securefed.recsys.fedmf import (
+        FedMFConfig,
+        biased_config,
+        dp_biased_config,
+        user_level_dp_config,
+    )
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
@@ -218,10 +248,18 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "dropout": args.dropout,
         "biases": args.biases,
         "reg_bias": args.reg_bias,
+        "item_damping": args.item_damping,
+        "user_damping": args.user_damping,
+        "bias_upload_scale": args.bias_upload_scale,
         "server_optimiser": args.server_optimiser,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
-    presets = {"paper": FedMFConfig, "biased": biased_config, "dp": user_level_dp_config}
+    presets = {
+        "paper": FedMFConfig,
+        "biased": biased_config,
+        "dp": user_level_dp_config,
+        "dp-biased": dp_biased_config,
+    }
     config = presets[args.preset](**overrides)
     if args.validation is None and (args.patience != 4 or args.validate_every != 5):
         raise ValueError("--patience and --validate-every apply only with --validation")

@@ -14,6 +14,7 @@ All functions work on whole populations at once: pseudo sets are CSR structures 
 from __future__ import annotations
 
 import numpy as np
+from scipy import sparse
 
 from securefed.recsys.sparse_rows import rated_dot, row_ids, segment_sum
 
@@ -83,16 +84,23 @@ def _distinct_positions(
         keys = users * n_items + (rng.random(len(users)) * population[users]).astype(np.int64)
         if chosen:
             keys = keys[~np.isin(keys, np.concatenate(chosen))]
-        keys, first = np.unique(keys, return_index=True)
-        keys = keys[np.argsort(first)]  # draw order decides which distinct draws are kept
+        keys = keys[_first_occurrences(keys)]  # distinct draws, in draw order
+        # Draws come user by user, so draw order is already grouped by user.
         owner = keys // n_items
-        order = np.argsort(owner, kind="stable")
-        keys, owner = keys[order], owner[order]
         rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
         kept = keys[rank < missing[owner]]
         chosen.append(kept)
         missing = missing - np.bincount(kept // n_items, minlength=len(need))
     return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def _first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """Mask of the entries whose key has not appeared before them (one stable sort)."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first = np.ones(len(keys), dtype=bool)
+    first[order[1:][ordered[1:] == ordered[:-1]]] = False
+    return first
 
 
 def normalise_rows(features: np.ndarray) -> np.ndarray:
@@ -162,13 +170,23 @@ def similarity_weighted_ratings(
     ``B_u = sum_i E_i``, one sparse pass for every user at once.
     """
     encoded = normalise_rows(item_features)
-    weighted_profile = segment_sum(ratings[:, None] * encoded[items], indptr)
-    profile = segment_sum(encoded[items], indptr)
+    # A_u and B_u as sparse products over the rated entries: the same sums, term by term and in
+    # the same order, as gathering encoded[items] first, without the (nnz, dim) temporaries.
+    shape = (len(indptr) - 1, len(encoded))
+    weighted_profile = sparse.csr_matrix((ratings, items, indptr), shape=shape) @ encoded
+    profile = sparse.csr_matrix((np.ones(len(items)), items, indptr), shape=shape) @ encoded
     rating_sums = segment_sum(ratings, indptr)
     counts = np.diff(indptr).astype(np.float64)
     owners = row_ids(pseudo_indptr)
-    numerator = rating_sums[owners] + rated_dot(weighted_profile, encoded, owners, pseudo_items)
-    denominator = counts[owners] + rated_dot(profile, encoded, owners, pseudo_items)
+    # One pass over the pairs for both dot products: [A_u, B_u] stacked per user.
+    both = rated_dot(
+        np.vstack([weighted_profile, profile]),
+        encoded,
+        np.concatenate([owners, owners + shape[0]]),
+        np.concatenate([pseudo_items, pseudo_items]),
+    )
+    numerator = rating_sums[owners] + both[: len(owners)]
+    denominator = counts[owners] + both[len(owners) :]
     fallback = rating_sums[owners] / np.maximum(counts[owners], 1)
     safe = denominator > 1e-9
     return np.where(safe, numerator / np.where(safe, denominator, 1.0), fallback)

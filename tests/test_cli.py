@@ -318,3 +318,11 @@ def test_fedrec_plus_runs_through_secure_aggregation_from_its_first_round(tmp_pa
     )  # fmt: skip
     (row,) = run(config, tmp_path)
     assert row["status"] == "ok", row["status"]
+
+
+def test_fedmf_command_refuses_dampings_and_scales_that_do_not_apply(capsys):
+    argv = ["fedmf", "--rounds", "1", "--no-progress"]
+    assert main([*argv, "--preset", "biased", "--aggregation", "sum"]) == 2
+    assert "only aggregation='mean'" in capsys.readouterr().err  # the preset's item damping
+    assert main([*argv, "--bias-upload-scale", "0.3"]) == 2  # the paper preset has no biases
+    assert "without biases" in capsys.readouterr().err

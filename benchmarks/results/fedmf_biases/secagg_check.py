@@ -1,6 +1,7 @@
 """Biased FedMF on ML-100K u1 in plaintext and through secure aggregation (same seed).
 
-Run: OMP_NUM_THREADS=1 python benchmarks/results/fedmf_biases/secagg_check.py WARM
+Run: OMP_NUM_THREADS=1 python benchmarks/results/fedmf_biases/secagg_check.py WARM [NAME]
+(writes secagg_NAME.json, default secagg_u1.json)
 The secagg run takes its first WARM rounds over plaintext (FedMFRun.warm_start_rounds, as
 ``bench fedmf-transport`` does) and the rest through secagg; ``upload="full"`` in both runs.
 """
@@ -26,5 +27,6 @@ record = {
     "note": f"rounds 0..{warm - 1} over plaintext (warm start), the last "
     f"{cfg.rounds - warm} through secagg",
 }
-save_json(record, "benchmarks/results/fedmf_biases/secagg_u1.json")
+name = sys.argv[2] if len(sys.argv) > 2 else "u1"
+save_json(record, f"benchmarks/results/fedmf_biases/secagg_{name}.json")
 print(plain["rmse"], secure["rmse"], secure["rmse"] - plain["rmse"])
