@@ -96,6 +96,9 @@ __all__ = [
 CLIP_TOLERANCE = 1e-7
 """A block whose norm is within this relative distance of the DP clip was clipped."""
 
+ZERO_ERROR = 1e-9
+"""A row whose ``|c_i|`` is below this share of the user's largest has a vanishing error."""
+
 CONSTANT_SHAPE = 1e-9
 """A shape whose spread is below this share of its terms' size means equal ratings."""
 
@@ -501,6 +504,23 @@ def item_bias_inversion(
     g, beta = gradients[:, :dim], gradients[:, dim]
     if not np.any(beta):
         raise InversionError("the bias column carries no error: the user vector is undefined")
+    if clip_factor is not None:
+        # s known: h_i = g_i - 2 mu s V_i = beta'_i U with beta'_i = beta_i - 2 s mu_b b_i, a
+        # rank-one least squares in closed form.
+        clip_factor = float(clip_factor)
+        if not clip_factor > 0:
+            raise InversionError(f"the clipping factor must be positive, got {clip_factor:g}")
+        h = g - 2.0 * reg_item * clip_factor * factors[rows]
+        centred_beta = beta - 2.0 * clip_factor * reg_bias * biases[rows]
+        denominator = float(centred_beta @ centred_beta)
+        if denominator <= 0:
+            raise InversionError("the bias column carries no error: the user vector is undefined")
+        user_vector = centred_beta @ h / denominator
+        fit = np.outer(centred_beta, user_vector)
+        residual = float(np.linalg.norm(fit - h) / max(np.linalg.norm(g), 1e-300))
+        errors = -centred_beta / (2.0 * clip_factor)
+        centred = biases[rows] + factors[rows] @ user_vector + errors
+        return ItemBiasInversion(rows, errors, user_vector, clip_factor, centred, residual)
     eye = np.eye(dim)
     blocks = [np.kron(beta[:, None], eye)]  # coefficient of U in row-major (row, coordinate)
     if reg_bias > 0:
@@ -647,12 +667,20 @@ def offset_shape_from_grid(
             clipped(upload, clip), 0.0, True,
         )  # fmt: skip
     step, levels = protocol.scale.step, protocol.scale.n_levels
-    seeds = np.argsort(-np.abs(c), kind="stable")[: max(3, seed_rows)]
+    # A row with a vanishing error is a virtual rating equal to the prediction (FedRec's pseudo
+    # rows): it carries no step count and would let a huge t fit anything. Left off the grid.
+    erring = np.abs(c) > ZERO_ERROR * np.max(np.abs(c))
+    if erring.sum() < min_rows:
+        raise InversionError(
+            f"client {upload.client}: {int(erring.sum())} rows with an error, fewer than {min_rows}"
+        )
+    where = np.flatnonzero(erring)
+    seeds = where[_spread_seeds(m[where], c[where], seed_rows)]
     counts = np.arange(-(levels - 1), levels)
     k1, k2 = (x.ravel() for x in np.meshgrid(counts, counts, indexing="ij"))
     nonzero = (k1 != 0) | (k2 != 0)
     k1, k2 = k1[nonzero], k2[nonzero]
-    best_count, best_rho, best_hit, disagree = 0, np.nan, None, False
+    best_count, best_hit, disagree = 0, None, False
     best_fit = (0.0, 0.0, 0)
     for first, second, third in _seed_triples(len(seeds)):
         p, q, r = seeds[first], seeds[second], seeds[third]
@@ -661,8 +689,10 @@ def offset_shape_from_grid(
             continue
         solutions = np.linalg.solve(system, step * np.vstack([k1, k2]).astype(np.float64))
         a, t = solutions
+        usable = a != 0
+        a, t = a[usable], t[usable]
         offsets = (a[:, None] * (m - m[p]) - t[:, None] * (c - c[p])) / step
-        hit = np.abs(offsets - np.rint(offsets)) <= tol
+        hit = (np.abs(offsets - np.rint(offsets)) <= tol) & erring
         span = np.where(hit, offsets, np.nan)
         with np.errstate(invalid="ignore"):
             width = np.nanmax(span, axis=1) - np.nanmin(span, axis=1)
@@ -672,15 +702,15 @@ def offset_shape_from_grid(
         if top < best_count:
             continue
         winners = np.flatnonzero(scores == top)
-        rhos = t[winners] / a[winners]
-        agree = np.allclose(rhos, rhos[0], rtol=1e-6, atol=0)
+        # Candidates that put the same rows on the grid are one solution (multiples, rounding).
+        agree = bool(np.all(hit[winners] == hit[winners[0]]))
         if top > best_count:
-            best_count, best_rho, best_hit = top, float(rhos[0]), hit[winners[0]]
+            best_count, best_hit = top, hit[winners[0]]
             best_fit = (float(a[winners[0]]), float(t[winners[0]]), int(p))
             disagree = not agree
-        elif not (agree and np.isclose(rhos[0], best_rho, rtol=1e-6, atol=0)):
+        elif not (agree and np.array_equal(hit[winners[0]], best_hit)):
             disagree = True
-        if best_count == n and not disagree:
+        if best_count == len(where) and not disagree:
             break
     if best_count < min_rows or best_hit is None:
         raise InversionError(
@@ -706,6 +736,23 @@ def offset_shape_from_grid(
         False,
         best_hit,
     )
+
+
+def _spread_seeds(m: np.ndarray, c: np.ndarray, count: int) -> np.ndarray:
+    """Seed rows that likely hold different ratings: the largest ``|c_i|`` (best conditioned)
+    first, then the extremes and quantiles of ``c`` and ``m`` (rows of one rating level
+    cannot fix ``(a, t)``: their differences are zero steps)."""
+    order_c, order_m = np.argsort(c, kind="stable"), np.argsort(m, kind="stable")
+    quantiles = np.linspace(0, len(c) - 1, max(2, count // 2)).round().astype(np.intp)
+    candidates = np.concatenate(
+        [
+            np.argsort(-np.abs(c), kind="stable")[:3],
+            order_c[quantiles],
+            order_m[quantiles],
+        ]
+    )
+    _, first = np.unique(candidates, return_index=True)
+    return candidates[np.sort(first)][: max(3, count)]
 
 
 def _seed_triples(n_seeds: int):
