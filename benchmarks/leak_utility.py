@@ -345,6 +345,19 @@ def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> l
     split = load_split(config)
     model = model_plugin(config.model)
     attacks = tuple(attack_plugin(name) for name in config.attack_names())
+    meta = {
+        "data": split.name,
+        "users": split.train.n_users,
+        "items": split.train.n_items,
+        "train": len(split.train),
+        "test": len(split.test),
+        "rounds": config.rounds,
+        "seed": config.seed,
+    }
+    if config.model != "fedmf":
+        meta |= {"model": config.model, "attacks": list(config.attack_names())}
+    if merge:  # refused before any cell trains
+        merge_rows(Path(out) / "leak_utility.json", meta, [])
     cells = [(v, t) for v in config.model_variants() for t in config.transports]
     # Counted in rounds, so that the bar and its ETA move during a long cell.
     bar = tqdm(
@@ -363,17 +376,6 @@ def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> l
     bar.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "data": split.name,
-        "users": split.train.n_users,
-        "items": split.train.n_items,
-        "train": len(split.train),
-        "test": len(split.test),
-        "rounds": config.rounds,
-        "seed": config.seed,
-    }
-    if config.model != "fedmf":
-        meta |= {"model": config.model, "attacks": list(config.attack_names())}
     if merge:
         rows = merge_rows(out / "leak_utility.json", meta, rows)
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
