@@ -601,17 +601,22 @@ def grid_phase(values: np.ndarray, step: float, tol: float = GRID_TOLERANCE) -> 
     """The rows that share the most common position between grid points (mask).
 
     Rows whose values differ by whole steps share their phase ``(value / step) mod 1``; the phase
-    that most rows share is the grid's (ties: the first row's). Under filling the minority are
-    pseudo rows whose virtual ratings are off the scale.
+    that most rows share is the grid's (ties: the first row's), among the phases held by rows at
+    two levels or more when there is one. Under filling the minority are pseudo rows whose
+    virtual ratings are off the scale.
     """
     positions = np.asarray(values, dtype=np.float64) / step
-    best, best_count = np.zeros(len(positions), bool), -1
+    best, best_key = np.zeros(len(positions), bool), (False, -1)
     for anchor in positions:
         offset = positions - anchor
         hit = np.abs(offset - np.rint(offset)) <= tol
-        if hit.sum() > best_count:
-            best, best_count = hit, int(hit.sum())
-        if best_count == len(positions):
+        # A phase whose rows all sit at one value fixes nothing (FedRec's warm-up pseudo rows,
+        # all at the user's mean): a phase with two levels or more wins over it.
+        levels = np.rint(offset[hit])
+        key = (bool(levels.max() > levels.min()), int(hit.sum()))
+        if key > best_key:
+            best, best_key = hit, key
+        if best_key == (True, len(positions)):
             break
     return best
 
@@ -674,6 +679,15 @@ def offset_shape_from_grid(
         raise InversionError(
             f"client {upload.client}: {int(erring.sum())} rows with an error, fewer than {min_rows}"
         )
+    # Rows with d = 0 share the ratio m_i / c_i (= rho): FedRec's warm-up pseudo rows (virtual
+    # rating = the user's own mean). A large such group would outvote the real rows: off the grid.
+    with_error = erring.copy()
+    erring &= ~_zero_offset_group(m, c, erring, max(min_rows, int(np.ceil(0.25 * n))))
+    if erring.sum() < min_rows:
+        raise InversionError(
+            f"client {upload.client}: {int(erring.sum())} rows off the user's mean, fewer than "
+            f"{min_rows}"
+        )
     where = np.flatnonzero(erring)
     seeds = where[_spread_seeds(m[where], c[where], seed_rows)]
     counts = np.arange(-(levels - 1), levels)
@@ -696,7 +710,8 @@ def offset_shape_from_grid(
         span = np.where(hit, offsets, np.nan)
         with np.errstate(invalid="ignore"):
             width = np.nanmax(span, axis=1) - np.nanmin(span, axis=1)
-        hit &= (width <= levels - 1 + tol)[:, None]
+        # Rows all at one level fix nothing (FedRec's warm-up pseudo rows: d = 0 for each).
+        hit &= ((width <= levels - 1 + tol) & (width >= 1 - tol))[:, None]
         scores = hit.sum(axis=1)
         top = int(scores.max())
         if top < best_count:
@@ -721,6 +736,11 @@ def offset_shape_from_grid(
             f"client {upload.client}: shapes that put {best_count} rows on the grid disagree"
         )
     rho = _refine_ratio(m, c, best_hit, *best_fit, step)
+    # The rows set aside as d = 0 rejoin the grid where they sit whole steps from the others.
+    a, t, seed = best_fit
+    offsets = (a * (m - m[seed]) - t * (c - c[seed])) / step
+    best_hit = best_hit | (with_error & (np.abs(offsets - np.rint(offsets)) <= tol))
+    best_count = int(best_hit.sum())
     if not np.isfinite(rho) or rho <= 0:
         raise InversionError(
             f"client {upload.client}: the grid gives s a^2 = {1 / (2 * rho):g} <= 0"
@@ -736,6 +756,27 @@ def offset_shape_from_grid(
         False,
         best_hit,
     )
+
+
+def _zero_offset_group(
+    m: np.ndarray, c: np.ndarray, usable: np.ndarray, at_least: int, rtol: float = 1e-9
+) -> np.ndarray:
+    """The largest group of rows sharing ``m_i / c_i`` (rows with ``d_i = 0``), if it has at least
+    ``at_least`` rows; else no row (mask)."""
+    group = np.zeros(len(m), bool)
+    where = np.flatnonzero(usable)
+    if len(where) < at_least:
+        return group
+    ratios = m[where] / c[where]
+    order = np.argsort(ratios, kind="stable")
+    sorted_ratios = ratios[order]
+    close = np.abs(np.diff(sorted_ratios)) <= rtol * np.abs(sorted_ratios[1:])
+    starts = np.flatnonzero(np.concatenate([[True], ~close]))
+    lengths = np.diff(np.concatenate([starts, [len(sorted_ratios)]]))
+    best = int(np.argmax(lengths))
+    if lengths[best] >= at_least:
+        group[where[order[starts[best] : starts[best] + lengths[best]]]] = True
+    return group
 
 
 def _spread_seeds(m: np.ndarray, c: np.ndarray, count: int) -> np.ndarray:
