@@ -321,8 +321,9 @@ def test_a_biased_view_gives_every_rating_exactly(split, variant):
     assert set(report.method.tolist()) == {"item_bias_population"}
     assert report.overall["exact_share"] == pytest.approx(1.0)
     assert report.baseline["exact_share"] < 0.5
-    if variant == "fedrec":  # FedRec's virtual ratings are off the grid: every one identified
-        assert report.overall["filled_identified"] == pytest.approx(1.0)
+    if variant == "fedrec":  # FedRec's warm-up virtual ratings (the user's mean) are off the
+        # grid but for the users whose mean is a whole number: 0.995 identified
+        assert report.overall["filled_identified"] >= 0.99
         assert report.baseline["filled_identified"] < 0.6
 
 
@@ -389,9 +390,10 @@ def test_the_grid_shape_needs_no_real_rows_and_drops_zero_error_rows():
 
 
 @pytest.mark.parametrize("which", ["biased", "fedrec+ dp preset"])
-def test_secure_aggregation_leaves_the_value_attacks_at_chance(split, which):
+def test_secure_aggregation_leaves_the_value_attacks_at_chance(which):
     """The attack first, then the view where it must fail: masked uploads hold nothing per
-    client, so every user gets the chance baseline."""
+    client, so every user gets the chance baseline (40 users: secure aggregation is dear)."""
+    split = random_split(rated_like_movielens(40, 60, seed=5), 0.2, np.random.default_rng(0))
     if which == "biased":
         config = biased_config(dim=6, rounds=3, upload="full")
     else:
@@ -419,6 +421,7 @@ def test_ml100k_u1_dp_preset_in_plaintext(ml100k):
     assert report.baseline["exact_share"] == pytest.approx(0.34245)
 
 
+@pytest.mark.slow
 @pytest.mark.needs_data
 @pytest.mark.parametrize("variant", ["fedrec", "fedrec+"])
 def test_ml100k_u1_filling_under_the_dp_preset(ml100k, variant):
