@@ -118,6 +118,15 @@ class FedMFProtocol:
             :mod:`securefed.attacks.offset_inversion`, not by these closed forms).
         offset: ``"none"`` or ``"user_mean"`` (ratings shifted by a private per-user mean; the
             values by :mod:`securefed.attacks.offset_inversion`).
+        biases: whether item rows carry the item-bias gradient (``public["item_bias_column"]``,
+            column ``dim`` of the row; FedMF with ``biases``).
+        reg_bias: the item-bias regulariser each uploaded row carries (``mu_b``, scaled per
+            rating under filling as FedMF's ``row_reg_bias``; 0 under ``aggregation="fixed"``,
+            where the server applies it).
+        virtual_source: where virtual ratings come from (``"hybrid"``, ``"similar"``,
+            ``"prediction"``; ``public["virtual_rating"]``).
+        reg_user_bias: the L2 weight of the user's own bias step (FedMF's ``reg_bias``).
+        rating_mean: the global mean the run obtained (``biases`` with ``offset="none"``).
     """
 
     lr: float
@@ -137,6 +146,16 @@ class FedMFProtocol:
     warmup_rounds: int = 0
     aggregation: str = "mean"
     offset: str = "none"
+    biases: bool = False
+    reg_bias: float = 0.0
+    virtual_source: str = "hybrid"
+    reg_user_bias: float = 0.0
+    rating_mean: float | None = None
+
+    @property
+    def width(self) -> int:
+        """Gradient columns of an item row: ``dim``, plus the item bias's with ``biases``."""
+        return self.dim + int(self.biases)
 
     @property
     def values_invertible(self) -> bool:
@@ -177,6 +196,18 @@ class FedMFProtocol:
         variant = str(public.get("variant", "fedmf"))
         rho = float(public.get("rho", 0.0))  # type: ignore[arg-type]
         fills = variant != "fedmf" and rho > 0
+        aggregation = str(public.get("aggregation", "mean"))
+        biases = public.get("item_bias_column") is not None
+        if biases and int(public["item_bias_column"]) != int(public["dim"]):  # type: ignore[call-overload]
+            raise InversionError(
+                f"item_bias_column {public['item_bias_column']!r} is not column dim = "
+                f"{public['dim']!r}: not the row layout of FedMF with biases"
+            )
+        reg_bias = float(public.get("reg_bias", 0.0)) if biases else 0.0  # type: ignore[arg-type]
+        if fills and public.get("filling_regularisation", "per_rating") == "per_rating":
+            reg_bias /= 1.0 + rho
+        if aggregation == "fixed":
+            reg_bias = 0.0
         return cls(
             lr=float(public["lr"]),  # type: ignore[arg-type]
             reg_user=float(public["reg_user"]),  # type: ignore[arg-type]
@@ -194,8 +225,19 @@ class FedMFProtocol:
             pseudo_resampled=bool(public.get("pseudo_items_resampled", fills)),
             virtual_on_scale=bool(public.get("virtual_ratings_on_scale", not fills)),
             warmup_rounds=int(public.get("warmup_rounds", 0)),  # type: ignore[call-overload]
-            aggregation=str(public.get("aggregation", "mean")),
+            aggregation=aggregation,
             offset=str(public.get("offset", "none")),
+            biases=biases,
+            reg_bias=reg_bias,
+            reg_user_bias=float(public.get("reg_bias", 0.0)) if biases else 0.0,  # type: ignore[arg-type]
+            rating_mean=(
+                float(public["rating_mean"])  # type: ignore[arg-type]
+                if public.get("rating_mean") is not None
+                else None
+            ),
+            virtual_source=str(
+                public.get("virtual_rating", "similar" if variant == "fedrec+" else "hybrid")
+            ),
         )
 
 
@@ -212,12 +254,19 @@ class ClientUpload:
         gradients: ``(len(items), dim)`` estimates of ``g_ui`` (weight divided out).
         noise_std: estimated standard deviation of the noise on each gradient coordinate
             (0 when the payload is exact, e.g. plaintext or central DP).
+        bias_gradients: the item-bias gradient of each row (``-2 e_ui + 2 mu_b b_i``, weight
+            divided out), when the rows carry one (``protocol.biases``); else ``None``.
+        listed: every item row the payload listed, uploaded or not (a weightless payload lists
+            rows whose gradient is exactly zero: under hybrid filling, pseudo rows whose virtual
+            rating equals the prediction).
     """
 
     client: int
     items: np.ndarray
     gradients: np.ndarray
     noise_std: float = 0.0
+    bias_gradients: np.ndarray | None = None
+    listed: np.ndarray | None = None
 
     @property
     def exact(self) -> bool:
@@ -271,11 +320,12 @@ def extract_upload(
             raise InversionError(f"client {client}'s payload has no {name!r} field")
     rows = np.asarray(payload["rows"], dtype=np.int64).reshape(-1)
     values = np.asarray(payload["values"], dtype=np.float64)
-    width = protocol.dim + 1
+    width = protocol.width + 1
     if values.ndim != 2 or values.shape != (len(rows), width):
+        layout = "dim + 2: factors, item bias, weight" if protocol.biases else "dim + 1"
         raise InversionError(
             f"client {client}: values of shape {values.shape} do not match {len(rows)} rows x "
-            f"{width} columns (dim + 1)"
+            f"{width} columns ({layout})"
         )
     if not np.all(np.isfinite(values)):
         raise InversionError(f"client {client}: payload holds NaN or infinite values")
@@ -285,7 +335,7 @@ def extract_upload(
     weights = block[:, -1]
     dense = len(items) == n_items and len(np.unique(items)) == n_items
     if protocol.aggregation == "fixed":
-        return _rows_by_gradient(client, items, block[:, :-1], dense, noise_std)
+        return _rows_by_gradient(client, items, block[:, :-1], dense, noise_std, protocol.dim)
     noise = 0.0
     if dense:
         noise = robust_std(weights) if noise_std is None else float(noise_std)
@@ -299,14 +349,23 @@ def extract_upload(
     weight = float(np.median(weights[uploaded]))
     if weight <= 0:
         raise InversionError(f"client {client}: non-positive client weight {weight:g}")
-    gradients = block[uploaded, :-1] / weight
-    return ClientUpload(int(client), items[uploaded], gradients, noise / weight)
+    gradients = block[uploaded, : protocol.dim] / weight
+    bias = block[uploaded, protocol.dim] / weight if protocol.biases else None
+    return ClientUpload(
+        int(client), items[uploaded], gradients, noise / weight, bias, None if dense else items
+    )
 
 
 def _rows_by_gradient(
-    client: int, items: np.ndarray, gradients: np.ndarray, dense: bool, noise_std: float | None
+    client: int,
+    items: np.ndarray,
+    gradients: np.ndarray,
+    dense: bool,
+    noise_std: float | None,
+    dim: int,
 ) -> ClientUpload:
-    """Uploaded rows of a weightless (``aggregation="fixed"``) payload: the non-zero gradients."""
+    """Uploaded rows of a weightless (``aggregation="fixed"``) payload: the non-zero gradients
+    (``gradients``: the factor columns, then the item bias's when there is one)."""
     squared = np.einsum("ij,ij->i", gradients, gradients)
     noise = 0.0
     if dense:
@@ -320,7 +379,15 @@ def _rows_by_gradient(
         uploaded = squared > 0
     if not np.any(uploaded):
         raise InversionError(f"client {client}: no item row carries a gradient")
-    return ClientUpload(int(client), items[uploaded], gradients[uploaded], noise)
+    bias = gradients[uploaded, dim] if gradients.shape[1] > dim else None
+    return ClientUpload(
+        int(client),
+        items[uploaded],
+        gradients[uploaded, :dim],
+        noise,
+        bias,
+        None if dense else items,
+    )
 
 
 # ------------------------------------------------------------------------------ the algebra

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -67,9 +67,15 @@ from securefed.attacks.metrics import (
 )
 from securefed.attacks.offset_inversion import (
     OffsetShape,
+    ValueMaps,
+    biased_value_maps,
     offset_shape,
+    offset_shape_from_grid,
+    pin_shift,
     resolve_population,
-    value_hypotheses,
+    shape_value_maps,
+    similarity_consistent,
+    user_bias_shift,
 )
 from securefed.recsys.data import Ratings, RatingScale
 from securefed.views import ServerView
@@ -282,7 +288,14 @@ def top_popular(popularity: np.ndarray, counts: np.ndarray) -> UserSets:
 
 @dataclass(frozen=True, eq=False)
 class UserAttack:
-    """What the attacks found for one user: rows, recovered values, test masks, method."""
+    """What the attacks found for one user: rows, recovered values, test masks, method.
+
+    ``maps``: the user's values up to one of a few affine maps (a private offset, a clipping
+    factor, the item-bias column's shift), chosen by the population step; ``listed``: every
+    item row its payload listed (rows with a zero gradient included), for the filled-row share;
+    ``suspect``: rows that look like FedRec+'s virtual ratings but are kept as rated (the test
+    also flags real ratings at the user's mean: scored, not acted on).
+    """
 
     items: np.ndarray
     values: np.ndarray
@@ -290,6 +303,9 @@ class UserAttack:
     method: str
     applied: tuple[str, ...]
     shape: OffsetShape | None = None
+    maps: ValueMaps | None = None
+    listed: np.ndarray | None = None
+    suspect: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,6 +318,8 @@ class AttackContext:
         factors: the broadcast ``V`` of each attacked round.
         link_lr: gamma of the round whose steps link the two rounds' user vectors.
         clips: the DP clip of each attacked round (``None``: no clipping recorded).
+        item_biases: the broadcast item biases of each attacked round (``None``: not in the
+            view; FedMF with ``biases`` broadcasts them beside ``V``).
     """
 
     protocol: FedMFProtocol
@@ -309,6 +327,7 @@ class AttackContext:
     factors: tuple[np.ndarray, ...]
     link_lr: float
     clips: tuple[float | None, ...] = ()
+    item_biases: tuple[np.ndarray | None, ...] = ()
 
 
 def _try(function, *args, **kwargs):
@@ -344,7 +363,34 @@ def attack_user(
     applied: list[str] = []
     inversion: Inversion | None = None
     other: Inversion | None = None
-    invertible = protocol.values_invertible
+    # The closed forms and the rating grid of (R) do not model biases: the bias column does.
+    invertible = protocol.values_invertible and not protocol.biases
+    fixed = protocol.aggregation == "fixed"
+    # With a weight column the clipping factor cancels when the weight is divided out.
+    base_clip = context.clips[base_at] if context.clips and fixed else None
+    maps: ValueMaps | None = None
+    biases = context.item_biases[base_at] if context.item_biases else None
+    if protocol.biases and exact and biases is not None:
+        found = _try(biased_value_maps, base, factors[base_at], biases, protocol, clip=base_clip)
+        if found is not None:
+            maps = found.maps
+            applied.append("offset_inversion.item_bias")
+        later = context.item_biases[1] if two else None
+        if found is not None and later is not None and base_at == 0:
+            following = _try(biased_value_maps, uploads[1], factors[1], later, protocol)
+            constant, real = None, None
+            if protocol.fills and protocol.pseudo_resampled and not protocol.virtual_on_scale:
+                # FedRec: rated rows are on the grid and uploaded again in the next round.
+                real = maps.covered & intersection_test(base.items, uploads[1].items)
+            if following is not None and (real is not None or not protocol.fills):
+                constant = _try(
+                    user_bias_shift, found, following, protocol, lr=context.link_lr, real=real
+                )
+            if constant is not None:
+                pinned = pin_shift(maps, constant, protocol.scale)
+                if len(pinned.maps) < len(maps.maps):
+                    maps = pinned
+                    applied.append("offset_inversion.user_bias_shift")
     if invertible and two and (not protocol.fills or not exact):
         inversion = _try(
             invert_two_rounds,
@@ -367,9 +413,7 @@ def attack_user(
         if two and protocol.fills:
             other = _try(invert_one_round, uploads[1], factors[1], protocol, round_id=round_ids[1])
     shape = None
-    if not invertible and two and exact and not protocol.fills:
-        # With a weight column the clipping factor cancels when the weight is divided out.
-        fixed = protocol.aggregation == "fixed"
+    if not invertible and not protocol.biases and two and exact and not protocol.fills:
         clip = context.clips[0] if context.clips and fixed else None
         shape = _try(
             offset_shape,
@@ -383,7 +427,26 @@ def attack_user(
         )
         if shape is not None:
             applied.append("offset_inversion.shape")
+    if not invertible and not protocol.biases and exact and shape is None:
+        # Filling hides the rows of the user's step (or one round only): the grid's shape.
+        shape = _try(offset_shape_from_grid, base, factors[base_at], protocol, clip=base_clip)
+        if shape is not None:
+            applied.append("offset_inversion.grid_shape")
+    if shape is not None:
+        free_shift = protocol.offset == "user_mean"
+        maps = shape_value_maps(shape, protocol.scale, free_shift=free_shift)
+    suspect = None
+    similar = protocol.fills and protocol.virtual_source == "similar" and not protocol.biases
+    if maps is not None and similar and len(maps.maps):
+        # FedRec+'s virtual ratings are the user's similarity-weighted mean: the rows that
+        # look like one carry the least about the sign; the population scores the others.
+        suspect = similarity_consistent(maps, factors[base_at], protocol.scale)
+        maps = replace(maps, scored=maps.covered & ~suspect)
+        applied.append("offset_inversion.similarity_filter")
     tests: dict[str, np.ndarray | None] = dict.fromkeys(TEST_NAMES)
+    if protocol.fills and maps is not None and not np.all(maps.covered):
+        tests["rating_scale"] = maps.covered.copy()  # off the grid: virtual ratings
+        applied.append("item_inference.rating_scale")
     if protocol.fills:
         if inversion is not None and exact:
             scale_ok = rating_scale_test(inversion, protocol)
@@ -423,7 +486,10 @@ def attack_user(
     else:
         values = inversion.values
         method = inversion.method
-    return UserAttack(base.items, values, tests, method, tuple(applied), shape)
+    listed = base.listed if base.listed is not None else base.items
+    return UserAttack(
+        base.items, values, tests, method, tuple(applied), shape, maps, listed, suspect
+    )
 
 
 def _virtual_rating_mask(
@@ -531,6 +597,10 @@ def verify(
         scores = _score(
             truth_set, recovered, rated, tests, baseline_sets, scale, n_items, guess_rating
         )
+        if protocol is not None and protocol.fills:
+            found, chance = filled_row_shares(evaluated, results, truth_set, recovered, rated)
+            scores["overall"] |= found
+            scores["baseline"] |= chance
     else:
         scores["overall"] = {
             "users": float(len(evaluated)),
@@ -599,17 +669,15 @@ def _read_uploads(
             "threshold and inverted by the closed form on the noisy values; the exact-value tests "
             "(rating grid, rating scale, virtual rating, update consistency) do not apply"
         )
-    if not protocol.values_invertible and protocol.fills:
-        notes.append(
-            f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r} with hybrid "
-            f"filling ({protocol.variant}): rows are read, rating values are not inverted (the "
-            "offset inversion needs the real rows of the user's step, which filling hides; not "
-            "implemented): the value leak measured here is a lower bound"
-        )
     if protocol.fills:
+        how = (
+            "the one-round rating grid of (R)"
+            if protocol.values_invertible and not protocol.biases
+            else "the one-round grid shape of (S) or the item-bias column, then the population"
+        )
         notes.append(
             f"hybrid filling ({protocol.variant}, rho={protocol.rho:g}): on exact payloads the "
-            "values come from the one-round rating grid, the rated items from the item tests"
+            f"values come from {how}, the rated items from the item tests"
         )
     return uploads
 
@@ -647,13 +715,19 @@ def _attack_users(
         tuple(np.asarray(view.round(r).broadcast["V"]) for r in chosen),
         float(view.round(link_round).public.get("lr", protocol.lr)),  # type: ignore[arg-type]
         tuple(_round_clip(view, r) for r in chosen),
+        tuple(_round_item_biases(view, r, protocol) for r in chosen),
     )
     for client in evaluated.tolist():
         result = attack_user(tuple(u.get(client) for u in uploads), context)
         if result is not None:
             results[client] = result
             applied.update(result.applied)
-    if any(result.shape is not None for result in results.values()):
+    if protocol.biases and all(b is None for b in context.item_biases):
+        notes.append(
+            "the rows carry item-bias gradients but the view holds no broadcast item_bias: the "
+            "item-bias inversion needs the b_i the server sent (FedMF broadcasts them)"
+        )
+    if any(result.maps is not None for result in results.values()):
         _resolve_offsets(results, protocol, notes, rating_prior)
         applied.add("offset_inversion.population")
     if protocol.fills:
@@ -665,6 +739,16 @@ def _attack_users(
             if f"item_inference.{name}" not in applied:
                 notes.append(f"{name} decided for no user: {why}")
     return results, applied
+
+
+def _round_item_biases(
+    view: ServerView, round_id: int, protocol: FedMFProtocol
+) -> np.ndarray | None:
+    """The item biases broadcast in a round (FedMF with ``biases``), if the view kept them."""
+    if not protocol.biases:
+        return None
+    biases = view.round(round_id).broadcast.get("item_bias")
+    return None if biases is None else np.asarray(biases, dtype=np.float64)
 
 
 def _round_clip(view: ServerView, round_id: int) -> float | None:
@@ -679,38 +763,67 @@ def _resolve_offsets(
     notes: list[str],
     rating_prior: np.ndarray | None,
 ) -> None:
-    """The population step of the offset inversion: one hypothesis per user, values filled in."""
-    clients = [client for client, result in results.items() if result.shape is not None]
-    fits = [results[client].shape for client in clients]
-    free_shift = protocol.offset == "user_mean"
-    hypotheses = [value_hypotheses(fit, protocol.scale, free_shift=free_shift) for fit in fits]
-    resolution = resolve_population(
-        hypotheses,
-        [fit.items for fit in fits],
-        protocol.n_items,
-        protocol.scale,
-        prior=rating_prior,
-    )
-    for client, values in zip(clients, resolution.values, strict=True):
-        if len(values):
-            result = results[client]
-            results[client] = UserAttack(
-                result.items,
-                values,
-                result.tests,
-                "offset_population",
-                result.applied,
-                result.shape,
-            )
+    """The population step: one of each user's value maps, chosen by the prior and agreement.
+
+    Each user's maps are scored on the rows they put on the grid (distinct rating vectors
+    there); the chosen map gives every row its value, the grid's rows snapped.
+    """
+    scale = protocol.scale
+    clients = [client for client, result in results.items() if result.maps is not None]
+    full, hypotheses, items = [], [], []
+    for client in clients:
+        maps = results[client].maps
+        values = maps.values(scale)
+        scored = maps.scored_rows
+        distinct, first = np.unique(values[:, scored], axis=0, return_index=True)
+        full.append(values[first])
+        hypotheses.append(distinct)
+        items.append(maps.items[scored])
+    resolution = resolve_population(hypotheses, items, protocol.n_items, scale, prior=rating_prior)
+    for k, client in enumerate(clients):
+        pick = int(resolution.chosen[k])
+        if pick < 0:
+            continue
+        result = results[client]
+        method = "item_bias_population" if result.shape is None else "offset_population"
+        results[client] = UserAttack(
+            result.items,
+            full[k][pick],
+            result.tests,
+            method,
+            result.applied,
+            result.shape,
+            result.maps,
+            result.listed,
+            result.suspect,
+        )
     counts = resolution.n_hypotheses
-    n_clipped = sum(fit.clipped for fit in fits)
+    shapes = [results[client].shape for client in clients if results[client].shape is not None]
+    n_clipped = sum(fit.clipped for fit in shapes)
+    n_grid = sum(fit.on_grid is not None for fit in shapes)
+    off_grid = sum(int((~results[client].maps.covered).sum()) for client in clients)
+    where = []
+    if shapes:
+        where.append(
+            f"shape of r - m_u for {len(shapes)} users ({len(shapes) - n_grid} from two rounds' "
+            f"closed form, {n_grid} from one round's rating grid; {n_clipped} blocks clipped, "
+            "their scale from the rating grid)"
+        )
+    if len(shapes) < len(clients):
+        where.append(
+            f"r - C_u with its sign and scale from the item-bias column for "
+            f"{len(clients) - len(shapes)} users"
+        )
     notes.append(
-        f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r}: values by the offset "
-        f"inversion (shape of r - m_u from two rounds; {n_clipped} of {len(fits)} blocks clipped, "
-        "their scale from the rating grid; sign and shift by the rating prior and the agreement "
+        f"aggregation={protocol.aggregation!r}, offset={protocol.offset!r}"
+        + (", biases" if protocol.biases else "")
+        + ": values by the offset inversion ("
+        + "; ".join(where)
+        + "; sign, scale and shift left open chosen by the rating prior and the agreement "
         f"between users): {int(np.sum(counts == 1))} users had one admissible rating vector, "
         f"{int(np.sum(counts > 1))} several (median {float(np.median(counts)):g}), "
         f"{int(np.sum(counts == 0))} none"
+        + (f"; {off_grid} rows off the rating grid (virtual ratings)" if off_grid else "")
     )
 
 
@@ -781,6 +894,55 @@ def _assemble(
     return methods, recovered, flat(rated_parts, bool), tests_out
 
 
+def filled_row_shares(
+    evaluated: np.ndarray,
+    results: Mapping[int, UserAttack],
+    truth_set: UserSets,
+    recovered: UserSets,
+    rated: np.ndarray,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """How many of the filled (pseudo) rows the server saw the attack told apart from real ones.
+
+    A filled row is an item row a user's payload listed (rows with a zero gradient included)
+    that the user did not rate; it is identified when the attack does not predict it rated.
+    The chance baseline calls as many of the user's listed rows filled, at random (the true
+    count, as the item baseline uses the true rated count): it identifies ``|F_u| / |L_u|`` of
+    them in expectation.
+
+    Returns:
+        ``({"filled_rows", "filled_identified"}, {"filled_identified"})``: the count, the
+        attack's share, the chance share (NaN when no filled row was listed).
+    """
+    filled_total, identified_total, chance_total = 0, 0, 0.0
+    flagged_filled, flagged_real, real_total, flagging = 0, 0, 0, False
+    for k, client in enumerate(evaluated.tolist()):
+        result = results.get(client)
+        if result is None or result.listed is None:
+            continue
+        true_items = truth_set.items[truth_set.indptr[k] : truth_set.indptr[k + 1]]
+        span = slice(recovered.indptr[k], recovered.indptr[k + 1])
+        predicted = recovered.items[span][rated[span]]
+        listed = np.unique(result.listed)
+        filled = np.setdiff1d(listed, true_items)
+        filled_total += len(filled)
+        identified_total += len(np.setdiff1d(filled, predicted))
+        chance_total += len(filled) ** 2 / max(len(listed), 1)
+        if result.suspect is not None:
+            flagging = True
+            suspects = result.items[result.suspect]
+            flagged_filled += len(np.intersect1d(filled, suspects))
+            seen_real = np.intersect1d(result.items, true_items)
+            flagged_real += len(np.intersect1d(seen_real, suspects))
+            real_total += len(seen_real)
+    found: dict[str, float] = {"filled_rows": float(filled_total)}
+    found["filled_identified"] = identified_total / filled_total if filled_total else float("nan")
+    if flagging:  # the similarity test's flags, kept as rated: what stays ambiguous
+        found["filled_flagged"] = flagged_filled / filled_total if filled_total else float("nan")
+        found["real_flagged"] = flagged_real / real_total if real_total else float("nan")
+    chance = chance_total / filled_total if filled_total else float("nan")
+    return found, {"filled_identified": chance}
+
+
 def _score(
     truth_set: UserSets,
     recovered: UserSets,
@@ -824,6 +986,7 @@ __all__ = [
     "choose_rounds",
     "dp_noise_std",
     "expected_rated_count",
+    "filled_row_shares",
     "payload_fields",
     "popularity_from_view",
     "top_popular",

@@ -331,13 +331,33 @@ class RoundProgress:
             self.bar.update(1)
 
 
-def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
-    """Every cell, then the JSON, markdown and PNG outputs."""
+def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> list[dict]:
+    """Every cell, then the JSON, markdown and PNG outputs.
+
+    Args:
+        config: what to run.
+        out: the output folder.
+        merge: re-run cells of the record already in ``out`` (:func:`merge_rows`): its rows for
+            these cells are replaced, the others kept, and the outputs written from all of them.
+    """
     from tqdm.auto import tqdm
 
     split = load_split(config)
     model = model_plugin(config.model)
     attacks = tuple(attack_plugin(name) for name in config.attack_names())
+    meta = {
+        "data": split.name,
+        "users": split.train.n_users,
+        "items": split.train.n_items,
+        "train": len(split.train),
+        "test": len(split.test),
+        "rounds": config.rounds,
+        "seed": config.seed,
+    }
+    if config.model != "fedmf":
+        meta |= {"model": config.model, "attacks": list(config.attack_names())}
+    if merge:  # refused before any cell trains
+        merge_rows(Path(out) / "leak_utility.json", meta, [])
     cells = [(v, t) for v in config.model_variants() for t in config.transports]
     # Counted in rounds, so that the bar and its ETA move during a long cell.
     bar = tqdm(
@@ -356,17 +376,8 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     bar.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "data": split.name,
-        "users": split.train.n_users,
-        "items": split.train.n_items,
-        "train": len(split.train),
-        "test": len(split.test),
-        "rounds": config.rounds,
-        "seed": config.seed,
-    }
-    if config.model != "fedmf":
-        meta |= {"model": config.model, "attacks": list(config.attack_names())}
+    if merge:
+        rows = merge_rows(out / "leak_utility.json", meta, rows)
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
     measures = [
         name for attack in attacks for name in attack.table_measures or _measures_of(rows, attack)
@@ -408,6 +419,39 @@ def run(config: LeakUtilityConfig, out: str | Path) -> list[dict]:
     return rows
 
 
+def _cell_key(row: dict) -> tuple[str, str, str]:
+    return (str(row.get("model", "fedmf")), str(row["variant"]), str(row["transport"]))
+
+
+def merge_rows(path: Path, meta: dict, rows: list[dict]) -> list[dict]:
+    """The record at ``path`` with the rows of the cells in ``rows`` replaced by them.
+
+    The cells' training is deterministic (the run's seed tree), so a cell re-run with the record's
+    settings trains the same model and its view is attacked afresh: how a record is brought up to
+    date when only the attack changed. Cells the record lacks are appended; its other rows stay
+    as they are, in their order.
+
+    Raises:
+        ValueError: no record at ``path``, or one whose data, split sizes, rounds or seed differ
+            from ``meta`` (naming the first difference): its rows would not be comparable.
+    """
+    import json
+
+    if not path.is_file():
+        raise ValueError(f"--merge: no record at {path} to merge into")
+    record = json.loads(path.read_text())
+    recorded = record.get("meta", {})
+    for key, value in meta.items():
+        if recorded.get(key) != value:
+            raise ValueError(
+                f"--merge: the record at {path} has {key} = {recorded.get(key)!r}, this run "
+                f"{value!r}: its rows are not comparable"
+            )
+    fresh = {_cell_key(row): row for row in rows}
+    merged = [fresh.pop(_cell_key(row), row) for row in record["rows"]]
+    return merged + [row for row in rows if _cell_key(row) in fresh]
+
+
 VARIANT_NAMES = {"fedmf": "FedMF", "fedrec": "FedRec", "fedrec+": "FedRec+"}
 TRANSPORT_NAMES = {
     "plaintext": "plaintext",
@@ -436,6 +480,7 @@ MEASURE_TITLES = {
     "precision": "rated items: precision",
     "recall": "rated items: recall",
     "f1": "rated-item F1",
+    "filled_identified": "filled rows identified",
 }
 
 
@@ -470,7 +515,7 @@ def cell_text(column: str, value: object) -> str:
     if isinstance(value, float):
         if np.isinf(value):
             return "none (inf)" if column.startswith("epsilon") else "inf"
-        if column.endswith("exact_share"):
+        if column.endswith(("exact_share", "filled_identified")):
             return f"{value:.1%}"
         if column.startswith("epsilon"):
             return f"{value:.2f}"
@@ -739,7 +784,7 @@ def _main(args: argparse.Namespace) -> int:
         extra_config=parse_model_options(args.model_option),
         dp_config=parse_model_options(args.dp_model_option),
     )
-    run(config, args.out)
+    run(config, args.out, merge=args.merge)
     return 0
 
 
@@ -891,5 +936,13 @@ def register(benches) -> None:
         default="results/leak_utility",
         metavar="DIR",
         help="output folder (default: %(default)s)",
+    )
+    add(
+        "--merge",
+        action="store_true",
+        help="re-run these cells of the record already in --out (same data, rounds and seed, "
+        "else refused): their rows are replaced, the others kept, and the JSON, table and "
+        "figure rewritten from all of them (a record brought up to date after an attack "
+        "changed: training is deterministic)",
     )
     parser.set_defaults(func=lambda args: _usage_error(parser, args))

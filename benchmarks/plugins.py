@@ -304,7 +304,8 @@ def attack_plugin(name: str) -> AttackPlugin:
 
 
 # ------------------------------------------------------------------------------ the built-ins
-FEDMF_LEAK_MEASURES = ("exact_share", "rmse", "precision", "recall", "f1")
+FEDMF_LEAK_MEASURES = ("exact_share", "rmse", "precision", "recall", "f1", "filled_identified")
+"""What :func:`gradient_inversion` reports (``filled_identified`` only under hybrid filling)."""
 _LOWER_IS_LEAKIER = frozenset({"rmse"})
 
 
@@ -365,6 +366,7 @@ def gradient_inversion(view: ServerView, truth: object) -> AttackOutcome:
             "lower" if key in _LOWER_IS_LEAKIER else "higher",
         )
         for key in FEDMF_LEAK_MEASURES
+        if key in report.overall
     )
     return AttackOutcome(measures, tuple(report.attacks_applied), " ".join(report.notes))
 
@@ -381,7 +383,7 @@ FEDMF = ModelPlugin(
 GRADIENT_INVERSION = AttackPlugin(
     "gradient-inversion",
     gradient_inversion,
-    table_measures=("exact_share", "rmse", "f1"),
+    table_measures=("exact_share", "rmse", "f1", "filled_identified"),
     summary="FedMF gradient inversion and rated-item tests (securefed.attacks.verify)",
 )
 register_model(FEDMF)

@@ -732,6 +732,8 @@ class FedMF:
             self.V = self._encrypted_state(transport).download(rnd)  # users decrypt [[V]]
         else:
             rnd.broadcast("V", self.V)
+        if cfg.biases:  # every client needs b_i for its errors; the server holds it anyway
+            rnd.broadcast("item_bias", self.item_bias)
         if self.global_mean is not None and cfg.client_weighting == "wasserstein":
             rnd.broadcast("global_stats", np.stack([self.global_mean, self.global_std]))
         clients = rnd.clients

@@ -67,3 +67,35 @@ def test_tables_say_words_not_raw_names_or_none():
     assert "| FedMF | secure aggregation | 0.9286 | – | – | 34.2% |" in table
     assert human_transport("secagg+dp:4") == "distributed DP (secagg), epsilon 4"
     assert column_title("chance_f1") == "chance" and cell_text("rmse", float("nan")) == "–"
+
+
+def test_merge_replaces_the_re_run_cells_and_refuses_another_record(tmp_path):
+    import json
+
+    import pytest
+
+    from securefed.bench.leak_utility import merge_rows
+
+    meta = {"data": "d", "users": 3, "items": 4, "train": 10, "test": 2, "rounds": 5, "seed": 0}
+    old = [
+        {"variant": "fedmf", "transport": "dp:4", "leak_exact_share": 0.9},
+        {"variant": "fedrec", "transport": "dp:4", "leak_exact_share": 0.3, "notes": "lower bound"},
+    ]
+    path = tmp_path / "leak_utility.json"
+    path.write_text(json.dumps({"meta": meta, "rows": old}))
+    fresh = [
+        {"variant": "fedrec", "transport": "dp:4", "leak_exact_share": 0.95},
+        {"variant": "fedrec+", "transport": "dp:4", "leak_exact_share": 0.94},
+    ]
+    merged = merge_rows(path, meta, fresh)
+    assert [(r["variant"], r["leak_exact_share"]) for r in merged] == [
+        ("fedmf", 0.9),
+        ("fedrec", 0.95),
+        ("fedrec+", 0.94),
+    ]
+    with pytest.raises(ValueError, match="has rounds = 5, this run 200"):
+        merge_rows(path, meta | {"rounds": 200}, fresh)
+    with pytest.raises(ValueError, match="no record"):
+        merge_rows(tmp_path / "missing.json", meta, fresh)
+    assert column_title("leak_filled_identified") == "filled rows identified"
+    assert cell_text("leak_filled_identified", 0.5) == "50.0%"
