@@ -745,8 +745,11 @@ class FedMF:
         return rnd, clients
 
     def broadcast_state(self) -> dict[str, np.ndarray]:
-        """What :meth:`open_round` sends every client: ``V`` (and FedRec+'s global statistics)."""
+        """What :meth:`open_round` sends every client: ``V``, the item biases (with ``biases``) and
+        FedRec+'s global statistics."""
         state = {"V": self.V}
+        if self.config.biases:
+            state["item_bias"] = self.item_bias
         if self.global_mean is not None and self.config.client_weighting == "wasserstein":
             state["global_stats"] = np.stack([self.global_mean, self.global_std])
         return state
@@ -757,6 +760,10 @@ class FedMF:
         if V.shape != self.V.shape:
             raise ValueError(f"the broadcast V has shape {V.shape}, expected {self.V.shape}")
         self.V = V
+        if self.config.biases:
+            if "item_bias" not in state:
+                raise ValueError("the broadcast lacks item_bias, which a model with biases needs")
+            self.item_bias = np.asarray(state["item_bias"], dtype=np.float64)
         if "global_stats" in state:
             self.global_mean, self.global_std = np.asarray(state["global_stats"], np.float64)
 

@@ -192,3 +192,16 @@ def test_first_occurrences_keep_the_first_draw_of_every_key():
     expected[first_index] = True
     np.testing.assert_array_equal(_first_occurrences(keys), expected)
     assert _first_occurrences(np.zeros(0, dtype=np.int64)).shape == (0,)
+
+
+def test_a_node_loading_the_broadcast_of_a_biased_model_gets_its_item_biases(small_split):
+    # A node holding some users (Flower) learns b_i only from the broadcast: without it, its
+    # errors would use its own initial (zero) biases while the server's moved.
+    cfg = FedMFConfig(dim=3, rounds=5, biases=True, reg_bias=0.03, offset="user_mean")
+    server = _warm(small_split, cfg)
+    assert np.abs(server.item_bias).max() > 0
+    node = FedMF(small_split.train, cfg, SeedTree(9))
+    node.load_broadcast(server.broadcast_state())
+    np.testing.assert_array_equal(node.item_bias, server.item_bias)
+    with pytest.raises(ValueError, match="item_bias"):
+        node.load_broadcast({"V": server.V})
