@@ -200,32 +200,23 @@ def _hmac_pads(key: bytes) -> tuple[bytes, bytes]:
     )
 
 
-_EXTRACT_INNER, _EXTRACT_OUTER = (hashlib.sha256(pad) for pad in _hmac_pads(PROTOCOL_LABEL))
-"""SHA-256 states after HKDF-Extract's padded salt (the salt is always the protocol label)."""
-
-
 def derive_key(shared_secret: bytes, info: bytes, *, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256(``shared_secret``, salt = protocol label, ``info``) -> ``length`` bytes.
 
     RFC 5869: ``PRK = HMAC(salt, IKM)``, ``T(i) = HMAC(PRK, T(i-1) || info || i)``, the output
-    the first ``length`` bytes of ``T(1) || T(2) || ...``; each HMAC written out as
-    ``SHA-256((K ^ opad) || SHA-256((K ^ ipad) || m))`` (RFC 2104), with the salt's padded
-    states computed once.
+    the first ``length`` bytes of ``T(1) || T(2) || ...``; each HMAC by the standard library's
+    one-shot :func:`hmac.digest` (OpenSSL's, without Python objects per call: a round of 1000
+    clients derives 40,000 keys).
 
     Raises:
         ValueError: ``length`` outside ``[1, 255 * 32]``.
     """
     if not 1 <= length <= HKDF_MAX_BYTES:
         raise ValueError(f"HKDF-SHA256 gives 1 to {HKDF_MAX_BYTES} bytes, asked for {length}")
-    inner = _EXTRACT_INNER.copy()
-    inner.update(shared_secret)
-    outer = _EXTRACT_OUTER.copy()
-    outer.update(inner.digest())
-    inner_pad, outer_pad = _hmac_pads(outer.digest())
+    prk = hmac.digest(PROTOCOL_LABEL, shared_secret, "sha256")
     blocks, previous = [], b""
     for counter in range(1, -(-length // 32) + 1):
-        digest = hashlib.sha256(inner_pad + previous + info + bytes([counter])).digest()
-        previous = hashlib.sha256(outer_pad + digest).digest()
+        previous = hmac.digest(prk, previous + info + bytes([counter]), "sha256")
         blocks.append(previous)
     return b"".join(blocks)[:length]
 
