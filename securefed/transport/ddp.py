@@ -68,8 +68,10 @@ import numpy as np
 from securefed.privacy.discrete import (
     MAX_INTEGER_VARIANCE,
     DiscreteRelease,
+    IntegerSource,
     discrete_gaussian,
     integer_l1_bound,
+    integer_source,
     rounded_l2_bound,
     skellam,
 )
@@ -169,18 +171,24 @@ def unrotate(y: np.ndarray, signs: np.ndarray, chunks: tuple[int, ...] | None = 
 
 # ----------------------------------------------------------------------------- rounding
 def conditional_round(
-    scaled: np.ndarray, l2_bound: float, rng: np.random.Generator, *, max_tries: int = 1000
+    scaled: np.ndarray,
+    l2_bound: float,
+    rng: np.random.Generator | IntegerSource,
+    *,
+    max_tries: int = 1000,
 ) -> np.ndarray:
     """Round each row of ``scaled`` at random to integers, retrying rows whose norm is too large.
 
     A coordinate ``z`` becomes ``floor(z) + 1`` with probability ``z - floor(z)``, else
     ``floor(z)``; a row is kept when its squared norm, computed exactly in integers, is at most
-    ``floor(l2_bound^2)`` (Kairouz et al. 2021, conditional randomised rounding).
+    ``floor(l2_bound^2)`` (Kairouz et al. 2021, conditional randomised rounding). The coins
+    come from ``rng`` (a seeded Generator, or the secure source's keystream floats).
 
     Raises:
         ValueError: a row still too long after ``max_tries`` (its norm before rounding must be
             far above the clip: the caller clipped wrongly).
     """
+    source = integer_source(rng)
     scaled = np.atleast_2d(np.asarray(scaled, dtype=np.float64))
     limit = math.floor(l2_bound * l2_bound)
     floor = np.floor(scaled)
@@ -191,7 +199,7 @@ def conditional_round(
     for _ in range(max_tries):
         if not pending.size:
             return out
-        trial = base[pending] + (rng.random(frac[pending].shape) < frac[pending])
+        trial = base[pending] + (source.random(frac[pending].shape) < frac[pending])
         ok = np.einsum("ij,ij->i", trial, trial) <= limit
         out[pending[ok]] = trial[ok]
         pending = pending[~ok]
@@ -368,13 +376,17 @@ class DistributedIntegerMechanism:
         per_client = self.noise if self.mechanism == "discrete_gaussian" else 2 * self.noise
         return math.ceil(self.l2_units + sigmas * math.sqrt(per_client)) + 1
 
-    def encode(self, flat: np.ndarray, signs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def encode(
+        self, flat: np.ndarray, signs: np.ndarray, rng: np.random.Generator | IntegerSource
+    ) -> np.ndarray:
         """Clients' clipped updates (rows of ``flat``, ``dim`` values) -> noisy integer vectors.
 
-        Steps 1-4 of the module docstring; rounding and noise from ``rng`` (the client's own).
+        Steps 1-4 of the module docstring; rounding and noise from ``rng`` (the client's own:
+        a seeded Generator, or a :class:`~securefed.privacy.discrete.SecureIntegers`).
 
         Raises:
             ValueError: rows of the wrong length, or of norm above the clip.
+            TypeError: Skellam from a source other than a numpy Generator (numpy's Poisson).
         """
         flat = np.atleast_2d(np.asarray(flat, dtype=np.float64))
         if flat.shape[1] != self.dim:
@@ -390,8 +402,10 @@ class DistributedIntegerMechanism:
         size = rounded.size
         if self.mechanism == "discrete_gaussian":
             noise = discrete_gaussian(int(self.noise), size, rng)
-        else:
+        elif isinstance(rng, np.random.Generator):
             noise = skellam(self.noise, size, rng)
+        else:
+            raise TypeError("Skellam noise needs a numpy Generator (numpy's Poisson sampler)")
         return rounded + noise.reshape(rounded.shape)
 
     def decode(self, ring_sum: np.ndarray, signs: np.ndarray) -> np.ndarray:

@@ -787,7 +787,6 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
     """
     from dataclasses import replace
 
-    from securefed.transport.dp import DPTransport
     from securefed.transport.secagg import SecAggTransport
 
     dp: DPOptions = options["dp"]
@@ -816,6 +815,25 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
     )
+    return integer_dp_around(inner, dp, ledger, run.sample_rate, run.total_rounds)
+
+
+def integer_dp_around(
+    inner: Transport,
+    dp: DPOptions,
+    ledger,
+    sample_rate: float,
+    total_rounds: int | None,
+) -> Transport:
+    """The integer-mechanism ``DPTransport`` of ``dp``'s options around ``inner``.
+
+    ``secagg+dp`` builds it around its secure aggregation; a benchmark's warm start around
+    plaintext, which sums the same integers exactly (a stand-in whose view is discarded,
+    ``securefed.bench.experiment.warm_start_transport``). With an epsilon target the noise is
+    calibrated at the first round by the mechanism's accountant.
+    """
+    from securefed.transport.dp import DPTransport
+
     placeholder = 1.0 if dp.noise_multiplier is None else dp.noise_multiplier
     return DPTransport(
         inner,
@@ -823,7 +841,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         noise_multiplier=placeholder,
         placement="distributed",
         ledger=ledger,
-        sample_rate=run.sample_rate,
+        sample_rate=sample_rate,
         secure=dp.secure,
         delta=dp.delta,
         mechanism=dp.mechanism,
@@ -831,7 +849,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         wrap_target=dp.wrap_target,
         min_contributors=dp.min_contributors,
         target_epsilon=None if dp.noise_multiplier is not None else dp.epsilon,
-        target_rounds=None if dp.noise_multiplier is not None else (run.total_rounds or 1),
+        target_rounds=None if dp.noise_multiplier is not None else (total_rounds or 1),
     )
 
 
