@@ -24,7 +24,7 @@ from securefed.transport import (
     resolve_options,
 )
 from securefed.transport.ddp import INTEGER_MECHANISMS
-from securefed.transport.registry import integer_dp_around
+from securefed.transport.registry import default_mechanism, integer_dp_around
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,8 @@ def warm_start_transport(name: str, groups: dict, context: dict, transport):
     server as ``transport`` would be (:func:`_warm_start`'s docstring says why that is sound).
     """
     dp = groups.get("dp")
+    if name == "secagg+dp" and dp is not None:
+        dp = replace(dp, mechanism=default_mechanism(name, groups, "distributed"))
     if name == "secagg+dp" and dp is not None and dp.mechanism in INTEGER_MECHANISMS:
         # The integer mechanism over plaintext: the same clients' integers (the same seeded
         # streams and rotation), summed exactly, so the released sums are those secure

@@ -678,3 +678,39 @@ def test_plaintext_stand_in_releases_the_secagg_sums_bit_for_bit():
         np.testing.assert_array_equal(a, b)
     assert deployed.epsilon() == pytest.approx(reference.epsilon())
     assert deployed.epsilon(against="server") == pytest.approx(reference.epsilon(against="server"))
+
+
+# ----------------------------------------------------------------------------- the default
+def test_distributed_placement_defaults_to_the_exact_mechanism_and_refuses_to_guess():
+    exact = build_transport("secagg+dp", {"noise_multiplier": 1.0, "dp.clip": 1.0}, n_clients=4)
+    assert exact.config.mechanism == "discrete_gaussian" and exact.inner.config.scale == 1.0
+    assert build_transport("secagg+dp:mechanism=gaussian,noise_multiplier=1").config.mechanism == (
+        "gaussian"
+    )
+    assert build_transport("dp:noise_multiplier=1").config.mechanism == "gaussian"
+    assert build_transport("dp-local:noise_multiplier=1").config.mechanism == "gaussian"
+    # Where the exact mechanism is not built, the default is refused, naming the option.
+    with pytest.raises(InsecureParameterError, match="set mechanism=gaussian"):
+        build_transport("secagg+dp:noise_multiplier=1,remote_clients=true")
+    with pytest.raises(ValueError, match="or set mechanism=gaussian"):
+        build_transport("secagg+dp:noise_multiplier=1,secagg.scale=2**16")
+    assert "ckks+dp" in registry_refusal_names()
+    # A chosen float mechanism still runs where it did, flagged inexact by the audit.
+    float_dp = build_transport(
+        "secagg+dp:mechanism=gaussian,noise_multiplier=1,remote_clients=true"
+    )
+    assert float_dp.config.mechanism == "gaussian"
+
+
+def registry_refusal_names() -> list[str]:
+    """The DP transports whose unset mechanism is refused (the registry's rule, no tenseal)."""
+    from securefed.transport.registry import DPOptions, default_mechanism
+
+    refused = []
+    for name in ("ckks+dp", "secagg+dp"):
+        try:
+            default_mechanism(name, {"dp": DPOptions(noise_multiplier=1.0)}, "distributed")
+        except InsecureParameterError as error:
+            assert "mechanism=gaussian" in str(error)
+            refused.append(name)
+    return refused
