@@ -74,8 +74,17 @@ def split():
 
 
 def dp_options(name: str, clip: float = 1.0) -> dict | None:
-    """A fixed noise multiplier for the transports that take DP options."""
-    return {"noise_multiplier": 1.0, "dp.clip": clip} if "dp" in option_groups(name) else None
+    """A fixed noise multiplier for the transports that take DP options.
+
+    ``ckks+dp`` has no default mechanism (its float Gaussian is chosen explicitly, flagged by
+    the audit); ``secagg+dp`` runs its default, the exact discrete Gaussian.
+    """
+    if "dp" not in option_groups(name):
+        return None
+    options = {"noise_multiplier": 1.0, "dp.clip": clip}
+    if name == "ckks+dp":
+        options["mechanism"] = "gaussian"
+    return options
 
 
 def build_or_skip(name: str, *, n_clients: int, clip: float = 1.0, **run):

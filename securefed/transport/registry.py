@@ -761,7 +761,9 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
 
     ``secagg+dp`` at the distributed placement: ``"discrete_gaussian"``, the exact one (the
     float Gaussian's epsilon does not survive secure aggregation's rounding and modular sum).
-    ``dp``, ``dp-local`` and any other placement: ``"gaussian"`` (no rounding follows the noise).
+    ``dp``, ``dp-local`` (whatever their placement) and any other placement: ``"gaussian"`` (no
+    secure aggregation rounds their noise; ``dp:placement=distributed`` is the plaintext
+    simulation, which warns).
 
     Raises:
         InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism), or
@@ -773,7 +775,7 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
     dp: DPOptions = options["dp"]
     if dp.mechanism is not None:
         return dp.mechanism
-    if (dp.placement or placement) != "distributed":
+    if (dp.placement or placement) != "distributed" or name not in ("secagg+dp", "ckks+dp"):
         return "gaussian"
     if name == "ckks+dp":
         raise InsecureParameterError(
