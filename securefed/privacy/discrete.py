@@ -5,11 +5,14 @@ Samplers (pure functions of an explicit ``np.random.Generator``):
 * :func:`bernoulli_exp_neg`, :func:`discrete_laplace`, :func:`discrete_gaussian`: Canonne, Kamath
   and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1-3.
   Exact: every step is a Bernoulli trial with a *rational* probability, decided by comparing a
-  uniform integer (numpy's ``Generator.integers``, which rejects rather than rounds) with the
-  numerator, so no floating-point number enters the sampler and the output law is exactly
-  ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2`` (Mironov 2012's gaps in the
-  float samplers cannot arise). Vectorised: each stage runs on every pending draw at once, and the
-  rejection loops shrink the pending set until it is empty.
+  uniform integer with the numerator, so no floating-point number enters the sampler and the
+  output law is exactly ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2``
+  (Mironov 2012's gaps in the float samplers cannot arise). The uniform integers come from an
+  :class:`IntegerSource`: :class:`GeneratorIntegers` (numpy's ``Generator.integers`` with a
+  scalar bound, which rejects rather than rounds; seeded mode) or :class:`SecureIntegers`
+  (AES-256-CTR keyed from ``os.urandom``, by rejection; secure mode). Vectorised in blocks of
+  tries: each stage is one pass over the pending draws under one scalar bound, and
+  ``Bernoulli(exp(-1))`` costs one uniform integer (:func:`_bernoulli_exp_minus_one`).
 * :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
   Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
   sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
@@ -339,8 +342,9 @@ MAX_INTEGER_VARIANCE = 1 << 28
 ``2^58``, so every uniform integer it draws fits in int64. A mechanism coarsens its grid to stay
 under it (:func:`securefed.transport.ddp.plan_mechanism`)."""
 
-# Tries of Algorithm 3 drawn per wanted draw (each is kept with probability about 0.41: 0.63
-# for its discrete Laplace proposal, 0.65 for the Gaussian acceptance); a short block is topped up.
+# Tries of Algorithm 3 drawn per wanted draw (each is kept with probability about 0.48 for
+# sigma^2 >= 30: 0.63 for its discrete Laplace proposal, 0.76 for the Gaussian acceptance; 0.35
+# at sigma^2 = 1); a block that falls short is topped up with another.
 _TRIES_PER_DRAW = 2.5
 # At most this many tries at once: the working arrays stay in cache.
 _BLOCK = 1 << 18
