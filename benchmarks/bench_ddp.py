@@ -15,6 +15,14 @@ The record gives each run's RMSE, epsilon spent, noise multiplier, the mechanism
 coordinate (the modulus) and granularity, the ring bits secure aggregation carried them in, the
 wrap bound and the bytes uploaded per client and round. ``--rounds`` shortens the schedule (the
 calibration follows it); the record states the rounds run.
+
+``--secagg-rounds K`` runs only the last ``K`` rounds through secure aggregation and the earlier
+ones through the same integer mechanism over plaintext (a warm start,
+:func:`securefed.bench.experiment.warm_start_transport`): the same seeded client streams and
+rotation, summed exactly, so the released sums, the model and the RMSE are those of the run
+through secure aggregation bit for bit (secure aggregation's ring sum modulo ``2^32``, reduced
+modulo ``2^bits``, is the integer sum modulo ``2^bits``), charged to the same ledger and against
+the server as secure aggregation would be. The record states ``secagg_rounds``.
 """
 
 from __future__ import annotations
@@ -70,6 +78,13 @@ def _central(split, config, args, epsilon: float) -> dict:
     return record
 
 
+def _warm_rounds(args: argparse.Namespace) -> int:
+    """Rounds before the last ``--secagg-rounds`` (run over the plaintext stand-in)."""
+    if not args.secagg_rounds or args.secagg_rounds >= args.rounds:
+        return 0
+    return args.rounds - args.secagg_rounds
+
+
 def _integer(split, config, args, epsilon: float) -> tuple[dict, dict]:
     run = FedMFRun(
         config=replace(config, upload="full"),
@@ -77,6 +92,7 @@ def _integer(split, config, args, epsilon: float) -> tuple[dict, dict]:
         seed=args.seed,
         progress=False,
         keep_payloads=NO_PAYLOADS,
+        warm_start_rounds=_warm_rounds(args),
         transport_options={
             "epsilon": epsilon,
             "delta": args.delta,
@@ -139,8 +155,10 @@ def _merge(args: argparse.Namespace, config) -> int:
     rows, data = [], None
     for path in args.merge.split(","):
         record = json.loads(Path(path).read_text())
-        same = {k: record[k] for k in ("rounds", "delta", "clip", "mechanism", "bits", "seed")}
+        keys = ("rounds", "delta", "clip", "mechanism", "bits", "seed", "secagg_rounds")
+        same = {k: record.get(k) for k in keys}
         wanted = {
+            "secagg_rounds": _secagg_rounds(args),
             "rounds": args.rounds,
             "delta": args.delta,
             "clip": args.clip,
@@ -157,12 +175,25 @@ def _merge(args: argparse.Namespace, config) -> int:
     return 0
 
 
+def _secagg_rounds(args: argparse.Namespace) -> int:
+    """The rounds run through secure aggregation (the last ones)."""
+    return args.rounds - _warm_rounds(args)
+
+
 def _write(args: argparse.Namespace, config, rows: list[dict], data: str) -> None:
+    secagg_rounds = _secagg_rounds(args)
+    through = (
+        "every round through secure aggregation"
+        if secagg_rounds == args.rounds
+        else f"the last {secagg_rounds} rounds through secure aggregation, the first "
+        f"{args.rounds - secagg_rounds} over its plaintext stand-in (the same integers summed "
+        "exactly: the same released sums bit for bit)"
+    )
     table = (
         f"FedMF ({data}, {args.rounds} rounds, every user every round, clip {args.clip}, "
         f"delta {args.delta:g}): central continuous Gaussian (transport dp) against the "
         f"distributed {args.mechanism} through secure aggregation (secagg+dp, "
-        f"{args.bits} bits per coordinate carried in a 32-bit ring).\n\n"
+        f"{args.bits} bits per coordinate carried in a 32-bit ring; {through}).\n\n"
         + markdown_table(rows, COLUMNS)
     )
     write_outputs(
@@ -177,6 +208,7 @@ def _write(args: argparse.Namespace, config, rows: list[dict], data: str) -> Non
             "mechanism": args.mechanism,
             "bits": args.bits,
             "seed": args.seed,
+            "secagg_rounds": secagg_rounds,
             "goal": "rmse_integer within 1% of rmse_central at every epsilon",
             "within_1_percent": all(abs(r["rmse_ratio"] - 1) <= 0.01 for r in rows),
         },
@@ -200,6 +232,13 @@ def register(benches) -> None:
     parser.add_argument("--server-lr", type=float, default=4.0)
     parser.add_argument("--dim", type=int, default=10)
     parser.add_argument("--name", default=None, help="record name (default per mechanism)")
+    parser.add_argument(
+        "--secagg-rounds",
+        type=int,
+        default=0,
+        help="run only the last K rounds through secure aggregation, the earlier ones over its "
+        "plaintext stand-in (the same sums bit for bit; 0: every round)",
+    )
     parser.add_argument("--merge", default=None, help="comma-separated records to put together")
     parser.set_defaults(func=ddp_vs_central)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -16,11 +17,14 @@ from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
 from securefed.recsys.validation import EarlyStopping, best_round, holdout_split
 from securefed.transport import (
+    PlaintextTransport,
     build_transport,
     option_groups,
     parse_transport_spec,
     resolve_options,
 )
+from securefed.transport.ddp import INTEGER_MECHANISMS
+from securefed.transport.registry import default_mechanism, integer_dp_around
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,24 @@ def warm_start_transport(name: str, groups: dict, context: dict, transport):
     The same options; DP placed centrally and charged to ``transport``'s ledger, against the
     server as ``transport`` would be (:func:`_warm_start`'s docstring says why that is sound).
     """
+    dp = groups.get("dp")
+    if name == "secagg+dp" and dp is not None:
+        dp = replace(dp, mechanism=default_mechanism(name, groups, "distributed"))
+    if name == "secagg+dp" and dp is not None and dp.mechanism in INTEGER_MECHANISMS:
+        # The integer mechanism over plaintext: the same clients' integers (the same seeded
+        # streams and rotation), summed exactly, so the released sums are those secure
+        # aggregation would decode, bit for bit (tests/test_discrete_dp.py pins it).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # distributed over plaintext warns: a stand-in
+            warm = integer_dp_around(
+                PlaintextTransport(),
+                dp,
+                transport.ledger,
+                context["sample_rate"],
+                context["total_rounds"],
+            )
+        warm.charge_server_as(transport)
+        return warm
     warm_name = WARM_START_TRANSPORT.get(name, name)
     warm_groups = {group: groups[group] for group in option_groups(warm_name)}
     if "dp" in warm_groups:

@@ -268,12 +268,19 @@ def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example
     from securefed.privacy.ledger import PrivacyLedger
 
     for name in ("dp", "dp-local", "secagg+dp"):
-        app = example.FedMFApp(transport=name, dp_noise_multiplier=0.5, dp_clip=2.0)
+        app = example.FedMFApp(
+            transport=name, dp_noise_multiplier=0.5, dp_clip=2.0, dp_mechanism="gaussian"
+        )
         server, local = app.make_transport(remote=True), app.make_transport(remote=False)
         for transport in (server, local):
             assert isinstance(transport.ledger, PrivacyLedger)
             assert (transport.config.clip, transport.config.noise_multiplier) == (2.0, 0.5)
         assert describe_transport(server).dp is not None
+    # secagg+dp's default mechanism (the exact discrete Gaussian) is not built for Flower's
+    # clients: the app refuses to fall back to the float Gaussian unless told to.
+    default = example.FedMFApp(transport="secagg+dp", dp_noise_multiplier=0.5)
+    with pytest.raises(InsecureParameterError, match="mechanism=gaussian"):
+        default.make_transport(remote=True)
     remote = example.FedMFApp(
         transport="secagg", secagg_bits=32, secagg_scale=2.0**10, secagg_clip=4096.0
     )
@@ -556,6 +563,7 @@ def test_noise_added_on_the_nodes_matches_in_process(example, tmp_path, transpor
         min_nodes=3,
         dp_clip=4.0,
         dp_noise_multiplier=0.5,
+        dp_mechanism="gaussian",
         output_dir=str(tmp_path),
     )
     outcome = _simulate(example, app, nodes=3)

@@ -29,6 +29,7 @@ from securefed import (
     UnsupportedTransport,
     run_rounds,
 )
+from securefed.errors import InsecureParameterError
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.recsys.data import ML100K_SCALE, random_split, synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
@@ -73,8 +74,17 @@ def split():
 
 
 def dp_options(name: str, clip: float = 1.0) -> dict | None:
-    """A fixed noise multiplier for the transports that take DP options."""
-    return {"noise_multiplier": 1.0, "dp.clip": clip} if "dp" in option_groups(name) else None
+    """A fixed noise multiplier for the transports that take DP options.
+
+    ``ckks+dp`` has no default mechanism (its float Gaussian is chosen explicitly, flagged by
+    the audit); ``secagg+dp`` runs its default, the exact discrete Gaussian.
+    """
+    if "dp" not in option_groups(name):
+        return None
+    options = {"noise_multiplier": 1.0, "dp.clip": clip}
+    if name == "ckks+dp":
+        options["mechanism"] = "gaussian"
+    return options
 
 
 def build_or_skip(name: str, *, n_clients: int, clip: float = 1.0, **run):
@@ -274,6 +284,9 @@ def test_defaults_are_the_recorded_ones():
     assert build_transport("dp-local", {"noise_multiplier": 2.0}).ledger.budget is None
     distributed = build_transport("secagg+dp", {"noise_multiplier": 1.0})
     assert distributed.config.placement == "distributed" and distributed.inner.name == "secagg"
+    # The distributed placement's default noise is the exact discrete Gaussian (issue 21).
+    assert distributed.config.mechanism == "discrete_gaussian"
+    assert distributed.inner.config.scale == 1.0 and distributed.inner.config.bits == 32
     with pytest.warns(UserWarning, match="distributed DP over the 'plaintext' transport"):
         simulated = build_transport("dp:placement=distributed,noise_multiplier=1")
     assert simulated.config.placement == "distributed"
@@ -281,6 +294,8 @@ def test_defaults_are_the_recorded_ones():
     from securefed.transport.ckks import KEY_MODELS
 
     assert registry.KEY_MODELS == KEY_MODELS  # the registry validates without importing tenseal
+    with pytest.raises(InsecureParameterError, match="set mechanism=gaussian"):
+        build_transport("ckks+dp", {"noise_multiplier": 1.0}, n_clients=4)
     assert build_transport("ckks", n_clients=10).config.max_clients == 1024
     assert build_transport("ckks", n_clients=2000).config.max_clients == 2000
 
@@ -291,8 +306,11 @@ def test_every_dp_transport_carries_a_ledger():
     assert {"dp", "dp-local", "secagg+dp", "ckks+dp"} <= set(private)
     for name in private:
         try:
-            fresh = build_transport(name, {"noise_multiplier": 1.0}, n_clients=4)
-            joined = build_transport(name, {"noise_multiplier": 1.0}, n_clients=4, ledger=shared)
+            options = {"noise_multiplier": 1.0}
+            if name == "ckks+dp":  # it has no default mechanism
+                options["mechanism"] = "gaussian"
+            fresh = build_transport(name, options, n_clients=4)
+            joined = build_transport(name, options, n_clients=4, ledger=shared)
         except TransportUnavailable:
             continue
         assert isinstance(fresh.ledger, PrivacyLedger) and fresh.ledger is not shared
@@ -381,7 +399,9 @@ def test_capabilities_are_declared_and_composed():
     pytest.importorskip("tenseal")
     ckks = build_transport("ckks", n_clients=4).capabilities
     assert ckks.hides_updates and ckks.encrypted_state and ckks.dense_wire
-    wrapped = build_transport("ckks+dp", {"noise_multiplier": 1.0}, n_clients=4).capabilities
+    wrapped = build_transport(
+        "ckks+dp", {"noise_multiplier": 1.0, "mechanism": "gaussian"}, n_clients=4
+    ).capabilities
     assert wrapped.server_sees == "ciphertexts" and wrapped.dp_placement == "distributed"
     assert not wrapped.encrypted_state  # noise is added around released rounds only
     committee = build_transport("ckks:key_model=committee", n_clients=4).capabilities
@@ -433,7 +453,8 @@ def test_ckks_plus_dp_releases_the_same_noisy_sum_as_secagg_plus_dp():
     x = np.random.default_rng(3).normal(size=(5, 6)) * 0.2
     totals = {}
     for name in ("secagg+dp", "ckks+dp"):
-        transport = build_transport(name, {"noise_multiplier": 1.0, "dp.clip": 1.0}, n_clients=5)
+        options = {"noise_multiplier": 1.0, "dp.clip": 1.0, "mechanism": "gaussian"}
+        transport = build_transport(name, options, n_clients=5)
         rnd = transport.open_round(0, range(5), shape=(2, 3), seeds=SeedTree(7))
         for client in range(5):
             rnd.submit(client, x[client])

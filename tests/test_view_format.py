@@ -43,6 +43,8 @@ def documented_names() -> set[str]:
 
 def saved_view(split, name: str, directory: Path, rounds: int = 3, keep: str = "last:2"):
     options = {"noise_multiplier": 1.0, "dp.clip": 1.0} if "dp" in option_groups(name) else None
+    if name == "ckks+dp":  # it has no default mechanism: the float one, chosen
+        options["mechanism"] = "gaussian"
     try:
         transport = build_transport(
             name,

@@ -5,11 +5,14 @@ Samplers (pure functions of an explicit ``np.random.Generator``):
 * :func:`bernoulli_exp_neg`, :func:`discrete_laplace`, :func:`discrete_gaussian`: Canonne, Kamath
   and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1-3.
   Exact: every step is a Bernoulli trial with a *rational* probability, decided by comparing a
-  uniform integer (numpy's ``Generator.integers``, which rejects rather than rounds) with the
-  numerator, so no floating-point number enters the sampler and the output law is exactly
-  ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2`` (Mironov 2012's gaps in the
-  float samplers cannot arise). Vectorised: each stage runs on every pending draw at once, and the
-  rejection loops shrink the pending set until it is empty.
+  uniform integer with the numerator, so no floating-point number enters the sampler and the
+  output law is exactly ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2``
+  (Mironov 2012's gaps in the float samplers cannot arise). The uniform integers come from an
+  :class:`IntegerSource`: :class:`GeneratorIntegers` (numpy's ``Generator.integers`` with a
+  scalar bound, which rejects rather than rounds; seeded mode) or :class:`SecureIntegers`
+  (AES-256-CTR keyed from ``os.urandom``, by rejection; secure mode). Vectorised in blocks of
+  tries: each stage is one pass over the pending draws under one scalar bound, and
+  ``Bernoulli(exp(-1))`` costs one uniform integer (:func:`_bernoulli_exp_minus_one`).
 * :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
   Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
   sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
@@ -42,13 +45,124 @@ with its Gaussian releases and converts with the same ``get_privacy_spent``):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 # Uniform integers are drawn below den * K: keep it well inside int64.
 _INT_LIMIT = 1 << 62
+
+
+def _keystream_encryptor(key: bytes):
+    """AES-256-CTR under ``key`` from counter 0 (a fresh key per source: no nonce reuse)."""
+    return Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+
+
+# ----------------------------------------------------------------------------- integer sources
+_FACTORIAL_20 = math.factorial(20)  # 2432902008176640000 < 2^62
+
+
+@runtime_checkable
+class IntegerSource(Protocol):
+    """Where the exact samplers' uniform integers come from.
+
+    Attributes:
+        secure: whether the source is cryptographic (unpredictable without a seed).
+        name: short description, recorded in views.
+    """
+
+    secure: bool
+    name: str
+
+    def below(self, high: int, size: int) -> np.ndarray:
+        """``size`` independent uniform int64 draws on ``{0, ..., high - 1}`` (no bias)."""
+
+    def random(self, shape: tuple[int, ...]) -> np.ndarray:
+        """Uniform float64 draws on ``[0, 1)`` (randomised rounding's coins)."""
+
+
+class GeneratorIntegers:
+    """Reproducible uniform integers from a numpy ``Generator``: tests and benchmarks only.
+
+    ``Generator.integers`` with a scalar bound rejects rather than reduces (Lemire's method), so
+    its draws are exactly uniform.
+    """
+
+    secure = False
+    name = "seeded-numpy"
+
+    def __init__(self, generator: np.random.Generator) -> None:
+        _check_generator(generator)
+        self.generator = generator
+
+    def below(self, high: int, size: int) -> np.ndarray:
+        return self.generator.integers(0, high, size, dtype=np.int64)
+
+    def random(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.generator.random(shape)
+
+
+class SecureIntegers:
+    """Uniform integers from an AES-256-CTR keystream keyed with 32 bytes of ``os.urandom``.
+
+    Uniform on ``{0, ..., high - 1}`` by rejection: each 64-bit keystream word is cut to the
+    bit length ``b`` of ``high - 1`` (its low ``b`` bits, uniform on ``[0, 2^b)``) and kept only
+    below ``high`` (more than half are kept); the rejected draws are redrawn. No reduction
+    modulo ``high``, so no modulo bias. The key is refreshed every ``2^36`` bytes, far before
+    the 2^64-block counter could wrap. Refuses a seed: there is none to give.
+    """
+
+    secure = True
+    name = "aes-256-ctr(os.urandom)"
+    _REKEY_BYTES = 1 << 36
+
+    def __init__(self) -> None:
+        self._encryptor = None
+        self._used = 0
+
+    def _words(self, count: int) -> np.ndarray:
+        nbytes = 8 * count
+        if self._encryptor is None or self._used + nbytes > self._REKEY_BYTES:
+            self._encryptor = _keystream_encryptor(os.urandom(32))
+            self._used = 0
+        self._used += nbytes
+        return np.frombuffer(self._encryptor.update(bytes(nbytes)), "<u8")
+
+    def below(self, high: int, size: int) -> np.ndarray:
+        if not 1 <= high <= _INT_LIMIT:
+            raise ValueError(f"the uniform range must lie in [1, 2^62], got {high}")
+        out = np.empty(size, np.int64)
+        mask = np.uint64((1 << max(1, (high - 1).bit_length())) - 1)
+        filled = 0
+        while filled < size:
+            need = size - filled
+            draws = (self._words(need + need // 2 + 8) & mask).astype(np.int64)
+            draws = draws[draws < high][:need]
+            out[filled : filled + draws.size] = draws
+            filled += draws.size
+        return out
+
+    def random(self, shape: tuple[int, ...]) -> np.ndarray:
+        count = int(np.prod(shape, dtype=np.int64))
+        words = self._words(count) >> np.uint64(11)
+        return (words.astype(np.float64) * (1.0 / (1 << 53))).reshape(shape)
+
+
+def integer_source(rng: np.random.Generator | IntegerSource) -> IntegerSource:
+    """``rng`` as an :class:`IntegerSource` (a numpy ``Generator`` is wrapped).
+
+    Raises:
+        TypeError: anything else (e.g. the global ``np.random`` module).
+    """
+    if isinstance(rng, np.random.Generator):
+        return GeneratorIntegers(rng)
+    if isinstance(rng, (GeneratorIntegers, SecureIntegers)):
+        return rng
+    raise TypeError(f"rng must be a numpy Generator or an IntegerSource, got {type(rng).__name__}")
 
 
 # ----------------------------------------------------------------------------- exact samplers
@@ -57,27 +171,90 @@ def _check_generator(rng: np.random.Generator) -> None:
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
 
 
-def _bernoulli_exp_neg_unit(num: np.ndarray, den: np.ndarray, rng: np.random.Generator):
-    """``Bernoulli(exp(-num/den))`` for ``0 <= num/den <= 1`` (CKS 2020, Algorithm 1, first case).
+def _bernoulli_exp_minus_one(size: int, source: IntegerSource) -> np.ndarray:
+    """``size`` exact ``Bernoulli(exp(-1))`` draws from one uniform integer each (Algorithm 1).
 
-    Draw ``A_K ~ Bernoulli(gamma / K)`` for ``K = 1, 2, ...`` until one is 0; the result is 1
-    iff that ``K`` is odd. ``Bernoulli(num / (den K))`` is ``U < num`` for ``U`` uniform on
-    ``{0, ..., den K - 1}``.
+    Algorithm 1 at ``gamma = 1`` draws ``A_K ~ Bernoulli(1 / K)`` for ``K = 1, 2, ...`` until
+    one is 0 and answers 1 iff that ``K`` is odd (``A_1`` is always 1). For ``U`` uniform on
+    ``{0, ..., 20! - 1}``, the events ``U = 0 (mod j!)`` for ``j = 2..20`` have exactly the
+    law of ``A_2 = ... = A_j = 1`` (``P = 1 / j!``, and each is contained in the previous), so
+    ``K`` is the first ``j`` with ``U != 0 (mod j!)``. The draws with ``U = 0`` (probability
+    ``1 / 20!``) continue the algorithm at ``K = 21`` with fresh uniforms.
     """
-    k = np.ones(num.shape, np.int64)
-    pending = np.arange(num.size)
-    while pending.size:
-        high = den[pending] * k[pending]
-        if int(high.max()) >= _INT_LIMIT:
+    result = np.zeros(size, bool)
+    draws = source.below(_FACTORIAL_20, size)
+    alive = np.flatnonzero((draws & 1) == 0)  # K >= 3; K = 2 answers 0 (already so)
+    values = draws[alive]
+    factorial = 2
+    for k in range(3, 21):
+        factorial *= k
+        going = values % factorial == 0
+        if k % 2 == 1:
+            result[alive[~going]] = True
+        alive, values = alive[going], values[going]
+        if not alive.size:
+            return result
+    k = 21
+    while alive.size:
+        going = source.below(k, alive.size) == 0
+        if k % 2 == 1:
+            result[alive[~going]] = True
+        alive = alive[going]
+        k += 1
+    return result
+
+
+def _bernoulli_exp_neg_fraction(num: np.ndarray, den: int, source: IntegerSource) -> np.ndarray:
+    """``Bernoulli(exp(-num / den))`` for ``0 <= num <= den`` and one scalar ``den`` (Alg. 1).
+
+    Draw ``A_K ~ Bernoulli(num / (den K))`` for ``K = 1, 2, ...`` until one is 0; the answer is
+    1 iff that ``K`` is odd. ``A_K`` is ``U < num`` for ``U`` uniform on ``{0, ..., den K - 1}``.
+    Every pending draw is at the same ``K`` (they advance together), so each pass is one
+    uniform draw per pending element under one scalar bound.
+    """
+    if den >= _INT_LIMIT:
+        raise OverflowError("Bernoulli(exp(-x)) denominator beyond 2^62")
+    going = source.below(den, num.size) < num
+    result = ~going  # K = 1 answers 1
+    alive = np.flatnonzero(going)
+    nums = num[alive]
+    k = 2
+    while alive.size:
+        high = den * k
+        if high >= _INT_LIMIT:
             raise OverflowError("Bernoulli(exp(-x)) denominator beyond 2^62")
-        success = rng.integers(0, high) < num[pending]
-        k[pending[success]] += 1
-        pending = pending[success]
-    return (k % 2) == 1
+        going = source.below(high, alive.size) < nums
+        if k % 2 == 1:
+            result[alive[~going]] = True
+        alive, nums = alive[going], nums[going]
+        k += 1
+    return result
+
+
+def _bernoulli_exp_neg_split(
+    whole: np.ndarray, remainder: np.ndarray, den: int, source: IntegerSource
+) -> np.ndarray:
+    """``Bernoulli(exp(-(whole + remainder / den)))``, ``0 <= remainder < den`` (Algorithm 1).
+
+    ``floor(gamma)`` independent ``Bernoulli(exp(-1))`` trials must all succeed, then one
+    ``Bernoulli(exp(-remainder / den))``; the pending set shrinks as trials fail.
+    """
+    result = np.ones(whole.size, bool)
+    alive = np.flatnonzero(whole > 0)
+    left = whole[alive]
+    while alive.size:
+        passed = _bernoulli_exp_minus_one(alive.size, source)
+        result[alive[~passed]] = False
+        left = left - 1
+        going = passed & (left > 0)
+        alive, left = alive[going], left[going]
+    survivors = np.flatnonzero(result)
+    result[survivors] = _bernoulli_exp_neg_fraction(remainder[survivors], den, source)
+    return result
 
 
 def bernoulli_exp_neg(
-    num: np.ndarray | int, den: np.ndarray | int, rng: np.random.Generator
+    num: np.ndarray | int, den: np.ndarray | int, rng: np.random.Generator | IntegerSource
 ) -> np.ndarray:
     """Exact ``Bernoulli(exp(-num / den))`` draws, one per element (CKS 2020, Algorithm 1).
 
@@ -87,7 +264,7 @@ def bernoulli_exp_neg(
     Args:
         num: non-negative integer numerators (array or scalar).
         den: positive integer denominators (broadcast against ``num``).
-        rng: the generator.
+        rng: the generator or integer source.
 
     Returns:
         A boolean array of ``num``'s shape.
@@ -95,71 +272,68 @@ def bernoulli_exp_neg(
     Raises:
         ValueError: a negative numerator or a non-positive denominator.
     """
-    _check_generator(rng)
+    source = integer_source(rng)
     num, den = np.broadcast_arrays(np.asarray(num, np.int64), np.asarray(den, np.int64))
-    num, den = num.ravel().copy(), den.ravel().copy()
+    num, den = num.ravel(), den.ravel()
     if num.size and (num.min() < 0 or den.min() <= 0):
         raise ValueError("bernoulli_exp_neg needs num >= 0 and den > 0")
-    whole = num // den
-    return _bernoulli_exp_neg_split(whole, num - whole * den, den, rng)
-
-
-def _bernoulli_exp_neg_split(
-    whole: np.ndarray, remainder: np.ndarray, den: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """``Bernoulli(exp(-(whole + remainder / den)))``, ``0 <= remainder < den`` (Algorithm 1)."""
-    result = np.ones(whole.size, bool)
-    remaining = whole.copy()
-    alive = np.flatnonzero(remaining > 0)
-    while alive.size:
-        ones = np.ones(alive.size, np.int64)
-        ok = _bernoulli_exp_neg_unit(ones, ones, rng)
-        result[alive[~ok]] = False
-        remaining[alive] -= 1
-        alive = alive[ok & (remaining[alive] > 0)]
-    survivors = np.flatnonzero(result)
-    result[survivors] = _bernoulli_exp_neg_unit(remainder[survivors], den[survivors], rng)
+    result = np.empty(num.size, bool)
+    for value in np.unique(den).tolist():  # one scalar denominator per pass
+        where = np.flatnonzero(den == value)
+        whole, remainder = np.divmod(num[where], value)
+        result[where] = _bernoulli_exp_neg_split(whole, remainder, int(value), source)
     return result
 
 
-def discrete_laplace(scale: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _geometric_exp_neg_one(size: int, source: IntegerSource) -> np.ndarray:
+    """``Geometric(1 - exp(-1))`` on ``{0, 1, ...}``: ``Bernoulli(exp(-1))`` successes before
+    the first failure."""
+    counts = np.zeros(size, np.int64)
+    alive = np.arange(size)
+    while alive.size:
+        alive = alive[_bernoulli_exp_minus_one(alive.size, source)]
+        counts[alive] += 1
+    return counts
+
+
+def _laplace_candidates(t: int, size: int, source: IntegerSource) -> tuple[np.ndarray, np.ndarray]:
+    """The accepted ones of ``size`` tries of CKS Algorithm 2: (magnitudes, negative signs).
+
+    One try: ``U`` uniform on ``{0, ..., t - 1}``, kept with probability ``exp(-U / t)``;
+    ``V ~ Geometric(1 - exp(-1))``; a sign; ``-0`` is refused. The accepted tries, in order,
+    are independent draws of ``DLap(t)``.
+    """
+    u = source.below(t, size)
+    u = u[_bernoulli_exp_neg_fraction(u, t, source)]
+    v = _geometric_exp_neg_one(u.size, source)
+    negative = source.below(2, u.size) == 1
+    keep = ~(negative & (u == 0) & (v == 0))  # -0 would count zero twice
+    return (u + t * v)[keep], negative[keep]
+
+
+def discrete_laplace(scale: int, size: int, rng: np.random.Generator | IntegerSource) -> np.ndarray:
     """Exact draws of the discrete Laplace law ``P(x) ∝ exp(-|x| / scale)`` (CKS, Algorithm 2).
 
     Args:
         scale: the integer scale ``t >= 1``.
         size: how many draws.
-        rng: the generator.
+        rng: the generator or integer source.
 
     Returns:
         ``size`` int64 draws.
     """
-    _check_generator(rng)
+    source = integer_source(rng)
     if isinstance(scale, bool) or int(scale) != scale or scale < 1:
         raise ValueError(f"the discrete Laplace scale must be an integer >= 1, got {scale!r}")
     t = int(scale)
-    out = np.zeros(size, np.int64)
-    pending = np.arange(size)
-    while pending.size:
-        m = pending.size
-        u = rng.integers(0, t, m)
-        keep = bernoulli_exp_neg(u, np.full(m, t), rng)
-        idx, u = pending[keep], u[keep]
-        # V ~ Geometric(1 - exp(-1)): count Bernoulli(exp(-1)) successes before the first failure.
-        v = np.zeros(idx.size, np.int64)
-        going = np.arange(idx.size)
-        while going.size:
-            ones = np.ones(going.size, np.int64)
-            success = bernoulli_exp_neg(ones, ones, rng)
-            v[going[success]] += 1
-            going = going[success]
-        sign = rng.integers(0, 2, idx.size)
-        reject = (sign == 1) & (u == 0) & (v == 0)  # -0 would count zero twice
-        magnitude = u + t * v
-        accepted = ~reject
-        out[idx[accepted]] = np.where(
-            sign[accepted] == 1, -magnitude[accepted], magnitude[accepted]
-        )
-        pending = np.concatenate([pending[~keep], idx[reject]])
+    out = np.empty(size, np.int64)
+    filled = 0
+    while filled < size:
+        need = size - filled
+        magnitude, negative = _laplace_candidates(t, need + need // 2 + 16, source)
+        values = np.where(negative, -magnitude, magnitude)[:need]
+        out[filled : filled + values.size] = values
+        filled += values.size
     return out
 
 
@@ -167,6 +341,13 @@ MAX_INTEGER_VARIANCE = 1 << 28
 """The sampler's largest variance: ``2 sigma^2 t^2`` (the acceptance denominator) stays below
 ``2^58``, so every uniform integer it draws fits in int64. A mechanism coarsens its grid to stay
 under it (:func:`securefed.transport.ddp.plan_mechanism`)."""
+
+# Tries of Algorithm 3 drawn per wanted draw (each is kept with probability about 0.48 for
+# sigma^2 >= 30: 0.63 for its discrete Laplace proposal, 0.76 for the Gaussian acceptance; 0.35
+# at sigma^2 = 1); a block that falls short is topped up with another.
+_TRIES_PER_DRAW = 2.5
+# At most this many tries at once: the working arrays stay in cache.
+_BLOCK = 1 << 18
 
 
 def _check_variance(sigma2: int) -> int:
@@ -178,47 +359,71 @@ def _check_variance(sigma2: int) -> int:
     return int(sigma2)
 
 
-def discrete_gaussian(sigma2: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _accept_far_tail(gap: int, den: int, source: IntegerSource) -> bool:
+    """Algorithm 3's acceptance ``Bernoulli(exp(-gap^2 / den))`` in Python integers (any size)."""
+    whole, remainder = divmod(gap * gap, den)
+    for _ in range(whole):  # stops at the first failure, after 1.6 trials on average
+        if not _bernoulli_exp_minus_one(1, source)[0]:
+            return False
+    return bool(_bernoulli_exp_neg_fraction(np.array([remainder], np.int64), den, source)[0])
+
+
+def discrete_gaussian(
+    sigma2: int, size: int, rng: np.random.Generator | IntegerSource
+) -> np.ndarray:
     """Exact draws of ``N_Z(0, sigma2)``: ``P(x) ∝ exp(-x^2 / (2 sigma2))`` on the integers.
 
     Canonne, Kamath and Steinke 2020, Algorithm 3: ``t = floor(sigma) + 1``; draw
     ``Y ~ DLap(t)`` and accept it with probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``,
     which for an integer ``sigma2`` is ``exp(-(|Y| t - sigma2)^2 / (2 sigma2 t^2))``: a ratio of
-    integers. Accepts with probability above 0.6 per try (their Section 5.3).
+    integers, decided by Algorithm 1 with uniform integers only.
+
+    Blocks: about ``2.5 size`` independent tries run at once, every stage a vectorised pass with
+    one scalar bound, and the first ``size`` accepted tries (in the order drawn) are returned.
+    The accepted tries of an i.i.d. sequence are i.i.d. draws of the target law, and which ones
+    are returned depends only on their positions, so the output law is exact; a block that
+    falls short is topped up with another. ``Bernoulli(exp(-1))`` costs one uniform integer
+    (:func:`_bernoulli_exp_minus_one`).
 
     Args:
         sigma2: the integer variance parameter ``sigma^2 >= 1``.
         size: how many draws.
-        rng: the generator.
+        rng: the generator (seeded, tests and benchmarks) or an :class:`IntegerSource`
+            (:class:`SecureIntegers` in secure mode).
 
     Returns:
         ``size`` int64 draws.
 
-    The numerator ``(|Y| t - sigma2)^2`` is split into its whole multiples of the denominator and
-    the remainder in int64 where ``|gap| < 2^31``, and with Python integers for the rare draws
-    beyond (far in the tail, accepted with probability below ``exp(-30)``).
+    The numerator ``(|Y| t - sigma2)^2`` is split into whole multiples of the denominator and a
+    remainder in int64 where ``|gap| < 2^31``, and in Python integers for the rare tries beyond
+    (far in the tail, accepted with probability below ``exp(-30)``).
 
     Raises:
         ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
+        TypeError: ``rng`` neither a numpy Generator nor an integer source.
     """
     sigma2 = _check_variance(sigma2)
+    source = integer_source(rng)
     t = math.isqrt(sigma2) + 1
     den = 2 * sigma2 * t * t
-    out = np.zeros(size, np.int64)
-    pending = np.arange(size)
-    while pending.size:
-        y = discrete_laplace(t, pending.size, rng)
-        gap = np.abs(y) * t - sigma2
-        small = np.abs(gap) < (1 << 31)
-        square = np.where(small, gap, 0) ** 2
-        whole = square // den
-        remainder = square - whole * den
-        for k in np.flatnonzero(~small).tolist():  # exact, in Python integers
-            whole[k], remainder[k] = divmod(int(gap[k]) ** 2, den)
-        dens = np.full(pending.size, den)
-        accept = _bernoulli_exp_neg_split(whole, remainder, dens, rng)
-        out[pending[accept]] = y[accept]
-        pending = pending[~accept]
+    out = np.empty(size, np.int64)
+    filled = 0
+    while filled < size:
+        need = size - filled
+        magnitude, negative = _laplace_candidates(
+            t, min(_BLOCK, int(need * _TRIES_PER_DRAW) + 32), source
+        )
+        gap = magnitude * t - sigma2
+        far = np.abs(gap) >= (1 << 31)
+        if far.any():
+            gap = np.where(far, 0, gap)
+        whole, remainder = np.divmod(gap * gap, den)
+        accept = _bernoulli_exp_neg_split(whole, remainder, den, source)
+        for k in np.flatnonzero(far).tolist():  # exact, in Python integers
+            accept[k] = _accept_far_tail(int(magnitude[k]) * t - sigma2, den, source)
+        values = np.where(negative, -magnitude, magnitude)[accept][:need]
+        out[filled : filled + values.size] = values
+        filled += values.size
     return out
 
 

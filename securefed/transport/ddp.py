@@ -5,11 +5,17 @@ with Secure Aggregation" (ICML 2021), and Agarwal, Kairouz and Liu, "The Skellam
 Differentially Private Federated Learning" (NeurIPS 2021). Each client, on its clipped update
 ``x`` (``||x||_2 <= c``), of ``d0`` values:
 
-1. **pads** ``x`` with zeros to ``D = 2^ceil(log2 d0)`` values and **scales** it by ``1/gamma``;
-2. **rotates** it, ``H S x / sqrt(D)``: ``S`` diagonal random signs from the round's *public*
-   seed, ``H`` the Walsh-Hadamard matrix (:func:`rotate`; ``H / sqrt(D)`` is orthogonal and its
-   own inverse, so the norm is kept and the server undoes it exactly). Flattening spreads the
-   norm over all coordinates, so that no coordinate needs many bits;
+1. **pads** ``x`` with zeros to ``D`` values, ``d0`` rounded up to a multiple of
+   :data:`MIN_CHUNK` (or to ``2^ceil(log2 d0)`` when ``d0`` is smaller), and **scales** it by
+   ``1/gamma``;
+2. **rotates** it, chunk by chunk: ``D`` is a sum of distinct powers of two
+   ``D_1 > D_2 > ...`` (its binary digits, :func:`rotation_chunks`; 18524 values become
+   ``16384 + 2048 + 128 = 18560``, not 32768), and the rotation is block diagonal,
+   ``diag(H_1 / sqrt(D_1), H_2 / sqrt(D_2), ...) S x``: ``S`` diagonal random signs from the
+   round's *public* seed, ``H_b`` the Walsh-Hadamard matrix of order ``D_b`` (:func:`rotate`).
+   A block-diagonal matrix of orthogonal blocks is orthogonal and here its own inverse, so the
+   norm is kept and the server undoes it exactly. Flattening spreads each chunk's norm over its
+   coordinates, so that no coordinate needs many bits (see below for what the chunks cost);
 3. **rounds** every coordinate at random to a neighbouring integer, trying again until the
    rounded vector's norm is at most ``rounded_l2_bound(c, gamma, D, beta) / gamma``
    (*conditional randomised rounding*, Theorem 1 of Kairouz et al.; :func:`conditional_round`).
@@ -26,6 +32,22 @@ outside ``[-m/2, m/2)`` (it *wraps*, and decodes wrong) with probability at most
 :func:`wrap_probability_bound`; ``gamma`` is the smallest granularity that keeps that bound under
 ``wrap_target`` (:func:`granularity_for`), so the bits per coordinate are chosen from ``n``, the
 clip and the modulus.
+
+Why the chunked rotation keeps the paper's analysis (Kairouz et al. 2021, Sections 3-4). The
+analysis uses the rotation twice. (i) The privacy bound needs only that the rotation is
+orthogonal (the rotated vector has norm at most ``c / gamma``) and the rounding bound of
+Theorem 1, which holds for randomised rounding of *any* vector of that norm in ``D`` coordinates:
+so the sensitivity is ``rounded_l2_bound(c, gamma, D, beta)`` with ``D`` the dimension actually
+sent (the sum of the chunks), and the accountant is charged for ``D`` coordinates. (ii) The
+modular wrap bound needs flattening: a coordinate of chunk ``b`` is ``sum_i s_i H_ji x_i /
+sqrt(D_b)`` over that chunk's ``x_i``, sub-Gaussian over the public signs with proxy
+``||x_b||^2 / D_b <= ||x||^2 / D_b`` (Hoeffding). Chunk by chunk the argument is the paper's,
+with ``D_b`` for ``D``; since the server cannot know how a client's norm falls across chunks, the
+bound takes the worst chunk, ``||x||^2 / D_min`` (:func:`wrap_probability_bound`'s
+``flat_dim``), and the union bound runs over all ``D`` coordinates. The price is a coarser
+granularity where ``D_min`` is small (``gamma`` grows like ``sqrt(D_full / D_min)`` while the
+signal term dominates); the rounding error it adds, ``n gamma^2 / 4`` per coordinate of the
+sum, stays far below the noise at the DP schedule's figures (docs/privacy.md).
 
 What the guarantee covers: the sum of the contributors' integer vectors (each of L2 norm within
 the rounding bound) plus the sum of their integer noise, whose Rényi divergence is bounded by
@@ -46,8 +68,10 @@ import numpy as np
 from securefed.privacy.discrete import (
     MAX_INTEGER_VARIANCE,
     DiscreteRelease,
+    IntegerSource,
     discrete_gaussian,
     integer_l1_bound,
+    integer_source,
     rounded_l2_bound,
     skellam,
 )
@@ -62,11 +86,29 @@ SKELLAM_SUBGAUSSIAN_FACTOR = 1.09
 
 
 # ----------------------------------------------------------------------------- rotation
+MIN_CHUNK = 128
+"""The smallest rotation chunk of a vector longer than it: ``d0`` is padded to a multiple."""
+
+
+def rotation_chunks(dim: int) -> tuple[int, ...]:
+    """The rotation's chunk lengths for ``dim`` values: distinct powers of two, largest first.
+
+    ``dim <= MIN_CHUNK``: one chunk of ``2^ceil(log2 dim)``. Otherwise ``dim`` rounded up to a
+    multiple of :data:`MIN_CHUNK`, split into its binary digits (18524 -> 18560 = 16384 + 2048
+    + 128): at most ``MIN_CHUNK - 1`` values of padding instead of up to ``dim - 1``.
+    """
+    if isinstance(dim, bool) or int(dim) != dim or dim < 1:
+        raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
+    dim = int(dim)
+    if dim <= MIN_CHUNK:
+        return (1 << (dim - 1).bit_length(),)
+    total = -(-dim // MIN_CHUNK) * MIN_CHUNK
+    return tuple(1 << b for b in range(total.bit_length() - 1, -1, -1) if (total >> b) & 1)
+
+
 def padded_dim(dim: int) -> int:
-    """``2^ceil(log2 dim)``: the Walsh-Hadamard transform's length for ``dim`` values."""
-    if dim < 1:
-        raise ValueError(f"dim must be >= 1, got {dim}")
-    return 1 << (int(dim) - 1).bit_length()
+    """``D``: the rotated length for ``dim`` values (the sum of :func:`rotation_chunks`)."""
+    return sum(rotation_chunks(dim))
 
 
 def rotation_signs(seed: bytes, length: int) -> np.ndarray:
@@ -99,30 +141,54 @@ def hadamard(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def rotate(x: np.ndarray, signs: np.ndarray) -> np.ndarray:
-    """The randomised Hadamard rotation ``H S x / sqrt(D)`` of each row of ``x``."""
-    return hadamard(np.asarray(x, dtype=np.float64) * signs)
+def _chunked_hadamard(x: np.ndarray, chunks: tuple[int, ...] | None) -> np.ndarray:
+    """:func:`hadamard` of each chunk of the last axis (``None``: one chunk, the whole axis)."""
+    if chunks is None:
+        return hadamard(x)
+    if sum(chunks) != x.shape[-1]:
+        raise ValueError(f"chunks {chunks} do not cover the {x.shape[-1]} values")
+    out = np.empty(x.shape, dtype=np.float64)
+    start = 0
+    for length in chunks:
+        out[..., start : start + length] = hadamard(x[..., start : start + length])
+        start += length
+    return out
 
 
-def unrotate(y: np.ndarray, signs: np.ndarray) -> np.ndarray:
-    """The inverse rotation ``S H y / sqrt(D)``."""
-    return hadamard(y) * signs
+def rotate(x: np.ndarray, signs: np.ndarray, chunks: tuple[int, ...] | None = None) -> np.ndarray:
+    """The randomised Hadamard rotation of each row: ``diag(H_b / sqrt(D_b)) S x``.
+
+    ``chunks``: the block lengths (:func:`rotation_chunks`); ``None`` rotates the whole row
+    (a power of two) as one block.
+    """
+    return _chunked_hadamard(np.asarray(x, dtype=np.float64) * signs, chunks)
+
+
+def unrotate(y: np.ndarray, signs: np.ndarray, chunks: tuple[int, ...] | None = None) -> np.ndarray:
+    """The inverse rotation ``S diag(H_b / sqrt(D_b)) y``."""
+    return _chunked_hadamard(y, chunks) * signs
 
 
 # ----------------------------------------------------------------------------- rounding
 def conditional_round(
-    scaled: np.ndarray, l2_bound: float, rng: np.random.Generator, *, max_tries: int = 1000
+    scaled: np.ndarray,
+    l2_bound: float,
+    rng: np.random.Generator | IntegerSource,
+    *,
+    max_tries: int = 1000,
 ) -> np.ndarray:
     """Round each row of ``scaled`` at random to integers, retrying rows whose norm is too large.
 
     A coordinate ``z`` becomes ``floor(z) + 1`` with probability ``z - floor(z)``, else
     ``floor(z)``; a row is kept when its squared norm, computed exactly in integers, is at most
-    ``floor(l2_bound^2)`` (Kairouz et al. 2021, conditional randomised rounding).
+    ``floor(l2_bound^2)`` (Kairouz et al. 2021, conditional randomised rounding). The coins
+    come from ``rng`` (a seeded Generator, or the secure source's keystream floats).
 
     Raises:
         ValueError: a row still too long after ``max_tries`` (its norm before rounding must be
             far above the clip: the caller clipped wrongly).
     """
+    source = integer_source(rng)
     scaled = np.atleast_2d(np.asarray(scaled, dtype=np.float64))
     limit = math.floor(l2_bound * l2_bound)
     floor = np.floor(scaled)
@@ -133,7 +199,7 @@ def conditional_round(
     for _ in range(max_tries):
         if not pending.size:
             return out
-        trial = base[pending] + (rng.random(frac[pending].shape) < frac[pending])
+        trial = base[pending] + (source.random(frac[pending].shape) < frac[pending])
         ok = np.einsum("ij,ij->i", trial, trial) <= limit
         out[pending[ok]] = trial[ok]
         pending = pending[~ok]
@@ -147,21 +213,30 @@ def conditional_round(
 
 # ----------------------------------------------------------------------------- sizing
 def wrap_probability_bound(
-    bits: int, n: int, clip: float, gamma: float, dim: int, noise_proxy: float
+    bits: int,
+    n: int,
+    clip: float,
+    gamma: float,
+    dim: int,
+    noise_proxy: float,
+    *,
+    flat_dim: int | None = None,
 ) -> float:
     """Bound on the chance that some coordinate of the integer sum leaves ``[-m/2, m/2)``.
 
     Each coordinate of the sum is ``signal + rounding + noise``: the rotated sum of the clients'
     vectors (norm at most ``n c / gamma`` in integer units) has, over the public random signs,
-    sub-Gaussian proxy ``n^2 c^2 / (gamma^2 D)`` (Hoeffding); each client's rounding error lies
-    in an interval of length 1 (proxy ``1/4``); the noise of the sum has proxy ``noise_proxy``
-    (its variance for the discrete Gaussian, which is sub-Gaussian with that proxy; times
-    :data:`SKELLAM_SUBGAUSSIAN_FACTOR` for Skellam). With ``V`` their sum, one coordinate wraps
-    with probability at most ``2 exp(-(m/2)^2 / (2 V))``, and a union bound over the ``D``
-    coordinates gives ``2 D exp(-m^2 / (8 V))``.
+    sub-Gaussian proxy ``n^2 c^2 / (gamma^2 D_min)`` (Hoeffding; ``D_min = flat_dim`` is the
+    smallest rotation chunk, ``dim`` when ``None``: module docstring); each client's rounding
+    error lies in an interval of length 1 (proxy ``1/4``); the noise of the sum has proxy
+    ``noise_proxy`` (its variance for the discrete Gaussian, which is sub-Gaussian with that
+    proxy; times :data:`SKELLAM_SUBGAUSSIAN_FACTOR` for Skellam). With ``V`` their sum, one
+    coordinate wraps with probability at most ``2 exp(-(m/2)^2 / (2 V))``, and a union bound
+    over the ``D`` coordinates gives ``2 D exp(-m^2 / (8 V))``.
     """
     m = 1 << int(bits)
-    v = n * n * clip * clip / (gamma * gamma * dim) + n / 4 + noise_proxy
+    flat = dim if flat_dim is None else flat_dim
+    v = n * n * clip * clip / (gamma * gamma * flat) + n / 4 + noise_proxy
     return min(1.0, 2 * dim * math.exp(-(m * m) / (8 * v)))
 
 
@@ -174,12 +249,14 @@ def granularity_for(
     wrap_target: float,
     *,
     proxy_factor: float = 1.0,
+    flat_dim: int | None = None,
 ) -> float:
     """The smallest ``gamma`` whose :func:`wrap_probability_bound` is at most ``wrap_target``.
 
     ``noise_std`` is the std of the sum's noise in model units (``sigma * clip``); in integer
     units its proxy is ``proxy_factor * noise_std^2 / gamma^2``. Solves
-    ``(n^2 c^2 / D + proxy_factor * noise_std^2) / gamma^2 + n / 4 <= m^2 / (8 ln(2 D / p))``.
+    ``(n^2 c^2 / D_min + proxy_factor * noise_std^2) / gamma^2 + n / 4 <= m^2 / (8 ln(2 D / p))``
+    (``D_min = flat_dim``, ``dim`` when ``None``).
 
     Raises:
         ValueError: ``bits`` too few for ``n`` clients' rounding errors alone.
@@ -192,7 +269,8 @@ def granularity_for(
             f"{bits} bits cannot hold the rounding errors of {n} clients without wrapping "
             f"(target {wrap_target:g}); use more bits"
         )
-    return math.sqrt((n * n * clip * clip / dim + proxy_factor * noise_std**2) / room)
+    flat = dim if flat_dim is None else flat_dim
+    return math.sqrt((n * n * clip * clip / flat + proxy_factor * noise_std**2) / room)
 
 
 # ----------------------------------------------------------------------------- the mechanism
@@ -240,8 +318,13 @@ class DistributedIntegerMechanism:
             raise ValueError(f"min_contributors must be >= 1, got {self.min_contributors!r}")
 
     @property
+    def chunks(self) -> tuple[int, ...]:
+        """The rotation's chunk lengths (:func:`rotation_chunks`)."""
+        return rotation_chunks(self.dim)
+
+    @property
     def padded(self) -> int:
-        """``D``: the rotation's length (a power of two)."""
+        """``D``: the rotated length, the coordinates sent and charged (sum of the chunks)."""
         return padded_dim(self.dim)
 
     @property
@@ -279,7 +362,13 @@ class DistributedIntegerMechanism:
         factor = 1.0 if self.mechanism == "discrete_gaussian" else SKELLAM_SUBGAUSSIAN_FACTOR
         proxy = factor * self.noise_std_units(n_contributors) ** 2
         return wrap_probability_bound(
-            self.bits, n_contributors, self.clip, self.gamma, self.padded, proxy
+            self.bits,
+            n_contributors,
+            self.clip,
+            self.gamma,
+            self.padded,
+            proxy,
+            flat_dim=self.chunks[-1],
         )
 
     def client_bound(self, sigmas: float = 40.0) -> int:
@@ -287,13 +376,17 @@ class DistributedIntegerMechanism:
         per_client = self.noise if self.mechanism == "discrete_gaussian" else 2 * self.noise
         return math.ceil(self.l2_units + sigmas * math.sqrt(per_client)) + 1
 
-    def encode(self, flat: np.ndarray, signs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def encode(
+        self, flat: np.ndarray, signs: np.ndarray, rng: np.random.Generator | IntegerSource
+    ) -> np.ndarray:
         """Clients' clipped updates (rows of ``flat``, ``dim`` values) -> noisy integer vectors.
 
-        Steps 1-4 of the module docstring; rounding and noise from ``rng`` (the client's own).
+        Steps 1-4 of the module docstring; rounding and noise from ``rng`` (the client's own:
+        a seeded Generator, or a :class:`~securefed.privacy.discrete.SecureIntegers`).
 
         Raises:
             ValueError: rows of the wrong length, or of norm above the clip.
+            TypeError: Skellam from a source other than a numpy Generator (numpy's Poisson).
         """
         flat = np.atleast_2d(np.asarray(flat, dtype=np.float64))
         if flat.shape[1] != self.dim:
@@ -305,12 +398,14 @@ class DistributedIntegerMechanism:
             )
         padded = np.zeros((flat.shape[0], self.padded))
         padded[:, : self.dim] = flat / self.gamma
-        rounded = conditional_round(rotate(padded, signs), self.l2_units, rng)
+        rounded = conditional_round(rotate(padded, signs, self.chunks), self.l2_units, rng)
         size = rounded.size
         if self.mechanism == "discrete_gaussian":
             noise = discrete_gaussian(int(self.noise), size, rng)
-        else:
+        elif isinstance(rng, np.random.Generator):
             noise = skellam(self.noise, size, rng)
+        else:
+            raise TypeError("Skellam noise needs a numpy Generator (numpy's Poisson sampler)")
         return rounded + noise.reshape(rounded.shape)
 
     def decode(self, ring_sum: np.ndarray, signs: np.ndarray) -> np.ndarray:
@@ -324,7 +419,7 @@ class DistributedIntegerMechanism:
             raise ValueError(f"expected {self.padded} integers, got {integers.size}")
         half = self.modulus // 2
         centred = ((integers + half) % self.modulus) - half
-        return unrotate(centred.astype(np.float64) * self.gamma, signs)[: self.dim]
+        return unrotate(centred.astype(np.float64) * self.gamma, signs, self.chunks)[: self.dim]
 
     def public(self) -> dict[str, object]:
         """JSON-ready public parameters (for views and records)."""
@@ -334,6 +429,7 @@ class DistributedIntegerMechanism:
             "ddp_gamma": self.gamma,
             "ddp_dim": self.dim,
             "ddp_padded_dim": self.padded,
+            "ddp_chunks": list(self.chunks),
             "ddp_beta": self.beta,
             "ddp_noise": self.noise,
             "ddp_l2_units": self.l2_units,
@@ -369,10 +465,17 @@ def plan_mechanism(
         raise ValueError(f"mechanism must be one of {INTEGER_MECHANISMS}, got {mechanism!r}")
     if n_clients < 1:
         raise ValueError(f"need at least one client, got {n_clients}")
-    padded = padded_dim(dim)
+    chunks = rotation_chunks(dim)
     factor = 1.0 if mechanism == "discrete_gaussian" else SKELLAM_SUBGAUSSIAN_FACTOR
     gamma = granularity_for(
-        bits, n_clients, clip, padded, noise_std, wrap_target, proxy_factor=factor
+        bits,
+        n_clients,
+        clip,
+        sum(chunks),
+        noise_std,
+        wrap_target,
+        proxy_factor=factor,
+        flat_dim=chunks[-1],
     )
     # A coarser grid where the exact sampler's variance would pass its int64 range: the
     # rounding error (at most one unit) is then below 2^-14 of the noise.

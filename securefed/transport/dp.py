@@ -86,7 +86,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from securefed.errors import AggregationError, InsecureParameterError
-from securefed.privacy.discrete import DiscreteRelease
+from securefed.privacy.discrete import DiscreteRelease, SecureIntegers
 from securefed.privacy.ledger import SAMPLING_MODES, PrivacyLedger, _check_sampling
 from securefed.privacy.noise import (
     NoiseSource,
@@ -180,10 +180,11 @@ class DPConfig:
                     f"adds integer noise under secure aggregation); placement "
                     f"{self.placement!r} takes mechanism='gaussian'"
                 )
-            if self.secure:
+            if self.secure and self.mechanism == "skellam":
                 raise InsecureParameterError(
-                    f"mechanism {self.mechanism!r} has no cryptographic integer source yet: its "
-                    "samplers take a numpy Generator (seeded mode, tests and benchmarks only)"
+                    "mechanism 'skellam' has no cryptographic sampler (numpy's Poisson draws "
+                    "from a numpy Generator: seeded mode only); in secure mode use "
+                    "mechanism='discrete_gaussian' (exact, from a CSPRNG)"
                 )
         if isinstance(self.modulus_bits, bool) or not 2 <= int(self.modulus_bits) <= 32:
             raise ValueError(
@@ -308,6 +309,7 @@ class DPRound(AggregationRound):
         self.inner = inner
         self._weight_sq: dict[int, float] = {}
         self._secure_source: NoiseSource | None = None
+        self._secure_integers: SecureIntegers | None = None
         self._charged = False
         self.mechanism: DistributedIntegerMechanism | None = transport._pending_mechanism
         self._signs: np.ndarray | None = transport._pending_signs
@@ -373,11 +375,31 @@ class DPRound(AggregationRound):
             flat = np.stack(
                 [clipped.client_block(k).reshape(-1) for k in range(start, start + len(chunk))]
             )
-            rng = self.seeds.generator("dp", self.round_id, "integers", int(chunk[0]))
-            integers = mechanism.encode(flat, signs, rng)
+            integers = mechanism.encode(flat, signs, self._integer_source(int(chunk[0])))
             for row, client in zip(integers, chunk, strict=True):
                 self._weight_sq[int(client)] = 1.0
                 self.inner.submit(int(client), row.astype(np.float64))
+
+    def _integer_source(self, first_client: int) -> np.random.Generator | SecureIntegers:
+        """The integer mechanism's randomness for a chunk of clients starting at ``first_client``.
+
+        Secure mode (``secure=True`` or a secure seed tree): one :class:`SecureIntegers` per
+        round (an AES-256-CTR keystream keyed from ``os.urandom``). Seeded: the chunk's stream
+        ``seeds.generator("dp", round_id, "integers", first_client)`` (tests and benchmarks).
+
+        Raises:
+            InsecureParameterError: Skellam in secure mode (no cryptographic Poisson sampler).
+        """
+        if self.config.secure or self.seeds.secure:
+            if self.mechanism.mechanism != "discrete_gaussian":
+                raise InsecureParameterError(
+                    f"mechanism {self.mechanism.mechanism!r} has no cryptographic sampler; in "
+                    "secure mode use mechanism='discrete_gaussian'"
+                )
+            if self._secure_integers is None:
+                self._secure_integers = SecureIntegers()
+            return self._secure_integers
+        return self.seeds.generator("dp", self.round_id, "integers", first_client)
 
     def _on_drop(self, client: int) -> None:
         self.inner.drop(client)
@@ -817,7 +839,10 @@ class DPTransport(Transport):
         self, mechanism: DistributedIntegerMechanism, n_contributors: int
     ) -> DiscreteRelease:
         """The integer release as the server sees it: the sum under a hiding transport, one
-        client's noisy vector (its own noise only) where the server reads each update."""
+        client's noisy vector (its own noise only) where the server reads each update. A
+        stand-in (:meth:`charge_server_as`) charges what the deployment's server sees."""
+        if self._charged_as is not None:
+            return self._charged_as.server_release(mechanism, n_contributors)
         if _shows_single_updates(self.inner):
             return mechanism.release(1)
         return mechanism.release(n_contributors)
@@ -865,18 +890,28 @@ class DPTransport(Transport):
         inner_round = self.inner.open_round(
             round_id, clients, shape=(1, mechanism.padded), seeds=seeds
         )
+        secure = self.config.secure or seeds.secure
+        if secure and mechanism.mechanism != "discrete_gaussian":
+            raise InsecureParameterError(
+                f"mechanism {mechanism.mechanism!r} has no cryptographic sampler; in secure "
+                "mode use mechanism='discrete_gaussian'"
+            )
         self.view.public["seeded"] = seeds.seed is not None
-        self.view.public["secure"] = False
+        self.view.public["secure"] = secure
         self.view.public["sampling"] = self.ledger.sampling
+        if mechanism.mechanism == "skellam":
+            noise = "skellam (numpy Poisson, seeded)"
+        elif secure:
+            noise = f"exact discrete_gaussian ({SecureIntegers.name} integers)"
+        else:
+            noise = "exact discrete_gaussian (seeded numpy integers)"
         inner_round.view.public.update(
             {
                 "dp_clip": self.config.clip,
                 "dp_sigma": self.config.noise_multiplier,
                 "dp_placement": self.config.placement,
                 "dp_sample_rate": 1.0,
-                "dp_noise": f"exact {mechanism.mechanism} (seeded numpy integers)"
-                if mechanism.mechanism == "discrete_gaussian"
-                else "skellam (numpy Poisson, seeded)",
+                "dp_noise": noise,
                 "epsilon": self.epsilon(),
                 "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,

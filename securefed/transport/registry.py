@@ -292,6 +292,10 @@ class DPOptions:
             (integer noise summed exactly under secure aggregation, ``secagg+dp`` only: its
             secure aggregation then runs a 32-bit ring at scale 1, and ``epsilon`` is met by
             the mechanism's own accountant at the first round, :mod:`securefed.transport.ddp`).
+            ``None`` (the default): the transport's own (:func:`default_mechanism`):
+            ``"discrete_gaussian"`` for ``secagg+dp`` at the distributed placement,
+            ``"gaussian"`` for ``dp`` and ``dp-local``; ``ckks+dp`` and ``secagg+dp`` over
+            remote (Flower) clients have none and refuse to guess (set ``mechanism=gaussian``).
         modulus_bits, wrap_target, min_contributors: the integer mechanisms' modulus bits,
             wrap bound and minimum of contributors (``None``: every client asked).
 
@@ -305,7 +309,7 @@ class DPOptions:
     delta: float = 1e-5
     placement: str | None = None
     secure: bool = False
-    mechanism: str = "gaussian"
+    mechanism: str | None = None
     modulus_bits: int = 20
     wrap_target: float = 1e-6
     min_contributors: int | None = None
@@ -315,7 +319,7 @@ class DPOptions:
         owner = type(self).__name__
         from securefed.transport.ddp import MECHANISMS
 
-        if self.mechanism not in MECHANISMS:
+        if self.mechanism not in (None, *MECHANISMS):
             raise ValueError(
                 f"{owner} mechanism must be one of {MECHANISMS}, got {self.mechanism!r}"
             )
@@ -756,14 +760,60 @@ def _ckks(options: Mapping[str, object], run: BuildContext) -> Transport:
     )
 
 
-def _with_dp(inner: Builder, placement: str) -> Builder:
-    """A builder of ``DPTransport`` around what ``inner`` builds, ``placement`` by default."""
+def default_mechanism(name: str, options: Mapping[str, object], placement: str) -> str:
+    """The noise mechanism of a DP transport whose options leave ``mechanism`` unset.
+
+    ``secagg+dp`` at the distributed placement: ``"discrete_gaussian"``, the exact one (the
+    float Gaussian's epsilon does not survive secure aggregation's rounding and modular sum).
+    ``dp``, ``dp-local`` (whatever their placement) and any other placement: ``"gaussian"`` (no
+    secure aggregation rounds their noise; ``dp:placement=distributed`` is the plaintext
+    simulation, which warns).
+
+    Raises:
+        InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism), or
+            ``secagg+dp`` over remote (Flower) clients (their side adds float noise): both
+            refuse to fall back silently to the inexact float Gaussian, and name the option.
+    """
+    from securefed.errors import InsecureParameterError
+
+    dp: DPOptions = options["dp"]
+    if dp.mechanism is not None:
+        return dp.mechanism
+    if (dp.placement or placement) != "distributed" or name not in ("secagg+dp", "ckks+dp"):
+        return "gaussian"
+    if name == "ckks+dp":
+        raise InsecureParameterError(
+            "ckks+dp has no exact integer mechanism (CKKS sums approximately), and the float "
+            "Gaussian's epsilon is not proven after its encoding: set mechanism=gaussian to run "
+            "it anyway (flagged distributed-dp-inexact by the audit)"
+        )
+    secagg = options.get("secagg")
+    if secagg is not None and secagg.remote_clients:
+        raise InsecureParameterError(
+            "secagg+dp over remote (Flower) clients cannot run its default mechanism "
+            "'discrete_gaussian' (the clients' side adds float noise): set mechanism=gaussian "
+            "to run it anyway (inexact after rounding and the wrap, flagged "
+            "distributed-dp-inexact by the audit)"
+        )
+    return "discrete_gaussian"
+
+
+def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
+    """A builder of ``DPTransport`` around what ``inner`` builds, ``placement`` by default.
+
+    The mechanism left unset is the transport's default (:func:`default_mechanism`).
+    """
 
     def build(options: Mapping[str, object], run: BuildContext) -> Transport:
+        from dataclasses import replace
+
         from securefed.privacy.ledger import PrivacyLedger
         from securefed.transport.dp import DPTransport
 
         dp: DPOptions = options["dp"]
+        if dp.mechanism is None:
+            dp = replace(dp, mechanism=default_mechanism(name, options, placement))
+            options = {**options, "dp": dp}
         ledger = run.ledger if run.ledger is not None else PrivacyLedger(budget=dp.budget())
         if dp.mechanism != "gaussian":
             return _integer_dp(options, run, ledger)
@@ -791,7 +841,6 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
     """
     from dataclasses import replace
 
-    from securefed.transport.dp import DPTransport
     from securefed.transport.secagg import SecAggTransport
 
     dp: DPOptions = options["dp"]
@@ -808,7 +857,8 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         raise ValueError(
             f"mechanism {dp.mechanism!r} sets secure aggregation's ring itself (32 bits, scale 1, "
             f"clip from the clients): leave secagg bits, scale, clip and out_of_range at their "
-            f"defaults (given {chosen})"
+            f"defaults (given {chosen}), or set mechanism=gaussian (float noise, inexact after "
+            "the rounding and the wrap, flagged by the audit)"
         )
     ring_clients = max(run.n_clients or 0, 1024)
     config = replace(
@@ -820,6 +870,25 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
     )
+    return integer_dp_around(inner, dp, ledger, run.sample_rate, run.total_rounds)
+
+
+def integer_dp_around(
+    inner: Transport,
+    dp: DPOptions,
+    ledger,
+    sample_rate: float,
+    total_rounds: int | None,
+) -> Transport:
+    """The integer-mechanism ``DPTransport`` of ``dp``'s options around ``inner``.
+
+    ``secagg+dp`` builds it around its secure aggregation; a benchmark's warm start around
+    plaintext, which sums the same integers exactly (a stand-in whose view is discarded,
+    ``securefed.bench.experiment.warm_start_transport``). With an epsilon target the noise is
+    calibrated at the first round by the mechanism's accountant.
+    """
+    from securefed.transport.dp import DPTransport
+
     placeholder = 1.0 if dp.noise_multiplier is None else dp.noise_multiplier
     return DPTransport(
         inner,
@@ -827,7 +896,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         noise_multiplier=placeholder,
         placement="distributed",
         ledger=ledger,
-        sample_rate=run.sample_rate,
+        sample_rate=sample_rate,
         secure=dp.secure,
         delta=dp.delta,
         mechanism=dp.mechanism,
@@ -835,7 +904,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         wrap_target=dp.wrap_target,
         min_contributors=dp.min_contributors,
         target_epsilon=None if dp.noise_multiplier is not None else dp.epsilon,
-        target_rounds=None if dp.noise_multiplier is not None else (run.total_rounds or 1),
+        target_rounds=None if dp.noise_multiplier is not None else (total_rounds or 1),
     )
 
 
@@ -856,28 +925,28 @@ register_transport(
 )
 register_transport(
     "dp",
-    _with_dp(_plaintext, "central"),
+    _with_dp(_plaintext, "central", "dp"),
     summary="central DP: clipped updates in the clear, Gaussian noise added at the server",
     groups=("dp",),
     extras=(DP,),
 )
 register_transport(
     "dp-local",
-    _with_dp(_plaintext, "local"),
+    _with_dp(_plaintext, "local", "dp-local"),
     summary="local DP: every client adds all the noise to its clipped, densified update",
     groups=("dp",),
     extras=(DP,),
 )
 register_transport(
     "secagg+dp",
-    _with_dp(_secagg, "distributed"),
+    _with_dp(_secagg, "distributed", "secagg+dp"),
     summary="distributed DP: each client adds 1/n of the noise variance, under secure aggregation",
     groups=("secagg", "dp"),
     extras=(DP,),
 )
 register_transport(
     "ckks+dp",
-    _with_dp(_ckks, "distributed"),
+    _with_dp(_ckks, "distributed", "ckks+dp"),
     summary="distributed DP under CKKS: each client noises, encrypts; key holders decrypt the sum",
     groups=("ckks", "dp"),
     extras=(HE, DP),

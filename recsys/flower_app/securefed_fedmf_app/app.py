@@ -83,6 +83,10 @@ class FedMFApp:
             point and graph (0 neighbours: automatic).
         dp_clip, dp_noise_multiplier, dp_delta: DP parameters (epsilon is reported at
             ``dp_delta``).
+        dp_mechanism: the DP noise (``""``: the transport's default). ``secagg+dp`` on Flower
+            has no default (its exact ``discrete_gaussian`` is not built for remote clients) and
+            refuses to start until ``dp-mechanism = "gaussian"`` is set (float noise, inexact
+            after secure aggregation's rounding; the audit flags it).
         clients_per_round: fixed-size sampling per round (0: every user every round).
         min_nodes: SuperNodes the server waits for.
         evaluate_every: held-out evaluation every this many rounds (0: after the last).
@@ -117,6 +121,7 @@ class FedMFApp:
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
+    dp_mechanism: str = ""
     clients_per_round: int = 0
     min_nodes: int = 2
     evaluate_every: int = 0
@@ -218,7 +223,10 @@ class FedMFApp:
             )
         if "dp" in groups:
             options["dp"] = DPOptions(
-                clip=self.dp_clip, noise_multiplier=self.dp_noise_multiplier, delta=self.dp_delta
+                clip=self.dp_clip,
+                noise_multiplier=self.dp_noise_multiplier,
+                delta=self.dp_delta,
+                mechanism=self.dp_mechanism or None,
             )
         return options
 
