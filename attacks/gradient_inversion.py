@@ -126,6 +126,8 @@ class FedMFProtocol:
         virtual_source: where virtual ratings come from (``"hybrid"``, ``"similar"``,
             ``"prediction"``; ``public["virtual_rating"]``).
         reg_user_bias: the L2 weight of the user's own bias step (FedMF's ``reg_bias``).
+        user_damping: FedMF's ``user_damping`` ``k_u``: the device's L2 weights are scaled by
+            ``1 + k_u / n_u`` for a user with ``n_u`` ratings (:meth:`device_reg`).
         rating_mean: the global mean the run obtained (``biases`` with ``offset="none"``).
     """
 
@@ -151,6 +153,11 @@ class FedMFProtocol:
     virtual_source: str = "hybrid"
     reg_user_bias: float = 0.0
     rating_mean: float | None = None
+    user_damping: float = 0.0
+
+    def device_reg(self, reg: float, n_rated: float) -> float:
+        """The L2 weight ``reg`` as a user with ``n_rated`` ratings applies it on its device."""
+        return reg * (1.0 + self.user_damping / max(float(n_rated), 1.0))
 
     @property
     def width(self) -> int:
@@ -230,6 +237,7 @@ class FedMFProtocol:
             biases=biases,
             reg_bias=reg_bias,
             reg_user_bias=float(public.get("reg_bias", 0.0)) if biases else 0.0,  # type: ignore[arg-type]
+            user_damping=float(public.get("user_damping", 0.0)),  # type: ignore[arg-type]
             rating_mean=(
                 float(public["rating_mean"])  # type: ignore[arg-type]
                 if public.get("rating_mean") is not None
@@ -655,7 +663,7 @@ def invert_two_rounds(
         c[real],
         np.asarray(step_round)[previous.items[real]],
         lr=gamma,
-        reg_user=protocol.reg_user,
+        reg_user=protocol.device_reg(protocol.reg_user, real.sum()),
         normaliser=normaliser,
         steps=protocol.local_steps,
     )

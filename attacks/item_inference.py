@@ -191,7 +191,8 @@ def update_consistency_test(
     a = previous.scale_factor
     errors = previous.values - a * (step_rows @ previous.direction)
     design = (errors[:, None] * step_rows).T  # dim x rows
-    target = following.user_vector - (1.0 - 2.0 * gamma * protocol.reg_user) * previous.user_vector
+    reg_user = protocol.device_reg(protocol.reg_user, len(previous.items))
+    target = following.user_vector - (1.0 - 2.0 * gamma * reg_user) * previous.user_vector
     target = target / (2.0 * gamma)
     singular = np.linalg.svd(design, compute_uv=False)
     if singular[-1] <= singular[0] / condition_limit:

@@ -186,7 +186,7 @@ def offset_shape(
         c,
         np.asarray(step_round)[previous.items],
         lr=gamma,
-        reg_user=protocol.reg_user,
+        reg_user=protocol.device_reg(protocol.reg_user, len(previous.items)),
         normaliser=normaliser,
         steps=protocol.local_steps,
     )
@@ -968,7 +968,8 @@ def user_bias_shift(
     Both rounds give ``r_i - mu - b_u`` exactly on the items uploaded in both, so their
     difference is ``D = b_u^t - b_u^{t-1}``; the user's own bias step reads ``b_u^t = b_u^{t-1} -
     gamma (-2 sum_i e_i / n_u + 2 mu_b b_u^{t-1})`` with the errors ``e_i`` of round ``t-1``, so
-    ``b_u^{t-1} = (2 gamma sum_i e_i / n_u - D) / (2 gamma mu_b)``. For vanilla FedMF (every row
+    ``b_u^{t-1} = (2 gamma sum_i e_i / n_u - D) / (2 gamma mu_b)`` (``mu_b (1 + k_u / n_u)`` with
+    user damping ``k_u``). For vanilla FedMF (every row
     rated), one step a round from the vector before it (``gradient_user_vector="before"``);
     under filling, ``real`` names the rated rows of round ``t-1`` (FedRec: the rows on the grid
     in both rounds), whose errors alone enter the step.
@@ -996,7 +997,8 @@ def user_bias_shift(
     drift = float(np.median(first.centred[real][at_first] - second.centred[at_second]))
     n_real = float(real.sum()) if protocol.user_step == "mean" else 1.0
     pull = 2.0 * lr * float(np.sum(first.errors[real])) / n_real
-    bias = (pull - drift) / (2.0 * lr * protocol.reg_user_bias)
+    reg = protocol.device_reg(protocol.reg_user_bias, real.sum())
+    bias = (pull - drift) / (2.0 * lr * reg)
     return protocol.rating_mean + bias
 
 

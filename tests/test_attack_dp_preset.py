@@ -327,6 +327,16 @@ def test_a_biased_view_gives_every_rating_exactly(split, variant):
         assert report.baseline["filled_identified"] < 0.6
 
 
+@pytest.mark.parametrize("damping", [0.0, 2000.0])
+def test_vanilla_inversion_reads_the_devices_damped_l2_weight(split, damping):
+    """With ``user_damping`` the device's L2 weight is ``lambda (1 + k_u / n_u)``: the two-round
+    closed form must use it (with the plain ``lambda`` and this large ``k_u`` it misses the users'
+    scales; at ``k_u = 30`` the error still rounds away on the rating grid)."""
+    config = FedMFConfig(dim=6, rounds=3, user_damping=damping, user_step="mean")
+    report = verify(dp_preset_view(split.train, rounds=3, config=config), split.train)
+    assert report.overall["exact_share"] == pytest.approx(1.0)
+
+
 def test_a_biased_view_under_central_dp_is_read_with_its_clip(split):
     """DP preset with biases, every block clipped: s from the rating grid, the shift (the
     private mean) from the population."""
