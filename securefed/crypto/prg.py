@@ -16,6 +16,7 @@ round only (its HKDF ``info`` binds the round), so a fixed IV per domain is safe
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import numpy as np
@@ -54,6 +55,38 @@ def _encryptor(prg: str, key: bytes, domain: bytes):
         # cryptography's 16-byte ChaCha20 nonce starts with the little-endian block counter.
         return Cipher(algorithms.ChaCha20(key, bytes(8) + domain), mode=None).encryptor()
     raise ValueError(f"unknown PRG {prg!r}; choose one of {PRG_NAMES}")
+
+
+class SecureWords:
+    """Unpredictable 64-bit words: the keystream of ``prg`` under a key from ``os.urandom``.
+
+    The randomness of the secure noise samplers (there is no seed to give). The key is replaced
+    every ``2^36`` bytes, well before a counter could wrap (ChaCha20's 32-bit block counter
+    after 256 GiB).
+
+    Raises:
+        ValueError: an unknown ``prg``.
+    """
+
+    REKEY_BYTES = 1 << 36
+
+    def __init__(self, prg: str = "aes-256-ctr") -> None:
+        if prg not in PRG_NAMES:
+            raise ValueError(f"unknown PRG {prg!r}; choose one of {PRG_NAMES}")
+        self.prg = prg
+        self._encryptor = None
+        self._used = 0
+
+    def words(self, count: int) -> np.ndarray:
+        """``count`` independent uniform ``uint64`` words."""
+        nbytes = 8 * int(count)
+        if nbytes > self.REKEY_BYTES:
+            raise ValueError(f"at most {self.REKEY_BYTES // 8} words at a time, asked for {count}")
+        if self._encryptor is None or self._used + nbytes > self.REKEY_BYTES:
+            self._encryptor = _encryptor(self.prg, os.urandom(SEED_BYTES), bytes(8))
+            self._used = 0
+        self._used += nbytes
+        return np.frombuffer(self._encryptor.update(bytes(nbytes)), "<u8")
 
 
 def keystream(key: bytes, nbytes: int, *, prg: str = "aes-256-ctr", domain: bytes) -> bytes:

@@ -45,21 +45,16 @@ with its Gaussian releases and converts with the same ``get_privacy_spent``):
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from securefed.crypto.prg import SecureWords
 
 # Uniform integers are drawn below den * K: keep it well inside int64.
 _INT_LIMIT = 1 << 62
-
-
-def _keystream_encryptor(key: bytes):
-    """AES-256-CTR under ``key`` from counter 0 (a fresh key per source: no nonce reuse)."""
-    return Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
 
 
 # ----------------------------------------------------------------------------- integer sources
@@ -118,19 +113,9 @@ class SecureIntegers:
 
     secure = True
     name = "aes-256-ctr(os.urandom)"
-    _REKEY_BYTES = 1 << 36
 
     def __init__(self) -> None:
-        self._encryptor = None
-        self._used = 0
-
-    def _words(self, count: int) -> np.ndarray:
-        nbytes = 8 * count
-        if self._encryptor is None or self._used + nbytes > self._REKEY_BYTES:
-            self._encryptor = _keystream_encryptor(os.urandom(32))
-            self._used = 0
-        self._used += nbytes
-        return np.frombuffer(self._encryptor.update(bytes(nbytes)), "<u8")
+        self._source = SecureWords("aes-256-ctr")
 
     def below(self, high: int, size: int) -> np.ndarray:
         if not 1 <= high <= _INT_LIMIT:
@@ -140,7 +125,7 @@ class SecureIntegers:
         filled = 0
         while filled < size:
             need = size - filled
-            draws = (self._words(need + need // 2 + 8) & mask).astype(np.int64)
+            draws = (self._source.words(need + need // 2 + 8) & mask).astype(np.int64)
             draws = draws[draws < high][:need]
             out[filled : filled + draws.size] = draws
             filled += draws.size
@@ -148,7 +133,7 @@ class SecureIntegers:
 
     def random(self, shape: tuple[int, ...]) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
-        words = self._words(count) >> np.uint64(11)
+        words = self._source.words(count) >> np.uint64(11)
         return (words.astype(np.float64) * (1.0 / (1 << 53))).reshape(shape)
 
 

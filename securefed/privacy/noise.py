@@ -26,13 +26,13 @@ of Differential Privacy", 2014, Appendix A).
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from securefed._checks import finite_array, positive
+from securefed.crypto.prg import SecureWords
 from securefed.errors import InsecureParameterError
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.randomness import SeedTree
@@ -40,8 +40,6 @@ from securefed.randomness import SeedTree
 # Uniforms are drawn in chunks so that a large noise block never needs a keystream buffer
 # of several hundred MB at once.
 _CHUNK = 1 << 20
-# ChaCha20 keys are refreshed well before its 32-bit block counter (256 GiB) could wrap.
-_REKEY_BYTES = 1 << 36
 
 
 @runtime_checkable
@@ -81,7 +79,7 @@ class SeededGaussian:
 
 
 class SecureGaussian:
-    """Gaussian noise from a cryptographic source (ChaCha20 keyed by :mod:`secrets`).
+    """Gaussian noise from a cryptographic source (ChaCha20 keyed from ``os.urandom``).
 
     Args:
         seed: must be ``None``; a seed is refused because predictable noise protects nothing.
@@ -99,28 +97,14 @@ class SecureGaussian:
                 "SecureGaussian refuses a seed: noise that can be reproduced can be subtracted; "
                 "use SeededGaussian(seeds.generator(...)) for tests and benchmarks"
             )
-        self._encryptor = None
-        self._used = 0
-        self._rekey()
-
-    def _rekey(self) -> None:
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-
-        key, nonce = secrets.token_bytes(32), secrets.token_bytes(16)
-        self._encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-        self._used = 0
+        self._words = SecureWords("chacha20")
 
     def uniform(self, n: int) -> np.ndarray:
         """``n`` uniforms in the open interval (0, 1), 53 random bits each."""
         out = np.empty(n)
         for start in range(0, n, _CHUNK):
             stop = min(n, start + _CHUNK)
-            nbytes = 8 * (stop - start)
-            if self._used + nbytes > _REKEY_BYTES:
-                self._rekey()
-            stream = self._encryptor.update(bytes(nbytes))
-            self._used += nbytes
-            words = np.frombuffer(stream, dtype="<u8") >> np.uint64(11)
+            words = self._words.words(stop - start) >> np.uint64(11)
             # (k + 0.5) / 2^53 lies strictly inside (0, 1): log() below never sees 0.
             out[start:stop] = (words.astype(np.float64) + 0.5) * 2.0**-53
         return out
