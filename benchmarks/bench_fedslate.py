@@ -740,7 +740,8 @@ def _finish(args: argparse.Namespace) -> argparse.Namespace:
     args.transport_suffix = ""
     if args.fusion != "plaintext":
         eps = f"_eps{args.epsilon:g}" if args.epsilon is not None else ""
-        args.transport_suffix = f"_{args.fusion.replace('+', '_')}{eps}"
+        scale = f"_s{args.ckks_scale_bits}" if args.ckks_scale_bits is not None else ""
+        args.transport_suffix = f"_{args.fusion.replace('+', '_')}{eps}{scale}"
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1 worker process, got {args.jobs}")
     if args.quick:

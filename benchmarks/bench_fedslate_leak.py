@@ -128,7 +128,7 @@ def reward_cells(args: argparse.Namespace):
             config = FedSlateConfig(**base, fusion=transport, dp_epsilon=epsilon)
             name = f"{tag}_{label.replace(' eps=', '_eps').replace('+', '_')}"
             cells[label] = (Cell(name, "fedslate", config), refusal(config))
-        if (n_cand, slate) == (10, 3):
+        if (n_cand, slate) == (10, 3) and args.shared_corpus:
             shared = FedSlateConfig(**base, shared_corpus=True)
             cells["plaintext, shared corpus"] = (Cell(f"{tag}_shared", "fedslate", shared), None)
         cells["random"] = (Cell(f"{tag}_random", "random", SlateQConfig(**base)), None)
@@ -543,6 +543,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--burn-in", type=int, default=1000, help="rounds before learning")
     parser.add_argument("--eps-decay", type=float, default=0.9995, help="exploration per round")
+    parser.add_argument(
+        "--shared-corpus",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at (10, 3), also the plaintext run with shared_corpus=True (the paper's script)",
+    )
     parser.add_argument("--leak-epsilons", type=_numbers, default=(1.0, 4.0, 16.0, 1e3, 1e5, 1e7))
     parser.add_argument("--leak-episodes", type=int, default=40)
     parser.add_argument("--leak-members", type=int, default=3)

@@ -16,7 +16,9 @@ Two modes (``--mode``):
   seed and activation (acting, targets and learning through the channel), each transport's
   rewards to ``<out>/<transport>.json``; ``compare`` reads them and writes ``comparison.json``,
   ``comparison.md`` and ``curves.png`` (the 20-episode moving averages, mean +- s.d. over
-  members).
+  members); ``--controls`` adds plaintext runs of other seeds, compared the same way (what
+  the one-s.d. criterion gives between plaintext runs). ``--scale-bits`` sets the encrypted
+  runs' ``ckks_scale_bits``.
 """
 
 from __future__ import annotations
@@ -226,8 +228,13 @@ def step(args: argparse.Namespace) -> int:
 def curves(args: argparse.Namespace) -> int:
     import torch
 
-    from securefed.rl.fedslate import run_fedslate, summarize
+    from securefed.rl.fedslate import ENCRYPTED_FUSIONS, run_fedslate, summarize
 
+    if args.flooding_bits is not None or args.poly_degree is not None:
+        raise ValueError(
+            "--flooding-bits and --poly-degree apply to --mode step only; the curves take "
+            "FedSlate's CKKS parameters, with --scale-bits for the encrypted runs"
+        )
     torch.set_num_threads(1)
     out = Path(args.out)
     for fusion in args.transports.split(","):
@@ -235,6 +242,8 @@ def curves(args: argparse.Namespace) -> int:
         for name in ("steps_per_platform", "burn_in", "eps_decay"):
             if getattr(args, name) is not None:
                 schedule[name] = getattr(args, name)
+        if args.scale_bits is not None and fusion in ENCRYPTED_FUSIONS:
+            schedule["ckks_scale_bits"] = args.scale_bits
         config = fedslate_config(args, fusion, **schedule)
         checkpoints = None
         if args.checkpoint_every:
@@ -287,55 +296,71 @@ def _load_record(out: Path, fusion: str) -> dict[str, object]:
     return partial_record(out / f"{fusion}.partial.pt")
 
 
+def curve_agreement(reference: np.ndarray, other: np.ndarray, window: int) -> dict[str, dict]:
+    """Per platform, how closely ``other``'s reward curve follows ``reference``'s (both
+    ``[episode][member][platform]``): the share of ``window``-episode moving averages (mean over
+    members) within one s.d. over ``reference``'s members, the largest gaps, and the whole-run
+    means."""
+    averages = {"reference": moving(reference, window), "other": moving(other, window)}
+    out = {}
+    for p, name in enumerate(("A", "B")):
+        plain, enc = averages["reference"][:, :, p], averages["other"][:, :, p]
+        mean_gap = np.abs(enc.mean(axis=1) - plain.mean(axis=1))
+        sd = plain.std(axis=1, ddof=1) if plain.shape[1] > 1 else np.zeros(len(plain))
+        run_means = {
+            "reference": reference[:, :, p].mean(axis=0),
+            "other": other[:, :, p].mean(axis=0),
+        }
+        out[name] = {
+            "run_mean_gap": float(abs(run_means["other"].mean() - run_means["reference"].mean())),
+            "run_mean_sd": float(run_means["reference"].std(ddof=1)),
+            "fraction_within_one_sd": float(np.mean(mean_gap <= sd)),
+            "max_mean_gap": float(mean_gap.max()),
+            "mean_sd": float(sd.mean()),
+            "max_member_gap": float(np.abs(enc - plain).max()),
+            "plaintext_mean": float(reference[:, :, p].mean()),
+            "ckks_mean": float(other[:, :, p].mean()),
+        }
+    return out
+
+
 def compare(args: argparse.Namespace) -> int:
     """Compare the recorded curves: where the CKKS moving average lies within one s.d. (over
     members) of the plaintext one, over the episodes both runs completed (a run still going is
-    read from its checkpoint)."""
+    read from its checkpoint). With ``--controls``, the same statistics for plaintext runs of
+    other seeds against the plaintext run: what the criterion gives between two plaintext runs
+    that share nothing but the schedule."""
     out = Path(args.out)
     records = {f: _load_record(out, f) for f in ("plaintext", "ckks")}
-    episodes = min(len(r["episode_rewards"]) for r in records.values())
-    for r in records.values():
-        r["episode_rewards"] = r["episode_rewards"][:episodes]
+    controls = {}
+    for directory in (d for d in (args.controls or "").split(",") if d):
+        record = _load_record(Path(directory), "plaintext")
+        controls[f"plaintext seed {record['config']['seed']}"] = record
+    episodes = min(len(r["episode_rewards"]) for r in (*records.values(), *controls.values()))
+    rewards = {f: np.asarray(r["episode_rewards"][:episodes]) for f, r in records.items()}
     window = args.window
-    averages = {f: moving(np.asarray(r["episode_rewards"]), window) for f, r in records.items()}
-    rows, payload = [], {"window": window, "platforms": {}}
-    for p, name in enumerate(("A", "B")):
-        plain = averages["plaintext"][:, :, p]
-        enc = averages["ckks"][:, :, p]
-        mean_gap = np.abs(enc.mean(axis=1) - plain.mean(axis=1))
-        sd = plain.std(axis=1, ddof=1) if plain.shape[1] > 1 else np.zeros(len(plain))
-        inside = float(np.mean(mean_gap <= sd))
-        member_gap = np.abs(enc - plain)
-        run_means = {
-            f: np.asarray(r["episode_rewards"])[:, :, p].mean(axis=0) for f, r in records.items()
-        }
-        payload["platforms"][name] = {
-            "run_mean_gap": float(abs(run_means["ckks"].mean() - run_means["plaintext"].mean())),
-            "run_mean_sd": float(run_means["plaintext"].std(ddof=1)),
-            "fraction_within_one_sd": inside,
-            "max_mean_gap": float(mean_gap.max()),
-            "mean_sd": float(sd.mean()),
-            "max_member_gap": float(member_gap.max()),
-            "plaintext_mean": _mean_reward(records["plaintext"], p),
-            "ckks_mean": _mean_reward(records["ckks"], p),
-        }
-        rows.append({"platform": name} | payload["platforms"][name])
+    payload = {"window": window, "platforms": {}, "controls": {}}
+    payload["platforms"] = curve_agreement(rewards["plaintext"], rewards["ckks"], window)
+    rows = [{"run": "ckks", "platform": p} | m for p, m in payload["platforms"].items()]
+    for label, record in controls.items():
+        other = np.asarray(record["episode_rewards"][:episodes])
+        payload["controls"][label] = curve_agreement(rewards["plaintext"], other, window)
+        rows += [{"run": label, "platform": p} | m for p, m in payload["controls"][label].items()]
     payload["seconds"] = {f: r["seconds"] for f, r in records.items()}
     payload["episodes_compared"] = episodes
     payload["partial"] = {f: bool(r.get("partial")) for f, r in records.items()}
+    payload["ckks_parameters"] = records["ckks"].get("channel_public", {}).get("ckks")
     table = markdown_table(rows, list(rows[0]))
     table += (
-        f"\n\n{window}-episode moving averages, {len(averages['ckks']) + window - 1} episodes, "
-        f"s.d. over the plaintext run's members; seconds: plaintext "
-        f"{records['plaintext']['seconds']:.0f}, ckks {records['ckks']['seconds']:.0f}."
+        f"\n\n{window}-episode moving averages, {episodes} episodes, s.d. over the plaintext "
+        f"run's members (the `plaintext_mean` column is that run's, `ckks_mean` the compared "
+        f"run's); seconds: plaintext {records['plaintext']['seconds']:.0f}, ckks "
+        f"{records['ckks']['seconds']:.0f}."
     )
     write_outputs("comparison", payload, table, out)
+    averages = {f: moving(r, window) for f, r in rewards.items()}
     _plot(averages, out / "curves.png", window)
     return 0
-
-
-def _mean_reward(record: dict, platform: int) -> float:
-    return float(np.asarray(record["episode_rewards"])[:, :, platform].mean())
 
 
 def _plot(averages: dict, path: Path, window: int) -> None:
@@ -380,6 +405,9 @@ def register(benches) -> None:
     parser.add_argument("--episodes", type=int, default=200, help="curves: episodes per run")
     parser.add_argument("--transports", default="plaintext,ckks", help="curves: channels")
     parser.add_argument("--window", type=int, default=20, help="compare: moving average")
+    parser.add_argument(
+        "--controls", help="compare: comma list of folders with plaintext runs of other seeds"
+    )
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--steps-per-platform", type=int, help="curves: a shorter episode")
     parser.add_argument("--burn-in", type=int, help="curves: rounds before learning")
@@ -390,5 +418,9 @@ def register(benches) -> None:
         "--flooding-bits", type=int, help="step: the masked sums' flooding level (FedSlate: 20)"
     )
     parser.add_argument("--poly-degree", type=int, help="step: the CKKS ring degree")
-    parser.add_argument("--scale-bits", type=int, help="step: log2 of the CKKS scale")
+    parser.add_argument(
+        "--scale-bits",
+        type=int,
+        help="step, curves: log2 of the CKKS scale (curves: the encrypted runs' ckks_scale_bits)",
+    )
     parser.set_defaults(func=run)

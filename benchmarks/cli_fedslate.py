@@ -80,6 +80,13 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="dp, ckks+dp: L2 bound per gradient row (default huber delta / batch size)",
     )
+    parser.add_argument(
+        "--ckks-scale-bits",
+        type=int,
+        default=None,
+        help="ckks, ckks+dp: log2 of the CKKS scale (default 40; 55 floods the server's "
+        "released gradient sums about 16000 times less, at about twice the step's cost)",
+    )
 
 
 def transport_fields(args: argparse.Namespace) -> dict[str, object]:
@@ -91,6 +98,8 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
             ``--epsilon`` (refused rather than ignored).
     """
     fields: dict[str, object] = {"fusion": args.fusion}
+    if args.ckks_scale_bits is not None:
+        fields["ckks_scale_bits"] = args.ckks_scale_bits  # the config refuses it off CKKS
     dp_given = {
         "--dp-delta": args.dp_delta != 1e-5,
         "--dp-clip": args.dp_clip != 1.0,
@@ -149,6 +158,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_transport_arguments(parser)
     parser.add_argument("--activation", default="silu")
+    parser.add_argument(
+        "--server-activation",
+        default=None,
+        help="the server network's hidden activation (default --activation), e.g. "
+        "polynomial for ckks with SiLU local networks",
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
     parser.add_argument("--slate-method", choices=SLATE_METHODS, default="greedy")
@@ -195,12 +210,18 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
             server_hidden=args.server_hidden,
             server_arch=args.server_arch,
             alignment=args.alignment,
+            server_activation=args.server_activation,
             **transport_fields(args),
         )
-    if args.fusion != "plaintext" or args.epsilon is not None:
+    if (
+        args.fusion != "plaintext"
+        or args.epsilon is not None
+        or args.ckks_scale_bits is not None
+        or args.server_activation is not None
+    ):
         raise ValueError(
-            f"--transport {args.fusion} / --epsilon apply to FedSlate's fusion only, not to "
-            f"--algorithm {args.algorithm}"
+            "--transport, --epsilon, --ckks-scale-bits and --server-activation apply to "
+            f"FedSlate's fusion only, not to --algorithm {args.algorithm}"
         )
     return SlateQConfig(**common)
 

@@ -203,6 +203,13 @@ class FedSlateConfig(SlateQConfig):
             ``huber_delta / batch_size`` (a full batch's Huber gradient never exceeds it).
         server_activation: the server network's hidden activation (``None``: ``activation``,
             which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
+        ckks_scale_bits: for the encrypted transports (refused elsewhere): ``log2`` of the CKKS
+            scale; ``None``: :data:`CKKS_SCALE_BITS` (2^55). The scale sets the key-dependent
+            error of every released batch sum, and with it the flooding that hides it: at 2^55
+            (ring 16384, one spare prime) the server network trains on nearly exact gradients
+            and the run follows plaintext; 40 (ring 8192) makes a step about 2.8x cheaper but
+            floods the sums with std 73, which swamps the server's gradients
+            (docs/fedslate.md section 7).
     """
 
     variant: str = "fedslate"
@@ -216,6 +223,7 @@ class FedSlateConfig(SlateQConfig):
     dp_delta: float = 1e-5
     dp_clip: float = 1.0
     dp_grad_clip: float | None = None
+    ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -253,6 +261,17 @@ class FedSlateConfig(SlateQConfig):
         if self.dp_epsilon is not None:
             # Checked here so that a bad option fails when the run is configured.
             self.dp_options(releases_per_unit=1, tail_delta=0.0)
+        if self.ckks_scale_bits is not None:
+            if self.fusion not in ENCRYPTED_FUSIONS:
+                raise ValueError(
+                    f"ckks_scale_bits applies to the encrypted transports {ENCRYPTED_FUSIONS} "
+                    f"only, not to {self.fusion!r}"
+                )
+            bits = self.ckks_scale_bits
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 30 <= bits <= 59:
+                raise ValueError(
+                    f"ckks_scale_bits must be an integer in [30, 59], got {self.ckks_scale_bits!r}"
+                )
 
     def dp_options(
         self, *, releases_per_unit: int | None = None, tail_delta: float | None = None
@@ -699,7 +718,10 @@ def ckks_config(config: FedSlateConfig):
         return None
     from securefed.fusion.ckks_module import CKKSModuleConfig
 
-    return CKKSModuleConfig(value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta))
+    scale = CKKS_SCALE_BITS if config.ckks_scale_bits is None else config.ckks_scale_bits
+    return CKKSModuleConfig(
+        value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta), scale_bits=scale
+    )
 
 
 ENCRYPTED_FUSIONS = ("ckks", "ckks+dp")
@@ -708,6 +730,11 @@ CKKS_DP_CLAMP_SIGMAS = 4.0
 """Under ``ckks+dp``, ``c`` of the public clamp bound ``B = clip + c * std`` of the noised
 Q-values (and gradients): an entry is clamped with probability at most ``2 Phi(-4) = 6.3e-5``
 (the channel reports the rate)."""
+CKKS_SCALE_BITS = 55
+"""FedSlate's CKKS scale (``ckks_scale_bits=None``): at 2^55 the 20-bit flooding of a released
+batch sum has std 4.5e-3 at :data:`CKKS_Q_BOUND` (73 at 2^40), so the server network's Adam steps
+follow plaintext's; ring 16384, chain ``[60, 55, 55, 55, 60]``, a learning step at (10, 3), 3
+members, batch 32 about 0.9 s of CPU (docs/fedslate.md section 7)."""
 CKKS_Q_BOUND = 64.0
 """Public bound on a platform's Q-values under CKKS. Returns are near 1.5 at the default reward
 scale, but a platform without rewards drifts: B's Q-values passed 8 after 65 episodes of a

@@ -27,7 +27,9 @@ from securefed.crypto.ckks import (  # noqa: E402
     check_security,
     chunk_count,
     ckks_context,
+    load_public_context,
     parameters_for,
+    save_public_context,
 )
 from securefed.transport.ckks import (  # noqa: E402
     AggregatingServer,
@@ -111,6 +113,35 @@ def test_parameters_are_picked_for_the_circuit():
     with pytest.raises(ValueError, match="clients"):
         parameters_for(AggregationCircuit(2**20, 2.0**50), scale_bits=50)
     assert chunk_count(35_364, 4095) == 9  # a FedMF ML-100K block at degree 8192
+
+
+def test_a_large_fusion_scale_keeps_room_at_the_deepest_level(tmp_path):
+    """Above 40 bits the scale leaves q_0 alone too little room for the masked exchange's
+    values and masks: one more prime of the scale's size stays below the deepest level."""
+    circuit = FusionCircuit(depth=2, activation_degree=1, training=False)  # 2 levels
+    default = parameters_for(circuit)
+    assert default.coeff_mod_bit_sizes == (60, 40, 40, 60) and default.data_primes == 1
+    assert default.mask_bits == 16  # 2^(60 - 40 - 2) at the deepest level, two bits below
+    # A given scale picks the smallest degree that holds the chain (not the first one tried).
+    assert parameters_for(circuit, scale_bits=40) == default
+    fine = parameters_for(circuit, scale_bits=55)
+    assert fine.poly_modulus_degree == 16384
+    assert fine.coeff_mod_bit_sizes == (60, 55, 55, 55, 60)
+    assert (fine.levels, fine.data_primes) == (2, 2)
+    assert fine.max_abs_value(fine.levels) == 2.0 ** (60 + 55 - 55 - 2)
+    # Without the spare prime the deepest level would hold 2^3; the masks stay at 2^16,
+    # as large as double-precision decoding of value + mask allows.
+    assert fine.mask_bits == 16
+    assert fine.public()["data_primes"] == 2
+    # The key files carry it (a context read back has the same levels).
+    secret = ckks_context(circuit, scale_bits=55)
+    path = save_public_context(secret, tmp_path / "fine.public")
+    assert load_public_context(path).params == fine
+    for bad in (0, 5, True):
+        with pytest.raises(ValueError, match="data_primes"):
+            CKKSParameters(16384, (60, 55, 55, 55, 60), 55, data_primes=bad)
+    with pytest.raises(ValueError, match="rescaling chains only"):
+        CKKSParameters(8192, (60, 60, 60), 50, rescaling=False, data_primes=2)
 
 
 # ----------------------------------------------------------------------------- contexts

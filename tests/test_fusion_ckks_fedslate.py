@@ -27,9 +27,11 @@ from securefed.fusion.expansion import (  # noqa: E402
     monomials,
 )
 from securefed.rl.fedslate import (  # noqa: E402
+    CKKS_SCALE_BITS,
     LEARN,
     FedSlateConfig,
     ServerNetwork,
+    ckks_config,
     run_fedslate,
     start_run,
 )
@@ -165,6 +167,45 @@ def test_flooding_follows_the_stated_bound_and_refuses_less(torch_one_thread):
         _pair(config=CKKSModuleConfig(flooding=Flooding(std=1e-9)))[1].flooding_std(B * N)
 
 
+def test_a_larger_scale_shrinks_the_flooding_and_the_released_sums_error(torch_one_thread):
+    """At 2^55 (ring 16384, one spare prime) every operation errs about 2^15 times less, so the
+    flooding that hides the error shrinks with it, at the same 20-bit level: the server's
+    released batch sums then carry noise far below their size (FedSlate's server trains on
+    nearly exact gradients; docs/fedslate.md section 7)."""
+    _, coarse = _pair(config=CKKSModuleConfig())
+    plain, fine = _pair(config=CKKSModuleConfig(scale_bits=55))
+    assert fine.params.coeff_mod_bit_sizes == (60, 55, 55, 55, 60)
+    assert fine.masks.bound == 2.0**16  # the spare prime keeps the masks' room
+    _, coarse_std = coarse.flooding_std(B * N)
+    bound, fine_std = fine.flooding_std(B * N)
+    assert fine_std == pytest.approx(bound * 2 ** ((20 - 1) / 2))
+    assert fine_std < coarse_std / 5000
+    rng = np.random.default_rng(4)
+    q = _q(rng)
+    positions = {"B": torch.from_numpy(rng.integers(0, N, (S, B, 3)))}
+    grad = torch.from_numpy(rng.uniform(-1, 1, (S, B, 3)).astype(np.float32)) / B
+    plain.forward(q, outputs=["B"], positions=positions)
+    fine.forward(q, outputs=["B"], positions=positions)
+    plain.backward({"B": grad}, recipients=["B"])
+    fine.backward({"B": grad}, recipients=["B"])
+    full = np.zeros((S, B, N))
+    np.add.at(full, (np.arange(S)[:, None, None], np.arange(B)[None, :, None],
+                     positions["B"].numpy()), grad.numpy().astype(np.float64))  # fmt: skip
+    x = np.stack([q["B"].numpy(), q["A"].numpy()], axis=-1).astype(np.float64)
+    exact = np.stack(
+        [(full * np.prod(x ** np.array(m), axis=-1)).sum(axis=(1, 2)) for m in monomials(2, 2)],
+        axis=1,
+    )
+    gap = np.abs(fine.last_sums - exact)
+    assert gap.max() < 6 * fine_std + bound and 0 < gap.max() < 1e-2
+    for weight_plain, weight_fine in zip(
+        plain.module.parameters(), fine.module.parameters(), strict=True
+    ):
+        np.testing.assert_allclose(
+            weight_fine.detach().numpy(), weight_plain.detach().numpy(), atol=0.05
+        )
+
+
 def test_values_outside_the_public_bounds_are_refused(pair):
     _, ckks = pair
     rng = np.random.default_rng(5)
@@ -200,6 +241,20 @@ def test_fedslate_refuses_ckks_with_a_non_polynomial_activation():
     )
     with pytest.raises(FusionNotApplicable, match="output activation 'tanh'"):
         start_run(tanh)
+
+
+def test_fedslate_takes_the_ckks_scale_on_encrypted_transports_only():
+    default = FedSlateConfig(**TINY, fusion="ckks", activation="polynomial")
+    assert ckks_config(default).scale_bits == CKKS_SCALE_BITS == 55
+    fast = FedSlateConfig(**TINY, fusion="ckks", activation="polynomial", ckks_scale_bits=40)
+    assert ckks_config(fast).scale_bits == 40
+    with pytest.raises(ValueError, match="encrypted transports"):
+        FedSlateConfig(**TINY, ckks_scale_bits=55)
+    with pytest.raises(ValueError, match="encrypted transports"):
+        FedSlateConfig(**TINY, fusion="dp", dp_epsilon=4.0, ckks_scale_bits=55)
+    for bad in (29, 60, True, 55.0):
+        with pytest.raises(ValueError, match=r"\[30, 59\]"):
+            FedSlateConfig(**TINY, fusion="ckks", activation="polynomial", ckks_scale_bits=bad)
 
 
 def test_fedslate_acts_targets_and_learns_through_the_ckks_channel(torch_one_thread):

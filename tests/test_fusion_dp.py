@@ -247,6 +247,12 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
         (["--transport", "dp"], "needs --epsilon"),
         (["--transport", "dp", "--epsilon", "4", "--algorithm", "slateq"], "FedSlate's fusion"),
         (["--transport", "ckks+dp", "--epsilon", "4"], "wraps the ckks fusion channel"),
+        (["--ckks-scale-bits", "55"], "ckks_scale_bits applies to the encrypted transports"),
+        (
+            ["--transport", "ckks", "--server-activation", "polynomial", "--ckks-scale-bits", "61"],
+            "ckks_scale_bits must be an integer in [30, 59]",
+        ),
+        (["--server-activation", "polynomial", "--algorithm", "slateq"], "FedSlate's fusion"),
     ],
 )
 def test_cli_usage_errors_exit_2(argv, message, capsys):

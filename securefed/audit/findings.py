@@ -123,7 +123,7 @@ RECORDED_KEYS = _words(
     "secagg_values_clipped signatures auth "
     # CKKS
     "ckks_scheme ckks_total_coeff_bits ckks_max_coeff_bits_128 ckks_scale_bits ckks_slots "
-    "ckks_levels ckks_encryption ckks_key_model key_model max_clients value_bound "
+    "ckks_levels ckks_data_primes ckks_encryption ckks_key_model key_model max_clients value_bound "
     "keep_ciphertext_bytes round_step key_id server_context_bytes server_context_sha256 "
     "ckks_values_per_client ckks_ciphertexts ckks_decryptor ckks_committee_bytes "
     "ckks_folded_into_state block_rows block_columns "

@@ -84,6 +84,12 @@ FUSION_HEADROOM_BITS = 20
 """Fusion chains give the first prime this many bits over the scale: room for the values and the
 server's masks (2^16) in the masked-gradient exchange, whatever the level."""
 
+FUSION_MASK_BITS = 16
+"""The largest default mask of the masked-gradient exchange (``2^16``, what ``q_0`` leaves at
+the default chains): the key holder decodes ``value + mask`` in double precision, so a larger
+mask would cost the value low bits (``2^(k - 52)`` absolute) without hiding it better in
+practice; a spare data prime (``data_primes=2``) raises the room, not the mask."""
+
 MIN_FUSION_SCALE_BITS = 30
 """The smallest scale the automatic fusion choice accepts before moving to a larger degree."""
 
@@ -254,7 +260,10 @@ class CKKSParameters:
 
     The chain is ``[q_0, q_1 .. q_L, p]``: ``q_0`` is the decryption prime, ``q_1..q_L`` the
     rescaling primes (one per multiplicative level, each of ``scale_bits``), ``p`` the special
-    prime used only for key switching (SEAL's convention: the last prime).
+    prime used only for key switching (SEAL's convention: the last prime). With
+    ``data_primes = k > 1`` the first ``k - 1`` rescaling primes are never rescaled away: they
+    stay below the deepest level as room for its values (a scale near 60 bits leaves ``q_0``
+    alone too little room for the masked-gradient exchange's masks).
 
     Attributes:
         poly_modulus_degree: ring degree ``N``; a ciphertext holds ``N / 2`` slots.
@@ -266,6 +275,8 @@ class CKKSParameters:
             equal to the scale). ``False`` for circuits without multiplication (aggregation):
             every prime but the special one is then a data prime of any size and there are no
             levels.
+        data_primes: primes that remain at the deepest level (``q_0`` and the first
+            ``data_primes - 1`` primes of the scale's size; with ``rescaling`` only).
 
     Raises:
         InsecureParameterError: above the 128-bit limit (:func:`check_security`).
@@ -278,6 +289,7 @@ class CKKSParameters:
     scale_bits: int
     encryption: Encryption = "public-key"
     rescaling: bool = True
+    data_primes: int = 1
 
     def __post_init__(self) -> None:
         bits = tuple(int(b) for b in self.coeff_mod_bit_sizes)
@@ -286,6 +298,16 @@ class CKKSParameters:
         if len(bits) < 2:
             raise ValueError(
                 f"a CKKS chain needs a data prime and a special prime, got {list(bits)}"
+            )
+        if isinstance(self.data_primes, bool) or self.data_primes not in range(1, len(bits)):
+            raise ValueError(
+                f"data_primes must lie in [1, {len(bits) - 1}] for the chain {list(bits)}, "
+                f"got {self.data_primes!r}"
+            )
+        if self.data_primes > 1 and not self.rescaling:
+            raise ValueError(
+                "data_primes > 1 applies to rescaling chains only (without rescaling every "
+                "prime but the special one is a data prime)"
             )
         if self.encryption not in ENCRYPTIONS:
             raise ValueError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
@@ -322,7 +344,7 @@ class CKKSParameters:
     @property
     def levels(self) -> int:
         """Multiplicative levels (rescaling primes; none without ``rescaling``)."""
-        return len(self.coeff_mod_bit_sizes) - 2 if self.rescaling else 0
+        return len(self.coeff_mod_bit_sizes) - 1 - self.data_primes if self.rescaling else 0
 
     @property
     def total_bits(self) -> int:
@@ -343,6 +365,12 @@ class CKKSParameters:
         remaining = sum(self.coeff_mod_bit_sizes[: len(self.coeff_mod_bit_sizes) - 1 - level])
         return float(2.0 ** (remaining - self.scale_bits - 2))
 
+    @property
+    def mask_bits(self) -> int:
+        """The masked exchange's default mask size ``k`` (masks uniform in ``[-2^k, 2^k]``):
+        two bits below what the deepest level holds, at most :data:`FUSION_MASK_BITS`."""
+        return min(FUSION_MASK_BITS, int(np.log2(self.max_abs_value(self.levels))) - 2)
+
     def public(self) -> dict[str, object]:
         """JSON-ready description (what every party, and the view, may know)."""
         return {
@@ -354,6 +382,7 @@ class CKKSParameters:
             "scale_bits": self.scale_bits,
             "slots": self.slots,
             "levels": self.levels,
+            "data_primes": self.data_primes,
             "encryption": self.encryption,
         }
 
@@ -370,8 +399,9 @@ def _smallest_degree(total_bits: int) -> int:
 
 def _fusion_chain(
     levels: int, scale_bits: int | None, degree: int | None
-) -> tuple[int, list[int], int]:
-    """``(scale, chain, degree)`` for ``levels`` rescaling levels (see :func:`parameters_for`)."""
+) -> tuple[int, list[int], int, int]:
+    """``(scale, chain, degree, data primes)`` for ``levels`` rescaling levels (see
+    :func:`parameters_for`)."""
     degrees = [degree] if degree is not None else list(MAX_COEFF_BITS)
     for candidate in degrees:
         limit = MAX_COEFF_BITS.get(candidate, 0)
@@ -380,7 +410,13 @@ def _fusion_chain(
         if scale_bits is None and scale < MIN_FUSION_SCALE_BITS and degree is None:
             continue
         edge = min(MAX_PRIME_BITS, scale + FUSION_HEADROOM_BITS)
-        return scale, [edge] + [scale] * levels + [edge], candidate
+        # A scale within FUSION_HEADROOM_BITS of the largest prime leaves q_0 too little room
+        # at the deepest level: one more prime of the scale's size stays there.
+        spare = 1 if edge - scale < FUSION_HEADROOM_BITS else 0
+        chain = [edge] + [scale] * (levels + spare) + [edge]
+        if degree is None and sum(chain) > limit:
+            continue
+        return scale, chain, candidate, 1 + spare
     raise InsecureParameterError(
         f"{levels} levels at a scale of at least {MIN_FUSION_SCALE_BITS} bits exceed even degree "
         f"32768's 128-bit limit of {MAX_COEFF_BITS[32768]} bits; use a shallower circuit"
@@ -404,7 +440,10 @@ def parameters_for(
     * fusion: the smallest degree whose 128-bit budget holds ``[s + 20, s x levels, s + 20]``
       with a scale ``s`` of at least 30 bits (``s`` is then as large as fits, at most 40). Depth 2,
       degree 2, training (3 levels): degree 8192, ``[55, 35, 35, 35, 55]`` (215 of 218 bits);
-      4 levels: degree 16384, ``[60, 40, 40, 40, 40, 60]``.
+      4 levels: degree 16384, ``[60, 40, 40, 40, 40, 60]``. A given scale above 40 bits (a
+      smaller CKKS error, e.g. for the masked exchange's released sums) gets one spare prime
+      of its size that stays below the deepest level (``data_primes=2``): 2 levels at 2^55,
+      ``[60, 55, 55, 55, 60]`` at degree 16384.
 
     Explicit arguments override the choice and are validated the same way.
 
@@ -419,13 +458,14 @@ def parameters_for(
             f"circuit must be 'aggregation', an AggregationCircuit or a FusionCircuit, "
             f"got {circuit!r}"
         )
+    data_primes = 1
     if coeff_mod_bit_sizes is None:
         if isinstance(circuit, AggregationCircuit):
             edge = DEFAULT_EDGE_BITS
             scale = AGGREGATION_SCALE_BITS if scale_bits is None else scale_bits
             chain = [edge, edge, edge]
         else:
-            scale, chain, degree_hint = _fusion_chain(
+            scale, chain, degree_hint, data_primes = _fusion_chain(
                 circuit.levels, scale_bits, poly_modulus_degree
             )
             poly_modulus_degree = poly_modulus_degree or degree_hint
@@ -447,7 +487,9 @@ def parameters_for(
     if isinstance(circuit, AggregationCircuit) and poly_modulus_degree is None:
         degree = max(degree, 8192)
     aggregation = isinstance(circuit, AggregationCircuit)
-    params = CKKSParameters(degree, tuple(chain), int(scale), encryption, rescaling=not aggregation)
+    params = CKKSParameters(
+        degree, tuple(chain), int(scale), encryption, not aggregation, data_primes
+    )
     if params.levels < circuit.levels:
         raise ValueError(
             f"the chain {list(params.coeff_mod_bit_sizes)} has {params.levels} rescaling "
@@ -885,6 +927,7 @@ def _params_header(params: CKKSParameters) -> dict[str, object]:
         "scale_bits": params.scale_bits,
         "encryption": params.encryption,
         "rescaling": params.rescaling,
+        "data_primes": params.data_primes,
     }
 
 
@@ -948,6 +991,7 @@ def _params_from_header(path: Path, header: dict[str, object]) -> CKKSParameters
             int(header["scale_bits"]),
             str(header["encryption"]),
             bool(header.get("rescaling", True)),
+            int(header.get("data_primes", 1)),
         )
     except KeyError as error:
         raise ValueError(f"{path}: the header lacks {error}") from error

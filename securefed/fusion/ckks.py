@@ -302,8 +302,9 @@ class CKKSFusionConfig:
             circuit's products and rescales, so the floor cannot be checked here; docs/ckks.md).
         output_noise_std: std of the Gaussian noise, freshly encrypted under the public key, that
             the server adds to every ciphertext it returns to a party (circuit privacy).
-        mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: two bits
-            below what the chain's deepest level can hold (``2^16`` for the default chains).
+        mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: the chain's
+            :attr:`~securefed.crypto.ckks.CKKSParameters.mask_bits` (``2^16`` at the default
+            chains).
     """
 
     lr: float = 0.01
@@ -436,11 +437,7 @@ class FusionServer:
         self.context = context
         self.config = config
         params = context.params
-        mask_bits = (
-            config.mask_bits
-            if config.mask_bits is not None
-            else int(np.log2(params.max_abs_value(params.levels))) - 2
-        )
+        mask_bits = config.mask_bits if config.mask_bits is not None else params.mask_bits
         self.masks = _MaskSource(seeds, 2.0**mask_bits)
         self._output_noise = noise_source(seeds, "ckks-fusion", "output-noise")
         self._exchange = exchange

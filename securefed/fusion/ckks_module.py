@@ -205,12 +205,15 @@ class CKKSModuleConfig:
             at ``security_bits``; a given std below that floor is refused.
         output_noise_std: Gaussian noise, freshly encrypted under the receiver's public key,
             added to every ciphertext returned to a party (circuit privacy).
-        mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: two bits
-            below what the deepest level holds.
+        mask_bits: masks are uniform in ``[-2^mask_bits, 2^mask_bits]``; ``None``: the chain's
+            :attr:`~securefed.crypto.ckks.CKKSParameters.mask_bits` (two bits below what the
+            deepest level holds, at most 16).
         poly_modulus_degree: ring degree (``None``: the smallest that fits the levels).
         scale_bits: ``log2`` of the encoding scale (``None``: as large as fits, at most 40).
             A larger scale lowers every operation's error (and so the flooding std at a given
-            security level) and the deepest level's capacity (``2^(60 - scale - 2)``).
+            security level); above 40 bits the chain gets a spare prime that keeps the deepest
+            level's room (:func:`~securefed.crypto.ckks.parameters_for`), and the ring degree
+            doubles to 16384 (2^50 and 2^55 measured in docs/fedslate.md section 7).
     """
 
     value_bound: float = 8.0
@@ -363,9 +366,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.server_contexts: dict[str, PublicContext] = {n: k.public for n, k in self.keys.items()}
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
         mask_bits = (
-            self.config.mask_bits
-            if self.config.mask_bits is not None
-            else int(np.log2(self.params.max_abs_value(self.params.levels))) - 2
+            self.config.mask_bits if self.config.mask_bits is not None else self.params.mask_bits
         )
         self.masks = _MaskSource(seeds, 2.0**mask_bits)
         self.base_error = decryption_error_bound(self.params, 1)
