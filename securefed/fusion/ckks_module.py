@@ -213,7 +213,7 @@ class CKKSModuleConfig:
             A larger scale lowers every operation's error (and so the flooding std at a given
             security level); above 40 bits the chain gets a spare prime that keeps the deepest
             level's room (:func:`~securefed.crypto.ckks.parameters_for`), and the ring degree
-            doubles to 16384 (2^50 and 2^55 measured in docs/fedslate.md section 7).
+            doubles to 16384 (2^55 measured in docs/fedslate.md section 7).
     """
 
     value_bound: float = 8.0
