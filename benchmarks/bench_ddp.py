@@ -150,11 +150,11 @@ def ddp_vs_central(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace, config) -> int:
-    import json
+    from securefed.records import loads_record
 
     rows, data = [], None
     for path in args.merge.split(","):
-        record = json.loads(Path(path).read_text())
+        record = loads_record(Path(path).read_text())
         keys = ("rounds", "delta", "clip", "mechanism", "bits", "seed", "secagg_rounds")
         same = {k: record.get(k) for k in keys}
         wanted = {

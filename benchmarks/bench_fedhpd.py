@@ -22,7 +22,6 @@ episode returns; the largest parameter difference).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 
 from securefed.bench.registry import BENCHES
 from securefed.errors import TransportUnavailable
+from securefed.records import dumps_record
 from securefed.transport import build_transport, option_groups, parse_transport_spec
 
 RESULTS = Path("results") / "fedhpd"
@@ -172,7 +172,7 @@ def run_column(args: argparse.Namespace) -> dict:
         "rows": rows,
         "fedhpd_d5_gain_over_nofed": gain,
     }
-    (out / f"fedhpd_{spec.name}.json").write_text(json.dumps(record, indent=1))
+    (out / f"fedhpd_{spec.name}.json").write_text(dumps_record(record, indent=1))
     np.savez_compressed(out / f"fedhpd_{spec.name}_returns.npz", **arrays)
     title = f"{spec.env_id}: {len(seeds)} seeds x {configs[0].n_agents} agents"
     plot_system(curves, out / f"fedhpd_{spec.name}_system.png", window=window, title=title)
@@ -326,7 +326,7 @@ def speed(args: argparse.Namespace) -> int:
     if args.out:
         path = Path(args.out)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"fedhpd_speed_{config.task}.json").write_text(json.dumps(record, indent=1))
+        (path / f"fedhpd_speed_{config.task}.json").write_text(dumps_record(record, indent=1))
     return 0 if record["returns_equal"] else 1
 
 

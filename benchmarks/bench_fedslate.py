@@ -61,6 +61,7 @@ import numpy as np
 from securefed.bench.cli_fedslate import add_transport_arguments, transport_fields
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
+from securefed.records import dumps_record, loads_record
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     PLATFORM_NAMES,
@@ -186,7 +187,7 @@ def cached_record(cell: Cell, out_dir: Path) -> dict[str, object] | None:
         if candidate.exists() and _same_configuration(
             _stored_key(candidate), cell.config, cell.kind, cell.is_reference
         ):
-            return json.loads(candidate.read_text())
+            return loads_record(candidate.read_text())
     return None
 
 
@@ -223,7 +224,7 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
     record = _record(cell.name, cell.kind, cell.key, result)
     path = out_dir / "runs" / f"{cell.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    path.write_text(dumps_record(record))
     partial.unlink(missing_ok=True)  # the record is the cache now
     return record
 
@@ -671,7 +672,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for name, value in results.items()
     }
     (out_dir / "fedslate.json").write_text(
-        json.dumps({"meta": meta, "results": slim, "checks": checks(results)}, indent=1)
+        dumps_record({"meta": meta, "results": slim, "checks": checks(results)}, indent=1)
     )
     (out_dir / "fedslate.md").write_text(markdown(results, meta))
     png = plot(results, out_dir / "fedslate_curves.png")

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from securefed.bench.registry import BENCHES
+from securefed.records import dumps_record
 
 RESULTS = Path("results") / "fedslate_leak"
 TRANSPORTS = ("plaintext", "dp", "ckks", "ckks+dp")
@@ -245,7 +246,7 @@ def run_leak(args: argparse.Namespace, out: Path) -> list[dict[str, object]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         from securefed.attacks.verify import _jsonable
 
-        path.write_text(json.dumps(_jsonable({"key": key, "row": row})))
+        path.write_text(dumps_record(_jsonable({"key": key, "row": row})))
         rows.append(row)
     return rows
 
@@ -524,7 +525,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         record["meta"]["schedule"] = before["schedule"]  # the rewards kept are that schedule's
     from securefed.attacks.verify import _jsonable
 
-    (out / "fedslate_leak.json").write_text(json.dumps(_jsonable(record), indent=1))
+    (out / "fedslate_leak.json").write_text(dumps_record(_jsonable(record), indent=1))
     (out / "fedslate_leak.md").write_text(markdown(record))
     png = plot(record, out / "fedslate_leak.png")
     print(markdown(record))

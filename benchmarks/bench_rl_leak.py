@@ -26,7 +26,6 @@ Writes ``rl_leak.json`` and ``rl_leak.md`` into ``--out`` (default ``results/rl_
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench.registry import BENCHES
+from securefed.records import dumps_record
 
 RESULTS = Path("results") / "rl_leak"
 
@@ -354,7 +354,7 @@ def run(bench: LeakBenchConfig, out: Path, parts: tuple[str, ...]) -> dict[str, 
     python = platform.python_version()
     record["machine"] = f"{platform.machine()} {platform.system()}, Python {python}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rl_leak.json").write_text(json.dumps(_plain(record), indent=1))
+    (out / "rl_leak.json").write_text(dumps_record(_plain(record), indent=1))
     (out / "rl_leak.md").write_text(markdown(record))
     return record
 

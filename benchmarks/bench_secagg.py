@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import sys
 import time
@@ -60,6 +59,7 @@ import numpy as np
 
 from securefed import PlaintextTransport, SeedTree
 from securefed.errors import AggregationError
+from securefed.records import dumps_record
 from securefed.transport.secagg import STAGES, SecAggConfig, SecAggTransport
 
 FULL_CLIENTS = (10, 100, 1000)
@@ -738,8 +738,8 @@ def run_malicious(args: argparse.Namespace) -> int:
     if args.flower_lie:
         out.mkdir(parents=True, exist_ok=True)
         record = flower_lie_record()
-        (out / "flower_lie.json").write_text(json.dumps(record, indent=1))
-        print(json.dumps(record, indent=1))
+        (out / "flower_lie.json").write_text(dumps_record(record, indent=1))
+        print(dumps_record(record, indent=1))
         return 0
     clients = tuple(int(c) for c in args.clients.split(","))
     report = run_malicious_cost(clients, args.length, seed=args.seed, repeats=args.repeats)
@@ -751,7 +751,7 @@ def run_malicious(args: argparse.Namespace) -> int:
         **report,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cost.json").write_text(json.dumps(record, indent=1))
+    (out / "cost.json").write_text(dumps_record(record, indent=1))
     table = malicious_table(report)
     (out / "cost.md").write_text(
         "# Secure aggregation against a lying server: cost (securefed bench secagg-malicious)\n\n"
@@ -823,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
                 "flwr": _flwr_version(),
                 "comparison": comparison,
             }
-            args.out.write_text(json.dumps(report, indent=1))
+            args.out.write_text(dumps_record(report, indent=1))
             print(f"wrote {args.out}", file=sys.stderr)
         return 0
 
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             "cases": [asdict(c) for c in cases],
             "flower": flower,
         }
-        args.out.write_text(json.dumps(report, indent=1))
+        args.out.write_text(dumps_record(report, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -16,7 +16,6 @@ writes ``startup.json`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from securefed.bench.registry import BENCHES
+from securefed.records import dumps_record
 
 GOAL_SECONDS = 1.0
 """The start-up goal of every timed command (issue 16)."""
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     print(report(record))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "startup.json").write_text(json.dumps(record, indent=1))
+    (out / "startup.json").write_text(dumps_record(record, indent=1))
     print(f"written to {out / 'startup.json'}")
     return 0
 

@@ -13,13 +13,13 @@ it, exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
+from securefed.records import dumps_record
 
 DESCRIPTION = (
     "Private federated recommendation: FedMF, FedSlate and FedHPD behind one transport layer "
@@ -64,7 +64,13 @@ def _add_fedmf(subparsers) -> None:
         "(dp_biased_config: the dp preset with biases, the item-bias column uploaded at 0.3 of "
         "its scale so that it does not take most of the clip); the options below override them",
     )
-    parser.add_argument("--variant", default=None, choices=["fedmf", "fedrec", "fedrec+"])
+    parser.add_argument(
+        "--variant",
+        default=None,
+        choices=["fedmf", "fedrec", "fedrec+"],
+        help="fedmf (vanilla), fedrec (hybrid filling: pseudo items hide which items a user "
+        "rated) or fedrec+ (similarity filling, Wasserstein weights); default fedmf",
+    )
     from securefed.transport import transport_names
 
     parser.add_argument(
@@ -141,9 +147,26 @@ def _add_fedmf(subparsers) -> None:
         help="with --validation: rounds between two evaluations (5)",
     )
     parser.add_argument("--init-std", type=float, default=None, help="initial factor std (0.3)")
-    parser.add_argument("--upload", default=None, choices=["part", "full"])
-    parser.add_argument("--aggregation", default=None, choices=["mean", "sum", "fixed"])
-    parser.add_argument("--offset", default=None, choices=["none", "user_mean"])
+    parser.add_argument(
+        "--upload",
+        default=None,
+        choices=["part", "full"],
+        help="part: a user uploads its rated (and pseudo) items' rows only; full: the whole "
+        "block, zeros elsewhere, so a hiding transport hides which rows were touched",
+    )
+    parser.add_argument(
+        "--aggregation",
+        default=None,
+        choices=["mean", "sum", "fixed"],
+        help="how the server combines the item gradients: per-item mean over the uploaders, "
+        "sum, or fixed (the sum over a public expected client count: user-level DP's)",
+    )
+    parser.add_argument(
+        "--offset",
+        default=None,
+        choices=["none", "user_mean"],
+        help="user_mean: each device predicts its ratings around its own mean (the dp preset's)",
+    )
     parser.add_argument(
         "--server-state",
         default=None,
@@ -151,7 +174,13 @@ def _add_fedmf(subparsers) -> None:
         help="encrypted: [[V]] stays encrypted on the server (ckks, Chai et al.)",
     )
     parser.add_argument("--rho", type=float, default=None, help="pseudo items per rated item (1)")
-    parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
+    parser.add_argument(
+        "--weighting",
+        default=None,
+        choices=["uniform", "count", "wasserstein"],
+        help="clients' weights in the aggregate: uniform, by rating count, or FedRec+'s "
+        "Wasserstein weights",
+    )
     parser.add_argument(
         "--filling-regularisation",
         default=None,
@@ -186,7 +215,12 @@ def _add_fedmf(subparsers) -> None:
     )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
     parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
-    parser.add_argument("--noise-multiplier", type=float, default=None)
+    parser.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="DP noise std over the clip norm (instead of --epsilon, which derives it)",
+    )
     parser.add_argument("--clip", type=float, default=None, help="DP per-client L2 clip")
     parser.add_argument("--ranking", action="store_true", help="also report HR@10 and NDCG@10")
     parser.add_argument("--json", default=None, help="write the result record here")
@@ -196,15 +230,21 @@ def _add_fedmf(subparsers) -> None:
         default="last:2",
         help="rounds whose payloads the view keeps: all, none, last:K, 0,1,5-7",
     )
-    parser.add_argument("--checkpoint-dir", default=None)
-    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save checkpoints here and resume from the last one found",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=50, help="rounds between checkpoints (50)"
+    )
     parser.add_argument(
         "--checkpoint-key-file",
         default=None,
         help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
         "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
     )
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_run_fedmf)
 
 
@@ -334,7 +374,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
             "from the seed; seeded: not private",
             file=sys.stderr,
         )
-    print(json.dumps(shown, indent=1, default=float))
+    print(dumps_record(shown, indent=1, default=float))
     return 0
 
 
@@ -342,8 +382,14 @@ def _add_demo(subparsers) -> None:
     from securefed.bench.leak_utility import DEMO_ROUNDS
 
     parser = registry.COMMANDS["demo"].add_to(subparsers)
-    parser.add_argument("--out", default="results/demo")
-    parser.add_argument("--data", default="ml-latest-small")
+    parser.add_argument(
+        "--out", default="results/demo", help="folder of the figures and tables (results/demo)"
+    )
+    parser.add_argument(
+        "--data",
+        default="ml-latest-small",
+        help="ml-latest-small (embedded, the default), ml-100k, or a path to a ratings file/dir",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -380,10 +426,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    from securefed.errors import AggregationError
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FloatingPointError) as error:
-        print(f"securefed: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, FloatingPointError, AggregationError) as error:
+        # A data error words its fix for the command line (--scale, not scale=) where it can.
+        message = getattr(error, "command_line_message", None) or str(error)
+        print(f"securefed: error: {message}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:  # an optional module reached only at run time
         extra = registry.extra_of_module(error.name)

@@ -18,11 +18,11 @@ per-user arrays unless ``--per-user``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from securefed.bench import registry
+from securefed.records import dumps_record
 
 HEADLINE = (
     ("exact_share", "ratings recovered exactly (share)"),
@@ -165,5 +165,5 @@ def run_attack(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.json).write_text(dumps_record(report, indent=1) + "\n")
     return 0

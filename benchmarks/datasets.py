@@ -1,8 +1,10 @@
 """Where benchmark data comes from.
 
-MovieLens 100K may not be redistributed, so it is never in the repository: it is read from the
-directory named by ``$SECUREFED_DATA`` (which holds ``ml-100k/``) or from ``../shared/data``
-beside the checkout. The embedded ml-latest-small needs nothing.
+MovieLens 100K may not be redistributed, so it is never in the repository: a bare name such as
+``ml-100k`` is looked up in the directory named by ``$SECUREFED_DATA``, then in ``shared/data``
+beside the checkout this module runs from (a source checkout only: installed from a wheel, this
+file lies in site-packages, beside no checkout), then in ``../shared/data`` and ``shared/data``
+relative to the working directory. The embedded ml-latest-small needs nothing.
 """
 
 from __future__ import annotations
@@ -13,19 +15,31 @@ from pathlib import Path
 from securefed.recsys.data import EMBEDDED_DATASET, Split, load_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout's root when this module runs from one (it holds pyproject.toml)."""
 
 
 class DataUnavailable(FileNotFoundError):
     """A named benchmark data set is not present on this machine."""
 
 
-def data_roots() -> list[Path]:
-    """Directories searched for named data sets, in order."""
+def data_roots(cwd: Path | None = None) -> list[Path]:
+    """Directories searched for named data sets, in order, without repeats.
+
+    Args:
+        cwd: the working directory (default: the process's).
+    """
+    cwd = Path.cwd() if cwd is None else cwd
     roots = []
     if os.environ.get("SECUREFED_DATA"):
         roots.append(Path(os.environ["SECUREFED_DATA"]))
-    roots.append(REPO_ROOT.parent / "shared" / "data")
-    return roots
+    if (REPO_ROOT / "pyproject.toml").is_file():  # a source checkout, not site-packages
+        roots.append(REPO_ROOT.parent / "shared" / "data")
+    roots += [cwd.parent / "shared" / "data", cwd / "shared" / "data"]
+    unique: list[Path] = []
+    for root in roots:
+        if root.absolute() not in [known.absolute() for known in unique]:
+            unique.append(root)
+    return unique
 
 
 def resolve(source: str | os.PathLike) -> str | Path:
@@ -35,22 +49,25 @@ def resolve(source: str | os.PathLike) -> str | Path:
     as ``ml-100k`` is looked up under :func:`data_roots`.
 
     Raises:
-        DataUnavailable: naming the places searched.
+        DataUnavailable: naming the places searched and how to point at the data.
     """
     if str(source) == EMBEDDED_DATASET:
         return EMBEDDED_DATASET
     path = Path(source)
     if path.exists():
         return path
+    roots = data_roots()
     if len(path.parts) == 1:
-        for root in data_roots():
+        for root in roots:
             if (root / path).exists():
                 return root / path
-    searched = ", ".join(str(r) for r in data_roots())
+    searched = ", ".join(str(root / path) for root in roots)
     raise DataUnavailable(
-        f"data set {str(source)!r} not found (searched: the path itself, {searched}); "
-        "MovieLens 100K is not redistributed with securefed: set SECUREFED_DATA to a directory "
-        "holding ml-100k/"
+        f"data set {str(source)!r} not found: no such path, nor {searched}"
+        + ("" if os.environ.get("SECUREFED_DATA") else " ($SECUREFED_DATA is not set)")
+        + f"; give its path (--data /path/to/{path.name}) or set SECUREFED_DATA to the "
+        f"directory holding {path.name}/ (MovieLens 100K is not redistributed with securefed: "
+        "https://grouplens.org/datasets/movielens/100k/)"
     )
 
 

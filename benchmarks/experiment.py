@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
+from securefed.records import dumps_record
 from securefed.recsys.data import Split
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
@@ -301,11 +302,10 @@ def warm_start_transport(name: str, groups: dict, context: dict, transport):
 
 def save_json(record: dict, path: str | os.PathLike) -> Path:
     """Write a result record as indented JSON (numpy scalars converted)."""
-    import json
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=_plain))
+    path.write_text(dumps_record(record, indent=2, default=_plain))
     return path
 
 

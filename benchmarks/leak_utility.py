@@ -165,6 +165,23 @@ def load_split(config: LeakUtilityConfig) -> Split:
     return densest_split(split, config.max_users, config.max_items, rng)
 
 
+def transport_rounds_note(rounds: int, transport_rounds: int) -> str:
+    """The table header's sentence on which rounds of a hiding transport's cell went through it.
+
+    A cell warm-starts over its clear counterpart only when ``0 < transport_rounds < rounds``
+    (:func:`run_cell`); otherwise every round went through the transport.
+    """
+    warm = rounds - transport_rounds
+    if not transport_rounds or warm <= 0:
+        return "Every round of every cell went through its transport. "
+    clear = "round 1" if warm == 1 else f"rounds 1..{warm}"
+    return (
+        f"secagg, ckks and secagg+dp cells: {clear} over their clear counterpart, the last "
+        f"{transport_rounds} (the attacked view) through the transport (transport_rounds "
+        "column). "
+    )
+
+
 def run_cell(
     split: Split,
     variant: str,
@@ -399,13 +416,7 @@ def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> l
         f"Data: {meta['data']} ({meta['users']} users, {meta['items']} items, "
         f"{meta['train']} train / {meta['test']} test ratings), {config.rounds} rounds, "
         f"seed {config.seed}. "
-        + (
-            f"secagg, ckks and secagg+dp cells: rounds 1..{config.rounds - config.transport_rounds}"
-            f" over their clear counterpart, the last {config.transport_rounds} (the attacked "
-            "view) through the transport (transport_rounds column). "
-            if config.transport_rounds
-            else "Every round of every cell went through its transport. "
-        )
+        + transport_rounds_note(config.rounds, config.transport_rounds)
         + (model.table_note + "\n\n" if model.table_note else "\n\n")
     )
     table = header + human_table(rows, columns)
@@ -435,11 +446,11 @@ def merge_rows(path: Path, meta: dict, rows: list[dict]) -> list[dict]:
         ValueError: no record at ``path``, or one whose data, split sizes, rounds or seed differ
             from ``meta`` (naming the first difference): its rows would not be comparable.
     """
-    import json
+    from securefed.records import loads_record
 
     if not path.is_file():
         raise ValueError(f"--merge: no record at {path} to merge into")
-    record = json.loads(path.read_text())
+    record = loads_record(path.read_text())
     recorded = record.get("meta", {})
     for key, value in meta.items():
         if recorded.get(key) != value:

@@ -29,6 +29,7 @@ from securefed.errors import (
     AlgorithmContractError,
     CheckpointError,
     PrivacyBudgetExceeded,
+    UnsupportedTransport,
     ViewFormatError,
 )
 from securefed.integrity import (
@@ -41,7 +42,11 @@ from securefed.integrity import (
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import Transport
-from securefed.transport.capabilities import TransportNeeds, require_capabilities
+from securefed.transport.capabilities import (
+    TransportNeeds,
+    require_capabilities,
+    round_size_findings,
+)
 from securefed.views import ARRAYS_FILE, MANIFEST_FILE, ServerView
 
 if TYPE_CHECKING:
@@ -226,11 +231,13 @@ def run_rounds(
         AlgorithmContractError: before any round, when ``algorithm`` lacks a member of
             :class:`FederatedAlgorithm` (naming each).
         UnsupportedTransport: before any round, when ``transport`` cannot serve what the
-            algorithm needs (naming the option that needs it).
+            algorithm needs (naming the option that needs it), or when the data or the sampling
+            gives rounds of fewer clients than the transport needs (secure aggregation: 2).
         PrivacyBudgetExceeded: a refused round under ``on_budget_exhausted="raise"``.
     """
     check_algorithm(algorithm)
     require_capabilities(transport, loop_needs(algorithm))
+    _require_round_sizes(transport, algorithm.n_clients, options.sampling)
     if options.checkpoint_dir and seeds.seed is None and options.checkpoint_key is None:
         raise ValueError(
             "an unseeded (secure-mode) run keeps its root entropy secret, and its checkpoints "
@@ -292,6 +299,19 @@ def run_rounds(
         if progress is not None:
             progress.close()
     return history
+
+
+def _require_round_sizes(transport: Transport, n_clients: int, sampling: ClientSampling) -> None:
+    """Refuse, before any round, data or sampling that gives rounds too small for ``transport``."""
+    findings = round_size_findings(
+        transport.name,
+        transport.capabilities,
+        n_clients,
+        sampling.mode,
+        sampling.clients_per_round,
+    )
+    if findings:
+        raise UnsupportedTransport("; ".join(findings))
 
 
 _CONTRACT_METHODS = ("run_round", "state_dict", "load_state_dict")

@@ -52,8 +52,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from torch import nn
+
+try:
+    import torch
+    from torch import nn
+except ModuleNotFoundError as missing:  # name the extra rather than a bare traceback
+    if missing.name != "torch":
+        raise
+    raise ModuleNotFoundError(  # an ImportError; .name lets callers map it to the extra
+        "securefed.torch needs PyTorch, which is not installed: pip install 'securefed[torch]' "
+        "(torch==2.13.0, CPU)",
+        name="torch",
+    ) from None
 
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree

@@ -162,6 +162,8 @@ class RoundView:
     def positions(self, clients: np.ndarray | Collection[int]) -> np.ndarray:
         """Positions of ``clients`` in this round's client array (error if one is absent)."""
         wanted = np.asarray(clients, dtype=np.int64).reshape(-1)
+        if wanted.size == 0:  # nobody to place (an empty Poisson round)
+            return np.zeros(0, dtype=np.int64)
         where = np.searchsorted(self.clients, wanted)
         where = np.minimum(where, max(len(self.clients) - 1, 0))
         if len(self.clients) == 0 or np.any(self.clients[where] != wanted):

@@ -119,6 +119,10 @@ def test_leak_utility_rows_on_a_small_set(tmp_path):
     assert abs(encrypted["rmse"] - plain["rmse"]) < 2e-3
     for name in ("leak_utility.json", "leak_utility.md", "leak_utility.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # Strict JSON (issue 29): the infinite epsilon_server is the string "Infinity", not a token.
+    text = (tmp_path / "leak_utility.json").read_text()
+    record = json.loads(text, parse_constant=lambda token: pytest.fail(f"non-JSON {token}"))
+    assert "Infinity" in {row["epsilon_server"] for row in record["rows"]}
 
 
 def test_restricted_split_shares_one_index_space():

@@ -99,10 +99,10 @@ class Body:
                     return self.first_line + offset, line
         raise IndexError(f"row {row} is beyond the data")
 
-    def error(self, row: int, cause: str) -> DataFormatError:
-        """Build the error for data row ``row``."""
+    def error(self, row: int, cause: str, command_line_cause: str | None = None) -> DataFormatError:
+        """Build the error for data row ``row`` (``command_line_cause``: see DataFormatError)."""
         line_number, _ = self.locate(row)
-        return DataFormatError(self.path, line_number, cause)
+        return DataFormatError(self.path, line_number, cause, command_line_cause)
 
     def field_text(self, row: int, which: int) -> str:
         """Return the stripped text of field ``which`` (0 user .. 3 timestamp) of a row."""
@@ -156,6 +156,11 @@ _ML_LATEST_HEADER = ("userId", "movieId", "rating", "timestamp")
 _CSV_HEADER = ("user", "item", "rating", "timestamp")
 
 
+def is_movielens100k_name(path: Path) -> bool:
+    """Tell whether a file's name is one of MovieLens 100K's (``u.data``, ``uN.base``, ...)."""
+    return _ML100K_NAME.fullmatch(path.name.lower()) is not None
+
+
 def detect_format(path: Path, first_line: str) -> str:
     """Guess the format from the file name, then from the first non-blank line.
 
@@ -167,7 +172,7 @@ def detect_format(path: Path, first_line: str) -> str:
     name = path.name.lower()
     if name.endswith(".dat") or "::" in first_line:
         return "dat"
-    if _ML100K_NAME.fullmatch(name):
+    if is_movielens100k_name(path):
         return "movielens100k"
     if "," not in first_line:
         words = first_line.split()

@@ -34,6 +34,7 @@ from securefed.recsys.data.formats import (
     decode_utf8,
     detect_format,
     first_content_line,
+    is_movielens100k_name,
     is_number,
 )
 
@@ -273,6 +274,14 @@ def _check_finite(body: Body, ratings: np.ndarray) -> None:
         raise body.error(row, f"non-finite rating {body.field_text(row, 2)!r}")
 
 
+def _pass_scale(example: str) -> tuple[str, str]:
+    """The fix "state the scale", as the Python API and as the command line spell it."""
+    return (
+        f"pass scale='{example}' (MIN:MAX:STEP, or a RatingScale)",
+        f"pass --scale MIN:MAX:STEP (e.g. --scale {example})",
+    )
+
+
 def _infer_scale(body: Body, ratings: np.ndarray) -> RatingScale:
     """Infer a scale: data minimum to maximum, in half steps if any rating is a half.
 
@@ -283,33 +292,53 @@ def _infer_scale(body: Body, ratings: np.ndarray) -> RatingScale:
     if off_half_grid.any():
         row = int(np.argmax(off_half_grid))
         token = body.field_text(row, 2)
-        raise body.error(
-            row,
-            f"rating {token} is neither a whole nor a half number, so no scale can be "
-            "inferred; pass scale=",
-        )
+        cause = f"rating {token} is neither a whole nor a half number, so no scale can be inferred"
+        python, command_line = _pass_scale("0:1:0.25")
+        raise body.error(row, f"{cause}; {python}", f"{cause}; {command_line}")
     low, high = float(ratings.min()), float(ratings.max())
     if low == high:
-        raise DataFormatError(
-            body.path, None, f"every rating is {low:g}, so no scale can be inferred; pass scale="
-        )
+        cause = f"every rating is {low:g}, so no scale can be inferred"
+        python, command_line = _pass_scale(f"{min(low, 1):g}:{max(high, 5):g}:1")
+        raise DataFormatError(body.path, None, f"{cause}; {python}", f"{cause}; {command_line}")
     step = 1.0 if np.all(ratings == np.rint(ratings)) else 0.5
     return RatingScale(low, high, step)
 
 
-def _check_on_scale(body: Body, ratings: np.ndarray, scale: RatingScale) -> None:
+def _check_on_scale(
+    body: Body, ratings: np.ndarray, scale: RatingScale, scale_source: str, detected: bool
+) -> None:
     """Raise for the first rating off the scale (NaN and infinities included), saying whether
-    it lies outside the range or between two levels."""
+    it lies outside the range or between two levels.
+
+    When the scale is the format's own (``scale_source == "format"``) the error says so and how
+    to state another; when the format was guessed from the file's content (``detected``), it
+    also says what it was taken for.
+    """
     off_scale = ~scale.contains(ratings)
-    if off_scale.any():
-        row = int(np.argmax(off_scale))
-        token = body.field_text(row, 2)
-        value = ratings[row]
-        if value < scale.minimum or value > scale.maximum:
-            where = "below its minimum" if value < scale.minimum else "above its maximum"
-        else:
-            where = f"between two of its levels (step {scale.step:g})"
-        raise body.error(row, f"rating {token} is off the scale {scale}: {where}")
+    if not off_scale.any():
+        return
+    row = int(np.argmax(off_scale))
+    token = body.field_text(row, 2)
+    value = ratings[row]
+    if value < scale.minimum or value > scale.maximum:
+        where = "below its minimum" if value < scale.minimum else "above its maximum"
+    else:
+        where = f"between two of its levels (step {scale.step:g})"
+    cause = f"rating {token} is off the scale {scale}: {where}"
+    if scale_source != "format":
+        raise body.error(row, cause)
+    low = min(scale.minimum, float(np.min(ratings)))
+    high = max(scale.maximum, float(np.max(ratings)))
+    doubled = ratings * 2
+    halves = bool(np.all(doubled == np.rint(doubled)) and np.any(ratings != np.rint(ratings)))
+    step = 0.5 if halves else scale.step
+    fmt = body.layout.fmt
+    cause = f"{cause}; {scale} is the {fmt} format's scale"
+    if detected:
+        cause += f", and the file was taken for {fmt} from its first line"
+    cause += "; if the file's scale differs"
+    python, command_line = _pass_scale(f"{low:g}:{high:g}:{step:g}")
+    raise body.error(row, f"{cause}, {python}", f"{cause}, {command_line}")
 
 
 class _Resolved(NamedTuple):
@@ -429,8 +458,10 @@ def read_ratings_file(
     text = decode_utf8(path, path.read_bytes())
     if not text.strip():
         raise DataFormatError(path, None, "empty file")
+    detected = fmt == "auto" and not path.name.lower().endswith(".dat")
     if fmt == "auto":
         fmt = detect_format(path, first_content_line(text)[1])
+        detected = detected and not is_movielens100k_name(path)
     body = body_and_layout(path, text, fmt)
     if not body.text.strip():
         raise DataFormatError(path, None, "no ratings: the file has a header but no data lines")
@@ -444,7 +475,7 @@ def read_ratings_file(
         scale, scale_source = body.layout.default_scale, "format"
     else:
         scale, scale_source = _infer_scale(body, columns.ratings), "inferred"
-    _check_on_scale(body, columns.ratings, scale)
+    _check_on_scale(body, columns.ratings, scale, scale_source, detected)
     resolved = _resolve_duplicates(body, columns, scale, duplicates)
     keep = resolved.keep
     report = LoadReport(

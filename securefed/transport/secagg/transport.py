@@ -84,7 +84,11 @@ class SecAggTransport(Transport):
         """
         ids = np.unique(np.asarray(clients, dtype=np.int64))
         if len(ids) == 1:
-            raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
+            raise AggregationError(
+                f"round {round_id} has 1 client and secure aggregation needs at least 2 in a "
+                "round (a single masked update would be the aggregate): sample more clients per "
+                "round (clients_per_round, --clients-per-round), or use the 'plaintext' transport"
+            )
         if len(ids):
             self.config.fixed_point_for(len(ids))  # refuses a fixed scale that could wrap
             self.config.round_parameters(len(ids))
@@ -113,6 +117,7 @@ class SecAggTransport(Transport):
             in_process_clients=not self.remote_clients,
             dense_wire=True,
             server_sees="masked updates",
+            min_round_clients=2,
         )
 
     def _round_class(self) -> type[AggregationRound]:
