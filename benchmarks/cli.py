@@ -27,6 +27,48 @@ DESCRIPTION = (
 )
 
 
+def parse_separator(text: str) -> str:
+    """A ``--sep`` value: ``tab`` or ``\\t`` for a tab, ``whitespace`` for runs of spaces or
+    tabs (the readers' ``r"\\s+"``), else the text itself (``,``, ``;``, ``|``, ``::``)."""
+    spelled = {"tab": "\t", "\\t": "\t", "whitespace": r"\s+", "space": " "}
+    return spelled.get(text, text)
+
+
+def parse_columns(text: str) -> tuple[str | int, ...]:
+    """A ``--columns`` value: ``user,item,rating[,timestamp]`` as header names, or 0-based
+    positions (``0,1,2``); every entry a number means positions."""
+    parts = [part.strip() for part in text.split(",")]
+    if all(part.isdigit() for part in parts):
+        return tuple(int(part) for part in parts)
+    return tuple(parts)
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--sep``, ``--columns`` and ``--ids``: how a ratings file of yours is laid out."""
+    parser.add_argument(
+        "--sep",
+        type=parse_separator,
+        default=None,
+        help="field separator of a ratings file: ',', ';', '|', '::', tab, or whitespace "
+        "(runs of spaces or tabs); default: recognised from the file",
+    )
+    parser.add_argument(
+        "--columns",
+        type=parse_columns,
+        default=None,
+        metavar="USER,ITEM,RATING[,TIMESTAMP]",
+        help="the fields that hold user, item, rating[, timestamp]: header names (e.g. "
+        "userId,movieId,score) or 0-based positions (e.g. 0,2,3); other fields are ignored",
+    )
+    parser.add_argument(
+        "--ids",
+        default="int",
+        choices=["int", "string"],
+        help="string: user and item ids are any text (e.g. alice, tt0111161), re-indexed; "
+        "default int",
+    )
+
+
 def _add_fedmf(subparsers) -> None:
     parser = subparsers.add_parser("fedmf", help="train one FedMF-family model and evaluate it")
     parser.add_argument(
@@ -47,6 +89,7 @@ def _add_fedmf(subparsers) -> None:
         help="a (user, item) pair on several lines: error (default, naming both lines), keep "
         "the first or the last line, or the mean rating rounded to the scale",
     )
+    add_layout_arguments(parser)
     parser.add_argument(
         "--scale",
         default=None,
@@ -262,7 +305,14 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.transport import option_groups, parse_transport_spec
 
     split = datasets.load(
-        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+        args.data,
+        args.split,
+        seed=args.split_seed,
+        scale=args.scale,
+        duplicates=args.duplicates,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
     )
     if split.train.load_report is not None:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)

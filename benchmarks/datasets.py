@@ -10,6 +10,7 @@ relative to the working directory. The embedded ml-latest-small needs nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from securefed.recsys.data import EMBEDDED_DATASET, Split, load_dataset
@@ -78,10 +79,22 @@ def load(
     *,
     scale: str | None = None,
     duplicates: str = "error",
+    sep: str | None = None,
+    columns: Sequence[str | int] | None = None,
+    ids: str = "int",
 ) -> Split:
     """Resolve and load a data set with its split (``u1``.. for ML-100K, ``random`` otherwise).
 
-    ``scale`` (``"MIN:MAX:STEP"``) and ``duplicates`` go to
+    ``scale`` (``"MIN:MAX:STEP"``), ``duplicates``, ``sep``, ``columns`` and ``ids`` go to
     :func:`securefed.recsys.data.load_dataset`.
     """
-    return load_dataset(resolve(source), split=split, seed=seed, scale=scale, duplicates=duplicates)
+    return load_dataset(
+        resolve(source),
+        split=split,
+        seed=seed,
+        scale=scale,
+        duplicates=duplicates,
+        sep=sep,
+        columns=columns,
+        ids=ids,
+    )
