@@ -691,10 +691,19 @@ def _settings(text: str) -> list[tuple[int, int]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results/fedslate")
-    parser.add_argument("--episodes", type=int, default=5000)
+    parser.add_argument(
+        "--out", default="results/fedslate", help="folder of the records (JSON and markdown)"
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=5000, help="episodes per run (5000, the paper's)"
+    )
     parser.add_argument("--members", type=int, default=3, help="independent seeds per run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--settings",
         type=_settings,
@@ -712,17 +721,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma list: only these runs of the variant experiments (e.g. "
         "slateq_all,fedslate_two_without_item,random); the others are left out of the report",
     )
-    parser.add_argument("--ablation-setting", type=lambda t: _settings(t)[0], default=(10, 3))
-    parser.add_argument("--sizes-setting", type=lambda t: _settings(t)[0], default=(100, 10))
+    parser.add_argument(
+        "--ablation-setting",
+        type=lambda t: _settings(t)[0],
+        default=(10, 3),
+        help="N,n of the ablation runs (10,3)",
+    )
+    parser.add_argument(
+        "--sizes-setting",
+        type=lambda t: _settings(t)[0],
+        default=(100, 10),
+        help="N,n of the larger-size runs (100,10)",
+    )
     parser.add_argument(
         "--variant-episodes",
         type=int,
         default=None,
         help="episodes of ablation/sparse/choice/corpus/alignment runs (default --episodes)",
     )
-    parser.add_argument("--sizes-episodes", type=int, default=1500)
-    parser.add_argument("--platform-episodes", type=int, default=1500)
-    parser.add_argument("--log-every", type=int, default=0)
+    parser.add_argument(
+        "--sizes-episodes", type=int, default=1500, help="episodes of the larger-size runs (1500)"
+    )
+    parser.add_argument(
+        "--platform-episodes",
+        type=int,
+        default=1500,
+        help="episodes of the five-platform runs (1500)",
+    )
+    parser.add_argument(
+        "--log-every", type=int, default=0, help="progress every K episodes (0: silent)"
+    )
     parser.add_argument(
         "--jobs", type=int, default=1, help="worker processes for the uncached runs (one core each)"
     )

@@ -535,13 +535,30 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
     parser.add_argument("--parts", default="rewards,leak", help="rewards, leak or both")
-    parser.add_argument("--settings", type=_settings, default=[(10, 3), (100, 10)])
-    parser.add_argument("--epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
-    parser.add_argument("--episodes", type=int, default=200)
-    parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--settings",
+        type=_settings,
+        default=[(10, 3), (100, 10)],
+        help="N,n settings of the reward rows, e.g. 10x3,100x10",
+    )
+    parser.add_argument(
+        "--epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0),
+        help="comma-separated DP epsilons of the reward rows",
+    )
+    parser.add_argument("--episodes", type=int, default=200, help="episodes per reward run")
+    parser.add_argument("--members", type=int, default=3, help="deployments per reward run")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument("--burn-in", type=int, default=1000, help="rounds before learning")
     parser.add_argument("--eps-decay", type=float, default=0.9995, help="exploration per round")
     parser.add_argument(
@@ -550,20 +567,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="at (10, 3), also the plaintext run with shared_corpus=True (the paper's script)",
     )
-    parser.add_argument("--leak-epsilons", type=_numbers, default=(1.0, 4.0, 16.0, 1e3, 1e5, 1e7))
-    parser.add_argument("--leak-episodes", type=int, default=40)
-    parser.add_argument("--leak-members", type=int, default=3)
-    parser.add_argument("--leak-burn-in", type=int, default=300)
-    parser.add_argument("--leak-seed", type=int, default=3)
+    parser.add_argument(
+        "--leak-epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0, 1e3, 1e5, 1e7),
+        help="comma-separated DP epsilons of the leak rows",
+    )
+    parser.add_argument("--leak-episodes", type=int, default=40, help="episodes per leak run")
+    parser.add_argument("--leak-members", type=int, default=3, help="deployments per leak run")
+    parser.add_argument(
+        "--leak-burn-in", type=int, default=300, help="rounds before learning in the leak runs"
+    )
+    parser.add_argument(
+        "--leak-seed",
+        type=int,
+        default=3,
+        help="seed of the leak runs (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--ckks-episodes", type=int, default=40, help="the encrypted rows' episodes (0: none)"
     )
-    parser.add_argument("--ckks-members", type=int, default=1)
+    parser.add_argument("--ckks-members", type=int, default=1, help="deployments per encrypted run")
     parser.add_argument(
         "--ckks-steps", type=int, default=10, help="the encrypted rows' steps per platform"
     )
-    parser.add_argument("--ckks-burn-in", type=int, default=100)
-    parser.add_argument("--ckks-epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
+    parser.add_argument(
+        "--ckks-burn-in", type=int, default=100, help="rounds before learning in the encrypted runs"
+    )
+    parser.add_argument(
+        "--ckks-epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0),
+        help="comma-separated DP epsilons of the encrypted (ckks+dp) rows",
+    )
     parser.add_argument(
         "--ckks-transports",
         type=lambda text: tuple(t for t in text.split(",") if t),
