@@ -330,6 +330,26 @@ def speed(args: argparse.Namespace) -> int:
     return 0 if record["returns_equal"] else 1
 
 
+def add_distillation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kl-direction``, ``--public-size`` and ``--virtual-rounds`` (also ``fedhpd``)."""
+    parser.add_argument(
+        "--kl-direction",
+        default="auto",
+        choices=["auto", "mean_to_local", "local_to_mean"],
+        help="the distillation's KL: mean_to_local is KL(P_mean || P_k), local_to_mean "
+        "KL(P_k || P_mean) (Algorithm 1); auto: the authors' code's choice per task",
+    )
+    parser.add_argument(
+        "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
+    )
+    parser.add_argument(
+        "--virtual-rounds",
+        type=int,
+        default=None,
+        help="rounds the virtual agent that makes S_p trains (task's)",
+    )
+
+
 def register(benches) -> None:
     parser = BENCHES["fedhpd"].add_to(benches)
     parser.add_argument(
@@ -356,22 +376,7 @@ def register(benches) -> None:
         help="DP noise std over the clip norm (instead of --epsilon)",
     )
     parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
-    parser.add_argument(
-        "--kl-direction",
-        default="auto",
-        choices=["auto", "mean_to_local", "local_to_mean"],
-        help="the distillation's KL: mean_to_local, local_to_mean, or auto (the authors' "
-        "code's choice per task)",
-    )
-    parser.add_argument(
-        "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
-    )
-    parser.add_argument(
-        "--virtual-rounds",
-        type=int,
-        default=None,
-        help="rounds the virtual agent that makes S_p trains (task's)",
-    )
+    add_distillation_arguments(parser)
     parser.add_argument("--log-every", type=int, default=100, help="progress every N rounds")
     parser.add_argument(
         "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"

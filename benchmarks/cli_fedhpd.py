@@ -68,22 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="DP noise std over the clip norm (instead of --epsilon, which derives it)",
     )
     parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
-    parser.add_argument(
-        "--kl-direction",
-        default="auto",
-        choices=["auto", "mean_to_local", "local_to_mean"],
-        help="the distillation's KL: mean_to_local is KL(P_mean || P_k), local_to_mean "
-        "KL(P_k || P_mean) (Algorithm 1); auto: the authors' code's choice per task",
-    )
-    parser.add_argument(
-        "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
-    )
-    parser.add_argument(
-        "--virtual-rounds",
-        type=int,
-        default=None,
-        help="rounds the virtual agent that makes S_p trains (task's)",
-    )
+    from securefed.bench.bench_fedhpd import add_distillation_arguments
+
+    add_distillation_arguments(parser)
     parser.add_argument(
         "--learner",
         default="fast",

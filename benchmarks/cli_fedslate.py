@@ -180,9 +180,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed",
         type=int,
-        default=0,
-        help="seed of the environment, the networks and every noise draw (0): reproducible, "
-        "not private",
+        default=None,
+        help="seed the environment, the networks and every key, mask and noise draw "
+        "(reproducible, NOT private); default: secure mode (OS entropy)",
     )
     parser.add_argument(
         "--local-hidden",

@@ -34,14 +34,14 @@ class FedMFRun:
 
     ``transport`` is a name or spec string of :mod:`securefed.transport.registry` and
     ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
-    registry takes them). ``seed``: the run's seed (benchmarks: reproducible, and the record says
-    "seeded: not private"), or ``None`` for secure mode (OS entropy for every key, mask and noise;
-    its checkpoints need ``checkpoint_key``).
+    registry takes them). ``seed``: ``None`` (the default) for secure mode (OS entropy for every
+    key, mask and noise; its checkpoints need ``checkpoint_key``), or the run's seed (tests and
+    benchmarks: reproducible, and the record says "seeded: not private").
     """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
     transport: str = "plaintext"
-    seed: int | None = 0
+    seed: int | None = None
     sampling: ClientSampling = field(default_factory=ClientSampling)
     keep_payloads: RoundSelection = field(default_factory=RoundSelection)
     checkpoint_dir: str | os.PathLike | None = None

@@ -673,7 +673,9 @@ class SlateQConfig:
     ``steps_per_platform``: see :class:`~securefed.rl.envs.choc_kale.ChocKaleConfig`.
 
     Learning (defaults: FedSlate's code, spec section 2): ``episodes``, ``members`` (independent
-    runs advanced together, each its own network, replay and streams), ``seed``,
+    runs advanced together, each its own network, replay and streams), ``seed`` (``None``, the
+    default: secure mode, every stream from OS entropy; an int: the seeded, reproducible run,
+    not private),
     ``local_hidden`` (hidden widths of each platform's Q-network; the code used five layers of
     4096, see docs/fedslate.md for the choice), ``local_arch`` and ``item_degree`` (see
     :class:`LocalQNetwork`), ``activation`` (SiLU by default: the paper's Mish has the same
@@ -698,7 +700,7 @@ class SlateQConfig:
     steps_per_platform: int = 61
     episodes: int = 5000
     members: int = 1
-    seed: int = 0
+    seed: int | None = None
     local_hidden: tuple[int, ...] = (64, 64)
     local_arch: str = "item"
     item_degree: int = 3
@@ -737,8 +739,8 @@ class SlateQConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and (isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"seed must be None (secure mode) or an int >= 0, got {self.seed}")
         if self.buffer_size < 2:
             raise ValueError(f"buffer_size must be >= 2, got {self.buffer_size}")
         if self.burn_in < 0 or self.log_every < 0:
@@ -915,6 +917,12 @@ def resume_counters(
     """Restore ``state`` from ``checkpoints`` when there is one to resume; the loop's counters
     (``episodes`` done, ``rounds``, ``learn`` steps, ``updates``, ``timings``, ``seconds``)."""
     fresh = {"episodes": 0, "rounds": 0, "learn": 0, "updates": {}, "timings": {}, "seconds": 0.0}
+    if checkpoints is not None and config.seed is None:
+        raise ValueError(
+            "a secure-mode run (seed=None) keeps its random streams secret, and an episode "
+            "checkpoint would store their states in the clear: give a seed (--seed) to "
+            "checkpoint a run, or no checkpoint"
+        )
     if checkpoints is None or not checkpoints.should_resume():
         return fresh
     return fresh | state.restore(checkpoints.path, run_fingerprint(algorithm, config))

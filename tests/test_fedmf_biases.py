@@ -299,6 +299,7 @@ def test_validation_chooses_the_rounds_and_refuses_dp(small_split):
 
     run = FedMFRun(
         config=biased_config(dim=4, rounds=60),
+        seed=0,
         progress=False,
         validation=0.2,
         early_stopping=EarlyStopping(patience=2, every=5),
@@ -312,7 +313,8 @@ def test_validation_chooses_the_rounds_and_refuses_dp(small_split):
     )
     with pytest.raises(InsecureParameterError, match="DP ledger"):
         run_fedmf(
-            small_split, FedMFRun(config=biased_config(rounds=5), transport="dp", validation=0.1)
+            small_split,
+            FedMFRun(config=biased_config(rounds=5), transport="dp", seed=0, validation=0.1),
         )
 
 
