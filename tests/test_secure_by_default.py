@@ -71,3 +71,35 @@ def test_the_fedmf_run_of_the_python_api_is_secure_unless_seeded():
     assert record["randomness"] == "secure" and record["seed"] is None
     seeded, _, _ = run_fedmf(split, FedMFRun(config=config, seed=4, progress=False))
     assert seeded["randomness"] == "seeded: not private" and seeded["seed"] == 4
+
+
+def test_fedslate_runs_are_secure_unless_seeded(tmp_path):
+    pytest.importorskip("torch")
+    from securefed.rl.checkpoint import EpisodeCheckpoints
+    from securefed.rl.fedslate import FedSlateConfig, run_fedslate
+    from securefed.rl.slateq import SlateQConfig
+
+    assert SlateQConfig().seed is None and FedSlateConfig().seed is None
+    tiny = {
+        "num_candidates": 6, "slate_size": 2, "steps_per_platform": 12, "episodes": 1,
+        "members": 1, "burn_in": 11, "learn_every": 12, "buffer_size": 16, "batch_size": 4,
+        "local_hidden": (8,), "server_hidden": (4,),
+    }  # fmt: skip
+    secure = [run_fedslate(FedSlateConfig(**tiny)).episode_rewards for _ in range(2)]
+    assert not np.array_equal(*secure)  # fresh OS entropy: other users, other draws
+    seeded = [run_fedslate(FedSlateConfig(**tiny, seed=5)).episode_rewards for _ in range(2)]
+    assert np.array_equal(*seeded)
+    with pytest.raises(ValueError, match=r"secure-mode run .* give a seed"):
+        run_fedslate(FedSlateConfig(**tiny), checkpoints=EpisodeCheckpoints(tmp_path / "c.pt"))
+
+
+def test_the_fedslate_command_is_secure_by_default():
+    pytest.importorskip("torch")
+    import argparse
+
+    from securefed.bench.cli_fedslate import _config, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    assert _config(parser.parse_args(["fedslate"])).seed is None
+    assert _config(parser.parse_args(["fedslate", "--seed", "3"])).seed == 3
