@@ -44,6 +44,7 @@ import numpy as np
 from securefed import RoundSelection, RunOptions, SecurefedError, SeedTree, TransportUnavailable
 from securefed import run_rounds as _run_rounds
 from securefed.bench import datasets
+from securefed.bench.data_options import add_layout_arguments
 from securefed.bench.experiment import WARM_START_TRANSPORT, save_json, warm_start_transport
 from securefed.bench.plugins import (
     AttackPlugin,
@@ -75,6 +76,9 @@ class LeakUtilityConfig:
     Attributes:
         data: data set (``ml-latest-small`` embedded, ``ml-100k``, or a path).
         split: split name (``u1`` for ML-100K; random otherwise).
+        sep, columns, ids: the layout of a ratings file of yours
+            (:func:`securefed.recsys.data.read_ratings_file`; ``--sep``, ``--columns``,
+            ``--ids``).
         rounds: training rounds of every cell.
         variants: the model's variants (``None``: all of the model's, FedMF's are ``fedmf``,
             ``fedrec``, ``fedrec+``).
@@ -99,6 +103,9 @@ class LeakUtilityConfig:
 
     data: str = "ml-latest-small"
     split: str | None = None
+    sep: str | None = None
+    columns: tuple[str | int, ...] | None = None
+    ids: str = "int"
     rounds: int = 200
     variants: tuple[str, ...] | None = None
     transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS.split(","))
@@ -158,7 +165,14 @@ def parse_transport(spec: str) -> tuple[str, dict]:
 
 
 def load_split(config: LeakUtilityConfig) -> Split:
-    split = datasets.load(config.data, config.split, seed=config.seed)
+    split = datasets.load(
+        config.data,
+        config.split,
+        seed=config.seed,
+        sep=config.sep,
+        columns=config.columns,
+        ids=config.ids,
+    )
     if not (config.max_users or config.max_items):
         return split
     rng = np.random.default_rng(config.seed)
@@ -781,6 +795,9 @@ def _main(args: argparse.Namespace) -> int:
     config = LeakUtilityConfig(
         data=args.data,
         split=args.split,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
         rounds=args.rounds,
         variants=tuple(args.variants.split(",")) if args.variants else None,
         transports=tuple(args.transports.split(",")),
@@ -849,6 +866,7 @@ def register(benches) -> None:
         metavar="NAME",
         help="u1..u5/ua/ub for ML-100K; random otherwise (default: random)",
     )
+    add_layout_arguments(parser)
     add(
         "--model",
         default="fedmf",

@@ -296,3 +296,23 @@ def test_pandas_is_an_optional_extra_not_a_core_dependency():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert not any(dep.startswith("pandas") for dep in project["dependencies"])
     assert any(dep.startswith("pandas") for dep in project["optional-dependencies"]["pandas"])
+
+
+def test_leak_utility_reads_a_layout_of_your_own(tmp_path, capsys):
+    """``bench leak-utility`` takes --sep/--columns/--ids like ``fedmf`` (where --data is read)."""
+    from securefed.bench.leak_utility import LeakUtilityConfig, load_split
+
+    lines = ["who;what;stars"] + [
+        f"u{u};m{(u * 7 + k) % 9};{1 + (u + k) % 5}" for u in range(12) for k in range(4)
+    ]
+    path = _write(tmp_path, "\n".join(lines) + "\n", "mine.csv")
+    config = LeakUtilityConfig(
+        data=str(path), sep=";", columns=("who", "what", "stars"), ids="string", rounds=2
+    )
+    split = load_split(config)
+    assert split.train.user_ids.dtype.kind == "U" and split.train.n_users == 12
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "leak-utility", "--sep", ";", "--columns", "who,what,stars", "--help"])
+    assert stop.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--sep SEP" in shown and "--columns USER,ITEM,RATING[,TIMESTAMP]" in shown
