@@ -131,7 +131,8 @@ RECORDED_KEYS = _words(
     "accountant dp_clip dp_noise dp_noise_multiplier dp_sigma dp_sigma_effective "
     "inner_transport privacy_ledger noise_multiplier dp_modulus_bits dp_min_contributors "
     "dp_contributors ddp_bits ddp_gamma ddp_dim ddp_padded_dim ddp_chunks ddp_beta ddp_noise "
-    "ddp_l2_units ddp_l1_units ddp_min_contributors "
+    "ddp_l2_units ddp_l1_units ddp_min_contributors dp_colluders dp_colluders_assumed "
+    "dp_sigma_server "
     # FedMF and the command line's run record
     "dim lr server_lr reg_user reg_item row_reg_item init_std local_steps user_step "
     "gradient_user_vector offset rating_scale chunk_ratings count_cap min_item_weight "
