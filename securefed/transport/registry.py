@@ -238,10 +238,10 @@ class CKKSOptions:
                 "then reveal the secret key (Li and Micciancio 2021); leave it unset for the floor"
             )
         bits = self.flood_security_bits
-        if bits is not None and not (math.isfinite(bits) and 1 <= bits <= 128):
+        if bits is not None and not (math.isfinite(bits) and bits <= 128):
             raise ValueError(
-                f"{owner} option 'flood_security_bits' must lie in [1, 128], got {bits!r}"
-            )
+                f"{owner} option 'flood_security_bits' must be a number <= 128, got {bits!r}"
+            )  # the floor (MIN_FLOODING_SECURITY_BITS) is the Flooding's own, refused at build
         if self.secret_context and self.public_context:
             raise ValueError(
                 "give CKKS either secret_context (the key holders' file) or public_context (the "
