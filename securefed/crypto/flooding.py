@@ -10,9 +10,10 @@ import math
 
 MIN_FLOODING_SECURITY_BITS = 20
 """The lowest flooding level accepted outside
-:meth:`securefed.crypto.ckks.Flooding.unsafe_for_tests`: FedSlate's module fusion releases its batch sums at this level (KL at most ``2^-20`` per value); a weaker
-level (``ckks:flood_security_bits=1``: KL up to 1/2 per value) is refused when the flooding is
-built, and the audit flags a record of one (``ckks-flooding-weak``)."""
+:meth:`securefed.crypto.ckks.Flooding.unsafe_for_tests`: FedSlate's module fusion releases its
+batch sums at this level (KL at most ``2^-20`` per value); a weaker level
+(``ckks:flood_security_bits=1``: KL up to 1/2 per value) is refused when the flooding is built,
+and the audit flags a record of one (``ckks-flooding-weak``)."""
 
 
 def flooding_floor(error_bound: float, security_bits: float) -> float:
