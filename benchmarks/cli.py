@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
@@ -212,6 +211,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
+    from securefed.integrity import read_key_file
     from securefed.recsys.fedmf import (
         FedMFConfig,
         biased_config,
@@ -228,7 +228,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
     if args.checkpoint_key_file is not None:
-        checkpoint_key = Path(args.checkpoint_key_file).read_bytes()
+        checkpoint_key = read_key_file(args.checkpoint_key_file)
     given = {
         "variant": args.variant,
         "dim": args.dim,

@@ -146,9 +146,10 @@ def table(report: dict[str, object]) -> str:
 
 def run_attack(args: argparse.Namespace) -> int:
     from securefed.attacks.verify import verify
+    from securefed.integrity import read_key_file
     from securefed.views import ServerView
 
-    key = Path(args.view_key_file).read_bytes() if args.view_key_file else None
+    key = read_key_file(args.view_key_file) if args.view_key_file else None
     view = ServerView.load(args.view, key=key)
     truth, described = truth_for(view, args.truth, args.split, args.split_seed)
     report = verify(view, truth, rounds=parse_rounds(args.rounds)).to_dict()
