@@ -200,8 +200,9 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--checkpoint-key-file",
         default=None,
-        help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
-        "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
+        help="file of at least 16 bytes, mode 0600 (refused otherwise): the keys of the "
+        "checkpoints' HMACs and of the encryption of their client state and a secure-mode run's "
+        "entropy derive from it (needed to checkpoint a run without --seed)",
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run_fedmf)

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--view-key-file",
         default=None,
-        help="file holding the HMAC key the view was saved with (default: an unkeyed digest)",
+        help="file (mode 0600) holding the HMAC key the view was saved with (default: unkeyed)",
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report here")
     parser.add_argument(

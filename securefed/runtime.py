@@ -134,8 +134,10 @@ class RunOptions:
         fingerprint: the run's configuration; a checkpoint of a different one is refused.
         first_round: the round to start from when no checkpoint is resumed (a run whose earlier
             rounds went through another transport, e.g. a plaintext warm start).
-        checkpoint_key: optional key (at least 16 bytes) for HMAC digests of the checkpoints
-            (else SHA-256, which detects corruption but not a deliberate edit).
+        checkpoint_key: optional key (at least 16 bytes) from which the checkpoints' keys
+            derive: the HMAC digests (else SHA-256, which detects corruption but not a
+            deliberate edit) and the AES-256-GCM sealing of the algorithm's client-private
+            state and of a secure run's root entropy (:class:`Checkpoints`).
         on_budget_exhausted: what a round refused for its privacy budget does: ``"stop"`` ends
             the run there and returns the history of the rounds done, with
             :attr:`RunHistory.stop_reason` saying why; ``"raise"`` lets
