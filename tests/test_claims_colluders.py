@@ -217,3 +217,15 @@ def test_a_stand_in_is_charged_for_its_deployments_honest_noise():
     rnd.result()
     ((sigma, rate, _),) = ledger.server_history
     assert (sigma, rate) == (pytest.approx(math.sqrt(3 / 4)), 1.0)
+
+
+def test_the_audit_flags_a_server_epsilon_that_assumes_fewer_colluders_than_expected():
+    from securefed.audit import audit
+
+    base = {"transport": "secagg+dp", "placement": "distributed", "expected_colluders": 10}
+    assert "epsilon-server-ignores-colluders" in audit({**base, "dp_colluders": 0}).codes
+    assert "epsilon-server-ignores-colluders" not in audit({**base, "dp_colluders": 10}).codes
+    # A real transport records its colluders for the audit to compare.
+    dp = _float_round(4, 1)
+    dp.view.public["expected_colluders"] = 2
+    assert "epsilon-server-ignores-colluders" in audit(dp.view).codes

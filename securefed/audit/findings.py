@@ -114,7 +114,8 @@ AUDITED_KEYS = _words(
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "ckks_flooding_security_bits ckks_flooding_unsafe_for_tests "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
-    "aggregation uploads_reveal epsilon_budget_against randomness dp_mechanism ddp_wrap_bound"
+    "aggregation uploads_reveal epsilon_budget_against randomness dp_mechanism ddp_wrap_bound "
+    "dp_colluders"
 )
 # Keys that securefed's components record and the checks need not read (parameters of the
 # mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
@@ -134,8 +135,7 @@ RECORDED_KEYS = _words(
     "accountant dp_clip dp_noise dp_noise_multiplier dp_sigma dp_sigma_effective "
     "inner_transport privacy_ledger noise_multiplier dp_modulus_bits dp_min_contributors "
     "dp_contributors ddp_bits ddp_gamma ddp_dim ddp_padded_dim ddp_chunks ddp_beta ddp_noise "
-    "ddp_l2_units ddp_l1_units ddp_min_contributors dp_colluders dp_colluders_assumed "
-    "dp_sigma_server "
+    "ddp_l2_units ddp_l1_units ddp_min_contributors dp_colluders_assumed dp_sigma_server "
     # FedMF and the command line's run record
     "dim lr server_lr reg_user reg_item row_reg_item init_std local_steps user_step "
     "gradient_user_vector offset rating_scale chunk_ratings count_cap min_item_weight "
@@ -928,6 +928,34 @@ def check_server_epsilon(config: Mapping[str, object]) -> list[Finding]:
     return findings
 
 
+def check_dp_colluders(config: Mapping[str, object]) -> list[Finding]:
+    """Distributed DP whose server epsilon assumes fewer colluders than the record states.
+
+    ``dp_colluders`` (a count, or a fraction of each round's clients) is what the ledger's
+    ``epsilon_server`` accounts for; ``expected_colluders`` (a count) is what the run says may
+    collude. Fewer in the first overstates the guarantee against the server and them.
+    """
+    findings: list[Finding] = []
+    if _text(config, "placement", "dp_placement") != "distributed":
+        return findings
+    assumed = _number(config, "dp_colluders", findings)
+    expected = _number(config, "expected_colluders", findings)
+    if assumed is None or expected is None or 0 < assumed < 1:
+        return findings  # a fraction: its count depends on the round's clients
+    if assumed < expected:
+        findings.append(
+            Finding(
+                "error",
+                "epsilon-server-ignores-colluders",
+                f"the ledger's epsilon against the server assumes {assumed:g} colluding "
+                f"client(s) (dp_colluders), the run expects {expected:g} "
+                "(expected_colluders): each colluder subtracts its own noise share; set "
+                "colluders on the DP transport to at least the expected number",
+            )
+        )
+    return findings
+
+
 def check_flooding(config: Mapping[str, object]) -> list[Finding]:
     """CKKS decryptions released without noise flooding above the decryption error.
 
@@ -1061,6 +1089,7 @@ CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_dp_denominator,
     check_uploads,
     check_server_epsilon,
+    check_dp_colluders,
     check_flooding,
 )
 
