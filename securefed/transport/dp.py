@@ -40,8 +40,12 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
      is charged for what it carries, never for what was planned. (The contributors' noise is
      taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
-     in advance: Kairouz et al. 2021.) Against the server ``(sigma_eff, 1)``; over a plaintext
-     inner transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
+     in advance: Kairouz et al. 2021.) Against the server ``(sigma_honest, 1)``: the noise of
+     the honest contributors only, since each of the ``colluders`` clients assumed to collude
+     with it (``DPTransport(colluders=...)``, default 0) subtracts its own share
+     (``sigma_honest = sigma * sqrt((sum_k w_k^2 - the c largest w_k^2) / n)``; ``sigma_eff``
+     with none; no guarantee when none is honest); over a plaintext inner transport, where it
+     reads each update, ``(sigma / sqrt(n), 1)``.
    * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
      release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
      (its update vs no update), and the server knows who submitted, so no amplification by
@@ -79,6 +83,7 @@ in secure mode, or ``secure=True``, from :class:`~securefed.privacy.noise.Secure
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -225,12 +230,12 @@ def check_colluders(colluders: object) -> None:
         TypeError: a bool, a string or any other type.
         ValueError: a negative count, or a fraction outside ``[0, 1)`` (a count is an int).
     """
-    if isinstance(colluders, bool) or not isinstance(colluders, (int, float)):
+    if isinstance(colluders, bool) or not isinstance(colluders, (numbers.Integral, float)):
         raise TypeError(
             f"colluders must be an int (a count) or a float in [0, 1) (a fraction of the "
             f"clients asked), got {type(colluders).__name__} {colluders!r}"
         )
-    if isinstance(colluders, int) and colluders < 0:
+    if isinstance(colluders, numbers.Integral) and colluders < 0:
         raise ValueError(f"colluders must be a count >= 0, got {colluders}")
     if isinstance(colluders, float) and not 0 <= colluders < 1:
         raise ValueError(
@@ -246,7 +251,8 @@ def colluders_in_round(colluders: int | float, n_asked: int, n_contributors: int
     ``n_contributors`` (the worst case: every colluder contributes, so the honest noise in the
     sum is the least the rule allows).
     """
-    count = colluders if isinstance(colluders, int) else math.ceil(colluders * n_asked)
+    integral = isinstance(colluders, numbers.Integral)
+    count = colluders if integral else math.ceil(colluders * n_asked)
     return min(int(count), int(n_contributors))
 
 
