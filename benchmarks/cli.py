@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
@@ -201,8 +200,9 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--checkpoint-key-file",
         default=None,
-        help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
-        "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
+        help="file of at least 16 bytes, mode 0600 (refused otherwise): the keys of the "
+        "checkpoints' HMACs and of the encryption of their client state and a secure-mode run's "
+        "entropy derive from it (needed to checkpoint a run without --seed)",
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run_fedmf)
@@ -212,6 +212,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
+    from securefed.integrity import read_key_file
     from securefed.recsys.fedmf import (
         FedMFConfig,
         biased_config,
@@ -228,7 +229,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
     if args.checkpoint_key_file is not None:
-        checkpoint_key = Path(args.checkpoint_key_file).read_bytes()
+        checkpoint_key = read_key_file(args.checkpoint_key_file)
     given = {
         "variant": args.variant,
         "dim": args.dim,

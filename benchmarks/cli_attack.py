@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--view-key-file",
         default=None,
-        help="file holding the HMAC key the view was saved with (default: an unkeyed digest)",
+        help="file (mode 0600) holding the HMAC key the view was saved with (default: unkeyed)",
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report here")
     parser.add_argument(
@@ -146,9 +146,10 @@ def table(report: dict[str, object]) -> str:
 
 def run_attack(args: argparse.Namespace) -> int:
     from securefed.attacks.verify import verify
+    from securefed.integrity import read_key_file
     from securefed.views import ServerView
 
-    key = Path(args.view_key_file).read_bytes() if args.view_key_file else None
+    key = read_key_file(args.view_key_file) if args.view_key_file else None
     view = ServerView.load(args.view, key=key)
     truth, described = truth_for(view, args.truth, args.split, args.split_seed)
     report = verify(view, truth, rounds=parse_rounds(args.rounds)).to_dict()
