@@ -447,9 +447,37 @@ def write_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> N
         for name, value in arrays.items():
             value = np.asarray(value)
             member = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_TIME)
-            member.compress_type = zipfile.ZIP_DEFLATED if _compresses(value) else zipfile.ZIP_STORED
+            member.compress_type = (
+                zipfile.ZIP_DEFLATED if _compresses(value) else zipfile.ZIP_STORED
+            )
             with archive.open(member, "w", force_zip64=True) as stream:
                 np.lib.format.write_array(stream, value, allow_pickle=False)
+
+
+def saved_bytes_by_round(directory: str | os.PathLike) -> dict[int, int]:
+    """Bytes of a saved view's ``arrays.npz`` that each round's arrays take on disk.
+
+    Each member counts its local header, its (compressed) data and its entry in the archive's
+    central directory; the archive's end records (a few dozen bytes) count for no round. What
+    ``docs/serverview.md`` ("What a view costs") reports, and what tests compare across
+    transports (bytes are portable; times are not).
+
+    Raises:
+        ViewFormatError: a member whose name starts with no ``r{round}/``.
+    """
+    path = Path(directory) / ARRAYS_FILE
+    with zipfile.ZipFile(path) as archive:
+        members = sorted(archive.infolist(), key=lambda info: info.header_offset)
+        ends = [m.header_offset for m in members[1:]] + [archive.start_dir]
+        totals: dict[int, int] = {}
+        for member, end in zip(members, ends, strict=True):
+            match = re.match(r"r(\d+)/", member.filename)
+            if match is None:
+                raise ViewFormatError(f"{path}: member {member.filename!r} belongs to no round")
+            central = 46 + len(member.filename.encode()) + len(member.extra) + len(member.comment)
+            round_id = int(match.group(1))
+            totals[round_id] = totals.get(round_id, 0) + end - member.header_offset + central
+    return totals
 
 
 COMPRESS_BELOW = 0.9
@@ -636,9 +664,7 @@ def _pack_payloads(
         kinds = {(v.dtype.str, v.shape[1:]) for v in values}
         if len(kinds) == 1 and all(v.ndim >= 1 for v in values):
             arrays[f"{prefix}/packed/{name}/values"] = np.concatenate(values, axis=0)
-            arrays[f"{prefix}/packed/{name}/lengths"] = np.array(
-                [len(v) for v in values], np.int64
-            )
+            arrays[f"{prefix}/packed/{name}/lengths"] = np.array([len(v) for v in values], np.int64)
         else:
             for client, value in zip(holders, values, strict=True):
                 arrays[f"{prefix}/payload/{client}/{name}"] = value
