@@ -44,6 +44,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -291,7 +292,7 @@ class ServerView:
             directory: the view's folder.
             key: optional key (at least 16 bytes) for an HMAC-SHA256 digest instead of SHA-256.
         """
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, np.ndarray | Callable[[], np.ndarray]] = {}
         rounds = []
         for view in self.rounds:
             prefix = f"r{view.round_id}"
@@ -325,7 +326,7 @@ class ServerView:
             "public": self.public,
             "rounds": rounds,
         }
-        return save_record(directory, manifest, arrays, key=key)
+        return save_record(directory, manifest, _Deferred(arrays), key=key)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, *, key: bytes | None = None) -> ServerView:
@@ -645,7 +646,7 @@ def _load_round(
 
 def _pack_payloads(
     prefix: str, payloads: Mapping[int, Mapping[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
+) -> dict[str, np.ndarray | Callable[[], np.ndarray]]:
     """A round's payloads as arrays: each field packed over its clients where it can be.
 
     A field that every client holding it sent as an array of at least one dimension, of one
@@ -654,21 +655,41 @@ def _pack_payloads(
     ascending client order) and ``{prefix}/packed/{field}/lengths`` (int64, each client's first
     axis). Any other field is stored per client, ``{prefix}/payload/{client}/{field}``. Packing
     saves the per-array overhead of the archive (about 400 bytes), which dominates a round of
-    many clients with small fields (secure aggregation's keys, shares and digests).
+    many clients with small fields (secure aggregation's keys, shares and digests). A packed
+    field's values are returned as a function that concatenates them, called when the archive
+    writes them (:class:`_Deferred`): saving holds one packed copy at a time, not a round's.
     """
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray | Callable[[], np.ndarray]] = {}
     names = sorted({name for fields in payloads.values() for name in fields})
     for name in names:
         holders = sorted(c for c, fields in payloads.items() if name in fields)
         values = [np.asarray(payloads[c][name]) for c in holders]
         kinds = {(v.dtype.str, v.shape[1:]) for v in values}
         if len(kinds) == 1 and all(v.ndim >= 1 for v in values):
-            arrays[f"{prefix}/packed/{name}/values"] = np.concatenate(values, axis=0)
+            arrays[f"{prefix}/packed/{name}/values"] = partial(np.concatenate, values, axis=0)
             arrays[f"{prefix}/packed/{name}/lengths"] = np.array([len(v) for v in values], np.int64)
         else:
             for client, value in zip(holders, values, strict=True):
                 arrays[f"{prefix}/payload/{client}/{name}"] = value
     return arrays
+
+
+class _Deferred(Mapping):
+    """Named arrays, some given as functions that build them when first read (each read builds
+    anew: the archive reads each once, then drops it)."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray | Callable[[], np.ndarray]]) -> None:
+        self._arrays = dict(arrays)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        value = self._arrays[name]
+        return value() if callable(value) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
 
 
 def _unpack_payloads(
