@@ -87,3 +87,27 @@ def test_loader_options_from_a_newer_view_are_refused_by_name():
     with pytest.raises(ValueError, match=r"\['sep'\].*newer version"):
         LoaderOptions.from_dict({"split": "random", "sep": ";"})
     assert LoaderOptions.from_dict({}) == LoaderOptions()
+
+
+def test_a_view_saved_before_loader_options_takes_them_from_the_command_line(tmp_path, capsys):
+    """The error for such a view names --duplicates, which the attack now takes."""
+    from securefed.views import ServerView
+
+    data = tmp_path / "ratings.tsv"
+    write_ratings(data, repeats=9, half_stars=False)
+    view = ServerView.load(saved_run(tmp_path, data, ["--duplicates", "last"]))
+    recorded = view.public["data"]
+    # What views recorded before `loader`: the name, the source, the split and its seed.
+    view.public["data"] = {
+        "name": recorded["name"],
+        "source": str(data),
+        "split": None,
+        "split_seed": 0,
+    }
+    view.save(tmp_path / "legacy")
+    capsys.readouterr()
+    assert attack(tmp_path / "legacy", data, tmp_path / "a.json") == 2
+    assert "(--duplicates)" in capsys.readouterr().err
+    assert attack(tmp_path / "legacy", data, tmp_path / "a.json", "--duplicates", "last") == 0
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["overall"]["exact_share"] == 1.0 and report["truth"]["source_sha256"] is None
