@@ -19,14 +19,16 @@ Saved format (``ServerView.save(directory, key=None)``), version 3, no pickle an
   "aggregate": [names], "broadcast": [names]}``. ``digest`` is SHA-256 (HMAC-SHA256 with a key)
   over the manifest's content and the bytes of ``arrays.npz`` (:mod:`securefed.integrity`).
 * ``arrays.npz``: ``r{round}/clients``, ``r{round}/bytes_up`` and ``r{round}/bytes_down`` (int64,
-  aligned with the clients array), ``r{round}/payload/{client}/{field}``,
-  ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``; exactly the names the
+  aligned with the clients array), ``r{round}/packed/{field}/values`` and ``.../lengths`` (a
+  payload field of every client that sent it, concatenated in ascending client order, and each
+  client's first-axis length), ``r{round}/payload/{client}/{field}`` (a field that cannot be
+  packed), ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``; exactly the names the
   manifest's ``arrays`` lists, each deflated where that helps (:func:`write_arrays`). Loaded
   with ``allow_pickle=False``.
 
 Version 3 differs from 2 in what secure aggregation records (a masked upload's SHA-256,
-``masked_sha256``, unless the transport keeps the integers) and in the compression; the
-manifest is the same, and version 2 files are read as they are.
+``masked_sha256``, unless the transport keeps the integers), in the packed payload fields and
+in the compression; the manifest's keys are the same, and version 2 files are read as they are.
 
 :meth:`ServerView.load` refuses, with :class:`~securefed.errors.ViewFormatError` naming the file
 and the cause, anything else: a missing or corrupt file, another format or version (version 1
@@ -56,8 +58,8 @@ FORMAT_NAME = "securefed.server_view"
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (2, 3)
 """Versions :meth:`ServerView.load` reads: 3 (secure aggregation's masked uploads recorded by
-digest unless kept, arrays compressed where it helps) and 2 (the same manifest; read as is).
-Version 1 files carried no digest and are refused."""
+digest unless kept, payload fields packed, arrays compressed where it helps) and 2 (payloads one
+array per client and field; read as is). Version 1 files carried no digest and are refused."""
 
 
 @dataclass(frozen=True)
@@ -491,8 +493,7 @@ def _compresses(value: np.ndarray) -> bool:
     """Whether deflating ``value`` pays: judged on its first :data:`_COMPRESS_SAMPLE` bytes."""
     if value.dtype.hasobject:
         raise ValueError("object arrays cannot be saved (nothing is pickled)")
-    flat = value.reshape(-1)
-    sample = flat[: max(1, _COMPRESS_SAMPLE // max(value.itemsize, 1))].tobytes()
+    sample = value.flat[: max(1, _COMPRESS_SAMPLE // max(value.itemsize, 1))].tobytes()
     return len(zlib.compress(sample, 1)) < COMPRESS_BELOW * len(sample)
 
 
@@ -506,9 +507,8 @@ def load_record(
     """Read and verify a folder written by :func:`save_record`.
 
     Checks, in order: both files exist, the manifest is JSON of ``format_name`` at one of
-    ``versions``,
-    the digest matches the manifest and ``arrays.npz``, and ``arrays.npz`` holds exactly the
-    arrays the manifest names.
+    ``versions``, the digest matches the manifest and ``arrays.npz``, and ``arrays.npz`` holds
+    exactly the arrays the manifest names.
 
     Returns:
         The manifest (without ``arrays`` and ``digest``) and every array, loaded.
