@@ -46,7 +46,6 @@ import zipfile
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -294,7 +293,7 @@ class ServerView:
             directory: the view's folder.
             key: optional key (at least 16 bytes) for an HMAC-SHA256 digest instead of SHA-256.
         """
-        arrays: dict[str, np.ndarray | Callable[[], np.ndarray]] = {}
+        arrays: dict[str, np.ndarray | Concatenation] = {}
         rounds = []
         for view in self.rounds:
             prefix = f"r{view.round_id}"
@@ -328,7 +327,7 @@ class ServerView:
             "public": self.public,
             "rounds": rounds,
         }
-        return save_record(directory, manifest, _Deferred(arrays), key=key)
+        return save_record(directory, manifest, arrays, key=key)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, *, key: bytes | None = None) -> ServerView:
@@ -401,7 +400,7 @@ _RECORD_KEYS = frozenset({"arrays", "digest"})
 def save_record(
     directory: str | os.PathLike,
     manifest: Mapping[str, object],
-    arrays: Mapping[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray | Concatenation],
     *,
     key: bytes | None = None,
 ) -> Path:
@@ -433,7 +432,7 @@ def save_record(
     return directory
 
 
-def write_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+def write_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray | Concatenation]) -> None:
     """Write ``arrays`` as an ``.npz`` archive, each member deflated where that helps.
 
     The archive is what :func:`numpy.savez` writes (one ``NAME.npy`` member per array, read by
@@ -448,13 +447,17 @@ def write_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> N
     """
     with zipfile.ZipFile(path, "w", allowZip64=True) as archive:
         for name, value in arrays.items():
-            value = np.asarray(value)
+            if not isinstance(value, Concatenation):
+                value = np.asarray(value)
             member = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_TIME)
             member.compress_type = (
                 zipfile.ZIP_DEFLATED if _compresses(value) else zipfile.ZIP_STORED
             )
             with archive.open(member, "w", force_zip64=True) as stream:
-                np.lib.format.write_array(stream, value, allow_pickle=False)
+                if isinstance(value, Concatenation):
+                    value.write(stream)
+                else:
+                    np.lib.format.write_array(stream, value, allow_pickle=False)
 
 
 def saved_bytes_by_round(directory: str | os.PathLike) -> dict[int, int]:
@@ -489,11 +492,14 @@ _COMPRESS_SAMPLE = 1 << 16  # bytes of a member's start that decide
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry: reproducible archives
 
 
-def _compresses(value: np.ndarray) -> bool:
+def _compresses(value: np.ndarray | Concatenation) -> bool:
     """Whether deflating ``value`` pays: judged on its first :data:`_COMPRESS_SAMPLE` bytes."""
     if value.dtype.hasobject:
         raise ValueError("object arrays cannot be saved (nothing is pickled)")
-    sample = value.flat[: max(1, _COMPRESS_SAMPLE // max(value.itemsize, 1))].tobytes()
+    if isinstance(value, Concatenation):
+        sample = value.head(_COMPRESS_SAMPLE)
+    else:
+        sample = value.flat[: max(1, _COMPRESS_SAMPLE // max(value.itemsize, 1))].tobytes()
     return len(zlib.compress(sample, 1)) < COMPRESS_BELOW * len(sample)
 
 
@@ -646,7 +652,7 @@ def _load_round(
 
 def _pack_payloads(
     prefix: str, payloads: Mapping[int, Mapping[str, np.ndarray]]
-) -> dict[str, np.ndarray | Callable[[], np.ndarray]]:
+) -> dict[str, np.ndarray | Concatenation]:
     """A round's payloads as arrays: each field packed over its clients where it can be.
 
     A field that every client holding it sent as an array of at least one dimension, of one
@@ -657,16 +663,16 @@ def _pack_payloads(
     saves the per-array overhead of the archive (about 400 bytes), which dominates a round of
     many clients with small fields (secure aggregation's keys, shares and digests). A packed
     field's values are returned as a function that concatenates them, called when the archive
-    writes them (:class:`_Deferred`): saving holds one packed copy at a time, not a round's.
+    writes them (:class:`Concatenation`): the archive streams the pieces, nothing is copied.
     """
-    arrays: dict[str, np.ndarray | Callable[[], np.ndarray]] = {}
+    arrays: dict[str, np.ndarray | Concatenation] = {}
     names = sorted({name for fields in payloads.values() for name in fields})
     for name in names:
         holders = sorted(c for c, fields in payloads.items() if name in fields)
         values = [np.asarray(payloads[c][name]) for c in holders]
         kinds = {(v.dtype.str, v.shape[1:]) for v in values}
         if len(kinds) == 1 and all(v.ndim >= 1 for v in values):
-            arrays[f"{prefix}/packed/{name}/values"] = partial(np.concatenate, values, axis=0)
+            arrays[f"{prefix}/packed/{name}/values"] = Concatenation(values)
             arrays[f"{prefix}/packed/{name}/lengths"] = np.array([len(v) for v in values], np.int64)
         else:
             for client, value in zip(holders, values, strict=True):
@@ -674,22 +680,50 @@ def _pack_payloads(
     return arrays
 
 
-class _Deferred(Mapping):
-    """Named arrays, some given as functions that build them when first read (each read builds
-    anew: the archive reads each once, then drops it)."""
+@dataclass(frozen=True)
+class Concatenation:
+    """Arrays of one dtype and one shape beyond the first axis, to be saved as one array
+    concatenated along its first axis: :func:`write_arrays` streams the pieces into the archive
+    without building the whole (what ``numpy.concatenate(pieces)`` would give, byte for byte).
+    """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray | Callable[[], np.ndarray]]) -> None:
-        self._arrays = dict(arrays)
+    pieces: tuple[np.ndarray, ...]
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        value = self._arrays[name]
-        return value() if callable(value) else value
+    def __init__(self, pieces: Collection[np.ndarray]) -> None:
+        pieces = tuple(np.asarray(p) for p in pieces)
+        if not pieces or len({(p.dtype.str, p.shape[1:]) for p in pieces}) != 1:
+            raise ValueError("a concatenation needs pieces of one dtype and trailing shape")
+        if any(p.ndim < 1 for p in pieces):
+            raise ValueError("a concatenation needs pieces of at least one dimension")
+        object.__setattr__(self, "pieces", pieces)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
+    @property
+    def dtype(self) -> np.dtype:
+        return self.pieces[0].dtype
 
-    def __len__(self) -> int:
-        return len(self._arrays)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(len(p) for p in self.pieces), *self.pieces[0].shape[1:])
+
+    def head(self, nbytes: int) -> bytes:
+        """The first ``nbytes`` (or fewer) bytes of the concatenation, in C order."""
+        out, left = [], nbytes
+        for piece in self.pieces:
+            if left <= 0:
+                break
+            chunk = piece.flat[: -(-left // max(piece.itemsize, 1))].tobytes()
+            out.append(chunk)
+            left -= len(chunk)
+        return b"".join(out)[:nbytes]
+
+    def write(self, stream) -> None:
+        """Write the concatenation as one ``.npy`` array (format 1.0) into ``stream``."""
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(stream, header | {"shape": self.shape})
+        if self.dtype.hasobject:
+            raise ValueError("object arrays cannot be saved (nothing is pickled)")
+        for piece in self.pieces:
+            stream.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
 
 
 def _unpack_payloads(
