@@ -723,7 +723,8 @@ class Concatenation:
         if self.dtype.hasobject:
             raise ValueError("object arrays cannot be saved (nothing is pickled)")
         for piece in self.pieces:
-            stream.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
+            if piece.size:  # an empty piece adds no bytes (and no memoryview casts it)
+                stream.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
 
 
 def _unpack_payloads(

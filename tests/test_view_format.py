@@ -28,11 +28,13 @@ from securefed.transport import (
     transport_names,
 )
 from securefed.views import (
+    Concatenation,
     ServerView,
     ViewFormatError,
     load_record,
     save_record,
     saved_bytes_by_round,
+    write_arrays,
 )
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "serverview.md"
@@ -208,3 +210,13 @@ def test_a_packed_field_whose_lengths_do_not_split_it_is_refused(split, tmp_path
     save_record(tmp_path / "bad", manifest, arrays)
     with pytest.raises(ViewFormatError, match="do not split its"):
         ServerView.load(tmp_path / "bad")
+
+
+def test_a_packed_field_is_written_as_its_concatenation(tmp_path):
+    pieces = [np.arange(6.0).reshape(3, 2), np.zeros((0, 2)), np.asfortranarray([[7.0, 8.0]])]
+    write_arrays(tmp_path / "a.npz", {"x": Concatenation(pieces), "y": np.arange(3)})
+    with np.load(tmp_path / "a.npz", allow_pickle=False) as stored:
+        np.testing.assert_array_equal(stored["x"], np.concatenate(pieces))
+        assert stored["x"].dtype == np.float64 and stored["y"].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="one dtype"):
+        Concatenation([np.zeros(2), np.zeros(2, np.int64)])
