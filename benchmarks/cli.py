@@ -222,9 +222,18 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
-    split = datasets.load(
-        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+    loader = datasets.LoaderOptions(
+        split=args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
     )
+    split = datasets.load_with(args.data, loader)
+    # What `securefed attack` needs to rebuild the truth: public names and a digest, no ratings.
+    described = {
+        "name": split.name,
+        "source": str(args.data),
+        "source_sha256": datasets.source_sha256(args.data) if args.save_view else None,
+        "loader": loader.to_dict(),
+        "validation": args.validation,
+    }
     if split.train.load_report is not None:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
@@ -298,13 +307,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     if args.save_view:
-        # What `securefed attack` needs to rebuild the truth: public names, no ratings.
-        transport.view.public["data"] = {
-            "name": split.name,
-            "source": str(args.data),
-            "split": args.split,
-            "split_seed": args.split_seed,
-        }
+        transport.view.public["data"] = described
         transport.view.save(args.save_view)
         record["view"] = str(args.save_view)
     if args.json:

@@ -304,7 +304,7 @@ def _add_foreign_payload_array(view: Path) -> None:
     """Make the foreign payload self-consistent: its array exists and is named."""
     with np.load(view / "arrays.npz") as stored:
         arrays = {name: stored[name] for name in stored.files}
-    arrays["r0/payload/99/masked"] = arrays["r0/payload/0/masked"]
+    arrays["r0/payload/99/masked"] = arrays["r0/packed/c_public/values"][:32]
     np.savez(view / "arrays.npz", **arrays)
     _edit_json(view / "manifest.json", lambda m: m.update(arrays=sorted(arrays)))
 

@@ -124,7 +124,7 @@ RECORDED_KEYS = _words(
     "bits scale clip failure_target prg aead key_agreement kdf shamir_field secagg_graph_seed "
     "secagg_parties secagg_users secagg_party_members secagg_party_learns "
     "secagg_scale secagg_error_bound_sum secagg_error_bound_mean out_of_range "
-    "secagg_values_clipped signatures auth "
+    "secagg_values_clipped signatures auth keep_masked view_keeps_masked "
     # CKKS
     "ckks_scheme ckks_total_coeff_bits ckks_max_coeff_bits_128 ckks_scale_bits ckks_slots "
     "ckks_levels ckks_data_primes ckks_encryption ckks_key_model key_model max_clients value_bound "

@@ -138,6 +138,8 @@ class SecAggOptions:
             carries only the latter and says so).
         auth: the malicious variant's authentication, ``macs`` (default) or ``signatures``
             (:attr:`~securefed.transport.secagg.SecAggConfig.auth`).
+        keep_masked: in the rounds the view keeps, keep each client's masked integers too
+            (by default their SHA-256 only: :class:`~securefed.transport.secagg.SecAggTransport`).
     """
 
     bits: int = 64
@@ -153,6 +155,7 @@ class SecAggOptions:
     remote_clients: bool = False
     server: str = "malicious"
     auth: str = "macs"
+    keep_masked: bool = False
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -751,6 +754,7 @@ def _secagg(options: Mapping[str, object], run: BuildContext) -> Transport:
         keep_payloads=run.keep_payloads,
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
+        keep_masked=secagg.keep_masked,
     )
 
 
@@ -880,6 +884,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         keep_payloads=run.keep_payloads,
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
+        keep_masked=secagg.keep_masked,
     )
     return integer_dp_around(inner, dp, ledger, run.sample_rate, run.total_rounds)
 
