@@ -3,6 +3,7 @@ pandas DataFrame, and the same line-numbered errors."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -316,3 +317,17 @@ def test_leak_utility_reads_a_layout_of_your_own(tmp_path, capsys):
     assert stop.value.code == 0
     shown = capsys.readouterr().out
     assert "--sep SEP" in shown and "--columns USER,ITEM,RATING[,TIMESTAMP]" in shown
+
+
+def test_a_saved_view_records_the_layout_and_the_attack_rebuilds_from_it(tmp_path):
+    """``--sep``/``--columns``/``--ids`` are loader options: the view records them."""
+    from securefed.bench.datasets import LoaderOptions, load_with
+
+    options = LoaderOptions(sep=";", columns=("who", "what", "stars"), ids="string")
+    recorded = json.loads(json.dumps(options.to_dict()))  # as a view stores it: lists
+    assert LoaderOptions.from_dict(recorded) == options
+    lines = ["who;what;stars"] + [f"u{u};m{u % 5};{1 + u % 5}" for u in range(10)]
+    path = _write(tmp_path, "\n".join(lines) + "\n", "mine.csv")
+    assert load_with(str(path), LoaderOptions.from_dict(recorded)).train.n_users <= 10
+    with pytest.raises(ValueError, match="'ids' is 'int' or 'string'"):
+        LoaderOptions(ids="uuid")
