@@ -58,6 +58,7 @@ from securefed.bench.plugins import (
     register_attack,
     register_model,
 )
+from securefed.bench.tables import markdown_table
 from securefed.server_optim import ServerOptimiserConfig
 from securefed.torch import AdaptiveClipping, Client, FedAvg, FedAvgConfig
 
@@ -542,12 +543,17 @@ def one_round_agreement(schedule: Schedule, out: Path) -> list[dict]:
         "transport from the same start: the largest deviation of any coordinate of the mean "
         "update from plaintext's, against the transport's stated bound.",
         "",
-        "| transport | max deviation of the mean | stated bound | within |",
-        "|---|---|---|---|",
-        *(
-            f"| {r['transport']} | {r['max_abs_deviation_of_the_mean']:.3g} | "
-            f"{r['stated_bound']:.3g} | {r['within']} |"
-            for r in rows
+        markdown_table(
+            ("transport", "max deviation of the mean", "stated bound", "within"),
+            (
+                (
+                    r["transport"],
+                    f"{r['max_abs_deviation_of_the_mean']:.3g}",
+                    f"{r['stated_bound']:.3g}",
+                    r["within"],
+                )
+                for r in rows
+            ),
         ),
     ]
     (out / "agreement.md").write_text("\n".join(lines) + "\n")
@@ -626,19 +632,32 @@ def compare_clipping(schedule: Schedule, out: Path) -> list[dict]:
         "against adaptive clipping (Andrew et al. 2021: C_0 0.1, median target, eta_C 0.2 "
         "or 1, sigma_b = clients / 20, its noise charged to the same ledger).",
         "",
-        "| epsilon target | clipping | test RMSE | epsilon spent | sigma | clip: first, middle,"
-        " last | median update norm, last round |",
-        "|---|---|---|---|---|---|---|",
     ]
+    body = []
     for row in rows:
         trajectory = row["clip_trajectory"]
         picks = [trajectory[0], trajectory[len(trajectory) // 2], trajectory[-1]]
-        lines.append(
-            f"| {row['epsilon_target']:g} | {row['clipping']} | {row['rmse']:.4f} | "
-            f"{row['epsilon']:.3f} | {row['noise_multiplier']:.3f} | "
-            + ", ".join(f"{c:.3g}" for c in picks)
-            + f" | {row['update_norm_median'][-1]:.3g} |"
+        body.append(
+            (
+                f"{row['epsilon_target']:g}",
+                row["clipping"],
+                f"{row['rmse']:.4f}",
+                f"{row['epsilon']:.3f}",
+                f"{row['noise_multiplier']:.3f}",
+                ", ".join(f"{c:.3g}" for c in picks),
+                f"{row['update_norm_median'][-1]:.3g}",
+            )
         )
+    headers = [
+        "epsilon target",
+        "clipping",
+        "test RMSE",
+        "epsilon spent",
+        "sigma",
+        "clip: first, middle, last",
+        "median update norm, last round",
+    ]
+    lines.append(markdown_table(headers, body))
     (out / "adaptive_clipping.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
