@@ -100,3 +100,25 @@ def test_rdp_accounting_imports_neither_torch_nor_opacus():
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_missing_accountant_names_its_extra_in_one_line(monkeypatch, capsys):
+    import importlib
+
+    from securefed.bench.cli import main
+
+    real = importlib.import_module
+
+    def without_opacus(name, *rest):
+        if name.startswith("opacus"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *rest)
+
+    monkeypatch.setattr(accounting.importlib, "import_module", without_opacus)
+    argv = ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01"]
+    argv += ["--rounds", "10", "--delta", "1e-5", "--accountant", "prv"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "securefed: privacy needs the 'dp-torch' extra: pip install 'securefed[dp-torch]'"
+    ]

@@ -33,8 +33,9 @@ RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + li
 """The Rényi orders of the RDP accountant: Opacus's ``RDPAccountant.DEFAULT_ALPHAS``."""
 
 
-class AccountingUnavailable(ImportError):
-    """The package an accountant needs is not installed (the message names the pip extra)."""
+class AccountingUnavailable(ModuleNotFoundError):
+    """The package an accountant needs is not installed (the message names the pip extra;
+    ``name`` is the missing module, so the command line names the extra in one line)."""
 
 
 def _need(module: str, extra: str, what: str) -> ModuleType:
@@ -42,7 +43,8 @@ def _need(module: str, extra: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise AccountingUnavailable(
-            f"{what} needs the {extra!r} extra: pip install 'securefed[{extra}]'"
+            f"{what} needs the {extra!r} extra: pip install 'securefed[{extra}]'",
+            name=module.split(".")[0],
         ) from None
 
 
