@@ -1,6 +1,6 @@
 """Bring your own torch model: parameter vectors, FedAvg / FedOpt, DP-FedAvg with adaptive clipping.
 
-Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp`` and ``rl`` extras
+Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp-torch`` and ``rl`` extras
 bring it too); importing ``securefed`` itself never imports this module.
 
 * :func:`module_to_vector` / :func:`vector_to_module` (and :func:`arrays_to_vector` /

@@ -1,6 +1,6 @@
 """Old (main's venv) beside new (this branch's) start-up, in one session, runs interleaved.
 
-    python benchmarks/results/startup/compare.py OLD_SECUREFED NEW_SECUREFED --repeats 5
+python benchmarks/results/startup/compare.py OLD_SECUREFED NEW_SECUREFED --repeats 5
 """
 
 from __future__ import annotations
