@@ -17,7 +17,7 @@ import numpy as np
 from scipy import sparse
 
 from securefed import PlaintextTransport, RoundSelection, SeedTree
-from securefed.bench import datasets
+from securefed.bench import datasets, tables
 from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import synthetic_ratings
@@ -39,9 +39,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
             return f"{value:.4f}"
         return str(value)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    return tables.markdown_table(columns, ([cell(row.get(c, "")) for c in columns] for row in rows))
 
 
 def write_outputs(name: str, payload: dict, table: str, out: Path) -> None:

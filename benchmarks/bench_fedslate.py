@@ -61,6 +61,7 @@ import numpy as np
 from securefed.bench.cli_fedslate import add_transport_arguments, transport_fields
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
 from securefed.records import dumps_record, loads_record
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
@@ -544,19 +545,20 @@ def checks(results: dict[str, object]) -> list[str]:
 
 
 def _table_markdown(title: str, cells: dict[str, dict[str, object]]) -> list[str]:
-    lines = [
-        f"### {title}",
-        "",
-        "| run | platform | optimal reward | ETROR | final (last 500) | mean |",
-        "|---|---|---|---|---|---|",
+    body = [
+        (
+            name,
+            p,
+            _fmt(m, "optimal_reward"),
+            _fmt(m, "etror", 0),
+            _fmt(m, "final"),
+            _fmt(m, "mean"),
+        )
+        for name, per_platform in cells.items()
+        for p, m in per_platform.items()
     ]
-    for name, per_platform in cells.items():
-        for p, m in per_platform.items():
-            lines.append(
-                f"| {name} | {p} | {_fmt(m, 'optimal_reward')} | {_fmt(m, 'etror', 0)} | "
-                f"{_fmt(m, 'final')} | {_fmt(m, 'mean')} |"
-            )
-    return [*lines, ""]
+    headers = ("run", "platform", "optimal reward", "ETROR", "final (last 500)", "mean")
+    return [f"### {title}", "", markdown_table(headers, body), ""]
 
 
 def markdown(results: dict[str, object], meta: dict[str, object]) -> str:

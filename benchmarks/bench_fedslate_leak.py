@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
 from securefed.records import dumps_record
 
 RESULTS = Path("results") / "fedslate_leak"
@@ -373,28 +374,48 @@ def markdown(record: dict[str, object]) -> str:
     ]
     for table in record.get("rewards", {}).values():
         n_cand, slate = table["setting"]
-        lines += [
-            f"## Rewards and cost, N={n_cand}, n={slate}",
-            "",
-            "| transport | epsilon | A mean | A optimal | A ETROR | B mean | B optimal | B ETROR "
-            "| s / learning step | KiB / learning step | schedule |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+        headers = [
+            "transport",
+            "epsilon",
+            "A mean",
+            "A optimal",
+            "A ETROR",
+            "B mean",
+            "B optimal",
+            "B ETROR",
+            "s / learning step",
+            "KiB / learning step",
+            "schedule",
         ]
+        body = []
         for label, row in table["rows"].items():
             if "refused" in row:
-                lines.append(f"| {label} | refused: {row['refused']} ||||||||||")
+                body.append((label, f"refused: {row['refused']}"))
                 continue
             a, b = row["A"], row["B"]
             eps = row["dp"]["epsilon_spent"]["A"] if row.get("dp") else None
             per_step = row.get("bytes_per_learning_step")
-            lines.append(
-                f"| {label} | {_f(eps, 2)} | {_ms(a['mean'])} | {_ms(a['optimal_reward'])} | "
-                f"{_ms(a['etror'], 0)} | {_ms(b['mean'])} | {_ms(b['optimal_reward'])} | "
-                f"{_ms(b['etror'], 0)} | {_f(row['seconds_per_learning_step'], 4)} | "
-                f"{_f(None if per_step is None else per_step / 1024, 1)} | "
-                f"{row.get('schedule', 'the schedule above')} |"
+            body.append(
+                (
+                    label,
+                    _f(eps, 2),
+                    _ms(a["mean"]),
+                    _ms(a["optimal_reward"]),
+                    _ms(a["etror"], 0),
+                    _ms(b["mean"]),
+                    _ms(b["optimal_reward"]),
+                    _ms(b["etror"], 0),
+                    _f(row["seconds_per_learning_step"], 4),
+                    _f(None if per_step is None else per_step / 1024, 1),
+                    row.get("schedule", "the schedule above"),
+                )
             )
-        lines.append("")
+        lines += [
+            f"## Rewards and cost, N={n_cand}, n={slate}",
+            "",
+            markdown_table(headers, body),
+            "",
+        ]
     leak = record.get("leak")
     if leak:
         c = record["meta"]["leak_schedule"]
@@ -415,28 +436,48 @@ def markdown(record: dict[str, object]) -> str:
             "measure uses the fused values B decrypted. Clamp: ckks+dp's share of noised "
             "Q-value entries clamped to B = clip + 4 std (A / B).",
             "",
-            "| transport | epsilon | noise std | server nke R^2 | server ranking A (chance) | "
-            "server ranking B | shown A / B | B about A R^2 | B own-only R^2 | A mean | B mean "
-            "| clamp A / B | schedule |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        headers = [
+            "transport",
+            "epsilon",
+            "noise std",
+            "server nke R^2",
+            "server ranking A (chance)",
+            "server ranking B",
+            "shown A / B",
+            "B about A R^2",
+            "B own-only R^2",
+            "A mean",
+            "B mean",
+            "clamp A / B",
+            "schedule",
+        ]
+        body = []
         for row in leak:
             if "refused" in row:
-                lines.append(f"| {row['label']} | refused: {row['refused']} ||||||||||||")
+                body.append((row["label"], f"refused: {row['refused']}"))
                 continue
             m = row["measures"]
             eps = None if row["epsilon"] is None else row["epsilon"]["A"]
             sa, sb = m["server_slate"]["A"], m["server_slate"]["B"]
-            lines.append(
-                f"| {row['label']} | {_f(eps, 2)} | {_f(row['noise_std'], 2)} | "
-                f"{_f(m['server_nke']['attack'], 2)} | {_f(sa['attack'], 3)} "
-                f"({_f(sa['chance'], 3)}) | {_f(sb['attack'], 3)} | "
-                f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)} | "
-                f"{_f(m['other_platform']['attack'], 2)} | {_f(m['other_platform']['own'], 2)} "
-                f"| {_f(row['mean_reward']['A'])} | {_f(row['mean_reward']['B'])} | "
-                f"{_clamp(row.get('clamp_rates'))} | {row.get('schedule', c)} |"
+            body.append(
+                (
+                    row["label"],
+                    _f(eps, 2),
+                    _f(row["noise_std"], 2),
+                    _f(m["server_nke"]["attack"], 2),
+                    f"{_f(sa['attack'], 3)} ({_f(sa['chance'], 3)})",
+                    _f(sb["attack"], 3),
+                    f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)}",
+                    _f(m["other_platform"]["attack"], 2),
+                    _f(m["other_platform"]["own"], 2),
+                    _f(row["mean_reward"]["A"]),
+                    _f(row["mean_reward"]["B"]),
+                    _clamp(row.get("clamp_rates")),
+                    row.get("schedule", c),
+                )
             )
-        lines.append("")
+        lines += [markdown_table(headers, body), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -368,50 +368,87 @@ def compare_with_flower(
 
 def comparison_table(comparison: dict[str, object]) -> str:
     """The comparison as a markdown table."""
-    lines = [
-        "| system | setting | max abs error of the mean | bound | seconds |",
-        "|---|---|---|---|---|",
-    ]
+    body = []
     for row in comparison["rows"]:
         if row["system"] == "securefed":
             setting = f"scale 2^{int(np.log2(row['scale']))} ({row['scale_rule']})"
-            lines.append(
-                f"| securefed | {setting} | {row['max_abs_error_mean']:.2e} "
-                f"| {row['error_bound_mean']:.2e} | {row['seconds']:.2f} |"
+            body.append(
+                (
+                    "securefed",
+                    setting,
+                    f"{row['max_abs_error_mean']:.2e}",
+                    f"{row['error_bound_mean']:.2e}",
+                    f"{row['seconds']:.2f}",
+                )
             )
         elif row.get("status") == "ok":
-            lines.append(
-                f"| Flower 1.42 SecAgg+ | max_weight {row['max_weight']:g} "
-                f"| {row['max_abs_error_mean']:.2e} | - | {row['seconds_wall']:.1f} (wall) |"
+            body.append(
+                (
+                    "Flower 1.42 SecAgg+",
+                    f"max_weight {row['max_weight']:g}",
+                    f"{row['max_abs_error_mean']:.2e}",
+                    "-",
+                    f"{row['seconds_wall']:.1f} (wall)",
+                )
             )
         else:
-            lines.append(f"| Flower 1.42 SecAgg+ | {row['status']} | - | - | - |")
-    return "\n".join(lines)
+            body.append(("Flower 1.42 SecAgg+", row["status"], "-", "-", "-"))
+    headers = ("system", "setting", "max abs error of the mean", "bound", "seconds")
+    return markdown_table(headers, body)
 
 
 def markdown_table(cases: list[Case]) -> str:
     """The results as a markdown table (times in seconds, bytes in KiB per client)."""
-    header = (
-        "| n | d | dropout | k | t | status | total s | key agr. | sharing | encoding | mask exp. "
-        "| unmask | plaintext s | ratio | KiB up/client | KiB down/client | plain KiB up | max err "
-        "| bound |"
-    )
-    lines = [header, "|" + "---|" * 19]
+    headers = [
+        "n",
+        "d",
+        "dropout",
+        "k",
+        "t",
+        "status",
+        "total s",
+        "key agr.",
+        "sharing",
+        "encoding",
+        "mask exp.",
+        "unmask",
+        "plaintext s",
+        "ratio",
+        "KiB up/client",
+        "KiB down/client",
+        "plain KiB up",
+        "max err",
+        "bound",
+    ]
+    body = []
     for c in cases:
         s = c.stages
         dropout = f"{c.dropout:.0%}" + ("" if c.sized_for_dropout else " (default k)")
         status = "ok" if c.status == "ok" else "refused"
-        lines.append(
-            f"| {c.clients} | {c.length:,} | {dropout} | {c.k} | {c.t} | {status} "
-            f"| {c.seconds:.2f} "
-            f"| {s['key_agreement']:.2f} | {s['sharing']:.2f} | {s['encoding']:.2f} "
-            f"| {s['mask_expansion']:.2f} | {s['unmasking']:.2f} | {c.plaintext_seconds:.3f} "
-            f"| {c.ratio:.1f}x | {c.bytes_up_per_client / 1024:.1f} "
-            f"| {c.bytes_down_per_client / 1024:.1f} "
-            f"| {c.plaintext_bytes_up_per_client / 1024:.1f} "
-            f"| {c.max_error:.1e} | {c.error_bound:.1e} |"
+        body.append(
+            (
+                c.clients,
+                f"{c.length:,}",
+                dropout,
+                c.k,
+                c.t,
+                status,
+                f"{c.seconds:.2f}",
+                *(
+                    f"{s[stage]:.2f}"
+                    for stage in ("key_agreement", "sharing", "encoding", "mask_expansion")
+                ),
+                f"{s['unmasking']:.2f}",
+                f"{c.plaintext_seconds:.3f}",
+                f"{c.ratio:.1f}x",
+                f"{c.bytes_up_per_client / 1024:.1f}",
+                f"{c.bytes_down_per_client / 1024:.1f}",
+                f"{c.plaintext_bytes_up_per_client / 1024:.1f}",
+                f"{c.max_error:.1e}",
+                f"{c.error_bound:.1e}",
+            )
         )
-    return "\n".join(lines)
+    return markdown_table(headers, body)
 
 
 # ----------------------------------------------------------------------------- secagg-malicious
@@ -670,12 +707,23 @@ def malicious_table(report: dict[str, object]) -> str:
     against the honest-but-curious round's: what a machine shared with other jobs does not
     inflate (its wall-clock ratios are the load's as much as the code's).
     """
-    lines = [
-        "| n | dropout | k | variant | per round s | floor s | / floor | authentication stage s "
-        "| / HbC | set-up s (first round) | first round / HbC | CPU: first round / floor "
-        "| CPU: first round / HbC | KiB up/client |",
-        "|" + "---|" * 14,
+    headers = [
+        "n",
+        "dropout",
+        "k",
+        "variant",
+        "per round s",
+        "floor s",
+        "/ floor",
+        "authentication stage s",
+        "/ HbC",
+        "set-up s (first round)",
+        "first round / HbC",
+        "CPU: first round / floor",
+        "CPU: first round / HbC",
+        "KiB up/client",
     ]
+    body = []
     names = {
         "honest_but_curious": "honest-but-curious",
         "malicious_macs": "malicious, MACs (default)",
@@ -690,13 +738,25 @@ def malicious_table(report: dict[str, object]) -> str:
                 "-" if server != "malicious" else f"{row[f'{key}_cpu_first_round_over_hbc']:.2f}x"
             )
             cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
-            lines.append(
-                f"| {row['clients']} | {row['dropout']:.0%} | {v['k']} | {names[key]} "
-                f"| {v['seconds']:.2f} | {v['floor_seconds']:.2f} | {v['ratio_to_floor']:.2f}x "
-                f"| {v['stages']['signatures']:.2f} | {over} | {v['setup_seconds']:.2f} "
-                f"| {first} | {cpu_floor:.2f}x | {cpu_over} "
-                f"| {v['bytes_up_per_client'] / 1024:.1f} |"
+            body.append(
+                (
+                    row["clients"],
+                    f"{row['dropout']:.0%}",
+                    v["k"],
+                    names[key],
+                    f"{v['seconds']:.2f}",
+                    f"{v['floor_seconds']:.2f}",
+                    f"{v['ratio_to_floor']:.2f}x",
+                    f"{v['stages']['signatures']:.2f}",
+                    over,
+                    f"{v['setup_seconds']:.2f}",
+                    first,
+                    f"{cpu_floor:.2f}x",
+                    cpu_over,
+                    f"{v['bytes_up_per_client'] / 1024:.1f}",
+                )
             )
+    lines = [markdown_table(headers, body)]
     costs = report["primitive_costs"]
     lines += [
         "",

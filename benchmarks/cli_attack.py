@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 
 from securefed.bench import registry
+from securefed.bench.tables import markdown_table
 from securefed.records import dumps_record
 
 HEADLINE = (
@@ -203,13 +204,14 @@ def format_value(value: object) -> str:
 def table(report: dict[str, object]) -> str:
     """The headline measures beside their chance baseline, as a markdown table."""
     overall, baseline = report["overall"], report["baseline"]
-    lines = ["| measure | attack | chance |", "|---|---|---|"]
-    for key, words in HEADLINE:
-        if key in overall:
-            lines.append(
-                f"| {words} | {format_value(overall[key])} | {format_value(baseline.get(key))} |"
-            )
-    return "\n".join(lines)
+    return markdown_table(
+        ("measure", "attack", "chance"),
+        (
+            (words, format_value(overall[key]), format_value(baseline.get(key)))
+            for key, words in HEADLINE
+            if key in overall
+        ),
+    )
 
 
 def run_attack(args: argparse.Namespace) -> int:

@@ -185,6 +185,13 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         record["returns"] = returns.tolist()
         (out / "fedhpd.json").write_text(dumps_record(record))
+        points = config.rounds - window + 1
+        if points < 3:
+            print(
+                f"fedhpd: {config.rounds} rounds at a {window}-round window give {points} "
+                "point(s) per curve: the plots show them as points (run more rounds for curves)",
+                file=sys.stderr,
+            )
         if config.rounds >= window:
             curves = {config.label(): returns}
             plot_system(curves, out / "fedhpd_system.png", window=window, title=spec.env_id)

@@ -21,6 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,19 +29,18 @@ from securefed import SecurefedError
 from securefed.bench.registry import COMMANDS
 from securefed.fusion import DP_CHANNELS, MODULE_CHANNELS, fusion_refusal
 from securefed.records import dumps_record
-from securefed.rl.checkpoint import EpisodeCheckpoints
-from securefed.rl.fedslate import (
+from securefed.rl.choices import (
     ALIGNMENTS,
+    CHOICE_MODEL_NAMES,
+    LOCAL_ARCHS,
     PLATFORM_NAMES,
     SERVER_ARCHS,
+    SLATE_METHODS,
     VARIANTS,
-    FedSlateConfig,
-    moving_average,
-    run_fedslate,
-    run_reference,
-    summarize,
 )
-from securefed.rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
+
+if TYPE_CHECKING:
+    from securefed.rl.slateq import SlateQConfig
 
 ALGORITHMS = ("fedslate", "slateq", "random", "highest_k")
 
@@ -233,7 +233,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (0.001)")
     parser.add_argument(
         "--choice-model",
-        choices=sorted(CHOICE_MODELS),
+        choices=sorted(CHOICE_MODEL_NAMES),
         default="true",
         help="the agents' model of the user's choice: true (the environment's) or paper_code "
         "(the FedSlate code's, null item score 1)",
@@ -267,6 +267,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> SlateQConfig:
+    from securefed.rl.fedslate import FedSlateConfig  # torch: only once a run is asked for
+    from securefed.rl.slateq import SlateQConfig
+
     common = {
         "num_candidates": args.candidates,
         "slate_size": args.slate,
@@ -313,6 +316,8 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
 def _plot(rewards: np.ndarray, path: str, title: str) -> None:
     from matplotlib.figure import Figure  # no backend chosen, no pyplot state
 
+    from securefed.rl.fedslate import moving_average
+
     window = min(100, rewards.shape[0])
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
@@ -333,6 +338,10 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     import torch
+
+    from securefed.rl.checkpoint import EpisodeCheckpoints
+    from securefed.rl.fedslate import run_fedslate, run_reference, summarize
+    from securefed.rl.slateq import run_slateq
 
     config = _config(args)
     torch.set_num_threads(config.threads)  # the runs themselves set no global state

@@ -102,10 +102,10 @@ from securefed.fusion import (
 from securefed.fusion.expansion import PolynomialNetwork
 from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
+from securefed.rl.choices import ALIGNMENTS, PLATFORM_NAMES, SERVER_ARCHS, VARIANTS
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
     ACTIVATIONS,
-    PLATFORM_LETTERS,
     ChoiceModel,
     EnsembleMLP,
     ReplayBuffer,
@@ -159,10 +159,6 @@ __all__ = [
     "td_targets",
 ]
 
-VARIANTS = ("fedslate", "extended", "fedq", "linear")
-SERVER_ARCHS = ("position", "flat")
-ALIGNMENTS = ("position", "item")
-PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
 DP_TAIL_FRACTION = 0.1
 """Under DP, the share of ``dp_delta`` given to the tail of the replay-draw bound
 (:func:`dp_unit_releases`); the Gaussian mechanism keeps the rest."""

@@ -51,6 +51,7 @@ from securefed import SeedTree
 from securefed.fusion.base import RELU_FIT
 from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
+from securefed.rl.choices import CHOICE_MODEL_NAMES, LOCAL_ARCHS, PLATFORM_LETTERS, SLATE_METHODS
 from securefed.rl.envs.choc_kale import (
     ChocKaleBatch,
     ChocKaleConfig,
@@ -85,13 +86,10 @@ __all__ = [
     "torch_generator",
 ]
 
-SLATE_METHODS = ("topk", "greedy", "lp")
-PLATFORM_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TARGETS = ("qlearning", "sarsa")
 ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity", "polynomial")
 """``"polynomial"``: the least-squares degree-2 fit of ReLU on [-4, 4],
 :data:`securefed.fusion.RELU_FIT` (what a CKKS evaluation computes exactly)."""
-LOCAL_ARCHS = ("item", "flat")
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,10 +140,9 @@ class PaperCodeChoiceModel:
         return np.exp(sat[..., None] * docs), np.full(docs.shape[:-1], math.e)
 
 
-CHOICE_MODELS: dict[str, Callable[[], ChoiceModel]] = {
-    "true": TrueChoiceModel,
-    "paper_code": PaperCodeChoiceModel,
-}
+CHOICE_MODELS: dict[str, Callable[[], ChoiceModel]] = dict(
+    zip(CHOICE_MODEL_NAMES, (TrueChoiceModel, PaperCodeChoiceModel), strict=True)
+)
 
 
 def make_choice_model(name: str) -> ChoiceModel:

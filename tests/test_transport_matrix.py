@@ -324,7 +324,7 @@ def test_every_dp_transport_carries_a_ledger():
 
 @pytest.mark.parametrize(("module", "extra", "names"), [
     ("tenseal", "he", ("ckks", "ckks+dp")),
-    ("opacus", "dp", ("dp", "dp-local", "secagg+dp", "ckks+dp")),
+    ("dp_accounting", "dp", ("dp", "dp-local", "secagg+dp", "ckks+dp")),
 ])  # fmt: skip
 def test_a_missing_extra_names_what_to_install(monkeypatch, module, extra, names):
     monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed

@@ -925,7 +925,7 @@ def integer_dp_around(
     )
 
 
-HE, DP = ("tenseal", "he"), ("opacus", "dp")
+HE, DP = ("tenseal", "he"), ("dp_accounting", "dp")
 register_transport("plaintext", _plaintext, summary="no protection: the reference")
 register_transport(
     "secagg",
