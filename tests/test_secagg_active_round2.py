@@ -1,0 +1,336 @@
+"""Secure aggregation against active adversaries, round two (issue 30, items 1-4).
+
+Each exploit is the server's code (this test's) driving honest, unmodified clients
+(:class:`~securefed.transport.secagg.SecAggClient` and the distributed-DP noise recipe):
+
+1. the server thins distributed-DP noise: it states 20 clients (each adds the noise share
+   planned for 20) and unmasks a sum of 3;
+2. key-compromise impersonation: a server holding only the victim's long-term key tags every
+   neighbour's advertisement to the victim under MACs (refused under signatures, the default);
+3. a forged key registry (the server's keys under real neighbours' ids) handed to the victim;
+4. the server proposes ``k = 1, t = 1``; the colluder sizing of ``k`` and ``t`` is checked
+   against an independent exact computation of its bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from securefed import ALL_PAYLOADS, SeedTree
+from securefed.crypto import keys as kx
+from securefed.crypto import prg, shamir
+from securefed.errors import AggregationError, InsecureParameterError
+from securefed.transport.dp import client_noise_std
+from securefed.transport.secagg import SecAggClient, SecAggConfig, SecAggTransport
+from securefed.transport.secagg.client import masking_workspace
+from securefed.transport.secagg.signatures import (
+    KeyRegistry,
+    SignatureError,
+    SigningKey,
+    SimulatedSigners,
+    advertisement_message,
+    advertisement_tag_message,
+)
+
+D = 6
+VICTIM = 3
+
+
+def _inputs(n: int) -> np.ndarray:
+    """Inputs on the fixed-point grid (multiples of 1/64), so a decoded vector is exact."""
+    return (np.arange(n)[:, None] + 1 + np.arange(D)[None, :]) / 64 - 0.5
+
+
+def _open(config, n, *, seeds=None, registry_for=None, length=D):
+    """The server's round (remote clients) and honest clients enrolled by an honest authority.
+
+    ``registry_for(client, registry)`` is the registry the server hands ``client`` (default:
+    the authentic one).
+    """
+    seeds = SeedTree(0) if seeds is None else seeds
+    config = config.for_round(n)
+    transport = SecAggTransport(config, remote_clients=True, keep_payloads=ALL_PAYLOADS)
+    rnd = transport.open_round(0, range(n), shape=(1, length), seeds=seeds)
+    keys, registry = SimulatedSigners().set_up(range(n), seeds)
+    handed = {c: registry if registry_for is None else registry_for(c, registry) for c in range(n)}
+    clients = {
+        c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=handed[c]) for c in range(n)
+    }
+    return rnd, clients, keys, registry
+
+
+def _open_sealed_shares(rnd, victim_c, sealed, fakes, xs, threshold):
+    """The victim's ``b`` and ``s`` secrets, from the shares it sealed to the server's keys."""
+    points = {"b": [], "s": []}
+    for (v, x), blob in zip(xs, sealed, strict=True):
+        key = kx.pair_key(fakes[v].private, victim_c, kx.PURPOSE_SHARE_KEY, 0, VICTIM, v)
+        plain = kx.open_sealed(rnd.config.aead, key, blob, kx.share_aad(0, VICTIM, v))
+        points["b"].append((x, shamir.decode_share(plain[: shamir.SHARE_BYTES])))
+        points["s"].append((x, shamir.decode_share(plain[shamir.SHARE_BYTES :])))
+    b = shamir.int_to_secret(shamir.reconstruct(points["b"][:threshold], threshold))
+    s_private = shamir.int_to_secret(shamir.reconstruct(points["s"][:threshold], threshold))
+    return b, s_private
+
+
+def _impersonate_neighbours(rnd, clients, forge):
+    """The server relays its own ``c`` keys for every neighbour of the victim, each with an
+    authenticator made by ``forge(v, c_fake, s_v)``; returns the decoded victim vector.
+
+    Raises whatever the victim raises when it refuses.
+    """
+    n = len(clients)
+    rnd.receive_keys({c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in range(n)})
+    request = rnd.share_request(VICTIM)
+    fakes = {v: kx.keypair_from_seed(bytes([v + 7]) * 32) for v in request.neighbours}
+    c_publics = tuple(fakes[v].public for v in request.neighbours)
+    signatures = tuple(
+        forge(v, fakes[v].public, s)
+        for v, s in zip(request.neighbours, request.s_publics, strict=True)
+    )
+    forged = dataclasses.replace(request, c_publics=c_publics, signatures=signatures)
+    victim = clients[VICTIM]
+    sealed = victim.share(
+        forged.neighbours,
+        forged.xs,
+        forged.c_publics,
+        forged.threshold,
+        s_publics=forged.s_publics,
+        signatures=forged.signatures,
+    )
+    masked, _ = victim.mask(
+        _inputs(n)[VICTIM],
+        forged.neighbours,
+        forged.s_publics,
+        masking_workspace(D, rnd.config),
+    )
+    b, s_private = _open_sealed_shares(
+        rnd,
+        rnd.public_keys[VICTIM][0],
+        sealed,
+        fakes,
+        list(zip(forged.neighbours, forged.xs, strict=True)),
+        forged.threshold,
+    )
+    total = masked.copy()
+    expander = prg.MaskExpander(len(total), bits=rnd.config.bits, prg=rnd.config.prg)
+    expander.add(total, b, domain=prg.DOMAIN_SELF_MASK, sign=-1)
+    private = kx.keypair_from_seed(s_private).private
+    for v, s_public in zip(forged.neighbours, forged.s_publics, strict=True):
+        seed = kx.pair_key(private, s_public, kx.PURPOSE_PAIR_MASK, 0, VICTIM, v)
+        expander.add(total, seed, domain=prg.DOMAIN_PAIR_MASK, sign=-1 if v > VICTIM else 1)
+    return rnd.config.fixed_point.decode(total)
+
+
+# ----------------------------------------------------------------------------- item 2: KCI
+def _kci_forge(stolen: SigningKey, registry: KeyRegistry, auth: str):
+    """What a holder of the victim's own long-term key makes of neighbour ``v``'s advertisement
+    authenticator: under MACs the very tag ``v`` would send (``K_{v,victim}`` is the victim's
+    too); under signatures only a signature under the victim's key, which is not ``v``'s."""
+
+    def forge(v, c_fake, s_public):
+        if auth == "macs":
+            key = stolen.pairwise_key(VICTIM, v, registry.statics[v])[0][0]
+            return key.tag(advertisement_tag_message(0, v, VICTIM, c_fake, s_public))
+        return stolen.sign(advertisement_message(0, v, c_fake, s_public))
+
+    return forge
+
+
+def _kci_attack(config):
+    rnd, clients, keys, registry = _open(config, 10)
+    stolen = keys[VICTIM]  # the only secret the server holds: the victim's long-term identity
+    return _impersonate_neighbours(rnd, clients, _kci_forge(stolen, registry, config.auth))
+
+
+def test_kci_under_macs_decodes_the_victim_the_documented_weakness():
+    """MAC mode's documented weakness (docs/secagg.md, SECURITY.md): whoever holds the victim's
+    own long-term key tags every neighbour's advertisement to it and decodes its vector."""
+    decoded = _kci_attack(SecAggConfig(neighbours=4, auth="macs"))
+    np.testing.assert_array_equal(decoded, _inputs(10)[VICTIM])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30 item 2: MACs (not KCI-resistant) are the default")
+def test_kci_is_refused_under_the_default_authentication():
+    """The default (Ed25519 signatures) resists KCI: the victim's own key signs nothing of a
+    neighbour's, so the victim refuses the substituted keys and seals nothing to them."""
+    assert SecAggConfig().auth == "signatures"
+    with pytest.raises(SignatureError, match="does not verify"):
+        _kci_attack(SecAggConfig(neighbours=4))
+
+
+# ----------------------------------------------------------------------------- item 3: registry
+def _server_identity(v: int) -> SigningKey:
+    return SigningKey.from_seed(bytes([200 + v]) * 32)
+
+
+def _forged_registry(client, registry):
+    """What the server hands the victim: the authentic registry with its own keys under the ids
+    of the victim's would-be neighbours (every other client; the victim's own key stays)."""
+    if client != VICTIM:
+        return registry
+    keys, statics = dict(registry.keys), dict(registry.statics)
+    for v in keys:
+        if v != VICTIM:
+            keys[v] = _server_identity(v).public
+            statics[v] = _server_identity(v).static_public
+    return KeyRegistry(keys, statics)
+
+
+def _registry_forge(auth: str, victim_static: bytes):
+    def forge(v, c_fake, s_public):
+        server = _server_identity(v)
+        if auth == "macs":
+            key = server.pairwise_key(v, VICTIM, victim_static)[0][0]
+            return key.tag(advertisement_tag_message(0, v, VICTIM, c_fake, s_public))
+        return server.sign(advertisement_message(0, v, c_fake, s_public))
+
+    return forge
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30 item 3: the registry is not authenticated")
+@pytest.mark.parametrize("auth", ["macs", "signatures"])
+def test_a_forged_registry_handed_by_the_server_is_refused(auth):
+    """No corrupt client: the server hands the victim a registry with its own keys under real
+    neighbours' ids. The victim pinned the enrolment authority's digest of the registry, so the
+    forged one is refused before anything is sealed."""
+    config = SecAggConfig(neighbours=4, auth=auth)
+    with pytest.raises((SignatureError, InsecureParameterError, ValueError), match="registry"):
+        rnd, clients, keys, _ = _open(config, 10, registry_for=_forged_registry)
+        _impersonate_neighbours(rnd, clients, _registry_forge(auth, keys[VICTIM].static_public))
+
+
+# ----------------------------------------------------------------------------- item 4: k and t
+@pytest.mark.xfail(strict=True, reason="issue 30 item 4: clients take k and t from the server")
+def test_a_client_refuses_k_1_t_1_from_the_server():
+    """A round of 100: the server asks a client for a 1-out-of-1 sharing with one neighbour (its
+    share would be the secret itself). The client holds its own floor and refuses, naming it."""
+    rnd, clients, _, _ = _open(SecAggConfig(), 100)
+    rnd.receive_keys({c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in range(100)})
+    request = rnd.share_request(0)
+    lowered = dataclasses.replace(
+        request,
+        neighbours=request.neighbours[:1],
+        xs=request.xs[:1],
+        c_publics=request.c_publics[:1],
+        s_publics=request.s_publics[:1],
+        signatures=request.signatures[:1],
+        threshold=1,
+    )
+    with pytest.raises(InsecureParameterError, match=r"neighbours|threshold"):
+        clients[0].share(
+            lowered.neighbours,
+            lowered.xs,
+            lowered.c_publics,
+            lowered.threshold,
+            s_publics=lowered.s_publics,
+            signatures=lowered.signatures,
+        )
+    assert clients[0].stage == "advertise"  # the refusal changed nothing
+
+
+def _exact_union_bound(n: int, corrupt: int, k: int, t: int) -> Fraction:
+    """``(n - c) P(X >= 2t - k)``, ``X ~ Hypergeometric(n - 1, c, k)``, in exact rationals
+    (the number of corrupt clients among an honest client's ``k`` random neighbours)."""
+    need = 2 * t - k
+    total = math.comb(n - 1, k)
+    tail = sum(
+        math.comb(corrupt, x) * math.comb(n - 1 - corrupt, k - x)
+        for x in range(max(need, 0), min(k, corrupt) + 1)
+    )
+    return Fraction((n - corrupt) * tail, total)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30 item 4: no colluder sizing of k and t")
+@pytest.mark.parametrize("n", [100, 1000, 10000])
+@pytest.mark.parametrize("colluders", [None, 0.1, 3])
+def test_colluder_sizing_meets_its_bound_by_an_independent_computation(n, colluders):
+    """``k`` and ``t`` sized for the colluders keep the union bound on "some honest client has
+    ``2t - k`` or more corrupt neighbours" below ``2^-security_bits`` (Bell et al. 2020), checked
+    here in exact rational arithmetic; one less in ``t`` would not (the sizing is tight)."""
+    config = SecAggConfig() if colluders is None else SecAggConfig(colluders=colluders)
+    k, t = config.round_parameters(n)
+    corrupt = config.corrupt_clients(n)
+    expected = (
+        math.floor(0.05 * n)
+        if colluders is None
+        else (math.floor(colluders * n) if colluders < 1 else colluders)
+    )
+    assert corrupt == expected
+    target = Fraction(1, 2**config.security_bits)
+    assert _exact_union_bound(n, corrupt, k, t) <= target
+    if t - 1 > k / 2:
+        assert _exact_union_bound(n, corrupt, k, t - 1) > target
+    # Every client holds the same floor and accepts exactly these parameters.
+    assert config.parameter_floor(n) == (k, t)
+
+
+# ----------------------------------------------------------------------------- item 1: DP noise
+SIGMA, DP_CLIP, STATED, REAL = 1.0, 1.0, 20, 3
+NOISE_LENGTH = 4000
+
+
+def _noisy_values(client: int, std: float) -> np.ndarray:
+    rng = np.random.default_rng(100 + client)
+    return rng.normal(0.0, std, NOISE_LENGTH)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30 item 1: only the server checks the contributors")
+def test_a_server_that_states_20_clients_cannot_unmask_a_sum_of_3():
+    """The server tells each client the round has 20 clients: each adds the noise share planned
+    for 20 (std ``sigma C / sqrt(20)``). It then runs the round among 3 of them (a complete graph,
+    ``k = 2``, ``t = 2``: every client check on the neighbourhood passes). Were the sum of 3
+    unmasked, its noise std would be ``sqrt(3/20) sigma C = 0.39`` instead of ``sigma C``. Each
+    client's floor is the count its noise was calibrated for: it refuses to reveal unless that
+    many clients endorsed the survivor set, so nothing is unmasked."""
+    std = client_noise_std("distributed", DP_CLIP, SIGMA, STATED)
+    config = SecAggConfig(clip=8.0, neighbours=2, colluders=0)
+    seeds = SeedTree(0)
+    transport = SecAggTransport(config, remote_clients=True)
+    rnd = transport.open_round(0, range(REAL), shape=(1, NOISE_LENGTH), seeds=seeds)
+    keys, registry = SimulatedSigners().set_up(range(REAL), seeds)
+    client_config = dataclasses.replace(rnd.config, min_contributors=STATED)
+    clients = {
+        c: SecAggClient(c, 0, client_config, seeds, signer=keys[c], registry=registry)
+        for c in range(REAL)
+    }
+    rnd.receive_keys({c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in range(REAL)})
+    for c in range(REAL):
+        request = rnd.share_request(c)
+        rnd.receive_shares(
+            c,
+            clients[c].share(
+                request.neighbours,
+                request.xs,
+                request.c_publics,
+                request.threshold,
+                s_publics=request.s_publics,
+                signatures=request.signatures,
+            ),
+        )
+    workspace = masking_workspace(NOISE_LENGTH, rnd.config)
+    for c in range(REAL):
+        request = rnd.mask_request(c)
+        masked, _ = clients[c].mask(
+            _noisy_values(c, std), request.neighbours, request.s_publics, workspace
+        )
+        rnd.receive_masked(c, masked, weighted=False)
+    requests = rnd.consistency_requests()
+    rnd.receive_consistency({v: clients[v].consistency(s) for v, s in requests.items()})
+    revealed, refusals = {}, {}
+    for v, request in rnd.unmask_requests().items():
+        try:
+            revealed[v] = clients[v].reveal(request.inbox, request.contributors, request.signatures)
+        except AggregationError as error:
+            refusals[v] = error
+    if len(refusals) < REAL:
+        rnd.receive_reveals(revealed)
+        noise = rnd.result().total.ravel()
+        # The std of 4000 Gaussian draws is within 5% of its value with probability > 1 - 1e-9.
+        assert np.std(noise) >= 0.95 * SIGMA * DP_CLIP, f"noise std {np.std(noise):.3f}"
+    assert set(refusals) == set(range(REAL))
+    assert all("endorse" in str(e) for e in refusals.values())
