@@ -138,7 +138,7 @@ def run_case(
     config = SecAggConfig(
         expected_dropout=dropout if sized_for_dropout else 0.0,
         server=server,
-        auth=auth if server == "malicious" else "macs",
+        auth=auth if server == "malicious" else "signatures",
     )
     transport = SecAggTransport(config)
     late = set(
@@ -678,8 +678,8 @@ def malicious_table(report: dict[str, object]) -> str:
     ]
     names = {
         "honest_but_curious": "honest-but-curious",
-        "malicious_macs": "malicious, MACs (default)",
-        "malicious_signatures": "malicious, Ed25519 signatures",
+        "malicious_macs": "malicious, MACs (opt-in, not KCI-resistant)",
+        "malicious_signatures": "malicious, Ed25519 signatures (default)",
     }
     for row in report["rows"]:
         for key, server, _ in _VARIANTS:

@@ -154,7 +154,6 @@ def test_kci_under_macs_decodes_the_victim_the_documented_weakness():
     np.testing.assert_array_equal(decoded, _inputs(10)[VICTIM])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 2: MACs (not KCI-resistant) are the default")
 def test_kci_is_refused_under_the_default_authentication():
     """The default (Ed25519 signatures) resists KCI: the victim's own key signs nothing of a
     neighbour's, so the victim refuses the substituted keys and seals nothing to them."""

@@ -475,7 +475,7 @@ def test_the_malicious_variant_gives_the_honest_but_curious_sum_bit_for_bit(drop
     values = np.random.default_rng(0).uniform(-1, 1, size=(12, D))
     totals, views = {}, {}
     for server in ("malicious", HBC):
-        config = SecAggConfig(neighbours=6, server=server, auth=auth if server != HBC else "macs")
+        config = SecAggConfig(neighbours=6, server=server, auth=auth if server != HBC else "signatures")
         transport = SecAggTransport(config)
         rnd = transport.open_round(0, range(12), shape=(1, D), seeds=SeedTree(1))
         rnd.drop(11)  # dropped before submitting
@@ -499,12 +499,12 @@ def test_the_threat_model_is_an_option_malicious_by_default_and_validated():
     transport = build_transport("secagg", n_clients=10)
     assert transport.config.server == "malicious"
     assert "malicious server" in transport.public_parameters()["protocol"]
-    assert transport.config.auth == "macs"
-    assert build_transport("secagg:auth=signatures", n_clients=10).config.auth == "signatures"
+    assert transport.config.auth == "signatures"  # KCI-resistant (issue 30 item 2)
+    assert build_transport("secagg:auth=macs", n_clients=10).config.auth == "macs"
     with pytest.raises(ValueError, match="auth must be one of"):
         SecAggConfig(auth="none")
     with pytest.raises(ValueError, match="applies only to server='malicious'"):
-        SecAggConfig(server=HBC, auth="signatures")
+        SecAggConfig(server=HBC, auth="macs")
     weak = build_transport("secagg:server=honest_but_curious", n_clients=10)
     assert weak.public_parameters()["server"] == HBC
     assert weak.public_parameters()["signatures"] == "none"
@@ -659,4 +659,4 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
     assert macs["first_round_seconds"] == pytest.approx(macs["seconds"] + macs["setup_seconds"])
     assert row["malicious_macs_over_hbc"] > 0
     table = malicious_table(report)
-    assert "malicious, MACs (default)" in table and "Ed25519 signatures" in table
+    assert "MACs (opt-in, not KCI-resistant)" in table and "signatures (default)" in table

@@ -134,8 +134,9 @@ class SecAggOptions:
         server: the threat model, ``malicious`` (default) or ``honest_but_curious``
             (:attr:`~securefed.transport.secagg.SecAggConfig.server`; ``securefed.flower``
             carries only the latter and says so).
-        auth: the malicious variant's authentication, ``macs`` (default) or ``signatures``
-            (:attr:`~securefed.transport.secagg.SecAggConfig.auth`).
+        auth: the malicious variant's authentication, ``signatures`` (default: Ed25519,
+            resists key-compromise impersonation) or ``macs`` (opt-in, not KCI-resistant;
+            :attr:`~securefed.transport.secagg.SecAggConfig.auth`).
     """
 
     bits: int = 64
@@ -150,7 +151,7 @@ class SecAggOptions:
     out_of_range: str = "refuse"
     remote_clients: bool = False
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
 
     def __post_init__(self) -> None:
         _typed(self)

@@ -80,7 +80,7 @@ class SecAggConfig:
     failure_target: float = 1e-3
     out_of_range: str = "refuse"
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit

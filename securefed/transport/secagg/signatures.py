@@ -73,7 +73,7 @@ SIGNATURE_BYTES = 64
 VERIFY_KEY_BYTES = 32
 MAC_BYTES = kx.MAC_BYTES
 
-AUTH_MODES = ("macs", "signatures")
+AUTH_MODES = ("signatures", "macs")
 """How the malicious-server variant authenticates (``SecAggConfig.auth``; module docstring)."""
 
 PURPOSE_ADVERTISE = b"advertise-keys"
