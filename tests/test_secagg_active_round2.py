@@ -135,8 +135,11 @@ def _kci_forge(stolen: SigningKey, registry: KeyRegistry, auth: str):
     def forge(v, c_fake, s_public):
         if auth == "macs":
             key = stolen.pairwise_key(VICTIM, v, registry.statics[v])[0][0]
-            return key.tag(advertisement_tag_message(0, v, VICTIM, c_fake, s_public))
-        return stolen.sign(advertisement_message(0, v, c_fake, s_public))
+            message = advertisement_tag_message(
+                0, v, VICTIM, c_fake, s_public, registry=registry.digest
+            )
+            return key.tag(message)
+        return stolen.sign(advertisement_message(0, v, c_fake, s_public, registry=registry.digest))
 
     return forge
 
@@ -180,18 +183,18 @@ def _forged_registry(client, registry):
     return KeyRegistry(keys, statics)
 
 
-def _registry_forge(auth: str, victim_static: bytes):
+def _registry_forge(auth: str, victim_static: bytes, digest: bytes):
     def forge(v, c_fake, s_public):
         server = _server_identity(v)
         if auth == "macs":
             key = server.pairwise_key(v, VICTIM, victim_static)[0][0]
-            return key.tag(advertisement_tag_message(0, v, VICTIM, c_fake, s_public))
-        return server.sign(advertisement_message(0, v, c_fake, s_public))
+            message = advertisement_tag_message(0, v, VICTIM, c_fake, s_public, registry=digest)
+            return key.tag(message)
+        return server.sign(advertisement_message(0, v, c_fake, s_public, registry=digest))
 
     return forge
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 3: the registry is not authenticated")
 @pytest.mark.parametrize("auth", ["macs", "signatures"])
 def test_a_forged_registry_handed_by_the_server_is_refused(auth):
     """No corrupt client: the server hands the victim a registry with its own keys under real
@@ -199,8 +202,60 @@ def test_a_forged_registry_handed_by_the_server_is_refused(auth):
     forged one is refused before anything is sealed."""
     config = SecAggConfig(neighbours=4, auth=auth)
     with pytest.raises((SignatureError, InsecureParameterError, ValueError), match="registry"):
-        rnd, clients, keys, _ = _open(config, 10, registry_for=_forged_registry)
-        _impersonate_neighbours(rnd, clients, _registry_forge(auth, keys[VICTIM].static_public))
+        rnd, clients, keys, registry = _open(config, 10, registry_for=_forged_registry)
+        # (Bound to the authentic registry's digest, which is public: the victim binds its pin.)
+        forge = _registry_forge(auth, keys[VICTIM].static_public, registry.digest)
+        _impersonate_neighbours(rnd, clients, forge)
+
+
+@pytest.mark.parametrize("auth", ["macs", "signatures"])
+def test_a_split_registry_is_detected_by_the_digest_every_message_binds(auth):
+    """Whoever hands out registries gives client 0 another one (the authentic keys plus a Sybil
+    of the server's) and pins its digest: each client's key registry is then self-consistent,
+    but every advertisement and survivor set binds the registry digest its sender pinned, so
+    client 0 and its neighbours refuse each other's messages."""
+    seeds = SeedTree(0)
+    config = SecAggConfig(neighbours=4, auth=auth).for_round(10)
+    keys, registry = SimulatedSigners().set_up(range(10), seeds)
+    sybil = _server_identity(50)
+    split = KeyRegistry(
+        {**registry.keys, 99: sybil.public}, {**registry.statics, 99: sybil.static_public}
+    )
+    keys[0].pin_registry(split.digest)
+    handed = {c: split if c == 0 else registry for c in range(10)}
+    transport = SecAggTransport(config, remote_clients=True)
+    rnd = transport.open_round(0, range(10), shape=(1, D), seeds=seeds)
+    clients = {
+        c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=handed[c]) for c in range(10)
+    }
+    rnd.receive_keys({c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in range(10)})
+    refused = set()
+    for c in [0, *rnd.neighbours(0).tolist()]:
+        request = rnd.share_request(c)
+        with pytest.raises(SignatureError, match="does not verify"):
+            clients[c].share(
+                request.neighbours,
+                request.xs,
+                request.c_publics,
+                request.threshold,
+                s_publics=request.s_publics,
+                signatures=request.signatures,
+            )
+        refused.add(c)
+    assert 0 in refused and len(refused) == 1 + rnd.neighbours_k
+
+
+def test_a_registry_without_a_pinned_digest_is_refused():
+    """A long-term identity that pinned no registry digest at enrolment cannot tell an
+    authentic registry from a forged one: the client refuses to take part."""
+    seeds = SeedTree(0)
+    _, registry = SimulatedSigners().set_up(range(4), seeds)
+    bare = SigningKey.from_seed(bytes(range(32)))
+    unpinned = KeyRegistry(
+        {**registry.keys, 0: bare.public}, {**registry.statics, 0: bare.static_public}
+    )
+    with pytest.raises(SignatureError, match="no key-registry digest pinned"):
+        SecAggClient(0, 0, SecAggConfig(), seeds, signer=bare, registry=unpinned)
 
 
 # ----------------------------------------------------------------------------- item 4: k and t

@@ -305,11 +305,15 @@ def test_a_forged_advertisement_stops_the_round(auth):
     # (a signature under its own signing key; a MAC under a key it chose, lacking K_0v).
     server_key = SigningKey.from_seed(bytes(range(32)))
     fake = kx.keypair_from_seed(bytes(32)).public
+    digest = clients[0].registry.digest  # public: the server binds the registry's digest too
     if auth == "signatures":
-        forged = server_key.sign(advertisement_message(0, v, fake, request.s_publics[0]))
+        forged = server_key.sign(
+            advertisement_message(0, v, fake, request.s_publics[0], registry=digest)
+        )
     else:
         forged = kx.mac(
-            bytes(range(32)), advertisement_tag_message(0, v, 0, fake, request.s_publics[0])
+            bytes(range(32)),
+            advertisement_tag_message(0, v, 0, fake, request.s_publics[0], registry=digest),
         )
     resigned = dataclasses.replace(
         request,
@@ -355,6 +359,7 @@ def test_a_client_outside_the_key_registry_is_refused(auth):
     clients = {
         c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(4)
     }
+    sybil.pin_registry(rogue.digest)  # the Sybil's own "enrolment"
     clients[4] = SecAggClient(4, 0, config, seeds, signer=sybil, registry=rogue)
     # With signatures client 0 refuses at ShareKeys; with MACs already at AdvertiseKeys (it
     # has no static key of client 4's to address a tag to).
@@ -475,7 +480,9 @@ def test_the_malicious_variant_gives_the_honest_but_curious_sum_bit_for_bit(drop
     values = np.random.default_rng(0).uniform(-1, 1, size=(12, D))
     totals, views = {}, {}
     for server in ("malicious", HBC):
-        config = SecAggConfig(neighbours=6, server=server, auth=auth if server != HBC else "signatures")
+        config = SecAggConfig(
+            neighbours=6, server=server, auth=auth if server != HBC else "signatures"
+        )
         transport = SecAggTransport(config)
         rnd = transport.open_round(0, range(12), shape=(1, D), seeds=SeedTree(1))
         rnd.drop(11)  # dropped before submitting
@@ -577,7 +584,8 @@ def test_a_mac_reflected_to_its_sender_or_addressed_to_another_client_stops_the_
     own = adverts[0][2][v]  # client 0's own tag, addressed to v, under K_0v
     key = clients[0].signer.pairwise_key(0, v, clients[0].registry.statics[v])[0][0]
     # The attack's premise: the reflected tag is a valid MAC under the very key 0 checks with.
-    assert key.check(advertisement_tag_message(0, 0, v, *rnd.public_keys[0]), own)
+    digest = clients[0].registry.digest
+    assert key.check(advertisement_tag_message(0, 0, v, *rnd.public_keys[0], registry=digest), own)
     reflected = dataclasses.replace(request, signatures=(own, *request.signatures[1:]))
     with pytest.raises(SignatureError, match=f"client {v}'s MAC on its advertisement"):
         _share(rnd, clients[0], reflected)
@@ -609,7 +617,10 @@ def test_a_consistency_mac_reflected_or_on_another_set_stops_the_round():
     # A tag the server computes itself on the set, under a key it chose (it lacks K_0v):
     forged = {
         **honest,
-        near[0]: kx.mac(bytes(32), consistency_tag_message(0, near[0], 0, survivors)),
+        near[0]: kx.mac(
+            bytes(32),
+            consistency_tag_message(0, near[0], 0, survivors, registry=clients[0].registry.digest),
+        ),
     }
     with pytest.raises(SignatureError, match="MAC on its survivor set does not verify"):
         clients[0].reveal(inbox, set(survivors), forged)

@@ -295,7 +295,9 @@ class SecAggRound(AggregationRound):
         if self.registry is not None and signed and self.remote_clients and not self._macs:
             start = time.perf_counter()
             for client, signature in signed.items():
-                message = advertisement_message(self.round_id, client, *checked[client])
+                message = advertisement_message(
+                    self.round_id, client, *checked[client], registry=self.registry.digest
+                )
                 self.registry.verify(client, message, signature, what="advertisement")
             self.timer.add("signatures", start)
         self.public_keys.update(checked)

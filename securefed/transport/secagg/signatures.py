@@ -71,6 +71,7 @@ from securefed.randomness import SeedTree
 
 SIGNATURE_BYTES = 64
 VERIFY_KEY_BYTES = 32
+REGISTRY_DIGEST_BYTES = 32
 MAC_BYTES = kx.MAC_BYTES
 
 AUTH_MODES = ("signatures", "macs")
@@ -82,6 +83,7 @@ PURPOSE_ADVERTISE_MAC = b"advertise-keys-mac"
 PURPOSE_CONSISTENCY_MAC = b"consistency-check-mac"
 PURPOSE_STATIC_PAIR = b"static-pairwise"
 PURPOSE_STATIC_KEY = b"static-x25519"
+PURPOSE_REGISTRY = b"key-registry"
 
 
 class SignatureError(AggregationError):
@@ -111,6 +113,7 @@ class SigningKey:
     _pairwise: dict[int, tuple[bytes, tuple[kx.MacKey, kx.MacKey]]] = field(
         init=False, repr=False, default_factory=dict
     )
+    _enrolment: dict[str, bytes] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         seed = self.private.private_bytes(
@@ -144,6 +147,26 @@ class SigningKey:
     def static_public(self) -> bytes:
         """The 32-byte static X25519 public key (what the registry holds for MACs)."""
         return self.static.public
+
+    @property
+    def registry_digest(self) -> bytes | None:
+        """The digest of the key registry pinned at enrolment (:meth:`pin_registry`), if any."""
+        return self._enrolment.get("registry")
+
+    def pin_registry(self, digest: bytes) -> None:
+        """Pin the enrolment authority's digest of the key registry (:attr:`KeyRegistry.digest`).
+
+        What the enrolment authority (not the aggregation server) hands the client with its
+        identity, and again whenever the registry grows. A client takes part only with a
+        registry of that digest (:class:`ClientAuthentication`), and binds it into every
+        message it authenticates, so a registry the server forged or split is refused.
+
+        Raises:
+            ValueError: not a 32-byte digest.
+        """
+        if not isinstance(digest, bytes) or len(digest) != REGISTRY_DIGEST_BYTES:
+            raise ValueError(f"a registry digest is {REGISTRY_DIGEST_BYTES} bytes (SHA-256)")
+        self._enrolment["registry"] = digest
 
     @property
     def setup_pairs(self) -> int:
@@ -209,6 +232,13 @@ class KeyRegistry:
         if len(set(self.statics.values())) != len(self.statics):
             raise ValueError("two clients of the key registry share a static key")
         object.__setattr__(self, "_verifiers", checked)
+        object.__setattr__(self, "_digest", registry_digest(self.keys, self.statics))
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the whole registry (:func:`registry_digest`): what a client pins at
+        enrolment and binds into every message it authenticates."""
+        return self._digest
 
     def __contains__(self, client: object) -> bool:
         return client in self.keys
@@ -257,12 +287,29 @@ class KeyRegistry:
             ) from error
 
 
-def advertisement_message(round_id: int, client: int, c_public: bytes, s_public: bytes) -> bytes:
-    """What a client signs at AdvertiseKeys: the round, its id and its two public keys."""
+def registry_digest(keys: Mapping[int, bytes], statics: Mapping[int, bytes]) -> bytes:
+    """SHA-256 of a registry's entries in id order: ``(id, verification key, static key)``.
+
+    A client missing from one of the two maps counts with an empty key, so two registries that
+    differ in any entry, or in who is in them, have different digests.
+    """
+    digest = hashlib.sha256(kx.PROTOCOL_LABEL + PURPOSE_REGISTRY)
+    for client in sorted({int(c) for c in keys} | {int(c) for c in statics}):
+        key, static = keys.get(client, b""), statics.get(client, b"")
+        digest.update(struct.pack(">qBB", client, len(key), len(static)) + key + static)
+    return digest.digest()
+
+
+def advertisement_message(
+    round_id: int, client: int, c_public: bytes, s_public: bytes, *, registry: bytes
+) -> bytes:
+    """What a client signs at AdvertiseKeys: the round, the registry digest it pinned, its id
+    and its two public keys."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_ADVERTISE,
+            bytes(registry),
             struct.pack(">qq", round_id, client),
             bytes(c_public),
             bytes(s_public),
@@ -271,13 +318,20 @@ def advertisement_message(round_id: int, client: int, c_public: bytes, s_public:
 
 
 def advertisement_tag_message(
-    round_id: int, sender: int, recipient: int, c_public: bytes, s_public: bytes
+    round_id: int,
+    sender: int,
+    recipient: int,
+    c_public: bytes,
+    s_public: bytes,
+    *,
+    registry: bytes,
 ) -> bytes:
     """What ``sender`` MACs for ``recipient`` at AdvertiseKeys (``auth="macs"``)."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_ADVERTISE_MAC,
+            bytes(registry),
             struct.pack(">qqq", round_id, sender, recipient),
             bytes(c_public),
             bytes(s_public),
@@ -298,24 +352,37 @@ def _as_survivor_set(survivors: Iterable[int]) -> frozenset[int]:
     return frozenset(int(c) for c in survivors)
 
 
-def consistency_message(round_id: int, survivors: Iterable[int]) -> bytes:
-    """What a survivor signs at ConsistencyCheck: the round and the survivor set ``U_3`` told.
+def consistency_message(
+    round_id: int, survivors: Iterable[int], *, registry: bytes, min_contributors: int = 0
+) -> bytes:
+    """What a survivor signs at ConsistencyCheck: the round, the registry digest it pinned, the
+    minimum of contributors it holds (:attr:`SecAggConfig.min_contributors`) and the survivor
+    set ``U_3`` told.
 
     The set is hashed (SHA-256 of the sorted ids) so the message stays short for large rounds.
+    Binding the minimum means an endorsement counts only towards a helper that holds the same
+    one: a server that tells clients different minimums cannot add their endorsements up.
     """
     size, digest = _survivor_digest(_as_survivor_set(survivors))
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_CONSISTENCY,
-            struct.pack(">qq", round_id, size),
+            bytes(registry),
+            struct.pack(">qqq", round_id, size, min_contributors),
             digest,
         )
     )
 
 
 def consistency_tag_message(
-    round_id: int, sender: int, recipient: int, survivors: Iterable[int]
+    round_id: int,
+    sender: int,
+    recipient: int,
+    survivors: Iterable[int],
+    *,
+    registry: bytes,
+    min_contributors: int = 0,
 ) -> bytes:
     """What ``sender`` MACs for ``recipient`` at ConsistencyCheck (``auth="macs"``)."""
     size, digest = _survivor_digest(_as_survivor_set(survivors))
@@ -323,7 +390,8 @@ def consistency_tag_message(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_CONSISTENCY_MAC,
-            struct.pack(">qqqq", round_id, sender, recipient, size),
+            bytes(registry),
+            struct.pack(">qqqqq", round_id, sender, recipient, size, min_contributors),
             digest,
         )
     )
@@ -340,8 +408,16 @@ class ClientAuthentication:
         mode: ``"signatures"`` or ``"macs"`` (:data:`AUTH_MODES`).
         client: the client's id.
         round_id: the round.
-        identity: the client's long-term :class:`SigningKey`.
-        registry: every client's long-term public keys, from set-up.
+        identity: the client's long-term :class:`SigningKey`, with the registry digest pinned
+            at enrolment (:meth:`SigningKey.pin_registry`).
+        registry: every client's long-term public keys, as handed to the client (by whoever:
+            it is checked against the pinned digest).
+        min_contributors: the client's own minimum of contributors, bound into its
+            ConsistencyCheck authenticators (0: none).
+
+    Raises:
+        SignatureError: no digest pinned at enrolment, or a registry of another digest (forged,
+            or split by whoever handed it out).
 
     Attributes:
         setup_seconds: time spent agreeing static pairwise keys not yet cached (set-up, not
@@ -349,10 +425,30 @@ class ClientAuthentication:
     """
 
     def __init__(
-        self, mode: str, client: int, round_id: int, identity: SigningKey, registry: KeyRegistry
+        self,
+        mode: str,
+        client: int,
+        round_id: int,
+        identity: SigningKey,
+        registry: KeyRegistry,
+        *,
+        min_contributors: int = 0,
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {AUTH_MODES}, got {mode!r}")
+        pinned = identity.registry_digest
+        if pinned is None:
+            raise SignatureError(
+                f"client {client} has no key-registry digest pinned at enrolment: it cannot "
+                "tell an authentic registry from one the server forged; refusing "
+                "(SigningKey.pin_registry)"
+            )
+        if registry.digest != pinned:
+            raise SignatureError(
+                f"the key registry handed to client {client} does not match the digest it "
+                "pinned at enrolment (a registry forged or split by whoever handed it out: it "
+                "could hold another party's keys under real clients' ids); refusing"
+            )
         if mode == "signatures" and registry.keys.get(client) != identity.public:
             raise ValueError(
                 f"client {client}'s signing key is not the one the key registry holds for it"
@@ -366,6 +462,8 @@ class ClientAuthentication:
         self.round_id = round_id
         self.identity = identity
         self.registry = registry
+        self.digest = pinned
+        self.min_contributors = int(min_contributors)
         self.setup_seconds = 0.0
         self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
         self.wire_bytes = SIGNATURE_BYTES if mode == "signatures" else MAC_BYTES
@@ -394,7 +492,9 @@ class ClientAuthentication:
         """
         if self.mode == "signatures":
             return self.identity.sign(
-                advertisement_message(self.round_id, self.id, c_public, s_public)
+                advertisement_message(
+                    self.round_id, self.id, c_public, s_public, registry=self.digest
+                )
             )
         if recipients is None:
             raise ValueError(
@@ -403,7 +503,9 @@ class ClientAuthentication:
             )
         return {
             int(v): self._key(int(v), "advertisement")[0].tag(
-                advertisement_tag_message(self.round_id, self.id, int(v), c_public, s_public)
+                advertisement_tag_message(
+                    self.round_id, self.id, int(v), c_public, s_public, registry=self.digest
+                )
             )
             for v in recipients
         }
@@ -418,11 +520,15 @@ class ClientAuthentication:
             SignatureError: naming the sender.
         """
         if self.mode == "signatures":
-            message = advertisement_message(self.round_id, sender, c_public, s_public)
+            message = advertisement_message(
+                self.round_id, sender, c_public, s_public, registry=self.digest
+            )
             self.registry.verify(sender, message, authenticator, what="advertisement")
             return
         key = self._key(sender, "advertisement")[0]
-        message = advertisement_tag_message(self.round_id, sender, self.id, c_public, s_public)
+        message = advertisement_tag_message(
+            self.round_id, sender, self.id, c_public, s_public, registry=self.digest
+        )
         if not key.check(message, authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its advertisement does not verify (forged, on other "
@@ -432,13 +538,28 @@ class ClientAuthentication:
     def endorse(self, survivors: frozenset[int], recipients: Iterable[int]) -> Authenticator:
         """ConsistencyCheck: the authenticator of ``survivors`` (a signature, or a MAC each)."""
         if self.mode == "signatures":
-            return self.identity.sign(consistency_message(self.round_id, survivors))
+            return self.identity.sign(self._consistency(survivors))
         return {
             int(v): self._key(int(v), "survivor set")[1].tag(
-                consistency_tag_message(self.round_id, self.id, int(v), survivors)
+                consistency_tag_message(
+                    self.round_id,
+                    self.id,
+                    int(v),
+                    survivors,
+                    registry=self.digest,
+                    min_contributors=self.min_contributors,
+                )
             )
             for v in recipients
         }
+
+    def _consistency(self, survivors: frozenset[int]) -> bytes:
+        return consistency_message(
+            self.round_id,
+            survivors,
+            registry=self.digest,
+            min_contributors=self.min_contributors,
+        )
 
     def check_endorsement(self, sender: int, survivors: frozenset[int], authenticator) -> None:
         """Refuse unless ``sender`` authenticated ``survivors`` to this client in this round.
@@ -447,11 +568,19 @@ class ClientAuthentication:
             SignatureError: naming the sender.
         """
         if self.mode == "signatures":
-            message = consistency_message(self.round_id, survivors)
-            self.registry.verify(sender, message, authenticator, what="survivor set")
+            self.registry.verify(
+                sender, self._consistency(survivors), authenticator, what="survivor set"
+            )
             return
         key = self._key(sender, "survivor set")[1]
-        message = consistency_tag_message(self.round_id, sender, self.id, survivors)
+        message = consistency_tag_message(
+            self.round_id,
+            sender,
+            self.id,
+            survivors,
+            registry=self.digest,
+            min_contributors=self.min_contributors,
+        )
         if not key.check(message, authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
@@ -496,5 +625,8 @@ class SimulatedSigners:
                 {c: key.public for c, key in self._keys.items()},
                 {c: key.static_public for c, key in self._keys.items()},
             )
+            # The enrolment authority hands every enrolled client the new registry's digest.
+            for key in self._keys.values():
+                key.pin_registry(self._registry.digest)
         self.setup_seconds += time.perf_counter() - start
         return {c: self._keys[c] for c in clients}, self._registry
