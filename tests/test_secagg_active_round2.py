@@ -259,7 +259,6 @@ def test_a_registry_without_a_pinned_digest_is_refused():
 
 
 # ----------------------------------------------------------------------------- item 4: k and t
-@pytest.mark.xfail(strict=True, reason="issue 30 item 4: clients take k and t from the server")
 def test_a_client_refuses_k_1_t_1_from_the_server():
     """A round of 100: the server asks a client for a 1-out-of-1 sharing with one neighbour (its
     share would be the secret itself). The client holds its own floor and refuses, naming it."""
@@ -283,6 +282,7 @@ def test_a_client_refuses_k_1_t_1_from_the_server():
             lowered.threshold,
             s_publics=lowered.s_publics,
             signatures=lowered.signatures,
+            n_clients=lowered.n_clients,
         )
     assert clients[0].stage == "advertise"  # the refusal changed nothing
 
@@ -299,7 +299,6 @@ def _exact_union_bound(n: int, corrupt: int, k: int, t: int) -> Fraction:
     return Fraction((n - corrupt) * tail, total)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 4: no colluder sizing of k and t")
 @pytest.mark.parametrize("n", [100, 1000, 10000])
 @pytest.mark.parametrize("colluders", [None, 0.1, 3])
 def test_colluder_sizing_meets_its_bound_by_an_independent_computation(n, colluders):
@@ -319,8 +318,14 @@ def test_colluder_sizing_meets_its_bound_by_an_independent_computation(n, collud
     assert _exact_union_bound(n, corrupt, k, t) <= target
     if t - 1 > k / 2:
         assert _exact_union_bound(n, corrupt, k, t - 1) > target
-    # Every client holds the same floor and accepts exactly these parameters.
-    assert config.parameter_floor(n) == (k, t)
+    # Every client holds the same floor: it accepts these parameters and refuses one less in t
+    # (naming the threshold) or a single neighbour (naming the neighbours).
+    config.check_parameters(n, k, t)
+    if t - 1 > k / 2 and corrupt:
+        with pytest.raises(InsecureParameterError, match="threshold t=.* below the floor"):
+            config.check_parameters(n, k, t - 1)
+    with pytest.raises(InsecureParameterError, match="neighbour"):
+        config.check_parameters(n, 1, 1)
 
 
 # ----------------------------------------------------------------------------- item 1: DP noise

@@ -24,7 +24,7 @@ from securefed.crypto import shamir
 from securefed.crypto.fixed_point import Encoder
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree
-from securefed.transport.secagg.config import SecAggConfig, check_threshold
+from securefed.transport.secagg.config import SecAggConfig
 from securefed.transport.secagg.signatures import (
     Authenticator,
     ClientAuthentication,
@@ -118,6 +118,9 @@ class ShareRequest:
         signatures: each neighbour's authenticator of its advertisement (malicious-server
             variant: its Ed25519 signature, or its MAC addressed to this client; empty
             otherwise).
+        n_clients: the number of clients the server states for the round (``0``: not stated;
+            the client then takes the largest Shamir point); the client checks ``k`` and ``t``
+            against its own floor for it (:meth:`SecAggConfig.check_parameters`).
     """
 
     neighbours: tuple[int, ...]
@@ -126,6 +129,7 @@ class ShareRequest:
     threshold: int
     s_publics: tuple[bytes, ...] = ()
     signatures: tuple[bytes, ...] = ()
+    n_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -423,7 +427,12 @@ class SecAggClient:
         return signed
 
     def _check_share_request(
-        self, neighbours: Sequence[int], xs: Sequence[int], c_publics: Sequence[bytes], t: int
+        self,
+        neighbours: Sequence[int],
+        xs: Sequence[int],
+        c_publics: Sequence[bytes],
+        t: int,
+        n_clients: int,
     ) -> None:
         k = len(neighbours)
         if k == 0 or len(set(neighbours)) != k or self.id in neighbours:
@@ -436,7 +445,8 @@ class SecAggClient:
                 f"client {self.id} got {k} neighbours but {len(xs)} Shamir points and "
                 f"{len(c_publics)} public keys"
             )
-        check_threshold(int(t), k)
+        n = max(int(n_clients), max(int(x) for x in xs), k + 1)
+        self.config.check_parameters(n, k, int(t))
         if self.config.threshold is not None and t != self.config.threshold:
             raise InsecureParameterError(
                 f"the server asks client {self.id} for a {t}-out-of-{k} sharing, but the "
@@ -454,18 +464,23 @@ class SecAggClient:
         *,
         s_publics: Sequence[bytes] = (),
         signatures: Sequence[bytes] = (),
+        n_clients: int = 0,
     ) -> list[bytes]:
         """ShareKeys: Shamir-share ``b_u`` and ``s_u`` among ``neighbours``, one sealed share each.
 
         In the malicious-server variant every neighbour's advertisement (``c`` and ``s`` key,
         ``s_publics``) must carry its valid signature (``signatures``) before any key is used.
+        ``k = len(neighbours)`` and ``threshold`` must meet the client's own floor for a round
+        of ``n_clients`` (the server's statement, at least the largest Shamir point; the
+        colluder bound of :attr:`SecAggConfig.colluders`).
 
         Returns:
             One sealed share per neighbour, in the order of ``neighbours``.
 
         Raises:
             InsecureParameterError: a threshold ``t <= k/2`` (with ``t = 1`` each share is the
-                secret itself) or ``t > k`` for the ``k`` neighbours, or other than configured.
+                secret itself) or ``t > k`` for the ``k`` neighbours, or other than configured;
+                ``k`` or ``t`` below the client's colluder floor (naming the parameter).
             InvalidPublicKeyError: a neighbour's ``c`` key is malformed or of low order.
             AggregationError: the client shared already, or has not advertised; repeated
                 neighbours, or itself among them.
@@ -473,7 +488,7 @@ class SecAggClient:
                 signature, or a neighbour outside the key registry.
         """
         self._check_stage("share")
-        self._check_share_request(neighbours, xs, c_publics, threshold)
+        self._check_share_request(neighbours, xs, c_publics, threshold, n_clients)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
         setup_before = self.auth.setup_seconds if self.auth is not None else 0.0

@@ -354,6 +354,7 @@ class SecAggRound(AggregationRound):
                 self.timer,
                 s_publics=request.s_publics,
                 signatures=request.signatures,
+                n_clients=request.n_clients,
             )
             self.receive_shares(client, sealed)
 
@@ -374,6 +375,7 @@ class SecAggRound(AggregationRound):
             signatures=(
                 tuple(self._advert_for(v, client) for v in neighbours) if malicious else ()
             ),
+            n_clients=len(self._ids),
         )
 
     def _advert_for(self, sender: int, recipient: int) -> bytes:
