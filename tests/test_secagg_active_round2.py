@@ -322,7 +322,7 @@ def test_colluder_sizing_meets_its_bound_by_an_independent_computation(n, collud
     # (naming the threshold) or a single neighbour (naming the neighbours).
     config.check_parameters(n, k, t)
     if t - 1 > k / 2 and corrupt:
-        with pytest.raises(InsecureParameterError, match="threshold t=.* below the floor"):
+        with pytest.raises(InsecureParameterError, match=r"threshold t=.* below the floor"):
             config.check_parameters(n, k, t - 1)
     with pytest.raises(InsecureParameterError, match="neighbour"):
         config.check_parameters(n, 1, 1)

@@ -346,9 +346,7 @@ def hypergeometric_tail(population: int, marked: int, draws: int, at_least: int)
     return min(
         1.0,
         sum(
-            math.exp(
-                _log_choose(marked, x) + _log_choose(population - marked, draws - x) - total
-            )
+            math.exp(_log_choose(marked, x) + _log_choose(population - marked, draws - x) - total)
             for x in range(low, high + 1)
         ),
     )
