@@ -313,6 +313,9 @@ class DPRound(AggregationRound):
         self._charged = False
         self.mechanism: DistributedIntegerMechanism | None = transport._pending_mechanism
         self._signs: np.ndarray | None = transport._pending_signs
+        # The count each client's distributed noise share is calibrated for, and whether the
+        # clients themselves refuse to unmask a sum of fewer (malicious-server secagg).
+        self.min_contributors, self.clients_enforce = transport._pending_minimum
         self._block = inner.shape if self.mechanism is None else transport._pending_shape
         if self.mechanism is not None:
             self.shape = self._block  # the callers' block; the inner round carries (1, D)
@@ -346,7 +349,8 @@ class DPRound(AggregationRound):
         for client, weight in zip(clipped.clients.tolist(), weights.tolist(), strict=True):
             self._weight_sq[int(client)] = weight * weight
         cfg = self.config
-        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, len(self.clients))
+        shares = self.min_contributors if cfg.placement == "distributed" else len(self.clients)
+        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, shares)
         per_client = max(1, clipped.n_rows * clipped.width)
         step = max(1, _DENSE_CHUNK // per_client)
         for start in range(0, len(clipped.clients), step):
@@ -421,13 +425,40 @@ class DPRound(AggregationRound):
         if not self._charged and self.mechanism is not None:
             self._charge_integers()
         if not self._charged:
-            sigma_eff = self._effective_sigma(sorted(self.submitted))
+            contributors = sorted(self.submitted)
+            self._check_minimum(len(contributors))
+            sigma_eff = self._effective_sigma(contributors)
             self.view.public["dp_sigma_effective"] = sigma_eff
             if sigma_eff > 0:
                 server = self.transport.server_exposure(sigma_eff, len(self.clients))
+                if self.clients_enforce and server is not None:
+                    # The server can unmask any set of at least the minimum that endorsed it.
+                    server = (self._weakest_sigma(contributors), server[1])
                 self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
             self._charged = True
         return self._decode()
+
+    def _check_minimum(self, n_contributors: int) -> None:
+        """Refuse a gaussian distributed release of fewer contributors than its noise shares
+        were calibrated for (a stated ``min_contributors``, or the clients' own check).
+
+        Raises:
+            AggregationError: nothing is decoded.
+        """
+        stated = self.config.min_contributors is not None or self.clients_enforce
+        if stated and n_contributors < self.min_contributors:
+            raise AggregationError(
+                f"round {self.round_id}: {n_contributors} contributor(s), fewer than the minimum "
+                f"of {self.min_contributors} that each client's noise share is calibrated for "
+                "(each adds 1/minimum of the variance): refused, nothing is decoded"
+            )
+
+    def _weakest_sigma(self, contributors: list[int]) -> float:
+        """The multiplier of the least noisy sum the clients allow: the ``minimum`` lightest
+        contributors' shares (``sigma`` when every weight is 1)."""
+        weights = sorted(self._weight_sq.get(int(c), 0.0) for c in contributors)
+        minimum = self.min_contributors
+        return self.config.noise_multiplier * math.sqrt(sum(weights[:minimum]) / minimum)
 
     def _charge_integers(self) -> None:
         """Refuse too few contributors; charge the integer mechanism's accountant for the sum.
@@ -445,7 +476,11 @@ class DPRound(AggregationRound):
                 "1/n of it): refused, nothing is decoded"
             )
         release = self.mechanism.release(n)
-        server = self.transport.server_release(self.mechanism, n)
+        # Where the clients check the minimum, the server can unmask any set of at least the
+        # minimum that endorsed it: it is charged for the least noisy one.
+        server = self.transport.server_release(
+            self.mechanism, minimum if self.clients_enforce else n
+        )
         self.transport.ledger.charge_discrete(release, server=server)
         self.view.public["dp_contributors"] = n
         self.view.public["ddp_wrap_bound"] = self.mechanism.wrap_bound(n)
@@ -485,9 +520,10 @@ class DPRound(AggregationRound):
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
     def _effective_sigma(self, contributors: list[int]) -> float:
-        """``sigma * sqrt(sum_k w_k^2 / n)``: the multiplier the distributed sum really carries."""
+        """``sigma * sqrt(sum_k w_k^2 / m)``: the multiplier the distributed sum really carries
+        (``m`` the count each share is calibrated for: the minimum, else the clients asked)."""
         weight_sq = sum(self._weight_sq.get(int(c), 0.0) for c in contributors)
-        return self.config.noise_multiplier * math.sqrt(weight_sq / len(self.clients))
+        return self.config.noise_multiplier * math.sqrt(weight_sq / self.min_contributors)
 
     def result(self) -> Aggregate:
         """The aggregate with DP noise (central: the server's noise; else the clients').
@@ -635,6 +671,7 @@ class DPTransport(Transport):
         self._pending_mechanism: DistributedIntegerMechanism | None = None
         self._pending_signs: np.ndarray | None = None
         self._pending_shape: tuple[int, int] = (0, 0)
+        self._pending_minimum: tuple[int, bool] = (0, False)
         self._target: tuple[float, int] | None = None
         if target_epsilon is not None or target_rounds is not None:
             if self.config.mechanism not in INTEGER_MECHANISMS:
@@ -767,7 +804,16 @@ class DPTransport(Transport):
         server = self.server_exposure(sigma, n_asked)
         if self.ledger.would_exceed(sigma, rate, server=server):
             self.ledger.charge(sigma, rate, server=server)  # raises with the figures
+        minimum = n_asked if self.config.min_contributors is None else self.config.min_contributors
+        if self.config.placement == "distributed" and n_asked < minimum:
+            raise AggregationError(
+                f"round {round_id} asks {n_asked} client(s), fewer than the minimum of "
+                f"{minimum} contributors for a DP release"
+            )
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
+        enforced = self.config.placement == "distributed" and self._hold_minimum(
+            inner_round, minimum
+        )
         if local:
             self.ledger.charge(sigma, 1.0, server=server)  # clients release at submit
         self.view.public["seeded"] = seeds.seed is not None
@@ -788,7 +834,19 @@ class DPTransport(Transport):
         )
         if local:
             self._report(inner_round.view)
-        return DPRound(self, inner_round)
+        self._pending_minimum = (minimum, enforced)
+        try:
+            return DPRound(self, inner_round)
+        finally:
+            self._pending_minimum = (0, False)
+
+    @staticmethod
+    def _hold_minimum(inner_round: AggregationRound, minimum: int) -> bool:
+        """Hand the inner round's clients the minimum of contributors their noise shares are
+        calibrated for, where they can check it themselves (malicious-server secure
+        aggregation: ``SecAggRound.require_contributors``); whether they do."""
+        require = getattr(inner_round, "require_contributors", None)
+        return bool(require(minimum)) if require is not None else False
 
     def plan(self, n_clients: int, shape: tuple[int, int]) -> DistributedIntegerMechanism:
         """The integer mechanism of a round of ``n_clients`` asked, for ``shape`` blocks.
@@ -920,10 +978,13 @@ class DPTransport(Transport):
         )
         self._pending_mechanism, self._pending_signs = mechanism, signs
         self._pending_shape = (int(shape[0]), int(shape[1]))
+        enforced = self._hold_minimum(inner_round, mechanism.min_contributors)
+        self._pending_minimum = (mechanism.min_contributors, enforced)
         try:
             return DPRound(self, inner_round)
         finally:
             self._pending_mechanism, self._pending_signs = None, None
+            self._pending_minimum = (0, False)
 
     def _round_class(self) -> type[AggregationRound]:
         return DPRound  # not used: open_round builds DPRound around the inner round

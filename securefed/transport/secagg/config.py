@@ -266,13 +266,19 @@ class SecAggConfig:
             "bits": self.bits,
             "scale": AUTOMATIC_SCALE if self.scale is None else self.scale,
             "clip": self.clip,
-            "neighbours": "ceil(2 log2 n)" if self.neighbours is None else self.neighbours,
-            "threshold": "floor(k/2)+1" if self.threshold is None else self.threshold,
+            "neighbours": (
+                "ceil(2 log2 n), raised until the threshold meets the colluder bound"
+                if self.neighbours is None
+                else self.neighbours
+            ),
+            "threshold": (
+                f"smallest t > k/2 with (n - c) P(Hypergeometric(n - 1, c, k) >= 2t - k) <= "
+                f"2^-{self.security_bits}, c = {self._colluders_text()}; every client checks it"
+                if self.threshold is None
+                else self.threshold
+            ),
             "expected_dropout": self.expected_dropout,
             "failure_target": self.failure_target,
-            "colluders": self.colluders,
-            "security_bits": self.security_bits,
-            "min_contributors": self.min_contributors,
             "out_of_range": self.out_of_range,
             "prg": self.prg,
             "aead": self.aead,
@@ -283,6 +289,11 @@ class SecAggConfig:
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
         }
+
+    def _colluders_text(self) -> str:
+        if isinstance(self.colluders, float):
+            return f"floor({self.colluders:g} n) colluders"
+        return f"{self.colluders} colluder(s)"
 
     def _authentication(self) -> str:
         if not self.malicious:
