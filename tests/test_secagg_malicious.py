@@ -658,7 +658,7 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
     )
     costs.update(ed25519_sign=4e-5, ed25519_verify=1e-4, keystream_bytes_per_second=1e9)
     costs["cpu"] = dict(costs)
-    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs)
+    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs, count_contributors=True)
     (row,) = report["rows"]
     for key in ("honest_but_curious", "malicious_macs", "malicious_signatures"):
         assert row[key]["status"] == "ok" and row[key]["floor_seconds"] > 0
@@ -669,5 +669,11 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
     assert macs["setup_seconds"] > 0
     assert macs["first_round_seconds"] == pytest.approx(macs["seconds"] + macs["setup_seconds"])
     assert row["malicious_macs_over_hbc"] > 0
+    # The counted round: each of its helpers verifies as many endorsements as there are
+    # endorsers (issue 30 item 1), more than the t of the signed round.
+    counted = row["malicious_counted"]
+    assert counted["status"] == "ok"
+    assert counted["operations"]["ed25519_verify"] > signed["operations"]["ed25519_verify"]
     table = malicious_table(report)
     assert "MACs (opt-in, not KCI-resistant)" in table and "signatures (default)" in table
+    assert "helpers count the contributors" in table
