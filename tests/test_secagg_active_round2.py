@@ -480,3 +480,15 @@ def test_the_dp_minimum_sizes_each_share_and_the_servers_charge():
         rnd.drop(c)
     with pytest.raises(AggregationError, match="minimum"):
         rnd.result()
+
+
+def test_a_contributor_count_is_refused_under_macs():
+    """A MAC convinces only its recipient: a client cannot count contributors beyond its
+    neighbours, so a minimum of contributors (and distributed DP over MAC-authenticated secure
+    aggregation) is refused, naming signatures."""
+    with pytest.raises(InsecureParameterError, match="auth='signatures'"):
+        SecAggConfig(auth="macs", min_contributors=5)
+    inner = SecAggTransport(SecAggConfig(clip=8.0, neighbours=4, auth="macs"))
+    dp = DPTransport(inner, clip=1.0, noise_multiplier=1.0, placement="distributed")
+    with pytest.raises(InsecureParameterError, match="auth='signatures'"):
+        dp.open_round(0, range(6), shape=(1, 4), seeds=SeedTree(0))

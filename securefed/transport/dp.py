@@ -36,12 +36,16 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      the clipped sum in the clear), so its epsilon is infinite.
    * distributed: at the inner round's decoding (:meth:`DPRound.result`, or the inner round's own
      ``result``, which is sealed behind the charge), with the *effective* multiplier
-     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the
-     sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
-     is charged for what it carries, never for what was planned. (The contributors' noise is
-     taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
-     in advance: Kairouz et al. 2021.) Against the server ``(sigma_eff, 1)``; over a plaintext
-     inner transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
+     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / m)`` over the contributors ``k`` actually in the
+     sum, ``m`` the count each share is calibrated for (``min_contributors``, else the clients
+     asked): with dropouts (or weights < 1) the sum carries less noise than planned and the
+     ledger is charged for what it carries, never for what was planned. Over malicious-server
+     secure aggregation the clients hold ``m`` themselves (Kairouz et al. 2021 fix a minimum of
+     contributors in advance; issue 30 item 1): each endorses and unmasks only a survivor set
+     that ``m`` clients endorsed, and the server is charged for the least noisy sum they allow,
+     ``sigma * sqrt(sum of the m smallest w_k^2 / m)``. Elsewhere against the server
+     ``(sigma_eff, 1)``; over a plaintext inner transport, where it reads each update,
+     ``(sigma / sqrt(n), 1)``.
    * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
      release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
      (its update vs no update), and the server knows who submitted, so no amplification by
@@ -140,8 +144,13 @@ class DPConfig:
             2..32.
         wrap_target: the integer mechanisms' bound on the chance that the sum wraps the
             modulus in a round (chooses the granularity).
-        min_contributors: a distributed release of fewer contributors is refused. ``None``:
-            no minimum for ``"gaussian"``; every client asked for the integer mechanisms.
+        min_contributors: the count each client's distributed noise share is calibrated for
+            (``sigma C / sqrt(min_contributors)``); a distributed release of fewer contributors
+            is refused. ``None``: every client asked. Over malicious-server secure aggregation
+            the clients hold it themselves (``SecAggRound.require_contributors``) and count the
+            endorsers of the survivor set before they reveal; elsewhere only the server's
+            round checks it, and with ``None`` a Gaussian round over such a transport releases
+            a sum of fewer contributors, charged for the noise it carries.
     """
 
     clip: float
