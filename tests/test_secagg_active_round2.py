@@ -79,6 +79,19 @@ def _open_sealed_shares(rnd, victim_c, sealed, fakes, xs, threshold):
     return b, s_private
 
 
+def _share(client, request):
+    """ShareKeys of an honest ``client`` on the server's ``request`` (as sent: maybe a lie)."""
+    return client.share(
+        request.neighbours,
+        request.xs,
+        request.c_publics,
+        request.threshold,
+        s_publics=request.s_publics,
+        signatures=request.signatures,
+        n_clients=request.n_clients,
+    )
+
+
 def _impersonate_neighbours(rnd, clients, forge):
     """The server relays its own ``c`` keys for every neighbour of the victim, each with an
     authenticator made by ``forge(v, c_fake, s_v)``; returns the decoded victim vector.
@@ -96,14 +109,7 @@ def _impersonate_neighbours(rnd, clients, forge):
     )
     forged = dataclasses.replace(request, c_publics=c_publics, signatures=signatures)
     victim = clients[VICTIM]
-    sealed = victim.share(
-        forged.neighbours,
-        forged.xs,
-        forged.c_publics,
-        forged.threshold,
-        s_publics=forged.s_publics,
-        signatures=forged.signatures,
-    )
+    sealed = _share(victim, forged)
     masked, _ = victim.mask(
         _inputs(n)[VICTIM],
         forged.neighbours,
@@ -235,14 +241,7 @@ def test_a_split_registry_is_detected_by_the_digest_every_message_binds(auth):
     for c in [0, *rnd.neighbours(0).tolist()]:
         request = rnd.share_request(c)
         with pytest.raises(SignatureError, match="does not verify"):
-            clients[c].share(
-                request.neighbours,
-                request.xs,
-                request.c_publics,
-                request.threshold,
-                s_publics=request.s_publics,
-                signatures=request.signatures,
-            )
+            _share(clients[c], request)
         refused.add(c)
     assert 0 in refused and len(refused) == 1 + rnd.neighbours_k
 
@@ -277,15 +276,7 @@ def test_a_client_refuses_k_1_t_1_from_the_server():
         threshold=1,
     )
     with pytest.raises(InsecureParameterError, match=r"neighbours|threshold"):
-        clients[0].share(
-            lowered.neighbours,
-            lowered.xs,
-            lowered.c_publics,
-            lowered.threshold,
-            s_publics=lowered.s_publics,
-            signatures=lowered.signatures,
-            n_clients=lowered.n_clients,
-        )
+        _share(clients[0], lowered)
     assert clients[0].stage == "advertise"  # the refusal changed nothing
 
 
@@ -358,17 +349,7 @@ def _three_of_twenty():
     rnd.receive_keys({c: clients[c].advertise(rnd.neighbours(c).tolist()) for c in range(REAL)})
     for c in range(REAL):
         request = rnd.share_request(c)
-        rnd.receive_shares(
-            c,
-            clients[c].share(
-                request.neighbours,
-                request.xs,
-                request.c_publics,
-                request.threshold,
-                s_publics=request.s_publics,
-                signatures=request.signatures,
-            ),
-        )
+        rnd.receive_shares(c, _share(clients[c], request))
     workspace = masking_workspace(NOISE_LENGTH, rnd.config)
     for c in range(REAL):
         request = rnd.mask_request(c)

@@ -541,17 +541,20 @@ class ClientAuthentication:
             return self.identity.sign(self._consistency(survivors))
         return {
             int(v): self._key(int(v), "survivor set")[1].tag(
-                consistency_tag_message(
-                    self.round_id,
-                    self.id,
-                    int(v),
-                    survivors,
-                    registry=self.digest,
-                    min_contributors=self.min_contributors,
-                )
+                self._consistency_tag(self.id, int(v), survivors)
             )
             for v in recipients
         }
+
+    def _consistency_tag(self, sender: int, recipient: int, survivors: frozenset[int]) -> bytes:
+        return consistency_tag_message(
+            self.round_id,
+            sender,
+            recipient,
+            survivors,
+            registry=self.digest,
+            min_contributors=self.min_contributors,
+        )
 
     def _consistency(self, survivors: frozenset[int]) -> bytes:
         return consistency_message(
@@ -573,15 +576,7 @@ class ClientAuthentication:
             )
             return
         key = self._key(sender, "survivor set")[1]
-        message = consistency_tag_message(
-            self.round_id,
-            sender,
-            self.id,
-            survivors,
-            registry=self.digest,
-            min_contributors=self.min_contributors,
-        )
-        if not key.check(message, authenticator):
+        if not key.check(self._consistency_tag(sender, self.id, survivors), authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
                 "forged, from another round, or addressed to another client); refusing"
