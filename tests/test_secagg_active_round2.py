@@ -473,3 +473,25 @@ def test_a_contributor_count_is_refused_under_macs():
     dp = DPTransport(inner, clip=1.0, noise_multiplier=1.0, placement="distributed")
     with pytest.raises(InsecureParameterError, match="auth='signatures'"):
         dp.open_round(0, range(6), shape=(1, 4), seeds=SeedTree(0))
+
+
+def test_shared_checks_remember_only_what_verified():
+    """The simulation's shortcut (clients sharing one registry object verify each distinct
+    signature once) gives the same answers: a remembered signature passes only for its own
+    client and message, a forged one still fails, and the digest does not depend on it."""
+    keys, registry = SimulatedSigners().set_up(range(3), SeedTree(0))
+    assert registry.shared_checks
+    plain = KeyRegistry(dict(registry.keys), dict(registry.statics))
+    assert plain.digest == registry.digest and not plain.shared_checks
+    message = b"survivor set"
+    signature = keys[0].sign(message)
+    for reg in (registry, plain):
+        reg.verify(0, message, signature, what="survivor set")
+        reg.verify(0, message, signature, what="survivor set")  # remembered (shared) or again
+        with pytest.raises(SignatureError, match="does not verify"):
+            reg.verify(1, message, signature, what="survivor set")  # another client's key
+        with pytest.raises(SignatureError, match="does not verify"):
+            reg.verify(0, b"another set", signature, what="survivor set")
+        forged = bytes(64)
+        with pytest.raises(SignatureError, match="does not verify"):
+            reg.verify(0, message, forged, what="survivor set")

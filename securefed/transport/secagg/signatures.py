@@ -208,10 +208,18 @@ class KeyRegistry:
         keys: client id -> 32-byte Ed25519 verification key (``auth="signatures"``).
         statics: client id -> 32-byte static X25519 public key (``auth="macs"``); checked
             canonical and not of low order.
+        shared_checks: remember every signature that verified, so that the clients holding
+            this very object verify each distinct ``(client, message, signature)`` once. A
+            shortcut of the simulation only (:class:`SimulatedSigners`: its simulated clients
+            share one registry object in one process; Ed25519 verification is a deterministic
+            function of the key, the message and the signature, so the answers are the same);
+            a real client, holding its own registry, verifies every signature it needs. Not
+            part of the digest.
     """
 
     keys: Mapping[int, bytes] = field(default_factory=dict)
     statics: Mapping[int, bytes] = field(default_factory=dict)
+    shared_checks: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         checked = {}
@@ -233,6 +241,7 @@ class KeyRegistry:
             raise ValueError("two clients of the key registry share a static key")
         object.__setattr__(self, "_verifiers", checked)
         object.__setattr__(self, "_digest", registry_digest(self.keys, self.statics))
+        object.__setattr__(self, "_verified", set())
 
     @property
     def digest(self) -> bytes:
@@ -278,6 +287,9 @@ class KeyRegistry:
                 f"client {client}'s {what} carries no {SIGNATURE_BYTES}-byte Ed25519 signature; "
                 "refusing"
             )
+        remembered = (int(client), bytes(message), signature)
+        if self.shared_checks and remembered in self._verified:
+            return
         try:
             verifier.verify(signature, message)
         except InvalidSignature as error:
@@ -285,6 +297,8 @@ class KeyRegistry:
                 f"client {client}'s signature on its {what} does not verify (forged, on other "
                 "content, or from another round); refusing"
             ) from error
+        if self.shared_checks:
+            self._verified.add(remembered)
 
 
 def registry_digest(keys: Mapping[int, bytes], statics: Mapping[int, bytes]) -> bytes:
@@ -595,12 +609,18 @@ class SimulatedSigners:
 
     Attributes:
         setup_seconds: time spent making identities and registries (set-up, not per round).
+        shared_checks: registries made from now on remember the signatures that verified
+            (:attr:`KeyRegistry.shared_checks`; ``True``: the simulation's shortcut).
     """
 
     def __init__(self) -> None:
         self._keys: dict[int, SigningKey] = {}
         self._registry: KeyRegistry | None = None
         self.setup_seconds = 0.0
+        # The simulated clients share the registry object: each distinct signature is verified
+        # once (KeyRegistry.shared_checks); the cost benchmark turns this off to measure what
+        # every real client verifies.
+        self.shared_checks = True
 
     def set_up(
         self, clients: Iterable[int], seeds: SeedTree
@@ -619,6 +639,7 @@ class SimulatedSigners:
             self._registry = KeyRegistry(
                 {c: key.public for c, key in self._keys.items()},
                 {c: key.static_public for c, key in self._keys.items()},
+                shared_checks=self.shared_checks,
             )
             # The enrolment authority hands every enrolled client the new registry's digest.
             for key in self._keys.values():
