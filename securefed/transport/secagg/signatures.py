@@ -8,12 +8,13 @@ put its own keys in a neighbour's place (reading the shares the victim seals to 
 or invent clients; with it, the only keys a client accepts are those of registered clients, bound
 to the round.
 
-Two ways to authenticate, the same guarantee (:data:`AUTH_MODES`, ``SecAggConfig.auth``):
+Two ways to authenticate (:data:`AUTH_MODES`, ``SecAggConfig.auth``), *not* equivalent:
 
-* ``"signatures"`` (Bonawitz et al.'s): Ed25519. A client signs its advertisement once and the
-  survivor set once; each receiver verifies ``k`` advertisements and (up to) ``t`` survivor-set
-  signatures, 144 us each on the idle machine, more than the round's X25519 agreements.
-* ``"macs"`` (the default): HMAC-SHA256 under a *static pairwise key*. Each client's long-term
+* ``"signatures"`` (the default, Bonawitz et al.'s): Ed25519. A client signs its advertisement
+  once and the survivor set once; each receiver verifies ``k`` advertisements and (up to) ``t``
+  survivor-set signatures, 144 us each on the idle machine, more than the round's X25519
+  agreements. A stolen signing key lets its thief sign only as its owner.
+* ``"macs"`` (an explicit opt-in): HMAC-SHA256 under a *static pairwise key*. Each client's long-term
   identity also holds a static X25519 key, whose public half is in the registry; clients ``u``
   and ``v`` share ``K_uv = HKDF(X25519(z_u, Z_v), info = label, "static-pairwise", {u, v})``,
   computed the first time they are neighbours and kept with the identity (set-up cost: one
@@ -34,15 +35,21 @@ MACs give up is transferability: only ``v`` can check ``u``'s tag to ``v``, so t
 check advertisements early (it can with signatures), and a tag proves nothing to a third party;
 the protocol never needs either, since each check is a client checking its own neighbours. A
 corrupt neighbour ``v`` can tag anything to ``u``, exactly as it can sign anything: the bound on
-corrupt neighbours (fewer than ``2t - k``) is the same. Forward secrecy of the masks is kept: the
+corrupt neighbours (fewer than ``2t - k``) is the same. What MACs do *not* give is resistance to
+key-compromise impersonation: ``K_uv`` is computed from either side's static private key, so
+whoever holds ``z_u`` (a thief of ``u``'s own long-term key) tags anything as any ``v`` to
+``u``, and so relays its own keys as every neighbour's and decodes ``u``'s vector in every
+later round (tests/test_secagg_active_round2.py); with signatures it cannot sign as ``v``. Forward secrecy of the masks is kept: the
 static keys only authenticate; the masks and the shares still come from the round's ephemeral
 ``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets its thief
 impersonate the client in later rounds, as a stolen signing key would).
 
-There is no PKI here: :class:`KeyRegistry` is whatever the party that sets the federation up hands
-every client (in one process, :class:`SecAggTransport` derives the simulated clients' identities
-and hands each client the registry, never through the server's round). The guarantee holds only
-if that registry is authentic: a server that can write it can register Sybils.
+There is no PKI here: :class:`KeyRegistry` is whatever is handed to a client, and the client
+checks it against the digest (:attr:`KeyRegistry.digest`) it pinned at enrolment
+(:meth:`SigningKey.pin_registry`, from the enrolment authority, not the aggregation server), and
+binds that digest into everything it authenticates, so a registry forged or split by whoever
+hands it out is refused. In one process :class:`SimulatedSigners` plays the enrolment
+authority. The enrolment authority itself is trusted: it binds ids to keys.
 
 Every signed or tagged message starts with :data:`~securefed.crypto.keys.PROTOCOL_LABEL`, a
 purpose tag and the round, so an authenticator of one purpose or one round is never valid for
