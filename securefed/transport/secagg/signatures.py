@@ -14,35 +14,35 @@ Two ways to authenticate (:data:`AUTH_MODES`, ``SecAggConfig.auth``), *not* equi
   once and the survivor set once; each receiver verifies ``k`` advertisements and (up to) ``t``
   survivor-set signatures, 144 us each on the idle machine, more than the round's X25519
   agreements. A stolen signing key lets its thief sign only as its owner.
-* ``"macs"`` (an explicit opt-in): HMAC-SHA256 under a *static pairwise key*. Each client's long-term
-  identity also holds a static X25519 key, whose public half is in the registry; clients ``u``
-  and ``v`` share ``K_uv = HKDF(X25519(z_u, Z_v), info = label, "static-pairwise", {u, v})``,
-  computed the first time they are neighbours and kept with the identity (set-up cost: one
+* ``"macs"`` (an explicit opt-in): HMAC-SHA256 under a *static pairwise key*. Each client's
+  long-term identity also holds a static X25519 key, whose public half is in the registry; clients
+  ``u`` and ``v`` share ``K_uv = HKDF(X25519(z_u, Z_v), info = label, "static-pairwise", {u,
+  v})``, computed the first time they are neighbours and kept with the identity (set-up cost: one
   agreement per pair and side, once; :attr:`SigningKey.setup_pairs`). Client ``u`` sends each
   neighbour ``v`` the tag ``HMAC(K_uv^adv, label, "advertise-keys-mac", round, u, v, c_u, s_u)``
-  and, at ConsistencyCheck, ``HMAC(K_uv^cc, label, "consistency-check-mac", round, u, v,
-  |U_3|, SHA-256(U_3))`` (``K^adv || K^cc``: one 64-byte HKDF per pair). ``v`` accepts an
-  advertisement or a survivor set of ``u`` only with a valid tag of ``u`` addressed to ``v``.
+  and, at ConsistencyCheck, ``HMAC(K_uv^cc, label, "consistency-check-mac", round, u, v, |U_3|,
+  SHA-256(U_3))`` (``K^adv || K^cc``: one 64-byte HKDF per pair). ``v`` accepts an advertisement
+  or a survivor set of ``u`` only with a valid tag of ``u`` addressed to ``v``.
 
-What the server can and cannot forge with MACs. It holds every public key and every tag it
-relays, never a static private key, so it cannot compute ``K_uv`` for any pair of honest clients
+What the server can and cannot forge with MACs. It holds every public key and every tag it relays,
+never a static private key, so it cannot compute ``K_uv`` for any pair of honest clients
 (computational Diffie-Hellman on X25519) and cannot make a tag of ``u`` for ``v`` on content ``u``
 did not authenticate (HMAC-SHA256 is a PRF). Replays do not help: the tag binds the purpose, the
 round, the sender and the recipient, so a tag of another round, of the other purpose, reflected
 back to its own sender (``K_uv`` is symmetric: without ``u, v`` in order inside the tag, ``u``'s
-own tag to ``v`` would pass as ``v``'s to ``u``), or forwarded to a third client fails. What
-MACs give up is transferability: only ``v`` can check ``u``'s tag to ``v``, so the server cannot
-check advertisements early (it can with signatures), and a tag proves nothing to a third party;
-the protocol never needs either, since each check is a client checking its own neighbours. A
-corrupt neighbour ``v`` can tag anything to ``u``, exactly as it can sign anything: the bound on
-corrupt neighbours (fewer than ``2t - k``) is the same. What MACs do *not* give is resistance to
+own tag to ``v`` would pass as ``v``'s to ``u``), or forwarded to a third client fails. What MACs
+give up is transferability: only ``v`` can check ``u``'s tag to ``v``, so the server cannot check
+advertisements early (it can with signatures), and a tag proves nothing to a third party; the
+protocol never needs either, since each check is a client checking its own neighbours. A corrupt
+neighbour ``v`` can tag anything to ``u``, exactly as it can sign anything: the bound on corrupt
+neighbours (fewer than ``2t - k``) is the same. What MACs do *not* give is resistance to
 key-compromise impersonation: ``K_uv`` is computed from either side's static private key, so
-whoever holds ``z_u`` (a thief of ``u``'s own long-term key) tags anything as any ``v`` to
-``u``, and so relays its own keys as every neighbour's and decodes ``u``'s vector in every
-later round (tests/test_secagg_active_round2.py); with signatures it cannot sign as ``v``. Forward secrecy of the masks is kept: the
-static keys only authenticate; the masks and the shares still come from the round's ephemeral
-``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets its thief
-impersonate the client in later rounds, as a stolen signing key would).
+whoever holds ``z_u`` (a thief of ``u``'s own long-term key) tags anything as any ``v`` to ``u``,
+and so relays its own keys as every neighbour's and decodes ``u``'s vector in every later round
+(tests/test_secagg_active_round2.py); with signatures it cannot sign as ``v``. Forward secrecy of
+the masks is kept: the static keys only authenticate; the masks and the shares still come from the
+round's ephemeral ``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets
+its thief impersonate the client in later rounds, as a stolen signing key would).
 
 There is no PKI here: :class:`KeyRegistry` is whatever is handed to a client, and the client
 checks it against the digest (:attr:`KeyRegistry.digest`) it pinned at enrolment
