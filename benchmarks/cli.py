@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
@@ -201,8 +200,9 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--checkpoint-key-file",
         default=None,
-        help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
-        "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
+        help="file of at least 16 bytes, mode 0600 (refused otherwise): the keys of the "
+        "checkpoints' HMACs and of the encryption of their client state and a secure-mode run's "
+        "entropy derive from it (needed to checkpoint a run without --seed)",
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run_fedmf)
@@ -212,6 +212,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
+    from securefed.integrity import read_key_file
     from securefed.recsys.fedmf import (
         FedMFConfig,
         biased_config,
@@ -221,14 +222,23 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
-    split = datasets.load(
-        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+    loader = datasets.LoaderOptions(
+        split=args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
     )
+    split = datasets.load_with(args.data, loader)
+    # What `securefed attack` needs to rebuild the truth: public names and a digest, no ratings.
+    described = {
+        "name": split.name,
+        "source": str(args.data),
+        "source_sha256": datasets.source_sha256(args.data) if args.save_view else None,
+        "loader": loader.to_dict(),
+        "validation": args.validation,
+    }
     if split.train.load_report is not None:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
     if args.checkpoint_key_file is not None:
-        checkpoint_key = Path(args.checkpoint_key_file).read_bytes()
+        checkpoint_key = read_key_file(args.checkpoint_key_file)
     given = {
         "variant": args.variant,
         "dim": args.dim,
@@ -297,13 +307,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     if args.save_view:
-        # What `securefed attack` needs to rebuild the truth: public names, no ratings.
-        transport.view.public["data"] = {
-            "name": split.name,
-            "source": str(args.data),
-            "split": args.split,
-            "split_seed": args.split_seed,
-        }
+        transport.view.public["data"] = described
         transport.view.save(args.save_view)
         record["view"] = str(args.save_view)
     if args.json:

@@ -721,15 +721,13 @@ DEMO_ROUNDS = 40
 """Training rounds of each ``securefed demo`` cell (its recorded figures)."""
 
 
-def demo(
-    data: str = "ml-latest-small", out: str = "results/demo", rounds: int = DEMO_ROUNDS
-) -> int:
-    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes).
+def demo_config(data: str = "ml-latest-small", rounds: int = DEMO_ROUNDS) -> LeakUtilityConfig:
+    """The demo's cells: the 100 most active users x 200 most rated items, three transports.
 
-    ``rounds`` below :data:`DEMO_ROUNDS` makes a smoke run (CI's installed-wheel check), not the
-    demo's figures.
+    ``benchmarks/results/demo/`` records what it gives; ``tests/test_demo_record.py`` re-runs
+    its cheap cells on every machine and compares them with that record.
     """
-    config = LeakUtilityConfig(
+    return LeakUtilityConfig(
         data=data,
         rounds=rounds,
         max_users=100,
@@ -738,6 +736,17 @@ def demo(
         transport_rounds=0,
         extra_config={"lr": 0.15, "server_lr": 0.15, "init_std": 0.6},
     )
+
+
+def demo(
+    data: str = "ml-latest-small", out: str = "results/demo", rounds: int = DEMO_ROUNDS
+) -> int:
+    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes).
+
+    ``rounds`` below :data:`DEMO_ROUNDS` makes a smoke run (CI's installed-wheel check), not the
+    demo's figures.
+    """
+    config = demo_config(data, rounds)
     print(
         f"securefed demo: FedMF, FedRec and FedRec+ on {data} (100 most active users x 200 "
         "most rated items), plaintext / secure aggregation / DP; each view is attacked.\n"

@@ -100,6 +100,7 @@ from securefed.fusion import (
     build_fusion_channel,
 )
 from securefed.fusion.expansion import PolynomialNetwork
+from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
@@ -587,7 +588,7 @@ def run_reference(
             else:
                 docs = env.observation(p).docs
                 sign = -1.0 if per_platform[p] == "highest_k" else 1.0
-                slates = np.argpartition(sign * docs, n - 1, axis=1)[:, :n]
+                slates = top_n(-sign * docs, n, axis=1)
             out = env.step(p, slates)
             rewards[episodes, :, p] += out.engagement.reshape(at_once, users)
             done = out.done

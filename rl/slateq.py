@@ -49,6 +49,7 @@ from torch.nn import functional as F
 
 from securefed import SeedTree
 from securefed.fusion.base import RELU_FIT
+from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
 from securefed.rl.envs.choc_kale import (
     ChocKaleBatch,
@@ -191,12 +192,12 @@ def _check_selection(q: np.ndarray, v: np.ndarray, n: int) -> None:
 
 
 def topk_slates(q: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
-    """``(M, n)`` the ``n`` items of largest ``v_i q_i`` (Ie et al.'s top-k), best first."""
+    """``(M, n)`` the ``n`` items of largest ``v_i q_i`` (Ie et al.'s top-k), best first.
+
+    Ties go to the lower item index (:func:`securefed.ranking.top_n`).
+    """
     _check_selection(q, v, n)
-    score = v * q
-    top = np.argpartition(-score, n - 1, axis=-1)[..., :n]
-    order = np.argsort(-np.take_along_axis(score, top, axis=-1), axis=-1, kind="stable")
-    return np.take_along_axis(top, order, axis=-1)
+    return top_n(v * q, n)
 
 
 def greedy_slates(q: np.ndarray, v: np.ndarray, v_null: np.ndarray, n: int) -> np.ndarray:
@@ -323,7 +324,8 @@ def explore(
         return slates
     n = slates.shape[1]
     out = slates.copy()
-    out[rows] = np.argpartition(rng.random((rows.size, num_candidates)), n - 1, axis=1)[:, :n]
+    # the n smallest of uniform keys: a uniformly random slate, its order fixed by the keys
+    out[rows] = top_n(-rng.random((rows.size, num_candidates)), n, axis=1)
     return out
 
 

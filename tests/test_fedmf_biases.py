@@ -131,7 +131,10 @@ def test_the_global_mean_round_is_one_sum_of_two_totals(small_split):
 def test_under_secure_aggregation_the_mean_round_hides_each_users_totals(small_split):
     n_users = small_split.train.n_users
     transport = build_transport(
-        "secagg", keep_payloads=RoundSelection.parse("all"), n_clients=n_users, total_rounds=1
+        "secagg:keep_masked=true",
+        keep_payloads=RoundSelection.parse("all"),
+        n_clients=n_users,
+        total_rounds=1,
     )
     opened = _capture_rounds(transport)
     seeds = SeedTree(1)

@@ -33,6 +33,9 @@ class SecAggTransport(Transport):
             clients get their long-term keys and a registry from the transport's set-up
             (:class:`~securefed.transport.secagg.signatures.SimulatedSigners`, kept across
             rounds with the static pairwise keys they agree).
+        keep_masked: in the rounds ``keep_payloads`` selects, keep each client's masked
+            integers (``masked``); by default the view keeps their SHA-256 (``masked_sha256``):
+            they are uniform to the server, and a block per client (docs/serverview.md).
 
     Example:
         >>> from securefed import SeedTree
@@ -54,9 +57,11 @@ class SecAggTransport(Transport):
         total_rounds: int | None = None,
         remote_clients: bool = False,
         registry: KeyRegistry | None = None,
+        keep_masked: bool = False,
     ) -> None:
         self.config = SecAggConfig() if config is None else config
         self.remote_clients = bool(remote_clients)
+        self.keep_masked = bool(keep_masked)
         if registry is not None and not (self.config.malicious and self.remote_clients):
             raise ValueError(
                 "a key registry applies to server='malicious' with remote clients (simulated "
@@ -104,6 +109,7 @@ class SecAggTransport(Transport):
             signers=signers,
             registry=registry,
             setup_seconds=self._signers.setup_seconds - setup_before,
+            keep_masked=self.keep_masked,
         )
 
     @property
@@ -133,4 +139,5 @@ class SecAggTransport(Transport):
                 else "honest-but-curious"
             ),
             **self.config.public(),
+            "view_keeps_masked": self.keep_masked,
         }
