@@ -27,14 +27,15 @@ wrap the 32-bit ring), recorded per case, and in the threat model of ``--server`
 before it are ``honest_but_curious`` rounds).
 
 ``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures the honest-but-curious
-round and the malicious-server round with each of its authentications (``auth="macs"``, the
-default, and ``auth="signatures"``) at n = 100 and 1000 clients x 1e5 values, 0 % and 10 %
-dropout, beside the floor of their cryptography (operation counts times the primitives' costs
-measured in the same run), and with ``--flower-lie`` runs the lying server against Flower's
-SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`). Each round runs on a fresh transport, so it
-pays the federation's set-up (long-term keys, the registry and, with MACs, the static pairwise
-keys of its ``k`` neighbours): the ``setup`` stage, reported apart; "per round" is the round
-without it, what every later round costs once the pairs it needs are agreed.
+round and the malicious-server round with each of its authentications (``auth="signatures"``, the
+default, and ``auth="macs"``, opt-in; with ``--count-contributors`` also the signed round whose
+helpers count the contributors, as a distributed-DP round does) at n = 100 and 1000 clients x 1e5
+values, 0 % and 10 % dropout, beside the floor of their cryptography (operation counts times the
+primitives' costs measured in the same run), and with ``--flower-lie`` runs the lying server
+against Flower's SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`). Each round runs on a fresh
+transport, so it pays the federation's set-up (long-term keys, the registry and, with MACs, the
+static pairwise keys of its ``k`` neighbours): the ``setup`` stage, reported apart; "per round" is
+the round without it, what every later round costs once the pairs it needs are agreed.
 
 Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
 :func:`compare_with_flower` gives both systems the same inputs (one vector per client in
@@ -79,7 +80,7 @@ class Case:
     dropout: float
     sized_for_dropout: bool
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
     k: int = 0
     t: int = 0
     scale: float = 0.0
@@ -122,13 +123,17 @@ def run_case(
     sized_for_dropout: bool = True,
     seed: int = 0,
     server: str = "malicious",
-    auth: str = "macs",
+    auth: str = "signatures",
     dropped_after: float = 0.0,
+    count_contributors: bool = False,
 ) -> Case:
     """Measure one secure round and one plaintext round on the same updates.
 
     ``server`` is the threat model (``SecAggConfig.server``); ``dropped_after`` a fraction of the
     clients that drop after uploading their masked input (before ConsistencyCheck / Unmasking).
+    ``count_contributors``: every client holds a minimum of contributors equal to the clients
+    that endorse the survivor set (``SecAggRound.require_contributors``, what a distributed-DP
+    round does), so each helper verifies that many signatures (issue 30 item 1's cost).
     """
     case = Case(clients, length, dropout, sized_for_dropout, server, auth)
     pool = _updates(length, seed)
@@ -138,9 +143,12 @@ def run_case(
     config = SecAggConfig(
         expected_dropout=dropout if sized_for_dropout else 0.0,
         server=server,
-        auth=auth if server == "malicious" else "macs",
+        auth=auth if server == "malicious" else "signatures",
     )
     transport = SecAggTransport(config)
+    # Every simulated client verifies each signature it needs, as a real one would (not the
+    # simulation's shared checks): the cost measured is the clients' work.
+    transport.signers.shared_checks = False
     late = set(
         rng.choice(
             sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
@@ -148,6 +156,8 @@ def run_case(
     )
     start, start_cpu = time.perf_counter(), time.process_time()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
+    if count_contributors:
+        rnd.require_contributors(clients - len(dropped) - len(late))
     case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
     for c in range(clients):
         if c in dropped:
@@ -555,6 +565,14 @@ def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[
         "static_x25519": 0,
     }
     quorum = sum(min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers)
+    if rnd.config.min_contributors:  # each helper counts the endorsers up to its minimum
+        quorum = sum(
+            max(
+                min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)),
+                min(rnd.config.min_contributors, len(helpers)),
+            )
+            for h in helpers
+        )
     if malicious and auth == "signatures":
         ops["ed25519_sign"] = len(ids) + len(helpers)
         ops["ed25519_verify"] = len(ids) * k + quorum
@@ -574,11 +592,13 @@ _MASKING = ("mask_expansion", "rounding_draw")
 _KEYS = ("x25519", "x25519_keygen")
 _SIGNING = ("ed25519_sign", "ed25519_verify", "hmac")
 _VARIANTS = (
-    ("honest_but_curious", "honest_but_curious", "macs"),
+    ("honest_but_curious", "honest_but_curious", "signatures"),
     ("malicious_macs", "malicious", "macs"),
     ("malicious_signatures", "malicious", "signatures"),
 )
 """(row key, ``SecAggConfig.server``, ``SecAggConfig.auth``) of the rounds measured side by side."""
+_COUNTED = ("malicious_counted", "malicious", "signatures")
+"""The signed round whose helpers also count the contributors (``--count-contributors``)."""
 
 
 def run_malicious_cost(
@@ -589,6 +609,7 @@ def run_malicious_cost(
     seed: int = 0,
     repeats: int = 1,
     costs: dict[str, float] | None = None,
+    count_contributors: bool = False,
 ) -> dict[str, object]:
     """The threat models' rounds on the same updates, beside the floor of their cryptography.
 
@@ -603,7 +624,10 @@ def run_malicious_cost(
     ``repeats`` times and each keeps its fastest round (on a shared machine, load only slows a
     round down; taking turns spreads it over the variants alike).
     ``costs`` replaces the measured primitive costs (keys of :func:`primitive_costs`; for tests).
+    ``count_contributors`` adds the signed round whose helpers count the endorsers
+    (``malicious_counted``: every client holds a minimum of contributors, issue 30 item 1).
     """
+    variants = (*_VARIANTS, _COUNTED) if count_contributors else _VARIANTS
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     costs = primitive_costs(length) if costs is None else dict(costs)
@@ -613,15 +637,21 @@ def run_malicious_cost(
             row: dict[str, object] = {"clients": n, "length": length, "dropout": dropout}
             fastest: dict[str, tuple[Case, object]] = {}
             for _ in range(repeats):
-                for key, server, auth in _VARIANTS:
+                for key, server, auth in variants:
                     case, rnd = _measured_round(
-                        n, length, dropout, seed=seed, server=server, auth=auth
+                        n,
+                        length,
+                        dropout,
+                        seed=seed,
+                        server=server,
+                        auth=auth,
+                        count_contributors=key == _COUNTED[0],
                     )
                     per_round = case.seconds - case.stages.get("setup", 0.0)
                     best = fastest.get(key)
                     if best is None or per_round < best[0].seconds - best[0].stages["setup"]:
                         fastest[key] = (case, rnd)
-            for key, server, auth in _VARIANTS:
+            for key, server, auth in variants:
                 case, rnd = fastest[key]
                 ops = round_operations(rnd, malicious=server == "malicious", auth=auth)
                 floor_hbc = floor_seconds(ops, costs, _MASKING + _KEYS)
@@ -662,7 +692,7 @@ def run_malicious_cost(
                     flush=True,
                 )
             hbc = row["honest_but_curious"]
-            for key, server, _ in _VARIANTS:
+            for key, server, _ in variants:
                 if server == "malicious":
                     mal = row[key]
                     row[f"{key}_over_hbc"] = mal["seconds"] / hbc["seconds"]
@@ -678,7 +708,14 @@ def run_malicious_cost(
 
 
 def _measured_round(
-    n: int, length: int, dropout: float, *, seed: int, server: str, auth: str = "macs"
+    n: int,
+    length: int,
+    dropout: float,
+    *,
+    seed: int,
+    server: str,
+    auth: str = "signatures",
+    count_contributors: bool = False,
 ):
     """One round (``run_case``) and the round object, to count its operations."""
     holder: dict[str, object] = {}
@@ -691,7 +728,14 @@ def _measured_round(
     SecAggTransport.open_round = keep
     try:
         case = run_case(
-            n, length, dropout / 2, seed=seed, server=server, auth=auth, dropped_after=dropout / 2
+            n,
+            length,
+            dropout / 2,
+            seed=seed,
+            server=server,
+            auth=auth,
+            dropped_after=dropout / 2,
+            count_contributors=count_contributors,
         )
     finally:
         SecAggTransport.open_round = original
@@ -726,11 +770,14 @@ def malicious_table(report: dict[str, object]) -> str:
     body = []
     names = {
         "honest_but_curious": "honest-but-curious",
-        "malicious_macs": "malicious, MACs (default)",
-        "malicious_signatures": "malicious, Ed25519 signatures",
+        "malicious_macs": "malicious, MACs (opt-in, not KCI-resistant)",
+        "malicious_signatures": "malicious, Ed25519 signatures (default)",
+        "malicious_counted": "malicious, signatures, helpers count the contributors",
     }
     for row in report["rows"]:
-        for key, server, _ in _VARIANTS:
+        for key, server, _ in (*_VARIANTS, _COUNTED):
+            if key not in row:
+                continue
             v = row[key]
             over = "-" if server != "malicious" else f"{row[f'{key}_over_hbc']:.2f}x"
             first = "-" if server != "malicious" else f"{row[f'{key}_first_round_over_hbc']:.2f}x"
@@ -802,7 +849,13 @@ def run_malicious(args: argparse.Namespace) -> int:
         print(dumps_record(record, indent=1))
         return 0
     clients = tuple(int(c) for c in args.clients.split(","))
-    report = run_malicious_cost(clients, args.length, seed=args.seed, repeats=args.repeats)
+    report = run_malicious_cost(
+        clients,
+        args.length,
+        seed=args.seed,
+        repeats=args.repeats,
+        count_contributors=args.count_contributors,
+    )
     record = {
         "benchmark": "secagg-malicious",
         "command": " ".join(sys.argv),
@@ -842,6 +895,11 @@ def register(benches) -> None:
         help="rounds per variant, in turns; each keeps its fastest (for a shared machine)",
     )
     parser.add_argument("--out", default=str(RESULTS), help="directory for cost.json and cost.md")
+    parser.add_argument(
+        "--count-contributors",
+        action="store_true",
+        help="add the signed round whose helpers count the contributors (distributed DP's)",
+    )
     parser.add_argument(
         "--flower-lie",
         action="store_true",

@@ -405,7 +405,7 @@ def test_masked_upload_is_uniform_and_independent_of_the_input():
 
 @pytest.mark.parametrize(
     ("server", "auth"),
-    [("malicious", "macs"), ("malicious", "signatures"), ("honest_but_curious", "macs")],
+    [("malicious", "macs"), ("malicious", "signatures"), ("honest_but_curious", "signatures")],
 )
 def test_view_records_what_the_server_sees_and_counts_bytes(server, auth):
     n, d = 6, 10

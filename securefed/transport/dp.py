@@ -36,16 +36,19 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      the clipped sum in the clear), so its epsilon is infinite.
    * distributed: at the inner round's decoding (:meth:`DPRound.result`, or the inner round's own
      ``result``, which is sealed behind the charge), with the *effective* multiplier
-     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the
-     sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
-     is charged for what it carries, never for what was planned. (The contributors' noise is
-     taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
-     in advance: Kairouz et al. 2021.) Against the server ``(sigma_honest, 1)``: the noise of
-     the honest contributors only, since each of the ``colluders`` clients assumed to collude
-     with it (``DPTransport(colluders=...)``, default 0) subtracts its own share
-     (``sigma_honest = sigma * sqrt((sum_k w_k^2 - the c largest w_k^2) / n)``; ``sigma_eff``
-     with none; no guarantee when none is honest); over a plaintext inner transport, where it
-     reads each update, ``(sigma / sqrt(n), 1)``.
+     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / m)`` over the contributors ``k`` actually in the
+     sum, ``m`` the count each share is calibrated for (``min_contributors``, else the clients
+     asked): with dropouts (or weights < 1) the sum carries less noise than planned and the
+     ledger is charged for what it carries, never for what was planned. Against the server
+     ``(sigma_honest, 1)``: the noise of the honest contributors only, since each of the
+     ``colluders`` clients assumed to collude with it (``DPTransport(colluders=...)``, default
+     0) subtracts its own share (``sigma_honest = sigma * sqrt((sum_k w_k^2 - the c largest
+     w_k^2) / m)``; ``sigma_eff`` with none; no guarantee when none is honest). Over
+     malicious-server secure aggregation the clients hold ``m`` themselves (Kairouz et al. 2021
+     fix a minimum of contributors in advance; issue 30 item 1): each endorses and unmasks only a
+     survivor set that ``m`` clients endorsed, and the server is charged for the least noisy sum
+     they allow, ``sigma * sqrt(sum of the m - c smallest w_k^2 / m)``. Over a plaintext inner
+     transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
    * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
      release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
      (its update vs no update), and the server knows who submitted, so no amplification by
@@ -145,8 +148,13 @@ class DPConfig:
             2..32.
         wrap_target: the integer mechanisms' bound on the chance that the sum wraps the
             modulus in a round (chooses the granularity).
-        min_contributors: a distributed release of fewer contributors is refused. ``None``:
-            no minimum for ``"gaussian"``; every client asked for the integer mechanisms.
+        min_contributors: the count each client's distributed noise share is calibrated for
+            (``sigma C / sqrt(min_contributors)``); a distributed release of fewer contributors
+            is refused. ``None``: every client asked. Over malicious-server secure aggregation
+            the clients hold it themselves (``SecAggRound.require_contributors``) and count the
+            endorsers of the survivor set before they reveal; elsewhere only the server's
+            round checks it, and with ``None`` a Gaussian round over such a transport releases
+            a sum of fewer contributors, charged for the noise it carries.
         colluders: clients assumed to collude with the server (distributed placement only):
             an ``int`` count, or a ``float`` fraction in ``[0, 1)`` of the clients asked in a
             round (rounded up). Each colluder knows its own noise share and subtracts it, so
@@ -375,6 +383,9 @@ class DPRound(AggregationRound):
         self._charged = False
         self.mechanism: DistributedIntegerMechanism | None = transport._pending_mechanism
         self._signs: np.ndarray | None = transport._pending_signs
+        # The count each client's distributed noise share is calibrated for, and whether the
+        # clients themselves refuse to unmask a sum of fewer (malicious-server secagg).
+        self.min_contributors, self.clients_enforce = transport._pending_minimum
         self._block = inner.shape if self.mechanism is None else transport._pending_shape
         if self.mechanism is not None:
             self.shape = self._block  # the callers' block; the inner round carries (1, D)
@@ -408,7 +419,8 @@ class DPRound(AggregationRound):
         for client, weight in zip(clipped.clients.tolist(), weights.tolist(), strict=True):
             self._weight_sq[int(client)] = weight * weight
         cfg = self.config
-        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, len(self.clients))
+        shares = self.min_contributors if cfg.placement == "distributed" else len(self.clients)
+        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, shares)
         per_client = max(1, clipped.n_rows * clipped.width)
         step = max(1, _DENSE_CHUNK // per_client)
         for start in range(0, len(clipped.clients), step):
@@ -484,9 +496,13 @@ class DPRound(AggregationRound):
             self._charge_integers()
         if not self._charged:
             contributors = sorted(self.submitted)
+            self._check_minimum(len(contributors))
             sigma_eff = self._effective_sigma(contributors)
             colluders = self.transport.colluders_in(len(self.clients), len(contributors))
             honest = self._effective_sigma(contributors, colluders=colluders)
+            if self.clients_enforce:
+                # The server can unmask any set of at least the minimum that endorsed it.
+                honest = min(honest, self._weakest_sigma(contributors, colluders))
             self.view.public["dp_sigma_effective"] = sigma_eff
             self.view.public["dp_colluders_assumed"] = colluders
             self.view.public["dp_sigma_server"] = honest
@@ -497,6 +513,30 @@ class DPRound(AggregationRound):
                 self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
             self._charged = True
         return self._decode()
+
+    def _check_minimum(self, n_contributors: int) -> None:
+        """Refuse a gaussian distributed release of fewer contributors than its noise shares
+        were calibrated for (a stated ``min_contributors``, or the clients' own check).
+
+        Raises:
+            AggregationError: nothing is decoded.
+        """
+        stated = self.config.min_contributors is not None or self.clients_enforce
+        if stated and n_contributors < self.min_contributors:
+            raise AggregationError(
+                f"round {self.round_id}: {n_contributors} contributor(s), fewer than the minimum "
+                f"of {self.min_contributors} that each client's noise share is calibrated for "
+                "(each adds 1/minimum of the variance): refused, nothing is decoded"
+            )
+
+    def _weakest_sigma(self, contributors: list[int], colluders: int = 0) -> float:
+        """The multiplier of the least noisy sum the clients allow: ``minimum`` endorsers, the
+        ``colluders`` among them subtracting their shares, the rest the lightest contributors
+        (``sigma`` when every weight is 1 and no one colludes)."""
+        weights = sorted(self._weight_sq.get(int(c), 0.0) for c in contributors)
+        minimum = self.min_contributors
+        honest = weights[: max(0, minimum - int(colluders))]
+        return self.config.noise_multiplier * math.sqrt(sum(honest) / minimum)
 
     def _charge_integers(self) -> None:
         """Refuse too few contributors; charge the integer mechanism's accountant for the sum.
@@ -514,7 +554,11 @@ class DPRound(AggregationRound):
                 "1/n of it): refused, nothing is decoded"
             )
         release = self.mechanism.release(n)
-        server = self.transport.server_release(self.mechanism, n, n_asked=len(self.clients))
+        # Where the clients check the minimum, the server can unmask any set of at least the
+        # minimum that endorsed it: it is charged for the least noisy one.
+        server = self.transport.server_release(
+            self.mechanism, minimum if self.clients_enforce else n, n_asked=len(self.clients)
+        )
         self.transport.ledger.charge_discrete(release, server=server)
         self.view.public["dp_contributors"] = n
         self.view.public["dp_colluders_assumed"] = self.transport.colluders_in(len(self.clients), n)
@@ -557,7 +601,8 @@ class DPRound(AggregationRound):
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
     def _effective_sigma(self, contributors: list[int], *, colluders: int = 0) -> float:
-        """``sigma * sqrt(sum_k w_k^2 / n)``: the multiplier the distributed sum really carries.
+        """``sigma * sqrt(sum_k w_k^2 / m)``: the multiplier the distributed sum really carries
+        (``m`` the count each share is calibrated for: the minimum, else the clients asked).
 
         With ``colluders``, the sum runs over the honest contributors only: the ``colluders``
         of largest weight are taken out (:func:`honest_weight_sq`), their shares being known to
@@ -565,7 +610,7 @@ class DPRound(AggregationRound):
         """
         weights = [self._weight_sq.get(int(c), 0.0) for c in contributors]
         weight_sq = honest_weight_sq(weights, colluders)
-        return self.config.noise_multiplier * math.sqrt(weight_sq / len(self.clients))
+        return self.config.noise_multiplier * math.sqrt(weight_sq / self.min_contributors)
 
     def result(self) -> Aggregate:
         """The aggregate with DP noise (central: the server's noise; else the clients').
@@ -720,6 +765,7 @@ class DPTransport(Transport):
         self._pending_mechanism: DistributedIntegerMechanism | None = None
         self._pending_signs: np.ndarray | None = None
         self._pending_shape: tuple[int, int] = (0, 0)
+        self._pending_minimum: tuple[int, bool] = (0, False)
         self._target: tuple[float, int] | None = None
         if target_epsilon is not None or target_rounds is not None:
             if self.config.mechanism not in INTEGER_MECHANISMS:
@@ -872,7 +918,16 @@ class DPTransport(Transport):
         server = self.server_exposure(sigma, n_asked, honest_sigma=self.honest_sigma(n_asked))
         if self.ledger.would_exceed(sigma, rate, server=server):
             self.ledger.charge(sigma, rate, server=server)  # raises with the figures
+        minimum = n_asked if self.config.min_contributors is None else self.config.min_contributors
+        if self.config.placement == "distributed" and n_asked < minimum:
+            raise AggregationError(
+                f"round {round_id} asks {n_asked} client(s), fewer than the minimum of "
+                f"{minimum} contributors for a DP release"
+            )
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
+        enforced = self.config.placement == "distributed" and self._hold_minimum(
+            inner_round, minimum
+        )
         if local:
             self.ledger.charge(sigma, 1.0, server=server)  # clients release at submit
         self.view.public["seeded"] = seeds.seed is not None
@@ -893,7 +948,19 @@ class DPTransport(Transport):
         )
         if local:
             self._report(inner_round.view)
-        return DPRound(self, inner_round)
+        self._pending_minimum = (minimum, enforced)
+        try:
+            return DPRound(self, inner_round)
+        finally:
+            self._pending_minimum = (0, False)
+
+    @staticmethod
+    def _hold_minimum(inner_round: AggregationRound, minimum: int) -> bool:
+        """Hand the inner round's clients the minimum of contributors their noise shares are
+        calibrated for, where they can check it themselves (malicious-server secure
+        aggregation: ``SecAggRound.require_contributors``); whether they do."""
+        require = getattr(inner_round, "require_contributors", None)
+        return bool(require(minimum)) if require is not None else False
 
     def plan(self, n_clients: int, shape: tuple[int, int]) -> DistributedIntegerMechanism:
         """The integer mechanism of a round of ``n_clients`` asked, for ``shape`` blocks.
@@ -1030,10 +1097,13 @@ class DPTransport(Transport):
         )
         self._pending_mechanism, self._pending_signs = mechanism, signs
         self._pending_shape = (int(shape[0]), int(shape[1]))
+        enforced = self._hold_minimum(inner_round, mechanism.min_contributors)
+        self._pending_minimum = (mechanism.min_contributors, enforced)
         try:
             return DPRound(self, inner_round)
         finally:
             self._pending_mechanism, self._pending_signs = None, None
+            self._pending_minimum = (0, False)
 
     def _round_class(self) -> type[AggregationRound]:
         return DPRound  # not used: open_round builds DPRound around the inner round

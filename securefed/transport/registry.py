@@ -136,8 +136,9 @@ class SecAggOptions:
         server: the threat model, ``malicious`` (default) or ``honest_but_curious``
             (:attr:`~securefed.transport.secagg.SecAggConfig.server`; ``securefed.flower``
             carries only the latter and says so).
-        auth: the malicious variant's authentication, ``macs`` (default) or ``signatures``
-            (:attr:`~securefed.transport.secagg.SecAggConfig.auth`).
+        auth: the malicious variant's authentication, ``signatures`` (default: Ed25519,
+            resists key-compromise impersonation) or ``macs`` (opt-in, not KCI-resistant;
+            :attr:`~securefed.transport.secagg.SecAggConfig.auth`).
         keep_masked: in the rounds the view keeps, keep each client's masked integers too
             (by default their SHA-256 only: :class:`~securefed.transport.secagg.SecAggTransport`).
     """
@@ -154,7 +155,7 @@ class SecAggOptions:
     out_of_range: str = "refuse"
     remote_clients: bool = False
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
     keep_masked: bool = False
 
     def __post_init__(self) -> None:

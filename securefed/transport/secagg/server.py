@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -202,6 +203,37 @@ class SecAggRound(AggregationRound):
             self._advertise_keys(seeds)
             self._share_keys()
 
+    def require_contributors(self, minimum: int) -> bool:
+        """Hand every simulated client the minimum of contributors its own DP layer holds (the
+        count its distributed noise share is calibrated for), before any masked input.
+
+        In the malicious variant each client then endorses only survivor sets of at least that
+        many clients, binds the minimum into its endorsement, and reveals nothing unless that
+        many registered clients endorsed the same set with the same minimum (checked by the
+        client: the server forwards every survivor's signature). In the honest-but-curious
+        variant nothing is checked by the clients (the server is trusted to follow the
+        protocol) and this returns ``False``.
+
+        Returns:
+            Whether the clients enforce the minimum.
+
+        Raises:
+            InsecureParameterError: MAC authentication (a MAC convinces only its recipient).
+            AggregationError: a masked input arrived already.
+        """
+        if not self.config.malicious:
+            return False
+        if self.submitted or self._sum is not None:
+            raise AggregationError(
+                f"round {self.round_id}: the minimum of contributors is held before any masked "
+                "input"
+            )
+        minimum = int(minimum)
+        for client in self._clients.values():
+            client.hold_min_contributors(minimum)
+        self.config = replace(self.config, min_contributors=minimum)
+        return True
+
     @property
     def shared_clients(self) -> frozenset[int]:
         """The clients whose sealed shares arrived (only they may submit a masked input)."""
@@ -302,7 +334,9 @@ class SecAggRound(AggregationRound):
         if self.registry is not None and signed and self.remote_clients and not self._macs:
             start = time.perf_counter()
             for client, signature in signed.items():
-                message = advertisement_message(self.round_id, client, *checked[client])
+                message = advertisement_message(
+                    self.round_id, client, *checked[client], registry=self.registry.digest
+                )
                 self.registry.verify(client, message, signature, what="advertisement")
             self.timer.add("signatures", start)
         self.public_keys.update(checked)
@@ -359,6 +393,7 @@ class SecAggRound(AggregationRound):
                 self.timer,
                 s_publics=request.s_publics,
                 signatures=request.signatures,
+                n_clients=request.n_clients,
             )
             self.receive_shares(client, sealed)
 
@@ -379,6 +414,7 @@ class SecAggRound(AggregationRound):
             signatures=(
                 tuple(self._advert_for(v, client) for v in neighbours) if malicious else ()
             ),
+            n_clients=len(self._ids),
         )
 
     def _advert_for(self, sender: int, recipient: int) -> bytes:
@@ -695,6 +731,8 @@ class SecAggRound(AggregationRound):
                     authenticator = authenticator.get(v)
                 if authenticator is not None:
                     signatures[u] = authenticator
+            if self.config.min_contributors:  # the helper counts the contributors itself
+                signatures = {**self.consistency_signatures, **signatures}
             self._add_bytes(v, down=len(signatures) * (ID_BYTES + wire))
             requests[v] = UnmaskRequest(inbox, contributor_set, signatures)
         return requests

@@ -117,6 +117,11 @@ class SecAggTransport(Transport):
         )
 
     @property
+    def signers(self) -> SimulatedSigners:
+        """The set-up of the simulated clients (long-term identities and the registry)."""
+        return self._signers
+
+    @property
     def capabilities(self) -> TransportCapabilities:
         """Masked full-block uploads; with ``remote_clients`` the clients submit elsewhere."""
         return TransportCapabilities(
