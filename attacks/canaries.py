@@ -356,6 +356,7 @@ class CanaryObservation:
         direction_rows, direction_columns, first_direction_client: the direction canaries.
         protocol: FedMF's public parameters (for the white-box attacks).
         offsets: each rating canary's own mean rating when the model uses ``user_mean``.
+        delta: the ledger's delta (``None`` without DP).
     """
 
     view: ServerView
@@ -368,6 +369,7 @@ class CanaryObservation:
     first_direction_client: int = 0
     protocol: FedMFProtocol | None = None
     user_mean_offset: bool = False
+    delta: float | None = None
     _sums: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def summed(self, key: str) -> np.ndarray:
@@ -411,7 +413,21 @@ def direction_server_score(observation: CanaryObservation, canary: int) -> float
             hit = np.asarray(payload["rows"]).reshape(-1) == row
             value += float(np.asarray(payload["values"])[hit, column].sum())
         return value
-    return float(observation.summed("total")[row, column])
+    return float(server_decoded_sums(observation)[row, column])
+
+
+def server_decoded_sums(observation: CanaryObservation) -> np.ndarray:
+    """The sum over rounds of what the server decoded, in the model's block shape.
+
+    ``aggregate["total"]`` is the sum the server computed: under central DP the clean sum (which
+    it sees), under secure aggregation with a float mechanism the noisy sum. Under an integer
+    mechanism (the ``secagg+dp`` default) it is the ``(1, D)`` ring sum of the rotated integer
+    vectors, and what the server decodes from it is the released noisy sum (``dp_total``): the
+    server's view of the block is that.
+    """
+    total = observation.summed("total")
+    released = observation.summed("dp_total")
+    return total if total.shape == released.shape else released
 
 
 def rating_black_box_score(observation: CanaryObservation, canary: int) -> float:
@@ -589,6 +605,7 @@ class FedMFCanaryJob:
             first_direction_client=model.n_clients,
             protocol=FedMFProtocol.from_public(transport.view.public),
             user_mean_offset=self.config.offset == "user_mean",
+            delta=None if transport.ledger is None else transport.delta,
             _sums=sums,
         )
 
@@ -636,3 +653,8 @@ class FedMFCanaryJob:
 def ledger_epsilon(observation: CanaryObservation, observer: str) -> float:
     """The ledger's epsilon for ``observer`` in the audited run (``epsilon_of`` of the driver)."""
     return observation.epsilons[observer]
+
+
+def ledger_delta(observation: CanaryObservation) -> float | None:
+    """The ledger's delta in the audited run (``delta_of`` of the driver)."""
+    return observation.delta
