@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import securefed.transport.ddp as ddp_module
 import securefed.transport.dp as dp_module
 from securefed import RoundSelection
 from securefed.attacks.canaries import (
@@ -42,6 +43,7 @@ from securefed.audit.empirical import (
     one_run_tail_bound,
     run_empirical_audit,
 )
+from securefed.audit.faults import scaled_integer_variance
 from securefed.recsys.data import synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
 from securefed.transport.base import RowUpdates
@@ -324,13 +326,31 @@ class _ScaledNoise:
 
 
 def _break(monkeypatch, how: str) -> None:
-    """Break the DP transport the way a bug would, leaving every parameter it declares alone."""
+    """Break the DP transport the way a bug would, leaving every parameter it declares alone.
+
+    The noise faults break both noises: the float Gaussian (``dp``, ``dp-local``, ``ckks+dp``)
+    and the integer discrete Gaussian and Skellam that ``secagg+dp`` draws by default.
+    """
     noise_source, clip_row_updates = dp_module.noise_source, dp_module.clip_row_updates
     if how in ("no-noise", "noise/10"):
         factor = 0.0 if how == "no-noise" else 0.1
         monkeypatch.setattr(
             dp_module, "noise_source", lambda *a, **k: _ScaledNoise(noise_source(*a, **k), factor)
         )
+        discrete_gaussian, skellam = ddp_module.discrete_gaussian, ddp_module.skellam
+
+        def scaled_discrete(sigma2, size, rng):
+            if factor == 0:
+                return np.zeros(size, dtype=np.int64)
+            return discrete_gaussian(scaled_integer_variance(sigma2, factor), size, rng)
+
+        def scaled_skellam(mu, size, rng):
+            if factor == 0:
+                return np.zeros(size, dtype=np.int64)
+            return skellam(mu * factor * factor, size, rng)
+
+        monkeypatch.setattr(ddp_module, "discrete_gaussian", scaled_discrete)
+        monkeypatch.setattr(ddp_module, "skellam", scaled_skellam)
     elif how == "clip-skipped":
 
         def skip_odd_clients(updates, clip):
@@ -382,9 +402,17 @@ def test_empirical_audit_flags_broken_central_dp(monkeypatch, how):
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["no-noise", "noise/10", "clip-skipped"])
 def test_empirical_audit_flags_broken_distributed_dp(monkeypatch, how):
+    # secagg+dp's default mechanism is the exact discrete Gaussian: the faults break its
+    # integer noise (they used to break only the float noise, which it never draws). Skipping
+    # the clip is refused by the integer encoder, which checks each update's norm.
     correct, correct_run = _direction_audit("secagg+dp")
     assert not correct.exceeds_ledger
+    assert correct_run.view.public["dp_mechanism"] == "discrete_gaussian"
     _break(monkeypatch, how)
+    if how == "clip-skipped":
+        with pytest.raises(ValueError, match="exceeds the clip"):
+            _direction_audit("secagg+dp")
+        return
     broken, broken_run = _direction_audit("secagg+dp")
     assert broken.exceeds_ledger, broken.to_dict()
     clean = audit({**broken_run.view.public, "tests": True})

@@ -72,9 +72,9 @@ from securefed.audit.empirical import (
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
-from securefed.transport.ddp import hadamard
+from securefed.transport.ddp import hadamard, rotate, rotation_signs
 
-FAMILIES = ("constant", "alternating")
+FAMILIES = ("constant", "alternating", "alternating-rotated")
 WHITEBOX_OBSERVERS = ("released_model", "server")
 
 
@@ -153,6 +153,45 @@ def cosine_statistics(
         inserted = phase * cosines(directions[n_constant:], contrast)
         out["alternating"] = (inserted, cosines(held_out, contrast))
     return out
+
+
+def rotated_statistics(
+    directions: np.ndarray,
+    held_out: np.ndarray,
+    per_round: np.ndarray,
+    rotations: list[tuple[np.ndarray, tuple[int, ...], int]],
+    n_constant: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Alternating canaries' statistics in an integer mechanism's rotated basis.
+
+    The distributed discrete Gaussian and Skellam add their noise *after* a public per-round
+    rotation (:mod:`securefed.transport.ddp`): noise reused across rounds is the same in the
+    rotated basis, not in the model's, so the contrast must be taken there. Each round's
+    release is rotated with that round's public signs (``rotations[t] = (signs, chunks,
+    padded)``); ``V = sum_t a_t rot_t(R_t)``, and a direction's statistic is ``<u, V> / ||u||``
+    with ``u = sum_{t in its rounds} a_t rot_t(c)`` (held-out directions take the phases in
+    turn, as the canaries do).
+    """
+    rounds, dim = per_round.shape
+    contrast = round_contrast(rounds)
+
+    def rotated(rows: np.ndarray, t: int) -> np.ndarray:
+        signs, chunks, padded = rotations[t]
+        out = np.zeros((rows.shape[0], padded))
+        out[:, :dim] = rows
+        return rotate(out, signs, chunks)
+
+    total = sum(contrast[t] * rotated(per_round[t : t + 1], t)[0] for t in range(rounds))
+
+    def statistics(rows: np.ndarray) -> np.ndarray:
+        phase = np.arange(len(rows)) % 2
+        u = sum(
+            np.where((phase == t % 2)[:, None], contrast[t] * rotated(rows, t), 0.0)
+            for t in range(rounds)
+        )
+        return (u @ total) / np.maximum(np.linalg.norm(u, axis=1), 1e-300)
+
+    return statistics(directions[n_constant:]), statistics(held_out)
 
 
 def gaussian_mu(epsilon: float, delta: float) -> float:
@@ -398,24 +437,44 @@ def observed_sum(transport: Transport, round_id: int, released: np.ndarray) -> n
     return np.asarray(total, dtype=np.float64).reshape(-1)
 
 
+@dataclass(frozen=True, eq=False)
+class CanaryRun:
+    """What the observers read in a run of canary rounds.
+
+    Attributes:
+        released: ``(rounds, dim)``: each round's released aggregate.
+        server: ``(rounds, dim)``: what the server decoded (:func:`observed_sum`).
+        rotations: per round, an integer mechanism's public rotation ``(signs, chunks,
+            padded)`` (``None`` for the float Gaussian).
+    """
+
+    released: np.ndarray
+    server: np.ndarray
+    rotations: list[tuple[np.ndarray, tuple[int, ...], int]] | None
+
+
 def run_canary_rounds(
     transport: Transport, hook: CanaryHook, rounds: int, seeds: SeedTree
-) -> tuple[np.ndarray, np.ndarray]:
+) -> CanaryRun:
     """Run ``rounds`` aggregation rounds of the canary clients alone through ``transport``.
 
-    Returns:
-        ``(released, server)``: ``(rounds, dim)`` arrays, each round's released aggregate and
-        what the server decoded (:func:`observed_sum`).
+    An integer mechanism's rotation signs come from the round's public seed
+    (``seeds.key("dp", "rotation", round_id)``), as every observer can derive them.
     """
     dim = hook.directions.shape[1]
     released, server = np.zeros((rounds, dim)), np.zeros((rounds, dim))
+    rotations = []
     clients = hook.clients
     for t in range(rounds):
         rnd = transport.open_round(t, clients, shape=hook.shape, seeds=seeds)
         hook.submit(rnd, t)
         released[t] = np.asarray(rnd.result().total, dtype=np.float64).reshape(-1)
         server[t] = observed_sum(transport, t, released[t])
-    return released, server
+        mechanism = getattr(rnd, "mechanism", None)
+        if mechanism is not None:
+            signs = rotation_signs(seeds.key("dp", "rotation", t), mechanism.padded)
+            rotations.append((signs, mechanism.chunks, mechanism.padded))
+    return CanaryRun(released, server, rotations or None)
 
 
 def _ledger(transport: Transport, observer: str) -> float:
@@ -508,12 +567,16 @@ def run_whitebox_audit(
             f"the audit's delta {config.delta:g} is not the ledger's {delta_ledger:g}: estimates "
             "at another delta do not compare with the ledger's epsilon"
         )
-    released, server = run_canary_rounds(transport, hook, config.rounds, seeds)
-    observed = {"released_model": released, "server": server}
+    run = run_canary_rounds(transport, hook, config.rounds, seeds)
+    observed = {"released_model": run.released, "server": run.server}
     ledger = {o: _ledger(transport, o) for o in WHITEBOX_OBSERVERS}
     estimates = {}
     for observer, per_round in observed.items():
         families = cosine_statistics(hook.directions, held_out, per_round, config.n_constant)
+        if run.rotations is not None and config.n_alternating and config.rounds >= 2:
+            families["alternating-rotated"] = rotated_statistics(
+                hook.directions, held_out, per_round, run.rotations, config.n_constant
+            )
         for family, (inserted, null) in families.items():
             estimates[f"{observer}/{family}"] = gdp_estimate(
                 inserted, null, delta=config.delta, confidence=config.confidence
@@ -541,7 +604,12 @@ def contradictions(
     if not finite:
         return out
     p_values = [estimates[k].p_value(ledger[k.split("/")[0]]) for k in finite]
-    sizes = {"constant": config.n_constant, "alternating": max(config.n_alternating, 1)}
+    alternating = max(config.n_alternating, 1)
+    sizes = {
+        "constant": config.n_constant,
+        "alternating": alternating,
+        "alternating-rotated": alternating,
+    }
     weights = [sizes[k.split("/")[1]] for k in finite]
     rejected = holm_rejections(p_values, 1.0 - config.confidence, weights)
     out.update(zip(finite, rejected.tolist(), strict=True))
@@ -558,10 +626,10 @@ def _rigorous(
     half = CanaryHook(hook.directions, schedule, hook.norm, 0, hook.shape)
     transport = make_transport()
     second = SeedTree(int(seeds.generator("whitebox", "second run").integers(1 << 62)))
-    released, server = run_canary_rounds(transport, half, config.rounds, second)
+    run = run_canary_rounds(transport, half, config.rounds, second)
     audit = EmpiricalAuditConfig(n_canaries=n, confidence=config.confidence, delta=config.delta)
     out = {}
-    for observer, per_round in {"released_model": released, "server": server}.items():
+    for observer, per_round in {"released_model": run.released, "server": run.server}.items():
         scores = cosines(hook.directions, per_round.sum(axis=0))
         out[observer] = audit_scores(
             scores,
