@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ from securefed.audit.whitebox import (
     canary_schedule,
     contradictions,
     cosine_statistics,
+    estimate_from_model_delta,
     gaussian_mu,
     gdp_estimate,
     run_whitebox_audit,
@@ -144,3 +146,46 @@ def test_config_refuses():
         WhiteBoxConfig(n_constant=10, n_alternating=2, n_held_out=10, rounds=3)
     with pytest.raises(ValueError, match="dim"):
         WhiteBoxConfig(n_constant=10, n_alternating=0, n_held_out=10, dim=8)
+
+
+def _fedavg_with_canaries(fault: str | None):
+    torch = pytest.importorskip("torch")
+    from securefed import RunOptions, SeedTree, run_rounds
+    from securefed.torch import FedAvg, FedAvgConfig, module_to_vector
+
+    torch.manual_seed(0)  # the model's initial weights only; every draw after is seeded
+    model = torch.nn.Linear(64, 4)
+    rng = np.random.default_rng(5)
+    clients = [
+        (
+            torch.tensor(rng.normal(size=(8, 64)), dtype=torch.float32),
+            torch.tensor(rng.normal(size=(8, 4)), dtype=torch.float32),
+        )
+        for _ in range(20)
+    ]
+    start = module_to_vector(model)
+    directions = canary_directions(200, start.size, np.random.default_rng(6))
+    hook = CanaryHook(directions[:100], canary_schedule(100, 0, 2), 10.0, 20, (1, start.size))
+    algorithm = FedAvg(
+        model,
+        clients,
+        lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]), batch[1]),
+        FedAvgConfig(client_lr=0.05, batch_size=8),
+        round_hook=hook,
+    )
+    transport = build_transport("dp", {"epsilon": 1.0}, total_rounds=2, n_clients=120)
+    guard = inject_dp_fault(fault) if fault else contextlib.nullcontext()
+    with guard:
+        run_rounds(algorithm, transport, SeedTree(0), RunOptions(rounds=2, progress=False))
+    estimate = estimate_from_model_delta(
+        directions[:100], directions[100:], algorithm.params - start, delta=1e-5
+    )
+    return estimate, transport.epsilon()
+
+
+def test_canary_hook_audits_a_torch_model_through_its_public_hook():
+    correct, ledger = _fedavg_with_canaries(None)
+    assert ledger == pytest.approx(1.0, abs=0.01)
+    assert correct.epsilon_low < ledger
+    broken, _ = _fedavg_with_canaries("no-noise")
+    assert broken.epsilon_low > ledger, broken

@@ -405,6 +405,10 @@ class CanaryHook:
     def clients(self) -> np.ndarray:
         return self.first_client + np.arange(len(self.directions))
 
+    def extra_clients(self, round_id: int) -> np.ndarray:
+        """The canary clients (every round: who takes part is public)."""
+        return self.clients
+
     def updates(self, round_index: int) -> RowUpdates:
         """The canary clients' dense updates of round ``round_index`` (of the schedule)."""
         n = len(self.directions)
@@ -664,3 +668,23 @@ def report_rows(reports: Mapping[str, WhiteBoxReport]) -> list[dict[str, object]
                 }
             )
     return rows
+
+
+def estimate_from_model_delta(
+    directions: np.ndarray,
+    held_out: np.ndarray,
+    model_delta: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+) -> GaussianDPEstimate:
+    """The released-model observer's estimate from a final model delta (constant canaries).
+
+    ``model_delta`` is the final parameters minus the initial ones, flattened as the canaries'
+    directions (e.g. ``securefed.torch.module_to_vector``); the real clients' updates are
+    independent of the directions and widen the null alike (Andrew et al. 2024, section 3).
+    """
+    vector = np.asarray(model_delta, dtype=np.float64).reshape(-1)
+    return gdp_estimate(
+        cosines(directions, vector), cosines(held_out, vector), delta=delta, confidence=confidence
+    )
