@@ -7,8 +7,10 @@ secure aggregation and ledger) once per seed, correct and with each deliberate f
 :mod:`securefed.audit.faults` (the noise multiplier overstated 1.5x, the noise reused across
 rounds, the clip off). A run is *caught* when an estimate's lower confidence limit exceeds the
 ledger's epsilon for its observer (weighted Holm across the run's estimates). Rows: transport,
-ledger epsilon, fault, seeds caught, the median estimate (the Gaussian-DP *estimate*, not a
-rigorous bound) and, for the first seed, the rigorous one-run lower bound (Steinke et al.).
+ledger epsilon, fault, seeds caught, the median estimates of the released model's constant
+and alternating families (Gaussian-DP *estimates*, not rigorous bounds; the constant family's
+lower limit too) and, for the first seed, the rigorous one-run lower bound (Steinke et al.;
+a second run whose canaries are each included with probability 1/2).
 
 Output under ``--out``: ``privacy_audit_whitebox.json`` and ``.md``. Exit status 1 when a
 correct run is caught (a false alarm) or a fault is missed in more than a tenth of its seeds.
@@ -32,28 +34,19 @@ from securefed.audit.whitebox import WhiteBoxConfig, run_whitebox_audit
 from securefed.transport import build_transport
 
 
-def _options(transport: str, epsilon: float, clip: float, delta: float) -> dict[str, object]:
-    options: dict[str, object] = {"epsilon": epsilon, "delta": delta, "clip": clip}
-    if transport == "ckks+dp":
-        options["mechanism"] = "gaussian"
-    if transport.startswith("secagg+dp:"):
-        options["mechanism"] = transport.split(":", 1)[1]
-    return options
-
-
-def _name(transport: str) -> str:
-    return transport.split(":", 1)[0]
+def _options(epsilon: float, clip: float, delta: float) -> dict[str, object]:
+    return {"epsilon": epsilon, "delta": delta, "dp.clip": clip}
 
 
 def audit_cell(
     transport: str, epsilon: float, fault: str, seeds: range, config: WhiteBoxConfig, clip: float
 ) -> dict[str, object]:
     """One (transport, epsilon, fault) cell over ``seeds``."""
-    options = _options(transport, epsilon, clip, config.delta)
+    options = _options(epsilon, clip, config.delta)
 
     def make():
         return build_transport(
-            _name(transport),
+            transport,
             options,
             total_rounds=config.rounds,
             n_clients=config.n_canaries,
@@ -61,6 +54,7 @@ def audit_cell(
         )
 
     caught, estimates, lows, refused, bound = 0, [], [], None, None
+    alternating, caught_by = [], {}
     started = time.perf_counter()
     for seed in seeds:
         guard = contextlib.nullcontext() if fault == "none" else inject_dp_fault(fault)
@@ -71,6 +65,15 @@ def audit_cell(
             refused = str(error)
             break
         caught += report.caught
+        for key, hit in report.contradicted.items():
+            caught_by[key] = caught_by.get(key, 0) + int(hit)
+        alternating.append(
+            max(
+                report.estimates[k].epsilon
+                for k in report.estimates
+                if k.startswith("released_model/alternating")
+            )
+        )
         estimate = report.estimates["released_model/constant"]
         estimates.append(estimate.epsilon)
         lows.append(estimate.epsilon_low)
@@ -87,6 +90,8 @@ def audit_cell(
         "epsilon_ledger": None if refused else ledger,
         "estimate_median": None if refused else float(np.median(estimates)),
         "estimate_low_median": None if refused else float(np.median(lows)),
+        "alternating_estimate_median": None if refused else float(np.median(alternating)),
+        "caught_by": caught_by,
         "rigorous_lower_bound_seed0": bound,
         "seconds": time.perf_counter() - started,
     }
@@ -102,6 +107,7 @@ def _markdown(rows: list[dict], header: str) -> str:
         "epsilon_ledger",
         "estimate_median",
         "estimate_low_median",
+        "alternating_estimate_median",
         "rigorous_lower_bound_seed0",
         "seconds",
     ]
@@ -121,7 +127,12 @@ def _markdown(rows: list[dict], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_privacy_audit_whitebox")
-    parser.add_argument("--transports", default="dp")
+    parser.add_argument(
+        "--transports",
+        default="dp",
+        help="transport specs separated by ';' "
+        "(e.g. 'dp;secagg+dp;secagg+dp:mechanism=skellam;ckks+dp:mechanism=gaussian')",
+    )
     parser.add_argument("--epsilons", default="1,4,8")
     parser.add_argument("--faults", default="none,noise/1.5,noise-reused,clip-off")
     parser.add_argument("--seeds-correct", type=int, default=20)
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     load_before = os.getloadavg()
-    for transport in args.transports.split(","):
+    for transport in args.transports.split(";"):
         for epsilon in [float(e) for e in args.epsilons.split(",")]:
             for fault in args.faults.split(","):
                 n = args.seeds_correct if fault == "none" else args.seeds_fault
