@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-import securefed.transport.ddp as ddp_module
 import securefed.transport.dp as dp_module
 from securefed import RoundSelection
 from securefed.attacks.canaries import (
@@ -43,7 +42,7 @@ from securefed.audit.empirical import (
     one_run_tail_bound,
     run_empirical_audit,
 )
-from securefed.audit.faults import scaled_integer_variance
+from securefed.audit.faults import fault_patches
 from securefed.recsys.data import synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig, user_level_dp_config
 from securefed.transport.base import RowUpdates
@@ -316,41 +315,17 @@ def test_white_box_needs_clear_payloads():
         rating_payload_score(observation.view, TRAIN.n_users, items, ratings, observation.protocol)
 
 
-class _ScaledNoise:
-    def __init__(self, source, factor: float) -> None:
-        self.source, self.factor = source, factor
-        self.secure, self.name = source.secure, source.name
-
-    def normal(self, std, shape):
-        return self.source.normal(std * self.factor, shape)
-
-
 def _break(monkeypatch, how: str) -> None:
     """Break the DP transport the way a bug would, leaving every parameter it declares alone.
 
-    The noise faults break both noises: the float Gaussian (``dp``, ``dp-local``, ``ckks+dp``)
-    and the integer discrete Gaussian and Skellam that ``secagg+dp`` draws by default.
+    The noise faults (:func:`securefed.audit.faults.fault_patches`) break both noises: the
+    float Gaussian (``dp``, ``dp-local``, ``ckks+dp``) and the integer discrete Gaussian and
+    Skellam that ``secagg+dp`` draws by default.
     """
-    noise_source, clip_row_updates = dp_module.noise_source, dp_module.clip_row_updates
+    clip_row_updates = dp_module.clip_row_updates
     if how in ("no-noise", "noise/10"):
-        factor = 0.0 if how == "no-noise" else 0.1
-        monkeypatch.setattr(
-            dp_module, "noise_source", lambda *a, **k: _ScaledNoise(noise_source(*a, **k), factor)
-        )
-        discrete_gaussian, skellam = ddp_module.discrete_gaussian, ddp_module.skellam
-
-        def scaled_discrete(sigma2, size, rng):
-            if factor == 0:
-                return np.zeros(size, dtype=np.int64)
-            return discrete_gaussian(scaled_integer_variance(sigma2, factor), size, rng)
-
-        def scaled_skellam(mu, size, rng):
-            if factor == 0:
-                return np.zeros(size, dtype=np.int64)
-            return skellam(mu * factor * factor, size, rng)
-
-        monkeypatch.setattr(ddp_module, "discrete_gaussian", scaled_discrete)
-        monkeypatch.setattr(ddp_module, "skellam", scaled_skellam)
+        for owner, name, value in fault_patches(how):
+            monkeypatch.setattr(owner, name, value)
     elif how == "clip-skipped":
 
         def skip_odd_clients(updates, clip):

@@ -16,7 +16,9 @@ Faults (:data:`FAULTS`):
   that factor (the noise multiplier overstated to the ledger); integer noise: the discrete
   Gaussian's integer variance or Skellam's ``mu`` divided by the factor squared (at least 1 for
   the discrete Gaussian, as its sampler needs).
-* ``"noise-reused"``: every round draws the noise of round 0 (a stream keyed without the round).
+* ``"noise-reused"``: every round draws the noise of round 0 (a stream keyed without the round;
+  for the integer mechanisms the rounding's coins come from a child stream, so that the noise
+  drawn after them is the same whatever the number of rounding retries).
 * ``"clip-off"``: updates are not clipped (the float path sums them as they come; the integer
   mechanisms' encoder refuses an update above the clip, so there the run stops with a
   ValueError: that defence is what a test of this fault checks).
@@ -52,9 +54,11 @@ def scaled_integer_variance(sigma2: int, factor: float) -> int:
     return max(1, round(sigma2 * factor * factor))
 
 
-@contextlib.contextmanager
-def inject_dp_fault(kind: str) -> Iterator[None]:
-    """Break every DP transport of this process the way ``kind`` names, inside the block.
+def fault_patches(kind: str) -> list[tuple[object, str, object]]:
+    """``(owner, attribute, replacement)`` for each attribute the fault ``kind`` replaces.
+
+    :func:`inject_dp_fault` applies and restores them; a pytest test may apply them with
+    ``monkeypatch.setattr(owner, attribute, replacement)``.
 
     Raises:
         ValueError: an unknown fault (naming those that exist).
@@ -67,8 +71,7 @@ def inject_dp_fault(kind: str) -> Iterator[None]:
     patches: list[tuple[object, str, object]] = []
 
     def patch(owner: object, name: str, value: object) -> None:
-        patches.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, value)
+        patches.append((owner, name, value))
 
     if kind in _FACTORS:
         factor = _FACTORS[kind]
@@ -108,16 +111,41 @@ def inject_dp_fault(kind: str) -> Iterator[None]:
             finally:
                 self.round_id = round_id
 
+        conditional_round = ddp_module.conditional_round
+
+        def rounding_apart(scaled, l2_bound, rng, **options):
+            # The rounding's retries consume a data-dependent number of coins: draw them from
+            # a child stream (one draw of ``rng``), so that the noise after them is the same
+            # draw in every round, as a reused noise seed means.
+            if isinstance(rng, np.random.Generator):
+                rng = np.random.default_rng(int(rng.integers(1 << 62)))
+            return conditional_round(scaled, l2_bound, rng, **options)
+
         patch(dp_module, "noise_source", reused_source)
         patch(dp_module.DPRound, "_integer_source", reused_integers)
+        patch(ddp_module, "conditional_round", rounding_apart)
     else:  # clip-off
 
         def unclipped(updates, clip):
             return updates, dp_module.segment_norms(updates.values, updates.indptr)
 
         patch(dp_module, "clip_row_updates", unclipped)
+    return patches
+
+
+@contextlib.contextmanager
+def inject_dp_fault(kind: str) -> Iterator[None]:
+    """Break every DP transport of this process the way ``kind`` names, inside the block.
+
+    Raises:
+        ValueError: an unknown fault (naming those that exist).
+    """
+    saved = []
+    for owner, name, value in fault_patches(kind):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        for owner, name, value in reversed(patches):
+        for owner, name, value in reversed(saved):
             setattr(owner, name, value)

@@ -11,7 +11,9 @@ for Federated Learning" (ICLR 2024); specs/private-learning.md. The scheme:
    *Alternating* canaries submit in the rounds of one parity and zeros in the others: against
    the contrast ``D = sum_t a_t R_t`` of the released aggregates ``R_t`` (``a_t = +1`` in even
    rounds, ``-1`` in odd ones), correct noise stays, but noise reused across rounds cancels and
-   leaves the canaries in the clear.
+   leaves the canaries in the clear. The integer mechanisms add their noise after a public
+   per-round rotation; there the contrast is also taken in the rotated basis
+   (:func:`rotated_statistics`, family ``"alternating-rotated"``).
 3. **Statistics** (:func:`cosine_statistics`). Each direction's cosine with the final model
    delta ``sum_t R_t`` (constant family) or with ``D`` (alternating family, sign by phase), for
    two observers: the released model's (the released aggregates) and the server's (what it
@@ -542,6 +544,23 @@ def _hook(config: WhiteBoxConfig, seeds: SeedTree) -> tuple[CanaryHook, np.ndarr
     return hook, directions[config.n_canaries :]
 
 
+def constant_contribution(
+    transport: Transport, hook: CanaryHook, config: WhiteBoxConfig
+) -> np.ndarray:
+    """What the constant canaries add to every round as the protocol says: each its direction
+    at the transport's clip (its update is above it).
+
+    In the rotated basis the constant canaries do not cancel across rounds (each round rotates
+    them differently); the auditor, who crafted them, removes their declared contribution
+    before the rotated contrast (:func:`rotated_statistics`). Should the clip not act as
+    declared, the remainder widens that family's null alike; the constant family sees the fault.
+    """
+    clip = getattr(getattr(transport, "config", None), "clip", None)
+    if clip is None:
+        return np.zeros(hook.directions.shape[1])
+    return min(config.norm, float(clip)) * hook.directions[: config.n_constant].sum(axis=0)
+
+
 def run_whitebox_audit(
     config: WhiteBoxConfig,
     make_transport: Callable[[], Transport],
@@ -579,7 +598,11 @@ def run_whitebox_audit(
         families = cosine_statistics(hook.directions, held_out, per_round, config.n_constant)
         if run.rotations is not None and config.n_alternating and config.rounds >= 2:
             families["alternating-rotated"] = rotated_statistics(
-                hook.directions, held_out, per_round, run.rotations, config.n_constant
+                hook.directions,
+                held_out,
+                per_round - constant_contribution(transport, hook, config),
+                run.rotations,
+                config.n_constant,
             )
         for family, (inserted, null) in families.items():
             estimates[f"{observer}/{family}"] = gdp_estimate(
