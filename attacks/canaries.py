@@ -343,6 +343,59 @@ class CanaryFedMF:
         return self.model.public_parameters()
 
 
+class WhiteBoxFedMF:
+    """A :class:`FedMF` run with isotropic white-box canary clients in its aggregation rounds.
+
+    The canaries of :class:`securefed.audit.whitebox.CanaryHook` (random unit directions of
+    FedMF's whole upload block, ``(n_items + 2, dim + 1)``; Andrew et al., ICLR 2024) submit
+    next to the real users in every round, through FedMF's public round stages
+    (:meth:`FedMF.open_round`, :meth:`FedMF.client_step`, :meth:`FedMF.close_round`). Unlike
+    the Dirac direction canaries they move the model (as in the paper); the released sums or the
+    final ``V`` are scored with :func:`securefed.audit.whitebox.estimate_from_model_delta`.
+
+    Raises:
+        ValueError: a hook whose clients do not follow the model's, or whose block is not
+            FedMF's.
+    """
+
+    def __init__(self, model: FedMF, hook) -> None:
+        block = (model.n_items + 2, model.config.dim + 1)
+        if tuple(hook.shape) != block or hook.first_client != model.n_clients:
+            raise ValueError(
+                f"the hook must cover FedMF's block {block} with clients from {model.n_clients}"
+                f" (got {tuple(hook.shape)} from {hook.first_client})"
+            )
+        self.model, self.hook = model, hook
+        self.n_clients = model.n_clients + len(hook.directions)
+
+    def run_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> dict[str, float]:
+        """FedMF's round with every canary client submitting its scheduled update.
+
+        Raises:
+            ValueError: a round that did not sample every canary (run with every client).
+        """
+        model = self.model
+        rnd, active = model.open_round(round_id, np.asarray(clients), transport, seeds)
+        if np.count_nonzero(active >= model.n_clients) != len(self.hook.directions):
+            raise ValueError("white-box canaries take part in every round: sample every client")
+        real = active[active < model.n_clients]
+        squared_error, n_ratings = model.client_step(round_id, real, seeds, rnd.submit_batch)
+        self.hook.submit(rnd, round_id)
+        model.close_round(rnd)
+        return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.model.load_state_dict(state)
+
+    def public_parameters(self) -> dict[str, object]:
+        return self.model.public_parameters()
+
+
 # ----------------------------------------------------------------------------- scores
 @dataclass(eq=False)
 class CanaryObservation:

@@ -189,3 +189,42 @@ def test_canary_hook_audits_a_torch_model_through_its_public_hook():
     assert correct.epsilon_low < ledger
     broken, _ = _fedavg_with_canaries("no-noise")
     assert broken.epsilon_low > ledger, broken
+
+
+def _fedmf_with_canaries(fault: str | None):
+    from securefed import ClientSampling, RunOptions, SeedTree, run_rounds
+    from securefed.attacks.canaries import WhiteBoxFedMF
+    from securefed.recsys.data import synthetic_ratings
+    from securefed.recsys.fedmf import FedMF, user_level_dp_config
+
+    train = synthetic_ratings(60, 100, 900, seed=1)
+    config = user_level_dp_config(rounds=2, dim=3)
+    model = FedMF(train, config, SeedTree(0))
+    block = (model.n_items + 2, config.dim + 1)
+    directions = canary_directions(300, block[0] * block[1], np.random.default_rng(7))
+    hook = CanaryHook(directions[:150], canary_schedule(150, 0, 2), 10.0, model.n_clients, block)
+    algorithm = WhiteBoxFedMF(model, hook)
+    transport = build_transport(
+        "dp", {"epsilon": 1.0}, total_rounds=2, n_clients=algorithm.n_clients
+    )
+    released = []
+    guard = inject_dp_fault(fault) if fault else contextlib.nullcontext()
+    with guard:
+        run_rounds(
+            algorithm,
+            transport,
+            SeedTree(0),
+            RunOptions(rounds=2, sampling=ClientSampling(), progress=False),
+            on_round=lambda t, m: released.append(transport.view.round(t).aggregate["dp_total"]),
+        )
+    estimate = estimate_from_model_delta(
+        directions[:150], directions[150:], np.sum(released, axis=0), delta=1e-5
+    )
+    return estimate, transport.epsilon()
+
+
+def test_fedmf_rounds_take_white_box_canaries():
+    correct, ledger = _fedmf_with_canaries(None)
+    assert correct.epsilon_low < ledger
+    broken, _ = _fedmf_with_canaries("no-noise")
+    assert broken.epsilon_low > ledger, broken

@@ -453,6 +453,21 @@ def test_server_scorer_reads_the_decoded_sum_under_the_integer_mechanism():
     assert server == released
 
 
+def test_bench_names_each_row_that_contradicts_its_ledger():
+    from securefed.bench.bench_privacy_audit import broken_rows
+
+    row = {"transport": "dp", "epsilon_target": 1.0, "scorer": "d", "observer": "server"}
+    fine = {**row, "contradicts_ledger": False, "delta_error": None}
+    above = {**row, "contradicts_ledger": True, "epsilon_lower": 2.0, "epsilon_ledger": 1.0}
+    delta = {**fine, "delta_error": "the audit tests delta 1e-06 but the ledger's is 1e-05"}
+    assert broken_rows([fine]) == []
+    lines = broken_rows([fine, above, delta])
+    assert len(lines) == 2
+    assert lines[0].startswith("dp epsilon 1 d (server): epsilon lower bound 2 > ledger 1")
+    assert "delta 1e-06" in lines[1]
+
+
+@pytest.mark.slow
 def test_bench_exits_nonzero_naming_a_row_above_its_ledger(monkeypatch, tmp_path, capsys):
     from securefed.bench.bench_privacy_audit import main
 
