@@ -262,7 +262,22 @@ def direction_updates(
     )
 
 
-class CanaryFedMF:
+class _WrapsFedMF:
+    """The state and public parameters of a wrapped :class:`FedMF` (``self.model``)."""
+
+    model: FedMF
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.model.load_state_dict(state)
+
+    def public_parameters(self) -> dict[str, object]:
+        return self.model.public_parameters()
+
+
+class CanaryFedMF(_WrapsFedMF):
     """A :class:`FedMF` run with direction canaries as extra clients ``model.n_clients + i``.
 
     Every canary client takes part in every round it is sampled for; an included one submits
@@ -333,17 +348,8 @@ class CanaryFedMF:
         model.close_round(rnd)
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return self.model.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.model.load_state_dict(state)
-
-    def public_parameters(self) -> dict[str, object]:
-        return self.model.public_parameters()
-
-
-class WhiteBoxFedMF:
+class WhiteBoxFedMF(_WrapsFedMF):
     """A :class:`FedMF` run with isotropic white-box canary clients in its aggregation rounds.
 
     The canaries of :class:`securefed.audit.whitebox.CanaryHook` (random unit directions of
@@ -385,15 +391,6 @@ class WhiteBoxFedMF:
         self.hook.submit(rnd, round_id)
         model.close_round(rnd)
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.model.load_state_dict(state)
-
-    def public_parameters(self) -> dict[str, object]:
-        return self.model.public_parameters()
 
 
 # ----------------------------------------------------------------------------- scores

@@ -390,8 +390,9 @@ def test_empirical_audit_flags_broken_distributed_dp(monkeypatch, how):
         return
     broken, broken_run = _direction_audit("secagg+dp")
     assert broken.exceeds_ledger, broken.to_dict()
+    # The parameter audit reads the same declared parameters and cannot tell the runs apart.
     clean = audit({**broken_run.view.public, "tests": True})
-    assert clean.ok and clean.findings == audit({**correct_run.view.public, "tests": True}).findings
+    assert clean.findings == audit({**correct_run.view.public, "tests": True}).findings
 
 
 # ----------------------------------------------------------------------------- the fixture
