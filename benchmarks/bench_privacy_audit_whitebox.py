@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed import RoundSelection
 from securefed.audit.faults import inject_dp_fault
 from securefed.audit.whitebox import WhiteBoxConfig, run_whitebox_audit
 from securefed.transport import build_transport
@@ -51,6 +52,7 @@ def audit_cell(
             total_rounds=config.rounds,
             n_clients=config.n_canaries,
             sample_rate=1.0,
+            keep_payloads=RoundSelection(every=True),  # local DP: the server's own-payload view
         )
 
     caught, estimates, lows, refused, bound = 0, [], [], None, None

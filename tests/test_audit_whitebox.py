@@ -228,3 +228,29 @@ def test_fedmf_rounds_take_white_box_canaries():
     assert correct.epsilon_low < ledger
     broken, _ = _fedmf_with_canaries("no-noise")
     assert broken.epsilon_low > ledger, broken
+
+
+def test_local_dp_is_audited_on_each_canarys_own_payloads():
+    # Under dp-local the sum carries every client's noise; the server reads each upload, and
+    # scores each canary on its own (kept in the view): the faults show there.
+    from securefed import RoundSelection
+
+    def audit_local(fault):
+        def make():
+            return build_transport(
+                "dp-local",
+                {"epsilon": 1.0},
+                total_rounds=SMALL.rounds,
+                n_clients=SMALL.n_canaries,
+                keep_payloads=RoundSelection(every=True),
+            )
+
+        guard = inject_dp_fault(fault) if fault else contextlib.nullcontext()
+        with guard:
+            return run_whitebox_audit(SMALL, make, seed=0)
+
+    correct = audit_local(None)
+    assert "server/own-payloads" in correct.estimates and not correct.caught
+    for fault in ("noise/10", "clip-off"):
+        broken = audit_local(fault)
+        assert broken.contradicted["server/own-payloads"], (fault, broken.to_dict())

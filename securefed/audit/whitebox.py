@@ -17,7 +17,10 @@ for Federated Learning" (ICLR 2024); specs/private-learning.md. The scheme:
 3. **Statistics** (:func:`cosine_statistics`). Each direction's cosine with the final model
    delta ``sum_t R_t`` (constant family) or with ``D`` (alternating family, sign by phase), for
    two observers: the released model's (the released aggregates) and the server's (what it
-   decoded: the clean sum under central DP, the noisy one under secure aggregation).
+   decoded: the clean sum under central DP, the noisy one under secure aggregation). Where the
+   server reads each client's payload in the clear and the view kept them (local DP, built with
+   ``keep_payloads=RoundSelection(every=True)``), the server also scores each constant canary
+   on its own payloads (:func:`own_payload_statistics`, family ``"own-payloads"``).
 4. **Estimate** (:func:`gdp_estimate`). The held-out cosines are the null: mean 0 exactly (a
    Haar direction and its negative are equally likely, whatever the noise), spread ``s``. The
    inserted ones shift by ``mu``; under a Gaussian mechanism the test "inserted or not" is a
@@ -76,7 +79,7 @@ from securefed.randomness import SeedTree
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
 from securefed.transport.ddp import hadamard, rotate, rotation_signs
 
-FAMILIES = ("constant", "alternating", "alternating-rotated")
+FAMILIES = ("constant", "alternating", "alternating-rotated", "own-payloads")
 WHITEBOX_OBSERVERS = ("released_model", "server")
 
 
@@ -194,6 +197,21 @@ def rotated_statistics(
         return (u @ total) / np.maximum(np.linalg.norm(u, axis=1), 1e-300)
 
     return statistics(directions[n_constant:]), statistics(held_out)
+
+
+def own_payload_statistics(
+    directions: np.ndarray, held_out: np.ndarray, own: np.ndarray, n_constant: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Constant canaries scored on their own clear payloads (the server under local DP).
+
+    Canary ``j``: ``<c_j, sum_t P_jt>``, its payloads summed over the rounds. The null: held-out
+    direction ``i`` against constant canary ``i mod n_constant``'s summed payloads (orthogonal
+    to that canary's direction, so only its noise projects). Projections, not cosines: every
+    payload sum has the same scale.
+    """
+    inserted = np.einsum("jd,jd->j", directions[:n_constant], own[:n_constant])
+    partner = own[np.arange(len(held_out)) % n_constant]
+    return inserted, np.einsum("id,id->i", held_out, partner)
 
 
 def gaussian_mu(epsilon: float, delta: float) -> float:
@@ -452,11 +470,25 @@ class CanaryRun:
         server: ``(rounds, dim)``: what the server decoded (:func:`observed_sum`).
         rotations: per round, an integer mechanism's public rotation ``(signs, chunks,
             padded)`` (``None`` for the float Gaussian).
+        own: ``(n_canaries, dim)``: each canary's clear payloads summed over the rounds, where
+            the view kept them in the clear (local DP: its noisy uploads), else ``None``.
     """
 
     released: np.ndarray
     server: np.ndarray
     rotations: list[tuple[np.ndarray, tuple[int, ...], int]] | None
+    own: np.ndarray | None = None
+
+
+def clear_payload(view_round, client: int, dim: int) -> np.ndarray | None:
+    """The client's payload as the server read it in the clear (``dim`` values), else ``None``
+    (a round that kept no payloads, or a hiding transport's masked or encrypted one)."""
+    if not getattr(view_round, "keep_payloads", False) or client not in view_round.payloads:
+        return None
+    values = view_round.payloads[client].get("values")
+    if values is None or np.size(values) != dim:
+        return None
+    return np.asarray(values, dtype=np.float64).reshape(-1)
 
 
 def run_canary_rounds(
@@ -470,17 +502,26 @@ def run_canary_rounds(
     dim = hook.directions.shape[1]
     released, server = np.zeros((rounds, dim)), np.zeros((rounds, dim))
     rotations = []
+    own = np.zeros((len(hook.directions), dim))
+    clear = True
     clients = hook.clients
     for t in range(rounds):
         rnd = transport.open_round(t, clients, shape=hook.shape, seeds=seeds)
         hook.submit(rnd, t)
         released[t] = np.asarray(rnd.result().total, dtype=np.float64).reshape(-1)
         server[t] = observed_sum(transport, t, released[t])
+        view_round = transport.view.round(t)
+        for k, client in enumerate(clients.tolist()):
+            payload = clear_payload(view_round, client, dim) if clear else None
+            if payload is None:
+                clear = False
+                break
+            own[k] += payload
         mechanism = getattr(rnd, "mechanism", None)
         if mechanism is not None:
             signs = rotation_signs(seeds.key("dp", "rotation", t), mechanism.padded)
             rotations.append((signs, mechanism.chunks, mechanism.padded))
-    return CanaryRun(released, server, rotations or None)
+    return CanaryRun(released, server, rotations or None, own if clear else None)
 
 
 def _ledger(transport: Transport, observer: str) -> float:
@@ -604,6 +645,10 @@ def run_whitebox_audit(
                 run.rotations,
                 config.n_constant,
             )
+        if observer == "server" and run.own is not None:
+            families["own-payloads"] = own_payload_statistics(
+                hook.directions, held_out, run.own, config.n_constant
+            )
         for family, (inserted, null) in families.items():
             estimates[f"{observer}/{family}"] = gdp_estimate(
                 inserted, null, delta=config.delta, confidence=config.confidence
@@ -636,6 +681,7 @@ def contradictions(
         "constant": config.n_constant,
         "alternating": alternating,
         "alternating-rotated": alternating,
+        "own-payloads": config.n_constant,
     }
     weights = [sizes[k.split("/")[1]] for k in finite]
     rejected = holm_rejections(p_values, 1.0 - config.confidence, weights)
