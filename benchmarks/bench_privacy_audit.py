@@ -9,7 +9,9 @@ included with probability 1/2. Each canary is scored by each observer, and the o
 of Steinke, Nasr and Jagielski 2023 turns the guesses into an epsilon lower bound at
 ``--confidence`` (:mod:`securefed.audit.empirical`). Rows: transport, target, scorer, observer,
 the ledger's epsilon for that observer, the lower bound, the guesses. A row whose bound exceeds
-its ledger figure is a broken claim.
+its ledger figure (Holm-corrected across the scorers of its run: ``contradicts_ledger``), or
+whose audit ran at a delta below the ledger's, is a broken claim: the bench then exits with
+status 1 and names each such row on stderr.
 
 Also recorded: how the bound tightens with the number of canaries (the first ``m`` canaries of
 each run's scores, for several ``m``: each subset is an audit of its own) and the cost of an
@@ -24,13 +26,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from securefed import RoundSelection, RunOptions, SeedTree, run_rounds
-from securefed.attacks.canaries import CanaryPlan, FedMFCanaryJob, ledger_epsilon
-from securefed.audit.empirical import EmpiricalAuditConfig, audit_scores, run_empirical_audit
+from securefed.attacks.canaries import CanaryPlan, FedMFCanaryJob, ledger_delta, ledger_epsilon
+from securefed.audit.empirical import (
+    EmpiricalAuditConfig,
+    audit_scores,
+    delta_finding,
+    ledger_contradictions,
+    run_empirical_audit,
+)
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
@@ -55,7 +64,29 @@ COLUMNS = [
     "guesses",
     "n_canaries",
     "exceeds_ledger",
+    "contradicts_ledger",
 ]
+
+
+def broken_rows(rows: list[dict]) -> list[str]:
+    """One line per row that contradicts its ledger (Holm across its run's scorers) or whose
+    audit's delta is below the ledger's; empty when every claim stands."""
+    lines = []
+    for row in rows:
+        causes = []
+        if row.get("contradicts_ledger"):
+            causes.append(
+                f"epsilon lower bound {row['epsilon_lower']:.3g} > ledger "
+                f"{row['epsilon_ledger']:.3g}"
+            )
+        if row.get("delta_error"):
+            causes.append(row["delta_error"])
+        if causes:
+            lines.append(
+                f"{row['transport']} epsilon {row['epsilon_target']:g} {row['scorer']} "
+                f"({row['observer']}): " + "; ".join(causes)
+            )
+    return lines
 
 
 def _options(transport: str, epsilon: float, clip: float, delta: float) -> dict[str, object]:
@@ -147,10 +178,13 @@ def privacy_audit(args: argparse.Namespace) -> int:
             job.scorers(white_box_payloads=transport in CLEAR),
             rng=rng,
             epsilon_of=ledger_epsilon,
+            delta_of=ledger_delta,
         )
         seconds_audit = time.perf_counter() - started
         first = next(iter(results.values()))
+        contradicted = ledger_contradictions(results)
         for name, result in results.items():
+            delta_issue = delta_finding(result)
             row = {
                 "transport": transport,
                 "placement": PLACEMENT[transport],
@@ -158,6 +192,10 @@ def privacy_audit(args: argparse.Namespace) -> int:
                 "rounds": job.config.rounds,
                 "scorer": name,
                 **result.to_dict(),
+                "contradicts_ledger": contradicted[name],
+                "delta_error": None
+                if delta_issue is None or delta_issue.severity != "error"
+                else delta_issue.cause,
             }
             row["guesses"], row["correct"] = result.best.n_guesses, result.best.n_correct
             rows.append(row)
@@ -220,7 +258,10 @@ def privacy_audit(args: argparse.Namespace) -> int:
         table,
         out,
     )
-    return 0
+    broken = broken_rows(rows)
+    for line in broken:
+        print(f"privacy-audit: a row contradicts its ledger: {line}", file=sys.stderr)
+    return 1 if broken else 0
 
 
 def _plot_bounds(rows: list[dict], path: Path) -> None:

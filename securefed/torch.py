@@ -439,6 +439,12 @@ class FedAvg:
         loss: ``loss(model, batch)`` -> scalar loss of a minibatch (:meth:`Client.batch`: the
             client's example tensors sliced along the first axis, then its context tensors).
         config: :class:`FedAvgConfig`.
+        round_hook: extra clients in every round (the audit's canaries): an object with
+            ``extra_clients(round_id) -> ids`` (beyond ``len(clients)``; they join the round's
+            clients) and ``submit(rnd, round_id)`` (called after the real clients' updates,
+            before ``rnd.result()``), e.g. :class:`securefed.audit.whitebox.CanaryHook` for a
+            white-box audit of the final model (:func:`securefed.audit.whitebox.
+            estimate_from_model_delta`). Their updates enter the aggregate like any client's.
 
     Attributes:
         n_clients: ``len(clients)``.
@@ -454,8 +460,16 @@ class FedAvg:
         clients: Sequence[Client | Batch],
         loss: LossFunction,
         config: FedAvgConfig | None = None,
+        *,
+        round_hook: object | None = None,
     ) -> None:
         self.config = FedAvgConfig() if config is None else config
+        if round_hook is not None and not (
+            callable(getattr(round_hook, "extra_clients", None))
+            and callable(getattr(round_hook, "submit", None))
+        ):
+            raise ValueError("round_hook needs extra_clients(round_id) and submit(rnd, round_id)")
+        self.round_hook = round_hook
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
         if not callable(loss):
@@ -579,7 +593,14 @@ class FedAvg:
         )
         adaptive = self.config.adaptive_clipping is not None
         width = self.params.size + (1 if adaptive else 0)
-        rnd = transport.open_round(round_id, clients, shape=(1, width), seeds=seeds)
+        extra = np.zeros(0, dtype=np.int64)
+        if self.round_hook is not None:
+            extra = np.asarray(self.round_hook.extra_clients(round_id), dtype=np.int64)
+            if np.any(extra < self.n_clients):
+                raise ValueError("the round hook's clients must come after the model's own")
+        rnd = transport.open_round(
+            round_id, np.concatenate([clients, extra]), shape=(1, width), seeds=seeds
+        )
         rnd.broadcast("model", self.params)
         parts = self._adaptive_parts(transport) if adaptive else None
         norms = []
@@ -589,6 +610,8 @@ class FedAvg:
             if parts is not None:
                 delta = self._with_clipped_bit(delta, *parts)
             rnd.submit(client, delta, weight=weight)
+        if self.round_hook is not None:
+            self.round_hook.submit(rnd, round_id)
         aggregate = rnd.result()
         metrics = {"update_norm_median": float(np.median(norms))}
         if parts is not None:
