@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import PlaintextTransport, SeedTree
+from securefed.bench.tables import markdown_table
 from securefed.errors import AggregationError
 from securefed.records import dumps_record
 from securefed.transport.secagg import STAGES, SecAggConfig, SecAggTransport
@@ -407,7 +408,7 @@ def comparison_table(comparison: dict[str, object]) -> str:
     return markdown_table(headers, body)
 
 
-def markdown_table(cases: list[Case]) -> str:
+def cases_table(cases: list[Case]) -> str:
     """The results as a markdown table (times in seconds, bytes in KiB per client)."""
     headers = [
         "n",
@@ -975,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
     cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server))
     flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
-    print(markdown_table(cases))
+    print(cases_table(cases))
     print()
     print(comparison_table(flower))
     if args.out is not None:
