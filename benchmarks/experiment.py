@@ -15,7 +15,12 @@ from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_
 from securefed.recsys.data import Split
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
-from securefed.recsys.validation import EarlyStopping, best_round, holdout_split
+from securefed.recsys.validation import (
+    EarlyStopping,
+    best_round,
+    holdout_split,
+    smoothed_curve,
+)
 from securefed.transport import (
     PlaintextTransport,
     build_transport,
@@ -82,8 +87,8 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
 
     Holds out ``run.validation`` of each user's training ratings (the test set stays out),
     trains on the rest over ``run``'s transport for at most ``config.rounds`` rounds, evaluates
-    the validation RMSE every ``early_stopping.every`` rounds and stops after ``patience``
-    evaluations without improvement.
+    the validation RMSE every ``early_stopping.every`` rounds and stops ``patience`` rounds after
+    the best of the smoothed curve (never before ``min_rounds``).
 
     Returns:
         ``{"rounds": chosen, "stopped_early": bool, "curve": [[rounds, rmse], ...],
@@ -127,10 +132,15 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
         "rounds": rounds,
         "stopped_early": stopped,
         "curve": [[r, v] for r, v in curve],
+        "smoothed": smoothed_curve(curve, stopping.smoothing),
         "seconds": seconds,
         "fraction": run.validation,
+        "max_rounds": run.config.rounds,
         "patience": stopping.patience,
         "every": stopping.every,
+        "min_rounds": stopping.min_rounds,
+        "smoothing": stopping.smoothing,
+        "min_delta": stopping.min_delta,
     }
 
 

@@ -484,11 +484,12 @@ def biased_config(**overrides) -> FedMFConfig:
     0.07 (items), 0.02 (biases), with Koren's damping (``user_damping`` 30 on the device,
     ``item_damping`` 25 on the server) so that users and items with few ratings are shrunk
     more; 35 rounds; ratings learnt in units of a quarter of the scale's range
-    (``rating_unit="scale"``), so that these settings hold on any scale. Chosen on 10% validation parts of ML-100K u1.base and u2.base (never a test
-    fold) by the rule of docs/fedmf.md, "Choosing rounds and regularisation", which
-    ``--validation`` applies to another data set. FedRec and FedRec+ get
-    :data:`BIASED_VARIANT_SETTINGS` on top (``variant`` in ``overrides``): FedRec no item
-    damping and an item L2 weight of 0.11, FedRec+ item damping 10, 40 rounds and ``dim`` 50.
+    (``rating_unit="scale"``), so that these settings hold on any scale. Chosen on 10%
+    validation parts of ML-100K u1.base and u2.base (never a test fold) by the rule of
+    docs/fedmf.md, "Choosing rounds and regularisation", which ``--validation`` applies to
+    another data set. FedRec and FedRec+ get :data:`BIASED_VARIANT_SETTINGS` on top
+    (``variant`` in ``overrides``): FedRec no item damping and an item L2 weight of 0.11,
+    FedRec+ item damping 10, 40 rounds and ``dim`` 50.
     """
     variant = overrides.get("variant", BIASED_SETTINGS.get("variant", "fedmf"))
     return FedMFConfig(**(BIASED_SETTINGS | BIASED_VARIANT_SETTINGS.get(variant, {}) | overrides))
