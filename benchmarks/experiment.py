@@ -40,7 +40,8 @@ class FedMFRun:
     ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
     registry takes them). ``seed``: the run's seed (benchmarks: reproducible, and the record says
     "seeded: not private"), or ``None`` for secure mode (OS entropy for every key, mask and noise;
-    its checkpoints need ``checkpoint_key``).
+    its checkpoints need ``checkpoint_key``). ``blas_threads``: the BLAS threads of the rounds
+    (:attr:`securefed.runtime.RunOptions.blas_threads`; ``None`` leaves the process's).
     """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
@@ -57,6 +58,7 @@ class FedMFRun:
     warm_start_rounds: int = 0
     validation: float | None = None
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    blas_threads: int | None = 1
 
     def __post_init__(self) -> None:
         if self.validation is not None and self.warm_start_rounds:
@@ -208,6 +210,7 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
             fingerprint=fingerprint,
             first_round=run.warm_start_rounds,
             on_budget_exhausted="raise",
+            blas_threads=run.blas_threads,
         ),
         on_round=None if on_round is None else (lambda r, _: on_round(model, r)),
     )
@@ -271,7 +274,12 @@ def _warm_start(
         model,
         warm,
         seeds,
-        RunOptions(rounds=run.warm_start_rounds, sampling=run.sampling, progress=False),
+        RunOptions(
+            rounds=run.warm_start_rounds,
+            sampling=run.sampling,
+            progress=False,
+            blas_threads=run.blas_threads,
+        ),
     )
 
 
