@@ -134,6 +134,14 @@ def _add_fedmf(subparsers) -> None:
         help="upload the item-bias column times S, the server divides by S: under DP, how the "
         "one clip norm is shared between factors and bias (the dp-biased preset's 0.3)",
     )
+    parser.add_argument(
+        "--rating-unit",
+        default=None,
+        choices=["one", "scale"],
+        help="learn on the ratings as they are (one; the paper preset's) or divided by a "
+        "quarter of the scale's range (scale; the biased preset's): settings mean the same on "
+        "any scale",
+    )
     from securefed.server_optim import SERVER_OPTIMISERS
 
     parser.add_argument(
@@ -292,6 +300,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "user_damping": args.user_damping,
         "bias_upload_scale": args.bias_upload_scale,
         "server_optimiser": args.server_optimiser,
+        "rating_unit": args.rating_unit,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
     presets = {
