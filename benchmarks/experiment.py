@@ -13,7 +13,7 @@ import numpy as np
 
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
 from securefed.recsys.data import Split
-from securefed.recsys.fedmf import FedMF, FedMFConfig
+from securefed.recsys.fedmf import FedMF, FedMFConfig, rating_unit
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
 from securefed.recsys.validation import (
     EarlyStopping,
@@ -110,7 +110,9 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
     seeds = SeedTree.secure_mode() if run.seed is None else SeedTree(run.seed)
     parts = holdout_split(split.train, run.validation, seeds.generator("validation"))
     inner = Split(parts.train, parts.test, f"{split.name}/validation")
-    stopping, curve = run.early_stopping, []
+    # min_delta is in learning units (FedMFConfig.rating_unit): a doubled scale doubles RMSEs.
+    unit = rating_unit(run.config.rating_unit, split.train.scale)
+    stopping, curve = replace(run.early_stopping, min_delta=run.early_stopping.min_delta * unit), []
 
     def on_round(model: FedMF, round_id: int) -> None:
         if not stopping.evaluates(round_id):
