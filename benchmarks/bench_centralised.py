@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed.bench import datasets
+from securefed.bench import datasets, stopping_args
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -120,7 +120,7 @@ def compare(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {VARIANTS}")
-    stopping = EarlyStopping(**_stopping(args))
+    stopping = EarlyStopping(**stopping_args.given(args))
     blas_threads = args.blas_threads or None
     rows = []
     for split_name in args.splits.split(","):
@@ -200,17 +200,6 @@ def threads_line(blas_threads: int | None) -> str:
     )
 
 
-def _stopping(args: argparse.Namespace) -> dict:
-    """The early-stopping options given on the command line."""
-    given = {
-        "patience": args.patience,
-        "every": args.validate_every,
-        "min_rounds": args.min_rounds,
-        "smoothing": args.smoothing,
-    }
-    return {name: value for name, value in given.items() if value is not None}
-
-
 def _rounds(args: argparse.Namespace) -> dict:
     """The preset overrides given on the command line (``--rounds``, ``--dim``)."""
     given = {"rounds": args.rounds, "dim": args.dim}
@@ -235,12 +224,7 @@ def register(benches) -> None:
         metavar="FRACTION",
         help="let early stopping on FRACTION of the training ratings pick FedMF's rounds",
     )
-    parser.add_argument(
-        "--patience", type=int, default=None, help="with --validation: rounds (EarlyStopping's)"
-    )
-    parser.add_argument("--validate-every", type=int, default=None)
-    parser.add_argument("--min-rounds", type=int, default=None)
-    parser.add_argument("--smoothing", type=int, default=None)
+    stopping_args.add_arguments(parser)
     parser.add_argument(
         "--blas-threads",
         type=int,

@@ -29,7 +29,7 @@ DESCRIPTION = (
 
 
 def _add_fedmf(subparsers) -> None:
-    from securefed.recsys.validation import EarlyStopping
+    from securefed.bench import stopping_args
 
     parser = subparsers.add_parser("fedmf", help="train one FedMF-family model and evaluate it")
     parser.add_argument(
@@ -159,34 +159,7 @@ def _add_fedmf(subparsers) -> None:
         "(--rounds is then the most, by default twice the preset's), then train on all of them "
         "(not under DP)",
     )
-    stopping = EarlyStopping()
-    parser.add_argument(
-        "--patience",
-        type=int,
-        default=None,
-        help="with --validation: rounds after the best (smoothed) evaluation without a better "
-        f"one before stopping ({stopping.patience})",
-    )
-    parser.add_argument(
-        "--validate-every",
-        type=int,
-        default=None,
-        help=f"with --validation: rounds between two evaluations ({stopping.every})",
-    )
-    parser.add_argument(
-        "--min-rounds",
-        type=int,
-        default=None,
-        help=f"with --validation: no stop and no pick before this round ({stopping.min_rounds})",
-    )
-    parser.add_argument(
-        "--smoothing",
-        type=int,
-        default=None,
-        metavar="ROUNDS",
-        help="with --validation: width of the centred moving mean of the validation curve "
-        f"({stopping.smoothing}; 1: none)",
-    )
+    stopping_args.add_arguments(parser)
     parser.add_argument("--init-std", type=float, default=None, help="initial factor std (0.3)")
     parser.add_argument("--upload", default=None, choices=["part", "full"])
     parser.add_argument("--aggregation", default=None, choices=["mean", "sum", "fixed"])
@@ -256,7 +229,7 @@ def _add_fedmf(subparsers) -> None:
 
 
 def _run_fedmf(args: argparse.Namespace) -> int:
-    from securefed.bench import datasets
+    from securefed.bench import datasets, stopping_args
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
     from securefed.recsys.baselines import baseline_warning
@@ -310,13 +283,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "dp-biased": dp_biased_config,
     }
     config = presets[args.preset](**overrides)
-    stopping_given = {
-        "patience": args.patience,
-        "every": args.validate_every,
-        "min_rounds": args.min_rounds,
-        "smoothing": args.smoothing,
-    }
-    stopping_given = {name: value for name, value in stopping_given.items() if value is not None}
+    stopping_given = stopping_args.given(args)
     if args.validation is None and stopping_given:
         raise ValueError(
             "--patience, --validate-every, --min-rounds and --smoothing apply only with "
