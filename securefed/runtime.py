@@ -141,7 +141,7 @@ class RunOptions:
             rounds run, set with threadpoolctl and restored afterwards; ``None`` leaves the
             process's setting. 1 by default: a round is many small matrix products per client
             group, for which a BLAS thread pool costs more in hand-offs than it gains (on the
-            2-core dev box a FedMF run on ML-100K u1 took about twice as long with OpenBLAS's
+            2-core dev box a FedMF run on ML-100K u1 took 2.3x to 3.5x as long with OpenBLAS's
             default of one thread per core, benchmarks/results/blas_threads/).
     """
 
