@@ -288,11 +288,19 @@ def _plot_curves(curves: list[dict], path: Path) -> None:
 
 def register(benches) -> None:
     parser = BENCHES["privacy-audit"].add_to(benches)
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--split", default="u1")
-    parser.add_argument("--transports", default=",".join(TRANSPORTS))
-    parser.add_argument("--epsilons", default="1,4,16")
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument(
+        "--data",
+        default="ml-100k",
+        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
+    )
+    parser.add_argument(
+        "--transports", default=",".join(TRANSPORTS), help="comma-separated DP transports to audit"
+    )
+    parser.add_argument("--epsilons", default="1,4,16", help="comma-separated target epsilons")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (100)")
     parser.add_argument(
         "--secagg-rounds",
         type=int,
@@ -300,19 +308,49 @@ def register(benches) -> None:
         help="rounds of the secagg+dp cells (0: --rounds); secure aggregation of thousands of "
         "dense blocks costs about a minute per round on 2 cores",
     )
-    parser.add_argument("--rating-canaries", type=int, default=500)
-    parser.add_argument("--direction-canaries", type=int, default=1000)
-    parser.add_argument("--items-per-canary", type=int, default=30)
-    parser.add_argument("--direction-norm", type=float, default=10.0)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--curve", default="50,100,200,500,1000")
+    parser.add_argument(
+        "--rating-canaries", type=int, default=500, help="canary users planted with ratings"
+    )
+    parser.add_argument(
+        "--direction-canaries",
+        type=int,
+        default=1000,
+        help="canary gradients planted along fixed directions",
+    )
+    parser.add_argument(
+        "--items-per-canary", type=int, default=30, help="items each rating canary rates"
+    )
+    parser.add_argument(
+        "--direction-norm",
+        type=float,
+        default=10.0,
+        help="L2 norm of a direction canary's planted gradient",
+    )
+    parser.add_argument("--clip", type=float, default=1.0, help="DP per-client L2 clip norm")
+    parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="confidence of the empirical lower bound on epsilon",
+    )
+    parser.add_argument(
+        "--curve",
+        default="50,100,200,500,1000",
+        help="comma-separated canary counts of the bound-versus-canaries curve",
+    )
     parser.add_argument(
         "--measure-cost", action="store_true", help="also time each run without canaries"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/privacy_audit")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default="results/privacy_audit", help="folder of the records (JSON and markdown)"
+    )
     parser.set_defaults(func=privacy_audit)
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import sys
 import time
@@ -60,6 +59,7 @@ import numpy as np
 
 from securefed import PlaintextTransport, SeedTree
 from securefed.errors import AggregationError
+from securefed.records import dumps_record
 from securefed.transport.secagg import STAGES, SecAggConfig, SecAggTransport
 
 FULL_CLIENTS = (10, 100, 1000)
@@ -368,50 +368,87 @@ def compare_with_flower(
 
 def comparison_table(comparison: dict[str, object]) -> str:
     """The comparison as a markdown table."""
-    lines = [
-        "| system | setting | max abs error of the mean | bound | seconds |",
-        "|---|---|---|---|---|",
-    ]
+    body = []
     for row in comparison["rows"]:
         if row["system"] == "securefed":
             setting = f"scale 2^{int(np.log2(row['scale']))} ({row['scale_rule']})"
-            lines.append(
-                f"| securefed | {setting} | {row['max_abs_error_mean']:.2e} "
-                f"| {row['error_bound_mean']:.2e} | {row['seconds']:.2f} |"
+            body.append(
+                (
+                    "securefed",
+                    setting,
+                    f"{row['max_abs_error_mean']:.2e}",
+                    f"{row['error_bound_mean']:.2e}",
+                    f"{row['seconds']:.2f}",
+                )
             )
         elif row.get("status") == "ok":
-            lines.append(
-                f"| Flower 1.42 SecAgg+ | max_weight {row['max_weight']:g} "
-                f"| {row['max_abs_error_mean']:.2e} | - | {row['seconds_wall']:.1f} (wall) |"
+            body.append(
+                (
+                    "Flower 1.42 SecAgg+",
+                    f"max_weight {row['max_weight']:g}",
+                    f"{row['max_abs_error_mean']:.2e}",
+                    "-",
+                    f"{row['seconds_wall']:.1f} (wall)",
+                )
             )
         else:
-            lines.append(f"| Flower 1.42 SecAgg+ | {row['status']} | - | - | - |")
-    return "\n".join(lines)
+            body.append(("Flower 1.42 SecAgg+", row["status"], "-", "-", "-"))
+    headers = ("system", "setting", "max abs error of the mean", "bound", "seconds")
+    return markdown_table(headers, body)
 
 
 def markdown_table(cases: list[Case]) -> str:
     """The results as a markdown table (times in seconds, bytes in KiB per client)."""
-    header = (
-        "| n | d | dropout | k | t | status | total s | key agr. | sharing | encoding | mask exp. "
-        "| unmask | plaintext s | ratio | KiB up/client | KiB down/client | plain KiB up | max err "
-        "| bound |"
-    )
-    lines = [header, "|" + "---|" * 19]
+    headers = [
+        "n",
+        "d",
+        "dropout",
+        "k",
+        "t",
+        "status",
+        "total s",
+        "key agr.",
+        "sharing",
+        "encoding",
+        "mask exp.",
+        "unmask",
+        "plaintext s",
+        "ratio",
+        "KiB up/client",
+        "KiB down/client",
+        "plain KiB up",
+        "max err",
+        "bound",
+    ]
+    body = []
     for c in cases:
         s = c.stages
         dropout = f"{c.dropout:.0%}" + ("" if c.sized_for_dropout else " (default k)")
         status = "ok" if c.status == "ok" else "refused"
-        lines.append(
-            f"| {c.clients} | {c.length:,} | {dropout} | {c.k} | {c.t} | {status} "
-            f"| {c.seconds:.2f} "
-            f"| {s['key_agreement']:.2f} | {s['sharing']:.2f} | {s['encoding']:.2f} "
-            f"| {s['mask_expansion']:.2f} | {s['unmasking']:.2f} | {c.plaintext_seconds:.3f} "
-            f"| {c.ratio:.1f}x | {c.bytes_up_per_client / 1024:.1f} "
-            f"| {c.bytes_down_per_client / 1024:.1f} "
-            f"| {c.plaintext_bytes_up_per_client / 1024:.1f} "
-            f"| {c.max_error:.1e} | {c.error_bound:.1e} |"
+        body.append(
+            (
+                c.clients,
+                f"{c.length:,}",
+                dropout,
+                c.k,
+                c.t,
+                status,
+                f"{c.seconds:.2f}",
+                *(
+                    f"{s[stage]:.2f}"
+                    for stage in ("key_agreement", "sharing", "encoding", "mask_expansion")
+                ),
+                f"{s['unmasking']:.2f}",
+                f"{c.plaintext_seconds:.3f}",
+                f"{c.ratio:.1f}x",
+                f"{c.bytes_up_per_client / 1024:.1f}",
+                f"{c.bytes_down_per_client / 1024:.1f}",
+                f"{c.plaintext_bytes_up_per_client / 1024:.1f}",
+                f"{c.max_error:.1e}",
+                f"{c.error_bound:.1e}",
+            )
         )
-    return "\n".join(lines)
+    return markdown_table(headers, body)
 
 
 # ----------------------------------------------------------------------------- secagg-malicious
@@ -670,12 +707,23 @@ def malicious_table(report: dict[str, object]) -> str:
     against the honest-but-curious round's: what a machine shared with other jobs does not
     inflate (its wall-clock ratios are the load's as much as the code's).
     """
-    lines = [
-        "| n | dropout | k | variant | per round s | floor s | / floor | authentication stage s "
-        "| / HbC | set-up s (first round) | first round / HbC | CPU: first round / floor "
-        "| CPU: first round / HbC | KiB up/client |",
-        "|" + "---|" * 14,
+    headers = [
+        "n",
+        "dropout",
+        "k",
+        "variant",
+        "per round s",
+        "floor s",
+        "/ floor",
+        "authentication stage s",
+        "/ HbC",
+        "set-up s (first round)",
+        "first round / HbC",
+        "CPU: first round / floor",
+        "CPU: first round / HbC",
+        "KiB up/client",
     ]
+    body = []
     names = {
         "honest_but_curious": "honest-but-curious",
         "malicious_macs": "malicious, MACs (default)",
@@ -690,13 +738,25 @@ def malicious_table(report: dict[str, object]) -> str:
                 "-" if server != "malicious" else f"{row[f'{key}_cpu_first_round_over_hbc']:.2f}x"
             )
             cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
-            lines.append(
-                f"| {row['clients']} | {row['dropout']:.0%} | {v['k']} | {names[key]} "
-                f"| {v['seconds']:.2f} | {v['floor_seconds']:.2f} | {v['ratio_to_floor']:.2f}x "
-                f"| {v['stages']['signatures']:.2f} | {over} | {v['setup_seconds']:.2f} "
-                f"| {first} | {cpu_floor:.2f}x | {cpu_over} "
-                f"| {v['bytes_up_per_client'] / 1024:.1f} |"
+            body.append(
+                (
+                    row["clients"],
+                    f"{row['dropout']:.0%}",
+                    v["k"],
+                    names[key],
+                    f"{v['seconds']:.2f}",
+                    f"{v['floor_seconds']:.2f}",
+                    f"{v['ratio_to_floor']:.2f}x",
+                    f"{v['stages']['signatures']:.2f}",
+                    over,
+                    f"{v['setup_seconds']:.2f}",
+                    first,
+                    f"{cpu_floor:.2f}x",
+                    cpu_over,
+                    f"{v['bytes_up_per_client'] / 1024:.1f}",
+                )
             )
+    lines = [markdown_table(headers, body)]
     costs = report["primitive_costs"]
     lines += [
         "",
@@ -738,8 +798,8 @@ def run_malicious(args: argparse.Namespace) -> int:
     if args.flower_lie:
         out.mkdir(parents=True, exist_ok=True)
         record = flower_lie_record()
-        (out / "flower_lie.json").write_text(json.dumps(record, indent=1))
-        print(json.dumps(record, indent=1))
+        (out / "flower_lie.json").write_text(dumps_record(record, indent=1))
+        print(dumps_record(record, indent=1))
         return 0
     clients = tuple(int(c) for c in args.clients.split(","))
     report = run_malicious_cost(clients, args.length, seed=args.seed, repeats=args.repeats)
@@ -751,7 +811,7 @@ def run_malicious(args: argparse.Namespace) -> int:
         **report,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cost.json").write_text(json.dumps(record, indent=1))
+    (out / "cost.json").write_text(dumps_record(record, indent=1))
     table = malicious_table(report)
     (out / "cost.md").write_text(
         "# Secure aggregation against a lying server: cost (securefed bench secagg-malicious)\n\n"
@@ -769,7 +829,12 @@ def register(benches) -> None:
     parser = BENCHES["secagg-malicious"].add_to(benches)
     parser.add_argument("--clients", default="100,1000", help="comma-separated client counts")
     parser.add_argument("--length", type=int, default=MALICIOUS_LENGTH, help="values per client")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -797,7 +862,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (under a minute)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--flower-only",
         action="store_true",
@@ -823,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
                 "flwr": _flwr_version(),
                 "comparison": comparison,
             }
-            args.out.write_text(json.dumps(report, indent=1))
+            args.out.write_text(dumps_record(report, indent=1))
             print(f"wrote {args.out}", file=sys.stderr)
         return 0
 
@@ -860,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
             "cases": [asdict(c) for c in cases],
             "flower": flower,
         }
-        args.out.write_text(json.dumps(report, indent=1))
+        args.out.write_text(dumps_record(report, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -20,7 +20,7 @@ from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
 
 def _open(n, d, *, config=None, seed=0, round_id=0, keep=ALL_PAYLOADS, transport=None):
-    transport = transport or SecAggTransport(config, keep_payloads=keep)
+    transport = transport or SecAggTransport(config, keep_payloads=keep, keep_masked=True)
     rnd = transport.open_round(round_id, range(n), shape=(1, d), seeds=SeedTree(seed))
     return transport, rnd
 
@@ -167,7 +167,7 @@ def test_secure_mode_runs_and_seeded_mode_reproduces():
     x = np.random.default_rng(6).uniform(-1, 1, (n, d))
 
     def masked(seeds):
-        rnd = SecAggTransport(keep_payloads=ALL_PAYLOADS).open_round(
+        rnd = SecAggTransport(keep_payloads=ALL_PAYLOADS, keep_masked=True).open_round(
             0, range(n), shape=(1, d), seeds=seeds
         )
         for c in range(n):

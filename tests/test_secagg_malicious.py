@@ -76,7 +76,9 @@ def _open(config: SecAggConfig, n: int, round_id: int = 0, *, signers=None, seed
     """The server's round (remote clients) and the clients, set up with their signing keys."""
     seeds = SeedTree(0) if seeds is None else seeds
     config = config.for_round(n)
-    transport = SecAggTransport(config, remote_clients=True, keep_payloads=ALL_PAYLOADS)
+    transport = SecAggTransport(
+        config, remote_clients=True, keep_payloads=ALL_PAYLOADS, keep_masked=True
+    )
     rnd = transport.open_round(round_id, range(n), shape=(1, D), seeds=seeds)
     if config.malicious:
         signers = SimulatedSigners() if signers is None else signers

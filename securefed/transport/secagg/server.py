@@ -13,6 +13,7 @@ with remote clients (``securefed.flower``) a message layer does.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 
@@ -110,7 +111,11 @@ class SecAggRound(AggregationRound):
     malicious-server variant): each client's signing key, which the round hands to its simulated
     client only; ``registry``: the key registry from set-up, handed to the simulated clients and
     used by the server to refuse a forged advertisement early (the clients check again: the
-    guarantee rests on their checks, not the server's).
+    guarantee rests on their checks, not the server's). ``keep_masked``: in rounds that keep
+    payloads, the view keeps each masked upload itself (``masked``, in the ring's width);
+    otherwise (the default) its SHA-256 (``masked_sha256``): the masked integers are uniform to
+    the server and as large as the model per client, so a kept round would cost the dense block
+    once per client (docs/serverview.md, "What a view costs").
 
     Malicious-server variant (``config.server == "malicious"``): ``receive_keys`` takes
     ``(c public, s public, signature)``; ``share_request`` relays the neighbours' ``s`` keys and
@@ -133,10 +138,12 @@ class SecAggRound(AggregationRound):
         signers: Mapping[int, SigningKey] | None = None,
         registry: KeyRegistry | None = None,
         setup_seconds: float = 0.0,
+        keep_masked: bool = False,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config.for_round(len(self.clients))
         self.remote_clients = remote_clients
+        self.keep_masked = bool(keep_masked)
         self.registry = registry
         self._signers = {} if signers is None else dict(signers)
         self.advert_signatures: dict[int, bytes] = {}
@@ -437,7 +444,12 @@ class SecAggRound(AggregationRound):
 
     def _add_masked(self, client: int, masked: np.ndarray) -> None:
         np.add(self._sum, masked, out=self._sum)  # the server's running sum of uploads
-        self._record(client, masked=masked)
+        if not self.view.keep_payloads:
+            return
+        if self.keep_masked:
+            self._record(client, masked=masked)
+        else:
+            self._record(client, masked_sha256=masked_digest(masked, self.config.bits))
 
     def _accept(self, updates: RowUpdates) -> None:
         self._check_usable()
@@ -1058,6 +1070,7 @@ class SecAggRound(AggregationRound):
             config=self.config,
             remote_clients=True,
             inputs={p: len(g) for p, g in groups.items()},
+            keep_masked=self.keep_masked,
         )
         self._party, self._members = party, groups
         self._party_decode = party.result
@@ -1140,6 +1153,13 @@ class SecAggRound(AggregationRound):
         for name in ("ring_sum", "excluded_helpers"):
             if name in seen.aggregate:
                 self.view.aggregate[name] = seen.aggregate[name]
+
+
+def masked_digest(masked: np.ndarray, bits: int) -> np.ndarray:
+    """SHA-256 of a masked upload as it travels: its ring elements, little-endian, ``bits / 8``
+    bytes each (what a view records in place of the upload unless it keeps the integers)."""
+    wire = np.ascontiguousarray(masked, dtype=f"<u{bits // 8}").tobytes()
+    return _u8(hashlib.sha256(wire).digest())
 
 
 def _u8(data: bytes) -> np.ndarray:
