@@ -48,6 +48,7 @@ def _run(tmp_path, capsys, *argv):
 
 def test_the_default_preset_beats_the_damped_biases_on_a_new_file(tmp_path, capsys):
     record, shown, err = _run(tmp_path, capsys, "--data", str(_embedded_subset(tmp_path)))
+    assert record["preset"] == shown["preset"] == "biased"
     assert record["config"]["biases"] and record["config"]["rating_unit"] == "scale"
     baselines = record["baselines"]
     assert set(baselines) == {"global_mean", "damped_biases"}
@@ -57,6 +58,14 @@ def test_the_default_preset_beats_the_damped_biases_on_a_new_file(tmp_path, caps
     assert record["beats_baselines"] == {"global_mean": True, "damped_biases": True}
     assert shown["baselines"] == baselines  # printed beside the RMSE
     assert "warning" not in err
+
+
+def test_over_a_dp_transport_the_default_is_the_dp_biased_preset(tmp_path, capsys):
+    # The biased preset's global-mean round is outside the DP budget and refused there.
+    argv = ["--data", str(_embedded_subset(tmp_path)), "--transport", "dp", "--rounds", "1"]
+    record, _, _ = _run(tmp_path, capsys, *argv, "--noise-multiplier", "1.0", "--clip", "1.0")
+    assert record["preset"] == "dp-biased" and record["config"]["offset"] == "user_mean"
+    assert "baselines" in record and "epsilon" in record
 
 
 def test_the_default_preset_is_scale_aware(tmp_path, capsys):
