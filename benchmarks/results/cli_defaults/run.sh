@@ -3,7 +3,7 @@
 # Usage (repository root): SECUREFED_DATA=/work/shared/data benchmarks/results/cli_defaults/run.sh
 # Writes the run-time data (never committed) under $TMP_DATA and one JSON record per run here.
 set -euo pipefail
-OUT=benchmarks/results/cli_defaults/runs
+OUT=benchmarks/results/cli_defaults/records
 TMP_DATA=${TMP_DATA:-/tmp/securefed_cli_defaults}
 SF=${SF:-.venv/bin/securefed}
 PY=${PY:-.venv/bin/python}

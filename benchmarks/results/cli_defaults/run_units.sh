@@ -2,7 +2,7 @@
 # Old beside new for the scale: the biased preset without rating_unit="scale" (--rating-unit one,
 # the preset before issue 29) on the files whose scale is not 1..5. Run after run.sh.
 set -euo pipefail
-OUT=benchmarks/results/cli_defaults/runs
+OUT=benchmarks/results/cli_defaults/records
 TMP_DATA=${TMP_DATA:-/tmp/securefed_cli_defaults}
 SF=${SF:-.venv/bin/securefed}
 one() {  # NAME DATA-OPTIONS...

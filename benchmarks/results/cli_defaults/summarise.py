@@ -1,4 +1,4 @@
-"""Build cli_defaults.md / cli_defaults.json from the runs/ records of run.sh and run_units.sh.
+"""Build cli_defaults.md / cli_defaults.json from the records/ records of run.sh and run_units.sh.
 
 Usage (repository root): .venv/bin/python -P benchmarks/results/cli_defaults/summarise.py
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
-RUNS = HERE / "runs"
+RUNS = HERE / "records"
 DATA_SETS = [
     ("MovieLens 100K", [f"ml-100k_u{k}" for k in range(1, 6)]),
     ("ml-latest-small (embedded, random 80/20 split, seed 0)", ["ml-latest-small"]),
