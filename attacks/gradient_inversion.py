@@ -106,7 +106,8 @@ class FedMFProtocol:
         local_steps: L, user-vector steps per round.
         dim: latent dimension.
         n_items: catalogue size (item rows are ``0..n_items-1``; two statistics rows follow).
-        scale: the rating scale.
+        scale: the rating scale the protocol learns on: the data's, divided by
+            ``rating_unit`` (FedMF's ``rating_unit="scale"``, public).
         variant: ``"fedmf"``, ``"fedrec"`` or ``"fedrec+"``.
         rho: pseudo items per rated item.
         fills: whether clients upload pseudo items.
@@ -154,6 +155,7 @@ class FedMFProtocol:
     reg_user_bias: float = 0.0
     rating_mean: float | None = None
     user_damping: float = 0.0
+    rating_unit: float = 1.0
 
     def device_reg(self, reg: float, n_rated: float) -> float:
         """The L2 weight ``reg`` as a user with ``n_rated`` ratings applies it on its device."""
@@ -200,6 +202,12 @@ class FedMFProtocol:
         if vector not in ("before", "after"):
             raise InversionError(f"unknown gradient_user_vector {vector!r} (expected before/after)")
         minimum, maximum, step = (float(x) for x in public["rating_scale"])  # type: ignore[union-attr]
+        # FedMF learns on ratings divided by its public unit (rating_unit="scale"): so do we.
+        unit = float(public.get("rating_unit_size", 1.0))  # type: ignore[arg-type]
+        if not (np.isfinite(unit) and unit > 0):
+            raise InversionError(f"rating_unit_size must be finite and > 0, got {unit!r}")
+        if unit != 1.0:
+            minimum, maximum, step = minimum / unit, maximum / unit, step / unit
         variant = str(public.get("variant", "fedmf"))
         rho = float(public.get("rho", 0.0))  # type: ignore[arg-type]
         fills = variant != "fedmf" and rho > 0
@@ -238,6 +246,7 @@ class FedMFProtocol:
             reg_bias=reg_bias,
             reg_user_bias=float(public.get("reg_bias", 0.0)) if biases else 0.0,  # type: ignore[arg-type]
             user_damping=float(public.get("user_damping", 0.0)),  # type: ignore[arg-type]
+            rating_unit=unit,
             rating_mean=(
                 float(public["rating_mean"])  # type: ignore[arg-type]
                 if public.get("rating_mean") is not None

@@ -573,6 +573,8 @@ def verify(
             raise ValueError(
                 f"truth has {truth.n_items} items but the view's protocol has {protocol.n_items}"
             )
+        if truth is not None and protocol.rating_unit != 1.0:
+            truth = _in_units(truth, protocol)  # scored in the units the uploads are in
     else:
         notes.append(
             f"protocol {protocol_name or 'unknown'!r} is not FedMF: no gradient inversion applies"
@@ -680,6 +682,13 @@ def _read_uploads(
             f"values come from {how}, the rated items from the item tests"
         )
     return uploads
+
+
+def _in_units(truth: Ratings, protocol: FedMFProtocol) -> Ratings:
+    """``truth`` with its ratings divided by the protocol's public rating unit, snapped onto the
+    grid in units (as recovered values are, so that an exact recovery compares equal)."""
+    ratings = protocol.scale.snap(truth.ratings / protocol.rating_unit)
+    return replace(truth, ratings=ratings, scale=protocol.scale)
 
 
 def _evaluated_users(

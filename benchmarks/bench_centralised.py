@@ -15,6 +15,12 @@ and writes ``fedmf_vs_centralised.json`` / ``.md``: per split and averaged, test
 seconds of each, and FedMF's seconds over SVD's fit seconds (the goal: at most 3 at equal or
 better RMSE). Surprise is fitted on the training ratings only; its time excludes building its
 trainset (as FedMF's excludes loading the data).
+
+Both are timed under the same BLAS thread limit, ``--blas-threads`` (1 by default, the runtime's
+default, :attr:`securefed.runtime.RunOptions.blas_threads`; 0 leaves the process's own, e.g.
+OpenBLAS's one thread per core), and the record's ``threads`` states what threadpoolctl reports
+inside and outside that limit beside ``OMP_NUM_THREADS``: the ratios hold only for the threads
+they were measured with (benchmarks/results/blas_threads/).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed.bench import datasets
+from securefed.bench import datasets, stopping_args
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -37,6 +43,7 @@ from securefed.recsys.data import Split
 from securefed.recsys.fedmf import VARIANTS, biased_config
 from securefed.recsys.metrics import rmse
 from securefed.recsys.validation import EarlyStopping
+from securefed.runtime import blas_thread_limit, blas_threads_in_use
 
 RESULTS = Path("benchmarks/results/fedmf_biases")
 
@@ -57,8 +64,12 @@ class SVDSettings:
             raise ValueError("SVD needs lr_all > 0 and reg_all >= 0")
 
 
-def surprise_svd(split: Split, settings: SVDSettings, seed: int) -> dict:
+def surprise_svd(
+    split: Split, settings: SVDSettings, seed: int, blas_threads: int | None = 1
+) -> dict:
     """Fit Surprise's SVD on ``split.train``; its test RMSE and fit seconds.
+
+    The fit runs under ``blas_threads`` BLAS threads (``None``: the process's), as FedMF's rounds.
 
     Raises:
         ModuleNotFoundError: scikit-surprise is not installed (named in the message).
@@ -88,9 +99,10 @@ def surprise_svd(split: Split, settings: SVDSettings, seed: int) -> dict:
         reg_all=settings.reg_all,
         random_state=seed,
     )
-    started = time.perf_counter()
-    algorithm.fit(trainset)
-    seconds = time.perf_counter() - started
+    with blas_thread_limit(blas_threads):
+        started = time.perf_counter()
+        algorithm.fit(trainset)
+        seconds = time.perf_counter() - started
     test = split.test
     predictions = np.array(
         [
@@ -108,11 +120,12 @@ def compare(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {VARIANTS}")
-    stopping = EarlyStopping(patience=args.patience, every=args.validate_every)
+    stopping = EarlyStopping(**stopping_args.given(args))
+    blas_threads = args.blas_threads or None
     rows = []
     for split_name in args.splits.split(","):
         split = datasets.load(args.data, split_name)
-        svd = surprise_svd(split, settings, args.seed)
+        svd = surprise_svd(split, settings, args.seed, blas_threads)
         baseline = damped_baseline(split.train).predict(split.test.users, split.test.items)
         row = {
             "split": split_name,
@@ -128,6 +141,7 @@ def compare(args: argparse.Namespace) -> int:
                 progress=False,
                 validation=args.validation,
                 early_stopping=stopping,
+                blas_threads=blas_threads,
             )
             record, _, _ = run_fedmf(split, run)
             seconds = record["seconds"] + record.get("validation", {}).get("seconds", 0.0)
@@ -145,7 +159,7 @@ def compare(args: argparse.Namespace) -> int:
     columns = ["split", "svd_rmse", "svd_seconds", "baseline_rmse"]
     for variant in variants:
         columns += [f"{variant}_{k}" for k in ("rmse", "rounds", "seconds", "time_ratio")]
-    table = markdown_table([*rows, mean], columns)
+    table = markdown_table([*rows, mean], columns) + "\n\n" + threads_line(blas_threads)
     payload = {
         "rows": rows,
         "mean": mean,
@@ -155,10 +169,35 @@ def compare(args: argparse.Namespace) -> int:
         "validation": args.validation,
         "early_stopping": stopping.__dict__,
         "seed": args.seed,
-        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "threads": threads_record(blas_threads),
     }
     write_outputs(args.name, payload, table, Path(args.out))
     return 0
+
+
+def threads_record(blas_threads: int | None) -> dict:
+    """What a speed record states about threads: the limit asked for, ``OMP_NUM_THREADS``, and
+    the BLAS thread counts threadpoolctl reports outside the limit and inside it."""
+    with blas_thread_limit(blas_threads):
+        inside = blas_threads_in_use()
+    return {
+        "blas_threads_option": blas_threads,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "cpu_count": os.cpu_count(),
+        "blas_outside_runs": blas_threads_in_use(),
+        "blas_in_runs": inside,
+    }
+
+
+def threads_line(blas_threads: int | None) -> str:
+    """One line for the markdown table: the BLAS threads the timings were taken with."""
+    record = threads_record(blas_threads)
+    counts = sorted({int(info["num_threads"]) for info in record["blas_in_runs"]})
+    return (
+        f"BLAS threads in the timed runs: {', '.join(map(str, counts)) or 'none loaded'} "
+        f"(--blas-threads {blas_threads or 0}; OMP_NUM_THREADS={record['OMP_NUM_THREADS']}; "
+        f"{record['cpu_count']} CPUs)"
+    )
 
 
 def _rounds(args: argparse.Namespace) -> dict:
@@ -195,17 +234,13 @@ def register(benches) -> None:
         metavar="FRACTION",
         help="let early stopping on FRACTION of the training ratings pick FedMF's rounds",
     )
+    stopping_args.add_arguments(parser)
     parser.add_argument(
-        "--patience",
+        "--blas-threads",
         type=int,
-        default=4,
-        help="with --validation: evaluations without improvement before stopping (4)",
-    )
-    parser.add_argument(
-        "--validate-every",
-        type=int,
-        default=5,
-        help="with --validation: rounds between two evaluations (5)",
+        default=1,
+        help="BLAS threads of the timed fits, FedMF's and SVD's (1, the runtime's default; 0: "
+        "the process's own, e.g. one per core); the record states them",
     )
     parser.add_argument(
         "--svd-factors",

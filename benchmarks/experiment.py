@@ -14,9 +14,14 @@ import numpy as np
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
 from securefed.records import dumps_record
 from securefed.recsys.data import Split
-from securefed.recsys.fedmf import FedMF, FedMFConfig
+from securefed.recsys.fedmf import FedMF, FedMFConfig, rating_unit
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
-from securefed.recsys.validation import EarlyStopping, best_round, holdout_split
+from securefed.recsys.validation import (
+    EarlyStopping,
+    best_round,
+    holdout_split,
+    smoothed_curve,
+)
 from securefed.transport import (
     PlaintextTransport,
     build_transport,
@@ -36,7 +41,9 @@ class FedMFRun:
     ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
     registry takes them). ``seed``: ``None`` (the default) for secure mode (OS entropy for every
     key, mask and noise; its checkpoints need ``checkpoint_key``), or the run's seed (tests and
-    benchmarks: reproducible, and the record says "seeded: not private").
+    benchmarks: reproducible, and the record says "seeded: not private"). ``blas_threads``: the BLAS
+    threads of the rounds (:attr:`securefed.runtime.RunOptions.blas_threads`; ``None`` leaves the
+    process's).
     """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
@@ -53,6 +60,7 @@ class FedMFRun:
     warm_start_rounds: int = 0
     validation: float | None = None
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    blas_threads: int | None = 1
 
     def __post_init__(self) -> None:
         if self.validation is not None and self.warm_start_rounds:
@@ -83,8 +91,8 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
 
     Holds out ``run.validation`` of each user's training ratings (the test set stays out),
     trains on the rest over ``run``'s transport for at most ``config.rounds`` rounds, evaluates
-    the validation RMSE every ``early_stopping.every`` rounds and stops after ``patience``
-    evaluations without improvement.
+    the validation RMSE every ``early_stopping.every`` rounds and stops ``patience`` rounds after
+    the best of the smoothed curve (never before ``min_rounds``).
 
     Returns:
         ``{"rounds": chosen, "stopped_early": bool, "curve": [[rounds, rmse], ...],
@@ -104,7 +112,9 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
     seeds = SeedTree.secure_mode() if run.seed is None else SeedTree(run.seed)
     parts = holdout_split(split.train, run.validation, seeds.generator("validation"))
     inner = Split(parts.train, parts.test, f"{split.name}/validation")
-    stopping, curve = run.early_stopping, []
+    # min_delta is in learning units (FedMFConfig.rating_unit): a doubled scale doubles RMSEs.
+    unit = rating_unit(run.config.rating_unit, split.train.scale)
+    stopping, curve = replace(run.early_stopping, min_delta=run.early_stopping.min_delta * unit), []
 
     def on_round(model: FedMF, round_id: int) -> None:
         if not stopping.evaluates(round_id):
@@ -128,10 +138,15 @@ def choose_rounds(split: Split, run: FedMFRun) -> dict:
         "rounds": rounds,
         "stopped_early": stopped,
         "curve": [[r, v] for r, v in curve],
+        "smoothed": smoothed_curve(curve, stopping.smoothing),
         "seconds": seconds,
         "fraction": run.validation,
+        "max_rounds": run.config.rounds,
         "patience": stopping.patience,
         "every": stopping.every,
+        "min_rounds": stopping.min_rounds,
+        "smoothing": stopping.smoothing,
+        "min_delta": stopping.min_delta,
     }
 
 
@@ -199,6 +214,7 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
             fingerprint=fingerprint,
             first_round=run.warm_start_rounds,
             on_budget_exhausted="raise",
+            blas_threads=run.blas_threads,
         ),
         on_round=None if on_round is None else (lambda r, _: on_round(model, r)),
     )
@@ -262,7 +278,12 @@ def _warm_start(
         model,
         warm,
         seeds,
-        RunOptions(rounds=run.warm_start_rounds, sampling=run.sampling, progress=False),
+        RunOptions(
+            rounds=run.warm_start_rounds,
+            sampling=run.sampling,
+            progress=False,
+            blas_threads=run.blas_threads,
+        ),
     )
 
 

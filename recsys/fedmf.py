@@ -87,6 +87,7 @@ from securefed.server_optim import ServerOptimiser, ServerOptimiserConfig
 from securefed.transport import TransportNeeds, require_capabilities
 
 VARIANTS = ("fedmf", "fedrec", "fedrec+")
+RATING_UNITS = ("one", "scale")
 # The transport round id of the global-mean round (FedMF.rating_mean_round): apart from the
 # training rounds, which count from 0, so its masks and keys are its own.
 RATING_MEAN_ROUND = 1 << 30
@@ -207,6 +208,14 @@ class FedMFConfig:
             some uploader touched step (their moments alone advance).
         server_momentum, server_beta1, server_beta2, server_tau: the server rule's
             hyperparameters (:class:`securefed.server_optim.ServerOptimiserConfig`).
+        rating_unit: what one rating unit is while the model learns: ``"one"`` (the ratings as
+            they are, the library default) or ``"scale"``: ratings divided by
+            ``(maximum - minimum) / 4`` of the public rating scale (1 on MovieLens' 1..5, 2 on
+            a 2..10 scale, 0.875 on 0.5..4), predictions multiplied back. Every setting that
+            depends on the size of a rating (``init_std``, ``lr``, the L2 weights, a DP clip
+            of the uploads) then means on any scale what it means on 1..5: MovieLens 100K with
+            every rating doubled scores the undoubled RMSE, doubled (benchmarks/results/
+            cli_defaults/). On by :func:`biased_config`. Public: the scale is.
     """
 
     variant: Literal["fedmf", "fedrec", "fedrec+"] = "fedmf"
@@ -248,6 +257,7 @@ class FedMFConfig:
     server_beta1: float = 0.9
     server_beta2: float = 0.99
     server_tau: float = 1e-3
+    rating_unit: Literal["one", "scale"] = "one"
 
     def __post_init__(self) -> None:
         choices = {
@@ -258,6 +268,7 @@ class FedMFConfig:
             "user_step": ("mean", "sum"),
             "gradient_user_vector": ("before", "after"),
             "filling_regularisation": ("per_rating", "per_row"),
+            "rating_unit": RATING_UNITS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -478,6 +489,7 @@ BIASED_SETTINGS: dict[str, object] = {
     "server_lr": 0.03,
     "reg_bias": 0.02,
     "rounds": 35,
+    "rating_unit": "scale",
 }
 """The settings of :func:`biased_config` (chosen in benchmarks/results/fedmf_biases/)."""
 
@@ -503,11 +515,13 @@ def biased_config(**overrides) -> FedMFConfig:
     0.3; ``dim`` 100 with small initial factors (0.03); L2 weights per rating 0.08 (users),
     0.07 (items), 0.02 (biases), with Koren's damping (``user_damping`` 30 on the device,
     ``item_damping`` 25 on the server) so that users and items with few ratings are shrunk
-    more; 35 rounds. Chosen on 10% validation parts of ML-100K u1.base and u2.base (never a test
-    fold) by the rule of docs/fedmf.md, "Choosing rounds and regularisation", which
-    ``--validation`` applies to another data set. FedRec and FedRec+ get
-    :data:`BIASED_VARIANT_SETTINGS` on top (``variant`` in ``overrides``): FedRec no item
-    damping and an item L2 weight of 0.11, FedRec+ item damping 10, 40 rounds and ``dim`` 50.
+    more; 35 rounds; ratings learnt in units of a quarter of the scale's range
+    (``rating_unit="scale"``), so that these settings hold on any scale. Chosen on 10%
+    validation parts of ML-100K u1.base and u2.base (never a test fold) by the rule of
+    docs/fedmf.md, "Choosing rounds and regularisation", which ``--validation`` applies to
+    another data set. FedRec and FedRec+ get :data:`BIASED_VARIANT_SETTINGS` on top
+    (``variant`` in ``overrides``): FedRec no item damping and an item L2 weight of 0.11,
+    FedRec+ item damping 10, 40 rounds and ``dim`` 50.
     """
     variant = overrides.get("variant", BIASED_SETTINGS.get("variant", "fedmf"))
     return FedMFConfig(**(BIASED_SETTINGS | BIASED_VARIANT_SETTINGS.get(variant, {}) | overrides))
@@ -556,6 +570,28 @@ def dp_biased_config(**overrides) -> FedMFConfig:
     tests and records are built on it.
     """
     return user_level_dp_config(**(DP_BIASED_SETTINGS | overrides))
+
+
+def rating_unit(name: str, scale: RatingScale) -> float:
+    """The size of one learning unit of ratings (``FedMFConfig.rating_unit``).
+
+    ``"one"``: 1. ``"scale"``: a quarter of the scale's range, so that MovieLens' 1..5 is 1.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "one":
+        return 1.0
+    if name == "scale":
+        return (scale.maximum - scale.minimum) / 4.0
+    raise ValueError(f"rating_unit must be one of {RATING_UNITS}, got {name!r}")
+
+
+def _scale_in_units(scale: RatingScale, unit: float) -> RatingScale:
+    """``scale`` with every value divided by ``unit`` (itself when the unit is 1)."""
+    if unit == 1.0:
+        return scale
+    return RatingScale(scale.minimum / unit, scale.maximum / unit, scale.step / unit)
 
 
 def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
@@ -612,13 +648,16 @@ class FedMF:
 
     def __init__(self, train: Ratings, config: FedMFConfig, seeds: SeedTree) -> None:
         self.config = config
-        self.scale: RatingScale = train.scale
+        self.rating_scale: RatingScale = train.scale  # the data's own, which predictions are on
+        self.unit = rating_unit(config.rating_unit, train.scale)
+        # The scale in learning units (config.rating_unit): every rating below is divided by it.
+        self.scale: RatingScale = _scale_in_units(train.scale, self.unit)
         self.n_clients = train.n_users
         self.n_items = train.n_items
         csr = train.to_csr()
         self.indptr = csr.indptr.astype(np.int64)
         self.items = csr.indices.astype(np.int64)
-        self.ratings = csr.data.astype(np.float64)
+        self.ratings = csr.data.astype(np.float64) / self.unit
         self.user_mean = user_mean_ratings(self.indptr, self.ratings)
         # What each user subtracts from its ratings before factorising (local, never uploaded).
         midpoint = (self.scale.minimum + self.scale.maximum) / 2
@@ -1236,13 +1275,18 @@ class FedMF:
         if self.needs_rating_mean:
             raise ValueError("biases=True with offset='none': no prediction before round 0")
         scores = self._scores(self.U, self.user_bias, users, items)
-        return self.scale.clip(self.offsets[users] + scores)
+        return self.rating_scale.clip(self.unit * (self.offsets[users] + scores))
 
     def public_parameters(self) -> dict[str, object]:
         return self.config.public() | {
             "n_users": self.n_clients,
             "n_items": self.n_items,
-            "rating_scale": [self.scale.minimum, self.scale.maximum, self.scale.step],
+            "rating_scale": [
+                self.rating_scale.minimum,
+                self.rating_scale.maximum,
+                self.rating_scale.step,
+            ],
+            "rating_unit_size": self.unit,
             "block_rows": self.n_items + 2,
             "block_columns": self.config.width + 1,
             "item_bias_column": self.config.dim if self.config.biases else None,

@@ -287,7 +287,8 @@ def test_holdout_keeps_every_user_training_and_is_disjoint(small_split):
 
 
 def test_best_round_and_patience():
-    stopping = EarlyStopping(patience=2, every=5, min_delta=0.001)
+    # patience in rounds: two evaluations of every 5 rounds; no smoothing across evaluations
+    stopping = EarlyStopping(patience=10, every=5, min_delta=0.001, min_rounds=5, smoothing=1)
     curve = [(5, 1.0), (10, 0.9), (15, 0.8995), (20, 0.95)]
     assert best_round(curve, stopping) == (10, True)
     assert best_round(curve[:3], stopping) == (10, False)
@@ -305,7 +306,7 @@ def test_validation_chooses_the_rounds_and_refuses_dp(small_split):
         seed=0,
         progress=False,
         validation=0.2,
-        early_stopping=EarlyStopping(patience=2, every=5),
+        early_stopping=EarlyStopping(patience=10, every=5, min_rounds=5, smoothing=1),
     )
     record, _, _ = run_fedmf(small_split, run)
     chosen = record["validation"]["rounds"]
