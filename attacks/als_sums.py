@@ -6,9 +6,10 @@ central DP, whose inner view is the clipped plaintext):
 
 * **Which items.** The rows' indices are the items the user rated (among its chosen ones), in
   every release.
-* **The ratings, from the bias release.** A bias row is ``w [clip(r - m), 1, 0]`` with a per-user
-  weight ``w``; its first column over its second is ``r - m`` whatever ``w`` is, and ``m`` (the
-  scale's midpoint) is public: every released rating is recovered exactly unless it was clipped.
+* **The ratings, from the bias columns.** A bias row is ``w [clip(r - m), 1]`` (at the public
+  ``bias_column``) with a per-user weight ``w``; its first column over its second is ``r - m``
+  whatever ``w`` is, and ``m`` (the scale's midpoint) is public: every rating released in the
+  bias release (or in a pass with ``bias_share > 0``) is recovered exactly unless it was clipped.
 * The item passes add ``w [u u^T, e u]``, from which ``u`` and the residual ``e`` follow up to the
   user's own bias; the bias release already gives more, so this attack stops there.
 
@@ -74,6 +75,7 @@ def invert_als_view(view: ServerView) -> ALSInversion:
     if view.public.get("protocol") != "dp-als":
         raise ValueError("not a DP-ALS view: public['protocol'] is not 'dp-als'")
     midpoint = float(view.public["midpoint"])
+    column = int(view.public["bias_column"])
     clients = np.unique(np.concatenate([r.clients for r in view] or [np.zeros(0, np.int64)]))
     ratings: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     items: dict[int, set[int]] = {}
@@ -81,16 +83,15 @@ def invert_als_view(view: ServerView) -> ALSInversion:
     for rnd in view:
         if not rnd.keep_payloads:
             continue
-        bias = rnd.public.get("release") == BIAS_RELEASE
         for client, fields in rnd.payloads.items():
             if "rows" not in fields or "values" not in fields:
                 continue  # masked integers or ciphertexts: nothing of one user
             rows, values = np.asarray(fields["rows"]), np.asarray(fields["values"])
             readable[np.searchsorted(clients, client)] = True
             items.setdefault(client, set()).update(rows.tolist())
-            if bias and len(rows):
+            if len(rows) and np.any(values[:, column + 1] != 0) and client not in ratings:
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    centred = values[:, 0] / values[:, 1]
+                    centred = values[:, column] / values[:, column + 1]
                 ratings[client] = (rows, np.where(np.isfinite(centred), centred + midpoint, np.nan))
     empty = (np.zeros(0, np.int64), np.zeros(0))
     return ALSInversion(
@@ -103,11 +104,12 @@ def invert_als_view(view: ServerView) -> ALSInversion:
 
 def _released_counts(view: ServerView, n_items: int) -> np.ndarray:
     """The bias release's aggregate count column (zeros where the view kept no aggregate)."""
+    column = int(view.public["bias_column"]) + 1
     for rnd in view:
         if rnd.public.get("release") == BIAS_RELEASE:
             total = rnd.aggregate.get("dp_total", rnd.aggregate.get("total"))
             if total is not None and np.ndim(total) == 2 and len(total) == n_items:
-                return np.asarray(total)[:, 1]
+                return np.asarray(total)[:, column]
     return np.zeros(n_items)
 
 

@@ -88,6 +88,12 @@ class DPALSConfig:
             the rows it sends, so that every user's upload reaches the bound: a user with few
             ratings weighs more per rating, and the sums are weighted sums, ``A_i = sum_u w_u
             u u^T``, a weighted least squares) or ``"uniform"`` (every row weight 1).
+        bias_share: the share of each pass's squared sensitivity given to bias rows
+            ``[clip(r - m), 1]`` at the same chosen items (0: none). A pass's upload is
+            ``[sqrt(1 - p) x_als / S_als, sqrt(p) x_bias / S_bias]``, still of norm <= 1; the
+            server combines every release's bias sums and counts with weights
+            ``share / S_bias^2`` (inverse noise variance): the budget allocation between the
+            biases and the factors that an even split over rounds would not allow.
     """
 
     dim: int = 2
@@ -106,6 +112,7 @@ class DPALSConfig:
     init_std: float = 0.3
     chunk_users: int = 4096
     weighting: str = "per_user"
+    bias_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_ratings", "max_bias_ratings", "chunk_users"):
@@ -129,6 +136,8 @@ class DPALSConfig:
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise ValueError(f"DPALSConfig.{name} must be finite and >= 0, got {value!r}")
+        if not 0 <= self.bias_share < 1:
+            raise ValueError(f"DPALSConfig.bias_share must lie in [0, 1), got {self.bias_share!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"DPALSConfig.weighting must be one of {WEIGHTINGS}")
         if self.reg_user == 0:
@@ -146,8 +155,13 @@ class DPALSConfig:
 
     @property
     def width(self) -> int:
-        """Columns of a row: the packed ``u u^T``, ``e u`` and the probe (bias: 2 + probe)."""
-        return self.packed + self.dim + 1 if self.passes else 3
+        """Columns of a row: the packed ``u u^T``, ``e u``, the two bias columns, the probe."""
+        return self.bias_column + 3
+
+    @property
+    def bias_column(self) -> int:
+        """First of the two bias columns (``r - m``, count); the probe follows them."""
+        return self.packed + self.dim if self.passes else 0
 
 
 def private_bias_config(**overrides) -> DPALSConfig:
@@ -161,9 +175,10 @@ def pass_sensitivity(config: DPALSConfig) -> float:
     return float(np.sqrt(config.max_ratings) * c * np.sqrt(c * c + g * g))
 
 
-def bias_sensitivity(config: DPALSConfig) -> float:
-    """L2 bound of one user's whole upload in the bias release."""
-    return float(np.sqrt(config.max_bias_ratings * (config.bias_clip**2 + 1.0)))
+def bias_sensitivity(config: DPALSConfig, ratings: int | None = None) -> float:
+    """L2 bound of one user's bias rows: ``sqrt(k_b (G_b^2 + 1))`` (``ratings`` rows: that k)."""
+    k = config.max_bias_ratings if ratings is None else ratings
+    return float(np.sqrt(k * (config.bias_clip**2 + 1.0)))
 
 
 def pack_outer(vectors: np.ndarray) -> np.ndarray:
@@ -259,7 +274,9 @@ class DPALS:
         self.item_bias = np.zeros(self.n_items)
         self.item_count = np.zeros(self.n_items)
         self.user_bias = np.zeros(self.n_clients)
-        self.noise_std: list[float] = []
+        self.noise_std: list[float] = []  # per release, in upload units (probe column)
+        self._bias_statistics = np.zeros((self.n_items, 2))
+        self._bias_weight = 0.0
 
     @property
     def transport_needs(self) -> TransportNeeds:
@@ -315,10 +332,15 @@ class DPALS:
         keys = seeds.generator("dp-als", "bias-choice").random(len(self.items))
         chosen = first_k_by_key(self.indptr, keys, cfg.max_bias_ratings)
         values = np.zeros((int(chosen.sum()), cfg.width))
-        centred = self.ratings[chosen] - self.midpoint
-        values[:, 0] = np.clip(centred, -cfg.bias_clip, cfg.bias_clip)
-        values[:, 1] = 1.0
+        values[:, cfg.bias_column : cfg.bias_column + 2] = self._bias_rows(chosen)
         return self._uploads(chosen, values / bias_sensitivity(cfg), cfg.max_bias_ratings)
+
+    def _bias_rows(self, chosen: np.ndarray) -> np.ndarray:
+        """``[clip(r - m, -G_b, G_b), 1]`` at the ``chosen`` ratings."""
+        centred = np.clip(
+            self.ratings[chosen] - self.midpoint, -self.config.bias_clip, self.config.bias_clip
+        )
+        return np.column_stack([centred, np.ones(len(centred))])
 
     def set_user_biases(self) -> None:
         """Each device's damped bias ``b_u`` from all its ratings (never uploaded)."""
@@ -354,9 +376,13 @@ class DPALS:
         vectors = clip_norms(self.U, cfg.user_clip)[owner]
         residual = np.clip(self.residuals()[chosen], -cfg.rating_clip, cfg.rating_clip)
         values = np.zeros((len(owner), cfg.width))
-        values[:, : cfg.packed] = pack_outer(vectors)
-        values[:, cfg.packed : cfg.packed + cfg.dim] = residual[:, None] * vectors
-        return self._uploads(chosen, values / pass_sensitivity(cfg), cfg.max_ratings)
+        als = np.sqrt(1 - cfg.bias_share) / pass_sensitivity(cfg)
+        values[:, : cfg.packed] = pack_outer(vectors) * als
+        values[:, cfg.packed : cfg.packed + cfg.dim] = residual[:, None] * vectors * als
+        if cfg.bias_share:
+            bias = np.sqrt(cfg.bias_share) / bias_sensitivity(cfg, cfg.max_ratings)
+            values[:, cfg.bias_column : cfg.bias_column + 2] = self._bias_rows(chosen) * bias
+        return self._uploads(chosen, values, cfg.max_ratings)
 
     def _uploads(self, chosen: np.ndarray, values: np.ndarray, k: int) -> RowUpdates:
         """The chosen entries of every user as one batch (users without any submit none).
@@ -374,29 +400,45 @@ class DPALS:
         )
 
     # ------------------------------------------------------------------ server side
-    def _measure_noise(self, total: np.ndarray, sensitivity: float) -> np.ndarray:
-        """Rescale the released block and record the noise std read from its probe column."""
-        block = total * sensitivity
-        self.noise_std.append(float(np.sqrt(np.mean(block[:, -1] ** 2))))
-        return block
+    def _measure_noise(self, total: np.ndarray) -> float:
+        """Record the noise std of the release in upload units, read from its probe column."""
+        self.noise_std.append(float(np.sqrt(np.mean(total[:, -1] ** 2))))
+        return self.noise_std[-1]
+
+    def _add_bias_statistics(self, total: np.ndarray, share: float, sensitivity: float) -> None:
+        """Fold one release's bias columns into the running estimate; refresh the biases.
+
+        Releases are weighted by ``share / sensitivity^2``, the inverse of their noise variance
+        in rating units (the unit noise is the same in every release of a run).
+        """
+        cfg = self.config
+        columns = total[:, cfg.bias_column : cfg.bias_column + 2] * (sensitivity / np.sqrt(share))
+        weight = share / sensitivity**2
+        self._bias_statistics = self._bias_statistics + weight * columns
+        self._bias_weight += weight
+        sums, counts = (self._bias_statistics / self._bias_weight).T
+        self.item_count = np.maximum(counts, 0.0)
+        self.mean, self.item_bias = damped_biases(sums, counts, self.midpoint, cfg.item_damping)
 
     def apply_bias_release(self, total: np.ndarray) -> None:
         """Global mean, item biases and counts from the released bias block."""
-        block = self._measure_noise(total, bias_sensitivity(self.config))
-        self.item_count = np.maximum(block[:, 1], 0.0)
-        self.mean, self.item_bias = damped_biases(
-            block[:, 0], block[:, 1], self.midpoint, self.config.item_damping
-        )
+        self._measure_noise(total)
+        self._add_bias_statistics(total, 1.0, bias_sensitivity(self.config))
 
     def apply_pass(self, total: np.ndarray) -> None:
         """Solve every item with enough released ratings from the pass's released sums."""
         cfg = self.config
-        block = self._measure_noise(total, pass_sensitivity(cfg))
-        ridge = cfg.reg_item + cfg.noise_shift * self.noise_std[-1] * np.sqrt(cfg.dim)
+        unit_noise = self._measure_noise(total)
+        scale = pass_sensitivity(cfg) / np.sqrt(1 - cfg.bias_share)
+        ridge = cfg.reg_item + cfg.noise_shift * unit_noise * scale * np.sqrt(cfg.dim)
         trained = self.item_count >= cfg.min_count
+        if cfg.bias_share:
+            k = cfg.max_ratings
+            self._add_bias_statistics(total, cfg.bias_share, bias_sensitivity(cfg, k))
+            self.set_user_biases()
         self.V = solve_items(
-            block[:, : cfg.packed],
-            block[:, cfg.packed : cfg.packed + cfg.dim],
+            total[:, : cfg.packed] * scale,
+            total[:, cfg.packed : cfg.packed + cfg.dim] * scale,
             cfg.dim,
             ridge,
             trained,
@@ -417,7 +459,12 @@ class DPALS:
 
     def public_parameters(self) -> dict[str, object]:
         """What every client and the server know: the protocol, its config, the midpoint."""
-        return {"protocol": "dp-als", "midpoint": self.midpoint, **asdict(self.config)}
+        return {
+            "protocol": "dp-als",
+            "midpoint": self.midpoint,
+            "bias_column": self.config.bias_column,
+            **asdict(self.config),
+        }
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {
@@ -428,6 +475,8 @@ class DPALS:
             "item_count": self.item_count,
             "user_bias": self.user_bias,
             "noise_std": np.asarray(self.noise_std, dtype=np.float64),
+            "bias_statistics": self._bias_statistics,
+            "bias_weight": np.asarray(self._bias_weight),
         }
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -438,3 +487,5 @@ class DPALS:
         self.item_count = np.asarray(state["item_count"], dtype=np.float64)
         self.user_bias = np.asarray(state["user_bias"], dtype=np.float64)
         self.noise_std = [float(x) for x in np.asarray(state["noise_std"])]
+        self._bias_statistics = np.asarray(state["bias_statistics"], dtype=np.float64)
+        self._bias_weight = float(state["bias_weight"])
