@@ -81,6 +81,8 @@ class DPALSConfig:
         max_ratings: ``k``, the most items one user adds to the sums of one pass.
         max_bias_ratings: ``k_b``, the most ratings one user adds to the bias release.
         item_damping, user_damping: the damped means' shrinkage (Koren's 25 and 10).
+        noise_damping: the item biases' extra shrinkage per unit of released noise variance
+            (:func:`damped_biases`; 0: none).
         min_count: items whose released count is below this keep no factor (bias only).
         init_std: std of the public random initial ``V`` (seeded from the run's tree).
         chunk_users: users per vectorised group on the device side (memory only).
@@ -113,6 +115,7 @@ class DPALSConfig:
     chunk_users: int = 4096
     weighting: str = "per_user"
     bias_share: float = 0.0
+    noise_damping: float = 25.0
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_ratings", "max_bias_ratings", "chunk_users"):
@@ -132,6 +135,7 @@ class DPALSConfig:
             "item_damping",
             "user_damping",
             "min_count",
+            "noise_damping",
         ):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
@@ -216,9 +220,20 @@ def solve_items(
 
 
 def damped_biases(
-    sums: np.ndarray, counts: np.ndarray, midpoint: float, damping: float
+    sums: np.ndarray,
+    counts: np.ndarray,
+    midpoint: float,
+    damping: float,
+    noise_var: float = 0.0,
+    noise_damping: float = 0.0,
 ) -> tuple[float, np.ndarray]:
     """Global mean and damped item biases from the released ``r - midpoint`` sums and counts.
+
+    ``b_i = (s_i - n_i (mu - m)) / (n_i + damping + noise_damping * noise_var / max(n_i, 1))``:
+    the posterior mean of ``b_i ~ N(0, s_b^2)`` from ``n_i`` residuals of variance ``s_r^2``
+    whose sum carries noise of variance ``noise_var`` is ``s / (n + s_r^2 / s_b^2 +
+    noise_var / (n s_b^2))``; Koren's damping is ``s_r^2 / s_b^2`` and ``noise_damping`` is
+    ``1 / s_b^2`` (``damping`` itself for ``s_r^2 = 1``).
 
     Raises:
         ValueError: the released counts sum to nothing positive (no rating was released).
@@ -228,7 +243,7 @@ def damped_biases(
     if not total > 0:
         raise ValueError("the bias release holds no rating (its counts sum to <= 0)")
     shift = float(sums.sum()) / total
-    divisor = counts + damping
+    divisor = counts + damping + noise_damping * noise_var / np.maximum(counts, 1.0)
     bias = np.divide(sums - counts * shift, divisor, out=np.zeros_like(sums), where=divisor > 0)
     return midpoint + shift, bias
 
@@ -277,6 +292,7 @@ class DPALS:
         self.noise_std: list[float] = []  # per release, in upload units (probe column)
         self._bias_statistics = np.zeros((self.n_items, 2))
         self._bias_weight = 0.0
+        self._bias_noise: list[float] = []  # unit noise variances of the releases folded in
 
     @property
     def transport_needs(self) -> TransportNeeds:
@@ -418,7 +434,12 @@ class DPALS:
         self._bias_weight += weight
         sums, counts = (self._bias_statistics / self._bias_weight).T
         self.item_count = np.maximum(counts, 0.0)
-        self.mean, self.item_bias = damped_biases(sums, counts, self.midpoint, cfg.item_damping)
+        # Noise variance of the combined sums in rating units: unit variance / sum of weights.
+        self._bias_noise.append(self.noise_std[-1] ** 2)
+        noise_var = float(np.mean(self._bias_noise)) / self._bias_weight
+        self.mean, self.item_bias = damped_biases(
+            sums, counts, self.midpoint, cfg.item_damping, noise_var, cfg.noise_damping
+        )
 
     def apply_bias_release(self, total: np.ndarray) -> None:
         """Global mean, item biases and counts from the released bias block."""
@@ -477,6 +498,7 @@ class DPALS:
             "noise_std": np.asarray(self.noise_std, dtype=np.float64),
             "bias_statistics": self._bias_statistics,
             "bias_weight": np.asarray(self._bias_weight),
+            "bias_noise": np.asarray(self._bias_noise, dtype=np.float64),
         }
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -489,3 +511,4 @@ class DPALS:
         self.noise_std = [float(x) for x in np.asarray(state["noise_std"])]
         self._bias_statistics = np.asarray(state["bias_statistics"], dtype=np.float64)
         self._bias_weight = float(state["bias_weight"])
+        self._bias_noise = [float(x) for x in np.asarray(state["bias_noise"])]

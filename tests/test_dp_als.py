@@ -358,3 +358,19 @@ def test_run_record_carries_both_epsilons(ratings):
     assert record["epsilon"] <= 8.0 * 1.0001 and record["epsilon_server"] <= 8.0 * 1.0001
     assert record["variant"] == "als" and record["rounds"] == DPALSConfig().releases
     assert np.isfinite(record["rmse"])
+
+
+def test_population_keeps_the_count_distribution_and_is_seeded(ratings):
+    from securefed.recsys.population import draw_population, fit_population
+
+    model = fit_population(ratings, rank=2, sweeps=3)
+    first = draw_population(model, 500, seed=1)
+    again = draw_population(model, 500, seed=1)
+    np.testing.assert_array_equal(first.ratings, again.ratings)
+    np.testing.assert_array_equal(first.items, again.items)
+    counts = np.bincount(first.users, minlength=500)
+    # Counts are drawn from the fitted users' counts: same support, similar mean.
+    assert set(np.unique(counts)) <= set(np.unique(model.counts))
+    assert abs(counts.mean() - model.counts.mean()) < 0.2 * model.counts.mean()
+    assert len(np.unique(first.users * ratings.n_items + first.items)) == len(first)
+    assert draw_population(model, 500, seed=2).ratings.tolist() != first.ratings.tolist()
