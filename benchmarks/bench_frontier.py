@@ -54,7 +54,7 @@ def _private_run(algorithm: str, split, epsilon: float, seed: int, fedmf_rounds:
     return record
 
 
-def _lines(split, seed: int, fedmf_rounds: int) -> dict[str, float]:
+def _lines(split, seed: int, with_fedmf: bool) -> dict[str, float]:
     base = damped_baseline(split.train)
     lines = {
         "damped biases (non-private)": rmse(
@@ -80,7 +80,7 @@ def frontier(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     for split_name in args.splits.split(","):
         split = datasets.load(args.data, split_name if split_name != "-" else None)
-        for name, value in _lines(split, seeds[0], args.fedmf_rounds).items():
+        for name, value in _lines(split, seeds[0], args.fedmf_line).items():
             lines.setdefault(name, []).append(value)
         for algorithm in algorithms:
             for epsilon in epsilons:
@@ -124,7 +124,8 @@ def frontier(args: argparse.Namespace) -> int:
         "command": (
             f"securefed bench frontier --data {args.data} --splits {args.splits} --epsilons "
             f"{args.epsilons} --algorithms {args.algorithms} --seeds {args.seeds} "
-            f"--fedmf-rounds {args.fedmf_rounds} --name {args.name}"
+            f"--fedmf-rounds {args.fedmf_rounds} --{'' if args.fedmf_line else 'no-'}fedmf-line "
+            f"--name {args.name}"
         ),
         "data": args.data,
         "splits": args.splits,
@@ -178,6 +179,12 @@ def register(benches) -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--fedmf-rounds", type=int, default=100)
+    parser.add_argument(
+        "--fedmf-line",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="draw non-private FedMF (biased preset, plaintext) as a line",
+    )
     parser.add_argument("--name", default="frontier_ml100k_u1")
     parser.add_argument("--out", default=str(RESULTS))
     parser.set_defaults(func=frontier)

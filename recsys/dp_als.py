@@ -68,6 +68,11 @@ WEIGHTINGS = ("per_user", "uniform")
 class DPALSConfig:
     """Hyper-parameters of :class:`DPALS` (module docstring for the algorithm).
 
+    The defaults were chosen on MovieLens 100K u1: 10% of each user's training ratings held
+    out (``holdout_split``, generator seed 0), central ``dp`` at epsilon 8, the mean validation
+    RMSE of seeds 0 and 1, the lowest among the configurations with at least one pass that
+    were tried (docs/dp_als.md lists them); the test folds were never looked at.
+
     Attributes:
         dim: latent dimension ``d``.
         passes: item releases after the bias release (0: the private bias model).
@@ -98,15 +103,15 @@ class DPALSConfig:
             biases and the factors that an even split over rounds would not allow.
     """
 
-    dim: int = 2
-    passes: int = 2
-    reg_user: float = 5.0
-    reg_item: float = 20.0
-    noise_shift: float = 1.0
+    dim: int = 1
+    passes: int = 1
+    reg_user: float = 0.5
+    reg_item: float = 300.0
+    noise_shift: float = 2.0
     user_clip: float = 1.0
     rating_clip: float = 1.5
     bias_clip: float = 1.5
-    max_ratings: int = 50
+    max_ratings: int = 80
     max_bias_ratings: int = 300
     item_damping: float = 60.0
     user_damping: float = 10.0
@@ -114,8 +119,8 @@ class DPALSConfig:
     init_std: float = 0.3
     chunk_users: int = 4096
     weighting: str = "per_user"
-    bias_share: float = 0.0
-    noise_damping: float = 25.0
+    bias_share: float = 0.5
+    noise_damping: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_ratings", "max_bias_ratings", "chunk_users"):
