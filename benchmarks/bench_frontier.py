@@ -15,6 +15,7 @@ Lines drawn beside them: the non-private damped biases (closed form), non-privat
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -68,8 +69,39 @@ def _lines(split, seed: int, with_fedmf: bool) -> dict[str, float]:
     return lines
 
 
+def recorded_fedmf(path: Path) -> list[dict]:
+    """FedMF ``--preset dp`` points of ``securefed bench fedmf-dp``'s record (distributed)."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["rows"]
+    return [
+        {
+            "algorithm": "FedMF --preset dp, secagg+dp (recorded)",
+            "epsilon": r["epsilon_target"],
+            "rmse": r["rmse"],
+            "runs": 1,
+        }
+        for r in rows
+        if r["placement"] == "distributed" and r["status"] == "ok"
+    ]
+
+
 def frontier(args: argparse.Namespace) -> int:
-    """Run every (split, algorithm, epsilon, seed) point; write the record and the plot."""
+    """Run every (split, algorithm, epsilon, seed) point; write the record and the plot.
+
+    With ``--from-record`` nothing runs: the plot is redrawn from a record this bench wrote.
+    """
+    out = Path(args.out)
+    fedmf = recorded_fedmf(Path(args.fedmf_record)) if args.fedmf_record else []
+    if args.from_record:
+        payload = json.loads(Path(args.from_record).read_text())
+        _plot(
+            payload["summary"] + fedmf,
+            payload["lines"],
+            out / f"{args.name}.png",
+            f"{payload['data']} {payload['splits']}",
+        )
+        return 0
     epsilons = [float(e) for e in args.epsilons.split(",")]
     algorithms = args.algorithms.split(",")
     unknown = sorted(set(algorithms) - set(ALGORITHMS))
@@ -142,9 +174,8 @@ def frontier(args: argparse.Namespace) -> int:
     table += "\n\n" + markdown_table(
         [{"line": k, "rmse": v} for k, v in line_means.items()], ["line", "rmse"]
     )
-    out = Path(args.out)
     write_outputs(args.name, payload, table, out)
-    _plot(summary, line_means, out / f"{args.name}.png", f"{args.data} {args.splits}")
+    _plot(summary + fedmf, line_means, out / f"{args.name}.png", f"{args.data} {args.splits}")
     return 0
 
 
@@ -185,6 +216,12 @@ def register(benches) -> None:
         action=argparse.BooleanOptionalAction,
         help="draw non-private FedMF (biased preset, plaintext) as a line",
     )
+    parser.add_argument(
+        "--fedmf-record",
+        default="benchmarks/results/fedmf_dp.json",
+        help="draw the distributed-DP FedMF points of this bench fedmf-dp record ('' : none)",
+    )
+    parser.add_argument("--from-record", default=None, help="redraw the plot of this record")
     parser.add_argument("--name", default="frontier_ml100k_u1")
     parser.add_argument("--out", default=str(RESULTS))
     parser.set_defaults(func=frontier)
