@@ -233,7 +233,7 @@ def damped_biases(
     midpoint: float,
     damping: float,
     noise_var: float = 0.0,
-    noise_damping: float = 5.0,
+    noise_damping: float = 0.0,
 ) -> tuple[float, np.ndarray]:
     """Global mean and damped item biases from the released ``r - midpoint`` sums and counts.
 
