@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from securefed.bench.experiment import split_fields
 from securefed.randomness import SeedTree
 from securefed.recsys.baselines import damped_baseline
 from securefed.recsys.dp_als import DPALS, DPALSConfig
@@ -78,11 +79,7 @@ def run_dp_als(split: Split, run: DPALSRun) -> tuple[dict, DPALS, object]:
     baseline = damped_baseline(split.train)
     up_client, down_client = transport.view.mean_bytes_per_client()
     record = {
-        "data": split.name,
-        "n_users": split.train.n_users,
-        "n_items": split.train.n_items,
-        "n_train": len(split.train),
-        "n_test": len(split.test),
+        **split_fields(split),
         "variant": "als",
         "transport": run.transport,
         "rounds": cfg.releases,

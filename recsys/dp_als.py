@@ -57,7 +57,7 @@ import numpy as np
 
 from securefed import RowUpdates, SeedTree, Transport
 from securefed.recsys.data import Ratings, RatingScale
-from securefed.recsys.sparse_rows import segment_sum
+from securefed.recsys.sparse_rows import rating_rows, segment_sum
 from securefed.transport import TransportNeeds, require_capabilities
 
 BIAS_ROUND = 0
@@ -282,10 +282,7 @@ class DPALS:
         self.scale: RatingScale = train.scale
         self.n_clients = train.n_users
         self.n_items = train.n_items
-        csr = train.to_csr()
-        self.indptr = csr.indptr.astype(np.int64)
-        self.items = csr.indices.astype(np.int64)
-        self.ratings = csr.data.astype(np.float64)
+        self.indptr, self.items, self.ratings = rating_rows(train)
         self.midpoint = (self.scale.minimum + self.scale.maximum) / 2
         # A public random start (the first pass's user solves need some V); no factor at all
         # in the bias model.
