@@ -374,3 +374,28 @@ def test_population_keeps_the_count_distribution_and_is_seeded(ratings):
     assert abs(counts.mean() - model.counts.mean()) < 0.2 * model.counts.mean()
     assert len(np.unique(first.users * ratings.n_items + first.items)) == len(first)
     assert draw_population(model, 500, seed=2).ratings.tolist() != first.ratings.tolist()
+
+
+def test_ckks_aggregation_equals_plaintext_within_its_error(ratings):
+    pytest.importorskip("tenseal")
+    most = int(np.bincount(ratings.users).max())
+    config = replace(
+        EXACT,
+        passes=1,
+        user_clip=1.0,
+        rating_clip=2.0,
+        max_ratings=most,
+        bias_clip=2.0,
+        max_bias_ratings=most,
+    )
+    plain, _ = _train(ratings, config)
+    encrypted, transport = _train(ratings, config, "ckks")
+    # CKKS sums approximately (encoding error plus the flooding of each decryption, docs/ckks.md,
+    # far below 1e-4 per normalised entry at its default scale); the 2e-3 of the secagg test
+    # covers it after the rescaling by S and the solves.
+    np.testing.assert_allclose(
+        plain.predict(ratings.users, ratings.items),
+        encrypted.predict(ratings.users, ratings.items),
+        atol=2e-3,
+    )
+    assert not any(r.payloads for r in transport.view)  # nothing per user kept by default
