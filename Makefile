@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,he,dp,rl,flower
+EXTRAS ?= dev,he,dp,dp-torch,rl,flower
 
 .PHONY: install demo test lint docs bench clean
 

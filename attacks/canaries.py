@@ -262,7 +262,22 @@ def direction_updates(
     )
 
 
-class CanaryFedMF:
+class _WrapsFedMF:
+    """The state and public parameters of a wrapped :class:`FedMF` (``self.model``)."""
+
+    model: FedMF
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.model.load_state_dict(state)
+
+    def public_parameters(self) -> dict[str, object]:
+        return self.model.public_parameters()
+
+
+class CanaryFedMF(_WrapsFedMF):
     """A :class:`FedMF` run with direction canaries as extra clients ``model.n_clients + i``.
 
     Every canary client takes part in every round it is sampled for; an included one submits
@@ -333,14 +348,49 @@ class CanaryFedMF:
         model.close_round(rnd)
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return self.model.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        self.model.load_state_dict(state)
+class WhiteBoxFedMF(_WrapsFedMF):
+    """A :class:`FedMF` run with isotropic white-box canary clients in its aggregation rounds.
 
-    def public_parameters(self) -> dict[str, object]:
-        return self.model.public_parameters()
+    The canaries of :class:`securefed.audit.whitebox.CanaryHook` (random unit directions of
+    FedMF's whole upload block, ``(n_items + 2, dim + 1)``; Andrew et al., ICLR 2024) submit
+    next to the real users in every round, through FedMF's public round stages
+    (:meth:`FedMF.open_round`, :meth:`FedMF.client_step`, :meth:`FedMF.close_round`). Unlike
+    the Dirac direction canaries they move the model (as in the paper); the released sums or the
+    final ``V`` are scored with :func:`securefed.audit.whitebox.estimate_from_model_delta`.
+
+    Raises:
+        ValueError: a hook whose clients do not follow the model's, or whose block is not
+            FedMF's.
+    """
+
+    def __init__(self, model: FedMF, hook) -> None:
+        block = (model.n_items + 2, model.config.dim + 1)
+        if tuple(hook.shape) != block or hook.first_client != model.n_clients:
+            raise ValueError(
+                f"the hook must cover FedMF's block {block} with clients from {model.n_clients}"
+                f" (got {tuple(hook.shape)} from {hook.first_client})"
+            )
+        self.model, self.hook = model, hook
+        self.n_clients = model.n_clients + len(hook.directions)
+
+    def run_round(
+        self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
+    ) -> dict[str, float]:
+        """FedMF's round with every canary client submitting its scheduled update.
+
+        Raises:
+            ValueError: a round that did not sample every canary (run with every client).
+        """
+        model = self.model
+        rnd, active = model.open_round(round_id, np.asarray(clients), transport, seeds)
+        if np.count_nonzero(active >= model.n_clients) != len(self.hook.directions):
+            raise ValueError("white-box canaries take part in every round: sample every client")
+        real = active[active < model.n_clients]
+        squared_error, n_ratings = model.client_step(round_id, real, seeds, rnd.submit_batch)
+        self.hook.submit(rnd, round_id)
+        model.close_round(rnd)
+        return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
 
 
 # ----------------------------------------------------------------------------- scores
@@ -356,6 +406,7 @@ class CanaryObservation:
         direction_rows, direction_columns, first_direction_client: the direction canaries.
         protocol: FedMF's public parameters (for the white-box attacks).
         offsets: each rating canary's own mean rating when the model uses ``user_mean``.
+        delta: the ledger's delta (``None`` without DP).
     """
 
     view: ServerView
@@ -368,6 +419,7 @@ class CanaryObservation:
     first_direction_client: int = 0
     protocol: FedMFProtocol | None = None
     user_mean_offset: bool = False
+    delta: float | None = None
     _sums: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def summed(self, key: str) -> np.ndarray:
@@ -411,7 +463,21 @@ def direction_server_score(observation: CanaryObservation, canary: int) -> float
             hit = np.asarray(payload["rows"]).reshape(-1) == row
             value += float(np.asarray(payload["values"])[hit, column].sum())
         return value
-    return float(observation.summed("total")[row, column])
+    return float(server_decoded_sums(observation)[row, column])
+
+
+def server_decoded_sums(observation: CanaryObservation) -> np.ndarray:
+    """The sum over rounds of what the server decoded, in the model's block shape.
+
+    ``aggregate["total"]`` is the sum the server computed: under central DP the clean sum (which
+    it sees), under secure aggregation with a float mechanism the noisy sum. Under an integer
+    mechanism (the ``secagg+dp`` default) it is the ``(1, D)`` ring sum of the rotated integer
+    vectors, and what the server decodes from it is the released noisy sum (``dp_total``): the
+    server's view of the block is that.
+    """
+    total = observation.summed("total")
+    released = observation.summed("dp_total")
+    return total if total.shape == released.shape else released
 
 
 def rating_black_box_score(observation: CanaryObservation, canary: int) -> float:
@@ -589,6 +655,7 @@ class FedMFCanaryJob:
             first_direction_client=model.n_clients,
             protocol=FedMFProtocol.from_public(transport.view.public),
             user_mean_offset=self.config.offset == "user_mean",
+            delta=None if transport.ledger is None else transport.delta,
             _sums=sums,
         )
 
@@ -636,3 +703,8 @@ class FedMFCanaryJob:
 def ledger_epsilon(observation: CanaryObservation, observer: str) -> float:
     """The ledger's epsilon for ``observer`` in the audited run (``epsilon_of`` of the driver)."""
     return observation.epsilons[observer]
+
+
+def ledger_delta(observation: CanaryObservation) -> float | None:
+    """The ledger's delta in the audited run (``delta_of`` of the driver)."""
+    return observation.delta

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from securefed import ranking
 from securefed.attacks.qvalue_leak import (
     FusionRecord,
     HiddenStates,
@@ -75,8 +76,8 @@ CIPHERTEXT_GUESS_SEED = 20261201
 
 
 def top_n(values: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the ``n`` largest entries along the last axis (any order)."""
-    return np.argpartition(-np.asarray(values), n - 1, axis=-1)[..., :n]
+    """Indices of the ``n`` largest entries along the last axis, best first, ties by lower index."""
+    return ranking.top_n(values, n)
 
 
 def slate_overlap(guess: np.ndarray, truth: np.ndarray, rows: np.ndarray | None = None) -> float:

@@ -257,6 +257,11 @@ def replay_truth(
             f"the record holds {record.inquiries} inquiries, the run has "
             f"{config.episodes} x {length}"
         )
+    if config.seed is None:
+        raise ValueError(
+            "replay_truth rebuilds the environment from the run's seed, and a secure-mode run "
+            "(seed=None) has none: the truth of a secure run is not recomputable"
+        )
     tree = SeedTree(config.seed)
     env = ChocKaleBatch(
         cfg_env, members,

@@ -340,7 +340,7 @@ def _try(function, *args, **kwargs):
 
 def _match_rows(items: np.ndarray, other_items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each of ``items``: its position in ``other_items`` and whether it is there at all."""
-    order = np.argsort(other_items)
+    order = np.argsort(other_items, kind="stable")
     where = np.searchsorted(other_items[order], items)
     matched = order[np.minimum(where, max(len(order) - 1, 0))]
     present = other_items[matched] == items if len(order) else np.zeros(len(items), bool)

@@ -169,9 +169,19 @@ def _rounds(args: argparse.Namespace) -> dict:
 
 def register(benches) -> None:
     parser = BENCHES["fedmf-vs-centralised"].add_to(benches)
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--splits", default="u1,u2,u3,u4,u5")
-    parser.add_argument("--variants", default="fedmf")
+    parser.add_argument(
+        "--data",
+        default="ml-100k",
+        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--splits", default="u1,u2,u3,u4,u5", help="comma-separated ML-100K splits (u1..u5)"
+    )
+    parser.add_argument(
+        "--variants",
+        default="fedmf",
+        help="comma-separated FedMF variants (fedmf, fedrec, fedrec+)",
+    )
     parser.add_argument(
         "--rounds", type=int, default=None, help="FedMF rounds (the biased preset's 35, FedRec+ 40)"
     )
@@ -185,13 +195,44 @@ def register(benches) -> None:
         metavar="FRACTION",
         help="let early stopping on FRACTION of the training ratings pick FedMF's rounds",
     )
-    parser.add_argument("--patience", type=int, default=4)
-    parser.add_argument("--validate-every", type=int, default=5)
-    parser.add_argument("--svd-factors", type=int, default=SVDSettings.n_factors)
-    parser.add_argument("--svd-epochs", type=int, default=SVDSettings.n_epochs)
-    parser.add_argument("--svd-lr", type=float, default=SVDSettings.lr_all)
-    parser.add_argument("--svd-reg", type=float, default=SVDSettings.reg_all)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=4,
+        help="with --validation: evaluations without improvement before stopping (4)",
+    )
+    parser.add_argument(
+        "--validate-every",
+        type=int,
+        default=5,
+        help="with --validation: rounds between two evaluations (5)",
+    )
+    parser.add_argument(
+        "--svd-factors",
+        type=int,
+        default=SVDSettings.n_factors,
+        help="factors of Surprise's SVD (the centralised reference)",
+    )
+    parser.add_argument(
+        "--svd-epochs", type=int, default=SVDSettings.n_epochs, help="epochs of Surprise's SVD"
+    )
+    parser.add_argument(
+        "--svd-lr", type=float, default=SVDSettings.lr_all, help="learning rate of Surprise's SVD"
+    )
+    parser.add_argument(
+        "--svd-reg",
+        type=float,
+        default=SVDSettings.reg_all,
+        help="regularisation of Surprise's SVD",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument("--name", default="fedmf_vs_centralised", help="output file stem")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
     parser.set_defaults(func=compare)

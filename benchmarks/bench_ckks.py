@@ -265,24 +265,44 @@ def register(benches) -> None:
 
 
 def _fusion_arguments(parser) -> None:
-    parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--hidden", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--samples", type=int, default=1000, help="inputs evaluated")
+    parser.add_argument("--hidden", type=int, default=16, help="hidden width of the fused network")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
 
 
 def _training_arguments(parser) -> None:
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=0.4)
+    parser.add_argument("--steps", type=int, default=30, help="training steps")
+    parser.add_argument("--batch", type=int, default=128, help="batch size of a training step")
+    parser.add_argument("--lr", type=float, default=0.4, help="learning rate of the server network")
 
 
 def _fedmf_arguments(parser) -> None:
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--split", default="u1")
-    parser.add_argument("--variant", default="fedmf")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--data",
+        default="ml-100k",
+        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
+    )
+    parser.add_argument("--variant", default="fedmf", help="FedMF variant (fedmf, fedrec, fedrec+)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

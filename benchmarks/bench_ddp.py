@@ -150,11 +150,11 @@ def ddp_vs_central(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace, config) -> int:
-    import json
+    from securefed.records import loads_record
 
     rows, data = [], None
     for path in args.merge.split(","):
-        record = json.loads(Path(path).read_text())
+        record = loads_record(Path(path).read_text())
         keys = ("rounds", "delta", "clip", "mechanism", "bits", "seed", "secagg_rounds")
         same = {k: record.get(k) for k in keys}
         wanted = {
@@ -219,18 +219,42 @@ def _write(args: argparse.Namespace, config, rows: list[dict], data: str) -> Non
 
 def register(benches) -> None:
     parser = BENCHES["ddp-vs-central"].add_to(benches)
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--split", default="u1")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--epsilons", default="1,4,8,16")
-    parser.add_argument("--mechanism", default="discrete_gaussian")
-    parser.add_argument("--bits", type=int, default=20)
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--server-lr", type=float, default=4.0)
-    parser.add_argument("--dim", type=int, default=10)
+    parser.add_argument(
+        "--data",
+        default="ml-100k",
+        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
+    parser.add_argument("--epsilons", default="1,4,8,16", help="comma-separated DP target epsilons")
+    parser.add_argument(
+        "--mechanism",
+        default="discrete_gaussian",
+        help="the distributed-DP mechanism (discrete_gaussian or skellam)",
+    )
+    parser.add_argument(
+        "--bits",
+        type=int,
+        default=20,
+        help="fixed-point bits of the integer encoding under secure aggregation",
+    )
+    parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
+    parser.add_argument("--clip", type=float, default=1.0, help="DP per-client L2 clip norm")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (100)")
+    parser.add_argument(
+        "--server-lr", type=float, default=4.0, help="the server's step size eta (4.0)"
+    )
+    parser.add_argument("--dim", type=int, default=10, help="latent dimension (10)")
     parser.add_argument("--name", default=None, help="record name (default per mechanism)")
     parser.add_argument(
         "--secagg-rounds",

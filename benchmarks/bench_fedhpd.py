@@ -22,7 +22,6 @@ episode returns; the largest parameter difference).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 
 from securefed.bench.registry import BENCHES
 from securefed.errors import TransportUnavailable
+from securefed.records import dumps_record
 from securefed.transport import build_transport, option_groups, parse_transport_spec
 
 RESULTS = Path("results") / "fedhpd"
@@ -172,7 +172,7 @@ def run_column(args: argparse.Namespace) -> dict:
         "rows": rows,
         "fedhpd_d5_gain_over_nofed": gain,
     }
-    (out / f"fedhpd_{spec.name}.json").write_text(json.dumps(record, indent=1))
+    (out / f"fedhpd_{spec.name}.json").write_text(dumps_record(record, indent=1))
     np.savez_compressed(out / f"fedhpd_{spec.name}_returns.npz", **arrays)
     title = f"{spec.env_id}: {len(seeds)} seeds x {configs[0].n_agents} agents"
     plot_system(curves, out / f"fedhpd_{spec.name}_system.png", window=window, title=title)
@@ -326,40 +326,94 @@ def speed(args: argparse.Namespace) -> int:
     if args.out:
         path = Path(args.out)
         path.mkdir(parents=True, exist_ok=True)
-        (path / f"fedhpd_speed_{config.task}.json").write_text(json.dumps(record, indent=1))
+        (path / f"fedhpd_speed_{config.task}.json").write_text(dumps_record(record, indent=1))
     return 0 if record["returns_equal"] else 1
+
+
+def add_distillation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kl-direction``, ``--public-size`` and ``--virtual-rounds`` (also ``fedhpd``)."""
+    parser.add_argument(
+        "--kl-direction",
+        default="auto",
+        choices=["auto", "mean_to_local", "local_to_mean"],
+        help="the distillation's KL: mean_to_local is KL(P_mean || P_k), local_to_mean "
+        "KL(P_k || P_mean) (Algorithm 1); auto: the authors' code's choice per task",
+    )
+    parser.add_argument(
+        "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
+    )
+    parser.add_argument(
+        "--virtual-rounds",
+        type=int,
+        default=None,
+        help="rounds the virtual agent that makes S_p trains (task's)",
+    )
 
 
 def register(benches) -> None:
     parser = BENCHES["fedhpd"].add_to(benches)
-    parser.add_argument("--task", default="cartpole")
+    parser.add_argument(
+        "--task", default="cartpole", help="cartpole, lunarlander or invertedpendulum"
+    )
     parser.add_argument("--settings", default=DEFAULT_SETTINGS, help="nofed, dpa, intervals d")
-    parser.add_argument("--seeds", default="20,25,30,35,40")
+    parser.add_argument(
+        "--seeds",
+        default="20,25,30,35,40",
+        help="comma-separated seeds, one run of the task's agents each (the paper's five)",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="default: the paper's")
     parser.add_argument("--workers", type=int, default=2, help="processes (at most 2 here)")
-    parser.add_argument("--transport", default="plaintext")
-    parser.add_argument("--epsilon", type=float, default=None)
-    parser.add_argument("--noise-multiplier", type=float, default=None)
-    parser.add_argument("--clip", type=float, default=None)
     parser.add_argument(
-        "--kl-direction", default="auto", choices=["auto", "mean_to_local", "local_to_mean"]
+        "--transport", default="plaintext", help="the aggregation transport (a name or spec string)"
     )
-    parser.add_argument("--public-size", type=int, default=None)
-    parser.add_argument("--virtual-rounds", type=int, default=None)
+    parser.add_argument(
+        "--epsilon", type=float, default=None, help="DP target epsilon (DP transports)"
+    )
+    parser.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="DP noise std over the clip norm (instead of --epsilon)",
+    )
+    parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
+    add_distillation_arguments(parser)
     parser.add_argument("--log-every", type=int, default=100, help="progress every N rounds")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
     parser.set_defaults(func=column)
 
     parser = BENCHES["fedhpd-speed"].add_to(benches)
-    parser.add_argument("--task", default="cartpole")
+    parser.add_argument(
+        "--task", default="cartpole", help="cartpole, lunarlander or invertedpendulum"
+    )
     parser.add_argument("--setting", default="5", help="nofed, dpa or an interval d")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=20)
-    parser.add_argument("--public-size", type=int, default=None)
-    parser.add_argument("--virtual-rounds", type=int, default=None)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument(
+        "--rounds", type=int, default=30, help="rounds per run (default: the paper's)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=20,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
+    )
+    parser.add_argument(
+        "--virtual-rounds",
+        type=int,
+        default=None,
+        help="rounds the virtual agent that makes S_p trains (task's)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="float type of the policies (float32, as the authors)",
+    )
     parser.add_argument("--population", type=int, default=1, help="also time N runs together")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="folder of the record (default: print only)")
     parser.set_defaults(func=speed)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import sparse
 
 from securefed import PlaintextTransport, RoundSelection, SeedTree
-from securefed.bench import datasets
+from securefed.bench import datasets, tables
 from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import synthetic_ratings
@@ -39,9 +39,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
             return f"{value:.4f}"
         return str(value)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    return tables.markdown_table(columns, ([cell(row.get(c, "")) for c in columns] for row in rows))
 
 
 def write_outputs(name: str, payload: dict, table: str, out: Path) -> None:
@@ -388,52 +386,117 @@ def user_mean_rmse(split) -> float:
 # ---------------------------------------------------------------------- registration
 def register(benches) -> None:
     def common(parser, data="ml-100k", split="u1"):
-        parser.add_argument("--data", default=data)
-        parser.add_argument("--split", default=split)
-        parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--out", default=str(RESULTS))
+        parser.add_argument(
+            "--data",
+            default=data,
+            help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+        )
+        parser.add_argument(
+            "--split", default=split, help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
+        )
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="the runs' seed (reproducible, not private: a benchmark)",
+        )
+        parser.add_argument(
+            "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+        )
 
     parser = BENCHES["fedmf-splits"].add_to(benches)
     common(parser)
-    parser.add_argument("--splits", default="u1,u2,u3,u4,u5")
-    parser.add_argument("--variants", default="fedmf,fedrec,fedrec+")
-    parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
+    parser.add_argument(
+        "--splits", default="u1,u2,u3,u4,u5", help="comma-separated ML-100K splits to run (u1..u5)"
+    )
+    parser.add_argument(
+        "--variants",
+        default="fedmf,fedrec,fedrec+",
+        help="comma-separated FedMF variants (fedmf, fedrec, fedrec+)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=FedMFConfig.rounds,
+        help="rounds per run (FedMFConfig's default)",
+    )
     parser.set_defaults(func=splits)
 
     parser = BENCHES["fedmf-transport"].add_to(benches)
     common(parser)
-    parser.add_argument("--transport", default="secagg")
-    parser.add_argument("--variants", default="fedmf,fedrec+")
-    parser.add_argument("--dropout", default="0,0.1")
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--transport",
+        default="secagg",
+        help="the transport compared with plaintext (a name or spec string)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="fedmf,fedrec+",
+        help="comma-separated FedMF variants (fedmf, fedrec, fedrec+)",
+    )
+    parser.add_argument(
+        "--dropout",
+        default="0,0.1",
+        help="comma-separated fractions of clients that drop out each round",
+    )
+    parser.add_argument("--rounds", type=int, default=30, help="rounds per run (30)")
     parser.set_defaults(func=transports)
 
     parser = BENCHES["fedrec-weights"].add_to(benches)
     common(parser)
-    parser.add_argument("--rounds", type=int, default=FedMFConfig.rounds)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=FedMFConfig.rounds,
+        help="rounds per run (FedMFConfig's default)",
+    )
     parser.set_defaults(func=weights)
 
     parser = BENCHES["fedmf-dp"].add_to(benches)
     common(parser)
-    parser.add_argument("--epsilons", default="1,2,4,8,16")
-    parser.add_argument("--placements", default="central,local,distributed")
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--server-lr", type=float, default=4.0)
+    parser.add_argument(
+        "--epsilons", default="1,2,4,8,16", help="comma-separated DP target epsilons"
+    )
+    parser.add_argument(
+        "--placements",
+        default="central,local,distributed",
+        help="comma-separated DP placements (central, local, distributed)",
+    )
+    parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
+    parser.add_argument("--clip", type=float, default=1.0, help="DP per-client L2 clip norm")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (100)")
+    parser.add_argument(
+        "--server-lr",
+        type=float,
+        default=4.0,
+        help="the server's step size eta (4.0: user-level DP's fixed denominator)",
+    )
     parser.add_argument(
         "--local-server-lr", type=float, default=None, help="default: server-lr / sqrt(users)"
     )
-    parser.add_argument("--dim", type=int, default=10)
+    parser.add_argument("--dim", type=int, default=10, help="latent dimension (10)")
     parser.set_defaults(func=dp_utility)
 
     parser = BENCHES["fedmf-perf"].add_to(benches)
     common(parser)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--scale-users", type=int, default=100_000)
-    parser.add_argument("--scale-items", type=int, default=20_000)
-    parser.add_argument("--scale-ratings", type=int, default=10_000_000)
-    parser.add_argument("--scale-dim", type=int, default=20)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=7,
+        help="timed repetitions per measurement (the median is reported)",
+    )
+    parser.add_argument(
+        "--scale-users", type=int, default=100_000, help="users of the synthetic scale test"
+    )
+    parser.add_argument(
+        "--scale-items", type=int, default=20_000, help="items of the synthetic scale test"
+    )
+    parser.add_argument(
+        "--scale-ratings", type=int, default=10_000_000, help="ratings of the synthetic scale test"
+    )
+    parser.add_argument(
+        "--scale-dim", type=int, default=20, help="latent dimension of the synthetic scale test"
+    )
     parser.set_defaults(func=perf)
 
 

@@ -61,6 +61,8 @@ import numpy as np
 from securefed.bench.cli_fedslate import add_transport_arguments, transport_fields
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
+from securefed.records import dumps_record, loads_record
 from securefed.rl.checkpoint import EpisodeCheckpoints
 from securefed.rl.fedslate import (
     PLATFORM_NAMES,
@@ -186,7 +188,7 @@ def cached_record(cell: Cell, out_dir: Path) -> dict[str, object] | None:
         if candidate.exists() and _same_configuration(
             _stored_key(candidate), cell.config, cell.kind, cell.is_reference
         ):
-            return json.loads(candidate.read_text())
+            return loads_record(candidate.read_text())
     return None
 
 
@@ -223,7 +225,7 @@ def run_cell(cell: Cell, out_dir: Path, *, force: bool = False) -> dict[str, obj
     record = _record(cell.name, cell.kind, cell.key, result)
     path = out_dir / "runs" / f"{cell.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    path.write_text(dumps_record(record))
     partial.unlink(missing_ok=True)  # the record is the cache now
     return record
 
@@ -543,19 +545,20 @@ def checks(results: dict[str, object]) -> list[str]:
 
 
 def _table_markdown(title: str, cells: dict[str, dict[str, object]]) -> list[str]:
-    lines = [
-        f"### {title}",
-        "",
-        "| run | platform | optimal reward | ETROR | final (last 500) | mean |",
-        "|---|---|---|---|---|---|",
+    body = [
+        (
+            name,
+            p,
+            _fmt(m, "optimal_reward"),
+            _fmt(m, "etror", 0),
+            _fmt(m, "final"),
+            _fmt(m, "mean"),
+        )
+        for name, per_platform in cells.items()
+        for p, m in per_platform.items()
     ]
-    for name, per_platform in cells.items():
-        for p, m in per_platform.items():
-            lines.append(
-                f"| {name} | {p} | {_fmt(m, 'optimal_reward')} | {_fmt(m, 'etror', 0)} | "
-                f"{_fmt(m, 'final')} | {_fmt(m, 'mean')} |"
-            )
-    return [*lines, ""]
+    headers = ("run", "platform", "optimal reward", "ETROR", "final (last 500)", "mean")
+    return [f"### {title}", "", markdown_table(headers, body), ""]
 
 
 def markdown(results: dict[str, object], meta: dict[str, object]) -> str:
@@ -671,7 +674,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for name, value in results.items()
     }
     (out_dir / "fedslate.json").write_text(
-        json.dumps({"meta": meta, "results": slim, "checks": checks(results)}, indent=1)
+        dumps_record({"meta": meta, "results": slim, "checks": checks(results)}, indent=1)
     )
     (out_dir / "fedslate.md").write_text(markdown(results, meta))
     png = plot(results, out_dir / "fedslate_curves.png")
@@ -690,10 +693,19 @@ def _settings(text: str) -> list[tuple[int, int]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results/fedslate")
-    parser.add_argument("--episodes", type=int, default=5000)
+    parser.add_argument(
+        "--out", default="results/fedslate", help="folder of the records (JSON and markdown)"
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=5000, help="episodes per run (5000, the paper's)"
+    )
     parser.add_argument("--members", type=int, default=3, help="independent seeds per run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--settings",
         type=_settings,
@@ -711,17 +723,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma list: only these runs of the variant experiments (e.g. "
         "slateq_all,fedslate_two_without_item,random); the others are left out of the report",
     )
-    parser.add_argument("--ablation-setting", type=lambda t: _settings(t)[0], default=(10, 3))
-    parser.add_argument("--sizes-setting", type=lambda t: _settings(t)[0], default=(100, 10))
+    parser.add_argument(
+        "--ablation-setting",
+        type=lambda t: _settings(t)[0],
+        default=(10, 3),
+        help="N,n of the ablation runs (10,3)",
+    )
+    parser.add_argument(
+        "--sizes-setting",
+        type=lambda t: _settings(t)[0],
+        default=(100, 10),
+        help="N,n of the larger-size runs (100,10)",
+    )
     parser.add_argument(
         "--variant-episodes",
         type=int,
         default=None,
         help="episodes of ablation/sparse/choice/corpus/alignment runs (default --episodes)",
     )
-    parser.add_argument("--sizes-episodes", type=int, default=1500)
-    parser.add_argument("--platform-episodes", type=int, default=1500)
-    parser.add_argument("--log-every", type=int, default=0)
+    parser.add_argument(
+        "--sizes-episodes", type=int, default=1500, help="episodes of the larger-size runs (1500)"
+    )
+    parser.add_argument(
+        "--platform-episodes",
+        type=int,
+        default=1500,
+        help="episodes of the five-platform runs (1500)",
+    )
+    parser.add_argument(
+        "--log-every", type=int, default=0, help="progress every K episodes (0: silent)"
+    )
     parser.add_argument(
         "--jobs", type=int, default=1, help="worker processes for the uncached runs (one core each)"
     )

@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
+from securefed.records import dumps_record
 
 RESULTS = Path("results") / "fedslate_leak"
 TRANSPORTS = ("plaintext", "dp", "ckks", "ckks+dp")
@@ -245,7 +247,7 @@ def run_leak(args: argparse.Namespace, out: Path) -> list[dict[str, object]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         from securefed.attacks.verify import _jsonable
 
-        path.write_text(json.dumps(_jsonable({"key": key, "row": row})))
+        path.write_text(dumps_record(_jsonable({"key": key, "row": row})))
         rows.append(row)
     return rows
 
@@ -372,28 +374,48 @@ def markdown(record: dict[str, object]) -> str:
     ]
     for table in record.get("rewards", {}).values():
         n_cand, slate = table["setting"]
-        lines += [
-            f"## Rewards and cost, N={n_cand}, n={slate}",
-            "",
-            "| transport | epsilon | A mean | A optimal | A ETROR | B mean | B optimal | B ETROR "
-            "| s / learning step | KiB / learning step | schedule |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+        headers = [
+            "transport",
+            "epsilon",
+            "A mean",
+            "A optimal",
+            "A ETROR",
+            "B mean",
+            "B optimal",
+            "B ETROR",
+            "s / learning step",
+            "KiB / learning step",
+            "schedule",
         ]
+        body = []
         for label, row in table["rows"].items():
             if "refused" in row:
-                lines.append(f"| {label} | refused: {row['refused']} ||||||||||")
+                body.append((label, f"refused: {row['refused']}"))
                 continue
             a, b = row["A"], row["B"]
             eps = row["dp"]["epsilon_spent"]["A"] if row.get("dp") else None
             per_step = row.get("bytes_per_learning_step")
-            lines.append(
-                f"| {label} | {_f(eps, 2)} | {_ms(a['mean'])} | {_ms(a['optimal_reward'])} | "
-                f"{_ms(a['etror'], 0)} | {_ms(b['mean'])} | {_ms(b['optimal_reward'])} | "
-                f"{_ms(b['etror'], 0)} | {_f(row['seconds_per_learning_step'], 4)} | "
-                f"{_f(None if per_step is None else per_step / 1024, 1)} | "
-                f"{row.get('schedule', 'the schedule above')} |"
+            body.append(
+                (
+                    label,
+                    _f(eps, 2),
+                    _ms(a["mean"]),
+                    _ms(a["optimal_reward"]),
+                    _ms(a["etror"], 0),
+                    _ms(b["mean"]),
+                    _ms(b["optimal_reward"]),
+                    _ms(b["etror"], 0),
+                    _f(row["seconds_per_learning_step"], 4),
+                    _f(None if per_step is None else per_step / 1024, 1),
+                    row.get("schedule", "the schedule above"),
+                )
             )
-        lines.append("")
+        lines += [
+            f"## Rewards and cost, N={n_cand}, n={slate}",
+            "",
+            markdown_table(headers, body),
+            "",
+        ]
     leak = record.get("leak")
     if leak:
         c = record["meta"]["leak_schedule"]
@@ -414,28 +436,48 @@ def markdown(record: dict[str, object]) -> str:
             "measure uses the fused values B decrypted. Clamp: ckks+dp's share of noised "
             "Q-value entries clamped to B = clip + 4 std (A / B).",
             "",
-            "| transport | epsilon | noise std | server nke R^2 | server ranking A (chance) | "
-            "server ranking B | shown A / B | B about A R^2 | B own-only R^2 | A mean | B mean "
-            "| clamp A / B | schedule |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        headers = [
+            "transport",
+            "epsilon",
+            "noise std",
+            "server nke R^2",
+            "server ranking A (chance)",
+            "server ranking B",
+            "shown A / B",
+            "B about A R^2",
+            "B own-only R^2",
+            "A mean",
+            "B mean",
+            "clamp A / B",
+            "schedule",
+        ]
+        body = []
         for row in leak:
             if "refused" in row:
-                lines.append(f"| {row['label']} | refused: {row['refused']} ||||||||||||")
+                body.append((row["label"], f"refused: {row['refused']}"))
                 continue
             m = row["measures"]
             eps = None if row["epsilon"] is None else row["epsilon"]["A"]
             sa, sb = m["server_slate"]["A"], m["server_slate"]["B"]
-            lines.append(
-                f"| {row['label']} | {_f(eps, 2)} | {_f(row['noise_std'], 2)} | "
-                f"{_f(m['server_nke']['attack'], 2)} | {_f(sa['attack'], 3)} "
-                f"({_f(sa['chance'], 3)}) | {_f(sb['attack'], 3)} | "
-                f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)} | "
-                f"{_f(m['other_platform']['attack'], 2)} | {_f(m['other_platform']['own'], 2)} "
-                f"| {_f(row['mean_reward']['A'])} | {_f(row['mean_reward']['B'])} | "
-                f"{_clamp(row.get('clamp_rates'))} | {row.get('schedule', c)} |"
+            body.append(
+                (
+                    row["label"],
+                    _f(eps, 2),
+                    _f(row["noise_std"], 2),
+                    _f(m["server_nke"]["attack"], 2),
+                    f"{_f(sa['attack'], 3)} ({_f(sa['chance'], 3)})",
+                    _f(sb["attack"], 3),
+                    f"{_f(sa['shown_greedy'], 3)} / {_f(sb['shown_greedy'], 3)}",
+                    _f(m["other_platform"]["attack"], 2),
+                    _f(m["other_platform"]["own"], 2),
+                    _f(row["mean_reward"]["A"]),
+                    _f(row["mean_reward"]["B"]),
+                    _clamp(row.get("clamp_rates")),
+                    row.get("schedule", c),
+                )
             )
-        lines.append("")
+        lines += [markdown_table(headers, body), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -524,7 +566,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         record["meta"]["schedule"] = before["schedule"]  # the rewards kept are that schedule's
     from securefed.attacks.verify import _jsonable
 
-    (out / "fedslate_leak.json").write_text(json.dumps(_jsonable(record), indent=1))
+    (out / "fedslate_leak.json").write_text(dumps_record(_jsonable(record), indent=1))
     (out / "fedslate_leak.md").write_text(markdown(record))
     png = plot(record, out / "fedslate_leak.png")
     print(markdown(record))
@@ -534,13 +576,30 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
     parser.add_argument("--parts", default="rewards,leak", help="rewards, leak or both")
-    parser.add_argument("--settings", type=_settings, default=[(10, 3), (100, 10)])
-    parser.add_argument("--epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
-    parser.add_argument("--episodes", type=int, default=200)
-    parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--settings",
+        type=_settings,
+        default=[(10, 3), (100, 10)],
+        help="N,n settings of the reward rows, e.g. 10x3,100x10",
+    )
+    parser.add_argument(
+        "--epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0),
+        help="comma-separated DP epsilons of the reward rows",
+    )
+    parser.add_argument("--episodes", type=int, default=200, help="episodes per reward run")
+    parser.add_argument("--members", type=int, default=3, help="deployments per reward run")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument("--burn-in", type=int, default=1000, help="rounds before learning")
     parser.add_argument("--eps-decay", type=float, default=0.9995, help="exploration per round")
     parser.add_argument(
@@ -549,20 +608,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="at (10, 3), also the plaintext run with shared_corpus=True (the paper's script)",
     )
-    parser.add_argument("--leak-epsilons", type=_numbers, default=(1.0, 4.0, 16.0, 1e3, 1e5, 1e7))
-    parser.add_argument("--leak-episodes", type=int, default=40)
-    parser.add_argument("--leak-members", type=int, default=3)
-    parser.add_argument("--leak-burn-in", type=int, default=300)
-    parser.add_argument("--leak-seed", type=int, default=3)
+    parser.add_argument(
+        "--leak-epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0, 1e3, 1e5, 1e7),
+        help="comma-separated DP epsilons of the leak rows",
+    )
+    parser.add_argument("--leak-episodes", type=int, default=40, help="episodes per leak run")
+    parser.add_argument("--leak-members", type=int, default=3, help="deployments per leak run")
+    parser.add_argument(
+        "--leak-burn-in", type=int, default=300, help="rounds before learning in the leak runs"
+    )
+    parser.add_argument(
+        "--leak-seed",
+        type=int,
+        default=3,
+        help="seed of the leak runs (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--ckks-episodes", type=int, default=40, help="the encrypted rows' episodes (0: none)"
     )
-    parser.add_argument("--ckks-members", type=int, default=1)
+    parser.add_argument("--ckks-members", type=int, default=1, help="deployments per encrypted run")
     parser.add_argument(
         "--ckks-steps", type=int, default=10, help="the encrypted rows' steps per platform"
     )
-    parser.add_argument("--ckks-burn-in", type=int, default=100)
-    parser.add_argument("--ckks-epsilons", type=_numbers, default=(1.0, 4.0, 16.0))
+    parser.add_argument(
+        "--ckks-burn-in", type=int, default=100, help="rounds before learning in the encrypted runs"
+    )
+    parser.add_argument(
+        "--ckks-epsilons",
+        type=_numbers,
+        default=(1.0, 4.0, 16.0),
+        help="comma-separated DP epsilons of the encrypted (ckks+dp) rows",
+    )
     parser.add_argument(
         "--ckks-transports",
         type=lambda text: tuple(t for t in text.split(",") if t),

@@ -247,17 +247,26 @@ def flower(args: argparse.Namespace) -> int:
 def register(benches) -> None:
     parser = BENCHES["flower"].add_to(benches)
     parser.add_argument("--clients", type=int, default=100, help="simulated nodes, one user each")
-    parser.add_argument("--items", type=int, default=200)
-    parser.add_argument("--ratings-per-user", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--split", default="u1")
-    parser.add_argument("--ml-rounds", type=int, default=3)
+    parser.add_argument("--items", type=int, default=200, help="items of the synthetic federation")
+    parser.add_argument(
+        "--ratings-per-user", type=int, default=40, help="ratings per synthetic user"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the synthetic run")
+    parser.add_argument("--data", default="ml-100k", help="the data set of the MovieLens run")
+    parser.add_argument("--split", default="u1", help="its split (u1..u5 for ML-100K)")
+    parser.add_argument("--ml-rounds", type=int, default=3, help="rounds of the MovieLens run")
     parser.add_argument("--ml-nodes", type=int, default=943, help="one user per node")
     parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
     parser.add_argument("--parts", default=",".join(PARTS), help="which comparisons to run")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
+    )
     parser.set_defaults(func=flower)
 
 

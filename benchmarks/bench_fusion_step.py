@@ -392,14 +392,29 @@ def run(args: argparse.Namespace) -> int:
 
 def register(benches) -> None:
     parser = BENCHES["fusion-step"].add_to(benches)
-    parser.add_argument("--mode", choices=("step", "curves", "compare"), default="step")
-    parser.add_argument("--candidates", type=int, default=10)
-    parser.add_argument("--slate", type=int, default=3)
-    parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--mode",
+        choices=("step", "curves", "compare"),
+        default="step",
+        help="step: time one fusion step per channel; curves: learning curves; compare: "
+        "the curves' agreement",
+    )
+    parser.add_argument("--candidates", type=int, default=10, help="N candidates per step")
+    parser.add_argument("--slate", type=int, default=3, help="slate size n")
+    parser.add_argument(
+        "--members", type=int, default=3, help="independent deployments run together"
+    )
+    parser.add_argument("--batch", type=int, default=32, help="replay batch size")
     parser.add_argument("--server-hidden", default="16", help="comma-separated widths")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed repetitions (the median is reported)"
+    )
     parser.add_argument("--fill", type=int, default=64, help="acting rounds before timing")
     parser.add_argument("--project", type=int, default=5000, help="episodes to project")
     parser.add_argument("--episodes", type=int, default=200, help="curves: episodes per run")
@@ -408,12 +423,16 @@ def register(benches) -> None:
     parser.add_argument(
         "--controls", help="compare: comma list of folders with plaintext runs of other seeds"
     )
-    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--log-every", type=int, default=10, help="progress every K episodes")
     parser.add_argument("--steps-per-platform", type=int, help="curves: a shorter episode")
     parser.add_argument("--burn-in", type=int, help="curves: rounds before learning")
     parser.add_argument("--eps-decay", type=float, help="curves: exploration decay per round")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="curves: episodes")
-    parser.add_argument("--out", default=str(RESULTS / "fusion_step"))
+    parser.add_argument(
+        "--out",
+        default=str(RESULTS / "fusion_step"),
+        help="folder of the records (JSON and markdown)",
+    )
     parser.add_argument(
         "--flooding-bits", type=int, help="step: the masked sums' flooding level (FedSlate: 20)"
     )

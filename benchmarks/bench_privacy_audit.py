@@ -9,7 +9,9 @@ included with probability 1/2. Each canary is scored by each observer, and the o
 of Steinke, Nasr and Jagielski 2023 turns the guesses into an epsilon lower bound at
 ``--confidence`` (:mod:`securefed.audit.empirical`). Rows: transport, target, scorer, observer,
 the ledger's epsilon for that observer, the lower bound, the guesses. A row whose bound exceeds
-its ledger figure is a broken claim.
+its ledger figure (Holm-corrected across the scorers of its run: ``contradicts_ledger``), or
+whose audit ran at a delta below the ledger's, is a broken claim: the bench then exits with
+status 1 and names each such row on stderr.
 
 Also recorded: how the bound tightens with the number of canaries (the first ``m`` canaries of
 each run's scores, for several ``m``: each subset is an audit of its own) and the cost of an
@@ -24,13 +26,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from securefed import RoundSelection, RunOptions, SeedTree, run_rounds
-from securefed.attacks.canaries import CanaryPlan, FedMFCanaryJob, ledger_epsilon
-from securefed.audit.empirical import EmpiricalAuditConfig, audit_scores, run_empirical_audit
+from securefed.attacks.canaries import CanaryPlan, FedMFCanaryJob, ledger_delta, ledger_epsilon
+from securefed.audit.empirical import (
+    EmpiricalAuditConfig,
+    audit_scores,
+    delta_finding,
+    ledger_contradictions,
+    run_empirical_audit,
+)
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
@@ -55,7 +64,29 @@ COLUMNS = [
     "guesses",
     "n_canaries",
     "exceeds_ledger",
+    "contradicts_ledger",
 ]
+
+
+def broken_rows(rows: list[dict]) -> list[str]:
+    """One line per row that contradicts its ledger (Holm across its run's scorers) or whose
+    audit's delta is below the ledger's; empty when every claim stands."""
+    lines = []
+    for row in rows:
+        causes = []
+        if row.get("contradicts_ledger"):
+            causes.append(
+                f"epsilon lower bound {row['epsilon_lower']:.3g} > ledger "
+                f"{row['epsilon_ledger']:.3g}"
+            )
+        if row.get("delta_error"):
+            causes.append(row["delta_error"])
+        if causes:
+            lines.append(
+                f"{row['transport']} epsilon {row['epsilon_target']:g} {row['scorer']} "
+                f"({row['observer']}): " + "; ".join(causes)
+            )
+    return lines
 
 
 def _options(transport: str, epsilon: float, clip: float, delta: float) -> dict[str, object]:
@@ -147,10 +178,13 @@ def privacy_audit(args: argparse.Namespace) -> int:
             job.scorers(white_box_payloads=transport in CLEAR),
             rng=rng,
             epsilon_of=ledger_epsilon,
+            delta_of=ledger_delta,
         )
         seconds_audit = time.perf_counter() - started
         first = next(iter(results.values()))
+        contradicted = ledger_contradictions(results)
         for name, result in results.items():
+            delta_issue = delta_finding(result)
             row = {
                 "transport": transport,
                 "placement": PLACEMENT[transport],
@@ -158,6 +192,10 @@ def privacy_audit(args: argparse.Namespace) -> int:
                 "rounds": job.config.rounds,
                 "scorer": name,
                 **result.to_dict(),
+                "contradicts_ledger": contradicted[name],
+                "delta_error": None
+                if delta_issue is None or delta_issue.severity != "error"
+                else delta_issue.cause,
             }
             row["guesses"], row["correct"] = result.best.n_guesses, result.best.n_correct
             rows.append(row)
@@ -220,7 +258,10 @@ def privacy_audit(args: argparse.Namespace) -> int:
         table,
         out,
     )
-    return 0
+    broken = broken_rows(rows)
+    for line in broken:
+        print(f"privacy-audit: a row contradicts its ledger: {line}", file=sys.stderr)
+    return 1 if broken else 0
 
 
 def _plot_bounds(rows: list[dict], path: Path) -> None:
@@ -288,11 +329,19 @@ def _plot_curves(curves: list[dict], path: Path) -> None:
 
 def register(benches) -> None:
     parser = BENCHES["privacy-audit"].add_to(benches)
-    parser.add_argument("--data", default="ml-100k")
-    parser.add_argument("--split", default="u1")
-    parser.add_argument("--transports", default=",".join(TRANSPORTS))
-    parser.add_argument("--epsilons", default="1,4,16")
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument(
+        "--data",
+        default="ml-100k",
+        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
+    )
+    parser.add_argument(
+        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
+    )
+    parser.add_argument(
+        "--transports", default=",".join(TRANSPORTS), help="comma-separated DP transports to audit"
+    )
+    parser.add_argument("--epsilons", default="1,4,16", help="comma-separated target epsilons")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (100)")
     parser.add_argument(
         "--secagg-rounds",
         type=int,
@@ -300,19 +349,49 @@ def register(benches) -> None:
         help="rounds of the secagg+dp cells (0: --rounds); secure aggregation of thousands of "
         "dense blocks costs about a minute per round on 2 cores",
     )
-    parser.add_argument("--rating-canaries", type=int, default=500)
-    parser.add_argument("--direction-canaries", type=int, default=1000)
-    parser.add_argument("--items-per-canary", type=int, default=30)
-    parser.add_argument("--direction-norm", type=float, default=10.0)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--curve", default="50,100,200,500,1000")
+    parser.add_argument(
+        "--rating-canaries", type=int, default=500, help="canary users planted with ratings"
+    )
+    parser.add_argument(
+        "--direction-canaries",
+        type=int,
+        default=1000,
+        help="canary gradients planted along fixed directions",
+    )
+    parser.add_argument(
+        "--items-per-canary", type=int, default=30, help="items each rating canary rates"
+    )
+    parser.add_argument(
+        "--direction-norm",
+        type=float,
+        default=10.0,
+        help="L2 norm of a direction canary's planted gradient",
+    )
+    parser.add_argument("--clip", type=float, default=1.0, help="DP per-client L2 clip norm")
+    parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="confidence of the empirical lower bound on epsilon",
+    )
+    parser.add_argument(
+        "--curve",
+        default="50,100,200,500,1000",
+        help="comma-separated canary counts of the bound-versus-canaries curve",
+    )
     parser.add_argument(
         "--measure-cost", action="store_true", help="also time each run without canaries"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/privacy_audit")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
+    parser.add_argument(
+        "--out", default="results/privacy_audit", help="folder of the records (JSON and markdown)"
+    )
     parser.set_defaults(func=privacy_audit)
 
 

@@ -26,7 +26,6 @@ Writes ``rl_leak.json`` and ``rl_leak.md`` into ``--out`` (default ``results/rl_
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import sys
@@ -38,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
+from securefed.records import dumps_record
 
 RESULTS = Path("results") / "rl_leak"
 
@@ -297,21 +298,41 @@ def markdown(record: dict[str, object]) -> str:
             "Truth: each agent's mean return over the 10 rounds before each event. Baseline: the "
             "population's mean at that event for every agent (and a random ranking).",
             "",
-            "| transport | view | method | MAE | baseline MAE | Spearman | baseline | "
-            "Spearman within event | link accuracy (chance) | noise std | epsilon | "
-            "utility (last 20 rounds) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        headers = [
+            "transport",
+            "view",
+            "method",
+            "MAE",
+            "baseline MAE",
+            "Spearman",
+            "baseline",
+            "Spearman within event",
+            "link accuracy (chance)",
+            "noise std",
+            "epsilon",
+            "utility (last 20 rounds)",
+        ]
+        body = []
         for row in hpd["rows"]:
             a, b = row["attack"], row["baseline"]
-            lines.append(
-                f"| {row['transport']} | {row['view']} | {row['method']} | {_f(a['mae'], 1)} | "
-                f"{_f(b['mae'], 1)} | {_f(a['spearman'])} | {_f(b['spearman'])} | "
-                f"{_f(a['spearman_within_event'])} | {_f(a['link_accuracy'])} "
-                f"({_f(a['link_chance'])}) | {_f(row['noise_std'], 3)} | {_f(row['epsilon'], 1)} "
-                f"| {_f(row['utility_last20'], 1)} |"
+            body.append(
+                (
+                    row["transport"],
+                    row["view"],
+                    row["method"],
+                    _f(a["mae"], 1),
+                    _f(b["mae"], 1),
+                    _f(a["spearman"]),
+                    _f(b["spearman"]),
+                    _f(a["spearman_within_event"]),
+                    f"{_f(a['link_accuracy'])} ({_f(a['link_chance'])})",
+                    _f(row["noise_std"], 3),
+                    _f(row["epsilon"], 1),
+                    _f(row["utility_last20"], 1),
+                )
             )
-        lines.append("")
+        lines += [markdown_table(headers, body), ""]
     slate = record.get("fedslate")
     if slate:
         c = slate["config"]
@@ -322,22 +343,37 @@ def markdown(record: dict[str, object]) -> str:
             "R^2 within each deployment, averaged, on the unlabelled users (shadow: on every "
             f"user). Q-value std in the record: {slate['qvalue_std']:.3f}.",
             "",
-            "| view | labelled | target | attack R^2 | step-only R^2 | mean R^2 | shadow R^2 | "
-            "attack MAE | mean MAE | target std |",
-            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for row in slate["rows"]:
-            for name, t in row["targets"].items():
-                shadow = t.get("shadow", {}).get("r2")
-                lines.append(
-                    f"| {row['view']} | {row['labelled_users']}/{row['users']} | {name} | "
-                    f"{_f(t['attack']['r2'])} | {_f(t['step']['r2'])} | {_f(t['mean']['r2'])} | "
-                    f"{_f(shadow)} | {_f(t['attack']['mae'], 3)} | {_f(t['mean']['mae'], 3)} | "
-                    f"{_f(t['target_std'], 3)} |"
-                )
-        lines += ["", "| transport | status |", "|---|---|"]
-        lines += [f"| {name} | {why} |" for name, why in slate["not_applicable"].items()]
-        lines.append("")
+        headers = [
+            "view",
+            "labelled",
+            "target",
+            "attack R^2",
+            "step-only R^2",
+            "mean R^2",
+            "shadow R^2",
+            "attack MAE",
+            "mean MAE",
+            "target std",
+        ]
+        body = [
+            (
+                row["view"],
+                f"{row['labelled_users']}/{row['users']}",
+                name,
+                _f(t["attack"]["r2"]),
+                _f(t["step"]["r2"]),
+                _f(t["mean"]["r2"]),
+                _f(t.get("shadow", {}).get("r2")),
+                _f(t["attack"]["mae"], 3),
+                _f(t["mean"]["mae"], 3),
+                _f(t["target_std"], 3),
+            )
+            for row in slate["rows"]
+            for name, t in row["targets"].items()
+        ]
+        lines += [markdown_table(headers, body), ""]
+        lines += [markdown_table(("transport", "status"), slate["not_applicable"].items()), ""]
     lines.append(f"Total {record['seconds']:.0f} s on {record['machine']}.")
     return "\n".join(lines) + "\n"
 
@@ -354,7 +390,7 @@ def run(bench: LeakBenchConfig, out: Path, parts: tuple[str, ...]) -> dict[str, 
     python = platform.python_version()
     record["machine"] = f"{platform.machine()} {platform.system()}, Python {python}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rl_leak.json").write_text(json.dumps(_plain(record), indent=1))
+    (out / "rl_leak.json").write_text(dumps_record(_plain(record), indent=1))
     (out / "rl_leak.md").write_text(markdown(record))
     return record
 

@@ -27,14 +27,15 @@ wrap the 32-bit ring), recorded per case, and in the threat model of ``--server`
 before it are ``honest_but_curious`` rounds).
 
 ``securefed bench secagg-malicious`` (:func:`run_malicious_cost`) measures the honest-but-curious
-round and the malicious-server round with each of its authentications (``auth="macs"``, the
-default, and ``auth="signatures"``) at n = 100 and 1000 clients x 1e5 values, 0 % and 10 %
-dropout, beside the floor of their cryptography (operation counts times the primitives' costs
-measured in the same run), and with ``--flower-lie`` runs the lying server against Flower's
-SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`). Each round runs on a fresh transport, so it
-pays the federation's set-up (long-term keys, the registry and, with MACs, the static pairwise
-keys of its ``k`` neighbours): the ``setup`` stage, reported apart; "per round" is the round
-without it, what every later round costs once the pairs it needs are agreed.
+round and the malicious-server round with each of its authentications (``auth="signatures"``, the
+default, and ``auth="macs"``, opt-in; with ``--count-contributors`` also the signed round whose
+helpers count the contributors, as a distributed-DP round does) at n = 100 and 1000 clients x 1e5
+values, 0 % and 10 % dropout, beside the floor of their cryptography (operation counts times the
+primitives' costs measured in the same run), and with ``--flower-lie`` runs the lying server
+against Flower's SecAgg+ (:mod:`securefed.bench.secagg_flower_lie`). Each round runs on a fresh
+transport, so it pays the federation's set-up (long-term keys, the registry and, with MACs, the
+static pairwise keys of its ``k`` neighbours): the ``setup`` stage, reported apart; "per round" is
+the round without it, what every later round costs once the pairs it needs are agreed.
 
 Beside Flower's SecAgg+ (``--flower-only`` runs just this; needs ``flwr[simulation]``):
 :func:`compare_with_flower` gives both systems the same inputs (one vector per client in
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import sys
 import time
@@ -59,7 +59,9 @@ from pathlib import Path
 import numpy as np
 
 from securefed import PlaintextTransport, SeedTree
+from securefed.bench.tables import markdown_table
 from securefed.errors import AggregationError
+from securefed.records import dumps_record
 from securefed.transport.secagg import STAGES, SecAggConfig, SecAggTransport
 
 FULL_CLIENTS = (10, 100, 1000)
@@ -79,7 +81,7 @@ class Case:
     dropout: float
     sized_for_dropout: bool
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
     k: int = 0
     t: int = 0
     scale: float = 0.0
@@ -122,13 +124,17 @@ def run_case(
     sized_for_dropout: bool = True,
     seed: int = 0,
     server: str = "malicious",
-    auth: str = "macs",
+    auth: str = "signatures",
     dropped_after: float = 0.0,
+    count_contributors: bool = False,
 ) -> Case:
     """Measure one secure round and one plaintext round on the same updates.
 
     ``server`` is the threat model (``SecAggConfig.server``); ``dropped_after`` a fraction of the
     clients that drop after uploading their masked input (before ConsistencyCheck / Unmasking).
+    ``count_contributors``: every client holds a minimum of contributors equal to the clients
+    that endorse the survivor set (``SecAggRound.require_contributors``, what a distributed-DP
+    round does), so each helper verifies that many signatures (issue 30 item 1's cost).
     """
     case = Case(clients, length, dropout, sized_for_dropout, server, auth)
     pool = _updates(length, seed)
@@ -138,9 +144,12 @@ def run_case(
     config = SecAggConfig(
         expected_dropout=dropout if sized_for_dropout else 0.0,
         server=server,
-        auth=auth if server == "malicious" else "macs",
+        auth=auth if server == "malicious" else "signatures",
     )
     transport = SecAggTransport(config)
+    # Every simulated client verifies each signature it needs, as a real one would (not the
+    # simulation's shared checks): the cost measured is the clients' work.
+    transport.signers.shared_checks = False
     late = set(
         rng.choice(
             sorted(set(range(clients)) - dropped), round(dropped_after * clients), False
@@ -148,6 +157,8 @@ def run_case(
     )
     start, start_cpu = time.perf_counter(), time.process_time()
     rnd = transport.open_round(0, range(clients), shape=(1, length), seeds=seeds)
+    if count_contributors:
+        rnd.require_contributors(clients - len(dropped) - len(late))
     case.k, case.t, case.scale = rnd.neighbours_k, rnd.threshold, rnd.fixed_point.scale
     for c in range(clients):
         if c in dropped:
@@ -368,50 +379,87 @@ def compare_with_flower(
 
 def comparison_table(comparison: dict[str, object]) -> str:
     """The comparison as a markdown table."""
-    lines = [
-        "| system | setting | max abs error of the mean | bound | seconds |",
-        "|---|---|---|---|---|",
-    ]
+    body = []
     for row in comparison["rows"]:
         if row["system"] == "securefed":
             setting = f"scale 2^{int(np.log2(row['scale']))} ({row['scale_rule']})"
-            lines.append(
-                f"| securefed | {setting} | {row['max_abs_error_mean']:.2e} "
-                f"| {row['error_bound_mean']:.2e} | {row['seconds']:.2f} |"
+            body.append(
+                (
+                    "securefed",
+                    setting,
+                    f"{row['max_abs_error_mean']:.2e}",
+                    f"{row['error_bound_mean']:.2e}",
+                    f"{row['seconds']:.2f}",
+                )
             )
         elif row.get("status") == "ok":
-            lines.append(
-                f"| Flower 1.42 SecAgg+ | max_weight {row['max_weight']:g} "
-                f"| {row['max_abs_error_mean']:.2e} | - | {row['seconds_wall']:.1f} (wall) |"
+            body.append(
+                (
+                    "Flower 1.42 SecAgg+",
+                    f"max_weight {row['max_weight']:g}",
+                    f"{row['max_abs_error_mean']:.2e}",
+                    "-",
+                    f"{row['seconds_wall']:.1f} (wall)",
+                )
             )
         else:
-            lines.append(f"| Flower 1.42 SecAgg+ | {row['status']} | - | - | - |")
-    return "\n".join(lines)
+            body.append(("Flower 1.42 SecAgg+", row["status"], "-", "-", "-"))
+    headers = ("system", "setting", "max abs error of the mean", "bound", "seconds")
+    return markdown_table(headers, body)
 
 
-def markdown_table(cases: list[Case]) -> str:
+def cases_table(cases: list[Case]) -> str:
     """The results as a markdown table (times in seconds, bytes in KiB per client)."""
-    header = (
-        "| n | d | dropout | k | t | status | total s | key agr. | sharing | encoding | mask exp. "
-        "| unmask | plaintext s | ratio | KiB up/client | KiB down/client | plain KiB up | max err "
-        "| bound |"
-    )
-    lines = [header, "|" + "---|" * 19]
+    headers = [
+        "n",
+        "d",
+        "dropout",
+        "k",
+        "t",
+        "status",
+        "total s",
+        "key agr.",
+        "sharing",
+        "encoding",
+        "mask exp.",
+        "unmask",
+        "plaintext s",
+        "ratio",
+        "KiB up/client",
+        "KiB down/client",
+        "plain KiB up",
+        "max err",
+        "bound",
+    ]
+    body = []
     for c in cases:
         s = c.stages
         dropout = f"{c.dropout:.0%}" + ("" if c.sized_for_dropout else " (default k)")
         status = "ok" if c.status == "ok" else "refused"
-        lines.append(
-            f"| {c.clients} | {c.length:,} | {dropout} | {c.k} | {c.t} | {status} "
-            f"| {c.seconds:.2f} "
-            f"| {s['key_agreement']:.2f} | {s['sharing']:.2f} | {s['encoding']:.2f} "
-            f"| {s['mask_expansion']:.2f} | {s['unmasking']:.2f} | {c.plaintext_seconds:.3f} "
-            f"| {c.ratio:.1f}x | {c.bytes_up_per_client / 1024:.1f} "
-            f"| {c.bytes_down_per_client / 1024:.1f} "
-            f"| {c.plaintext_bytes_up_per_client / 1024:.1f} "
-            f"| {c.max_error:.1e} | {c.error_bound:.1e} |"
+        body.append(
+            (
+                c.clients,
+                f"{c.length:,}",
+                dropout,
+                c.k,
+                c.t,
+                status,
+                f"{c.seconds:.2f}",
+                *(
+                    f"{s[stage]:.2f}"
+                    for stage in ("key_agreement", "sharing", "encoding", "mask_expansion")
+                ),
+                f"{s['unmasking']:.2f}",
+                f"{c.plaintext_seconds:.3f}",
+                f"{c.ratio:.1f}x",
+                f"{c.bytes_up_per_client / 1024:.1f}",
+                f"{c.bytes_down_per_client / 1024:.1f}",
+                f"{c.plaintext_bytes_up_per_client / 1024:.1f}",
+                f"{c.max_error:.1e}",
+                f"{c.error_bound:.1e}",
+            )
         )
-    return "\n".join(lines)
+    return markdown_table(headers, body)
 
 
 # ----------------------------------------------------------------------------- secagg-malicious
@@ -518,6 +566,14 @@ def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[
         "static_x25519": 0,
     }
     quorum = sum(min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers)
+    if rnd.config.min_contributors:  # each helper counts the endorsers up to its minimum
+        quorum = sum(
+            max(
+                min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)),
+                min(rnd.config.min_contributors, len(helpers)),
+            )
+            for h in helpers
+        )
     if malicious and auth == "signatures":
         ops["ed25519_sign"] = len(ids) + len(helpers)
         ops["ed25519_verify"] = len(ids) * k + quorum
@@ -537,11 +593,13 @@ _MASKING = ("mask_expansion", "rounding_draw")
 _KEYS = ("x25519", "x25519_keygen")
 _SIGNING = ("ed25519_sign", "ed25519_verify", "hmac")
 _VARIANTS = (
-    ("honest_but_curious", "honest_but_curious", "macs"),
+    ("honest_but_curious", "honest_but_curious", "signatures"),
     ("malicious_macs", "malicious", "macs"),
     ("malicious_signatures", "malicious", "signatures"),
 )
 """(row key, ``SecAggConfig.server``, ``SecAggConfig.auth``) of the rounds measured side by side."""
+_COUNTED = ("malicious_counted", "malicious", "signatures")
+"""The signed round whose helpers also count the contributors (``--count-contributors``)."""
 
 
 def run_malicious_cost(
@@ -552,6 +610,7 @@ def run_malicious_cost(
     seed: int = 0,
     repeats: int = 1,
     costs: dict[str, float] | None = None,
+    count_contributors: bool = False,
 ) -> dict[str, object]:
     """The threat models' rounds on the same updates, beside the floor of their cryptography.
 
@@ -566,7 +625,10 @@ def run_malicious_cost(
     ``repeats`` times and each keeps its fastest round (on a shared machine, load only slows a
     round down; taking turns spreads it over the variants alike).
     ``costs`` replaces the measured primitive costs (keys of :func:`primitive_costs`; for tests).
+    ``count_contributors`` adds the signed round whose helpers count the endorsers
+    (``malicious_counted``: every client holds a minimum of contributors, issue 30 item 1).
     """
+    variants = (*_VARIANTS, _COUNTED) if count_contributors else _VARIANTS
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     costs = primitive_costs(length) if costs is None else dict(costs)
@@ -576,15 +638,21 @@ def run_malicious_cost(
             row: dict[str, object] = {"clients": n, "length": length, "dropout": dropout}
             fastest: dict[str, tuple[Case, object]] = {}
             for _ in range(repeats):
-                for key, server, auth in _VARIANTS:
+                for key, server, auth in variants:
                     case, rnd = _measured_round(
-                        n, length, dropout, seed=seed, server=server, auth=auth
+                        n,
+                        length,
+                        dropout,
+                        seed=seed,
+                        server=server,
+                        auth=auth,
+                        count_contributors=key == _COUNTED[0],
                     )
                     per_round = case.seconds - case.stages.get("setup", 0.0)
                     best = fastest.get(key)
                     if best is None or per_round < best[0].seconds - best[0].stages["setup"]:
                         fastest[key] = (case, rnd)
-            for key, server, auth in _VARIANTS:
+            for key, server, auth in variants:
                 case, rnd = fastest[key]
                 ops = round_operations(rnd, malicious=server == "malicious", auth=auth)
                 floor_hbc = floor_seconds(ops, costs, _MASKING + _KEYS)
@@ -625,7 +693,7 @@ def run_malicious_cost(
                     flush=True,
                 )
             hbc = row["honest_but_curious"]
-            for key, server, _ in _VARIANTS:
+            for key, server, _ in variants:
                 if server == "malicious":
                     mal = row[key]
                     row[f"{key}_over_hbc"] = mal["seconds"] / hbc["seconds"]
@@ -641,7 +709,14 @@ def run_malicious_cost(
 
 
 def _measured_round(
-    n: int, length: int, dropout: float, *, seed: int, server: str, auth: str = "macs"
+    n: int,
+    length: int,
+    dropout: float,
+    *,
+    seed: int,
+    server: str,
+    auth: str = "signatures",
+    count_contributors: bool = False,
 ):
     """One round (``run_case``) and the round object, to count its operations."""
     holder: dict[str, object] = {}
@@ -654,7 +729,14 @@ def _measured_round(
     SecAggTransport.open_round = keep
     try:
         case = run_case(
-            n, length, dropout / 2, seed=seed, server=server, auth=auth, dropped_after=dropout / 2
+            n,
+            length,
+            dropout / 2,
+            seed=seed,
+            server=server,
+            auth=auth,
+            dropped_after=dropout / 2,
+            count_contributors=count_contributors,
         )
     finally:
         SecAggTransport.open_round = original
@@ -670,19 +752,33 @@ def malicious_table(report: dict[str, object]) -> str:
     against the honest-but-curious round's: what a machine shared with other jobs does not
     inflate (its wall-clock ratios are the load's as much as the code's).
     """
-    lines = [
-        "| n | dropout | k | variant | per round s | floor s | / floor | authentication stage s "
-        "| / HbC | set-up s (first round) | first round / HbC | CPU: first round / floor "
-        "| CPU: first round / HbC | KiB up/client |",
-        "|" + "---|" * 14,
+    headers = [
+        "n",
+        "dropout",
+        "k",
+        "variant",
+        "per round s",
+        "floor s",
+        "/ floor",
+        "authentication stage s",
+        "/ HbC",
+        "set-up s (first round)",
+        "first round / HbC",
+        "CPU: first round / floor",
+        "CPU: first round / HbC",
+        "KiB up/client",
     ]
+    body = []
     names = {
         "honest_but_curious": "honest-but-curious",
-        "malicious_macs": "malicious, MACs (default)",
-        "malicious_signatures": "malicious, Ed25519 signatures",
+        "malicious_macs": "malicious, MACs (opt-in, not KCI-resistant)",
+        "malicious_signatures": "malicious, Ed25519 signatures (default)",
+        "malicious_counted": "malicious, signatures, helpers count the contributors",
     }
     for row in report["rows"]:
-        for key, server, _ in _VARIANTS:
+        for key, server, _ in (*_VARIANTS, _COUNTED):
+            if key not in row:
+                continue
             v = row[key]
             over = "-" if server != "malicious" else f"{row[f'{key}_over_hbc']:.2f}x"
             first = "-" if server != "malicious" else f"{row[f'{key}_first_round_over_hbc']:.2f}x"
@@ -690,13 +786,25 @@ def malicious_table(report: dict[str, object]) -> str:
                 "-" if server != "malicious" else f"{row[f'{key}_cpu_first_round_over_hbc']:.2f}x"
             )
             cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
-            lines.append(
-                f"| {row['clients']} | {row['dropout']:.0%} | {v['k']} | {names[key]} "
-                f"| {v['seconds']:.2f} | {v['floor_seconds']:.2f} | {v['ratio_to_floor']:.2f}x "
-                f"| {v['stages']['signatures']:.2f} | {over} | {v['setup_seconds']:.2f} "
-                f"| {first} | {cpu_floor:.2f}x | {cpu_over} "
-                f"| {v['bytes_up_per_client'] / 1024:.1f} |"
+            body.append(
+                (
+                    row["clients"],
+                    f"{row['dropout']:.0%}",
+                    v["k"],
+                    names[key],
+                    f"{v['seconds']:.2f}",
+                    f"{v['floor_seconds']:.2f}",
+                    f"{v['ratio_to_floor']:.2f}x",
+                    f"{v['stages']['signatures']:.2f}",
+                    over,
+                    f"{v['setup_seconds']:.2f}",
+                    first,
+                    f"{cpu_floor:.2f}x",
+                    cpu_over,
+                    f"{v['bytes_up_per_client'] / 1024:.1f}",
+                )
             )
+    lines = [markdown_table(headers, body)]
     costs = report["primitive_costs"]
     lines += [
         "",
@@ -738,11 +846,17 @@ def run_malicious(args: argparse.Namespace) -> int:
     if args.flower_lie:
         out.mkdir(parents=True, exist_ok=True)
         record = flower_lie_record()
-        (out / "flower_lie.json").write_text(json.dumps(record, indent=1))
-        print(json.dumps(record, indent=1))
+        (out / "flower_lie.json").write_text(dumps_record(record, indent=1))
+        print(dumps_record(record, indent=1))
         return 0
     clients = tuple(int(c) for c in args.clients.split(","))
-    report = run_malicious_cost(clients, args.length, seed=args.seed, repeats=args.repeats)
+    report = run_malicious_cost(
+        clients,
+        args.length,
+        seed=args.seed,
+        repeats=args.repeats,
+        count_contributors=args.count_contributors,
+    )
     record = {
         "benchmark": "secagg-malicious",
         "command": " ".join(sys.argv),
@@ -751,7 +865,7 @@ def run_malicious(args: argparse.Namespace) -> int:
         **report,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cost.json").write_text(json.dumps(record, indent=1))
+    (out / "cost.json").write_text(dumps_record(record, indent=1))
     table = malicious_table(report)
     (out / "cost.md").write_text(
         "# Secure aggregation against a lying server: cost (securefed bench secagg-malicious)\n\n"
@@ -769,7 +883,12 @@ def register(benches) -> None:
     parser = BENCHES["secagg-malicious"].add_to(benches)
     parser.add_argument("--clients", default="100,1000", help="comma-separated client counts")
     parser.add_argument("--length", type=int, default=MALICIOUS_LENGTH, help="values per client")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -777,6 +896,11 @@ def register(benches) -> None:
         help="rounds per variant, in turns; each keeps its fastest (for a shared machine)",
     )
     parser.add_argument("--out", default=str(RESULTS), help="directory for cost.json and cost.md")
+    parser.add_argument(
+        "--count-contributors",
+        action="store_true",
+        help="add the signed round whose helpers count the contributors (distributed DP's)",
+    )
     parser.add_argument(
         "--flower-lie",
         action="store_true",
@@ -797,7 +921,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (under a minute)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the runs' seed (reproducible, not private: a benchmark)",
+    )
     parser.add_argument(
         "--flower-only",
         action="store_true",
@@ -823,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
                 "flwr": _flwr_version(),
                 "comparison": comparison,
             }
-            args.out.write_text(json.dumps(report, indent=1))
+            args.out.write_text(dumps_record(report, indent=1))
             print(f"wrote {args.out}", file=sys.stderr)
         return 0
 
@@ -847,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
     cases.append(run_case(n, d, 0.3, sized_for_dropout=False, seed=args.seed, server=args.server))
     flower = compare_with_flower(seed=args.seed, flower=not args.quick)
 
-    print(markdown_table(cases))
+    print(cases_table(cases))
     print()
     print(comparison_table(flower))
     if args.out is not None:
@@ -860,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
             "cases": [asdict(c) for c in cases],
             "flower": flower,
         }
-        args.out.write_text(json.dumps(report, indent=1))
+        args.out.write_text(dumps_record(report, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

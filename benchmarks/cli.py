@@ -13,13 +13,13 @@ it, exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from securefed import ClientSampling, RoundSelection
 from securefed.bench import registry
+from securefed.bench.data_options import add_layout_arguments
+from securefed.records import dumps_record
 
 DESCRIPTION = (
     "Private federated recommendation: FedMF, FedSlate and FedHPD behind one transport layer "
@@ -47,6 +47,7 @@ def _add_fedmf(subparsers) -> None:
         help="a (user, item) pair on several lines: error (default, naming both lines), keep "
         "the first or the last line, or the mean rating rounded to the scale",
     )
+    add_layout_arguments(parser)
     parser.add_argument(
         "--scale",
         default=None,
@@ -68,8 +69,10 @@ def _add_fedmf(subparsers) -> None:
         "--variant",
         default=None,
         choices=["fedmf", "fedrec", "fedrec+", "als"],
-        help="als: DP-ALS (private alternating least squares, securefed.recsys.dp_als), "
-        "configured by --dim and --als-option",
+        help="fedmf (vanilla), fedrec (hybrid filling: pseudo items hide which items a user "
+        "rated), fedrec+ (similarity filling, Wasserstein weights) or als (DP-ALS, private "
+        "alternating least squares: securefed.recsys.dp_als, configured by --dim and "
+        "--als-option); default fedmf",
     )
     parser.add_argument(
         "--als-option",
@@ -154,9 +157,26 @@ def _add_fedmf(subparsers) -> None:
         help="with --validation: rounds between two evaluations (5)",
     )
     parser.add_argument("--init-std", type=float, default=None, help="initial factor std (0.3)")
-    parser.add_argument("--upload", default=None, choices=["part", "full"])
-    parser.add_argument("--aggregation", default=None, choices=["mean", "sum", "fixed"])
-    parser.add_argument("--offset", default=None, choices=["none", "user_mean"])
+    parser.add_argument(
+        "--upload",
+        default=None,
+        choices=["part", "full"],
+        help="part: a user uploads its rated (and pseudo) items' rows only; full: the whole "
+        "block, zeros elsewhere, so a hiding transport hides which rows were touched",
+    )
+    parser.add_argument(
+        "--aggregation",
+        default=None,
+        choices=["mean", "sum", "fixed"],
+        help="how the server combines the item gradients: per-item mean over the uploaders, "
+        "sum, or fixed (the sum over a public expected client count: user-level DP's)",
+    )
+    parser.add_argument(
+        "--offset",
+        default=None,
+        choices=["none", "user_mean"],
+        help="user_mean: each device predicts its ratings around its own mean (the dp preset's)",
+    )
     parser.add_argument(
         "--server-state",
         default=None,
@@ -164,7 +184,13 @@ def _add_fedmf(subparsers) -> None:
         help="encrypted: [[V]] stays encrypted on the server (ckks, Chai et al.)",
     )
     parser.add_argument("--rho", type=float, default=None, help="pseudo items per rated item (1)")
-    parser.add_argument("--weighting", default=None, choices=["uniform", "count", "wasserstein"])
+    parser.add_argument(
+        "--weighting",
+        default=None,
+        choices=["uniform", "count", "wasserstein"],
+        help="clients' weights in the aggregate: uniform, by rating count, or FedRec+'s "
+        "Wasserstein weights",
+    )
     parser.add_argument(
         "--filling-regularisation",
         default=None,
@@ -199,7 +225,12 @@ def _add_fedmf(subparsers) -> None:
     )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
     parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
-    parser.add_argument("--noise-multiplier", type=float, default=None)
+    parser.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="DP noise std over the clip norm (instead of --epsilon, which derives it)",
+    )
     parser.add_argument("--clip", type=float, default=None, help="DP per-client L2 clip")
     parser.add_argument("--ranking", action="store_true", help="also report HR@10 and NDCG@10")
     parser.add_argument("--json", default=None, help="write the result record here")
@@ -209,15 +240,22 @@ def _add_fedmf(subparsers) -> None:
         default="last:2",
         help="rounds whose payloads the view keeps: all, none, last:K, 0,1,5-7",
     )
-    parser.add_argument("--checkpoint-dir", default=None)
-    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save checkpoints here and resume from the last one found",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=50, help="rounds between checkpoints (50)"
+    )
     parser.add_argument(
         "--checkpoint-key-file",
         default=None,
-        help="file of at least 16 bytes: HMAC of the checkpoints, and the key that encrypts a "
-        "secure-mode run's entropy in them (needed to checkpoint a run without --seed)",
+        help="file of at least 16 bytes, mode 0600 (refused otherwise): the keys of the "
+        "checkpoints' HMACs and of the encryption of their client state and a secure-mode run's "
+        "entropy derive from it (needed to checkpoint a run without --seed)",
     )
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_run_fedmf)
 
 
@@ -229,6 +267,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
+    from securefed.integrity import read_key_file
     from securefed.recsys.fedmf import (
         FedMFConfig,
         biased_config,
@@ -238,14 +277,29 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
-    split = datasets.load(
-        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+    loader = datasets.LoaderOptions(
+        split=args.split,
+        seed=args.split_seed,
+        scale=args.scale,
+        duplicates=args.duplicates,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
     )
+    split = datasets.load_with(args.data, loader)
+    # What `securefed attack` needs to rebuild the truth: public names and a digest, no ratings.
+    described = {
+        "name": split.name,
+        "source": str(args.data),
+        "source_sha256": datasets.source_sha256(args.data) if args.save_view else None,
+        "loader": loader.to_dict(),
+        "validation": args.validation,
+    }
     if split.train.load_report is not None:
         print(f"securefed: read {split.train.load_report.summary()}", file=sys.stderr)
     checkpoint_key = None
     if args.checkpoint_key_file is not None:
-        checkpoint_key = Path(args.checkpoint_key_file).read_bytes()
+        checkpoint_key = read_key_file(args.checkpoint_key_file)
     given = {
         "variant": args.variant,
         "dim": args.dim,
@@ -314,13 +368,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     if args.save_view:
-        # What `securefed attack` needs to rebuild the truth: public names, no ratings.
-        transport.view.public["data"] = {
-            "name": split.name,
-            "source": str(args.data),
-            "split": args.split,
-            "split_seed": args.split_seed,
-        }
+        transport.view.public["data"] = described
         transport.view.save(args.save_view)
         record["view"] = str(args.save_view)
     if args.json:
@@ -351,7 +399,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
             "from the seed; seeded: not private",
             file=sys.stderr,
         )
-    print(json.dumps(shown, indent=1, default=float))
+    print(dumps_record(shown, indent=1, default=float))
     return 0
 
 
@@ -368,9 +416,16 @@ def _run_dp_als(args: argparse.Namespace) -> int:
 
     refuse_fedmf_options(args)
     config = als_config_from_args(args.dim, args.als_option)
-    split = datasets.load(
-        args.data, args.split, seed=args.split_seed, scale=args.scale, duplicates=args.duplicates
+    loader = datasets.LoaderOptions(
+        split=args.split,
+        seed=args.split_seed,
+        scale=args.scale,
+        duplicates=args.duplicates,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
     )
+    split = datasets.load_with(args.data, loader)
     dp_given = {"epsilon": args.epsilon, "noise_multiplier": args.noise_multiplier}
     options = {f"dp.{key}": value for key, value in dp_given.items() if value is not None}
     if "dp" in option_groups(parse_transport_spec(args.transport).name):
@@ -392,7 +447,7 @@ def _run_dp_als(args: argparse.Namespace) -> int:
     keys = ("data", "variant", "transport", "rounds", "rmse", "mae", "damped_baseline_rmse")
     shown = {k: record[k] for k in (*keys, "seconds", "bytes_up_per_client", "randomness")}
     shown |= {k: v for k, v in record.items() if k.startswith("epsilon")}
-    print(json.dumps(shown, indent=1, default=float))
+    print(dumps_record(shown, indent=1, default=float))
     return 0
 
 
@@ -400,8 +455,14 @@ def _add_demo(subparsers) -> None:
     from securefed.bench.leak_utility import DEMO_ROUNDS
 
     parser = registry.COMMANDS["demo"].add_to(subparsers)
-    parser.add_argument("--out", default="results/demo")
-    parser.add_argument("--data", default="ml-latest-small")
+    parser.add_argument(
+        "--out", default="results/demo", help="folder of the figures and tables (results/demo)"
+    )
+    parser.add_argument(
+        "--data",
+        default="ml-latest-small",
+        help="ml-latest-small (embedded, the default), ml-100k, or a path to a ratings file/dir",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -438,10 +499,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"securefed: {error}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    from securefed.errors import AggregationError
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FloatingPointError) as error:
-        print(f"securefed: error: {error}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, FloatingPointError, AggregationError) as error:
+        # A data error words its fix for the command line (--scale, not scale=) where it can.
+        message = getattr(error, "command_line_message", None) or str(error)
+        print(f"securefed: error: {message}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as error:  # an optional module reached only at run time
         extra = registry.extra_of_module(error.name)

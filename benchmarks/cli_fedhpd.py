@@ -19,7 +19,6 @@ The main CLI calls :func:`register` with its subparsers; :func:`main` runs the c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench.registry import COMMANDS
+from securefed.records import dumps_record
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,9 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--task", default="cartpole", help="cartpole, lunarlander, invertedpendulum"
     )
-    parser.add_argument("--algorithm", default="fedhpd", choices=["fedhpd", "nofed", "dpa"])
+    parser.add_argument(
+        "--algorithm",
+        default="fedhpd",
+        choices=["fedhpd", "nofed", "dpa"],
+        help="fedhpd (distilled policies), nofed (independent REINFORCE) or dpa (DPA-FedRL)",
+    )
     parser.add_argument("--d", type=int, default=None, help="interval (FedHPD 5, DPA 1)")
-    parser.add_argument("--seeds", default="20,25,30,35,40")
+    parser.add_argument(
+        "--seeds",
+        default="20,25,30,35,40",
+        help="comma-separated seeds, one run of the task's ten agents each (the paper's "
+        "20,25,30,35,40): reproducible, not private",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="default: the paper's")
     from securefed.transport import transport_names
 
@@ -51,16 +61,29 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help=f"a transport name ({', '.join(transport_names())}) or spec string",
     )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
-    parser.add_argument("--noise-multiplier", type=float, default=None)
-    parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
     parser.add_argument(
-        "--kl-direction", default="auto", choices=["auto", "mean_to_local", "local_to_mean"]
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="DP noise std over the clip norm (instead of --epsilon, which derives it)",
     )
-    parser.add_argument("--public-size", type=int, default=None)
-    parser.add_argument("--virtual-rounds", type=int, default=None)
-    parser.add_argument("--learner", default="fast", choices=["fast", "reference"])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
+    from securefed.bench.bench_fedhpd import add_distillation_arguments
+
+    add_distillation_arguments(parser)
+    parser.add_argument(
+        "--learner",
+        default="fast",
+        choices=["fast", "reference"],
+        help="fast (batched agents, --workers processes) or reference (step by step)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="processes of the fast learner (2)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="float type of the policies (float32, as the authors)",
+    )
     parser.add_argument("--out", default=None, help="directory for the JSON record and plots")
     parser.set_defaults(func=run)
     return parser
@@ -156,12 +179,19 @@ def run(args: argparse.Namespace) -> int:
         "bytes_down_per_run": float(np.mean([r.bytes_down for r in results])),
     }
     record |= _dp_record(runs, args.epsilon)
-    print(json.dumps(record, indent=1))
+    print(dumps_record(record, indent=1))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         record["returns"] = returns.tolist()
-        (out / "fedhpd.json").write_text(json.dumps(record))
+        (out / "fedhpd.json").write_text(dumps_record(record))
+        points = config.rounds - window + 1
+        if points < 3:
+            print(
+                f"fedhpd: {config.rounds} rounds at a {window}-round window give {points} "
+                "point(s) per curve: the plots show them as points (run more rounds for curves)",
+                file=sys.stderr,
+            )
         if config.rounds >= window:
             curves = {config.label(): returns}
             plot_system(curves, out / "fedhpd_system.png", window=window, title=spec.env_id)

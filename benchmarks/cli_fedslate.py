@@ -18,29 +18,29 @@ on its own (tests, ``python -m securefed.bench.cli_fedslate``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from securefed import SecurefedError
 from securefed.bench.registry import COMMANDS
-from securefed.fusion import DP_CHANNELS, FUSION_CHANNELS
-from securefed.rl.checkpoint import EpisodeCheckpoints
-from securefed.rl.fedslate import (
+from securefed.fusion import DP_CHANNELS, MODULE_CHANNELS, fusion_refusal
+from securefed.records import dumps_record
+from securefed.rl.choices import (
     ALIGNMENTS,
+    CHOICE_MODEL_NAMES,
+    LOCAL_ARCHS,
     PLATFORM_NAMES,
     SERVER_ARCHS,
+    SLATE_METHODS,
     VARIANTS,
-    FedSlateConfig,
-    moving_average,
-    run_fedslate,
-    run_reference,
-    summarize,
 )
-from securefed.rl.slateq import CHOICE_MODELS, LOCAL_ARCHS, SLATE_METHODS, SlateQConfig, run_slateq
+
+if TYPE_CHECKING:
+    from securefed.rl.slateq import SlateQConfig
 
 ALGORITHMS = ("fedslate", "slateq", "random", "highest_k")
 
@@ -53,13 +53,33 @@ def _flags(text: str) -> tuple[bool, ...]:
     return tuple(part.strip() not in ("0", "false", "no") for part in text.split(","))
 
 
+def _fusion_channel(name: str) -> str:
+    """A ``--transport`` value: one of :data:`MODULE_CHANNELS`; another says why it is refused."""
+    if name in MODULE_CHANNELS:
+        return name
+    from securefed.fusion import FusionNeeds
+
+    try:
+        why = fusion_refusal(name, FusionNeeds())
+    except ValueError:
+        why = None
+    if why is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join(MODULE_CHANNELS)})"
+        )
+    raise argparse.ArgumentTypeError(
+        f"{why}; FedSlate's transports are {', '.join(MODULE_CHANNELS)}"
+    )
+
+
 def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     """``--transport`` (alias ``--fusion``) and the DP options, for FedSlate's commands."""
     parser.add_argument(
         "--transport",
         "--fusion",
         dest="fusion",
-        choices=FUSION_CHANNELS,
+        type=_fusion_channel,
+        metavar="{" + ",".join(MODULE_CHANNELS) + "}",
         default="plaintext",
         help="how the Q-values travel: the fusion channel the server network runs behind "
         "(one that cannot serve the configuration refuses, saying why; --fusion is an alias)",
@@ -133,8 +153,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="One run; prints the per-platform metrics (optimal reward = best "
         "100-episode moving average, ETROR = first episode reaching 99% of it).",
     )
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="fedslate")
-    parser.add_argument("--variant", choices=VARIANTS, default="fedslate")
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="fedslate",
+        help="fedslate (fused Q-values), slateq (each platform alone), or the random and "
+        "highest_k references",
+    )
+    parser.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default="fedslate",
+        help="FedSlate's variant: fedslate (the paper's), extended (Algorithm 4, sparse team "
+        "rewards), fedq (the FedQ baseline) or linear (the linear-server ablation)",
+    )
     parser.add_argument("--candidates", type=int, default=10, help="N candidates per step")
     parser.add_argument("--slate", type=int, default=3, help="slate size n")
     parser.add_argument("--platforms", type=int, default=2, help="K platforms")
@@ -143,13 +175,41 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--feedback-prob", type=float, default=1.0, help="sparse feedback rate")
     parser.add_argument("--shared-corpus", action="store_true", help="the paper script's defect")
-    parser.add_argument("--episodes", type=int, default=5000)
+    parser.add_argument("--episodes", type=int, default=5000, help="training episodes (5000)")
     parser.add_argument("--members", type=int, default=1, help="independent seeds run together")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--local-hidden", type=_widths, default=(64, 64))
-    parser.add_argument("--local-arch", choices=LOCAL_ARCHS, default="item")
-    parser.add_argument("--server-hidden", type=_widths, default=(16, 16))
-    parser.add_argument("--server-arch", choices=SERVER_ARCHS, default="position")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed the environment, the networks and every key, mask and noise draw "
+        "(reproducible, NOT private); default: secure mode (OS entropy)",
+    )
+    parser.add_argument(
+        "--local-hidden",
+        type=_widths,
+        default=(64, 64),
+        help="hidden widths of each platform's Q-network, comma separated (64,64)",
+    )
+    parser.add_argument(
+        "--local-arch",
+        choices=LOCAL_ARCHS,
+        default="item",
+        help="item: one network per candidate's features (weights shared over candidates); "
+        "flat: the paper's network on all candidates at once",
+    )
+    parser.add_argument(
+        "--server-hidden",
+        type=_widths,
+        default=(16, 16),
+        help="hidden widths of the server network, comma separated (16,16)",
+    )
+    parser.add_argument(
+        "--server-arch",
+        choices=SERVER_ARCHS,
+        default="position",
+        help="position: one network at every candidate position (shared weights); flat: the "
+        "paper's network on the whole concatenation",
+    )
     parser.add_argument(
         "--alignment",
         choices=ALIGNMENTS,
@@ -158,17 +218,38 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "every platform's value of the fused platform's candidates (item)",
     )
     add_transport_arguments(parser)
-    parser.add_argument("--activation", default="silu")
+    parser.add_argument(
+        "--activation",
+        default="silu",
+        help="hidden activation of the networks: silu (default), mish, relu, tanh, identity "
+        "or polynomial (what CKKS computes)",
+    )
     parser.add_argument(
         "--server-activation",
         default=None,
         help="the server network's hidden activation (default --activation), e.g. "
         "polynomial for ckks with SiLU local networks",
     )
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--choice-model", choices=sorted(CHOICE_MODELS), default="true")
-    parser.add_argument("--slate-method", choices=SLATE_METHODS, default="greedy")
-    parser.add_argument("--target", choices=("qlearning", "sarsa"), default="qlearning")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (0.001)")
+    parser.add_argument(
+        "--choice-model",
+        choices=sorted(CHOICE_MODEL_NAMES),
+        default="true",
+        help="the agents' model of the user's choice: true (the environment's) or paper_code "
+        "(the FedSlate code's, null item score 1)",
+    )
+    parser.add_argument(
+        "--slate-method",
+        choices=SLATE_METHODS,
+        default="greedy",
+        help="how a slate is chosen from the Q-values: topk, greedy (default) or lp",
+    )
+    parser.add_argument(
+        "--target",
+        choices=("qlearning", "sarsa"),
+        default="qlearning",
+        help="TD target: qlearning (the best next slate) or sarsa (the slate taken)",
+    )
     parser.add_argument("--burn-in", type=int, default=5000, help="rounds before learning")
     parser.add_argument("--json", default=None, help="write the run record here")
     parser.add_argument("--plot", default=None, help="write the learning curve PNG here")
@@ -178,12 +259,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="checkpoint file: saved every --checkpoint-every episodes, resumed when it exists",
     )
-    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=100, help="episodes between checkpoints (100)"
+    )
     parser.set_defaults(func=_run)
     return parser
 
 
 def _config(args: argparse.Namespace) -> SlateQConfig:
+    from securefed.rl.fedslate import FedSlateConfig  # torch: only once a run is asked for
+    from securefed.rl.slateq import SlateQConfig
+
     common = {
         "num_candidates": args.candidates,
         "slate_size": args.slate,
@@ -230,6 +316,8 @@ def _config(args: argparse.Namespace) -> SlateQConfig:
 def _plot(rewards: np.ndarray, path: str, title: str) -> None:
     from matplotlib.figure import Figure  # no backend chosen, no pyplot state
 
+    from securefed.rl.fedslate import moving_average
+
     window = min(100, rewards.shape[0])
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
@@ -251,6 +339,10 @@ def _plot(rewards: np.ndarray, path: str, title: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    from securefed.rl.checkpoint import EpisodeCheckpoints
+    from securefed.rl.fedslate import run_fedslate, run_reference, summarize
+    from securefed.rl.slateq import run_slateq
+
     config = _config(args)
     torch.set_num_threads(config.threads)  # the runs themselves set no global state
     checkpoints = (
@@ -271,7 +363,7 @@ def _run(args: argparse.Namespace) -> int:
         record["dp"] = result.fusion_view.public["dp"]  # the mechanism and epsilon spent
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record))
+        Path(args.json).write_text(dumps_record(record))
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         _plot(
@@ -283,7 +375,7 @@ def _run(args: argparse.Namespace) -> int:
     shown["metrics"] = summary
     if "dp" in record:
         shown["dp"] = record["dp"]
-    print(json.dumps(shown, indent=1, default=float))
+    print(dumps_record(shown, indent=1, default=float))
     return 0
 
 

@@ -15,13 +15,13 @@ command group on its own (tests, ``python -m securefed.bench.cli_privacy``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from securefed.bench.registry import COMMANDS
 from securefed.privacy.calibration import epsilon_for_schedule, noise_for_target
 from securefed.privacy.ledger import ACCOUNTANT_SAMPLING, ACCOUNTANTS
+from securefed.records import dumps_record
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +71,7 @@ def _schedule(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _emit(args: argparse.Namespace, record: dict[str, object], line: str) -> int:
-    print(json.dumps(record) if args.json else line)
+    print(dumps_record(record) if args.json else line)
     return 0
 
 

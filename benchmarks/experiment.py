@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
+from securefed.records import dumps_record
 from securefed.recsys.data import Split
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.recsys.metrics import mae, ranking_metrics, rmse
@@ -33,14 +34,14 @@ class FedMFRun:
 
     ``transport`` is a name or spec string of :mod:`securefed.transport.registry` and
     ``transport_options`` its options (``{"epsilon": 4.0, "clip": 1.0}``, option names as the
-    registry takes them). ``seed``: the run's seed (benchmarks: reproducible, and the record says
-    "seeded: not private"), or ``None`` for secure mode (OS entropy for every key, mask and noise;
-    its checkpoints need ``checkpoint_key``).
+    registry takes them). ``seed``: ``None`` (the default) for secure mode (OS entropy for every
+    key, mask and noise; its checkpoints need ``checkpoint_key``), or the run's seed (tests and
+    benchmarks: reproducible, and the record says "seeded: not private").
     """
 
     config: FedMFConfig = field(default_factory=FedMFConfig)
     transport: str = "plaintext"
-    seed: int | None = 0
+    seed: int | None = None
     sampling: ClientSampling = field(default_factory=ClientSampling)
     keep_payloads: RoundSelection = field(default_factory=RoundSelection)
     checkpoint_dir: str | os.PathLike | None = None
@@ -308,11 +309,10 @@ def warm_start_transport(name: str, groups: dict, context: dict, transport):
 
 def save_json(record: dict, path: str | os.PathLike) -> Path:
     """Write a result record as indented JSON (numpy scalars converted)."""
-    import json
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=_plain))
+    path.write_text(dumps_record(record, indent=2, default=_plain))
     return path
 
 

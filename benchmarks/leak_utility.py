@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ import numpy as np
 from securefed import RoundSelection, RunOptions, SecurefedError, SeedTree, TransportUnavailable
 from securefed import run_rounds as _run_rounds
 from securefed.bench import datasets
+from securefed.bench.data_options import add_layout_arguments
 from securefed.bench.experiment import WARM_START_TRANSPORT, save_json, warm_start_transport
 from securefed.bench.plugins import (
     AttackPlugin,
@@ -56,6 +58,7 @@ from securefed.bench.plugins import (
 )
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
+from securefed.bench.tables import markdown_table
 from securefed.recsys.data import Split, densest_split
 from securefed.transport import (
     build_transport,
@@ -75,6 +78,9 @@ class LeakUtilityConfig:
     Attributes:
         data: data set (``ml-latest-small`` embedded, ``ml-100k``, or a path).
         split: split name (``u1`` for ML-100K; random otherwise).
+        sep, columns, ids: the layout of a ratings file of yours
+            (:func:`securefed.recsys.data.read_ratings_file`; ``--sep``, ``--columns``,
+            ``--ids``).
         rounds: training rounds of every cell.
         variants: the model's variants (``None``: all of the model's, FedMF's are ``fedmf``,
             ``fedrec``, ``fedrec+``).
@@ -99,6 +105,9 @@ class LeakUtilityConfig:
 
     data: str = "ml-latest-small"
     split: str | None = None
+    sep: str | None = None
+    columns: tuple[str | int, ...] | None = None
+    ids: str = "int"
     rounds: int = 200
     variants: tuple[str, ...] | None = None
     transports: tuple[str, ...] = tuple(DEFAULT_TRANSPORTS.split(","))
@@ -158,11 +167,35 @@ def parse_transport(spec: str) -> tuple[str, dict]:
 
 
 def load_split(config: LeakUtilityConfig) -> Split:
-    split = datasets.load(config.data, config.split, seed=config.seed)
+    split = datasets.load(
+        config.data,
+        config.split,
+        seed=config.seed,
+        sep=config.sep,
+        columns=config.columns,
+        ids=config.ids,
+    )
     if not (config.max_users or config.max_items):
         return split
     rng = np.random.default_rng(config.seed)
     return densest_split(split, config.max_users, config.max_items, rng)
+
+
+def transport_rounds_note(rounds: int, transport_rounds: int) -> str:
+    """The table header's sentence on which rounds of a hiding transport's cell went through it.
+
+    A cell warm-starts over its clear counterpart only when ``0 < transport_rounds < rounds``
+    (:func:`run_cell`); otherwise every round went through the transport.
+    """
+    warm = rounds - transport_rounds
+    if not transport_rounds or warm <= 0:
+        return "Every round of every cell went through its transport. "
+    clear = "round 1" if warm == 1 else f"rounds 1..{warm}"
+    return (
+        f"secagg, ckks and secagg+dp cells: {clear} over their clear counterpart, the last "
+        f"{transport_rounds} (the attacked view) through the transport (transport_rounds "
+        "column). "
+    )
 
 
 def run_cell(
@@ -379,9 +412,37 @@ def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> l
     if merge:
         rows = merge_rows(out / "leak_utility.json", meta, rows)
     save_json({"meta": meta, "rows": rows}, out / "leak_utility.json")
-    measures = [
-        name for attack in attacks for name in attack.table_measures or _measures_of(rows, attack)
-    ]
+    measures = table_measures(rows, attacks)
+    table = table_text(rows, meta, config, model, measures)
+    (out / "leak_utility.md").write_text(table + "\n")
+    if config.model == "fedmf":
+        plot(rows, out / "leak_utility.png", meta)
+    else:
+        plot_model(rows, out / "leak_utility.png", meta, model, measures)
+    print(table)
+    print(f"\nwritten: {out}/leak_utility.json, .md, .png")
+    return rows
+
+
+def table_measures(rows: list[dict], attacks: tuple[AttackPlugin, ...]) -> list[str]:
+    """The leak measures the table and the plot show, each once, in the attacks' order."""
+    return list(
+        dict.fromkeys(
+            name
+            for attack in attacks
+            for name in attack.table_measures or _measures_of(rows, attack)
+        )
+    )
+
+
+def table_text(
+    rows: list[dict],
+    meta: dict,
+    config: LeakUtilityConfig,
+    model: ModelPlugin,
+    measures: list[str],
+) -> str:
+    """The leak-utility record as markdown: the setting's sentence, then the table."""
     columns = [
         *(["model"] if config.model != "fedmf" else []),
         "variant",
@@ -399,24 +460,10 @@ def run(config: LeakUtilityConfig, out: str | Path, *, merge: bool = False) -> l
         f"Data: {meta['data']} ({meta['users']} users, {meta['items']} items, "
         f"{meta['train']} train / {meta['test']} test ratings), {config.rounds} rounds, "
         f"seed {config.seed}. "
-        + (
-            f"secagg, ckks and secagg+dp cells: rounds 1..{config.rounds - config.transport_rounds}"
-            f" over their clear counterpart, the last {config.transport_rounds} (the attacked "
-            "view) through the transport (transport_rounds column). "
-            if config.transport_rounds
-            else "Every round of every cell went through its transport. "
-        )
+        + transport_rounds_note(config.rounds, config.transport_rounds)
         + (model.table_note + "\n\n" if model.table_note else "\n\n")
     )
-    table = header + human_table(rows, columns)
-    (out / "leak_utility.md").write_text(table + "\n")
-    if config.model == "fedmf":
-        plot(rows, out / "leak_utility.png", meta)
-    else:
-        plot_model(rows, out / "leak_utility.png", meta, model, measures)
-    print(table)
-    print(f"\nwritten: {out}/leak_utility.json, .md, .png")
-    return rows
+    return header + human_table(rows, columns)
 
 
 def _cell_key(row: dict) -> tuple[str, str, str]:
@@ -435,11 +482,11 @@ def merge_rows(path: Path, meta: dict, rows: list[dict]) -> list[dict]:
         ValueError: no record at ``path``, or one whose data, split sizes, rounds or seed differ
             from ``meta`` (naming the first difference): its rows would not be comparable.
     """
-    import json
+    from securefed.records import loads_record
 
     if not path.is_file():
         raise ValueError(f"--merge: no record at {path} to merge into")
-    record = json.loads(path.read_text())
+    record = loads_record(path.read_text())
     recorded = record.get("meta", {})
     for key, value in meta.items():
         if recorded.get(key) != value:
@@ -529,11 +576,10 @@ def cell_text(column: str, value: object) -> str:
 
 def human_table(rows: list[dict], columns: list[str]) -> str:
     """The rows as a markdown table with words for headers and readable cells."""
-    lines = ["| " + " | ".join(column_title(c) for c in columns) + " |"]
-    lines.append("|" + "---|" * len(columns))
-    for row in rows:
-        lines.append("| " + " | ".join(cell_text(c, row.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
+    return markdown_table(
+        [column_title(c) for c in columns],
+        ([cell_text(c, row.get(c)) for c in columns] for row in rows),
+    )
 
 
 def _measures_of(rows: list[dict], attack: AttackPlugin) -> list[str]:
@@ -607,20 +653,29 @@ def plot_cells(
     title: str,
     utility: tuple[str, str],
     panels: list[tuple[str, str]],
-) -> None:
-    """Utility against each leak measure, one point per cell, with the chance level drawn.
+) -> bool:
+    """Utility against each leak measure, one point per cell, with each cell's chance level.
 
     Points carry no text labels (they would overlap where transports coincide): colour and
-    marker name the transport and the variant in a legend, and cells at the same place are
-    dodged sideways by a fraction of the axis so that each stays visible.
+    marker name the transport and the variant in a legend. Points are drawn where they are
+    (never shifted): cells at the same place are drawn concentric, the first largest, so that
+    each stays visible. Chance differs by cell (by variant, and by transport: FedRec's filled
+    items count as rated where the server reads the update), so each cell's own chance level
+    is a tick on its row joined to its point by a thin line (a single line, the mean of the
+    chances, would put cells below a chance they never had); a dashed line too when every cell
+    has the same. The leak axis spans the points and ticks, with no tick past 1 for shares.
 
     Args:
         rows: the table rows (only ``status == "ok"`` are drawn).
         path: the PNG to write.
-        title: the figure's title.
+        title: the figure's title (wrapped to the figure's width).
         utility: ``(column, axis label)`` of the utility.
         panels: ``(measure, axis label)`` per panel; columns ``leak_<measure>`` and
             ``chance_<measure>``.
+
+    Returns:
+        Whether a figure was written (no finished cell with the utility: nothing is, and a line
+        says so).
     """
     import matplotlib
 
@@ -628,39 +683,56 @@ def plot_cells(
     import matplotlib.pyplot as plt
 
     done = [r for r in rows if r["status"] == "ok" and r.get(utility[0]) is not None]
+    if not done:
+        print(f"leak-utility: no finished cell to plot, {path.name} not written")
+        return False
     transports = list(dict.fromkeys(r["transport"] for r in done))
     variants = list(dict.fromkeys(r["variant"] for r in done))
     colours = plt.get_cmap("tab10")
     markers = "os^DvP*X"
-    figure, axes = plt.subplots(
-        1, len(panels), figsize=(6 * len(panels), 5.2), sharey=True, squeeze=False
-    )
+    width = max(6.0 * len(panels), 7.5)
+    figure, axes = plt.subplots(1, len(panels), figsize=(width, 5.2), sharey=True, squeeze=False)
+    utilities = np.array([float(r[utility[0]]) for r in done])
+    y_span = float(np.ptp(utilities)) or 1.0
     for axis, (measure, label) in zip(axes[0], panels, strict=True):
-        spread = 0.006 * max(len(transports) - 1, 1)
-        for row in done:
+        leaks = np.array([float(r.get(f"leak_{measure}", np.nan)) for r in done])
+        levels = [
+            float(r[f"chance_{measure}"])
+            for r in done
+            if r.get(f"chance_{measure}") is not None and np.isfinite(r[f"chance_{measure}"])
+        ]
+        shown = [*leaks[np.isfinite(leaks)], *levels]
+        low, high = (min(shown), max(shown)) if shown else (0.0, 1.0)
+        x_span = (high - low) or 1.0
+        sizes = _concentric_sizes(leaks, utilities, x_span, y_span)
+        for k in np.argsort(-sizes, kind="stable"):  # largest first: smaller ones on top
+            row = done[k]
+            if not np.isfinite(leaks[k]):
+                continue
             t, v = transports.index(row["transport"]), variants.index(row["variant"])
-            dodge = spread * (t / max(len(transports) - 1, 1) - 0.5)
             axis.scatter(
-                row[f"leak_{measure}"] + dodge,
-                row[utility[0]],
+                leaks[k],
+                utilities[k],
                 color=colours(t % 10),
                 marker=markers[v % len(markers)],
-                s=55,
+                s=sizes[k],
                 edgecolors="black",
-                linewidths=0.4,
+                linewidths=0.5,
+                zorder=3,
             )
-        chances = [row[f"chance_{measure}"] for row in done if f"chance_{measure}" in row]
-        if chances:
-            axis.axvline(float(np.nanmean(chances)), color="grey", linestyle="--", linewidth=1)
-            axis.text(
-                float(np.nanmean(chances)),
-                1.0,
-                " chance",
-                transform=axis.get_xaxis_transform(),
-                va="top",
-                fontsize=8,
-                color="grey",
-            )
+        for k, row in enumerate(done):  # each cell's own chance: a tick, a thin line to it
+            level = row.get(f"chance_{measure}")
+            if level is None or not np.isfinite(level) or not np.isfinite(leaks[k]):
+                continue
+            axis.plot([level, leaks[k]], [utilities[k]] * 2, color="grey", lw=0.8, zorder=2)
+            axis.scatter(level, utilities[k], marker="|", s=160, color="black", lw=1.3, zorder=4)
+        if len(set(np.round(levels, 9))) == 1:  # one chance for every cell: a line too
+            axis.axvline(levels[0], color="grey", linestyle="--", linewidth=1, zorder=1)
+        axis.set_xlim(*leak_axis_limits(shown))
+        if high <= 1.0:  # shares: no tick past 1
+            ticks = [t for t in axis.get_xticks() if -1e-9 <= t <= 1.0 + 1e-9]
+            axis.set_xticks(ticks)
+            axis.set_xlim(*leak_axis_limits(shown))
         axis.set_xlabel(f"leak: {label}")
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel(utility[1])
@@ -683,18 +755,60 @@ def plot_cells(
             )
             for v, n in enumerate(variants)
         ]
+    handles.append(
+        plt.Line2D(
+            [],
+            [],
+            color="grey",
+            marker="|",
+            markeredgecolor="black",
+            markersize=12,
+            linewidth=0.8,
+            label="the cell's chance level\n(joined to its point)",
+        )
+    )
     figure.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    figure.suptitle(title)
+    title_width = int((width - 2.4) * 8)  # characters of the title's font beside the legend
+    figure.suptitle("\n".join(textwrap.wrap(title, title_width)))
     figure.text(0.01, 0.01, CAVEAT, fontsize=7.5, wrap=True)
-    figure.tight_layout(rect=(0, 0.05, 0.8, 1))
+    figure.tight_layout(rect=(0, 0.06, 1 - 2.4 / width, 1))  # 2.4 inches for the legend
     figure.savefig(path, dpi=120)
     plt.close(figure)
+    return True
+
+
+def leak_axis_limits(values: list[float]) -> tuple[float, float]:
+    """The leak axis: the values' range plus 4% each side (room for the markers), never below 0
+    for non-negative measures; the points themselves are never moved."""
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    margin = 0.04 * ((high - low) or 1.0)
+    return (max(0.0, low - margin) if low >= 0 else low - margin), high + margin
+
+
+def _concentric_sizes(
+    x: np.ndarray, y: np.ndarray, x_span: float, y_span: float, base: float = 55.0
+) -> np.ndarray:
+    """Marker areas: points within 1.5% of both axes' spans of each other share a place, and
+    the k-th of a group of m gets area ``base * (1 + 1.2 (m - 1 - k))`` (drawn largest first)."""
+    sizes = np.full(len(x), base)
+    assigned = np.zeros(len(x), dtype=bool)
+    for i in range(len(x)):
+        if assigned[i] or not np.isfinite(x[i]):
+            continue
+        near = (np.abs(x - x[i]) <= 0.015 * x_span) & (np.abs(y - y[i]) <= 0.015 * y_span)
+        group = np.flatnonzero(near & ~assigned)
+        for k, member in enumerate(group):
+            sizes[member] = base * (1 + 1.2 * (len(group) - 1 - k))
+        assigned[group] = True
+    return sizes
 
 
 def plot_model(
     rows: list[dict], path: Path, meta: dict, model: ModelPlugin, measures: list[str]
 ) -> None:
-    """A plug-in model's utility against each leak measure (up to three)."""
+    """A plug-in model's utility against each leak measure (up to four)."""
     utility = model.utility_columns[0]
     better = "lower" if model.lower_is_better else "higher"
     plot_cells(
@@ -702,7 +816,7 @@ def plot_model(
         path,
         f"{model.name}: leak versus utility on {meta['data']} ({meta['rounds']} rounds)",
         (utility, f"{utility} (utility: {better} is better)"),
-        [(name, MEASURE_TITLES.get(name, name)) for name in measures[:3]],
+        [(name, MEASURE_TITLES.get(name, name)) for name in measures[:4]],
     )
 
 
@@ -721,15 +835,13 @@ DEMO_ROUNDS = 40
 """Training rounds of each ``securefed demo`` cell (its recorded figures)."""
 
 
-def demo(
-    data: str = "ml-latest-small", out: str = "results/demo", rounds: int = DEMO_ROUNDS
-) -> int:
-    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes).
+def demo_config(data: str = "ml-latest-small", rounds: int = DEMO_ROUNDS) -> LeakUtilityConfig:
+    """The demo's cells: the 100 most active users x 200 most rated items, three transports.
 
-    ``rounds`` below :data:`DEMO_ROUNDS` makes a smoke run (CI's installed-wheel check), not the
-    demo's figures.
+    ``benchmarks/results/demo/`` records what it gives; ``tests/test_demo_record.py`` re-runs
+    its cheap cells on every machine and compares them with that record.
     """
-    config = LeakUtilityConfig(
+    return LeakUtilityConfig(
         data=data,
         rounds=rounds,
         max_users=100,
@@ -738,6 +850,17 @@ def demo(
         transport_rounds=0,
         extra_config={"lr": 0.15, "server_lr": 0.15, "init_std": 0.6},
     )
+
+
+def demo(
+    data: str = "ml-latest-small", out: str = "results/demo", rounds: int = DEMO_ROUNDS
+) -> int:
+    """``securefed demo``: a small leak-utility table on the embedded data (a few minutes).
+
+    ``rounds`` below :data:`DEMO_ROUNDS` makes a smoke run (CI's installed-wheel check), not the
+    demo's figures.
+    """
+    config = demo_config(data, rounds)
     print(
         f"securefed demo: FedMF, FedRec and FedRec+ on {data} (100 most active users x 200 "
         "most rated items), plaintext / secure aggregation / DP; each view is attacked.\n"
@@ -770,6 +893,9 @@ def _main(args: argparse.Namespace) -> int:
     config = LeakUtilityConfig(
         data=args.data,
         split=args.split,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
         rounds=args.rounds,
         variants=tuple(args.variants.split(",")) if args.variants else None,
         transports=tuple(args.transports.split(",")),
@@ -838,6 +964,7 @@ def register(benches) -> None:
         metavar="NAME",
         help="u1..u5/ua/ub for ML-100K; random otherwise (default: random)",
     )
+    add_layout_arguments(parser)
     add(
         "--model",
         default="fedmf",

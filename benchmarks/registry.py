@@ -23,7 +23,8 @@ from importlib import import_module
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "he": ("tenseal",),
     "torch": ("torch",),
-    "dp": ("opacus", "torch"),
+    "dp": ("dp_accounting",),
+    "dp-torch": ("dp_accounting", "opacus", "torch"),
     "rl": ("torch", "gymnasium", "sklearn"),
     "flower": ("flwr",),
 }

@@ -17,9 +17,18 @@ it rated (their gradients are zero elsewhere), so the server reads the rated set
 rows of any update it can read. Its chance baseline guesses, for each user, as many of the most
 popular items as the user rated (popularity is public knowledge of a catalogue).
 
-Run (the record under benchmarks/results/byom_example/)::
+The second model ("ncf"): NCF's generalised matrix factorisation with biases,
+``mu + b_u + b_i + p_u . q_i``, in two variants: ``private-user``, the user's ``p_u, b_u``
+marked client-private (``FedAvgConfig.private_parameters``: kept on the device, never
+uploaded), and ``shared-user``, a user table every client uploads its row of (FedAvg averages
+every parameter). Attacked by "rated-items" and by "user-profile" (the server orders each
+user's test items with what it holds).
+
+Run (the record under benchmarks/results/byom_example/, the NCF part in ncf/)::
 
     OMP_NUM_THREADS=1 python examples/byom_two_tower.py --out benchmarks/results/byom_example
+    OMP_NUM_THREADS=1 python examples/byom_two_tower.py --ncf-only \
+        --out benchmarks/results/byom_example
 
 ``--quick`` is the test suite's short schedule.
 """
@@ -49,8 +58,9 @@ from securefed.bench.plugins import (
     register_attack,
     register_model,
 )
+from securefed.bench.tables import markdown_table
 from securefed.server_optim import ServerOptimiserConfig
-from securefed.torch import AdaptiveClipping, FedAvg, FedAvgConfig, parameter_shapes
+from securefed.torch import AdaptiveClipping, Client, FedAvg, FedAvgConfig
 
 DIM = 8
 
@@ -160,7 +170,7 @@ def build_two_tower(context: CellContext) -> ModelRun:
     ).double()
     options = dict(context.dp_model_options if context.dp else context.model_options)
     algorithm = FedAvg(model, clients, squared_error, _fedavg_config(context.dp, options))
-    shapes = parameter_shapes(model)
+    shapes = algorithm.shapes
     blocks, offset = [], 0
     for name, shape in shapes.items():
         size = int(np.prod(shape))
@@ -240,10 +250,180 @@ RATED_ITEMS = AttackPlugin(
 
 def register() -> None:
     """Register the example's plug-ins (once per process)."""
-    if "two-tower" not in model_names():
-        register_model(TWO_TOWER)
-    if "rated-items" not in attack_names():
-        register_attack(RATED_ITEMS)
+    for plugin in (TWO_TOWER, USER_ITEM):
+        if plugin.name not in model_names():
+            register_model(plugin)
+    for plugin in (RATED_ITEMS, USER_PROFILE):
+        if plugin.name not in attack_names():
+            register_attack(plugin)
+
+
+# ------------------------------------------------------------------------------ NCF, private users
+NCF_VARIANTS = ("private-user", "shared-user")
+NCF_CLIENT_LR = 0.1  # the two-tower's 1.0 diverges on a private user vector (5 full-batch epochs)
+
+
+class UserItemModel(nn.Module):
+    """NCF's generalised matrix factorisation (He et al. 2017, eq. 2 with the identity output)
+    plus biases: ``mu + b_u + b_i + p_u . q_i``.
+
+    ``user_rows`` is 1 when the user vector is client-private (each device holds its own
+    ``p_u, b_u`` in row 0), or the number of users when it is a shared table every client
+    uploads its row of (FedAvg averaging every parameter).
+    """
+
+    def __init__(self, n_items: int, user_rows: int, dim: int, mean: float, generator):
+        super().__init__()
+        self.user = nn.Embedding(user_rows, dim)
+        self.user_bias = nn.Embedding(user_rows, 1)
+        self.item = nn.Embedding(n_items, dim)
+        self.item_bias = nn.Embedding(n_items, 1)
+        with torch.no_grad():
+            for table in (self.user.weight, self.item.weight):
+                nn.init.normal_(table, 0.0, 0.1, generator=generator)
+            self.user_bias.weight.zero_()
+            self.item_bias.weight.zero_()
+        self.register_buffer("mean", torch.tensor(float(mean)))
+
+    def forward(self, row: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        user = self.user.weight[row]
+        bias = self.user_bias.weight[row, 0] + self.item_bias(items)[:, 0]
+        return self.mean + bias + self.item(items) @ user
+
+
+def ncf_loss(model: UserItemModel, batch) -> torch.Tensor:
+    """Squared error of a minibatch; the client's row comes whole, as its context."""
+    items, ratings, row = batch
+    return ((model(row, items) - ratings) ** 2).mean()
+
+
+@dataclass(frozen=True)
+class UserItemTruth(RatedItemsTruth):
+    """The rated items, plus each client's test ratings and the user table's place (if any)."""
+
+    test: tuple[tuple[np.ndarray, np.ndarray], ...] = ()  # per client: (items, ratings)
+    user_table: tuple[int, int] | None = None  # (offset, dim) of p_u in the upload, if shared
+    item_table: tuple[int, int] = (0, 0)  # (offset, dim) of q_i
+    item_bias_offset: int = 0
+
+
+def build_user_item(context: CellContext) -> ModelRun:
+    """The model factory: GMF with private (``private-user``) or shared user vectors."""
+    split = context.split
+    tensors, users = client_tensors(split.train)
+    private = context.variant == "private-user"
+    generator = torch.Generator().manual_seed(int(context.seeds.generator("init").integers(2**62)))
+    rows = 1 if private else len(users)
+    mean = float(split.train.ratings.mean())
+    model = UserItemModel(split.train.n_items, rows, DIM, mean, generator).double()
+    clients = []
+    for k, (items, ratings) in enumerate(tensors):
+        row = torch.tensor(0 if private else k)
+        own = {}
+        if private:  # each device draws its own starting vector (the shared table's row k)
+            own = {"user.weight": torch.randn(1, DIM, generator=generator).double() * 0.1}
+        clients.append(Client((items, ratings), context=(row,), private=own))
+    options = {"client_lr": NCF_CLIENT_LR} | dict(
+        context.dp_model_options if context.dp else context.model_options
+    )
+    config = _fedavg_config(context.dp, options)
+    if private:
+        config = replace(config, private_parameters=("user.weight", "user_bias.weight"))
+    algorithm = FedAvg(model, clients, ncf_loss, config)
+    offsets, offset = {}, 0
+    for name, shape in algorithm.shapes.items():
+        offsets[name] = (offset, shape[1])
+        offset += int(np.prod(shape))
+    truth = UserItemTruth(
+        rated=tuple(frozenset(c[0].tolist()) for c in tensors),
+        popularity=np.bincount(split.train.items, minlength=split.train.n_items),
+        item_blocks=(offsets["item.weight"], offsets["item_bias.weight"]),
+        n_items=split.train.n_items,
+        test=tuple(_test_ratings(split, int(u)) for u in users),
+        user_table=offsets.get("user.weight"),
+        item_table=offsets["item.weight"],
+        item_bias_offset=offsets["item_bias.weight"][0],
+    )
+    return ModelRun(algorithm, lambda: {"rmse": _client_side_rmse(algorithm, split, users)}, truth)
+
+
+def _test_ratings(split, user: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.flatnonzero(split.test.users == user)
+    return split.test.items[rows].astype(np.int64), split.test.ratings[rows]
+
+
+def _client_side_rmse(algorithm: FedAvg, split, users: np.ndarray) -> float:
+    """Test RMSE, each user predicted on its own device (shared parameters and its own)."""
+    predictions = np.full(len(split.test), float(algorithm.model.mean))
+    with torch.no_grad():
+        for k, user in enumerate(users.tolist()):
+            rows = np.flatnonzero(split.test.users == user)
+            if len(rows):
+                model = algorithm.client_model(k)
+                row = algorithm.clients[k].context[0]
+                items = torch.from_numpy(split.test.items[rows].astype(np.int64))
+                predictions[rows] = model(row, items).numpy()
+    predictions = np.clip(predictions, split.train.scale.minimum, split.train.scale.maximum)
+    return float(np.sqrt(np.mean((predictions - split.test.ratings) ** 2)))
+
+
+def user_profile_attack(view, truth: UserItemTruth) -> list[LeakMeasure]:
+    """How well the server orders each user's *test* items with what it holds.
+
+    The server holds the last broadcast model and, where it reads a client's update in the
+    clear, that client's locally trained model (broadcast plus update). With a shared user
+    table that model holds ``p_u`` and the server ranks the user's items by
+    ``b_i + p_u . q_i``; without one it knows only ``b_i``: that ranking is the chance level.
+    Measure: the share of the user's test pairs with different ratings ordered correctly.
+    """
+    rounds = [r for r in view.rounds_with_payloads() if "model" in view.round(r).broadcast]
+    if not rounds:
+        return [LeakMeasure("pair_accuracy", float("nan"), float("nan"))]
+    last = view.round(rounds[-1])
+    broadcast = np.asarray(last.broadcast["model"], dtype=np.float64).reshape(-1)
+    start, dim = truth.item_table
+    attack, chance = [], []
+    for k, (test_items, ratings) in enumerate(truth.test):
+        if len(test_items) < 2 or np.ptp(ratings) == 0:
+            continue
+        model = broadcast
+        if k in last.clients.tolist():
+            update = _readable_update(last.payload(k))
+            model = broadcast if update is None else broadcast + update
+        items = model[start : start + truth.n_items * dim].reshape(truth.n_items, dim)
+        known = model[truth.item_bias_offset : truth.item_bias_offset + truth.n_items][test_items]
+        guess = known
+        if truth.user_table is not None:
+            offset, width = truth.user_table
+            user = model[offset + k * width : offset + (k + 1) * width]
+            guess = known + items[test_items] @ user
+        attack.append(_pair_accuracy(guess, ratings))
+        chance.append(_pair_accuracy(known, ratings))
+    return [LeakMeasure("pair_accuracy", float(np.mean(attack)), float(np.mean(chance)))]
+
+
+def _pair_accuracy(scores: np.ndarray, ratings: np.ndarray) -> float:
+    """Share of pairs with different ratings ordered as the ratings are (ties count half)."""
+    i, j = np.triu_indices(len(ratings), 1)
+    differ = ratings[i] != ratings[j]
+    agree = np.sign(scores[i] - scores[j]) * np.sign(ratings[i] - ratings[j])
+    return float(np.mean((agree[differ] + 1) / 2))
+
+
+USER_ITEM = ModelPlugin(
+    "ncf",
+    build_user_item,
+    utility_columns=("rmse",),
+    variants=NCF_VARIANTS,
+    attacks=("rated-items", "user-profile"),
+    summary="NCF's GMF with biases; user vectors client-private or a shared table",
+    table_note="GMF + biases, FedAvg; private-user: p_u, b_u stay on each device.",
+)
+USER_PROFILE = AttackPlugin(
+    "user-profile",
+    user_profile_attack,
+    summary="order each user's test items with the user vectors the server holds",
+)
 
 
 # ------------------------------------------------------------------------------ runs
@@ -288,6 +468,24 @@ def leak_utility_table(schedule: Schedule, out: Path) -> list[dict]:
         dp_config={"local_epochs": schedule.local_epochs},
         progress=False,
         model="two-tower",
+    )
+    return run(config, out)
+
+
+def private_versus_shared(schedule: Schedule, out: Path) -> list[dict]:
+    """The NCF-style model with private user vectors against its shared-table version, through
+    plaintext and secure aggregation: utility and both attacks' leak at the server."""
+    register()
+    config = LeakUtilityConfig(
+        rounds=schedule.rounds,
+        max_users=schedule.max_users,
+        max_items=schedule.max_items,
+        transports=("plaintext", "secagg"),
+        transport_rounds=0,
+        workers=schedule.workers,
+        extra_config={"local_epochs": schedule.local_epochs},
+        progress=False,
+        model="ncf",
     )
     return run(config, out)
 
@@ -345,12 +543,17 @@ def one_round_agreement(schedule: Schedule, out: Path) -> list[dict]:
         "transport from the same start: the largest deviation of any coordinate of the mean "
         "update from plaintext's, against the transport's stated bound.",
         "",
-        "| transport | max deviation of the mean | stated bound | within |",
-        "|---|---|---|---|",
-        *(
-            f"| {r['transport']} | {r['max_abs_deviation_of_the_mean']:.3g} | "
-            f"{r['stated_bound']:.3g} | {r['within']} |"
-            for r in rows
+        markdown_table(
+            ("transport", "max deviation of the mean", "stated bound", "within"),
+            (
+                (
+                    r["transport"],
+                    f"{r['max_abs_deviation_of_the_mean']:.3g}",
+                    f"{r['stated_bound']:.3g}",
+                    r["within"],
+                )
+                for r in rows
+            ),
         ),
     ]
     (out / "agreement.md").write_text("\n".join(lines) + "\n")
@@ -429,19 +632,32 @@ def compare_clipping(schedule: Schedule, out: Path) -> list[dict]:
         "against adaptive clipping (Andrew et al. 2021: C_0 0.1, median target, eta_C 0.2 "
         "or 1, sigma_b = clients / 20, its noise charged to the same ledger).",
         "",
-        "| epsilon target | clipping | test RMSE | epsilon spent | sigma | clip: first, middle,"
-        " last | median update norm, last round |",
-        "|---|---|---|---|---|---|---|",
     ]
+    body = []
     for row in rows:
         trajectory = row["clip_trajectory"]
         picks = [trajectory[0], trajectory[len(trajectory) // 2], trajectory[-1]]
-        lines.append(
-            f"| {row['epsilon_target']:g} | {row['clipping']} | {row['rmse']:.4f} | "
-            f"{row['epsilon']:.3f} | {row['noise_multiplier']:.3f} | "
-            + ", ".join(f"{c:.3g}" for c in picks)
-            + f" | {row['update_norm_median'][-1]:.3g} |"
+        body.append(
+            (
+                f"{row['epsilon_target']:g}",
+                row["clipping"],
+                f"{row['rmse']:.4f}",
+                f"{row['epsilon']:.3f}",
+                f"{row['noise_multiplier']:.3f}",
+                ", ".join(f"{c:.3g}" for c in picks),
+                f"{row['update_norm_median'][-1]:.3g}",
+            )
         )
+    headers = [
+        "epsilon target",
+        "clipping",
+        "test RMSE",
+        "epsilon spent",
+        "sigma",
+        "clip: first, middle, last",
+        "median update norm, last round",
+    ]
+    lines.append(markdown_table(headers, body))
     (out / "adaptive_clipping.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
@@ -452,9 +668,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/byom_example", help="output folder")
     parser.add_argument("--quick", action="store_true", help="the test suite's short schedule")
     parser.add_argument("--skip-clipping", action="store_true", help="only the leak table")
+    parser.add_argument(
+        "--ncf-only", action="store_true", help="only the NCF private/shared comparison"
+    )
     args = parser.parse_args(argv)
     schedule = QUICK if args.quick else FULL
     out = Path(args.out)
+    private_versus_shared(schedule, out / "ncf")
+    if args.ncf_only:
+        return 0
     leak_utility_table(schedule, out)
     one_round_agreement(schedule, out)
     if not args.skip_clipping:

@@ -55,13 +55,14 @@ few sparse products is exact (``tests/test_fedmf.py`` checks it against a per-cl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import numpy as np
 from scipy import sparse
 
 from securefed import AggregationRound, FactoredRows, RowUpdates, SeedTree, Transport
+from securefed.audit.findings import register_known_keys
 from securefed.errors import UnsupportedTransport
 from securefed.recsys.data import Ratings, RatingScale
 from securefed.recsys.filling import (
@@ -432,6 +433,37 @@ class FedMFConfig:
             "row_reg_item": self.row_reg_item,
             "rho": self.pseudo_ratio,
         }
+
+
+RUN_PUBLIC_KEYS = (
+    "n_users",
+    "n_items",
+    "rating_scale",
+    "block_rows",
+    "block_columns",
+    "item_bias_column",
+    "rating_mean",
+    "rating_mean_round",
+)
+"""What a FedMF run records besides its configuration (:meth:`FedMF.public_parameters`)."""
+
+
+def audit_keys() -> frozenset[str]:
+    """Every public key a FedMF run records, for :mod:`securefed.audit`.
+
+    Derived from :class:`FedMFConfig`'s fields and :meth:`FedMFConfig.public` (a new field is
+    known to the audit without a list to edit), with :data:`RUN_PUBLIC_KEYS`. Registered at
+    import and through the ``securefed.audit_keys`` entry point.
+    """
+    config = FedMFConfig()
+    return (
+        frozenset(item.name for item in fields(FedMFConfig))
+        | frozenset(config.public())
+        | frozenset(RUN_PUBLIC_KEYS)
+    )
+
+
+register_known_keys("fedmf", audit_keys())
 
 
 BIASED_SETTINGS: dict[str, object] = {

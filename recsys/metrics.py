@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from securefed.ranking import top_n
 from securefed.recsys.data import Ratings
 from securefed.recsys.sparse_rows import row_ids
 
@@ -65,8 +66,7 @@ def ranking_metrics(
         scores = np.array(scores_for_users(chunk), dtype=np.float64)
         rated = train_csr[chunk]
         scores[row_ids(rated.indptr), rated.indices] = -np.inf
-        top = np.argpartition(-scores, kth=min(k, scores.shape[1] - 1), axis=1)[:, :k]
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), 1), 1)
+        top = top_n(scores, min(k, scores.shape[1]), axis=1)
         truth = test_csr[chunk].toarray() > 0
         gained = np.take_along_axis(truth, top, 1)
         ideal = np.array([discounts[: min(int(n), k)].sum() for n in truth.sum(1)])

@@ -771,6 +771,10 @@ def agent_curves(returns: np.ndarray, window: int = 50) -> np.ndarray:
     return np.stack([np.convolve(row, kernel, mode="valid") for row in per_agent])
 
 
+FEW_POINTS = 20
+"""Curves with fewer points than this are drawn with markers (one point is no line)."""
+
+
 def plot_system(
     curves: Mapping[str, np.ndarray], path: str | Path, *, window: int = 50, title: str = ""
 ) -> Path:
@@ -785,7 +789,9 @@ def plot_system(
     ax = fig.subplots()
     for label, returns in curves.items():
         curve = system_curve(returns, window)
-        ax.plot(np.arange(window, window + len(curve)), curve, label=label, linewidth=1.2)
+        marker = "o" if len(curve) < FEW_POINTS else None  # a short run's curve still shows
+        ax.plot(np.arange(window, window + len(curve)), curve, label=label, linewidth=1.2,
+                marker=marker)  # fmt: skip
     ax.set_xlabel("round")
     ax.set_ylabel(f"system average reward ({window}-round moving average)")
     ax.set_title(title)
@@ -816,9 +822,10 @@ def plot_agents(
     axes = fig.subplots(rows, cols, squeeze=False)
     for label, returns in curves.items():
         per_agent = agent_curves(returns, window)
+        marker = "o" if per_agent.shape[1] < FEW_POINTS else None
         for k in range(n_agents):
             axes.flat[k].plot(np.arange(window, window + per_agent.shape[1]), per_agent[k],
-                              label=label, linewidth=1.0)  # fmt: skip
+                              label=label, linewidth=1.0, marker=marker)  # fmt: skip
     for k in range(n_agents):
         name = agent_labels[k] if k < len(agent_labels) else ""
         axes.flat[k].set_title(f"agent {k + 1} {name}".strip(), fontsize=8)

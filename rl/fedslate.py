@@ -100,11 +100,12 @@ from securefed.fusion import (
     build_fusion_channel,
 )
 from securefed.fusion.expansion import PolynomialNetwork
+from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
+from securefed.rl.choices import ALIGNMENTS, PLATFORM_NAMES, SERVER_ARCHS, VARIANTS
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.slateq import (
     ACTIVATIONS,
-    PLATFORM_LETTERS,
     ChoiceModel,
     EnsembleMLP,
     ReplayBuffer,
@@ -158,10 +159,6 @@ __all__ = [
     "td_targets",
 ]
 
-VARIANTS = ("fedslate", "extended", "fedq", "linear")
-SERVER_ARCHS = ("position", "flat")
-ALIGNMENTS = ("position", "item")
-PLATFORM_NAMES = tuple(PLATFORM_LETTERS)
 DP_TAIL_FRACTION = 0.1
 """Under DP, the share of ``dp_delta`` given to the tail of the replay-draw bound
 (:func:`dp_unit_releases`); the Gaussian mechanism keeps the rest."""
@@ -587,7 +584,7 @@ def run_reference(
             else:
                 docs = env.observation(p).docs
                 sign = -1.0 if per_platform[p] == "highest_k" else 1.0
-                slates = np.argpartition(sign * docs, n - 1, axis=1)[:, :n]
+                slates = top_n(-sign * docs, n, axis=1)
             out = env.step(p, slates)
             rewards[episodes, :, p] += out.engagement.reshape(at_once, users)
             done = out.done

@@ -405,8 +405,9 @@ class FedHPDFlowerRun:
 
     Attributes:
         config: the run's configuration (``algorithm="fedhpd"``).
-        seed: the run's seed (server and nodes use ``SeedTree(seed)``: the run is reproducible
-            and equals ``ReferenceRun`` in plaintext).
+        seed: the run's seed, required (server and nodes use ``SeedTree(seed)``: the run is
+            reproducible and equals ``ReferenceRun`` in plaintext, and so is not private; the
+            nodes run in other processes and share no secure tree, so there is no default).
         min_nodes: SuperNodes the server waits for (the agents are split over them).
         output_dir: where each node writes ``node-<partition>.npz`` (its agents, returns and
             parameters) after the run (``""``: nothing is written).
@@ -414,15 +415,15 @@ class FedHPDFlowerRun:
     """
 
     config: FedHPDConfig
-    seed: int = 0
+    seed: int
     min_nodes: int = 1
     output_dir: str = ""
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
         Schedule(self.config)
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0 (the run is seeded), got {self.seed!r}")
         if self.min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
 

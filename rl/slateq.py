@@ -49,7 +49,9 @@ from torch.nn import functional as F
 
 from securefed import SeedTree
 from securefed.fusion.base import RELU_FIT
+from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, TrainingState
+from securefed.rl.choices import CHOICE_MODEL_NAMES, LOCAL_ARCHS, PLATFORM_LETTERS, SLATE_METHODS
 from securefed.rl.envs.choc_kale import (
     ChocKaleBatch,
     ChocKaleConfig,
@@ -84,13 +86,10 @@ __all__ = [
     "torch_generator",
 ]
 
-SLATE_METHODS = ("topk", "greedy", "lp")
-PLATFORM_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TARGETS = ("qlearning", "sarsa")
 ACTIVATIONS = ("silu", "mish", "relu", "tanh", "identity", "polynomial")
 """``"polynomial"``: the least-squares degree-2 fit of ReLU on [-4, 4],
 :data:`securefed.fusion.RELU_FIT` (what a CKKS evaluation computes exactly)."""
-LOCAL_ARCHS = ("item", "flat")
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,10 +140,9 @@ class PaperCodeChoiceModel:
         return np.exp(sat[..., None] * docs), np.full(docs.shape[:-1], math.e)
 
 
-CHOICE_MODELS: dict[str, Callable[[], ChoiceModel]] = {
-    "true": TrueChoiceModel,
-    "paper_code": PaperCodeChoiceModel,
-}
+CHOICE_MODELS: dict[str, Callable[[], ChoiceModel]] = dict(
+    zip(CHOICE_MODEL_NAMES, (TrueChoiceModel, PaperCodeChoiceModel), strict=True)
+)
 
 
 def make_choice_model(name: str) -> ChoiceModel:
@@ -191,12 +189,12 @@ def _check_selection(q: np.ndarray, v: np.ndarray, n: int) -> None:
 
 
 def topk_slates(q: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
-    """``(M, n)`` the ``n`` items of largest ``v_i q_i`` (Ie et al.'s top-k), best first."""
+    """``(M, n)`` the ``n`` items of largest ``v_i q_i`` (Ie et al.'s top-k), best first.
+
+    Ties go to the lower item index (:func:`securefed.ranking.top_n`).
+    """
     _check_selection(q, v, n)
-    score = v * q
-    top = np.argpartition(-score, n - 1, axis=-1)[..., :n]
-    order = np.argsort(-np.take_along_axis(score, top, axis=-1), axis=-1, kind="stable")
-    return np.take_along_axis(top, order, axis=-1)
+    return top_n(v * q, n)
 
 
 def greedy_slates(q: np.ndarray, v: np.ndarray, v_null: np.ndarray, n: int) -> np.ndarray:
@@ -323,7 +321,8 @@ def explore(
         return slates
     n = slates.shape[1]
     out = slates.copy()
-    out[rows] = np.argpartition(rng.random((rows.size, num_candidates)), n - 1, axis=1)[:, :n]
+    # the n smallest of uniform keys: a uniformly random slate, its order fixed by the keys
+    out[rows] = top_n(-rng.random((rows.size, num_candidates)), n, axis=1)
     return out
 
 
@@ -673,7 +672,9 @@ class SlateQConfig:
     ``steps_per_platform``: see :class:`~securefed.rl.envs.choc_kale.ChocKaleConfig`.
 
     Learning (defaults: FedSlate's code, spec section 2): ``episodes``, ``members`` (independent
-    runs advanced together, each its own network, replay and streams), ``seed``,
+    runs advanced together, each its own network, replay and streams), ``seed`` (``None``, the
+    default: secure mode, every stream from OS entropy; an int: the seeded, reproducible run,
+    not private),
     ``local_hidden`` (hidden widths of each platform's Q-network; the code used five layers of
     4096, see docs/fedslate.md for the choice), ``local_arch`` and ``item_degree`` (see
     :class:`LocalQNetwork`), ``activation`` (SiLU by default: the paper's Mish has the same
@@ -698,7 +699,7 @@ class SlateQConfig:
     steps_per_platform: int = 61
     episodes: int = 5000
     members: int = 1
-    seed: int = 0
+    seed: int | None = None
     local_hidden: tuple[int, ...] = (64, 64)
     local_arch: str = "item"
     item_degree: int = 3
@@ -737,8 +738,8 @@ class SlateQConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.seed is not None and (isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"seed must be None (secure mode) or an int >= 0, got {self.seed}")
         if self.buffer_size < 2:
             raise ValueError(f"buffer_size must be >= 2, got {self.buffer_size}")
         if self.burn_in < 0 or self.log_every < 0:
@@ -915,6 +916,12 @@ def resume_counters(
     """Restore ``state`` from ``checkpoints`` when there is one to resume; the loop's counters
     (``episodes`` done, ``rounds``, ``learn`` steps, ``updates``, ``timings``, ``seconds``)."""
     fresh = {"episodes": 0, "rounds": 0, "learn": 0, "updates": {}, "timings": {}, "seconds": 0.0}
+    if checkpoints is not None and config.seed is None:
+        raise ValueError(
+            "a secure-mode run (seed=None) keeps its random streams secret, and an episode "
+            "checkpoint would store their states in the clear: give a seed (--seed) to "
+            "checkpoint a run, or no checkpoint"
+        )
     if checkpoints is None or not checkpoints.should_resume():
         return fresh
     return fresh | state.restore(checkpoints.path, run_fingerprint(algorithm, config))

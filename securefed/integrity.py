@@ -181,6 +181,84 @@ def verify(
             )
 
 
+KEY_PURPOSES: dict[str, bytes] = {
+    "entropy": b"securefed checkpoint: root entropy sealing v1",
+    "client-state": b"securefed checkpoint: client-private state sealing v1",
+    "view-mac": b"securefed checkpoint: view and checkpoint MACs v1",
+}
+"""What a checkpoint key is used for, each through its own key (:func:`derive_key`): sealing
+the root entropy, sealing the algorithm's (client-private) state, and the HMAC digests of the
+checkpoint and its view. The HKDF ``info`` labels differ, so no derived key tells anything of
+another (RFC 5869, section 3.2) and a tag made under one purpose never verifies under another."""
+KEY_FILE_MODE = 0o600
+"""The mode a key file must have: read and written by its owner only."""
+
+
+def derive_key(key: bytes, purpose: str) -> bytes:
+    """The 32-byte key for ``purpose`` (:data:`KEY_PURPOSES`): HKDF-SHA256 of ``key``.
+
+    Raises:
+        ValueError: an unknown purpose, or a key shorter than :data:`MIN_KEY_BYTES`.
+    """
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    if purpose not in KEY_PURPOSES:
+        raise ValueError(f"unknown key purpose {purpose!r}; one of {sorted(KEY_PURPOSES)}")
+    key = check_key(key)
+    if key is None:
+        raise ValueError(f"deriving the {purpose} key needs a key")
+    info = KEY_PURPOSES[purpose]
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key)
+
+
+def read_key_file(path: str | os.PathLike) -> bytes:
+    """The key in file ``path``, refused unless only its owner can read or write it (0600).
+
+    Raises:
+        InsecureParameterError: the file is readable or writable by its group or others
+            (naming the path and ``chmod 600``).
+        FileNotFoundError: no such file.
+        ValueError: a key shorter than :data:`MIN_KEY_BYTES`.
+    """
+    import stat
+
+    from securefed.errors import InsecureParameterError
+
+    path = Path(path)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise InsecureParameterError(
+            f"key file {path} has mode {mode:04o}: its group or other users can read or change "
+            f"the key; refused (run: chmod 600 {path})"
+        )
+    key = path.read_bytes()
+    check_key(key)
+    return key
+
+
+def seal_bytes(key: bytes, data: bytes, context: str) -> bytes:
+    """``nonce || AES-256-GCM(data)`` under ``key`` (32 bytes, from :func:`derive_key`), with
+    ``context`` as associated data (opening it for another context fails)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    return nonce + AESGCM(key).encrypt(nonce, data, context.encode())
+
+
+def open_bytes(key: bytes, sealed: bytes, context: str, *, error: type[Exception]) -> bytes:
+    """Decrypt what :func:`seal_bytes` wrote; ``error`` naming the context if it cannot."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        return AESGCM(key).decrypt(sealed[:12], sealed[12:], context.encode())
+    except (ValueError, TypeError, InvalidTag) as cause:
+        raise error(
+            f"the {context} cannot be decrypted: another key, or the file was edited"
+        ) from cause
+
+
 SECRET_INFO = b"securefed sealed secret v1"
 
 

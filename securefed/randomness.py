@@ -8,13 +8,14 @@ Every random draw in securefed and its recommenders comes from a generator hande
 same seed gives the same numbers whatever order the streams are asked for in (which is what
 makes resume-from-checkpoint exact).
 
-Two modes, after Opacus's ``secure_mode``:
+Two modes, after Opacus's ``secure_mode``; secure unless a seed is given:
 
-* seeded (``SeedTree(seed=1234)``): reproducible, for tests and benchmarks. ``secure`` is False and
-  anything that audits a run flags it.
-* secure (``SeedTree.secure()``): entropy from the operating system; a seed is refused. Transports
-  that draw masks, keys or noise read :attr:`SeedTree.secure` and then use a cryptographic source
-  instead of numpy's generators.
+* secure (``SeedTree()``, the default, or ``SeedTree.secure_mode()``): entropy from the operating
+  system, ``secure`` is True. Transports that draw masks, keys or noise read
+  :attr:`SeedTree.secure` and then use a cryptographic source instead of numpy's generators.
+* seeded (``SeedTree(1234)``): reproducible, for tests and benchmarks, and therefore **not
+  private**: anyone with the seed regenerates every key, mask and noise draw. ``secure`` is False
+  and anything that audits a run flags it.
 """
 
 from __future__ import annotations
@@ -37,30 +38,35 @@ def _path_word(part: int | str) -> int:
 
 
 class SeedTree:
-    """Deterministic tree of independent random streams.
+    """Tree of independent random streams: secure by default, reproducible when seeded.
 
     Args:
-        seed: the run's seed (a non-negative int). ``None`` draws fresh OS entropy (a run that
-            cannot be reproduced but is not flagged as secure either).
+        seed: ``None`` (the default): secure mode, root entropy from the operating system
+            (``secure`` is True; the run cannot be reproduced, and its checkpoints keep that
+            entropy only encrypted). A non-negative int: the seeded tree of that seed,
+            reproducible and therefore not private (for tests and benchmarks).
 
     Example:
-        >>> tree = SeedTree(7)
+        >>> tree = SeedTree(7)  # seeded: reproducible, not private
         >>> a = tree.generator("init").normal()
         >>> b = SeedTree(7).generator("init").normal()
         >>> a == b
         True
+        >>> SeedTree().secure, SeedTree(7).secure
+        (True, False)
     """
 
-    def __init__(self, seed: int | None = 0) -> None:
+    def __init__(self, seed: int | None = None) -> None:
         if seed is not None and (isinstance(seed, bool) or int(seed) != seed or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         self._root = np.random.SeedSequence(seed)
         self.seed: int | None = None if seed is None else int(seed)
-        self.secure = False
+        self.secure = seed is None
 
     @classmethod
     def secure_mode(cls, seed: int | None = None) -> SeedTree:
-        """A tree for deployment: OS entropy, and a seed is refused.
+        """A tree for deployment: OS entropy, and a seed is refused (what ``SeedTree()`` is;
+        this spelling says so where a reader might wonder).
 
         Raises:
             ValueError: if a seed is given (a seeded secure run would be predictable).
@@ -70,13 +76,11 @@ class SeedTree:
                 "secure mode refuses a seed: masks, keys and noise must not be reproducible; "
                 "use SeedTree(seed) for tests and benchmarks"
             )
-        tree = cls(None)
-        tree.secure = True
-        return tree
+        return cls(None)
 
     @property
     def entropy(self) -> int:
-        """The root entropy (the seed, or the OS entropy drawn for an unseeded tree)."""
+        """The root entropy (the seed, or the OS entropy drawn for a secure tree)."""
         return int(self._root.entropy)
 
     def sequence(self, *path: int | str) -> np.random.SeedSequence:
@@ -96,14 +100,10 @@ class SeedTree:
     @property
     def randomness(self) -> str:
         """What the run's randomness guarantees, in words recorded in views and run records."""
-        if self.secure:
-            return "secure"
-        if self.seed is not None:
-            return "seeded: not private"
-        return "unseeded: not secure"
+        return "secure" if self.secure else "seeded: not private"
 
     def resume_from(self, entropy: int) -> None:
-        """Continue an unseeded run from a checkpoint: take over its root entropy.
+        """Continue a secure (unseeded) run from a checkpoint: take over its root entropy.
 
         A secure run's root entropy is as secret as its keys (FedRec's pseudo items and the
         client sampling derive from it), so checkpoints keep it only encrypted; the runtime

@@ -11,6 +11,7 @@ checkpoint written after round ``r`` gives bit-identical results to an uninterru
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -29,26 +30,34 @@ from securefed.errors import (
     AlgorithmContractError,
     CheckpointError,
     PrivacyBudgetExceeded,
+    UnsupportedTransport,
     ViewFormatError,
 )
 from securefed.integrity import (
     check_key,
+    derive_key,
+    open_bytes,
     open_secret,
     read_json,
+    seal_bytes,
     seal_secret,
     verify,
     write_sealed_json,
 )
 from securefed.randomness import SeedTree
 from securefed.transport.base import Transport
-from securefed.transport.capabilities import TransportNeeds, require_capabilities
+from securefed.transport.capabilities import (
+    TransportNeeds,
+    require_capabilities,
+    round_size_findings,
+)
 from securefed.views import ARRAYS_FILE, MANIFEST_FILE, ServerView
 
 if TYPE_CHECKING:
     from securefed.privacy.ledger import PrivacyLedger
 
 CHECKPOINT_FORMAT = "securefed.checkpoint"
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -130,8 +139,10 @@ class RunOptions:
         fingerprint: the run's configuration; a checkpoint of a different one is refused.
         first_round: the round to start from when no checkpoint is resumed (a run whose earlier
             rounds went through another transport, e.g. a plaintext warm start).
-        checkpoint_key: optional key (at least 16 bytes) for HMAC digests of the checkpoints
-            (else SHA-256, which detects corruption but not a deliberate edit).
+        checkpoint_key: optional key (at least 16 bytes) from which the checkpoints' keys
+            derive: the HMAC digests (else SHA-256, which detects corruption but not a
+            deliberate edit) and the AES-256-GCM sealing of the algorithm's client-private
+            state and of a secure run's root entropy (:class:`Checkpoints`).
         on_budget_exhausted: what a round refused for its privacy budget does: ``"stop"`` ends
             the run there and returns the history of the rounds done, with
             :attr:`RunHistory.stop_reason` saying why; ``"raise"`` lets
@@ -226,11 +237,13 @@ def run_rounds(
         AlgorithmContractError: before any round, when ``algorithm`` lacks a member of
             :class:`FederatedAlgorithm` (naming each).
         UnsupportedTransport: before any round, when ``transport`` cannot serve what the
-            algorithm needs (naming the option that needs it).
+            algorithm needs (naming the option that needs it), or when the data or the sampling
+            gives rounds of fewer clients than the transport needs (secure aggregation: 2).
         PrivacyBudgetExceeded: a refused round under ``on_budget_exhausted="raise"``.
     """
     check_algorithm(algorithm)
     require_capabilities(transport, loop_needs(algorithm))
+    _require_round_sizes(transport, algorithm.n_clients, options.sampling)
     if options.checkpoint_dir and seeds.seed is None and options.checkpoint_key is None:
         raise ValueError(
             "an unseeded (secure-mode) run keeps its root entropy secret, and its checkpoints "
@@ -294,6 +307,19 @@ def run_rounds(
     return history
 
 
+def _require_round_sizes(transport: Transport, n_clients: int, sampling: ClientSampling) -> None:
+    """Refuse, before any round, data or sampling that gives rounds too small for ``transport``."""
+    findings = round_size_findings(
+        transport.name,
+        transport.capabilities,
+        n_clients,
+        sampling.mode,
+        sampling.clients_per_round,
+    )
+    if findings:
+        raise UnsupportedTransport("; ".join(findings))
+
+
 _CONTRACT_METHODS = ("run_round", "state_dict", "load_state_dict")
 
 
@@ -353,25 +379,44 @@ class Checkpoints:
     """Atomic checkpoints in a directory.
 
     ``latest/`` holds ``checkpoint.json`` (the next round, the seeds, the fingerprint, the
-    per-round history and the state of every privacy ledger the transport charges),
-    ``state.npz`` (the algorithm's arrays) and the ServerView so far (``view/``). A new
-    checkpoint is written beside it (``staging-N/``) and swapped in, so an interruption never
-    leaves a half-written one: if it strikes mid-swap, ``previous/`` still holds the last
-    complete checkpoint and is restored.
+    per-round history and the state of every privacy ledger the transport charges), the
+    algorithm's arrays and the ServerView so far (``view/``). A new checkpoint is written beside
+    it (``staging-N/``) and swapped in, so an interruption never leaves a half-written one: if it
+    strikes mid-swap, ``previous/`` still holds the last complete checkpoint and is restored.
+
+    The algorithm's arrays hold client secrets (FedMF: every user's vector ``U``; FedRec: the
+    pseudo-item sets, derived from the root entropy). With ``key`` they are written sealed,
+    ``state.npz.sealed`` (AES-256-GCM of the ``.npz`` bytes), and a secure run's root entropy is
+    sealed in ``checkpoint.json``; without a key (allowed for seeded runs only, which are not
+    private) they are ``state.npz`` in the clear. The key is separated by purpose
+    (:func:`~securefed.integrity.derive_key`): one derived key seals the entropy, another the
+    state, a third makes the HMAC digests of ``checkpoint.json`` and of the view.
 
     Every file carries a digest (:mod:`securefed.integrity`): ``checkpoint.json`` covers its own
-    content and the bytes of ``state.npz`` and of the view's two files, and the view is sealed
-    as any saved view. With ``key`` the digests are HMAC-SHA256.
+    content and the bytes of the state file and of the view's two files, and the view is sealed
+    as any saved view. With ``key`` the digests are HMAC-SHA256 (under the view-MAC key).
 
     Args:
         directory: where checkpoints live.
-        key: optional key (at least 16 bytes) for HMAC digests; the same key must be given to
-            resume.
+        key: optional key (at least 16 bytes) from which the sealing and MAC keys derive; the
+            same key must be given to resume.
     """
 
     def __init__(self, directory: str | os.PathLike, *, key: bytes | None = None) -> None:
         self.directory = Path(directory)
         self._key = check_key(key)
+        keyed = self._key is not None
+        self._mac_key = derive_key(self._key, "view-mac") if keyed else None
+        self._state_key = derive_key(self._key, "client-state") if keyed else None
+        self._entropy_key = derive_key(self._key, "entropy") if keyed else None
+
+    @property
+    def state_file(self) -> str:
+        """The algorithm's arrays: sealed with a key, in the clear without."""
+        return STATE_FILE if self._key is None else SEALED_STATE_FILE
+
+    def _digest_files(self) -> tuple[str, ...]:
+        return (self.state_file, f"{VIEW_DIR}/{MANIFEST_FILE}", f"{VIEW_DIR}/{ARRAYS_FILE}")
 
     @property
     def latest(self) -> Path:
@@ -401,9 +446,15 @@ class Checkpoints:
         staging = self.directory / f"staging-{next_round}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        state = algorithm.state_dict()
-        np.savez(staging / STATE_FILE, **{k: np.asarray(v) for k, v in state.items()})
-        view.save(staging / VIEW_DIR, key=self._key)
+        state = {k: np.asarray(v) for k, v in algorithm.state_dict().items()}
+        if self._state_key is None:
+            np.savez(staging / STATE_FILE, **state)
+        else:
+            buffer = io.BytesIO()
+            np.savez(buffer, **state)
+            sealed = seal_bytes(self._state_key, buffer.getvalue(), STATE_CONTEXT)
+            (staging / SEALED_STATE_FILE).write_bytes(sealed)
+        view.save(staging / VIEW_DIR, key=self._mac_key)
         meta = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
@@ -413,7 +464,7 @@ class Checkpoints:
             "history": history.rounds,
             "ledgers": [ledger.state_dict() for ledger in ledgers],
         }
-        write_sealed_json(staging / CHECKPOINT_FILE, meta, _SEALED_FILES, key=self._key)
+        write_sealed_json(staging / CHECKPOINT_FILE, meta, self._digest_files(), key=self._mac_key)
         # At every instant latest/ or previous/ holds a complete checkpoint.
         if self.latest.exists():
             shutil.rmtree(self.previous, ignore_errors=True)
@@ -453,9 +504,10 @@ class Checkpoints:
             raise CheckpointError(
                 f"{path}: not a securefed checkpoint of version {CHECKPOINT_VERSION} (format "
                 f"{meta.get('format')!r}, version {meta.get('version')!r}; version 1 checkpoints "
-                "carry no digest and no privacy ledger)"
+                "carry no digest and no privacy ledger, version 2 ones hold the client state "
+                "in the clear and one key for every purpose)"
             )
-        verify(meta, path, _SEALED_FILES, key=self._key, error=CheckpointError)
+        verify(meta, path, self._digest_files(), key=self._mac_key, error=CheckpointError)
         next_round, rounds = _check_meta(meta, path)
         if meta["fingerprint"] != _jsonable(fingerprint):
             changed = sorted(
@@ -469,9 +521,9 @@ class Checkpoints:
             )
         entropy = self._saved_entropy(meta["seeds"], seeds, source)
         _check_ledgers(meta["ledgers"], ledgers, path)
-        state = _read_state(source / STATE_FILE)
+        state = self._read_state(source)
         try:
-            saved_view = ServerView.load(source / VIEW_DIR, key=self._key)
+            saved_view = ServerView.load(source / VIEW_DIR, key=self._mac_key)
         except ViewFormatError as error:
             raise CheckpointError(f"{source}: its server view is unusable: {error}") from error
         late = [r.round_id for r in saved_view.rounds if r.round_id >= next_round]
@@ -484,7 +536,7 @@ class Checkpoints:
             algorithm.load_state_dict(state)
         except (KeyError, ValueError) as error:
             raise CheckpointError(
-                f"{source / STATE_FILE}: does not fit the algorithm ({error})"
+                f"{source / self.state_file}: does not fit the algorithm ({error})"
             ) from error
         view.rounds = saved_view.rounds
         view.public.update(saved_view.public)
@@ -493,6 +545,18 @@ class Checkpoints:
         if entropy is not None:
             seeds.resume_from(entropy)
         return next_round, RunHistory(rounds, next_round)
+
+    def _read_state(self, source: Path) -> dict[str, np.ndarray]:
+        """The algorithm's arrays of the checkpoint in ``source`` (opened, with a key)."""
+        path = source / self.state_file
+        if self._state_key is None:
+            return _read_state(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing")
+        opened = open_bytes(
+            self._state_key, path.read_bytes(), STATE_CONTEXT, error=CheckpointError
+        )
+        return _read_state(io.BytesIO(opened), path)
 
     # The root entropy of an unseeded run, as the checkpoint stores it (encrypted).
     ENTROPY_CONTEXT = "root entropy of a securefed run"
@@ -507,7 +571,7 @@ class Checkpoints:
                 f"{self.directory}: an unseeded run's root entropy is secret and is stored only "
                 "encrypted; these checkpoints have no key (Checkpoints(..., key=...))"
             )
-        sealed = seal_secret(self._key, str(seeds.entropy).encode(), self.ENTROPY_CONTEXT)
+        sealed = seal_secret(self._entropy_key, str(seeds.entropy).encode(), self.ENTROPY_CONTEXT)
         return seeds.describe() | {"entropy_sealed": sealed}
 
     def _saved_entropy(
@@ -540,7 +604,7 @@ class Checkpoints:
                 f"{source}: the run's entropy is sealed; resume with the checkpoint key"
             )
         token = saved["entropy_sealed"]
-        opened = open_secret(self._key, token, self.ENTROPY_CONTEXT, error=CheckpointError)
+        opened = open_secret(self._entropy_key, token, self.ENTROPY_CONTEXT, error=CheckpointError)
         try:
             return int(opened.decode())
         except ValueError as error:
@@ -549,9 +613,9 @@ class Checkpoints:
 
 CHECKPOINT_FILE = "checkpoint.json"
 STATE_FILE = "state.npz"
+SEALED_STATE_FILE = "state.npz.sealed"
+STATE_CONTEXT = "client-private state of a securefed checkpoint"
 VIEW_DIR = "view"
-# The files checkpoint.json's digest covers, besides itself.
-_SEALED_FILES = (STATE_FILE, f"{VIEW_DIR}/{MANIFEST_FILE}", f"{VIEW_DIR}/{ARRAYS_FILE}")
 _META_KEYS = frozenset(
     {"format", "version", "next_round", "seeds", "fingerprint", "history", "ledgers", "digest"}
 )
@@ -613,12 +677,14 @@ def _check_ledgers(saved: list[object], ledgers: Sequence[PrivacyLedger], path: 
             )
 
 
-def _read_state(path: Path) -> dict[str, np.ndarray]:
+def _read_state(path: Path | io.BytesIO, name: Path | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (or its opened bytes); errors name ``name`` or ``path``."""
     try:
         with np.load(path, allow_pickle=False) as state:
             return {k: state[k] for k in state.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as error:
-        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error})") from error
+        where = path if name is None else name
+        raise CheckpointError(f"{where}: unreadable ({type(error).__name__}: {error})") from error
 
 
 def _jsonable(value: object) -> object:

@@ -1,15 +1,24 @@
 """Bring your own torch model: parameter vectors, FedAvg / FedOpt, DP-FedAvg with adaptive clipping.
 
-Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp`` and ``rl`` extras
+Needs the ``torch`` package (``pip install 'securefed[torch]'``; the ``dp-torch`` and ``rl`` extras
 bring it too); importing ``securefed`` itself never imports this module.
 
 * :func:`module_to_vector` / :func:`vector_to_module` (and :func:`arrays_to_vector` /
   :func:`vector_to_arrays` for a list of numpy arrays): a model's parameters as one float64
   vector, so that a round submits a model delta directly
   (``rnd.submit(client, module_to_vector(local) - global_vector, weight=w)``).
+* :class:`Client`: one client's own data (``examples`` sliced into minibatches, ``context``
+  given whole, e.g. a user's rating history) and its own values of the private parameters.
+* Client-private parameters (``FedAvgConfig(private_parameters=("user.weight",))``): a per-user
+  embedding (FedMF's, NCF's ``p_u``) stays on the device. Each client keeps its own copy
+  (:attr:`FedAvg.private_state`, saved in :meth:`FedAvg.state_dict` and so in checkpoints),
+  trains it with the shared ones, and uploads only the shared parameters' delta: the transport,
+  any DP clip and the ledger's charge see the shared part alone. :meth:`FedAvg.client_model`
+  is the model a client predicts with.
 * :class:`FedAvg`, a :class:`~securefed.runtime.FederatedAlgorithm`: every sampled client copies
-  the global model, runs ``local_epochs`` of minibatch SGD on its own examples and submits its
-  delta; the server moves the model with the mean delta through a server optimiser
+  the global model (and its own private parameters), runs ``local_epochs`` of minibatch SGD on
+  its own examples and submits its shared parameters' delta; the server moves the model with
+  the mean delta through a server optimiser
   (:mod:`securefed.server_optim`: ``sgd`` with ``lr=1`` is McMahan et al. 2017's FedAvg;
   ``momentum``, ``adam``, ``yogi`` are Reddi et al. 2021's FedOpt). The weight rules each
   transport needs are applied here, from what the transport declares (its capabilities and
@@ -23,8 +32,9 @@ bring it too); importing ``securefed`` itself never imports this module.
     client moves the sum by at most the transport's clip, and the mean divides by the *fixed*
     denominator ``q * sum_k w_k`` (``q`` the sampling rate, sum over all clients), never by the
     released weight: McMahan et al. 2018, "Learning Differentially Private Recurrent Language
-    Models", DP-FedAvg with the fixed-denominator estimator. The round is refused if the
-    transport charges another sampling rate than the algorithm's :class:`ClientSampling`.
+    Models", DP-FedAvg with the fixed-denominator estimator. ``q`` is the run's: stated once,
+    in ``RunOptions.sampling`` (``run_rounds`` tells the transport's ledger, FedAvg reads it
+    there); the round is refused if the transport charges another rate.
 
 * Adaptive clipping (:class:`AdaptiveClipping`; Andrew et al. 2021, "Differentially Private
   Learning with Adaptive Clipping", Algorithm 1): the clip ``C_t`` follows a target quantile
@@ -48,12 +58,22 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from torch import nn
+
+try:
+    import torch
+    from torch import nn
+except ModuleNotFoundError as missing:  # name the extra rather than a bare traceback
+    if missing.name != "torch":
+        raise
+    raise ModuleNotFoundError(  # an ImportError; .name lets callers map it to the extra
+        "securefed.torch needs PyTorch, which is not installed: pip install 'securefed[torch]' "
+        "(torch==2.13.0, CPU)",
+        name="torch",
+    ) from None
 
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree
@@ -68,34 +88,44 @@ LossFunction = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 # ------------------------------------------------------------------------------ vectors
-def _parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+def _parameters(
+    module: nn.Module, names: Collection[str] | None = None
+) -> list[tuple[str, nn.Parameter]]:
     named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if names is not None:
+        named = [(name, p) for name, p in named if name in names]
     if not named:
-        raise ValueError(f"{type(module).__name__} has no trainable parameter")
+        raise ValueError(f"{type(module).__name__} has no trainable parameter to flatten")
     return named
 
 
-def parameter_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Name and shape of each trainable parameter, in :func:`module_to_vector`'s order."""
-    return {name: tuple(p.shape) for name, p in _parameters(module)}
+def parameter_shapes(
+    module: nn.Module, names: Collection[str] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Name and shape of each trainable parameter (only those in ``names`` if given), in
+    :func:`module_to_vector`'s order."""
+    return {name: tuple(p.shape) for name, p in _parameters(module, names)}
 
 
-def module_to_vector(module: nn.Module) -> np.ndarray:
-    """The trainable parameters of ``module`` as one float64 vector (``named_parameters`` order)."""
+def module_to_vector(module: nn.Module, names: Collection[str] | None = None) -> np.ndarray:
+    """The trainable parameters of ``module`` (only those in ``names`` if given) as one float64
+    vector (``named_parameters`` order)."""
     return np.concatenate(
-        [p.detach().cpu().double().reshape(-1).numpy() for _, p in _parameters(module)]
+        [p.detach().cpu().double().reshape(-1).numpy() for _, p in _parameters(module, names)]
     )
 
 
-def vector_to_module(vector: np.ndarray, module: nn.Module) -> None:
-    """Write ``vector`` (from :func:`module_to_vector` of a module of the same architecture)
-    into ``module``'s trainable parameters, in place, in their own dtype.
+def vector_to_module(
+    vector: np.ndarray, module: nn.Module, names: Collection[str] | None = None
+) -> None:
+    """Write ``vector`` (from :func:`module_to_vector` of a module of the same architecture,
+    with the same ``names``) into ``module``'s trainable parameters, in place, in their own dtype.
 
     Raises:
         ValueError: a vector of another length, not 1-D, or not finite.
     """
     vector = np.asarray(vector, dtype=np.float64)
-    named = _parameters(module)
+    named = _parameters(module, names)
     expected = sum(p.numel() for _, p in named)
     if vector.ndim != 1 or vector.size != expected:
         raise ValueError(
@@ -251,10 +281,18 @@ class FedAvgConfig:
         client_lr: the clients' SGD step (> 0).
         weighting: ``"examples"`` or ``"uniform"`` without DP (module docstring).
         server: the server optimiser (:mod:`securefed.server_optim`).
-        sampling: the run's client sampling; must be the one given to ``RunOptions`` (DP's fixed
-            denominator and the accountant's rate both come from it).
+        sampling: ``None`` (the default): the run's own, as ``RunOptions.sampling`` states it
+            (read from the transport's ledger, which :func:`~securefed.runtime.run_rounds` tells
+            it), so that the sampling is stated once; a ``ClientSampling`` given here must be the
+            run's (a round is refused otherwise).
         dp_weight_cap: under DP, ``w_k = min(n_k / dp_weight_cap, 1)`` (``None``: all 1).
         adaptive_clipping: adaptive clipping under DP (``None``: the transport's fixed clip).
+        private_parameters: names (``named_parameters``) of the client-private parameters, e.g. a
+            per-user embedding: each client keeps its own copy on the device, trains it locally,
+            and never uploads it; the transport (and any DP clip and charge) sees only the rest.
+        shared_parameters: names of the uploaded, averaged parameters (``None``: every trainable
+            parameter not private). Given, every trainable parameter must be in exactly one of
+            the two sets.
     """
 
     local_epochs: int = 1
@@ -262,9 +300,11 @@ class FedAvgConfig:
     client_lr: float = 0.1
     weighting: str = "examples"
     server: ServerOptimiserConfig = field(default_factory=ServerOptimiserConfig)
-    sampling: ClientSampling = field(default_factory=ClientSampling)
+    sampling: ClientSampling | None = None
     dp_weight_cap: float | None = None
     adaptive_clipping: AdaptiveClipping | None = None
+    private_parameters: tuple[str, ...] = ()
+    shared_parameters: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("local_epochs", "batch_size"):
@@ -277,8 +317,22 @@ class FedAvgConfig:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         if not isinstance(self.server, ServerOptimiserConfig):
             raise ValueError("server must be a ServerOptimiserConfig")
-        if not isinstance(self.sampling, ClientSampling):
-            raise ValueError("sampling must be a runtime.ClientSampling")
+        if self.sampling is not None and not isinstance(self.sampling, ClientSampling):
+            raise ValueError("sampling must be None (the run's) or a runtime.ClientSampling")
+        for name in ("private_parameters", "shared_parameters"):
+            names = getattr(self, name)
+            if names is None and name == "shared_parameters":
+                continue
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"{name} must be a tuple of parameter names, got {names!r}")
+            object.__setattr__(self, name, tuple(names))
+        both = sorted(set(self.private_parameters) & set(self.shared_parameters or ()))
+        if both:
+            raise ValueError(
+                f"parameter(s) {both} are marked private and also listed in shared_parameters: "
+                "a private parameter stays on the client's device and is never uploaded, so it "
+                "cannot also be averaged; list each parameter in one of the two"
+            )
         if self.dp_weight_cap is not None and not (
             math.isfinite(self.dp_weight_cap) and self.dp_weight_cap > 0
         ):
@@ -290,58 +344,191 @@ class FedAvgConfig:
             )
 
 
+# ------------------------------------------------------------------------------ clients
+@dataclass(frozen=True, eq=False)
+class Client:
+    """One client: its own data, and its own values of the model's private parameters.
+
+    Attributes:
+        examples: tensors with the client's examples along the first axis (e.g.
+            ``(items, ratings)``), sliced into minibatches.
+        context: tensors the client holds once, not per example (e.g. its rating history for a
+            user tower); every minibatch gets them whole, after the examples' slices.
+        private: initial values of this client's private parameters, by name (a parameter not
+            given starts from the model's own value). They live on the client: :class:`FedAvg`
+            trains them locally and never uploads them.
+    """
+
+    examples: tuple[torch.Tensor, ...]
+    context: tuple[torch.Tensor, ...] = ()
+    private: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        examples, context = tuple(self.examples), tuple(self.context)
+        for kind, tensors in (("examples", examples), ("context", context)):
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                raise ValueError(f"a client's {kind} must be torch tensors")
+        sizes = {len(t) for t in examples}
+        if not examples or len(sizes) != 1 or 0 in sizes:
+            raise ValueError(
+                "a client's examples must be non-empty tensors with one length along the first "
+                f"axis (got lengths {sorted(sizes)})"
+            )
+        private = dict(self.private)
+        if not all(isinstance(v, torch.Tensor) for v in private.values()):
+            raise ValueError("a client's private values must be torch tensors")
+        object.__setattr__(self, "examples", examples)
+        object.__setattr__(self, "context", context)
+        object.__setattr__(self, "private", private)
+
+    @property
+    def n_examples(self) -> int:
+        return len(self.examples[0])
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The minibatch ``index`` of the examples, followed by the whole context."""
+        return tuple(t[index] for t in self.examples) + self.context
+
+
+def _as_client(k: int, data: Client | Batch) -> Client:
+    if isinstance(data, Client):
+        return data
+    try:
+        return Client(tuple(data))
+    except ValueError as error:
+        raise ValueError(f"client {k}: {error}") from None
+
+
+def split_parameters(
+    module: nn.Module, private: Sequence[str], shared: Sequence[str] | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(shared, private)`` names of ``module``'s trainable parameters, in its order.
+
+    Raises:
+        ValueError: an unknown name; with ``shared`` given, a trainable parameter in neither set;
+            no shared parameter left.
+    """
+    trainable = [name for name, p in module.named_parameters() if p.requires_grad]
+    unknown = sorted((set(private) | set(shared or ())) - set(trainable))
+    if unknown:
+        raise ValueError(
+            f"{type(module).__name__} has no trainable parameter {unknown}; it has {trainable}"
+        )
+    if shared is not None:
+        neither = [n for n in trainable if n not in private and n not in shared]
+        if neither:
+            raise ValueError(
+                f"trainable parameter(s) {neither} are neither shared nor private: list each "
+                "in shared_parameters or private_parameters (or freeze it)"
+            )
+    shared_names = tuple(n for n in trainable if n not in private)
+    if not shared_names:
+        raise ValueError("every trainable parameter is private: there is nothing to federate")
+    return shared_names, tuple(n for n in trainable if n in private)
+
+
 # ------------------------------------------------------------------------------ the algorithm
 class FedAvg:
     """FedAvg / FedOpt / DP-FedAvg over any ``nn.Module`` (module docstring).
 
     Args:
-        model: the global model (its parameters are overwritten after every round).
-        clients: one tuple of tensors per client (all with the client's examples along the first
-            axis, e.g. ``(items, ratings)``); client ``k`` is ``clients[k]``.
-        loss: ``loss(model, batch)`` -> scalar loss of a minibatch (a tuple of the client's
-            tensors, sliced along the first axis).
+        model: the global model (its shared parameters are overwritten after every round; its
+            private ones keep their initial values: the server never learns the clients').
+        clients: one :class:`Client` per client (or, as before, one tuple of example tensors);
+            client ``k`` is ``clients[k]``.
+        loss: ``loss(model, batch)`` -> scalar loss of a minibatch (:meth:`Client.batch`: the
+            client's example tensors sliced along the first axis, then its context tensors).
         config: :class:`FedAvgConfig`.
+        round_hook: extra clients in every round (the audit's canaries): an object with
+            ``extra_clients(round_id) -> ids`` (beyond ``len(clients)``; they join the round's
+            clients) and ``submit(rnd, round_id)`` (called after the real clients' updates,
+            before ``rnd.result()``), e.g. :class:`securefed.audit.whitebox.CanaryHook` for a
+            white-box audit of the final model (:func:`securefed.audit.whitebox.
+            estimate_from_model_delta`). Their updates enter the aggregate like any client's.
 
     Attributes:
         n_clients: ``len(clients)``.
+        shared_names, private_names: the uploaded and the client-private parameters.
+        shapes: name and shape of each shared parameter, in :attr:`params`'s order.
+        params: the global (shared) parameters as one float64 vector.
         clip_history: the clip of each round run under adaptive clipping.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        clients: Sequence[Batch],
+        clients: Sequence[Client | Batch],
         loss: LossFunction,
         config: FedAvgConfig | None = None,
+        *,
+        round_hook: object | None = None,
     ) -> None:
         self.config = FedAvgConfig() if config is None else config
+        if round_hook is not None and not (
+            callable(getattr(round_hook, "extra_clients", None))
+            and callable(getattr(round_hook, "submit", None))
+        ):
+            raise ValueError("round_hook needs extra_clients(round_id) and submit(rnd, round_id)")
+        self.round_hook = round_hook
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be a torch nn.Module, got {type(model).__name__}")
         if not callable(loss):
             raise ValueError("loss must be callable: loss(model, batch) -> scalar tensor")
         self.model = model
         self.loss = loss
-        self.clients = [tuple(data) for data in clients]
+        self.clients = [_as_client(k, data) for k, data in enumerate(clients)]
         if not self.clients:
             raise ValueError("FedAvg needs at least one client")
-        counts = []
-        for k, data in enumerate(self.clients):
-            sizes = {len(t) for t in data}
-            if not data or len(sizes) != 1 or 0 in sizes:
-                raise ValueError(
-                    f"client {k}'s tensors must be non-empty with one length along the first axis"
-                    f" (got lengths {sorted(sizes)})"
-                )
-            counts.append(sizes.pop())
-        self.n_examples = np.array(counts, dtype=np.int64)
+        self.shared_names, self.private_names = split_parameters(
+            model, self.config.private_parameters, self.config.shared_parameters
+        )
+        self.n_examples = np.array([c.n_examples for c in self.clients], dtype=np.int64)
         self.n_clients = len(self.clients)
-        self.shapes = parameter_shapes(model)
-        self.params = module_to_vector(model)
+        self.shapes = parameter_shapes(model, self.shared_names)
+        self.params = module_to_vector(model, self.shared_names)
+        self.private_state = [self._initial_private(k) for k in range(self.n_clients)]
         self._local = copy.deepcopy(model)
         self.optimiser = ServerOptimiser(self.config.server)
         clipping = self.config.adaptive_clipping
         self.clip = None if clipping is None else clipping.initial_clip
         self.clip_history: list[float] = []
+        self._rate: float | None = None
+
+    def _initial_private(self, k: int) -> dict[str, torch.Tensor]:
+        own = self.clients[k].private
+        stray = sorted(set(own) - set(self.private_names))
+        if stray:
+            raise ValueError(
+                f"client {k} gives private values for {stray}, which are not private parameters"
+                f" (private_parameters: {list(self.private_names)})"
+            )
+        named = dict(self.model.named_parameters())
+        state = {}
+        for name in self.private_names:
+            reference = named[name]
+            value = own.get(name, reference.detach())
+            if tuple(value.shape) != tuple(reference.shape):
+                raise ValueError(
+                    f"client {k}'s private {name} has shape {tuple(value.shape)}, the model's "
+                    f"{tuple(reference.shape)}"
+                )
+            state[name] = value.detach().to(dtype=reference.dtype).clone()
+        return state
+
+    def _load_client(self, module: nn.Module, client: int) -> None:
+        """The global shared parameters and client ``client``'s private ones, into ``module``."""
+        vector_to_module(self.params, module, self.shared_names)
+        named = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, value in self.private_state[client].items():
+                named[name].copy_(value)
+
+    def client_model(self, client: int) -> nn.Module:
+        """The model as client ``client`` holds it (global shared parameters, its own private
+        ones): what the client predicts with, on its device. A fresh copy."""
+        module = copy.deepcopy(self._local)
+        self._load_client(module, client)
+        return module
 
     @property
     def transport_needs(self) -> TransportNeeds:
@@ -349,22 +536,27 @@ class FedAvg:
 
     # -- the client --------------------------------------------------------------------
     def local_delta(self, client: int, rng: np.random.Generator) -> np.ndarray:
-        """Client ``client``'s update: its locally trained parameters minus the global ones."""
+        """Client ``client``'s update: its locally trained shared parameters minus the global
+        ones. Its private parameters are trained too and stay with it (never returned)."""
         local = self._local
-        vector_to_module(self.params, local)
+        self._load_client(local, client)
         local.train()
         optimiser = torch.optim.SGD(local.parameters(), lr=self.config.client_lr)
         data = self.clients[client]
-        size = len(data[0])
+        size = data.n_examples
         for _ in range(self.config.local_epochs):
             order = torch.from_numpy(rng.permutation(size))
             for start in range(0, size, self.config.batch_size):
                 index = order[start : start + self.config.batch_size]
                 optimiser.zero_grad(set_to_none=True)
-                value = self.loss(local, tuple(t[index] for t in data))
+                value = self.loss(local, data.batch(index))
                 value.backward()
                 optimiser.step()
-        return module_to_vector(local) - self.params
+        named = dict(local.named_parameters())
+        self.private_state[client] = {
+            name: named[name].detach().clone() for name in self.private_names
+        }
+        return module_to_vector(local, self.shared_names) - self.params
 
     # -- a round -----------------------------------------------------------------------
     def run_round(
@@ -385,7 +577,7 @@ class FedAvg:
             )
         clients = np.asarray(clients, dtype=np.int64)
         if dp:
-            self._check_sampling(transport)
+            self._rate = self._check_sampling(transport)
             if len(clients) == 0:
                 raise AggregationError(
                     f"round {round_id} sampled no client: a DP round releases its noisy sum "
@@ -401,7 +593,14 @@ class FedAvg:
         )
         adaptive = self.config.adaptive_clipping is not None
         width = self.params.size + (1 if adaptive else 0)
-        rnd = transport.open_round(round_id, clients, shape=(1, width), seeds=seeds)
+        extra = np.zeros(0, dtype=np.int64)
+        if self.round_hook is not None:
+            extra = np.asarray(self.round_hook.extra_clients(round_id), dtype=np.int64)
+            if np.any(extra < self.n_clients):
+                raise ValueError("the round hook's clients must come after the model's own")
+        rnd = transport.open_round(
+            round_id, np.concatenate([clients, extra]), shape=(1, width), seeds=seeds
+        )
         rnd.broadcast("model", self.params)
         parts = self._adaptive_parts(transport) if adaptive else None
         norms = []
@@ -411,6 +610,8 @@ class FedAvg:
             if parts is not None:
                 delta = self._with_clipped_bit(delta, *parts)
             rnd.submit(client, delta, weight=weight)
+        if self.round_hook is not None:
+            self.round_hook.submit(rnd, round_id)
         aggregate = rnd.result()
         metrics = {"update_norm_median": float(np.median(norms))}
         if parts is not None:
@@ -428,29 +629,44 @@ class FedAvg:
         self._apply(mean)
         return metrics
 
-    def _check_sampling(self, transport: Transport) -> None:
+    def _check_sampling(self, transport: Transport) -> float:
+        """The run's sampling rate, after checking the transport charges it."""
         charged = transport.view.public.get("sample_rate")
-        rate = self.config.sampling.rate(self.n_clients)
+        ledger = transport.ledger  # the accountant, told the run's sampling by run_rounds
+        run_mode = None if ledger is None else ledger.sampling
+        run_rate = None if ledger is None else ledger.sampling_rate
+        given = self.config.sampling
+        if given is not None:
+            rate = given.rate(self.n_clients)
+            if run_mode is not None and run_mode != given.mode:
+                raise InsecureParameterError(
+                    f"FedAvgConfig.sampling is {given.mode!r} but the run samples {run_mode!r}: "
+                    "leave FedAvgConfig.sampling None (the run's) or give the same ClientSampling"
+                )
+        elif run_rate is not None:
+            rate = float(run_rate)
+        elif charged is not None:  # run_round called outside run_rounds: the charged rate
+            rate = float(charged)
+        else:
+            raise InsecureParameterError(
+                "FedAvg under DP needs the run's sampling rate for its fixed denominator: run it"
+                " with run_rounds (which tells the transport's ledger) or give "
+                "FedAvgConfig.sampling"
+            )
         if charged is None or not math.isclose(float(charged), rate, rel_tol=1e-9):
             raise InsecureParameterError(
-                f"FedAvg's fixed denominator assumes sampling rate {rate:g} "
-                f"(FedAvgConfig.sampling {self.config.sampling}), the transport charges "
-                f"{charged!r}: give both the run's ClientSampling"
+                f"FedAvg's fixed denominator assumes sampling rate {rate:g} (the run's sampling"
+                f" {given or run_mode}), the transport charges {charged!r}: build the transport "
+                "with sample_rate=RunOptions.sampling.rate(n_clients)"
             )
-        ledger = transport.ledger  # the accountant, told the run's sampling by run_rounds
-        mode = None if ledger is None else ledger.sampling
-        if mode is not None and mode != self.config.sampling.mode:
-            raise InsecureParameterError(
-                f"FedAvgConfig.sampling is {self.config.sampling.mode!r} but the run samples "
-                f"{mode!r}: give RunOptions and FedAvgConfig the same ClientSampling"
-            )
+        return rate
 
     def _fixed_denominator(self) -> float:
         """``q * sum_k w_k`` over every client: the expected weight of a round (public)."""
         all_weights = example_weights(
             self.n_examples, self.config.weighting, dp=True, weight_cap=self.config.dp_weight_cap
         )
-        return self.config.sampling.rate(self.n_clients) * float(all_weights.sum())
+        return self._rate * float(all_weights.sum())
 
     def _count_noise(self) -> float:
         given = self.config.adaptive_clipping.count_noise
@@ -486,16 +702,20 @@ class FedAvg:
             updated.append(self.optimiser.step(name, block, step).reshape(-1))
             offset += size
         self.params = np.concatenate(updated)
-        vector_to_module(self.params, self.model)
+        vector_to_module(self.params, self.model, self.shared_names)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
-        """The global parameters, the server optimiser's moments and the clip (if adaptive)."""
+        """The global parameters, the server optimiser's moments, the clip (if adaptive) and
+        each client's private parameters (``client/<k>/<name>``; on a real deployment each
+        client keeps its own on its device)."""
         state = {"params": self.params.copy()}
         state |= {f"server/{k}": v for k, v in self.optimiser.state_dict().items()}
         if self.clip is not None:
             state["clip"] = np.array(self.clip)
             state["clip_history"] = np.array(self.clip_history, dtype=np.float64)
+        for k, private in enumerate(self.private_state):
+            state |= {f"client/{k}/{n}": v.cpu().numpy().copy() for n, v in private.items()}
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
@@ -507,10 +727,23 @@ class FedAvg:
         params = np.asarray(state["params"], dtype=np.float64)
         if params.shape != self.params.shape:
             raise ValueError(f"params of shape {params.shape}, the model has {self.params.shape}")
+        private_state = []
+        for k, current in enumerate(self.private_state):
+            restored = {}
+            for name, value in current.items():
+                array = np.asarray(state[f"client/{k}/{name}"])
+                if array.shape != tuple(value.shape):
+                    raise ValueError(
+                        f"client {k}'s private {name} of shape {array.shape}, the model has "
+                        f"{tuple(value.shape)}"
+                    )
+                restored[name] = torch.from_numpy(array.copy()).to(dtype=value.dtype)
+            private_state.append(restored)
         server = {k[len("server/") :]: v for k, v in state.items() if k.startswith("server/")}
         self.optimiser.load_state_dict(server)
         if self.clip is not None:
             self.clip = float(state["clip"])
             self.clip_history = [float(c) for c in np.asarray(state["clip_history"])]
         self.params = params.copy()
-        vector_to_module(self.params, self.model)
+        self.private_state = private_state
+        vector_to_module(self.params, self.model, self.shared_names)

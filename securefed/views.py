@@ -10,18 +10,25 @@ payloads, aggregates and broadcast arrays are kept only for the rounds selected 
 because each is as large as the model and a long dense run would not fit in memory or on disk.
 docs/serverview.md documents the saved format field by field, and what a view costs.
 
-Saved format (``ServerView.save(directory, key=None)``), version 2, no pickle anywhere:
+Saved format (``ServerView.save(directory, key=None)``), version 3, no pickle anywhere:
 
-* ``manifest.json``: ``{"format": "securefed.server_view", "version": 2, "transport": str,
+* ``manifest.json``: ``{"format": "securefed.server_view", "version": 3, "transport": str,
   "keep_payloads": str, "total_rounds": int | null, "public": {...}, "rounds": [round, ...],
   "arrays": [names], "digest": {...}}`` where each round is ``{"round": int, "public": {...},
   "dropped": [client ids], "keep_payloads": bool, "payload_fields": {client: [names]},
   "aggregate": [names], "broadcast": [names]}``. ``digest`` is SHA-256 (HMAC-SHA256 with a key)
   over the manifest's content and the bytes of ``arrays.npz`` (:mod:`securefed.integrity`).
 * ``arrays.npz``: ``r{round}/clients``, ``r{round}/bytes_up`` and ``r{round}/bytes_down`` (int64,
-  aligned with the clients array), ``r{round}/payload/{client}/{field}``,
-  ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``; exactly the names the
-  manifest's ``arrays`` lists. Loaded with ``allow_pickle=False``.
+  aligned with the clients array), ``r{round}/packed/{field}/values`` and ``.../lengths`` (a
+  payload field of every client that sent it, concatenated in ascending client order, and each
+  client's first-axis length), ``r{round}/payload/{client}/{field}`` (a field that cannot be
+  packed), ``r{round}/aggregate/{name}`` and ``r{round}/broadcast/{name}``; exactly the names the
+  manifest's ``arrays`` lists, each deflated where that helps (:func:`write_arrays`). Loaded
+  with ``allow_pickle=False``.
+
+Version 3 differs from 2 in what secure aggregation records (a masked upload's SHA-256,
+``masked_sha256``, unless the transport keeps the integers), in the packed payload fields and
+in the compression; the manifest's keys are the same, and version 2 files are read as they are.
 
 :meth:`ServerView.load` refuses, with :class:`~securefed.errors.ViewFormatError` naming the file
 and the cause, anything else: a missing or corrupt file, another format or version (version 1
@@ -47,7 +54,11 @@ from securefed.errors import ViewFormatError
 from securefed.integrity import read_json, verify, write_sealed_json
 
 FORMAT_NAME = "securefed.server_view"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Versions :meth:`ServerView.load` reads: 3 (secure aggregation's masked uploads recorded by
+digest unless kept, payload fields packed, arrays compressed where it helps) and 2 (payloads one
+array per client and field; read as is). Version 1 files carried no digest and are refused."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,8 @@ class RoundView:
     def positions(self, clients: np.ndarray | Collection[int]) -> np.ndarray:
         """Positions of ``clients`` in this round's client array (error if one is absent)."""
         wanted = np.asarray(clients, dtype=np.int64).reshape(-1)
+        if wanted.size == 0:  # nobody to place (an empty Poisson round)
+            return np.zeros(0, dtype=np.int64)
         where = np.searchsorted(self.clients, wanted)
         where = np.minimum(where, max(len(self.clients) - 1, 0))
         if len(self.clients) == 0 or np.any(self.clients[where] != wanted):
@@ -282,18 +295,15 @@ class ServerView:
             directory: the view's folder.
             key: optional key (at least 16 bytes) for an HMAC-SHA256 digest instead of SHA-256.
         """
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, np.ndarray | Concatenation] = {}
         rounds = []
         for view in self.rounds:
             prefix = f"r{view.round_id}"
             arrays[f"{prefix}/clients"] = view.clients
             arrays[f"{prefix}/bytes_up"] = view.bytes_up
             arrays[f"{prefix}/bytes_down"] = view.bytes_down
-            fields = {}
-            for client, payload in view.payloads.items():
-                fields[str(client)] = sorted(payload)
-                for name, value in payload.items():
-                    arrays[f"{prefix}/payload/{client}/{name}"] = value
+            fields = {str(c): sorted(view.payloads[c]) for c in sorted(view.payloads)}
+            arrays.update(_pack_payloads(prefix, view.payloads))
             aggregate = view.aggregate if view.keep_payloads else {}
             for name, value in aggregate.items():
                 arrays[f"{prefix}/aggregate/{name}"] = np.asarray(value)
@@ -336,7 +346,7 @@ class ServerView:
                 round, an unknown or missing field, ...).
         """
         manifest, arrays = load_record(
-            directory, format_name=FORMAT_NAME, version=FORMAT_VERSION, key=key
+            directory, format_name=FORMAT_NAME, versions=READABLE_VERSIONS, key=key
         )
         manifest_path = Path(directory) / MANIFEST_FILE
         schema = _Schema(manifest_path)
@@ -366,7 +376,7 @@ class ServerView:
 
         seen: set[int] = set()
         for entry in schema.typed(manifest, "rounds", list):
-            view.rounds.append(_load_round(entry, read, schema, seen))
+            view.rounds.append(_load_round(entry, read, arrays.keys(), schema, seen))
         unused = sorted(set(arrays) - used)
         if unused:
             raise ViewFormatError(
@@ -392,7 +402,7 @@ _RECORD_KEYS = frozenset({"arrays", "digest"})
 def save_record(
     directory: str | os.PathLike,
     manifest: Mapping[str, object],
-    arrays: Mapping[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray | Concatenation],
     *,
     key: bytes | None = None,
 ) -> Path:
@@ -400,7 +410,8 @@ def save_record(
 
     The machinery of every saved view type: the manifest gains ``"arrays"`` (the sorted names in
     ``arrays.npz``) and a ``"digest"`` over its content and the bytes of ``arrays.npz``
-    (:mod:`securefed.integrity`); each file is replaced atomically, the arrays first.
+    (:mod:`securefed.integrity`); each file is replaced atomically, the arrays first. The arrays
+    are written by :func:`write_arrays` (deflated where that helps).
 
     Args:
         directory: the folder (created if needed).
@@ -414,7 +425,7 @@ def save_record(
     if reserved:
         raise ValueError(f"manifest keys {sorted(reserved)} are reserved for save_record")
     tmp_arrays = directory / "arrays.tmp.npz"
-    np.savez(tmp_arrays, **{name: np.asarray(value) for name, value in arrays.items()})
+    write_arrays(tmp_arrays, arrays)
     os.replace(tmp_arrays, directory / ARRAYS_FILE)
     document = dict(manifest) | {"arrays": sorted(arrays)}
     write_sealed_json(
@@ -423,18 +434,89 @@ def save_record(
     return directory
 
 
+def write_arrays(path: str | os.PathLike, arrays: Mapping[str, np.ndarray | Concatenation]) -> None:
+    """Write ``arrays`` as an ``.npz`` archive, each member deflated where that helps.
+
+    The archive is what :func:`numpy.savez` writes (one ``NAME.npy`` member per array, read by
+    :func:`numpy.load`), except that a member whose leading bytes deflate to under
+    :data:`COMPRESS_BELOW` of their size is stored compressed (ids, counts, byte ledgers, sparse
+    blocks) and one that does not (uniform masked integers, digests, dense float noise) is stored
+    as is, and every member carries the same fixed timestamp, so equal content gives equal bytes
+    (and an equal digest).
+
+    Raises:
+        ValueError: an object array (nothing is pickled).
+    """
+    with zipfile.ZipFile(path, "w", allowZip64=True) as archive:
+        for name, value in arrays.items():
+            if not isinstance(value, Concatenation):
+                value = np.asarray(value)
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_TIME)
+            member.compress_type = (
+                zipfile.ZIP_DEFLATED if _compresses(value) else zipfile.ZIP_STORED
+            )
+            with archive.open(member, "w", force_zip64=True) as stream:
+                if isinstance(value, Concatenation):
+                    value.write(stream)
+                else:
+                    np.lib.format.write_array(stream, value, allow_pickle=False)
+
+
+def saved_bytes_by_round(directory: str | os.PathLike) -> dict[int, int]:
+    """Bytes of a saved view's ``arrays.npz`` that each round's arrays take on disk.
+
+    Each member counts its local header, its (compressed) data and its entry in the archive's
+    central directory; the archive's end records (a few dozen bytes) count for no round. What
+    ``docs/serverview.md`` ("What a view costs") reports, and what tests compare across
+    transports (bytes are portable; times are not).
+
+    Raises:
+        ViewFormatError: a member whose name starts with no ``r{round}/``.
+    """
+    path = Path(directory) / ARRAYS_FILE
+    with zipfile.ZipFile(path) as archive:
+        members = sorted(archive.infolist(), key=lambda info: info.header_offset)
+        ends = [m.header_offset for m in members[1:]] + [archive.start_dir]
+        totals: dict[int, int] = {}
+        for member, end in zip(members, ends, strict=True):
+            match = re.match(r"r(\d+)/", member.filename)
+            if match is None:
+                raise ViewFormatError(f"{path}: member {member.filename!r} belongs to no round")
+            central = 46 + len(member.filename.encode()) + len(member.extra) + len(member.comment)
+            round_id = int(match.group(1))
+            totals[round_id] = totals.get(round_id, 0) + end - member.header_offset + central
+    return totals
+
+
+COMPRESS_BELOW = 0.9
+"""A member is deflated when a sample of it deflates to under this share of its size."""
+_COMPRESS_SAMPLE = 1 << 16  # bytes of a member's start that decide
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip entry can carry: reproducible archives
+
+
+def _compresses(value: np.ndarray | Concatenation) -> bool:
+    """Whether deflating ``value`` pays: judged on its first :data:`_COMPRESS_SAMPLE` bytes."""
+    if value.dtype.hasobject:
+        raise ValueError("object arrays cannot be saved (nothing is pickled)")
+    if isinstance(value, Concatenation):
+        sample = value.head(_COMPRESS_SAMPLE)
+    else:
+        sample = value.flat[: max(1, _COMPRESS_SAMPLE // max(value.itemsize, 1))].tobytes()
+    return len(zlib.compress(sample, 1)) < COMPRESS_BELOW * len(sample)
+
+
 def load_record(
     directory: str | os.PathLike,
     *,
     format_name: str,
-    version: int,
+    versions: Collection[int],
     key: bytes | None = None,
 ) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """Read and verify a folder written by :func:`save_record`.
 
-    Checks, in order: both files exist, the manifest is JSON of ``format_name`` at ``version``,
-    the digest matches the manifest and ``arrays.npz``, and ``arrays.npz`` holds exactly the
-    arrays the manifest names.
+    Checks, in order: both files exist, the manifest is JSON of ``format_name`` at one of
+    ``versions``, the digest matches the manifest and ``arrays.npz``, and ``arrays.npz`` holds
+    exactly the arrays the manifest names.
 
     Returns:
         The manifest (without ``arrays`` and ``digest``) and every array, loaded.
@@ -452,10 +534,11 @@ def load_record(
         raise ViewFormatError(
             f"{manifest_path}: format is {manifest.get('format')!r}, expected {format_name!r}"
         )
-    if manifest.get("version") != version:
+    if manifest.get("version") not in versions:
+        readable = ", ".join(str(v) for v in sorted(versions))
         raise ViewFormatError(
             f"{manifest_path}: unsupported version {manifest.get('version')!r} (this securefed "
-            f"reads version {version}, whose files carry a digest)"
+            f"reads version {readable}, whose files carry a digest)"
         )
     verify(manifest, manifest_path, [ARRAYS_FILE], key=key, error=ViewFormatError)
     names = manifest.get("arrays")
@@ -519,7 +602,11 @@ class _Schema:
 
 
 def _load_round(
-    entry: object, read: Callable[[str], np.ndarray], schema: _Schema, seen: set[int]
+    entry: object,
+    read: Callable[[str], np.ndarray],
+    stored: Collection[str],
+    schema: _Schema,
+    seen: set[int],
 ) -> RoundView:
     """One round of a manifest, checked against its arrays."""
     entry = schema.keys(entry, "a round entry", _ROUND_KEYS)
@@ -557,14 +644,129 @@ def _load_round(
             raise schema.fail(f"{where}: a payload of client {client!r}, who is not in the round")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise schema.fail(f"{where}: payload fields of client {client} must be names")
-        view.payloads[int(client)] = {
-            name: read(f"{prefix}/payload/{client}/{name}") for name in names
-        }
+    view.payloads.update(_unpack_payloads(prefix, fields, read, stored, schema.fail))
     for name in schema.names(entry, "aggregate"):
         view.aggregate[name] = read(f"{prefix}/aggregate/{name}")
     for name in broadcast:
         view.broadcast[name] = read(f"{prefix}/broadcast/{name}")
     return view
+
+
+def _pack_payloads(
+    prefix: str, payloads: Mapping[int, Mapping[str, np.ndarray]]
+) -> dict[str, np.ndarray | Concatenation]:
+    """A round's payloads as arrays: each field packed over its clients where it can be.
+
+    A field that every client holding it sent as an array of at least one dimension, of one
+    dtype and one shape beyond the first axis, is stored once for the round:
+    ``{prefix}/packed/{field}/values`` (the arrays concatenated along their first axis, in
+    ascending client order) and ``{prefix}/packed/{field}/lengths`` (int64, each client's first
+    axis). Any other field is stored per client, ``{prefix}/payload/{client}/{field}``. Packing
+    saves the per-array overhead of the archive (about 400 bytes), which dominates a round of
+    many clients with small fields (secure aggregation's keys, shares and digests). A packed
+    field's values are returned as a function that concatenates them, called when the archive
+    writes them (:class:`Concatenation`): the archive streams the pieces, nothing is copied.
+    """
+    arrays: dict[str, np.ndarray | Concatenation] = {}
+    names = sorted({name for fields in payloads.values() for name in fields})
+    for name in names:
+        holders = sorted(c for c, fields in payloads.items() if name in fields)
+        values = [np.asarray(payloads[c][name]) for c in holders]
+        kinds = {(v.dtype.str, v.shape[1:]) for v in values}
+        if len(kinds) == 1 and all(v.ndim >= 1 for v in values):
+            arrays[f"{prefix}/packed/{name}/values"] = Concatenation(values)
+            arrays[f"{prefix}/packed/{name}/lengths"] = np.array([len(v) for v in values], np.int64)
+        else:
+            for client, value in zip(holders, values, strict=True):
+                arrays[f"{prefix}/payload/{client}/{name}"] = value
+    return arrays
+
+
+@dataclass(frozen=True)
+class Concatenation:
+    """Arrays of one dtype and one shape beyond the first axis, to be saved as one array
+    concatenated along its first axis: :func:`write_arrays` streams the pieces into the archive
+    without building the whole (what ``numpy.concatenate(pieces)`` would give, byte for byte).
+    """
+
+    pieces: tuple[np.ndarray, ...]
+
+    def __init__(self, pieces: Collection[np.ndarray]) -> None:
+        pieces = tuple(np.asarray(p) for p in pieces)
+        if not pieces or len({(p.dtype.str, p.shape[1:]) for p in pieces}) != 1:
+            raise ValueError("a concatenation needs pieces of one dtype and trailing shape")
+        if any(p.ndim < 1 for p in pieces):
+            raise ValueError("a concatenation needs pieces of at least one dimension")
+        object.__setattr__(self, "pieces", pieces)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.pieces[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(len(p) for p in self.pieces), *self.pieces[0].shape[1:])
+
+    def head(self, nbytes: int) -> bytes:
+        """The first ``nbytes`` (or fewer) bytes of the concatenation, in C order."""
+        out, left = [], nbytes
+        for piece in self.pieces:
+            if left <= 0:
+                break
+            chunk = piece.flat[: -(-left // max(piece.itemsize, 1))].tobytes()
+            out.append(chunk)
+            left -= len(chunk)
+        return b"".join(out)[:nbytes]
+
+    def write(self, stream) -> None:
+        """Write the concatenation as one ``.npy`` array (format 1.0) into ``stream``."""
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(stream, header | {"shape": self.shape})
+        if self.dtype.hasobject:
+            raise ValueError("object arrays cannot be saved (nothing is pickled)")
+        for piece in self.pieces:
+            if piece.size:  # an empty piece adds no bytes (and no memoryview casts it)
+                stream.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
+
+
+def _unpack_payloads(
+    prefix: str,
+    fields: Mapping[str, list[str]],
+    read: Callable[[str], np.ndarray],
+    stored: Collection[str],
+    fail: Callable[[str], ViewFormatError],
+) -> dict[int, dict[str, np.ndarray]]:
+    """The per-client payloads :func:`_pack_payloads` wrote (or a version 2 file's layout).
+
+    Raises:
+        ViewFormatError: a packed field whose lengths do not cover its values or its clients.
+    """
+    payloads: dict[int, dict[str, np.ndarray]] = {int(c): {} for c in fields}
+    names = sorted({name for listed in fields.values() for name in listed})
+    for name in names:
+        holders = sorted(int(c) for c, listed in fields.items() if name in listed)
+        packed = f"{prefix}/packed/{name}"
+        if f"{packed}/values" not in stored:
+            for client in holders:
+                payloads[client][name] = read(f"{prefix}/payload/{client}/{name}")
+            continue
+        values, lengths = read(f"{packed}/values"), read(f"{packed}/lengths")
+        if (
+            lengths.ndim != 1
+            or len(lengths) != len(holders)
+            or lengths.dtype.kind not in "iu"
+            or np.any(lengths < 0)
+            or values.ndim < 1
+            or int(lengths.sum()) != len(values)
+        ):
+            raise fail(
+                f"{packed}: {len(holders)} clients hold {name!r} but its lengths "
+                f"{lengths.tolist()[:5]} do not split its {len(values)} rows among them"
+            )
+        parts = np.split(values, np.cumsum(lengths)[:-1])
+        for client, part in zip(holders, parts, strict=True):
+            payloads[client][name] = part
+    return payloads
 
 
 def _json_default(value: object) -> object:
@@ -1043,7 +1245,7 @@ class FusionView:
             ViewFormatError: naming the file and the cause.
         """
         manifest, arrays = load_record(
-            directory, format_name=FUSION_FORMAT_NAME, version=FUSION_FORMAT_VERSION, key=key
+            directory, format_name=FUSION_FORMAT_NAME, versions=(FUSION_FORMAT_VERSION,), key=key
         )
         return cls.from_arrays(manifest, arrays, str(directory))
 

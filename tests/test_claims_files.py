@@ -304,7 +304,7 @@ def _add_foreign_payload_array(view: Path) -> None:
     """Make the foreign payload self-consistent: its array exists and is named."""
     with np.load(view / "arrays.npz") as stored:
         arrays = {name: stored[name] for name in stored.files}
-    arrays["r0/payload/99/masked"] = arrays["r0/payload/0/masked"]
+    arrays["r0/payload/99/masked"] = arrays["r0/packed/c_public/values"][:32]
     np.savez(view / "arrays.npz", **arrays)
     _edit_json(view / "manifest.json", lambda m: m.update(arrays=sorted(arrays)))
 
@@ -379,12 +379,14 @@ def test_a_keyed_file_needs_its_key_and_refuses_a_re_sealed_edit(artefact, tmp_p
     _refused(lambda: load(root), sealed)  # without the key: cannot be checked
     _refused(lambda: load(root, key=bytes(32)), sealed)  # another key
     # An attacker without the key edits and re-seals with a plain SHA-256:
-    files = {"view": ["arrays.npz"], "checkpoint": _CHECKPOINT_FILES, "ledger": []}[artefact]
+    files = {"view": ["arrays.npz"], "checkpoint": _KEYED_CHECKPOINT_FILES, "ledger": []}[artefact]
     _reseal(sealed, files)
     _refused(lambda: load(root, key=KEY), sealed)
 
 
 _CHECKPOINT_FILES = ["state.npz", "view/manifest.json", "view/arrays.npz"]
+# With a key the algorithm's state is sealed (issue 30, item 7): state.npz.sealed.
+_KEYED_CHECKPOINT_FILES = ["state.npz.sealed", "view/manifest.json", "view/arrays.npz"]
 
 
 def _main_file(artefact: str) -> str:

@@ -61,7 +61,9 @@ def _stages_until_masked(config, n, *, seeds=None, missing=(), keep_clients=None
     """
     seeds = SeedTree(0) if seeds is None else seeds
     config = config.for_round(n)  # what the nodes are sent: the round's scale, fixed
-    transport = SecAggTransport(config, remote_clients=True, keep_payloads=ALL_PAYLOADS)
+    transport = SecAggTransport(
+        config, remote_clients=True, keep_payloads=ALL_PAYLOADS, keep_masked=True
+    )
     rnd = transport.open_round(0, range(n), shape=(1, D), seeds=seeds)
     clients = {c: SecAggClient(c, 0, config, seeds) for c in range(n)}
     rnd.receive_keys({c: clients[c].advertise() for c in range(n)})

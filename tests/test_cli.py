@@ -119,6 +119,10 @@ def test_leak_utility_rows_on_a_small_set(tmp_path):
     assert abs(encrypted["rmse"] - plain["rmse"]) < 2e-3
     for name in ("leak_utility.json", "leak_utility.md", "leak_utility.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # Strict JSON (issue 29): the infinite epsilon_server is the string "Infinity", not a token.
+    text = (tmp_path / "leak_utility.json").read_text()
+    record = json.loads(text, parse_constant=lambda token: pytest.fail(f"non-JSON {token}"))
+    assert "Infinity" in {row["epsilon_server"] for row in record["rows"]}
 
 
 def test_restricted_split_shares_one_index_space():
@@ -143,7 +147,15 @@ def _subparsers(parser):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["fedmf", "--help"], ["bench", "--help"], ["demo", "--out", "x", "-h"]]
+    "argv",
+    [
+        ["--help"],
+        ["fedmf", "--help"],
+        ["bench", "--help"],
+        ["demo", "--out", "x", "-h"],
+        ["fedslate", "--help"],  # issue 29: torch only once a run is asked for
+        ["privacy", "noise", "--help"],
+    ],
 )
 def test_help_screens_import_no_heavy_module(argv):
     from securefed.bench.bench_startup import heavy_modules_loaded
@@ -295,14 +307,20 @@ def test_startup_bench_times_fresh_processes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"goal: under {GOAL_SECONDS:g} s" in printed
     record = json.loads((tmp_path / "startup.json").read_text())
+    accounting = "securefed privacy noise --epsilon 8 --sample-rate 0.01 --rounds 1000 --delta 1e-5"
     assert set(record["timings"]) == {
         "securefed --help",
         "securefed fedmf --help",
+        "securefed fedslate --help",
+        "securefed privacy noise --help",
         "import securefed",
+        accounting,
     }
     for timing in record["timings"].values():
         assert len(timing["seconds"]) == 1 and timing["median_seconds"] > 0
-    assert record["heavy_modules_loaded"]["securefed --help"] == []
+    assert record["timings"][accounting]["under_goal"] is None  # timed, with no goal
+    for screen in ("--help", "fedslate --help", "privacy noise --help"):
+        assert record["heavy_modules_loaded"][f"securefed {screen}"] == []
     with pytest.raises(RuntimeError, match="exited 3"):
         time_command([sys.executable, "-c", "raise SystemExit(3)"], 1)
     with pytest.raises(ValueError, match="repeats"):

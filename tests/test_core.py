@@ -185,7 +185,7 @@ def test_server_view_round_trip(tmp_path):
     with pytest.raises(KeyError, match="kept no payloads"):
         loaded.round(0).payload(0)
     manifest = json.loads((tmp_path / "view" / "manifest.json").read_text())
-    assert manifest["format"] == "securefed.server_view" and manifest["version"] == 2
+    assert manifest["format"] == "securefed.server_view" and manifest["version"] == 3
 
 
 def test_server_view_load_names_what_is_wrong(tmp_path):

@@ -25,8 +25,8 @@ def example():
     yield module
     from securefed.bench import plugins
 
-    plugins.unregister("two-tower")
-    plugins.unregister("rated-items")
+    for name in ("two-tower", "rated-items", "ncf", "user-profile"):
+        plugins.unregister(name)
     sys.modules.pop("byom_two_tower", None)
 
 
@@ -57,3 +57,19 @@ def test_one_round_agrees_within_each_transports_stated_bound(example, tmp_path)
     assert [row["transport"] for row in rows] == ["plaintext", "secagg", "ckks"]
     for row in rows[1:]:
         assert 0 < row["max_abs_deviation_of_the_mean"] <= row["stated_bound"], row
+
+
+def test_private_user_vectors_leak_no_more_than_a_shared_user_table(example, tmp_path):
+    """The NCF-style model with p_u, b_u client-private against its shared-table version."""
+    rows = example.private_versus_shared(example.QUICK, tmp_path)
+    by = {(row["variant"], row["transport"]): row for row in rows}
+    assert all(row["status"] == "ok" for row in rows), [r["status"] for r in rows]
+    for transport in ("plaintext", "secagg"):
+        private, shared = by["private-user", transport], by["shared-user", transport]
+        # the user-profile attack: without user vectors the server is left at chance
+        assert private["leak_pair_accuracy"] == private["chance_pair_accuracy"]
+        # what the server reads of the rated items is the same with or without them
+        assert private["leak_f1"] <= shared["leak_f1"]
+        assert private["kib_up_per_client_round"] < shared["kib_up_per_client_round"]
+    assert by["private-user", "plaintext"]["leak_f1"] == pytest.approx(1.0)
+    assert (tmp_path / "leak_utility.png").stat().st_size > 0

@@ -371,3 +371,26 @@ def test_bench_commands_are_registered():
     args = parser.parse_args(["fedhpd", "--settings", "nofed,5,dpa", "--seeds", "20"])
     assert parse_settings(args.settings) == [("nofed", 1), ("fedhpd", 5), ("dpa", 1)]
     assert parser.parse_args(["fedhpd-speed", "--rounds", "3"]).rounds == 3
+
+
+def test_a_short_runs_curve_is_drawn_as_points(tmp_path, monkeypatch):
+    """Two rounds at a two-round window leave one point: a line of one point shows nothing."""
+    from matplotlib.axes import Axes
+
+    from securefed.rl.fedhpd import plot_agents, plot_system
+
+    markers = []
+    draw = Axes.plot
+
+    def record(self, *args, **options):
+        markers.append(options.get("marker"))
+        return draw(self, *args, **options)
+
+    monkeypatch.setattr(Axes, "plot", record)
+    returns = np.arange(2 * 2 * 3, dtype=float).reshape(2, 2, 3)  # (seeds, rounds, agents)
+    plot_system({"short": returns}, tmp_path / "s.png", window=2)
+    plot_agents({"short": returns}, tmp_path / "a.png", window=2)
+    assert markers and all(m == "o" for m in markers)
+    markers.clear()
+    plot_system({"long": np.zeros((1, 80, 3))}, tmp_path / "l.png", window=10)
+    assert markers == [None]  # a real curve stays a line

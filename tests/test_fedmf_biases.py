@@ -131,7 +131,10 @@ def test_the_global_mean_round_is_one_sum_of_two_totals(small_split):
 def test_under_secure_aggregation_the_mean_round_hides_each_users_totals(small_split):
     n_users = small_split.train.n_users
     transport = build_transport(
-        "secagg", keep_payloads=RoundSelection.parse("all"), n_clients=n_users, total_rounds=1
+        "secagg:keep_masked=true",
+        keep_payloads=RoundSelection.parse("all"),
+        n_clients=n_users,
+        total_rounds=1,
     )
     opened = _capture_rounds(transport)
     seeds = SeedTree(1)
@@ -299,6 +302,7 @@ def test_validation_chooses_the_rounds_and_refuses_dp(small_split):
 
     run = FedMFRun(
         config=biased_config(dim=4, rounds=60),
+        seed=0,
         progress=False,
         validation=0.2,
         early_stopping=EarlyStopping(patience=2, every=5),
@@ -312,7 +316,8 @@ def test_validation_chooses_the_rounds_and_refuses_dp(small_split):
     )
     with pytest.raises(InsecureParameterError, match="DP ledger"):
         run_fedmf(
-            small_split, FedMFRun(config=biased_config(rounds=5), transport="dp", validation=0.1)
+            small_split,
+            FedMFRun(config=biased_config(rounds=5), transport="dp", seed=0, validation=0.1),
         )
 
 

@@ -271,6 +271,7 @@ def _tiny(**changes) -> FedSlateConfig:
         "batch_size": 4,
         "local_hidden": (8,),
         "server_hidden": (4,),
+        "seed": 0,  # seeded: the tests compare runs
     }
     return FedSlateConfig(**(base | changes))
 
@@ -352,6 +353,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
                     "batch_size",
                     "local_hidden",
                     "target_sync",
+                    "seed",
                 )
             }
         )
@@ -552,13 +554,14 @@ def test_metrics():
     assert optimal_reward(series) == pytest.approx(1100)
     first = etror(series)
     assert moving_average(series)[first - 100] >= 0.99 * 1100 > moving_average(series)[first - 101]
-    ref = run_reference(SlateQConfig(episodes=2, num_candidates=6, slate_size=2), "random", users=3)
+    config = SlateQConfig(episodes=2, num_candidates=6, slate_size=2, seed=0)
+    ref = run_reference(config, "random", users=3)
     assert ref.episode_rewards.shape == (2, 3, 2)
 
 
 def test_reference_episodes_side_by_side_draw_the_same_distribution():
     """Fixed-policy episodes are independent: batching them keeps the reward distribution."""
-    config = SlateQConfig(episodes=30, num_candidates=10, slate_size=3)
+    config = SlateQConfig(episodes=30, num_candidates=10, slate_size=3, seed=0)
     one_by_one = run_reference(config, "highest_k", users=20).episode_rewards
     batched = run_reference(config, "highest_k", users=20, episodes_at_once=7).episode_rewards
     assert batched.shape == one_by_one.shape == (30, 20, 2)
@@ -636,7 +639,7 @@ def test_bench_registers_and_reports(tmp_path):
         bench_fedslate.Cell(
             "N6_n2_random",
             "random",
-            SlateQConfig(num_candidates=6, slate_size=2, episodes=2, members=2),
+            SlateQConfig(num_candidates=6, slate_size=2, episodes=2, members=2, seed=0),
         ),
         tmp_path,
     )
@@ -713,7 +716,7 @@ def test_bench_worker_processes_reproduce_the_single_process_runs(tmp_path):
 
 def test_platforms_are_coupled_through_the_shared_user():
     """B's kale slates raise A's reward: the team target rewards B for showing kale."""
-    config = SlateQConfig(episodes=1, num_candidates=10, slate_size=3)
+    config = SlateQConfig(episodes=1, num_candidates=10, slate_size=3, seed=0)
     both_high = run_reference(config, "highest_k", users=300).episode_rewards.mean(axis=(0, 1))
     b_low = run_reference(config, "highest_k+lowest_k", users=300).episode_rewards.mean(axis=(0, 1))
     assert b_low[0] > both_high[0] + 40 and b_low[1] < both_high[1] - 150

@@ -15,6 +15,7 @@ TINY = {
     "num_candidates": 6, "slate_size": 2, "steps_per_platform": 12, "episodes": 4, "members": 1,
     "burn_in": 11, "learn_every": 12, "buffer_size": 16, "batch_size": 4, "local_hidden": (8,),
     "server_hidden": (4,), "server_activation": "polynomial", "eps_decay": 0.9,
+    "seed": 0,  # seeded: the tests compare runs
 }  # fmt: skip
 
 

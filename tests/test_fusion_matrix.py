@@ -316,7 +316,7 @@ def test_importing_the_fusion_seam_imports_neither_torch_nor_tenseal():
 TINY = {
     "num_candidates": 6, "slate_size": 2, "steps_per_platform": 12, "episodes": 1, "members": 2,
     "burn_in": 11, "learn_every": 12, "buffer_size": 16, "batch_size": 4, "local_hidden": (8,),
-    "server_hidden": (4,),
+    "server_hidden": (4,), "seed": 0,  # seeded: the tests compare runs
 }  # fmt: skip
 REFUSAL = {"ckks": "cannot serve", "ckks+dp": "ckks\\+dp fusion channel", "secagg": "not a sum"}
 

@@ -46,7 +46,16 @@ def package_folders(mapping: dict[str, str], root: Path = REPO_ROOT) -> dict[str
     return found
 
 
-def test_the_packages_list_is_every_package_folder():
+DATA_PACKAGES = {
+    "securefed.recsys.datasets": "recsys/datasets",
+    "securefed.recsys.flower_app": "recsys/flower_app",
+    "securefed.recsys.flower_app.securefed_fedmf_app": "recsys/flower_app/securefed_fedmf_app",
+}
+"""Folders of package data, listed as packages so that setuptools ships them without warning
+(the embedded data set and the Flower app, which ``flwr run`` builds rather than imports)."""
+
+
+def test_the_packages_list_is_every_package_folder_and_the_data_folders():
     mapping = SETUPTOOLS["package-dir"]
     assert mapping == {
         "securefed": "securefed",
@@ -55,7 +64,8 @@ def test_the_packages_list_is_every_package_folder():
         "securefed.attacks": "attacks",
         "securefed.bench": "benchmarks",
     }
-    assert sorted(SETUPTOOLS["packages"]) == sorted(package_folders(mapping))
+    assert all((REPO_ROOT / folder).is_dir() for folder in DATA_PACKAGES.values())
+    assert sorted(SETUPTOOLS["packages"]) == sorted({*package_folders(mapping), *DATA_PACKAGES})
 
 
 def test_the_console_script_is_the_lazy_cli():
@@ -78,11 +88,21 @@ def wheel(tmp_path_factory) -> Path:
     )
     out = tmp_path_factory.mktemp("dist")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-    command += ["--no-index", "--quiet", "-w", str(out), str(source)]
+    command += ["--no-index", "--verbose", "-w", str(out), str(source)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("securefed-*.whl")
+    (out / "build.log").write_text(done.stdout + done.stderr)
     return built
+
+
+def test_the_build_warns_of_no_package_it_would_ignore(wheel):
+    """setuptools prints a ~30-line "Package would be ignored" banner for every folder of
+    package data that is not a listed package (issue 29: three on every install)."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "copying" in log  # the verbose build log was captured
+    for banner in ("would be ignored", "is absent from the `packages` configuration"):
+        assert banner not in log, log[log.find(banner) - 500 : log.find(banner) + 200]
 
 
 def _names(wheel: Path) -> list[str]:

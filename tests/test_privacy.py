@@ -50,7 +50,8 @@ def test_ledger_matches_opacus_rdp_accountant_on_a_mixed_history():
             reference.step(noise_multiplier=sigma, sample_rate=q)
     assert ledger.history == [(1.0, 0.01, 600), (0.8, 0.02, 3), (1.0, 0.01, 400)]
     assert ledger.steps == 1003
-    assert ledger.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
+    # dp-accounting's RDP against Opacus's: tests/test_accounting.py states the tolerance
+    assert ledger.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-4)
 
 
 def test_ledger_pinned_figure_and_summary():

@@ -33,3 +33,10 @@ def test_the_quickstart_runs_and_secure_aggregation_costs_no_accuracy(capsys):
     assert rmse["secagg+dp:epsilon=8"] > rmse["plaintext"]  # the noise costs some accuracy
     against = {line.split()[0]: re.search(r"server\s+(\S+)", line).group(1) for line in lines}
     assert against["plaintext"] == "inf" and float(against["secagg+dp:epsilon=8"]) <= 8.0 + 1e-9
+    # every leak is printed beside its chance level; under masks the server is left at chance
+    shares = {
+        line.split()[0]: re.search(r"recovered (\S+)% \(chance (\S+)%\)", line).groups()
+        for line in lines
+    }
+    assert shares["secagg"][0] == shares["secagg"][1] != shares["plaintext"][0]
+    assert all(re.search(r"F1 \S+ \(chance \S+\)", line) for line in lines)

@@ -76,7 +76,9 @@ def _open(config: SecAggConfig, n: int, round_id: int = 0, *, signers=None, seed
     """The server's round (remote clients) and the clients, set up with their signing keys."""
     seeds = SeedTree(0) if seeds is None else seeds
     config = config.for_round(n)
-    transport = SecAggTransport(config, remote_clients=True, keep_payloads=ALL_PAYLOADS)
+    transport = SecAggTransport(
+        config, remote_clients=True, keep_payloads=ALL_PAYLOADS, keep_masked=True
+    )
     rnd = transport.open_round(round_id, range(n), shape=(1, D), seeds=seeds)
     if config.malicious:
         signers = SimulatedSigners() if signers is None else signers
@@ -305,11 +307,15 @@ def test_a_forged_advertisement_stops_the_round(auth):
     # (a signature under its own signing key; a MAC under a key it chose, lacking K_0v).
     server_key = SigningKey.from_seed(bytes(range(32)))
     fake = kx.keypair_from_seed(bytes(32)).public
+    digest = clients[0].registry.digest  # public: the server binds the registry's digest too
     if auth == "signatures":
-        forged = server_key.sign(advertisement_message(0, v, fake, request.s_publics[0]))
+        forged = server_key.sign(
+            advertisement_message(0, v, fake, request.s_publics[0], registry=digest)
+        )
     else:
         forged = kx.mac(
-            bytes(range(32)), advertisement_tag_message(0, v, 0, fake, request.s_publics[0])
+            bytes(range(32)),
+            advertisement_tag_message(0, v, 0, fake, request.s_publics[0], registry=digest),
         )
     resigned = dataclasses.replace(
         request,
@@ -355,6 +361,7 @@ def test_a_client_outside_the_key_registry_is_refused(auth):
     clients = {
         c: SecAggClient(c, 0, config, seeds, signer=keys[c], registry=registry) for c in range(4)
     }
+    sybil.pin_registry(rogue.digest)  # the Sybil's own "enrolment"
     clients[4] = SecAggClient(4, 0, config, seeds, signer=sybil, registry=rogue)
     # With signatures client 0 refuses at ShareKeys; with MACs already at AdvertiseKeys (it
     # has no static key of client 4's to address a tag to).
@@ -475,7 +482,9 @@ def test_the_malicious_variant_gives_the_honest_but_curious_sum_bit_for_bit(drop
     values = np.random.default_rng(0).uniform(-1, 1, size=(12, D))
     totals, views = {}, {}
     for server in ("malicious", HBC):
-        config = SecAggConfig(neighbours=6, server=server, auth=auth if server != HBC else "macs")
+        config = SecAggConfig(
+            neighbours=6, server=server, auth=auth if server != HBC else "signatures"
+        )
         transport = SecAggTransport(config)
         rnd = transport.open_round(0, range(12), shape=(1, D), seeds=SeedTree(1))
         rnd.drop(11)  # dropped before submitting
@@ -499,12 +508,12 @@ def test_the_threat_model_is_an_option_malicious_by_default_and_validated():
     transport = build_transport("secagg", n_clients=10)
     assert transport.config.server == "malicious"
     assert "malicious server" in transport.public_parameters()["protocol"]
-    assert transport.config.auth == "macs"
-    assert build_transport("secagg:auth=signatures", n_clients=10).config.auth == "signatures"
+    assert transport.config.auth == "signatures"  # KCI-resistant (issue 30 item 2)
+    assert build_transport("secagg:auth=macs", n_clients=10).config.auth == "macs"
     with pytest.raises(ValueError, match="auth must be one of"):
         SecAggConfig(auth="none")
     with pytest.raises(ValueError, match="applies only to server='malicious'"):
-        SecAggConfig(server=HBC, auth="signatures")
+        SecAggConfig(server=HBC, auth="macs")
     weak = build_transport("secagg:server=honest_but_curious", n_clients=10)
     assert weak.public_parameters()["server"] == HBC
     assert weak.public_parameters()["signatures"] == "none"
@@ -577,7 +586,8 @@ def test_a_mac_reflected_to_its_sender_or_addressed_to_another_client_stops_the_
     own = adverts[0][2][v]  # client 0's own tag, addressed to v, under K_0v
     key = clients[0].signer.pairwise_key(0, v, clients[0].registry.statics[v])[0][0]
     # The attack's premise: the reflected tag is a valid MAC under the very key 0 checks with.
-    assert key.check(advertisement_tag_message(0, 0, v, *rnd.public_keys[0]), own)
+    digest = clients[0].registry.digest
+    assert key.check(advertisement_tag_message(0, 0, v, *rnd.public_keys[0], registry=digest), own)
     reflected = dataclasses.replace(request, signatures=(own, *request.signatures[1:]))
     with pytest.raises(SignatureError, match=f"client {v}'s MAC on its advertisement"):
         _share(rnd, clients[0], reflected)
@@ -609,7 +619,10 @@ def test_a_consistency_mac_reflected_or_on_another_set_stops_the_round():
     # A tag the server computes itself on the set, under a key it chose (it lacks K_0v):
     forged = {
         **honest,
-        near[0]: kx.mac(bytes(32), consistency_tag_message(0, near[0], 0, survivors)),
+        near[0]: kx.mac(
+            bytes(32),
+            consistency_tag_message(0, near[0], 0, survivors, registry=clients[0].registry.digest),
+        ),
     }
     with pytest.raises(SignatureError, match="MAC on its survivor set does not verify"):
         clients[0].reveal(inbox, set(survivors), forged)
@@ -647,7 +660,7 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
     )
     costs.update(ed25519_sign=4e-5, ed25519_verify=1e-4, keystream_bytes_per_second=1e9)
     costs["cpu"] = dict(costs)
-    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs)
+    report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs, count_contributors=True)
     (row,) = report["rows"]
     for key in ("honest_but_curious", "malicious_macs", "malicious_signatures"):
         assert row[key]["status"] == "ok" and row[key]["floor_seconds"] > 0
@@ -658,5 +671,11 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
     assert macs["setup_seconds"] > 0
     assert macs["first_round_seconds"] == pytest.approx(macs["seconds"] + macs["setup_seconds"])
     assert row["malicious_macs_over_hbc"] > 0
+    # The counted round: each of its helpers verifies as many endorsements as there are
+    # endorsers (issue 30 item 1), more than the t of the signed round.
+    counted = row["malicious_counted"]
+    assert counted["status"] == "ok"
+    assert counted["operations"]["ed25519_verify"] > signed["operations"]["ed25519_verify"]
     table = malicious_table(report)
-    assert "malicious, MACs (default)" in table and "Ed25519 signatures" in table
+    assert "MACs (opt-in, not KCI-resistant)" in table and "signatures (default)" in table
+    assert "helpers count the contributors" in table

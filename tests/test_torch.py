@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
 from securefed import (  # noqa: E402
+    ALL_PAYLOADS,
     ClientSampling,
     InsecureParameterError,
     PlaintextTransport,
@@ -20,6 +21,7 @@ from securefed import (  # noqa: E402
 from securefed.server_optim import ServerOptimiser, ServerOptimiserConfig  # noqa: E402
 from securefed.torch import (  # noqa: E402
     AdaptiveClipping,
+    Client,
     FedAvg,
     FedAvgConfig,
     arrays_to_vector,
@@ -191,14 +193,41 @@ def test_the_quantile_noise_is_charged_to_the_same_ledger():
 def test_dp_refuses_a_sampling_rate_other_than_the_accountants():
     clients = _clients([6] * 10)
     transport = build_transport("dp", {"dp.noise_multiplier": 1.0}, n_clients=10, sample_rate=0.5)
-    algorithm = FedAvg(_linear(), clients, _mse, FedAvgConfig())  # sampling: all, q = 1
-    with pytest.raises(InsecureParameterError, match="sampling rate"):
+    stated = FedAvgConfig(sampling=ClientSampling())  # sampling: all, q = 1
+    algorithm = FedAvg(_linear(), clients, _mse, stated)
+    with pytest.raises(InsecureParameterError, match="sampling"):
         run_rounds(
             algorithm,
             transport,
             SeedTree(0),
             RunOptions(rounds=1, sampling=ClientSampling("poisson", 5)),
         )
+    # a transport charging another rate than the run samples at is refused too
+    transport = build_transport("dp", {"dp.noise_multiplier": 1.0}, n_clients=10, sample_rate=0.8)
+    algorithm = FedAvg(_linear(), clients, _mse, FedAvgConfig())
+    with pytest.raises(InsecureParameterError, match=r"sampling rate 0\.5"):
+        run_rounds(
+            algorithm,
+            transport,
+            SeedTree(0),
+            RunOptions(rounds=1, sampling=ClientSampling("poisson", 5)),
+        )
+
+
+def test_the_sampling_is_stated_once_in_run_options():
+    """FedAvgConfig.sampling left None: the fixed denominator uses the run's rate, and equals
+    the run where it is stated twice."""
+    clients = _clients([6] * 10)
+    sampling = ClientSampling("poisson", 5)
+    params = []
+    for config in (FedAvgConfig(), FedAvgConfig(sampling=sampling)):
+        transport = build_transport(
+            "dp", {"dp.noise_multiplier": 1.0}, n_clients=10, sample_rate=0.5
+        )
+        algorithm = FedAvg(_linear(), clients, _mse, config)
+        run_rounds(algorithm, transport, SeedTree(0), RunOptions(rounds=2, sampling=sampling))
+        params.append(algorithm.params)
+    assert np.array_equal(params[0], params[1])
 
 
 def test_adaptive_clipping_without_dp_is_refused():
@@ -240,3 +269,185 @@ def test_a_dp_round_that_sampled_no_client_is_refused():
     algorithm = FedAvg(_linear(), _clients([3, 3, 3]), _mse, FedAvgConfig())
     with pytest.raises(AggregationError, match="sampled no client"):
         algorithm.run_round(0, np.zeros(0, np.int64), transport, SeedTree(0))
+
+
+# ------------------------------------------------------------------------------ private parameters
+class _PerUser(torch.nn.Module):
+    """NCF/FedMF in small: ``r_ui = p_u . q_i + b_i``, ``p_u`` the device's own user vector."""
+
+    def __init__(self, n_items: int, dim: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.user = torch.nn.Parameter(torch.randn(dim, generator=g, dtype=torch.float64) * 0.5)
+        self.item = torch.nn.Parameter(
+            torch.randn(n_items, dim, generator=g, dtype=torch.float64) * 0.5
+        )
+        self.item_bias = torch.nn.Parameter(torch.zeros(n_items, dtype=torch.float64))
+
+    def forward(self, items):
+        return self.item[items] @ self.user + self.item_bias[items]
+
+
+def _rating_loss(model, batch):
+    items, ratings = batch
+    return ((model(items) - ratings) ** 2).mean()
+
+
+def _rating_clients(n_clients=6, n_items=10, seed=0, dim=3, private=True):
+    rng = np.random.default_rng(seed)
+    clients = []
+    for _ in range(n_clients):
+        items = rng.choice(n_items, size=int(rng.integers(3, 7)), replace=False)
+        ratings = rng.normal(3.0, 1.0, size=len(items))
+        own = torch.from_numpy(rng.normal(0.0, 0.5, size=dim))
+        examples = (torch.from_numpy(items), torch.from_numpy(ratings))
+        clients.append(Client(examples, private={"user": own} if private else {}))
+    return clients
+
+
+def _private_config(**more):
+    return FedAvgConfig(client_lr=0.1, batch_size=64, private_parameters=("user",), **more)
+
+
+def _payload_values(view):
+    for round_id in view.rounds_with_payloads():
+        round_view = view.round(round_id)
+        for client in round_view.clients.tolist():
+            yield round_id, client, np.asarray(round_view.payload(client)["values"]).reshape(-1)
+
+
+@pytest.mark.parametrize("mark_private", [True, False])
+def test_the_server_sees_no_element_of_a_private_user_embedding(mark_private):
+    """The attack: search every payload the server kept for the user vector's update."""
+    n_items, dim = 10, 3
+    clients = _rating_clients(n_items=n_items, dim=dim, private=mark_private)
+    config = _private_config() if mark_private else FedAvgConfig(client_lr=0.1, batch_size=64)
+    algorithm = FedAvg(_PerUser(n_items, dim), clients, _rating_loss, config)
+    transport = PlaintextTransport(keep_payloads=ALL_PAYLOADS)
+    before = [s["user"].clone() for s in algorithm.private_state] if mark_private else None
+    run_rounds(algorithm, transport, SeedTree(0), RunOptions(rounds=1))
+    shared = n_items * dim + n_items
+    payloads = list(_payload_values(transport.view))
+    assert len(payloads) == len(clients)
+    found = 0
+    for _, client, values in payloads:
+        if not mark_private:  # everything uploaded: the user vector's delta is right there
+            assert values.size == shared + dim
+            found += int(np.abs(values[:dim]).min() > 0)  # the user's own update, readable
+            continue
+        assert values.size == shared  # only q and b travel
+        moved = (algorithm.private_state[client]["user"] - before[client]).numpy()
+        assert np.abs(moved).max() > 0  # the private vector was trained on the device
+        assert not np.isin(moved, values).any()
+        assert not np.isin(algorithm.private_state[client]["user"].numpy(), values).any()
+    if not mark_private:
+        assert found == len(clients)  # the search does find it when it is uploaded
+
+
+def test_perturbing_one_clients_private_embedding_changes_nothing_else_the_server_sees():
+    n_items, dim = 10, 3
+    views = []
+    for shift in (0.0, 1.0):
+        clients = _rating_clients(n_items=n_items, dim=dim)
+        clients[0].private["user"].add_(shift)
+        algorithm = FedAvg(_PerUser(n_items, dim), clients, _rating_loss, _private_config())
+        transport = PlaintextTransport(keep_payloads=ALL_PAYLOADS)
+        run_rounds(algorithm, transport, SeedTree(0), RunOptions(rounds=1))
+        views.append({c: v for _, c, v in _payload_values(transport.view)})
+    assert views[0].keys() == views[1].keys()
+    for client in views[0]:
+        assert views[0][client].size == views[1][client].size == n_items * dim + n_items
+        if client != 0:  # another client's upload does not depend on client 0's vector
+            assert np.array_equal(views[0][client], views[1][client])
+    assert not np.array_equal(views[0][0], views[1][0])  # client 0 trained with its own
+
+
+def test_dp_clips_and_charges_exactly_the_uploaded_part():
+    n_items, dim, clip = 10, 3, 0.05
+    clients = _rating_clients(n_items=n_items, dim=dim)
+    algorithm = FedAvg(_PerUser(n_items, dim), clients, _rating_loss, _private_config())
+    start = algorithm.params.copy()
+    starts = [s["user"].clone() for s in algorithm.private_state]
+    deltas = []
+    for k in range(len(clients)):  # each client's own shared delta, by the same local training
+        deltas.append(algorithm.local_delta(k, SeedTree(0).generator("fedavg", 0, k)))
+        algorithm.private_state[k]["user"] = starts[k].clone()
+        assert np.array_equal(algorithm.params, start)
+    transport = build_transport(
+        "dp",
+        {"dp.noise_multiplier": 1.0, "dp.clip": clip},
+        n_clients=len(clients),
+        keep_payloads=ALL_PAYLOADS,
+    )
+    run_rounds(algorithm, transport, SeedTree(0), RunOptions(rounds=1))
+    for _, client, values in _payload_values(transport.view):
+        assert values.size == n_items * dim + n_items
+        norm = np.linalg.norm(deltas[client])
+        assert norm > clip  # the clip is active, on the shared part's own norm
+        np.testing.assert_allclose(values, deltas[client] * clip / norm, rtol=1e-9, atol=1e-15)
+    assert transport.ledger.steps == 1  # one charge for the round, at (sigma 1, q 1)
+    round_view = transport.view.round(0)
+    assert round_view.public["dp_clip"] == clip and round_view.public["dp_sigma"] == 1.0
+    total = np.asarray(round_view.aggregate["dp_total"]).reshape(-1)  # the released sum
+    assert total.size == n_items * dim + n_items  # noise on the uploaded part alone
+    noise = total - sum(values for _, _, values in _payload_values(transport.view))
+    # 40 Gaussian draws of std sigma * clip: the sample std is within 0.5..1.6x (over 4 sd)
+    assert 0.5 * clip < noise.std() < 1.6 * clip
+
+
+def test_private_parameters_resume_bit_for_bit_from_a_checkpoint(tmp_path):
+    n_items, dim = 10, 3
+    config = _private_config(server=ServerOptimiserConfig(name="adam", lr=0.05))
+    options = RunOptions(rounds=4, sampling=ClientSampling("fixed", 3))
+
+    def fresh():
+        return FedAvg(_PerUser(n_items, dim), _rating_clients(), _rating_loss, config)
+
+    whole = fresh()
+    run_rounds(whole, PlaintextTransport(), SeedTree(1), options)
+    first = fresh()
+    half = RunOptions(rounds=2, sampling=options.sampling, checkpoint_dir=tmp_path)
+    run_rounds(first, PlaintextTransport(), SeedTree(1), half)
+    second = fresh()
+    resumed = RunOptions(rounds=4, sampling=options.sampling, checkpoint_dir=tmp_path)
+    run_rounds(second, PlaintextTransport(), SeedTree(1), resumed)
+    assert np.array_equal(second.params, whole.params)
+    for ours, theirs in zip(second.private_state, whole.private_state, strict=True):
+        assert torch.equal(ours["user"], theirs["user"])
+    assert not torch.equal(whole.private_state[0]["user"], _rating_clients()[0].private["user"])
+    state = whole.state_dict()
+    assert state["client/0/user"].shape == (dim,)
+    assert np.array_equal(whole.client_model(0).user.detach().numpy(), state["client/0/user"])
+
+
+def test_private_and_shared_sets_are_checked():
+    model = _PerUser(10, 3)
+    with pytest.raises(ValueError, match=r"\['user'\] are marked private and also listed"):
+        FedAvgConfig(private_parameters=("user",), shared_parameters=("user", "item"))
+    config = FedAvgConfig(private_parameters=("user",), shared_parameters=("item",))
+    with pytest.raises(ValueError, match=r"\['item_bias'\] are neither shared nor private"):
+        FedAvg(model, _rating_clients(), _rating_loss, config)
+    with pytest.raises(ValueError, match="no trainable parameter \\['users'\\]"):
+        FedAvg(model, _rating_clients(), _rating_loss, FedAvgConfig(private_parameters=("users",)))
+    clients = _rating_clients()
+    clients[2] = Client(clients[2].examples, private={"user": torch.zeros(4, dtype=torch.float64)})
+    with pytest.raises(ValueError, match="client 2's private user has shape"):
+        FedAvg(model, clients, _rating_loss, _private_config())
+    every = ("user", "item", "item_bias")
+    with pytest.raises(ValueError, match="nothing to federate"):
+        FedAvg(model, clients, _rating_loss, FedAvgConfig(private_parameters=every))
+
+
+def test_a_clients_context_comes_whole_with_every_minibatch():
+    seen = []
+
+    def loss(model, batch):
+        x, y, history = batch
+        seen.append((len(x), len(history)))
+        return ((model(x).squeeze(-1) - y) ** 2).mean() + 0 * history.sum()
+
+    x, y = _clients([7])[0]
+    client = Client((x, y), context=(torch.arange(11.0),))
+    algorithm = FedAvg(_linear(), [client], loss, FedAvgConfig(batch_size=3))
+    run_rounds(algorithm, PlaintextTransport(), SeedTree(0), RunOptions(rounds=1))
+    assert seen == [(3, 11), (3, 11), (1, 11)]

@@ -324,7 +324,7 @@ def test_every_dp_transport_carries_a_ledger():
 
 @pytest.mark.parametrize(("module", "extra", "names"), [
     ("tenseal", "he", ("ckks", "ckks+dp")),
-    ("opacus", "dp", ("dp", "dp-local", "secagg+dp", "ckks+dp")),
+    ("dp_accounting", "dp", ("dp", "dp-local", "secagg+dp", "ckks+dp")),
 ])  # fmt: skip
 def test_a_missing_extra_names_what_to_install(monkeypatch, module, extra, names):
     monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
@@ -417,7 +417,9 @@ def test_secure_aggregation_declares_what_it_hides_once_it_declares_anything():
         assert build_transport("secagg").capabilities == TransportCapabilities()
         return
     local = build_transport("secagg").capabilities
-    assert local == TransportCapabilities(dense_wire=True, server_sees="masked updates")
+    assert local == TransportCapabilities(
+        dense_wire=True, server_sees="masked updates", min_round_clients=2
+    )
     remote = build_transport("secagg:remote_clients=true").capabilities
     assert not remote.in_process_clients
     wrapped = build_transport("secagg+dp", {"noise_multiplier": 1.0}).capabilities

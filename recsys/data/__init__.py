@@ -7,12 +7,15 @@ The package turns rating files into :class:`Ratings`, a validated, re-indexed co
 * :mod:`~securefed.recsys.data.containers`: :class:`RatingScale` (and the MovieLens scales),
   :class:`Ratings`, :class:`Split`.
 * :mod:`~securefed.recsys.data.formats`: the five on-disk layouts (MovieLens 100K ``u.data``,
-  ml-1m/10M ``.dat``, ml-latest ``.csv``, plain CSV, whitespace separated) and format detection.
+  ml-1m/10M ``.dat``, ml-latest ``.csv``, plain CSV, whitespace separated), format detection,
+  and a stated separator and columns (``sep=``, ``columns=``: the ``"delimited"`` format).
 * :mod:`~securefed.recsys.data.readers`: :func:`read_ratings_file` (parse and check one file,
   original ids kept exactly, repeated pairs by a stated policy, a :class:`LoadReport`),
   :func:`reindex`, :func:`load_ratings`; malformed files raise
   :class:`DataFormatError` (:mod:`~securefed.recsys.data.errors`) naming the file, the line and
   the cause.
+* :mod:`~securefed.recsys.data.frames`: :func:`from_dataframe` (a pandas DataFrame's columns,
+  with the same checks; pandas is optional and imported only there).
 * :mod:`~securefed.recsys.data.splits`: :func:`random_split`, :func:`temporal_split` and
   MovieLens 100K's fixed splits (:func:`load_movielens_100k`, :data:`ML100K_SPLITS`).
 * :mod:`~securefed.recsys.data.synthetic`: :func:`synthetic_ratings`.
@@ -30,9 +33,11 @@ from securefed.recsys.data.containers import (
     Split,
 )
 from securefed.recsys.data.errors import DataFormatError
-from securefed.recsys.data.formats import FORMAT_DESCRIPTIONS, FORMATS
+from securefed.recsys.data.formats import FORMAT_DESCRIPTIONS, FORMATS, WHITESPACE
+from securefed.recsys.data.frames import from_dataframe
 from securefed.recsys.data.readers import (
     DUPLICATE_POLICIES,
+    ID_KINDS,
     LoadReport,
     RawRatings,
     load_ratings,
@@ -54,9 +59,11 @@ __all__ = [
     "EMBEDDED_DATASET",
     "FORMATS",
     "FORMAT_DESCRIPTIONS",
+    "ID_KINDS",
     "ML100K_SCALE",
     "ML100K_SPLITS",
     "ML_LATEST_SCALE",
+    "WHITESPACE",
     "DataFormatError",
     "LoadReport",
     "RatingScale",
@@ -66,6 +73,7 @@ __all__ = [
     "densest",
     "densest_split",
     "embedded_default_path",
+    "from_dataframe",
     "load_dataset",
     "load_movielens_100k",
     "load_ratings",

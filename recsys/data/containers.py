@@ -162,12 +162,15 @@ def _index_array(values: np.ndarray, label: str, bound: int) -> np.ndarray:
 
 
 def _id_array(values: np.ndarray, label: str, expected_size: int) -> np.ndarray:
-    """Check an original-id array (1-D integers, one per index) and return it as int64."""
+    """Check an original-id array (1-D, one per index) and return it: integers as int64,
+    text ids (read with ``ids="string"``) as a numpy string array."""
     array = np.asarray(values)
     if array.ndim != 1 or array.size != expected_size:
         raise ValueError(f"{label} must be 1-D of length {expected_size}, got shape {array.shape}")
+    if array.dtype.kind == "U":
+        return array
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{label} must hold integers, got dtype {array.dtype}")
+        raise TypeError(f"{label} must hold integers or strings, got dtype {array.dtype}")
     return array.astype(np.int64, copy=False)
 
 
@@ -223,8 +226,9 @@ class Ratings:
         n_users: Size of the user index space.
         n_items: Size of the item index space.
         scale: Admissible rating values.
-        user_ids: int64 original id of each user index (length ``n_users``).
-        item_ids: int64 original id of each item index (length ``n_items``).
+        user_ids: original id of each user index (length ``n_users``): int64, or strings
+            for text ids (``ids="string"`` of the readers, or a DataFrame's text column).
+        item_ids: original id of each item index (length ``n_items``), likewise.
         name: Free-form label, e.g. the data set name.
         load_report: What reading the file found (a
             :class:`~securefed.recsys.data.readers.LoadReport`), or ``None`` for ratings not

@@ -27,7 +27,7 @@ from pathlib import Path
 from securefed.recsys.data.containers import ML100K_SCALE, ML_LATEST_SCALE, RatingScale
 from securefed.recsys.data.errors import DataFormatError
 
-__all__ = ["FORMATS", "FORMAT_DESCRIPTIONS"]
+__all__ = ["DELIMITED", "FORMATS", "FORMAT_DESCRIPTIONS", "WHITESPACE"]
 
 FORMATS = ("auto", "movielens100k", "dat", "ml-latest", "csv", "whitespace")
 """Values accepted by the ``fmt`` argument of the readers."""
@@ -89,6 +89,10 @@ class Body:
     first_line: int
     layout: Layout
 
+    def where(self, row: int) -> str:
+        """``"line N"``: where data row ``row`` is, for messages."""
+        return f"line {self.locate(row)[0]}"
+
     def locate(self, row: int) -> tuple[int, str]:
         """Return the file line number and text of data row ``row`` (blank lines skipped)."""
         seen = -1
@@ -99,10 +103,10 @@ class Body:
                     return self.first_line + offset, line
         raise IndexError(f"row {row} is beyond the data")
 
-    def error(self, row: int, cause: str) -> DataFormatError:
-        """Build the error for data row ``row``."""
+    def error(self, row: int, cause: str, command_line_cause: str | None = None) -> DataFormatError:
+        """Build the error for data row ``row`` (``command_line_cause``: see DataFormatError)."""
         line_number, _ = self.locate(row)
-        return DataFormatError(self.path, line_number, cause)
+        return DataFormatError(self.path, line_number, cause, command_line_cause)
 
     def field_text(self, row: int, which: int) -> str:
         """Return the stripped text of field ``which`` (0 user .. 3 timestamp) of a row."""
@@ -156,6 +160,11 @@ _ML_LATEST_HEADER = ("userId", "movieId", "rating", "timestamp")
 _CSV_HEADER = ("user", "item", "rating", "timestamp")
 
 
+def is_movielens100k_name(path: Path) -> bool:
+    """Tell whether a file's name is one of MovieLens 100K's (``u.data``, ``uN.base``, ...)."""
+    return _ML100K_NAME.fullmatch(path.name.lower()) is not None
+
+
 def detect_format(path: Path, first_line: str) -> str:
     """Guess the format from the file name, then from the first non-blank line.
 
@@ -167,7 +176,7 @@ def detect_format(path: Path, first_line: str) -> str:
     name = path.name.lower()
     if name.endswith(".dat") or "::" in first_line:
         return "dat"
-    if _ML100K_NAME.fullmatch(name):
+    if is_movielens100k_name(path):
         return "movielens100k"
     if "," not in first_line:
         words = first_line.split()
@@ -306,3 +315,157 @@ def body_and_layout(path: Path, text: str, fmt: str) -> Body:
         )
     columns = (0, 1, 2, 3 if n_fields == 4 else None)
     return Body(path, text, 1, Layout(fmt, delimiter, n_fields, columns, None))
+
+
+WHITESPACE = r"\s+"
+"""The ``sep`` that means "runs of spaces or tabs" (pandas' spelling)."""
+
+DELIMITED = "delimited"
+"""The format name of a file read with a stated ``sep`` or ``columns``."""
+
+
+def check_separator(sep: str) -> str | None:
+    """A ``sep`` as :class:`Layout` takes it (``None``: runs of whitespace).
+
+    Raises:
+        ValueError: an empty separator, one with a line break, or one that a number or an id
+            could contain (a digit, a letter, ``.``, ``+``, ``-``, ``_``, a quote).
+    """
+    if not isinstance(sep, str):
+        raise TypeError(f"sep must be a string, got {type(sep).__name__}")
+    if sep == WHITESPACE:
+        return None
+    bad = [ch for ch in sep if ch.isalnum() or ch in ".+-_\"'\r\n"]
+    if not sep or bad:
+        why = "is empty" if not sep else f"holds {bad[0]!r}, which a number or an id can hold"
+        raise ValueError(
+            f"bad separator {sep!r}: it {why}; use a separator such as ',', ';', '|', a tab, "
+            f"'::' or {WHITESPACE!r} (runs of spaces or tabs; --sep whitespace)"
+        )
+    return sep
+
+
+def _spelt(sep: str | None) -> str:
+    return "runs of whitespace" if sep is None else repr(sep)
+
+
+def check_columns(columns: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """Columns of user, item, rating[, timestamp]: all header names or all 0-based positions.
+
+    Raises:
+        ValueError: not 3 or 4 entries, names mixed with positions, a negative position, or
+            an entry given twice.
+    """
+    columns = tuple(columns)
+    if len(columns) not in (3, 4):
+        raise ValueError(
+            f"columns names user, item, rating[, timestamp]: 3 or 4 entries, got {len(columns)}"
+        )
+    names = all(isinstance(c, str) and c.strip() for c in columns)
+    positions = all(isinstance(c, int) and not isinstance(c, bool) for c in columns)
+    if not (names or positions):
+        raise ValueError(
+            f"columns must be all header names or all 0-based positions, got {columns!r}"
+        )
+    if positions and min(columns) < 0:
+        raise ValueError(f"column positions are 0-based and >= 0, got {columns!r}")
+    keys = [c.strip().lower() if names else c for c in columns]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"columns names one column twice: {columns!r}")
+    return tuple(c.strip() if names else c for c in columns)
+
+
+def delimited_body(
+    path: Path, text: str, sep: str | None, columns: tuple[str | int, ...] | None
+) -> Body:
+    """The data lines of a file read with a stated separator and/or columns.
+
+    Args:
+        path: The file, for errors.
+        text: Its decoded text.
+        sep: Field separator (``None``: runs of whitespace), checked by :func:`check_separator`.
+        columns: User, item, rating[, timestamp] as header names or 0-based positions
+            (:func:`check_columns`), or ``None``: a header naming ``user,item,rating``
+            [``,timestamp``] (or ml-latest's ``userId,movieId,...``), else the first 3 or 4
+            fields.
+
+    Raises:
+        DataFormatError: naming the line: the separator missing from the first line, a column
+            name the header lacks (listing its columns) or that it has twice, names given for a
+            file without a header, a position beyond the first line's fields.
+    """
+    line_number, first_line, end = first_content_line(text)
+    fields = first_line.split() if sep is None else first_line.split(sep)
+    if len(fields) < 3:
+        raise DataFormatError(
+            path,
+            line_number,
+            f"the separator {_spelt(sep)} cuts the first line {first_line.strip()!r} into "
+            f"{len(fields)} field{'s' if len(fields) != 1 else ''}; a rating needs at least 3 "
+            "(user, item, rating): pass the file's separator",
+        )
+    has_header = _is_header(first_line, sep)
+    header = [field.strip() for field in fields]
+    start, first = (end, line_number + 1) if has_header else (0, 1)
+    if columns is None:
+        if has_header:
+            lowered = {field.lower() for field in header}
+            names = _ML_LATEST_HEADER if {"userid", "movieid"} & lowered else _CSV_HEADER
+            try:
+                layout = _header_layout(path, line_number, first_line, names, DELIMITED, None, sep)
+            except DataFormatError as error:
+                listed = ", ".join(map(repr, header))
+                cause = f"{error.cause.split(' (expected')[0]} (the header's columns are {listed})"
+                raise DataFormatError(
+                    path,
+                    line_number,
+                    f"{cause}; pass columns= naming user, item, rating[, timestamp]",
+                    f"{cause}; pass --columns USER,ITEM,RATING[,TIMESTAMP] naming them",
+                ) from None
+            return Body(path, text[start:], first, layout)
+        if len(fields) not in (3, 4):
+            raise DataFormatError(
+                path,
+                line_number,
+                f"too many fields: expected 3 or 4 (user, item, rating[, timestamp]), found "
+                f"{len(fields)}; pass columns= to say which fields to read",
+            )
+        positions = (0, 1, 2, 3 if len(fields) == 4 else None)
+        return Body(path, text, 1, Layout(DELIMITED, sep, len(fields), positions, None))
+    if isinstance(columns[0], str):
+        if not has_header:
+            raise DataFormatError(
+                path,
+                line_number,
+                f"columns are given by name ({', '.join(map(repr, columns))}) but the first "
+                f"line {first_line.strip()!r} is data, not a header: give 0-based positions",
+            )
+        lowered = [field.lower() for field in header]
+        found: list[int] = []
+        for name in columns:
+            where = [i for i, field in enumerate(lowered) if field == name.lower()]
+            if not where:
+                raise DataFormatError(
+                    path,
+                    line_number,
+                    f"unknown column {name!r}: the header's columns are "
+                    f"{', '.join(map(repr, header))}",
+                )
+            if len(where) > 1:
+                raise DataFormatError(
+                    path, line_number, f"header names the column {name!r} {_times(where)}"
+                )
+            found.append(where[0])
+        positions = tuple(found)
+    else:
+        beyond = [c for c in columns if c >= len(fields)]
+        if beyond:
+            raise DataFormatError(
+                path,
+                line_number,
+                f"column {beyond[0]} is beyond the {len(fields)} fields of the first line "
+                f"(positions are 0-based: 0..{len(fields) - 1})",
+            )
+        positions = tuple(columns)
+    padded = (*positions, None) if len(positions) == 3 else positions
+    return Body(path, text[start:], first, Layout(DELIMITED, sep, len(fields), padded, None))

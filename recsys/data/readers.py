@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -28,23 +29,32 @@ from securefed.recsys.data.containers import Ratings, RatingScale, first_duplica
 from securefed.recsys.data.errors import DataFormatError
 from securefed.recsys.data.formats import (
     COLUMN_NAMES,
+    DELIMITED,
     FORMATS,
     Body,
     body_and_layout,
+    check_columns,
+    check_separator,
     decode_utf8,
+    delimited_body,
     detect_format,
     first_content_line,
+    is_movielens100k_name,
     is_number,
 )
 
 __all__ = [
     "DUPLICATE_POLICIES",
+    "ID_KINDS",
     "LoadReport",
     "RawRatings",
     "load_ratings",
     "read_ratings_file",
     "reindex",
 ]
+
+ID_KINDS = ("int", "string")
+"""Values of the readers' ``ids`` argument: integer ids (read exactly) or any text."""
 
 DUPLICATE_POLICIES = ("error", "first", "last", "mean")
 """What to do with a (user, item) pair given on more than one line: refuse the file (naming both
@@ -155,10 +165,10 @@ def _parse_fast(body: Body) -> _Columns | None:
     """
     layout = body.layout
     text, delimiter = body.text, layout.delimiter
-    if delimiter == "::":
+    if delimiter is not None and len(delimiter) > 1:  # numpy splits at one character
         if "\t" in text:
             return None
-        text, delimiter = text.replace("::", "\t"), "\t"
+        text, delimiter = text.replace(delimiter, "\t"), "\t"
     integer_columns = {layout.columns[which] for which in _INTEGER_FIELDS} - {None}
     dtype = np.dtype(
         [
@@ -224,11 +234,13 @@ def _integer_column(path: Path, tokens: list[str], lines: list[int], which: int)
     return values
 
 
-def _parse_slowly(body: Body) -> _Columns:
+def _parse_slowly(body: Body, text_ids: bool = False) -> _Columns:
     """Parse the data lines one by one, raising on the first malformed line.
 
     Every line is first checked for its number of fields and for numeric fields, in file
-    order; then the ids (users, then items) and the timestamps are read exactly.
+    order; then the ids (users, then items) and the timestamps are read exactly. With
+    ``text_ids`` the user and item fields are kept as their stripped text (any non-empty
+    string).
     """
     layout = body.layout
     used = [which for which, column in enumerate(layout.columns) if column is not None]
@@ -248,16 +260,29 @@ def _parse_slowly(body: Body) -> _Columns:
             )
         for which in used:
             token = fields[layout.columns[which]].strip()
-            if not is_number(token):
-                raise DataFormatError(
-                    body.path, line_number, f"non-numeric {COLUMN_NAMES[which]} field {token!r}"
-                )
+            if text_ids and which in (0, 1):
+                if not token:
+                    raise DataFormatError(
+                        body.path, line_number, f"empty {COLUMN_NAMES[which]} field"
+                    )
+            elif not is_number(token):
+                cause = f"non-numeric {COLUMN_NAMES[which]} field {token!r}"
+                if which in (0, 1):
+                    raise DataFormatError(
+                        body.path,
+                        line_number,
+                        cause,
+                        f"{cause} (ids that are not integers: pass --ids string)",
+                    )
+                raise DataFormatError(body.path, line_number, cause)
             tokens[which].append(token)
         lines.append(line_number)
 
     def integers(which: int) -> np.ndarray | None:
         if which not in tokens:
             return None
+        if text_ids and which in (0, 1):
+            return np.array(tokens[which], dtype=str)
         return _integer_column(body.path, tokens[which], lines, which)
 
     users, items, timestamps = integers(0), integers(1), integers(3)
@@ -273,6 +298,14 @@ def _check_finite(body: Body, ratings: np.ndarray) -> None:
         raise body.error(row, f"non-finite rating {body.field_text(row, 2)!r}")
 
 
+def _pass_scale(example: str) -> tuple[str, str]:
+    """The fix "state the scale", as the Python API and as the command line spell it."""
+    return (
+        f"pass scale='{example}' (MIN:MAX:STEP, or a RatingScale)",
+        f"pass --scale MIN:MAX:STEP (e.g. --scale {example})",
+    )
+
+
 def _infer_scale(body: Body, ratings: np.ndarray) -> RatingScale:
     """Infer a scale: data minimum to maximum, in half steps if any rating is a half.
 
@@ -283,33 +316,53 @@ def _infer_scale(body: Body, ratings: np.ndarray) -> RatingScale:
     if off_half_grid.any():
         row = int(np.argmax(off_half_grid))
         token = body.field_text(row, 2)
-        raise body.error(
-            row,
-            f"rating {token} is neither a whole nor a half number, so no scale can be "
-            "inferred; pass scale=",
-        )
+        cause = f"rating {token} is neither a whole nor a half number, so no scale can be inferred"
+        python, command_line = _pass_scale("0:1:0.25")
+        raise body.error(row, f"{cause}; {python}", f"{cause}; {command_line}")
     low, high = float(ratings.min()), float(ratings.max())
     if low == high:
-        raise DataFormatError(
-            body.path, None, f"every rating is {low:g}, so no scale can be inferred; pass scale="
-        )
+        cause = f"every rating is {low:g}, so no scale can be inferred"
+        python, command_line = _pass_scale(f"{min(low, 1):g}:{max(high, 5):g}:1")
+        raise DataFormatError(body.path, None, f"{cause}; {python}", f"{cause}; {command_line}")
     step = 1.0 if np.all(ratings == np.rint(ratings)) else 0.5
     return RatingScale(low, high, step)
 
 
-def _check_on_scale(body: Body, ratings: np.ndarray, scale: RatingScale) -> None:
+def _check_on_scale(
+    body: Body, ratings: np.ndarray, scale: RatingScale, scale_source: str, detected: bool
+) -> None:
     """Raise for the first rating off the scale (NaN and infinities included), saying whether
-    it lies outside the range or between two levels."""
+    it lies outside the range or between two levels.
+
+    When the scale is the format's own (``scale_source == "format"``) the error says so and how
+    to state another; when the format was guessed from the file's content (``detected``), it
+    also says what it was taken for.
+    """
     off_scale = ~scale.contains(ratings)
-    if off_scale.any():
-        row = int(np.argmax(off_scale))
-        token = body.field_text(row, 2)
-        value = ratings[row]
-        if value < scale.minimum or value > scale.maximum:
-            where = "below its minimum" if value < scale.minimum else "above its maximum"
-        else:
-            where = f"between two of its levels (step {scale.step:g})"
-        raise body.error(row, f"rating {token} is off the scale {scale}: {where}")
+    if not off_scale.any():
+        return
+    row = int(np.argmax(off_scale))
+    token = body.field_text(row, 2)
+    value = ratings[row]
+    if value < scale.minimum or value > scale.maximum:
+        where = "below its minimum" if value < scale.minimum else "above its maximum"
+    else:
+        where = f"between two of its levels (step {scale.step:g})"
+    cause = f"rating {token} is off the scale {scale}: {where}"
+    if scale_source != "format":
+        raise body.error(row, cause)
+    low = min(scale.minimum, float(np.min(ratings)))
+    high = max(scale.maximum, float(np.max(ratings)))
+    doubled = ratings * 2
+    halves = bool(np.all(doubled == np.rint(doubled)) and np.any(ratings != np.rint(ratings)))
+    step = 0.5 if halves else scale.step
+    fmt = body.layout.fmt
+    cause = f"{cause}; {scale} is the {fmt} format's scale"
+    if detected:
+        cause += f", and the file was taken for {fmt} from its first line"
+    cause += "; if the file's scale differs"
+    python, command_line = _pass_scale(f"{low:g}:{high:g}:{step:g}")
+    raise body.error(row, f"{cause}, {python}", f"{cause}, {command_line}")
 
 
 class _Resolved(NamedTuple):
@@ -341,11 +394,10 @@ def _resolve_duplicates(
         duplicate = first_duplicate(keys)
         if duplicate is not None:
             first, second = duplicate
-            first_line, _ = body.locate(first)
             raise body.error(
                 second,
                 f"duplicate rating of item {items[second]} by user {users[second]} "
-                f"(first given on line {first_line}); pass duplicates='first', 'last' or "
+                f"(first given on {body.where(first)}); pass duplicates='first', 'last' or "
                 "'mean' (--duplicates) to resolve repeated pairs",
             )
         return _Resolved(np.arange(n), ratings, timestamps, 0, 0, 0)
@@ -383,6 +435,9 @@ def read_ratings_file(
     fmt: str = "auto",
     scale: RatingScale | None = None,
     duplicates: str = "error",
+    sep: str | None = None,
+    columns: Sequence[str | int] | None = None,
+    ids: str = "int",
 ) -> RawRatings:
     """Read and check one ratings file, keeping the original ids.
 
@@ -397,6 +452,16 @@ def read_ratings_file(
             data (its minimum to its maximum, step 0.5 if any rating is a half, else 1).
         duplicates: What to do with a (user, item) pair given on several lines, one of
             :data:`DUPLICATE_POLICIES` (default ``"error"``).
+        sep: The field separator (``","``, ``";"``, ``"\t"``, ``"|"``, ``"::"``, ...;
+            :data:`~securefed.recsys.data.formats.WHITESPACE` ``r"\\s+"`` for runs of spaces
+            or tabs). With ``sep`` or ``columns`` the file is read as the ``"delimited"``
+            format: a header is a first line without a number; ``fmt`` must stay ``"auto"``.
+        columns: User, item, rating[, timestamp], either as header names (matched
+            case-insensitively; the file must have a header) or as 0-based field positions;
+            other fields are ignored. Default: a header naming ``user,item,rating``
+            [``,timestamp``] (or ml-latest's), else the first 3 or 4 fields.
+        ids: ``"int"`` (default: ids are integers, read exactly) or ``"string"``: user and item
+            ids are any text (e.g. ``alice``, ``tt0111161``), kept as strings.
 
     Returns:
         The ratings in file order, as :class:`RawRatings`.
@@ -418,6 +483,16 @@ def read_ratings_file(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if ids not in ID_KINDS:
+        raise ValueError(f"ids must be one of {', '.join(ID_KINDS)}, got {ids!r}")
+    delimited = sep is not None or columns is not None
+    if delimited and fmt != "auto":
+        raise ValueError(
+            f"sep and columns describe the layout themselves: leave fmt='auto' (got {fmt!r})"
+        )
+    delimiter = "," if sep is None else check_separator(sep)
+    if columns is not None:
+        columns = check_columns(tuple(columns))
     if duplicates not in DUPLICATE_POLICIES:
         raise ValueError(
             f"unknown duplicates policy {duplicates!r}; expected one of "
@@ -429,14 +504,21 @@ def read_ratings_file(
     text = decode_utf8(path, path.read_bytes())
     if not text.strip():
         raise DataFormatError(path, None, "empty file")
-    if fmt == "auto":
-        fmt = detect_format(path, first_content_line(text)[1])
-    body = body_and_layout(path, text, fmt)
+    detected = fmt == "auto" and not path.name.lower().endswith(".dat")
+    if delimited:
+        fmt = DELIMITED
+        body = delimited_body(path, text, delimiter, columns)
+    else:
+        if fmt == "auto":
+            fmt = detect_format(path, first_content_line(text)[1])
+            detected = detected and not is_movielens100k_name(path)
+        body = body_and_layout(path, text, fmt)
     if not body.text.strip():
         raise DataFormatError(path, None, "no ratings: the file has a header but no data lines")
-    columns = _parse_fast(body)
+    text_ids = ids == "string"
+    columns = None if text_ids else _parse_fast(body)
     if columns is None:
-        columns = _parse_slowly(body)
+        columns = _parse_slowly(body, text_ids)
     _check_finite(body, columns.ratings)
     if scale is not None:
         scale_source = "given"
@@ -444,7 +526,7 @@ def read_ratings_file(
         scale, scale_source = body.layout.default_scale, "format"
     else:
         scale, scale_source = _infer_scale(body, columns.ratings), "inferred"
-    _check_on_scale(body, columns.ratings, scale)
+    _check_on_scale(body, columns.ratings, scale, scale_source, detected)
     resolved = _resolve_duplicates(body, columns, scale, duplicates)
     keep = resolved.keep
     report = LoadReport(
@@ -472,10 +554,15 @@ def read_ratings_file(
 
 
 def _int64_ids(values: np.ndarray, label: str) -> np.ndarray:
-    """Return original ids as int64, exactly, or raise naming why they cannot be."""
+    """Return original ids as int64, exactly (or as strings for text ids), or raise naming why
+    they cannot be."""
     array = np.asarray(values)
     if array.size == 0:
         return array.astype(np.int64).reshape(-1)
+    if array.dtype.kind == "U":
+        return array.reshape(-1)
+    if array.dtype == object and all(isinstance(value, str) for value in array.flat):
+        return array.astype(str).reshape(-1)
     if array.dtype == object and all(
         isinstance(value, int) and not isinstance(value, bool) for value in array.flat
     ):
@@ -499,11 +586,12 @@ def reindex(
 
     Returns:
         ``(users, items, user_ids, item_ids)``: int32 indices per rating and the int64
-        original id of each index (``user_ids[users] == raw_users``).
+        original id of each index (``user_ids[users] == raw_users``); string ids (text ids,
+        ``ids="string"``) keep their strings, sorted.
 
     Raises:
-        TypeError: If the ids are not integers (float64 cannot hold every int64 id, so
-            float ids are refused rather than rounded or truncated).
+        TypeError: If the ids are neither integers nor strings (float64 cannot hold every
+            int64 id, so float ids are refused rather than rounded or truncated).
         ValueError: If an id lies outside the int64 range.
     """
     user_ids, users = np.unique(_int64_ids(raw_users, "raw_users"), return_inverse=True)
@@ -532,6 +620,9 @@ def load_ratings(
     scale: RatingScale | None = None,
     name: str | None = None,
     duplicates: str = "error",
+    sep: str | None = None,
+    columns: Sequence[str | int] | None = None,
+    ids: str = "int",
 ) -> Ratings:
     """Read one ratings file into re-indexed :class:`Ratings`.
 
@@ -542,6 +633,10 @@ def load_ratings(
         name: Label of the result; defaults to the file stem (or its folder's name for
             ``ratings.*`` and ``u.data``).
         duplicates: Policy for repeated (user, item) pairs, see :func:`read_ratings_file`.
+        sep: Field separator, see :func:`read_ratings_file`.
+        columns: Which fields hold user, item, rating[, timestamp], see
+            :func:`read_ratings_file`.
+        ids: ``"int"`` or ``"string"`` ids, see :func:`read_ratings_file`.
 
     Returns:
         The ratings in file order; indices follow ascending original ids; ``load_report``
@@ -552,7 +647,9 @@ def load_ratings(
         DataFormatError: If the file is malformed.
     """
     path = Path(path)
-    raw = read_ratings_file(path, fmt=fmt, scale=scale, duplicates=duplicates)
+    raw = read_ratings_file(
+        path, fmt=fmt, scale=scale, duplicates=duplicates, sep=sep, columns=columns, ids=ids
+    )
     users, items, user_ids, item_ids = reindex(raw.users, raw.items)
     return Ratings(
         users=users,

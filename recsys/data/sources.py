@@ -8,6 +8,7 @@ folder ``datasets/`` of :mod:`securefed.recsys`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def load_dataset(
     seed: int = 0,
     scale: RatingScale | str | None = None,
     duplicates: str = "error",
+    sep: str | None = None,
+    columns: Sequence[str | int] | None = None,
+    ids: str = "int",
 ) -> Split:
     """Load a data set and split it into train and test.
 
@@ -73,6 +77,11 @@ def load_dataset(
         duplicates: What to do with a (user, item) pair given on several lines:
             ``"error"`` (default, naming both lines), ``"first"``, ``"last"`` or ``"mean"``
             (:data:`~securefed.recsys.data.readers.DUPLICATE_POLICIES`).
+        sep: The field separator of a ratings file (:func:`read_ratings_file`); not for the
+            embedded data set or a MovieLens 100K folder, whose layouts are known.
+        columns: Which fields of a ratings file hold user, item, rating[, timestamp]: header
+            names or 0-based positions (:func:`read_ratings_file`).
+        ids: ``"string"`` for user and item ids that are not integers.
 
     Returns:
         The train/test split; ``split.train.load_report`` says what reading the file found.
@@ -85,6 +94,13 @@ def load_dataset(
     test_fraction = check_fraction(test_fraction)
     if isinstance(scale, str):
         scale = RatingScale.parse(scale)
+    layout = {"sep": sep, "columns": columns, "ids": ids}
+    stated = [f"{key}= (--{key})" for key, value in layout.items() if value not in (None, "int")]
+    if stated and isinstance(source, str) and source == EMBEDDED_DATASET:
+        raise ValueError(
+            f"{', '.join(stated)} apply to a ratings file of yours, not to the embedded "
+            f"{EMBEDDED_DATASET!r}, whose layout is known"
+        )
     if isinstance(source, str) and source == EMBEDDED_DATASET:
         ratings = load_ratings(
             embedded_default_path(),
@@ -102,6 +118,11 @@ def load_dataset(
         )
     if path.is_dir():
         if (path / "u.data").is_file():
+            if stated:
+                raise ValueError(
+                    f"{', '.join(stated)} apply to a ratings file, not to the MovieLens 100K "
+                    f"folder {path}, whose layout is known"
+                )
             method = split or "u1"
             if method in ML100K_SPLITS:
                 return load_movielens_100k(path, method, scale=scale, duplicates=duplicates)
@@ -119,7 +140,7 @@ def load_dataset(
             raise FileNotFoundError(f"{path} holds none of u.data, ratings.csv, ratings.dat")
         path = found[0]
     return split_by(
-        load_ratings(path, scale=scale, duplicates=duplicates),
+        load_ratings(path, scale=scale, duplicates=duplicates, sep=sep, columns=columns, ids=ids),
         split or "random",
         test_fraction,
         seed,

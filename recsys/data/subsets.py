@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from securefed.ranking import top_n
 from securefed.recsys.data.containers import Ratings, Split
 from securefed.recsys.data.readers import reindex
 from securefed.recsys.data.splits import random_split
@@ -16,6 +17,9 @@ from securefed.recsys.data.splits import random_split
 
 def densest(ratings: Ratings, max_users: int = 0, max_items: int = 0) -> Ratings:
     """The ``max_items`` most rated items and, among their raters, the ``max_users`` most active.
+
+    Ties (equal counts) go to the lower index, that is the earlier id in the file's id order,
+    the same on every machine (:mod:`securefed.ranking`).
 
     Args:
         ratings: the data set.
@@ -32,11 +36,13 @@ def densest(ratings: Ratings, max_users: int = 0, max_items: int = 0) -> Ratings
         raise ValueError(f"max_users and max_items must be >= 0, got {max_users}, {max_items}")
     keep = np.ones(len(ratings), bool)
     if max_items:
-        popular = np.argsort(-np.bincount(ratings.items, minlength=ratings.n_items))[:max_items]
+        popular = top_n(
+            np.bincount(ratings.items, minlength=ratings.n_items), min(max_items, ratings.n_items)
+        )
         keep &= np.isin(ratings.items, popular)
     if max_users:
         activity = np.bincount(ratings.users[keep], minlength=ratings.n_users)
-        active = np.argsort(-activity)[:max_users]
+        active = top_n(activity, min(max_users, ratings.n_users))
         keep &= np.isin(ratings.users, active)
     users, items, user_ids, item_ids = reindex(
         ratings.user_ids[ratings.users[keep]], ratings.item_ids[ratings.items[keep]]

@@ -36,8 +36,11 @@ from securefed.audit.findings import (
     AuditReport,
     Finding,
     audit,
+    check_integrity,
     declare_uploads,
+    known_keys,
     load_config,
+    register_known_keys,
     server_sees_clear_updates,
 )
 
@@ -56,9 +59,12 @@ __all__ = [
     "audit",
     "audit_scores",
     "check_against_ledger",
+    "check_integrity",
     "declare_uploads",
     "epsilon_lower_bound",
+    "known_keys",
     "load_config",
+    "register_known_keys",
     "run_empirical_audit",
     "server_sees_clear_updates",
 ]

@@ -58,7 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from securefed.errors import SecurefedError
+from securefed.crypto.flooding import MIN_FLOODING_SECURITY_BITS, flooding_floor
+from securefed.errors import SecurefedError, ViewFormatError
+from securefed.integrity import DIGEST_FIELD, verify
 
 Severity = Literal["error", "warning", "info"]
 OBSERVERS = ("released_model", "server")
@@ -106,12 +108,14 @@ AUDITED_KEYS = _words(
     "protocol variant transport placement dp_placement upload virtual_ratings_on_scale "
     "pseudo_items_resampled epsilon delta epsilon_budget epsilon_server n_users n_clients "
     "clients_per_round secagg_threshold secagg_neighbours threshold neighbours secagg_t "
-    "secagg_k secagg_n secagg_secure_randomness secagg_server server expected_dropout "
+    "secagg_k secagg_n secagg_secure_randomness ckks_secure_randomness secagg_server server "
+    "expected_dropout "
     "expected_colluders "
     "ckks_poly_modulus_degree ckks_coeff_mod_bit_sizes flood_std ckks_decryption_error "
     "ckks_flooding_security_bits ckks_flooding_unsafe_for_tests "
     "seeded secure seed seeds tests accountant_sampling sampling sample_rate dp_sample_rate "
-    "aggregation uploads_reveal epsilon_budget_against randomness dp_mechanism ddp_wrap_bound"
+    "aggregation uploads_reveal epsilon_budget_against randomness dp_mechanism ddp_wrap_bound "
+    "dp_colluders"
 )
 # Keys that securefed's components record and the checks need not read (parameters of the
 # mechanisms, the recommenders' hyper-parameters, run results and bookkeeping).
@@ -120,7 +124,7 @@ RECORDED_KEYS = _words(
     "bits scale clip failure_target prg aead key_agreement kdf shamir_field secagg_graph_seed "
     "secagg_parties secagg_users secagg_party_members secagg_party_learns "
     "secagg_scale secagg_error_bound_sum secagg_error_bound_mean out_of_range "
-    "secagg_values_clipped signatures auth "
+    "secagg_values_clipped signatures auth keep_masked view_keeps_masked "
     # CKKS
     "ckks_scheme ckks_total_coeff_bits ckks_max_coeff_bits_128 ckks_scale_bits ckks_slots "
     "ckks_levels ckks_data_primes ckks_encryption ckks_key_model key_model max_clients value_bound "
@@ -131,7 +135,7 @@ RECORDED_KEYS = _words(
     "accountant dp_clip dp_noise dp_noise_multiplier dp_sigma dp_sigma_effective "
     "inner_transport privacy_ledger noise_multiplier dp_modulus_bits dp_min_contributors "
     "dp_contributors ddp_bits ddp_gamma ddp_dim ddp_padded_dim ddp_chunks ddp_beta ddp_noise "
-    "ddp_l2_units ddp_l1_units ddp_min_contributors "
+    "ddp_l2_units ddp_l1_units ddp_min_contributors dp_colluders_assumed dp_sigma_server "
     # FedMF and the command line's run record
     "dim lr server_lr reg_user reg_item row_reg_item init_std local_steps user_step "
     "gradient_user_vector offset rating_scale chunk_ratings count_cap min_item_weight "
@@ -143,6 +147,37 @@ RECORDED_KEYS = _words(
 KNOWN_KEYS = AUDITED_KEYS | RECORDED_KEYS
 KNOWN_PREFIXES = ("hr@", "ndcg@", "precision@", "recall@")
 """Every key the audit accepts (anything else is an ``unknown-key`` error)."""
+
+
+PROTOCOL_KEYS_GROUP = "securefed.audit_keys"
+"""Entry-point group of the keys a protocol above this layer records (``securefed.recsys``'s
+FedMF: ``fedmf = "securefed.recsys.fedmf:audit_keys"``): each names a function returning them."""
+_REGISTERED: dict[str, frozenset[str]] = {}
+
+
+def register_known_keys(owner: str, keys: Iterable[str]) -> None:
+    """Declare the public keys ``owner`` (a protocol's name) records, for :func:`check_keys`.
+
+    A protocol above the privacy layer (which the audit may not import) registers its keys,
+    derived from its configuration's dataclass, when it is imported, and through the
+    :data:`PROTOCOL_KEYS_GROUP` entry point for an audit in a process that never imported it.
+    """
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"owner must be a non-empty name, got {owner!r}")
+    names = frozenset(keys)
+    if not all(isinstance(k, str) and k for k in names):
+        raise ValueError(f"keys of {owner!r} must be non-empty strings")
+    _REGISTERED[owner] = names
+
+
+def known_keys() -> frozenset[str]:
+    """:data:`KNOWN_KEYS`, the keys registered, and those of the installed entry points."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=PROTOCOL_KEYS_GROUP):
+        if point.name not in _REGISTERED:
+            register_known_keys(point.name, point.load()())
+    return KNOWN_KEYS.union(*_REGISTERED.values())
 
 
 @dataclass(frozen=True)
@@ -299,18 +334,40 @@ def _text(config: Mapping[str, object], *keys: str) -> str | None:
 MAY_BE_INFINITE = ("epsilon_server",)
 
 
+# Keys whose value must not be negative (an epsilon), or must be positive (a budget).
+NON_NEGATIVE = ("epsilon", "epsilon_server")
+POSITIVE = ("epsilon_budget",)
+
+
 def _number(config: Mapping[str, object], key: str, findings: list[Finding]) -> float | None:
+    """``config[key]`` as a float, or None (absent; or invalid, with an ``invalid-value``).
+
+    Strict: only an ``int`` or ``float`` (a bool, a string such as ``"8"``, anything else is
+    invalid: a check that converted it would read a value nobody recorded as a number); finite,
+    except ``+inf`` for :data:`MAY_BE_INFINITE`; at least 0 for :data:`NON_NEGATIVE`, above 0
+    for :data:`POSITIVE`.
+    """
     value = config.get(key)
     if value is None:
         return None
-    try:
+    number = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
     if number == math.inf and key in MAY_BE_INFINITE:
         return number
     if not math.isfinite(number):
-        findings.append(Finding("error", "invalid-value", f"{key} = {value!r} is not a number"))
+        findings.append(
+            Finding(
+                "error",
+                "invalid-value",
+                f"{key} = {value!r} is not a number (a finite int or float; a "
+                f"{type(value).__name__} is not read as one)",
+            )
+        )
+        return None
+    if (key in NON_NEGATIVE and number < 0) or (key in POSITIVE and number <= 0):
+        bound = "> 0" if key in POSITIVE else ">= 0"
+        findings.append(Finding("error", "invalid-value", f"{key} = {value!r}: it must be {bound}"))
         return None
     return number
 
@@ -406,6 +463,61 @@ def check_fedmf_leak(config: Mapping[str, object]) -> list[Finding]:
             "from two consecutive gradients of a user the server solves for the ratings "
             "(Chai et al., 'Secure Federated Matrix Factorization', 2020); use secure "
             "aggregation, CKKS, local DP, or FedRec's hybrid filling",
+        )
+    ]
+
+
+def check_fedrec_values(config: Mapping[str, object]) -> list[Finding]:
+    """FedRec or FedRec+ over a transport that shows the server each update.
+
+    The filling hides which rows a user rated, not what the ratings are: one round's rating grid
+    gives the shape of ``r - m_u`` and the population its sign and shift (SECURITY.md: 95.0% and
+    94.9% of ML-100K's training ratings exactly through central DP, every one in plaintext).
+    """
+    variant = _text(config, "variant")
+    if variant not in ("fedrec", "fedrec+") or not server_sees_clear_updates(config):
+        return []
+    return [
+        Finding(
+            "error",
+            "fedrec-values-leak",
+            f"{variant} over a transport that shows the server each update "
+            f"({_text(config, 'transport')}): the filling hides which rows are real, not the "
+            "rating values, which the server reads from the rating grid (95-100% exactly on "
+            "ML-100K; tests/test_attack_dp_preset.py); use secure aggregation, CKKS or local DP",
+        )
+    ]
+
+
+def check_fedmf_variant(config: Mapping[str, object]) -> list[Finding]:
+    """A record naming the FedMF protocol without one of its variants.
+
+    The audit's FedMF checks key on the variant; a model that calls itself ``"fedmf"`` with
+    none (or another) would pass them all unchecked, and skip the declaration of its uploads.
+    """
+    if _text(config, "protocol") != "fedmf" or _text(config, "variant") in FEDMF_VARIANTS:
+        return []
+    return [
+        Finding(
+            "error",
+            "fedmf-variant-unknown",
+            f"the record names protocol 'fedmf' with variant {config.get('variant')!r}, not one "
+            f"of {FEDMF_VARIANTS}: the audit's FedMF checks do not apply to it; a model of your "
+            "own takes a name of its own and declares its uploads (declare_uploads)",
+        )
+    ]
+
+
+def check_test_record(config: Mapping[str, object]) -> list[Finding]:
+    """A record that says it was made by a test (``tests: true``)."""
+    if config.get("tests") is None or config.get("tests") is False:
+        return []
+    return [
+        Finding(
+            "error",
+            "test-run-record",
+            f"the record carries tests = {config.get('tests')!r}: a test run (seeded, or with "
+            "test-only escape hatches) is not a private run, whatever else it says",
         )
     ]
 
@@ -618,15 +730,15 @@ def check_randomness(config: Mapping[str, object]) -> list[Finding]:
         seeded = True  # a run record's seed: everything was derived from it
     if config.get("secagg_secure_randomness") is False:
         seeded = True  # the masks and keys of secure aggregation came from the seed tree
-    if config.get("tests") is True:
-        return []
+    if config.get("ckks_secure_randomness") is False:
+        seeded = True  # the flooding noise of CKKS decryptions came from the seed tree
     if seeded is True:
         return [
             Finding(
                 "error",
                 "seeded-randomness",
                 "the run is seeded: anyone with the seed regenerates its masks, keys and noise; "
-                "use SeedTree.secure_mode() outside tests (or set tests=True for a test run)",
+                "use SeedTree.secure_mode() outside tests",
             )
         ]
     if secure is False:
@@ -758,7 +870,7 @@ def check_uploads(config: Mapping[str, object]) -> list[Finding]:
         return []
     declared = config.get("uploads_reveal")
     if declared is None:
-        if _text(config, "protocol") in KNOWN_PROTOCOLS or _text(config, "variant") in (
+        if _text(config, "protocol") in (*KNOWN_PROTOCOLS, None) and _text(config, "variant") in (
             FEDMF_VARIANTS
         ):
             return []
@@ -816,6 +928,34 @@ def check_server_epsilon(config: Mapping[str, object]) -> list[Finding]:
     return findings
 
 
+def check_dp_colluders(config: Mapping[str, object]) -> list[Finding]:
+    """Distributed DP whose server epsilon assumes fewer colluders than the record states.
+
+    ``dp_colluders`` (a count, or a fraction of each round's clients) is what the ledger's
+    ``epsilon_server`` accounts for; ``expected_colluders`` (a count) is what the run says may
+    collude. Fewer in the first overstates the guarantee against the server and them.
+    """
+    findings: list[Finding] = []
+    if _text(config, "placement", "dp_placement") != "distributed":
+        return findings
+    assumed = _number(config, "dp_colluders", findings)
+    expected = _number(config, "expected_colluders", findings)
+    if assumed is None or expected is None or 0 < assumed < 1:
+        return findings  # a fraction: its count depends on the round's clients
+    if assumed < expected:
+        findings.append(
+            Finding(
+                "error",
+                "epsilon-server-ignores-colluders",
+                f"the ledger's epsilon against the server assumes {assumed:g} colluding "
+                f"client(s) (dp_colluders), the run expects {expected:g} "
+                "(expected_colluders): each colluder subtracts its own noise share; set "
+                "colluders on the DP transport to at least the expected number",
+            )
+        )
+    return findings
+
+
 def check_flooding(config: Mapping[str, object]) -> list[Finding]:
     """CKKS decryptions released without noise flooding above the decryption error.
 
@@ -825,12 +965,10 @@ def check_flooding(config: Mapping[str, object]) -> list[Finding]:
     (``ckks_flooding_security_bits``: :func:`~securefed.crypto.flooding.flooding_floor`, the
     formula the transport itself applies); without a level, at least the bound itself.
     """
-    from securefed.crypto.flooding import flooding_floor
-
     findings: list[Finding] = []
     if "ckks" not in _transport_parts(config):
         return findings
-    if config.get("ckks_flooding_unsafe_for_tests") is True and config.get("tests") is not True:
+    if config.get("ckks_flooding_unsafe_for_tests") is True:
         findings.append(
             Finding(
                 "error",
@@ -842,6 +980,17 @@ def check_flooding(config: Mapping[str, object]) -> list[Finding]:
     flood = _number(config, "flood_std", findings)
     bound = _number(config, "ckks_decryption_error", findings)
     level = _number(config, "ckks_flooding_security_bits", findings)
+    if level is not None and level < MIN_FLOODING_SECURITY_BITS:
+        findings.append(
+            Finding(
+                "error",
+                "ckks-flooding-weak",
+                f"the flooding's level is {level:g} bits, below the floor of "
+                f"{MIN_FLOODING_SECURITY_BITS}: each released decryption leaks up to "
+                f"2^-{level:g} of its key-dependent error (Li and Micciancio 2021); use the "
+                "default level (40)",
+            )
+        )
     if flood is None or flood <= 0:
         findings.append(
             Finding(
@@ -924,7 +1073,10 @@ def declare_uploads(target: object, *, protocol: str, reveals: Iterable[str]) ->
 CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_budget,
     check_delta,
+    check_test_record,
+    check_fedmf_variant,
     check_fedmf_leak,
+    check_fedrec_values,
     check_part_upload,
     check_virtual_ratings,
     check_pseudo_items,
@@ -937,6 +1089,7 @@ CHECKS: tuple[Callable[[Mapping[str, object]], list[Finding]], ...] = (
     check_dp_denominator,
     check_uploads,
     check_server_epsilon,
+    check_dp_colluders,
     check_flooding,
 )
 
@@ -945,7 +1098,7 @@ def check_keys(config: Mapping[str, object], extra_keys: Iterable[str] = ()) -> 
     """Every key must be one the audit knows: an unknown one goes unchecked (fail closed)."""
     import difflib
 
-    known = KNOWN_KEYS | frozenset(extra_keys)
+    known = known_keys() | frozenset(extra_keys)
     findings = []
     for key in sorted(config):
         if key in known or key.startswith(KNOWN_PREFIXES):
@@ -973,6 +1126,7 @@ def _merge_view(
     epsilon against each observer, and the secure-aggregation parameters of the round whose
     threshold had the least margin over half its neighbours.
     """
+    rounds = list(rounds)
     merged: dict[str, object] = {}
     epsilons: dict[str, list[float]] = {"epsilon": [], "epsilon_server": []}
     weakest: Mapping[str, object] | None = None
@@ -980,16 +1134,30 @@ def _merge_view(
         merged.update({k: v for k, v in public.items() if v is not None})
         for key, seen in epsilons.items():
             if public.get(key) is not None:
-                seen.append(float(public[key]))
+                seen.append(public[key])
         if _secagg_margin(public) < _secagg_margin(weakest):
             weakest = public
     if weakest is not None:
         merged.update({k: weakest[k] for k in ("secagg_t", "secagg_k", "secagg_n") if k in weakest})
     merged.update({k: v for k, v in run_public.items() if v is not None})
-    merged.update({key: max(seen) for key, seen in epsilons.items() if seen})
+    merged.update({key: _largest_epsilon(seen) for key, seen in epsilons.items() if seen})
+    for key in SECURE_RANDOMNESS_KEYS:  # one seeded round is enough
+        if any(public.get(key) is False for public in [*rounds, run_public]):
+            merged[key] = False
     if transport is not None:
         merged.setdefault("transport", transport)
     return merged
+
+
+def _largest_epsilon(values: list[object]) -> object:
+    """The largest of the epsilons recorded, or the first that is not a number (for the
+    checks to refuse: the audit never converts a value itself)."""
+    odd = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))]
+    return odd[0] if odd else max(values)
+
+
+SECURE_RANDOMNESS_KEYS = ("secagg_secure_randomness", "ckks_secure_randomness")
+"""Per-round records of whether a transport's secrets came from a cryptographic source."""
 
 
 def _secagg_margin(public: Mapping[str, object] | None) -> float:
@@ -1053,22 +1221,73 @@ def load_config(source: object) -> tuple[dict[str, object], str]:
     raise TypeError(f"audit() takes a mapping, a ServerView or a path, got {type(source).__name__}")
 
 
+def _saved_file(source: object) -> Path | None:
+    """The JSON file a path source names (a saved view's manifest), else None."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = Path(source)
+    return path / "manifest.json" if path.is_dir() else path
+
+
+def check_integrity(path: Path, key: bytes | None = None) -> list[Finding]:
+    """The digests of a saved file (:mod:`securefed.integrity`): a view's manifest and arrays,
+    or any document that carries a digest and the files it names.
+
+    A saved view must carry its digest; a run's JSON record without one has nothing to check.
+    A keyed (HMAC) file is checked with ``key``; without it, it cannot be, and that is a
+    finding too: its parameters may have been edited by anyone.
+    """
+    from securefed.views import ARRAYS_FILE, FORMAT_NAME, FUSION_FORMAT_NAME
+
+    data = json.loads(path.read_text())
+    view = isinstance(data, Mapping) and data.get("format") in (FORMAT_NAME, FUSION_FORMAT_NAME)
+    digest = data.get(DIGEST_FIELD) if isinstance(data, Mapping) else None
+    if not view and digest is None:
+        return []
+    if view:
+        files = [ARRAYS_FILE]
+    else:
+        named = digest.get("files") if isinstance(digest, Mapping) else None
+        files = sorted(named) if isinstance(named, Mapping) else []
+    try:
+        verify(data, path, files, key=key, error=ViewFormatError)
+    except ViewFormatError as error:
+        return [
+            Finding(
+                "error",
+                "view-integrity",
+                f"{error}; the parameters audited may not be those the run recorded (give "
+                "audit(..., key=...) for a keyed file)",
+            )
+        ]
+    return []
+
+
 def audit(
-    config_or_path: object, *, strict: bool = False, extra_keys: Iterable[str] = ()
+    config_or_path: object,
+    *,
+    strict: bool = False,
+    extra_keys: Iterable[str] = (),
+    key: bytes | None = None,
 ) -> AuditReport:
     """Audit a run's public parameters for choices that void its privacy claims.
 
     Args:
         config_or_path: a mapping of public parameters, a ``ServerView``, or a path to a saved
-            ServerView directory or a JSON file (see the module docstring for the keys).
+            ServerView directory or a JSON file (see the module docstring for the keys). A saved
+            file's digests are verified (:func:`check_integrity`): a broken one is a finding.
         strict: raise :class:`AuditFailed` when any error-severity finding is present.
         extra_keys: informational keys of the caller's own, accepted without a finding.
+        key: the HMAC key of a keyed saved file (``ServerView.save(..., key=...)``).
 
     Returns:
         The :class:`AuditReport` (errors first, then warnings, then notes).
     """
     config, source = load_config(config_or_path)
     findings = check_keys(config, extra_keys)
+    saved = _saved_file(config_or_path)
+    if saved is not None:
+        findings.extend(check_integrity(saved, key))
     for check in CHECKS:
         findings.extend(check(config))
     order = {s: i for i, s in enumerate(SEVERITIES)}

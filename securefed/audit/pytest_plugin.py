@@ -62,10 +62,12 @@ def securefed_privacy_audit(
 ) -> Callable[..., dict[str, EmpiricalAuditResult]]:
     """Run an empirical audit and fail when a lower bound exceeds the ledger's epsilon.
 
-    Returns ``audit(job, scorers, *, config, rng, epsilon_of)`` (the arguments of
-    :func:`securefed.audit.empirical.run_empirical_audit`), which returns the results by scorer
-    name, or raises :class:`~securefed.audit.empirical.EmpiricalAuditFailed` (an
-    ``AssertionError``: the test fails) naming each observer whose bound exceeds its ledger.
+    Returns ``audit(job, scorers, *, config, rng, epsilon_of, delta_of=None)`` (the arguments
+    of :func:`securefed.audit.empirical.run_empirical_audit`), which returns the results by
+    scorer name, or raises :class:`~securefed.audit.empirical.EmpiricalAuditFailed` (an
+    ``AssertionError``: the test fails) naming each observer whose bound exceeds its ledger,
+    Holm-corrected across the scorers (:func:`~securefed.audit.empirical.check_against_ledger`),
+    or whose audit ran at a delta below the ledger's.
 
     Raises:
         pytest.fail: the requesting test is not marked ``privacy_audit``.
@@ -84,8 +86,11 @@ def securefed_privacy_audit(
         config: EmpiricalAuditConfig,
         rng: np.random.Generator,
         epsilon_of: Callable[[Any, str], float | None],
+        delta_of: Callable[[Any], float | None] | None = None,
     ) -> dict[str, EmpiricalAuditResult]:
-        results = run_empirical_audit(config, job, scorers, rng=rng, epsilon_of=epsilon_of)
+        results = run_empirical_audit(
+            config, job, scorers, rng=rng, epsilon_of=epsilon_of, delta_of=delta_of
+        )
         check_against_ledger(results)
         return results
 

@@ -57,7 +57,7 @@ import numpy as np
 import tenseal as ts
 
 from securefed._checks import finite_array
-from securefed.crypto.flooding import flooding_floor
+from securefed.crypto.flooding import MIN_FLOODING_SECURITY_BITS, flooding_floor
 from securefed.errors import InsecureParameterError, SecurefedError
 
 MAX_COEFF_BITS: dict[int, int] = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -1142,7 +1142,8 @@ class Flooding:
 
     Raises:
         ValueError: ``std <= 0`` (flooding disabled: only :meth:`unsafe_for_tests` allows it),
-            a negative or non-finite ``step``, ``security_bits`` outside [1, 128].
+            a negative or non-finite ``step``, ``security_bits`` above 128 or not a number.
+        InsecureParameterError: ``security_bits`` below :data:`MIN_FLOODING_SECURITY_BITS`.
     """
 
     std: float | None = None
@@ -1163,8 +1164,20 @@ class Flooding:
                 "decryptions reveal the secret key (Li and Micciancio 2021); use std=None for "
                 "the floor, or Flooding.unsafe_for_tests(...) in tests"
             )
-        if not 1 <= self.security_bits <= 128:
-            raise ValueError(f"security_bits must lie in [1, 128], got {self.security_bits!r}")
+        bits = self.security_bits
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not bits <= 128:
+            raise ValueError(
+                f"security_bits must be a number in [{MIN_FLOODING_SECURITY_BITS}, 128], "
+                f"got {bits!r}"
+            )
+        if not bits >= MIN_FLOODING_SECURITY_BITS:
+            raise InsecureParameterError(
+                f"flooding security_bits {bits!r} is below the floor of "
+                f"{MIN_FLOODING_SECURITY_BITS} bits: each released decryption would leak up to "
+                f"2^-{bits:g} nats of its key-dependent error (Li and Micciancio 2021); use the "
+                f"default ({DEFAULT_FLOODING_SECURITY_BITS}) or at least "
+                f"{MIN_FLOODING_SECURITY_BITS}"
+            )
 
     @classmethod
     def unsafe_for_tests(cls, std: float = 0.0, step: float = 0.0) -> Flooding:

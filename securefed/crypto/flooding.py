@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import math
 
+MIN_FLOODING_SECURITY_BITS = 20
+"""The lowest flooding level accepted outside
+:meth:`securefed.crypto.ckks.Flooding.unsafe_for_tests`: FedSlate's module fusion releases its
+batch sums at this level (KL at most ``2^-20`` per value); a weaker level
+(``ckks:flood_security_bits=1``: KL up to 1/2 per value) is refused when the flooding is built,
+and the audit flags a record of one (``ckks-flooding-weak``)."""
+
 
 def flooding_floor(error_bound: float, security_bits: float) -> float:
     """The least flooding std that hides an error of at most ``error_bound`` at ``security_bits``.

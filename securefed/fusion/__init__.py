@@ -37,6 +37,7 @@ from securefed.fusion.module import ModuleFusionChannel
 from securefed.fusion.registry import (
     DP_CHANNELS,
     FUSION_CHANNELS,
+    MODULE_CHANNELS,
     FusionNeeds,
     FusionNotApplicable,
     build_fusion_channel,
@@ -46,6 +47,7 @@ from securefed.fusion.registry import (
 __all__ = [
     "DP_CHANNELS",
     "FUSION_CHANNELS",
+    "MODULE_CHANNELS",
     "NETWORKS",
     "RELU_FIT",
     "DPFusionChannel",

@@ -42,6 +42,7 @@ __all__ = [
     "DP_CHANNELS",
     "FUSION_CHANNELS",
     "LAYOUTS",
+    "MODULE_CHANNELS",
     "FusionNeeds",
     "FusionNotApplicable",
     "build_fusion_channel",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 FUSION_CHANNELS = ("plaintext", "ckks", "dp", "ckks+dp", "secagg")
+MODULE_CHANNELS = tuple(name for name in FUSION_CHANNELS if name != "secagg")
+"""The channels that can serve some torch server module (what a command line offers):
+``"secagg"`` never can, since secure aggregation computes only sums."""
 DP_CHANNELS = {"dp": "plaintext", "ckks+dp": "ckks"}
 """The DP channels by name, and the channel each one wraps."""
 LAYOUTS = ("per_party", "concatenated")

@@ -1,12 +1,13 @@
-"""Differential privacy: the ledger (Opacus accountants), calibration, noise sources, clipping.
+"""Differential privacy: the ledger (RDP via dp-accounting), calibration, noise, clipping.
 
 * :class:`PrivacyLedger`: records every noisy release, reports epsilon against each observer
   (:data:`OBSERVERS`: the released model's observers, the server), enforces a budget.
-* :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration through Opacus.
+* :func:`noise_for_target` / :func:`epsilon_for_schedule`: calibration on the ledger's accountants
+  (:mod:`securefed.privacy.accounting`: RDP through dp-accounting, no torch).
 * :class:`SeededGaussian` (tests, benchmarks) and :class:`SecureGaussian` (deployment).
 * :func:`release_rows`: the fusion shape (per-query vectors), charging a ledger per row.
 * The aggregation-shape wrapper is :class:`securefed.transport.dp.DPTransport`; record-level
-  DP-SGD for torch models is :func:`securefed.privacy.dpsgd.make_private` (needs torch/opacus).
+  DP-SGD for torch models is :func:`securefed.privacy.dpsgd.make_private` (extra ``dp-torch``).
 
 See ``docs/privacy.md``.
 """

@@ -1,19 +1,20 @@
-"""The privacy ledger: every noisy release recorded where the noise is added (Opacus accountants).
+"""The privacy ledger: every noisy release recorded where the noise is added.
 
 A :class:`PrivacyLedger` keeps the history of Gaussian releases as ``(noise_multiplier,
 sample_rate, steps)`` triples (the format of Opacus's ``IAccountant.history``) and reports the
-``epsilon`` spent at any ``delta``. It uses :mod:`opacus.accountants` directly, without a
-``PrivacyEngine``:
+``epsilon`` spent at any ``delta`` (:mod:`securefed.privacy.accounting`; the RDP accountant
+needs dp-accounting, extra ``dp``, and no torch):
 
 * ``"rdp"`` (default): Rényi-DP accounting of the sampled Gaussian mechanism (Mironov,
   "Rényi Differential Privacy", CSF 2017; Mironov, Talwar and Zhang, "Rényi Differential Privacy
   of the Sampled Gaussian Mechanism", 2019), converted to ``(epsilon, delta)`` by Balle et al.,
   "Hypothesis Testing Interpretations and Renyi Differential Privacy", AISTATS 2020, Theorem 21.
-  The RDP curve of each ``(sigma, q)`` pair is computed once and scaled by its step count, which
-  gives exactly Opacus's ``RDPAccountant.get_epsilon`` at a fraction of the cost per round.
+  The RDP curve of each ``(sigma, q)`` pair is computed once (by dp-accounting, at Opacus's
+  orders) and scaled by its step count; the epsilons agree with Opacus's
+  ``RDPAccountant.get_epsilon`` (tests/test_accounting.py states the tolerance).
 * ``"prv"``: numerical composition of privacy random variables (Gopi, Lee and Wutschitz,
   "Numerical Composition of Differential Privacy", NeurIPS 2021), tighter, slower; through
-  Opacus's ``PRVAccountant``.
+  Opacus's ``PRVAccountant`` (extra ``dp-torch``: Opacus imports torch).
 
 Both accountants analyse *Poisson* subsampling: each client (or record) takes part in a step
 independently with probability ``q``. That is :attr:`PrivacyLedger.accounting_sampling`. The
@@ -54,13 +55,13 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from securefed.errors import InsecureParameterError, LedgerFormatError, PrivacyBudgetExceeded
 from securefed.integrity import check_key, read_json, verify, write_sealed_json
+from securefed.privacy import accounting
 from securefed.privacy.discrete import DiscreteRelease
 
 ACCOUNTANTS = ("rdp", "prv")
@@ -130,52 +131,23 @@ def _check_sampling(sampling: str | None) -> str | None:
     return mode
 
 
-@lru_cache(maxsize=256)
-def _unit_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
-    """RDP of one step of the sampled Gaussian mechanism at Opacus's default orders."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    curve = rdp_analysis.compute_rdp(
-        q=sample_rate,
-        noise_multiplier=noise_multiplier,
-        steps=1,
-        orders=RDPAccountant.DEFAULT_ALPHAS,
-    )
-    curve = np.asarray(curve, dtype=np.float64)
-    curve.setflags(write=False)
-    return curve
-
-
 def epsilon_of_history(
     history: list[tuple[float, float, int]], delta: float, accountant: str = "rdp"
 ) -> float:
     """Epsilon at ``delta`` of a history of ``(noise_multiplier, sample_rate, steps)`` triples.
 
     Pure function (no ledger state). RDP: the sum over the history of ``steps * RDP(sigma, q)``
-    at Opacus's default orders, converted by Opacus's ``get_privacy_spent``. PRV: Opacus's
-    ``PRVAccountant.get_epsilon`` (its upper bound, ``eps_error=0.01``).
+    at Opacus's default orders, converted by Balle et al. 2020's Theorem 21
+    (:mod:`securefed.privacy.accounting`, through dp-accounting: no torch). PRV: Opacus's
+    ``PRVAccountant.get_epsilon`` (its upper bound, ``eps_error=0.01``; extra ``dp-torch``).
     """
     _check_delta(delta)
     _check_accountant(accountant)
     if not history:
         return 0.0
     if accountant == "rdp":
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis import rdp as rdp_analysis
-
-        total = sum(steps * _unit_rdp(float(sigma), float(q)) for sigma, q, steps in history)
-        eps, _ = rdp_analysis.get_privacy_spent(
-            orders=RDPAccountant.DEFAULT_ALPHAS, rdp=total, delta=delta
-        )
-        return float(eps)
-    from opacus.accountants import PRVAccountant
-
-    prv = PRVAccountant()
-    prv.history = [(float(s), float(q), int(n)) for s, q, n in history]
-    # q = 1 makes log(1 - q) = -inf inside the PRV's support computation; that is expected.
-    with np.errstate(divide="ignore"):
-        return float(prv.get_epsilon(delta=delta))
+        return accounting.rdp_epsilon(accounting.history_rdp(history), delta)
+    return accounting.prv_epsilon(history, delta)
 
 
 def epsilon_with_discrete(
@@ -188,25 +160,17 @@ def epsilon_with_discrete(
     The RDP curve of every ``(release, steps)`` pair of ``discrete``
     (:meth:`~securefed.privacy.discrete.DiscreteRelease.rdp`: Kairouz et al. 2021's bound for the
     sum of discrete Gaussians, Agarwal et al. 2021's for Skellam) is added, times its steps, to
-    the Gaussian history's at Opacus's default orders, and converted by Opacus's
-    ``get_privacy_spent`` (Balle et al. 2020). Integer releases are charged without
-    amplification by sampling (conservative). Without ``discrete`` this is
-    :func:`epsilon_of_history` with the RDP accountant.
+    the Gaussian history's at Opacus's default orders, and converted by Balle et al. 2020's
+    Theorem 21. Integer releases are charged without amplification by sampling (conservative).
+    Without ``discrete`` this is :func:`epsilon_of_history` with the RDP accountant.
     """
     _check_delta(delta)
     if not discrete:
         return epsilon_of_history(history, delta, "rdp")
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    orders = RDPAccountant.DEFAULT_ALPHAS
-    total = np.zeros(len(orders))
-    for sigma, q, steps in history:
-        total = total + steps * _unit_rdp(float(sigma), float(q))
+    total = accounting.history_rdp(history)
     for release, steps in discrete:
-        total = total + steps * release.rdp(orders)
-    eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=total, delta=delta)
-    return float(eps)
+        total = total + steps * np.asarray(release.rdp(list(accounting.RDP_ORDERS)))
+    return accounting.rdp_epsilon(total, delta)
 
 
 class PrivacyLedger:
@@ -246,8 +210,6 @@ class PrivacyLedger:
         path: str | os.PathLike | None = None,
         key: bytes | None = None,
     ) -> None:
-        from opacus.accountants import create_accountant
-
         self.accountant = _check_accountant(accountant)
         if budget is not None and not isinstance(budget, PrivacyBudget):
             budget = PrivacyBudget(*budget)
@@ -256,8 +218,8 @@ class PrivacyLedger:
         self.sampling_rate: float | None = None
         self.path = None if path is None else Path(path)
         self._key = check_key(key)
-        self._accountant = create_accountant(mechanism=self.accountant)
-        self._server = create_accountant(mechanism=self.accountant)
+        self._accountant = accounting.StepHistory()
+        self._server = accounting.StepHistory()
         self.server_clear_steps = 0
         self._discrete: tuple[tuple[DiscreteRelease, int], ...] = ()
         self._server_discrete: tuple[tuple[DiscreteRelease, int], ...] = ()

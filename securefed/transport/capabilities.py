@@ -59,6 +59,9 @@ class TransportCapabilities:
             :data:`SERVER_SEES`).
         dp_placement: where differential-privacy noise is added (``"central"``, ``"local"``,
             ``"distributed"``), ``None`` without DP.
+        min_round_clients: the fewest clients a non-empty round may have (secure aggregation's
+            masks cancel only between two or more clients: 2); :func:`round_size_findings`
+            refuses a run whose data or sampling cannot give that many.
     """
 
     shapes: tuple[str, ...] = ("aggregation",)
@@ -67,6 +70,7 @@ class TransportCapabilities:
     dense_wire: bool = False
     server_sees: str = "updates"
     dp_placement: str | None = None
+    min_round_clients: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shapes", tuple(self.shapes))
@@ -82,6 +86,14 @@ class TransportCapabilities:
         for name in ("in_process_clients", "encrypted_state", "dense_wire"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if (
+            isinstance(self.min_round_clients, bool)
+            or not isinstance(self.min_round_clients, int)
+            or self.min_round_clients < 1
+        ):
+            raise ValueError(
+                f"min_round_clients must be an int >= 1, got {self.min_round_clients!r}"
+            )
 
     @property
     def hides_updates(self) -> bool:
@@ -146,6 +158,50 @@ def capability_findings(
             "holders) run elsewhere"
         )
     return findings
+
+
+def round_size_findings(
+    name: str,
+    capabilities: TransportCapabilities,
+    n_clients: int,
+    mode: str,
+    clients_per_round: int | None,
+) -> list[str]:
+    """Why rounds of a run would have fewer clients than the transport needs, if they would.
+
+    Args:
+        name: the transport's name, for the findings.
+        capabilities: what it serves (:attr:`TransportCapabilities.min_round_clients`).
+        n_clients: the clients (users) the data has.
+        mode: the client sampling (``"all"``, ``"poisson"`` or ``"fixed"``).
+        clients_per_round: the exact (fixed) or expected (poisson) clients per round.
+
+    Returns:
+        One sentence per cause, naming the fix; empty when every round can be served. Poisson
+        rounds are random: one expected to hold ``min_round_clients`` or more may still draw
+        fewer, and is refused when it does (the round's own error).
+    """
+    needed = capabilities.min_round_clients
+    if needed <= 1:
+        return []
+    if n_clients < needed:
+        return [
+            f"the {name!r} transport needs at least {needed} clients in a round and the data has "
+            f"{n_clients} user{'s' if n_clients != 1 else ''} (each user is a client): use more "
+            "users, or the 'plaintext' transport (--transport plaintext)"
+        ]
+    if mode != "all" and clients_per_round is not None and clients_per_round < needed:
+        drawn = (
+            f"rounds of {clients_per_round} client"
+            if mode == "fixed"
+            else f"rounds of {clients_per_round} client on average (often none)"
+        )
+        return [
+            f"the {name!r} transport needs at least {needed} clients in a round and "
+            f"{mode} sampling of clients_per_round={clients_per_round} (--clients-per-round) gives "
+            f"{drawn}: sample at least {needed} clients per round"
+        ]
+    return []
 
 
 def require_capabilities(transport: Transport, needs: TransportNeeds) -> None:

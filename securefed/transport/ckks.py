@@ -790,6 +790,10 @@ class CKKSTransport(Transport):
         """
         ids = np.unique(np.asarray(clients, dtype=np.int64))
         round_view = self.view.open(round_id, ids)
+        # The flooding noise comes from ``seeds``: whoever knows a seed removes it and reads the
+        # key-dependent decryption error, so every round says where its randomness came from
+        # (the audit reads it, also for rounds driven outside ``run_rounds``).
+        round_view.public["ckks_secure_randomness"] = bool(seeds.secure)
         return CKKSRound(round_id, ids, shape=shape, view=round_view, seeds=seeds, transport=self)
 
     def _round_class(self) -> type[AggregationRound]:

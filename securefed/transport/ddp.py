@@ -498,16 +498,21 @@ def plan_mechanism(
 
 
 def epsilon_for_integer_schedule(
-    mechanism: DistributedIntegerMechanism, rounds: int, delta: float
+    mechanism: DistributedIntegerMechanism, rounds: int, delta: float, *, colluders: int = 0
 ) -> float:
     """Epsilon after ``rounds`` releases of ``mechanism`` with all its planned contributors.
 
     The contributors are ``min_contributors`` (the fewest a release may have: the worst case
-    the rule allows), charged without amplification by sampling.
+    the rule allows), less ``colluders`` whose noise the server subtracts (the epsilon against
+    the server and them; infinite when no honest contributor is left), charged without
+    amplification by sampling.
     """
     from securefed.privacy.ledger import epsilon_with_discrete
 
-    release = mechanism.release(mechanism.min_contributors)
+    honest = mechanism.min_contributors - int(colluders)
+    if honest < 1:
+        return math.inf
+    release = mechanism.release(honest)
     return epsilon_with_discrete([], [(release, int(rounds))], delta)
 
 
@@ -524,19 +529,26 @@ def noise_for_integer_target(
     min_contributors: int,
     wrap_target: float = 1e-6,
     tolerance: float = 1e-3,
+    colluders: int = 0,
 ) -> float:
     """The smallest noise multiplier (relative ``tolerance``) whose integer plan fits ``epsilon``.
 
     The plan of every multiplier tried is :func:`plan_mechanism` (its granularity grows with the
     noise); its epsilon is :func:`epsilon_for_integer_schedule` with ``min_contributors``
-    contributors. A doubling search brackets the target, bisection narrows it, and the upper end
-    (whose epsilon is at most the target) is returned.
+    contributors, ``colluders`` of them colluding with the server (so that the target holds
+    against the server and them). A doubling search brackets the target, bisection narrows it,
+    and the upper end (whose epsilon is at most the target) is returned.
 
     Raises:
-        ValueError: no multiplier up to ``1e6`` reaches the target.
+        ValueError: no multiplier up to ``1e6`` reaches the target, or no honest contributor.
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"target epsilon must be finite and > 0, got {epsilon!r}")
+    if min_contributors - colluders < 1:
+        raise ValueError(
+            f"{colluders} colluder(s) among the minimum of {min_contributors} contributors "
+            "leave no honest noise against the server: no noise meets a target epsilon"
+        )
 
     def spent(sigma: float) -> float:
         plan = plan_mechanism(
@@ -549,7 +561,7 @@ def noise_for_integer_target(
             min_contributors=min_contributors,
             wrap_target=wrap_target,
         )
-        return epsilon_for_integer_schedule(plan, rounds, delta)
+        return epsilon_for_integer_schedule(plan, rounds, delta, colluders=colluders)
 
     low, high = 0.0, 1.0
     while spent(high) > epsilon:

@@ -36,12 +36,19 @@ Flower's DP strategy wrappers, with the accounting of Opacus). Stages of a round
      the clipped sum in the clear), so its epsilon is infinite.
    * distributed: at the inner round's decoding (:meth:`DPRound.result`, or the inner round's own
      ``result``, which is sealed behind the charge), with the *effective* multiplier
-     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / n)`` over the contributors ``k`` actually in the
-     sum: with dropouts (or weights < 1) the sum carries less noise than planned and the ledger
-     is charged for what it carries, never for what was planned. (The contributors' noise is
-     taken as the mechanism's noise; a rigorous treatment fixes a minimum number of contributors
-     in advance: Kairouz et al. 2021.) Against the server ``(sigma_eff, 1)``; over a plaintext
-     inner transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
+     ``sigma_eff = sigma * sqrt(sum_k w_k^2 / m)`` over the contributors ``k`` actually in the
+     sum, ``m`` the count each share is calibrated for (``min_contributors``, else the clients
+     asked): with dropouts (or weights < 1) the sum carries less noise than planned and the
+     ledger is charged for what it carries, never for what was planned. Against the server
+     ``(sigma_honest, 1)``: the noise of the honest contributors only, since each of the
+     ``colluders`` clients assumed to collude with it (``DPTransport(colluders=...)``, default
+     0) subtracts its own share (``sigma_honest = sigma * sqrt((sum_k w_k^2 - the c largest
+     w_k^2) / m)``; ``sigma_eff`` with none; no guarantee when none is honest). Over
+     malicious-server secure aggregation the clients hold ``m`` themselves (Kairouz et al. 2021
+     fix a minimum of contributors in advance; issue 30 item 1): each endorses and unmasks only a
+     survivor set that ``m`` clients endorsed, and the server is charged for the least noisy sum
+     they allow, ``sigma * sqrt(sum of the m - c smallest w_k^2 / m)``. Over a plaintext inner
+     transport, where it reads each update, ``(sigma / sqrt(n), 1)``.
    * local: at :meth:`DPTransport.open_round`, ``(sigma, 1.0)`` against both. Each client's own
      release is a Gaussian mechanism with multiplier ``sigma`` under add/remove-one adjacency
      (its update vs no update), and the server knows who submitted, so no amplification by
@@ -79,6 +86,7 @@ in secure mode, or ``secure=True``, from :class:`~securefed.privacy.noise.Secure
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -140,8 +148,19 @@ class DPConfig:
             2..32.
         wrap_target: the integer mechanisms' bound on the chance that the sum wraps the
             modulus in a round (chooses the granularity).
-        min_contributors: a distributed release of fewer contributors is refused. ``None``:
-            no minimum for ``"gaussian"``; every client asked for the integer mechanisms.
+        min_contributors: the count each client's distributed noise share is calibrated for
+            (``sigma C / sqrt(min_contributors)``); a distributed release of fewer contributors
+            is refused. ``None``: every client asked. Over malicious-server secure aggregation
+            the clients hold it themselves (``SecAggRound.require_contributors``) and count the
+            endorsers of the survivor set before they reveal; elsewhere only the server's
+            round checks it, and with ``None`` a Gaussian round over such a transport releases
+            a sum of fewer contributors, charged for the noise it carries.
+        colluders: clients assumed to collude with the server (distributed placement only):
+            an ``int`` count, or a ``float`` fraction in ``[0, 1)`` of the clients asked in a
+            round (rounded up). Each colluder knows its own noise share and subtracts it, so
+            the epsilon against the server is charged for the honest contributors' noise only
+            (:func:`colluders_in_round`, :func:`honest_weight_sq`). Default ``0``: the server
+            alone.
     """
 
     clip: float
@@ -155,8 +174,16 @@ class DPConfig:
     modulus_bits: int = 20
     wrap_target: float = 1e-6
     min_contributors: int | None = None
+    colluders: int | float = 0
 
     def __post_init__(self) -> None:
+        check_colluders(self.colluders)
+        if self.colluders and self.placement != "distributed":
+            raise InsecureParameterError(
+                f"colluders={self.colluders!r} applies to the distributed placement (colluding "
+                f"clients subtract their own noise shares); under {self.placement!r} placement "
+                "each release's noise does not depend on them: leave colluders=0"
+            )
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise ValueError(f"clip must be finite and > 0, got {self.clip!r}")
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
@@ -202,6 +229,49 @@ class DPConfig:
                 f"{self.sample_rate:g} < 1 would charge for Poisson subsampling that never "
                 "happens: use sample_rate=1.0 or ClientSampling('poisson', ...)"
             )
+
+
+def check_colluders(colluders: object) -> None:
+    """Refuse a ``colluders`` value that is not an ``int >= 0`` or a ``float`` in ``[0, 1)``.
+
+    Raises:
+        TypeError: a bool, a string or any other type.
+        ValueError: a negative count, or a fraction outside ``[0, 1)`` (a count is an int).
+    """
+    if isinstance(colluders, bool) or not isinstance(colluders, (numbers.Integral, float)):
+        raise TypeError(
+            f"colluders must be an int (a count) or a float in [0, 1) (a fraction of the "
+            f"clients asked), got {type(colluders).__name__} {colluders!r}"
+        )
+    if isinstance(colluders, numbers.Integral) and colluders < 0:
+        raise ValueError(f"colluders must be a count >= 0, got {colluders}")
+    if isinstance(colluders, float) and not 0 <= colluders < 1:
+        raise ValueError(
+            f"colluders as a float is a fraction in [0, 1) of the clients asked, got "
+            f"{colluders!r} (give a count as an int)"
+        )
+
+
+def colluders_in_round(colluders: int | float, n_asked: int, n_contributors: int) -> int:
+    """How many of a round's contributors are assumed to collude with the server.
+
+    A count is taken as is, a fraction of the ``n_asked`` clients rounded up; at most all
+    ``n_contributors`` (the worst case: every colluder contributes, so the honest noise in the
+    sum is the least the rule allows).
+    """
+    integral = isinstance(colluders, numbers.Integral)
+    count = colluders if integral else math.ceil(colluders * n_asked)
+    return min(int(count), int(n_contributors))
+
+
+def honest_weight_sq(weight_sq: Sequence[float], colluders: int) -> float:
+    """``sum w_k^2`` over the contributors once the ``colluders`` heaviest are removed.
+
+    A client's noise share is proportional to its weight (``w_k N(0, (sigma C)^2 / n)``); the
+    colluders whose shares the server can subtract are, at worst, those of the largest weights.
+    """
+    ordered = sorted(float(w) for w in weight_sq)
+    return float(sum(ordered[: max(0, len(ordered) - int(colluders))]))
 
 
 def clip_row_updates(updates: RowUpdates, clip: float) -> tuple[RowUpdates, np.ndarray]:
@@ -313,6 +383,9 @@ class DPRound(AggregationRound):
         self._charged = False
         self.mechanism: DistributedIntegerMechanism | None = transport._pending_mechanism
         self._signs: np.ndarray | None = transport._pending_signs
+        # The count each client's distributed noise share is calibrated for, and whether the
+        # clients themselves refuse to unmask a sum of fewer (malicious-server secagg).
+        self.min_contributors, self.clients_enforce = transport._pending_minimum
         self._block = inner.shape if self.mechanism is None else transport._pending_shape
         if self.mechanism is not None:
             self.shape = self._block  # the callers' block; the inner round carries (1, D)
@@ -346,7 +419,8 @@ class DPRound(AggregationRound):
         for client, weight in zip(clipped.clients.tolist(), weights.tolist(), strict=True):
             self._weight_sq[int(client)] = weight * weight
         cfg = self.config
-        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, len(self.clients))
+        shares = self.min_contributors if cfg.placement == "distributed" else len(self.clients)
+        std = client_noise_std(cfg.placement, cfg.clip, cfg.noise_multiplier, shares)
         per_client = max(1, clipped.n_rows * clipped.width)
         step = max(1, _DENSE_CHUNK // per_client)
         for start in range(0, len(clipped.clients), step):
@@ -421,13 +495,48 @@ class DPRound(AggregationRound):
         if not self._charged and self.mechanism is not None:
             self._charge_integers()
         if not self._charged:
-            sigma_eff = self._effective_sigma(sorted(self.submitted))
+            contributors = sorted(self.submitted)
+            self._check_minimum(len(contributors))
+            sigma_eff = self._effective_sigma(contributors)
+            colluders = self.transport.colluders_in(len(self.clients), len(contributors))
+            honest = self._effective_sigma(contributors, colluders=colluders)
+            if self.clients_enforce:
+                # The server can unmask any set of at least the minimum that endorsed it.
+                honest = min(honest, self._weakest_sigma(contributors, colluders))
             self.view.public["dp_sigma_effective"] = sigma_eff
+            self.view.public["dp_colluders_assumed"] = colluders
+            self.view.public["dp_sigma_server"] = honest
             if sigma_eff > 0:
-                server = self.transport.server_exposure(sigma_eff, len(self.clients))
+                server = self.transport.server_exposure(
+                    sigma_eff, len(self.clients), honest_sigma=honest
+                )
                 self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
             self._charged = True
         return self._decode()
+
+    def _check_minimum(self, n_contributors: int) -> None:
+        """Refuse a gaussian distributed release of fewer contributors than its noise shares
+        were calibrated for (a stated ``min_contributors``, or the clients' own check).
+
+        Raises:
+            AggregationError: nothing is decoded.
+        """
+        stated = self.config.min_contributors is not None or self.clients_enforce
+        if stated and n_contributors < self.min_contributors:
+            raise AggregationError(
+                f"round {self.round_id}: {n_contributors} contributor(s), fewer than the minimum "
+                f"of {self.min_contributors} that each client's noise share is calibrated for "
+                "(each adds 1/minimum of the variance): refused, nothing is decoded"
+            )
+
+    def _weakest_sigma(self, contributors: list[int], colluders: int = 0) -> float:
+        """The multiplier of the least noisy sum the clients allow: ``minimum`` endorsers, the
+        ``colluders`` among them subtracting their shares, the rest the lightest contributors
+        (``sigma`` when every weight is 1 and no one colludes)."""
+        weights = sorted(self._weight_sq.get(int(c), 0.0) for c in contributors)
+        minimum = self.min_contributors
+        honest = weights[: max(0, minimum - int(colluders))]
+        return self.config.noise_multiplier * math.sqrt(sum(honest) / minimum)
 
     def _charge_integers(self) -> None:
         """Refuse too few contributors; charge the integer mechanism's accountant for the sum.
@@ -445,9 +554,14 @@ class DPRound(AggregationRound):
                 "1/n of it): refused, nothing is decoded"
             )
         release = self.mechanism.release(n)
-        server = self.transport.server_release(self.mechanism, n)
+        # Where the clients check the minimum, the server can unmask any set of at least the
+        # minimum that endorsed it: it is charged for the least noisy one.
+        server = self.transport.server_release(
+            self.mechanism, minimum if self.clients_enforce else n, n_asked=len(self.clients)
+        )
         self.transport.ledger.charge_discrete(release, server=server)
         self.view.public["dp_contributors"] = n
+        self.view.public["dp_colluders_assumed"] = self.transport.colluders_in(len(self.clients), n)
         self.view.public["ddp_wrap_bound"] = self.mechanism.wrap_bound(n)
         self.view.public["dp_sigma_effective"] = (
             self.mechanism.noise_std_units(n) * self.mechanism.gamma / self.config.clip
@@ -479,15 +593,24 @@ class DPRound(AggregationRound):
             return inner
         inner = self.inner.result()
         self.view.public["dp_sigma_effective"] = sigma
-        server = self.transport.server_exposure(sigma, len(self.clients))  # central: None
+        server = self.transport.server_exposure(  # central: None; a stand-in: its deployment's
+            sigma, len(self.clients), honest_sigma=self.transport.honest_sigma(len(self.clients))
+        )
         self.transport._charge(sigma, self.config.sample_rate, self.view, server)
         noise = self._source("server").normal(sigma * self.config.clip, inner.total.shape)
         return Aggregate(inner.total + noise, inner.weight, inner.contributors)
 
-    def _effective_sigma(self, contributors: list[int]) -> float:
-        """``sigma * sqrt(sum_k w_k^2 / n)``: the multiplier the distributed sum really carries."""
-        weight_sq = sum(self._weight_sq.get(int(c), 0.0) for c in contributors)
-        return self.config.noise_multiplier * math.sqrt(weight_sq / len(self.clients))
+    def _effective_sigma(self, contributors: list[int], *, colluders: int = 0) -> float:
+        """``sigma * sqrt(sum_k w_k^2 / m)``: the multiplier the distributed sum really carries
+        (``m`` the count each share is calibrated for: the minimum, else the clients asked).
+
+        With ``colluders``, the sum runs over the honest contributors only: the ``colluders``
+        of largest weight are taken out (:func:`honest_weight_sq`), their shares being known to
+        the server they collude with.
+        """
+        weights = [self._weight_sq.get(int(c), 0.0) for c in contributors]
+        weight_sq = honest_weight_sq(weights, colluders)
+        return self.config.noise_multiplier * math.sqrt(weight_sq / self.min_contributors)
 
     def result(self) -> Aggregate:
         """The aggregate with DP noise (central: the server's noise; else the clients').
@@ -575,6 +698,11 @@ class DPTransport(Transport):
             ledger; ``"all"`` with ``sample_rate < 1`` is refused).
         secure: require cryptographic noise: a seeded ``SeedTree`` is refused at ``open_round``.
         delta: delta for reporting epsilon when the ledger has no budget.
+        colluders: clients assumed to collude with the server under the distributed placement
+            (an int count, or a float fraction in ``[0, 1)`` of each round's clients, rounded
+            up; default ``0``): the epsilon against the server is charged for the honest
+            contributors' noise only, and an integer mechanism calibrated to a target epsilon
+            (``target_epsilon``) meets it against the server with that many colluders.
 
     Example:
         >>> from securefed import PlaintextTransport, SeedTree
@@ -604,6 +732,7 @@ class DPTransport(Transport):
         modulus_bits: int = 20,
         wrap_target: float = 1e-6,
         min_contributors: int | None = None,
+        colluders: int | float = 0,
         target_epsilon: float | None = None,
         target_rounds: int | None = None,
     ) -> None:
@@ -630,11 +759,13 @@ class DPTransport(Transport):
             modulus_bits=int(modulus_bits),
             wrap_target=float(wrap_target),
             min_contributors=min_contributors,
+            colluders=colluders,
         )
         self.inner = inner
         self._pending_mechanism: DistributedIntegerMechanism | None = None
         self._pending_signs: np.ndarray | None = None
         self._pending_shape: tuple[int, int] = (0, 0)
+        self._pending_minimum: tuple[int, bool] = (0, False)
         self._target: tuple[float, int] | None = None
         if target_epsilon is not None or target_rounds is not None:
             if self.config.mechanism not in INTEGER_MECHANISMS:
@@ -684,23 +815,43 @@ class DPTransport(Transport):
             return None
         return self.ledger.epsilon(self.delta, against=against)
 
-    def server_exposure(self, sigma: float, n_round_clients: int) -> tuple[float, float] | None:
+    def server_exposure(
+        self, sigma: float, n_round_clients: int, *, honest_sigma: float | None = None
+    ) -> tuple[float, float] | None:
         """``(noise multiplier, sample rate)`` of a round's release as the server sees it.
 
         The server picks the round's clients and knows who contributed, so the rate is always 1.
         Central: ``None`` (it sees the clipped sum in the clear). Local: ``(sigma, 1)``, each
-        update carries all the noise. Distributed: ``(sigma, 1)`` under a transport that hides
-        single updates; over a clear one (plaintext) each update carries ``1/sqrt(n)`` of it,
-        ``(sigma / sqrt(n), 1)``.
+        update carries all the noise. Distributed: under a transport that hides single updates,
+        the multiplier of the honest contributors' noise, ``honest_sigma`` (the server and its
+        colluders subtract the colluders' shares; ``None``: ``sigma``, no colluder), and
+        ``None`` when no honest noise is left; over a clear one (plaintext) each update carries
+        ``1/sqrt(n)`` of it, ``(sigma / sqrt(n), 1)``, whoever colludes.
         """
         if self._charged_as is not None:
-            return self._charged_as.server_exposure(sigma, n_round_clients)
+            return self._charged_as.server_exposure(
+                sigma, n_round_clients, honest_sigma=honest_sigma
+            )
         placement = self.config.placement
         if placement == "central":
             return None
         if placement == "distributed" and _shows_single_updates(self.inner):
             return (sigma / math.sqrt(max(n_round_clients, 1)), 1.0)
+        if placement == "distributed" and honest_sigma is not None:
+            return (honest_sigma, 1.0) if honest_sigma > 0 else None
         return (sigma, 1.0)
+
+    def honest_sigma(self, n_asked: int) -> float:
+        """The multiplier of the honest clients' noise in a round where all ``n_asked``
+        contribute with weight 1: ``sigma * sqrt((n - c) / n)``, ``c`` the colluders."""
+        honest = n_asked - self.colluders_in(n_asked, n_asked)
+        return self.config.noise_multiplier * math.sqrt(honest / max(n_asked, 1))
+
+    def colluders_in(self, n_asked: int, n_contributors: int) -> int:
+        """The contributors of a round assumed to collude with the server
+        (:func:`colluders_in_round` of ``config.colluders``; a stand-in's are its deployment's)."""
+        config = self.config if self._charged_as is None else self._charged_as.config
+        return colluders_in_round(config.colluders, n_asked, n_contributors)
 
     def charge_server_as(self, deployed: DPTransport) -> None:
         """Charge the server's account as ``deployed`` would be charged, for a stand-in.
@@ -764,10 +915,19 @@ class DPTransport(Transport):
         n_asked = len(np.unique(np.asarray(clients)))
         if self.config.mechanism in INTEGER_MECHANISMS:
             return self._open_integer_round(round_id, clients, n_asked, shape, seeds)
-        server = self.server_exposure(sigma, n_asked)
+        server = self.server_exposure(sigma, n_asked, honest_sigma=self.honest_sigma(n_asked))
         if self.ledger.would_exceed(sigma, rate, server=server):
             self.ledger.charge(sigma, rate, server=server)  # raises with the figures
+        minimum = n_asked if self.config.min_contributors is None else self.config.min_contributors
+        if self.config.placement == "distributed" and n_asked < minimum:
+            raise AggregationError(
+                f"round {round_id} asks {n_asked} client(s), fewer than the minimum of "
+                f"{minimum} contributors for a DP release"
+            )
         inner_round = self.inner.open_round(round_id, clients, shape=shape, seeds=seeds)
+        enforced = self.config.placement == "distributed" and self._hold_minimum(
+            inner_round, minimum
+        )
         if local:
             self.ledger.charge(sigma, 1.0, server=server)  # clients release at submit
         self.view.public["seeded"] = seeds.seed is not None
@@ -788,7 +948,19 @@ class DPTransport(Transport):
         )
         if local:
             self._report(inner_round.view)
-        return DPRound(self, inner_round)
+        self._pending_minimum = (minimum, enforced)
+        try:
+            return DPRound(self, inner_round)
+        finally:
+            self._pending_minimum = (0, False)
+
+    @staticmethod
+    def _hold_minimum(inner_round: AggregationRound, minimum: int) -> bool:
+        """Hand the inner round's clients the minimum of contributors their noise shares are
+        calibrated for, where they can check it themselves (malicious-server secure
+        aggregation: ``SecAggRound.require_contributors``); whether they do."""
+        require = getattr(inner_round, "require_contributors", None)
+        return bool(require(minimum)) if require is not None else False
 
     def plan(self, n_clients: int, shape: tuple[int, int]) -> DistributedIntegerMechanism:
         """The integer mechanism of a round of ``n_clients`` asked, for ``shape`` blocks.
@@ -819,6 +991,7 @@ class DPTransport(Transport):
         epsilon, rounds = self._target
         cfg = self.config
         minimum = n_asked if cfg.min_contributors is None else cfg.min_contributors
+        colluders = self.colluders_in(n_asked, minimum)
         sigma = noise_for_integer_target(
             cfg.mechanism,
             epsilon,
@@ -830,22 +1003,26 @@ class DPTransport(Transport):
             dim=int(shape[0]) * int(shape[1]),
             min_contributors=minimum,
             wrap_target=cfg.wrap_target,
+            colluders=colluders,
         )
         self.config = replace(cfg, noise_multiplier=sigma)
         self._target = None
         self.view.public.update(self.public_parameters())
 
     def server_release(
-        self, mechanism: DistributedIntegerMechanism, n_contributors: int
-    ) -> DiscreteRelease:
-        """The integer release as the server sees it: the sum under a hiding transport, one
-        client's noisy vector (its own noise only) where the server reads each update. A
-        stand-in (:meth:`charge_server_as`) charges what the deployment's server sees."""
+        self, mechanism: DistributedIntegerMechanism, n_contributors: int, *, n_asked: int
+    ) -> DiscreteRelease | None:
+        """The integer release as the server sees it: under a hiding transport the sum of the
+        honest contributors' noise (the colluders', :meth:`colluders_in`, subtracted; ``None``,
+        in the clear, when none is left), one client's noisy vector (its own noise only) where
+        the server reads each update. A stand-in (:meth:`charge_server_as`) charges what the
+        deployment's server sees."""
         if self._charged_as is not None:
-            return self._charged_as.server_release(mechanism, n_contributors)
+            return self._charged_as.server_release(mechanism, n_contributors, n_asked=n_asked)
         if _shows_single_updates(self.inner):
             return mechanism.release(1)
-        return mechanism.release(n_contributors)
+        honest = n_contributors - self.colluders_in(n_asked, n_contributors)
+        return mechanism.release(honest) if honest > 0 else None
 
     def _open_integer_round(
         self,
@@ -875,7 +1052,7 @@ class DPTransport(Transport):
                 f"{mechanism.min_contributors} contributors for a DP release"
             )
         release = mechanism.release(n_asked)
-        server = self.server_release(mechanism, n_asked)
+        server = self.server_release(mechanism, n_asked, n_asked=n_asked)
         if self.ledger.would_exceed_discrete(release, server=server):
             self.ledger.charge_discrete(release, server=server)  # raises with the figures
         inner_clip = getattr(getattr(self.inner, "config", None), "clip", None)
@@ -920,10 +1097,13 @@ class DPTransport(Transport):
         )
         self._pending_mechanism, self._pending_signs = mechanism, signs
         self._pending_shape = (int(shape[0]), int(shape[1]))
+        enforced = self._hold_minimum(inner_round, mechanism.min_contributors)
+        self._pending_minimum = (mechanism.min_contributors, enforced)
         try:
             return DPRound(self, inner_round)
         finally:
             self._pending_mechanism, self._pending_signs = None, None
+            self._pending_minimum = (0, False)
 
     def _round_class(self) -> type[AggregationRound]:
         return DPRound  # not used: open_round builds DPRound around the inner round
@@ -972,6 +1152,7 @@ class DPTransport(Transport):
                 if self.config.mechanism == "gaussian"
                 else self.config.modulus_bits,
                 "dp_min_contributors": self.config.min_contributors,
+                "dp_colluders": self.config.colluders,
                 "epsilon": self.epsilon(),
                 "epsilon_server": self.epsilon(against="server"),
                 "delta": self.delta,

@@ -80,6 +80,8 @@ def _coerce(owner: str, name: str, value: object, hint: object) -> object:
     number = not isinstance(value, bool)
     if value is None and optional:
         return None
+    if int in kinds and float in kinds and number and isinstance(value, numbers.Real):
+        return int(value) if isinstance(value, numbers.Integral) else float(value)
     if kind is bool and isinstance(value, bool):
         return value
     if kind is int and number and isinstance(value, numbers.Integral):
@@ -134,8 +136,11 @@ class SecAggOptions:
         server: the threat model, ``malicious`` (default) or ``honest_but_curious``
             (:attr:`~securefed.transport.secagg.SecAggConfig.server`; ``securefed.flower``
             carries only the latter and says so).
-        auth: the malicious variant's authentication, ``macs`` (default) or ``signatures``
-            (:attr:`~securefed.transport.secagg.SecAggConfig.auth`).
+        auth: the malicious variant's authentication, ``signatures`` (default: Ed25519,
+            resists key-compromise impersonation) or ``macs`` (opt-in, not KCI-resistant;
+            :attr:`~securefed.transport.secagg.SecAggConfig.auth`).
+        keep_masked: in the rounds the view keeps, keep each client's masked integers too
+            (by default their SHA-256 only: :class:`~securefed.transport.secagg.SecAggTransport`).
     """
 
     bits: int = 64
@@ -150,7 +155,8 @@ class SecAggOptions:
     out_of_range: str = "refuse"
     remote_clients: bool = False
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
+    keep_masked: bool = False
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -236,10 +242,10 @@ class CKKSOptions:
                 "then reveal the secret key (Li and Micciancio 2021); leave it unset for the floor"
             )
         bits = self.flood_security_bits
-        if bits is not None and not (math.isfinite(bits) and 1 <= bits <= 128):
+        if bits is not None and not (math.isfinite(bits) and bits <= 128):
             raise ValueError(
-                f"{owner} option 'flood_security_bits' must lie in [1, 128], got {bits!r}"
-            )
+                f"{owner} option 'flood_security_bits' must be a number <= 128, got {bits!r}"
+            )  # the floor (MIN_FLOODING_SECURITY_BITS) is the Flooding's own, refused at build
         if self.secret_context and self.public_context:
             raise ValueError(
                 "give CKKS either secret_context (the key holders' file) or public_context (the "
@@ -298,6 +304,10 @@ class DPOptions:
             remote (Flower) clients have none and refuse to guess (set ``mechanism=gaussian``).
         modulus_bits, wrap_target, min_contributors: the integer mechanisms' modulus bits,
             wrap bound and minimum of contributors (``None``: every client asked).
+        colluders: clients assumed to collude with the server under the distributed placement
+            (a count, or a fraction in ``[0, 1)`` of a round's clients; default ``0``): the
+            epsilon against the server counts the honest clients' noise only, and an integer
+            mechanism's calibration meets ``epsilon`` against the server with them.
 
     Raises:
         ValueError: neither ``epsilon`` nor ``noise_multiplier`` given, or a value out of range.
@@ -313,11 +323,15 @@ class DPOptions:
     modulus_bits: int = 20
     wrap_target: float = 1e-6
     min_contributors: int | None = None
+    colluders: int | float = 0
 
     def __post_init__(self) -> None:
         _typed(self)
         owner = type(self).__name__
         from securefed.transport.ddp import MECHANISMS
+        from securefed.transport.dp import check_colluders
+
+        check_colluders(self.colluders)
 
         if self.mechanism not in (None, *MECHANISMS):
             raise ValueError(
@@ -741,6 +755,7 @@ def _secagg(options: Mapping[str, object], run: BuildContext) -> Transport:
         keep_payloads=run.keep_payloads,
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
+        keep_masked=secagg.keep_masked,
     )
 
 
@@ -827,6 +842,7 @@ def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
             sample_rate=run.sample_rate,
             secure=dp.secure,
             delta=dp.delta,
+            colluders=dp.colluders,
         )
 
     return build
@@ -869,6 +885,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
         keep_payloads=run.keep_payloads,
         total_rounds=run.total_rounds,
         remote_clients=secagg.remote_clients,
+        keep_masked=secagg.keep_masked,
     )
     return integer_dp_around(inner, dp, ledger, run.sample_rate, run.total_rounds)
 
@@ -903,12 +920,13 @@ def integer_dp_around(
         modulus_bits=dp.modulus_bits,
         wrap_target=dp.wrap_target,
         min_contributors=dp.min_contributors,
+        colluders=dp.colluders,
         target_epsilon=None if dp.noise_multiplier is not None else dp.epsilon,
         target_rounds=None if dp.noise_multiplier is not None else (total_rounds or 1),
     )
 
 
-HE, DP = ("tenseal", "he"), ("opacus", "dp")
+HE, DP = ("tenseal", "he"), ("dp_accounting", "dp")
 register_transport("plaintext", _plaintext, summary="no protection: the reference")
 register_transport(
     "secagg",

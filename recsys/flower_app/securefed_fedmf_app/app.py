@@ -19,7 +19,6 @@ itself knows nothing of FedMF.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from securefed.flower import (
 )
 from securefed.flower.ckks import NodeKeys
 from securefed.privacy.ledger import PrivacyLedger
+from securefed.records import dumps_record
 from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
 from securefed.recsys.fedmf import FedMF, FedMFConfig
 from securefed.runtime import run_rounds
@@ -424,7 +424,7 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
                     "delta": app.dp_delta,
                     "privacy_ledger": result.ledger.state_dict(),
                 }
-            (out / "result.json").write_text(json.dumps(summary, indent=1))
+            (out / "result.json").write_text(dumps_record(summary, indent=1))
 
     options = FlowerRunOptions(
         rounds=app.rounds,

@@ -56,13 +56,15 @@ refused round stays refused.
 
 Threat model (``SecAggConfig.server``): ``"malicious"``, the default, adds Bonawitz et al.'s
 active-adversary variant (2017, Sec. 6; :mod:`~securefed.transport.secagg.signatures`): every
-advertisement is authenticated and checked against a key registry given to the clients at
-set-up (there is no PKI), and a ConsistencyCheck round between masking and unmasking, where each
-helper authenticates the survivor set it was told and reveals nothing without ``t`` valid
-authenticators of its neighbours on the same set. The authentication (``SecAggConfig.auth``) is
+advertisement is authenticated and checked against a key registry whose digest every client
+pinned at enrolment (there is no PKI), and a ConsistencyCheck round between masking and
+unmasking, where each helper authenticates the survivor set it was told and reveals nothing
+without ``t`` valid authenticators of its neighbours on the same set (and, when it holds a
+minimum of contributors, that many survivors' signatures). The authentication
+(``SecAggConfig.auth``) is Ed25519 signatures (``"signatures"``, the default) or, as an opt-in,
 HMAC-SHA256 under static pairwise keys agreed once from the registry's long-term X25519 keys
-(``"macs"``, the default) or Ed25519 signatures (``"signatures"``); the same guarantee, argued in
-:mod:`~securefed.transport.secagg.signatures`. ``"honest_but_curious"`` runs without them: there
+(``"macs"``), which is *not* resistant to key-compromise impersonation
+(:mod:`~securefed.transport.secagg.signatures`). ``"honest_but_curious"`` runs without them: there
 a server that relays its own keys in place of ``2t - k`` of a victim's neighbours and lies about
 who dropped decodes the victim (tests/test_secagg_malicious.py). Either way a server that tells
 different helpers different survivor sets cannot learn both secrets of a client on its own (each
@@ -70,9 +72,9 @@ helper answers once, and two disjoint groups of ``t > k/2`` helpers do not fit i
 neighbours), but it can with ``2t - k`` of the client's neighbours colluding (the bound the
 malicious variant assumes).
 
-Not covered (see docs/secagg.md): the graph and the threshold come from the server: a client
-checks ``t`` against the ``k`` neighbours it is given, not ``k`` against the round's ``n`` (given
-one neighbour it accepts ``t = 1``, legitimate only in a round of two). A wrong share among
+Every client checks the ``k`` and ``t`` it is sent against its own floor, the colluder bound of
+``SecAggConfig.colluders`` for the round's ``n`` (issue 30). Not covered (see docs/secagg.md):
+the graph and the round's ``n`` come from the server. A wrong share among
 exactly ``t`` shares of a secret is caught only by the public key (mask keys) or the range of the
 sum (self-mask seeds).
 
@@ -121,11 +123,16 @@ from securefed.transport.secagg.client import (
 from securefed.transport.secagg.config import (
     SecAggConfig,
     binomial_cdf,
+    check_round_parameters,
     check_threshold,
+    corrupt_count,
+    corrupt_neighbour_bound,
     default_neighbours,
     default_threshold,
     effective_neighbours,
+    hypergeometric_tail,
     neighbours_for_dropout,
+    threshold_for_colluders,
     unmasking_failure_bound,
 )
 from securefed.transport.secagg.graph import (
@@ -169,18 +176,23 @@ __all__ = [
     "UnmaskRequest",
     "UnmaskingPlan",
     "binomial_cdf",
+    "check_round_parameters",
     "check_threshold",
     "check_weights",
+    "corrupt_count",
+    "corrupt_neighbour_bound",
     "default_neighbours",
     "default_threshold",
     "effective_neighbours",
     "encode_input",
     "graph_seed",
+    "hypergeometric_tail",
     "masking_workspace",
     "neighbour_graph",
     "neighbours_for_dropout",
     "pack_values",
     "plan_unmasking",
     "rounding_key",
+    "threshold_for_colluders",
     "unmasking_failure_bound",
 ]

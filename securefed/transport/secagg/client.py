@@ -24,7 +24,7 @@ from securefed.crypto import shamir
 from securefed.crypto.fixed_point import Encoder
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.randomness import SeedTree
-from securefed.transport.secagg.config import SecAggConfig, check_threshold
+from securefed.transport.secagg.config import SecAggConfig
 from securefed.transport.secagg.signatures import (
     Authenticator,
     ClientAuthentication,
@@ -118,6 +118,9 @@ class ShareRequest:
         signatures: each neighbour's authenticator of its advertisement (malicious-server
             variant: its Ed25519 signature, or its MAC addressed to this client; empty
             otherwise).
+        n_clients: the number of clients the server states for the round (``0``: not stated;
+            the client then takes the largest Shamir point); the client checks ``k`` and ``t``
+            against its own floor for it (:meth:`SecAggConfig.check_parameters`).
     """
 
     neighbours: tuple[int, ...]
@@ -126,6 +129,7 @@ class ShareRequest:
     threshold: int
     s_publics: tuple[bytes, ...] = ()
     signatures: tuple[bytes, ...] = ()
+    n_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ SECRET_FIELDS = (
     "threshold",
     "peer_s_keys",
     "survivors",
+    "min_contributors",
 )
 
 
@@ -239,8 +244,16 @@ class SecAggClient:
         self._check_signing(signer, registry)
         self.signer = signer
         self.registry = registry
+        self.min_contributors = int(config.min_contributors)
         self.auth = (
-            ClientAuthentication(config.auth, self.id, round_id, signer, registry)
+            ClientAuthentication(
+                config.auth,
+                self.id,
+                round_id,
+                signer,
+                registry,
+                min_contributors=self.min_contributors,
+            )
             if config.malicious
             else None
         )
@@ -308,6 +321,9 @@ class SecAggClient:
         if stage in ("consistency", "reveal") and self.config.malicious:
             ids = np.frombuffer(bytes(secrets.get("survivors", b"")), dtype=">i8")
             self.survivors = frozenset(int(c) for c in ids)
+        held = int.from_bytes(bytes(secrets.get("min_contributors", b"")), "big")
+        if held > self.min_contributors and self.auth is not None:
+            self.min_contributors = self.auth.min_contributors = held
 
     def export_secrets(self) -> dict[str, bytes]:
         """Everything a later stage needs, as bytes (keep it on the client's own machine)."""
@@ -322,6 +338,7 @@ class SecAggClient:
             "threshold": self.threshold.to_bytes(8, "big"),
             "peer_s_keys": b"".join(self.peer_s_keys.get(v, b"") for v in peers),
             "survivors": np.asarray(sorted(self.survivors or ()), dtype=">i8").tobytes(),
+            "min_contributors": self.min_contributors.to_bytes(8, "big"),
         }
 
     def _check_stage(self, stage: str) -> None:
@@ -423,7 +440,12 @@ class SecAggClient:
         return signed
 
     def _check_share_request(
-        self, neighbours: Sequence[int], xs: Sequence[int], c_publics: Sequence[bytes], t: int
+        self,
+        neighbours: Sequence[int],
+        xs: Sequence[int],
+        c_publics: Sequence[bytes],
+        t: int,
+        n_clients: int,
     ) -> None:
         k = len(neighbours)
         if k == 0 or len(set(neighbours)) != k or self.id in neighbours:
@@ -436,7 +458,8 @@ class SecAggClient:
                 f"client {self.id} got {k} neighbours but {len(xs)} Shamir points and "
                 f"{len(c_publics)} public keys"
             )
-        check_threshold(int(t), k)
+        n = max(int(n_clients), max(int(x) for x in xs), k + 1)
+        self.config.check_parameters(n, k, int(t))
         if self.config.threshold is not None and t != self.config.threshold:
             raise InsecureParameterError(
                 f"the server asks client {self.id} for a {t}-out-of-{k} sharing, but the "
@@ -454,18 +477,23 @@ class SecAggClient:
         *,
         s_publics: Sequence[bytes] = (),
         signatures: Sequence[bytes] = (),
+        n_clients: int = 0,
     ) -> list[bytes]:
         """ShareKeys: Shamir-share ``b_u`` and ``s_u`` among ``neighbours``, one sealed share each.
 
         In the malicious-server variant every neighbour's advertisement (``c`` and ``s`` key,
         ``s_publics``) must carry its valid signature (``signatures``) before any key is used.
+        ``k = len(neighbours)`` and ``threshold`` must meet the client's own floor for a round
+        of ``n_clients`` (the server's statement, at least the largest Shamir point; the
+        colluder bound of :attr:`SecAggConfig.colluders`).
 
         Returns:
             One sealed share per neighbour, in the order of ``neighbours``.
 
         Raises:
             InsecureParameterError: a threshold ``t <= k/2`` (with ``t = 1`` each share is the
-                secret itself) or ``t > k`` for the ``k`` neighbours, or other than configured.
+                secret itself) or ``t > k`` for the ``k`` neighbours, or other than configured;
+                ``k`` or ``t`` below the client's colluder floor (naming the parameter).
             InvalidPublicKeyError: a neighbour's ``c`` key is malformed or of low order.
             AggregationError: the client shared already, or has not advertised; repeated
                 neighbours, or itself among them.
@@ -473,7 +501,7 @@ class SecAggClient:
                 signature, or a neighbour outside the key registry.
         """
         self._check_stage("share")
-        self._check_share_request(neighbours, xs, c_publics, threshold)
+        self._check_share_request(neighbours, xs, c_publics, threshold, n_clients)
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
         setup_before = self.auth.setup_seconds if self.auth is not None else 0.0
@@ -654,6 +682,12 @@ class SecAggClient:
         self._check_stage("consistency")
         survivors = _survivor_set(survivors)
         self._check_survivors(survivors)
+        if len(survivors) < self.min_contributors:
+            raise ConsistencyError(
+                f"client {self.id} is told a survivor set of {len(survivors)} client(s), fewer "
+                f"than its own minimum of {self.min_contributors} contributors; it endorses "
+                "nothing (issue 30 item 1)"
+            )
         recipients = sorted(v for v in self.share_keys if v in survivors)
         authenticator = self.auth.endorse(survivors, recipients)
         self.survivors = survivors
@@ -671,22 +705,19 @@ class SecAggClient:
                 f"client {self.id} signed a survivor set at ConsistencyCheck, and is asked to "
                 f"unmask another one (added {added}, removed {removed}); refusing"
             )
+        # Beyond its neighbours a client takes endorsements only when it counts contributors.
         strangers = sorted(int(v) for v in signatures if int(v) not in self.share_keys)
         absent = sorted(int(v) for v in signatures if int(v) not in self.survivors)
-        if strangers or absent:
+        if (strangers and not self.min_contributors) or absent:
             raise ConsistencyError(
                 f"client {self.id} got ConsistencyCheck signatures from client(s) "
-                f"{(strangers or absent)[:5]}, which are not among its neighbours in the survivor "
+                f"{(absent or strangers)[:5]}, which are not among its neighbours in the survivor "
                 "set; refusing"
             )
         # In id order until t verify: t valid ones are the quorum (extra ones are not needed);
         # one that fails on the way refuses.
-        valid = 0
-        for signer in sorted(signatures):
-            if valid == self.threshold:
-                break
-            self.auth.check_endorsement(signer, self.survivors, signatures[signer])
-            valid += 1
+        near = sorted(v for v in signatures if v in self.share_keys)
+        valid = self._count_endorsements(near, signatures, self.threshold)
         if valid < self.threshold:
             raise ConsistencyError(
                 f"client {self.id} holds {valid} valid signature(s) of its neighbours on "
@@ -694,6 +725,58 @@ class SecAggClient:
                 f"{self.threshold}: the server may have told other clients another set; "
                 "refusing to unmask (Bonawitz et al. 2017, Fig. 5, Round 4)"
             )
+        if self.min_contributors:
+            checked = set(near[:valid])
+            others = sorted(v for v in signatures if v not in checked)
+            valid += self._count_endorsements(others, signatures, self.min_contributors - valid)
+            if valid < self.min_contributors:
+                raise ConsistencyError(
+                    f"client {self.id} holds {valid} valid endorsement(s) of the survivor set "
+                    f"of round {self.round_id} (signed with its minimum of contributors), fewer "
+                    f"than its own minimum of {self.min_contributors} contributors: the sum "
+                    "could carry less noise than its share was calibrated for; refusing to "
+                    "unmask (issue 30 item 1)"
+                )
+
+    def _count_endorsements(
+        self, signers: Sequence[int], signatures: dict[int, bytes], needed: int
+    ) -> int:
+        """Verify ``signers``' endorsements of the survivor set in order until ``needed`` have;
+        the count that verified (one that fails refuses: SignatureError)."""
+        valid = 0
+        for signer in signers:
+            if valid >= needed:
+                break
+            self.auth.check_endorsement(signer, self.survivors, signatures[signer])
+            valid += 1
+        return valid
+
+    def hold_min_contributors(self, minimum: int) -> None:
+        """Raise this client's own minimum of contributors for the round (its DP layer: the
+        count its distributed noise share is calibrated for), before it masks.
+
+        Raises:
+            InsecureParameterError: not the malicious variant with signatures (nothing could
+                check the count), or a minimum below the configured one.
+            AggregationError: the client masked already (its noise is fixed).
+        """
+        minimum = int(minimum)
+        if not (self.config.malicious and self.config.auth == "signatures"):
+            raise InsecureParameterError(
+                f"client {self.id}: a minimum of contributors needs server='malicious' with "
+                "auth='signatures' (a client counts the contributors' signatures itself)"
+            )
+        if minimum < self.config.min_contributors:
+            raise InsecureParameterError(
+                f"client {self.id}'s configured minimum of contributors is "
+                f"{self.config.min_contributors}; it does not lower it to {minimum}"
+            )
+        if self.stage not in ("", "advertise", "share"):
+            raise AggregationError(
+                f"client {self.id} masked already: its minimum of contributors is fixed"
+            )
+        self.min_contributors = minimum
+        self.auth.min_contributors = minimum
 
     # Stage 4
     def reveal(

@@ -44,8 +44,19 @@ class SecAggConfig:
             ``failure_target`` (:func:`neighbours_for_dropout`). Capped at ``n - 1`` (the
             complete graph: Bonawitz et al.); an odd ``k`` with an odd ``n`` is raised by one (a
             ``k``-regular graph needs ``n k`` even).
-        threshold: Shamir threshold ``t``; ``None`` is ``floor(k / 2) + 1``. Must satisfy
-            ``k / 2 < t <= k``.
+        threshold: Shamir threshold ``t``; ``None`` is the smallest ``t > k / 2`` that meets the
+            colluder bound (``floor(k / 2) + 1`` with no colluders). Must satisfy
+            ``k / 2 < t <= k`` and the colluder bound.
+        colluders: how many of a round's clients may be corrupt (colluding with the server): a
+            fraction in ``[0, 1)`` (``floor(colluders * n)`` of ``n``; the default 0.05) or a
+            count (an int). ``k`` and ``t`` are sized so that the union bound over the honest
+            clients on "some honest client has ``2t - k`` or more corrupt neighbours" (an
+            honest client's ``k`` neighbours a uniformly random subset of the other ``n - 1``:
+            a hypergeometric tail; Bell et al. 2020) is at most ``2^-security_bits``
+            (:func:`corrupt_neighbour_bound`). Every client checks the ``k`` and ``t`` the server
+            sends against the same bound, for the round's ``n``, and refuses them below it.
+        security_bits: the colluder bound's ``sigma``: failure probability ``2^-sigma`` (40,
+            Bell et al.'s).
         expected_dropout: fraction of a round's clients expected to drop (before or after
             submitting), used only by the automatic ``k``. Below 0.5: the threshold is a majority
             of each neighbourhood, so more than half of it must survive.
@@ -61,12 +72,20 @@ class SecAggConfig:
             its own keys in a neighbour's place and lies about who dropped decodes an update,
             tests/test_secagg_malicious.py).
         auth: how the malicious-server variant authenticates advertisements and survivor sets:
-            ``"macs"`` (the default: HMAC-SHA256 under static pairwise keys agreed once from
-            the registry's long-term X25519 keys) or ``"signatures"`` (Ed25519, Bonawitz et al.
-            2017's); the same guarantee, argued in
-            :mod:`~securefed.transport.secagg.signatures`. Refused with
+            ``"signatures"`` (the default: Ed25519, Bonawitz et al. 2017's) or ``"macs"``
+            (opt-in: HMAC-SHA256 under static pairwise keys agreed once from the registry's
+            long-term X25519 keys; cheaper, but *not* resistant to key-compromise
+            impersonation: whoever holds a client's long-term key can forge every other
+            client's tags to it; :mod:`~securefed.transport.secagg.signatures`). Refused with
             ``server="honest_but_curious"`` unless left at its default (nothing is
             authenticated there).
+        min_contributors: a client's own minimum of contributors (0: none): it reveals no
+            unmasking share unless at least this many registered clients endorsed the survivor
+            set it endorsed (Ed25519 signatures of ``(round, registry, minimum, U_3)``, checked
+            by the client itself; ``auth="signatures"`` only, since a MAC convinces only its
+            recipient). What a client that adds distributed-DP noise sets to the count its noise
+            share is calibrated for (``securefed.transport.dp``), so that no sum the server
+            unmasks carries less noise than planned.
     """
 
     bits: int = 32
@@ -80,7 +99,10 @@ class SecAggConfig:
     failure_target: float = 1e-3
     out_of_range: str = "refuse"
     server: str = "malicious"
-    auth: str = "macs"
+    auth: str = "signatures"
+    colluders: float | int = 0.05
+    security_bits: int = 40
+    min_contributors: int = 0
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
@@ -114,6 +136,21 @@ class SecAggConfig:
             )
         if not 0 < self.failure_target < 1:
             raise ValueError(f"failure_target must lie in (0, 1), got {self.failure_target!r}")
+        check_colluders(self.colluders)
+        if isinstance(self.security_bits, bool) or not isinstance(self.security_bits, int):
+            raise ValueError(f"security_bits must be an int, got {self.security_bits!r}")
+        if not 1 <= self.security_bits <= 128:
+            raise ValueError(f"security_bits must lie in [1, 128], got {self.security_bits!r}")
+        if isinstance(self.min_contributors, bool) or not isinstance(self.min_contributors, int):
+            raise ValueError(f"min_contributors must be an int, got {self.min_contributors!r}")
+        if self.min_contributors < 0:
+            raise ValueError(f"min_contributors must be >= 0, got {self.min_contributors!r}")
+        if self.min_contributors and not (self.malicious and self.auth == "signatures"):
+            raise InsecureParameterError(
+                f"min_contributors={self.min_contributors} needs server='malicious' with "
+                "auth='signatures': a client checks the count itself from the contributors' "
+                "signatures on the survivor set, and a MAC convinces only its recipient"
+            )
 
     @property
     def malicious(self) -> bool:
@@ -162,28 +199,66 @@ class SecAggConfig:
         use; validated like :meth:`fixed_point_for`)."""
         return replace(self, scale=self.fixed_point_for(n_clients).scale)
 
+    def corrupt_clients(self, n_clients: int) -> int:
+        """How many of a round's ``n_clients`` may be corrupt (:attr:`colluders`)."""
+        return corrupt_count(n_clients, self.colluders)
+
     def round_parameters(self, n_clients: int) -> tuple[int, int]:
-        """``(k, t)`` for a round of ``n_clients >= 2``, validated.
+        """``(k, t)`` for a round of ``n_clients >= 2``, validated (the server's choice).
+
+        Automatic ``k`` (``neighbours=None``) starts at ``ceil(2 log2 n)`` (raised for
+        ``expected_dropout``) and grows until the smallest ``t > k/2`` that meets the colluder
+        bound also meets the dropout bound; an automatic ``t`` is that smallest one.
 
         Raises:
             InsecureParameterError: ``t <= k / 2`` (a minority of a neighbourhood could rebuild a
-                mask), ``t > k`` (no secret could ever be rebuilt), or ``k = 1`` with more than two
-                clients (the graph is a perfect matching: each pair's sum would leak).
+                mask), ``t > k`` (no secret could ever be rebuilt), ``k = 1`` with more than two
+                clients (the graph is a perfect matching: each pair's sum would leak), or
+                ``(k, t)`` outside the colluder bound (naming the parameter), or no ``k`` that
+                meets it.
         """
+        corrupt = self.corrupt_clients(n_clients)
         requested = self.neighbours
         if requested is None and self.expected_dropout > 0:
             requested = neighbours_for_dropout(
                 n_clients, self.expected_dropout, self.failure_target, threshold=self.threshold
             )
         k = effective_neighbours(n_clients, requested)
-        if k < 2 and n_clients > 2:
-            raise InsecureParameterError(
-                f"{k} neighbour(s) per client on {n_clients} clients gives a disconnected graph: "
-                "the server would learn the sum of each pair; use neighbours >= 2"
-            )
-        t = default_threshold(k) if self.threshold is None else self.threshold
-        check_threshold(t, k)
+        if self.neighbours is None and self.threshold is None:
+            k = self._automatic_neighbours(n_clients, k, corrupt)
+        t = self.threshold
+        if t is None:
+            t = threshold_for_colluders(n_clients, corrupt, k, self.security_bits)
+            t = default_threshold(k) if t is None else t
+        check_round_parameters(n_clients, k, t, corrupt, self.security_bits, self.colluders)
         return k, t
+
+    def _automatic_neighbours(self, n_clients: int, start: int, corrupt: int) -> int:
+        """The smallest ``k >= start`` whose colluder threshold also survives the dropouts."""
+        for requested in range(start, n_clients):
+            k = effective_neighbours(n_clients, requested)
+            t = threshold_for_colluders(n_clients, corrupt, k, self.security_bits)
+            if t is None:
+                continue
+            dropout_ok = self.expected_dropout == 0 or (
+                unmasking_failure_bound(n_clients, k, t, self.expected_dropout)
+                <= self.failure_target
+            )
+            if dropout_ok:
+                return k
+        return effective_neighbours(n_clients, n_clients - 1)
+
+    def check_parameters(self, n_clients: int, k: int, t: int) -> None:
+        """A client's check of the ``k`` and ``t`` a server sends for a round of ``n_clients``:
+        this configuration's own floor (:func:`check_round_parameters`), and its threshold if it
+        fixes one.
+
+        Raises:
+            InsecureParameterError: naming the parameter below the floor.
+        """
+        check_round_parameters(
+            n_clients, k, t, self.corrupt_clients(n_clients), self.security_bits, self.colluders
+        )
 
     def public(self) -> dict[str, object]:
         """JSON-ready public parameters."""
@@ -191,8 +266,17 @@ class SecAggConfig:
             "bits": self.bits,
             "scale": AUTOMATIC_SCALE if self.scale is None else self.scale,
             "clip": self.clip,
-            "neighbours": "ceil(2 log2 n)" if self.neighbours is None else self.neighbours,
-            "threshold": "floor(k/2)+1" if self.threshold is None else self.threshold,
+            "neighbours": (
+                "ceil(2 log2 n), raised until the threshold meets the colluder bound"
+                if self.neighbours is None
+                else self.neighbours
+            ),
+            "threshold": (
+                f"smallest t > k/2 with (n - c) P(Hypergeometric(n - 1, c, k) >= 2t - k) <= "
+                f"2^-{self.security_bits}, c = {self._colluders_text()}; every client checks it"
+                if self.threshold is None
+                else self.threshold
+            ),
             "expected_dropout": self.expected_dropout,
             "failure_target": self.failure_target,
             "out_of_range": self.out_of_range,
@@ -205,6 +289,11 @@ class SecAggConfig:
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
         }
+
+    def _colluders_text(self) -> str:
+        if isinstance(self.colluders, float):
+            return f"floor({self.colluders:g} n) colluders"
+        return f"{self.colluders} colluder(s)"
 
     def _authentication(self) -> str:
         if not self.malicious:
@@ -225,6 +314,114 @@ OUT_OF_RANGE = ("refuse", "clip")
 
 
 # ----------------------------------------------------------------------------- pure protocol math
+def check_colluders(colluders: object) -> None:
+    """Refuse a colluder parameter that is neither a fraction in ``[0, 1)`` nor a count >= 0.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if isinstance(colluders, bool) or not isinstance(colluders, int | float):
+        raise ValueError(f"colluders must be a fraction in [0, 1) or a count, got {colluders!r}")
+    if isinstance(colluders, float) and not 0 <= colluders < 1:
+        raise ValueError(
+            f"colluders as a float is a fraction of the round's clients in [0, 1), got "
+            f"{colluders!r} (give a count as an int)"
+        )
+    if isinstance(colluders, int) and colluders < 0:
+        raise ValueError(f"colluders must be >= 0, got {colluders!r}")
+
+
+def corrupt_count(n_clients: int, colluders: float | int) -> int:
+    """Corrupt clients among ``n_clients``: ``floor(f n)`` for a fraction, else the count
+    (at most ``n - 1``: one client is the honest one the bound protects)."""
+    if isinstance(colluders, float):
+        return min(math.floor(colluders * n_clients), max(n_clients - 1, 0))
+    return min(int(colluders), max(n_clients - 1, 0))
+
+
+def _log_choose(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def hypergeometric_tail(population: int, marked: int, draws: int, at_least: int) -> float:
+    """``P(X >= at_least)`` for ``X ~ Hypergeometric(population, marked, draws)``.
+
+    The number of corrupt clients among ``draws`` neighbours drawn without replacement from
+    ``population`` clients of which ``marked`` are corrupt; summed term by term in log space.
+    """
+    low = max(at_least, 0, draws - (population - marked))
+    high = min(draws, marked)
+    if low > high:
+        return 0.0
+    total = _log_choose(population, draws)
+    return min(
+        1.0,
+        sum(
+            math.exp(_log_choose(marked, x) + _log_choose(population - marked, draws - x) - total)
+            for x in range(low, high + 1)
+        ),
+    )
+
+
+def corrupt_neighbour_bound(n_clients: int, corrupt: int, k: int, t: int) -> float:
+    """Union bound on the chance that some honest client has ``2t - k`` or more corrupt
+    neighbours: ``(n - c) P(X >= 2t - k)``, ``X ~ Hypergeometric(n - 1, c, k)``.
+
+    With that many, a lying server gathers ``t`` shares of both of a client's secrets (each of
+    two survivor sets then has ``t`` endorsers: Bonawitz et al. 2017's ``n_C < 2t - n`` on the
+    complete graph, Bell et al. 2020's per-neighbourhood version). Assumes each honest client's
+    ``k`` neighbours are a uniformly random subset of the others, independent of who is
+    corrupt.
+    """
+    if corrupt <= 0:
+        return 0.0
+    need = 2 * t - k
+    return min(1.0, (n_clients - corrupt) * hypergeometric_tail(n_clients - 1, corrupt, k, need))
+
+
+def threshold_for_colluders(n_clients: int, corrupt: int, k: int, bits: int) -> int | None:
+    """The smallest ``t`` in ``(k/2, k]`` whose corrupt-neighbour bound is at most ``2^-bits``
+    (``None``: none is, at this ``k``)."""
+    target = 2.0**-bits
+    for t in range(default_threshold(k), k + 1):
+        if corrupt_neighbour_bound(n_clients, corrupt, k, t) <= target:
+            return t
+    return None
+
+
+def check_round_parameters(
+    n_clients: int, k: int, t: int, corrupt: int, bits: int, colluders: float | int
+) -> None:
+    """Refuse ``k`` and ``t`` for a round of ``n_clients`` unless ``k/2 < t <= k``, the graph is
+    connected (``k >= 2`` beyond two clients) and the corrupt-neighbour bound holds.
+
+    Raises:
+        InsecureParameterError: naming ``neighbours`` (no threshold at this ``k`` meets the
+            bound, or ``k = 1``) or ``threshold``.
+    """
+    if k < 2 and n_clients > 2:
+        raise InsecureParameterError(
+            f"{k} neighbour(s) per client on {n_clients} clients gives a disconnected graph: "
+            "the server would learn the sum of each pair; use neighbours >= 2"
+        )
+    check_threshold(t, k)
+    bound = corrupt_neighbour_bound(n_clients, corrupt, k, t)
+    if bound <= 2.0**-bits:
+        return
+    what = f"{corrupt} corrupt client(s) of {n_clients} (colluders={colluders!r})"
+    if threshold_for_colluders(n_clients, corrupt, k, bits) is None:
+        raise InsecureParameterError(
+            f"neighbours k={k} is below the floor: with {what} no threshold keeps the chance "
+            f"that some honest client has 2t - k corrupt neighbours below 2^-{bits}; more "
+            "neighbours are needed"
+        )
+    raise InsecureParameterError(
+        f"threshold t={t} is below the floor for k={k} neighbours: with {what} the chance "
+        f"that some honest client has {2 * t - k} or more corrupt neighbours is {bound:.2g} "
+        f"> 2^-{bits}; use t >= {threshold_for_colluders(n_clients, corrupt, k, bits)}"
+    )
+
+
 def default_neighbours(n_clients: int) -> int:
     """SecAgg+'s ``k = ceil(2 log2 n)`` (Bell et al. 2020: O(log n) neighbours), capped at n - 1."""
     if n_clients < 2:

@@ -13,8 +13,10 @@ with remote clients (``securefed.flower``) a message layer does.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -110,7 +112,11 @@ class SecAggRound(AggregationRound):
     malicious-server variant): each client's signing key, which the round hands to its simulated
     client only; ``registry``: the key registry from set-up, handed to the simulated clients and
     used by the server to refuse a forged advertisement early (the clients check again: the
-    guarantee rests on their checks, not the server's).
+    guarantee rests on their checks, not the server's). ``keep_masked``: in rounds that keep
+    payloads, the view keeps each masked upload itself (``masked``, in the ring's width);
+    otherwise (the default) its SHA-256 (``masked_sha256``): the masked integers are uniform to
+    the server and as large as the model per client, so a kept round would cost the dense block
+    once per client (docs/serverview.md, "What a view costs").
 
     Malicious-server variant (``config.server == "malicious"``): ``receive_keys`` takes
     ``(c public, s public, signature)``; ``share_request`` relays the neighbours' ``s`` keys and
@@ -133,10 +139,12 @@ class SecAggRound(AggregationRound):
         signers: Mapping[int, SigningKey] | None = None,
         registry: KeyRegistry | None = None,
         setup_seconds: float = 0.0,
+        keep_masked: bool = False,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config.for_round(len(self.clients))
         self.remote_clients = remote_clients
+        self.keep_masked = bool(keep_masked)
         self.registry = registry
         self._signers = {} if signers is None else dict(signers)
         self.advert_signatures: dict[int, bytes] = {}
@@ -194,6 +202,37 @@ class SecAggRound(AggregationRound):
         if not remote_clients:
             self._advertise_keys(seeds)
             self._share_keys()
+
+    def require_contributors(self, minimum: int) -> bool:
+        """Hand every simulated client the minimum of contributors its own DP layer holds (the
+        count its distributed noise share is calibrated for), before any masked input.
+
+        In the malicious variant each client then endorses only survivor sets of at least that
+        many clients, binds the minimum into its endorsement, and reveals nothing unless that
+        many registered clients endorsed the same set with the same minimum (checked by the
+        client: the server forwards every survivor's signature). In the honest-but-curious
+        variant nothing is checked by the clients (the server is trusted to follow the
+        protocol) and this returns ``False``.
+
+        Returns:
+            Whether the clients enforce the minimum.
+
+        Raises:
+            InsecureParameterError: MAC authentication (a MAC convinces only its recipient).
+            AggregationError: a masked input arrived already.
+        """
+        if not self.config.malicious:
+            return False
+        if self.submitted or self._sum is not None:
+            raise AggregationError(
+                f"round {self.round_id}: the minimum of contributors is held before any masked "
+                "input"
+            )
+        minimum = int(minimum)
+        for client in self._clients.values():
+            client.hold_min_contributors(minimum)
+        self.config = replace(self.config, min_contributors=minimum)
+        return True
 
     @property
     def shared_clients(self) -> frozenset[int]:
@@ -295,7 +334,9 @@ class SecAggRound(AggregationRound):
         if self.registry is not None and signed and self.remote_clients and not self._macs:
             start = time.perf_counter()
             for client, signature in signed.items():
-                message = advertisement_message(self.round_id, client, *checked[client])
+                message = advertisement_message(
+                    self.round_id, client, *checked[client], registry=self.registry.digest
+                )
                 self.registry.verify(client, message, signature, what="advertisement")
             self.timer.add("signatures", start)
         self.public_keys.update(checked)
@@ -352,6 +393,7 @@ class SecAggRound(AggregationRound):
                 self.timer,
                 s_publics=request.s_publics,
                 signatures=request.signatures,
+                n_clients=request.n_clients,
             )
             self.receive_shares(client, sealed)
 
@@ -372,6 +414,7 @@ class SecAggRound(AggregationRound):
             signatures=(
                 tuple(self._advert_for(v, client) for v in neighbours) if malicious else ()
             ),
+            n_clients=len(self._ids),
         )
 
     def _advert_for(self, sender: int, recipient: int) -> bytes:
@@ -437,7 +480,12 @@ class SecAggRound(AggregationRound):
 
     def _add_masked(self, client: int, masked: np.ndarray) -> None:
         np.add(self._sum, masked, out=self._sum)  # the server's running sum of uploads
-        self._record(client, masked=masked)
+        if not self.view.keep_payloads:
+            return
+        if self.keep_masked:
+            self._record(client, masked=masked)
+        else:
+            self._record(client, masked_sha256=masked_digest(masked, self.config.bits))
 
     def _accept(self, updates: RowUpdates) -> None:
         self._check_usable()
@@ -683,6 +731,8 @@ class SecAggRound(AggregationRound):
                     authenticator = authenticator.get(v)
                 if authenticator is not None:
                     signatures[u] = authenticator
+            if self.config.min_contributors:  # the helper counts the contributors itself
+                signatures = {**self.consistency_signatures, **signatures}
             self._add_bytes(v, down=len(signatures) * (ID_BYTES + wire))
             requests[v] = UnmaskRequest(inbox, contributor_set, signatures)
         return requests
@@ -1058,6 +1108,7 @@ class SecAggRound(AggregationRound):
             config=self.config,
             remote_clients=True,
             inputs={p: len(g) for p, g in groups.items()},
+            keep_masked=self.keep_masked,
         )
         self._party, self._members = party, groups
         self._party_decode = party.result
@@ -1140,6 +1191,13 @@ class SecAggRound(AggregationRound):
         for name in ("ring_sum", "excluded_helpers"):
             if name in seen.aggregate:
                 self.view.aggregate[name] = seen.aggregate[name]
+
+
+def masked_digest(masked: np.ndarray, bits: int) -> np.ndarray:
+    """SHA-256 of a masked upload as it travels: its ring elements, little-endian, ``bits / 8``
+    bytes each (what a view records in place of the upload unless it keeps the integers)."""
+    wire = np.ascontiguousarray(masked, dtype=f"<u{bits // 8}").tobytes()
+    return _u8(hashlib.sha256(wire).digest())
 
 
 def _u8(data: bytes) -> np.ndarray:

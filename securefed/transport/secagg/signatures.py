@@ -8,41 +8,48 @@ put its own keys in a neighbour's place (reading the shares the victim seals to 
 or invent clients; with it, the only keys a client accepts are those of registered clients, bound
 to the round.
 
-Two ways to authenticate, the same guarantee (:data:`AUTH_MODES`, ``SecAggConfig.auth``):
+Two ways to authenticate (:data:`AUTH_MODES`, ``SecAggConfig.auth``), *not* equivalent:
 
-* ``"signatures"`` (Bonawitz et al.'s): Ed25519. A client signs its advertisement once and the
-  survivor set once; each receiver verifies ``k`` advertisements and (up to) ``t`` survivor-set
-  signatures, 144 us each on the idle machine, more than the round's X25519 agreements.
-* ``"macs"`` (the default): HMAC-SHA256 under a *static pairwise key*. Each client's long-term
-  identity also holds a static X25519 key, whose public half is in the registry; clients ``u``
-  and ``v`` share ``K_uv = HKDF(X25519(z_u, Z_v), info = label, "static-pairwise", {u, v})``,
-  computed the first time they are neighbours and kept with the identity (set-up cost: one
+* ``"signatures"`` (the default, Bonawitz et al.'s): Ed25519. A client signs its advertisement
+  once and the survivor set once; each receiver verifies ``k`` advertisements and (up to) ``t``
+  survivor-set signatures, 144 us each on the idle machine, more than the round's X25519
+  agreements. A stolen signing key lets its thief sign only as its owner.
+* ``"macs"`` (an explicit opt-in): HMAC-SHA256 under a *static pairwise key*. Each client's
+  long-term identity also holds a static X25519 key, whose public half is in the registry; clients
+  ``u`` and ``v`` share ``K_uv = HKDF(X25519(z_u, Z_v), info = label, "static-pairwise", {u,
+  v})``, computed the first time they are neighbours and kept with the identity (set-up cost: one
   agreement per pair and side, once; :attr:`SigningKey.setup_pairs`). Client ``u`` sends each
   neighbour ``v`` the tag ``HMAC(K_uv^adv, label, "advertise-keys-mac", round, u, v, c_u, s_u)``
-  and, at ConsistencyCheck, ``HMAC(K_uv^cc, label, "consistency-check-mac", round, u, v,
-  |U_3|, SHA-256(U_3))`` (``K^adv || K^cc``: one 64-byte HKDF per pair). ``v`` accepts an
-  advertisement or a survivor set of ``u`` only with a valid tag of ``u`` addressed to ``v``.
+  and, at ConsistencyCheck, ``HMAC(K_uv^cc, label, "consistency-check-mac", round, u, v, |U_3|,
+  SHA-256(U_3))`` (``K^adv || K^cc``: one 64-byte HKDF per pair). ``v`` accepts an advertisement
+  or a survivor set of ``u`` only with a valid tag of ``u`` addressed to ``v``.
 
-What the server can and cannot forge with MACs. It holds every public key and every tag it
-relays, never a static private key, so it cannot compute ``K_uv`` for any pair of honest clients
+What the server can and cannot forge with MACs. It holds every public key and every tag it relays,
+never a static private key, so it cannot compute ``K_uv`` for any pair of honest clients
 (computational Diffie-Hellman on X25519) and cannot make a tag of ``u`` for ``v`` on content ``u``
 did not authenticate (HMAC-SHA256 is a PRF). Replays do not help: the tag binds the purpose, the
 round, the sender and the recipient, so a tag of another round, of the other purpose, reflected
 back to its own sender (``K_uv`` is symmetric: without ``u, v`` in order inside the tag, ``u``'s
-own tag to ``v`` would pass as ``v``'s to ``u``), or forwarded to a third client fails. What
-MACs give up is transferability: only ``v`` can check ``u``'s tag to ``v``, so the server cannot
-check advertisements early (it can with signatures), and a tag proves nothing to a third party;
-the protocol never needs either, since each check is a client checking its own neighbours. A
-corrupt neighbour ``v`` can tag anything to ``u``, exactly as it can sign anything: the bound on
-corrupt neighbours (fewer than ``2t - k``) is the same. Forward secrecy of the masks is kept: the
-static keys only authenticate; the masks and the shares still come from the round's ephemeral
-``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets its thief
-impersonate the client in later rounds, as a stolen signing key would).
+own tag to ``v`` would pass as ``v``'s to ``u``), or forwarded to a third client fails. What MACs
+give up is transferability: only ``v`` can check ``u``'s tag to ``v``, so the server cannot check
+advertisements early (it can with signatures), and a tag proves nothing to a third party; the
+protocol never needs either, since each check is a client checking its own neighbours. A corrupt
+neighbour ``v`` can tag anything to ``u``, exactly as it can sign anything: the bound on corrupt
+neighbours (fewer than ``2t - k``) is the same. What MACs do *not* give is resistance to
+key-compromise impersonation: ``K_uv`` is computed from either side's static private key, so
+whoever holds ``z_u`` (a thief of ``u``'s own long-term key) tags anything as any ``v`` to ``u``,
+and so relays its own keys as every neighbour's and decodes ``u``'s vector in every later round
+(tests/test_secagg_active_round2.py); with signatures it cannot sign as ``v``. Forward secrecy of
+the masks is kept: the static keys only authenticate; the masks and the shares still come from the
+round's ephemeral ``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets
+its thief impersonate the client in later rounds, as a stolen signing key would).
 
-There is no PKI here: :class:`KeyRegistry` is whatever the party that sets the federation up hands
-every client (in one process, :class:`SecAggTransport` derives the simulated clients' identities
-and hands each client the registry, never through the server's round). The guarantee holds only
-if that registry is authentic: a server that can write it can register Sybils.
+There is no PKI here: :class:`KeyRegistry` is whatever is handed to a client, and the client
+checks it against the digest (:attr:`KeyRegistry.digest`) it pinned at enrolment
+(:meth:`SigningKey.pin_registry`, from the enrolment authority, not the aggregation server), and
+binds that digest into everything it authenticates, so a registry forged or split by whoever
+hands it out is refused. In one process :class:`SimulatedSigners` plays the enrolment
+authority. The enrolment authority itself is trusted: it binds ids to keys.
 
 Every signed or tagged message starts with :data:`~securefed.crypto.keys.PROTOCOL_LABEL`, a
 purpose tag and the round, so an authenticator of one purpose or one round is never valid for
@@ -71,9 +78,10 @@ from securefed.randomness import SeedTree
 
 SIGNATURE_BYTES = 64
 VERIFY_KEY_BYTES = 32
+REGISTRY_DIGEST_BYTES = 32
 MAC_BYTES = kx.MAC_BYTES
 
-AUTH_MODES = ("macs", "signatures")
+AUTH_MODES = ("signatures", "macs")
 """How the malicious-server variant authenticates (``SecAggConfig.auth``; module docstring)."""
 
 PURPOSE_ADVERTISE = b"advertise-keys"
@@ -82,6 +90,7 @@ PURPOSE_ADVERTISE_MAC = b"advertise-keys-mac"
 PURPOSE_CONSISTENCY_MAC = b"consistency-check-mac"
 PURPOSE_STATIC_PAIR = b"static-pairwise"
 PURPOSE_STATIC_KEY = b"static-x25519"
+PURPOSE_REGISTRY = b"key-registry"
 
 
 class SignatureError(AggregationError):
@@ -111,6 +120,7 @@ class SigningKey:
     _pairwise: dict[int, tuple[bytes, tuple[kx.MacKey, kx.MacKey]]] = field(
         init=False, repr=False, default_factory=dict
     )
+    _enrolment: dict[str, bytes] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         seed = self.private.private_bytes(
@@ -144,6 +154,26 @@ class SigningKey:
     def static_public(self) -> bytes:
         """The 32-byte static X25519 public key (what the registry holds for MACs)."""
         return self.static.public
+
+    @property
+    def registry_digest(self) -> bytes | None:
+        """The digest of the key registry pinned at enrolment (:meth:`pin_registry`), if any."""
+        return self._enrolment.get("registry")
+
+    def pin_registry(self, digest: bytes) -> None:
+        """Pin the enrolment authority's digest of the key registry (:attr:`KeyRegistry.digest`).
+
+        What the enrolment authority (not the aggregation server) hands the client with its
+        identity, and again whenever the registry grows. A client takes part only with a
+        registry of that digest (:class:`ClientAuthentication`), and binds it into every
+        message it authenticates, so a registry the server forged or split is refused.
+
+        Raises:
+            ValueError: not a 32-byte digest.
+        """
+        if not isinstance(digest, bytes) or len(digest) != REGISTRY_DIGEST_BYTES:
+            raise ValueError(f"a registry digest is {REGISTRY_DIGEST_BYTES} bytes (SHA-256)")
+        self._enrolment["registry"] = digest
 
     @property
     def setup_pairs(self) -> int:
@@ -185,10 +215,18 @@ class KeyRegistry:
         keys: client id -> 32-byte Ed25519 verification key (``auth="signatures"``).
         statics: client id -> 32-byte static X25519 public key (``auth="macs"``); checked
             canonical and not of low order.
+        shared_checks: remember every signature that verified, so that the clients holding
+            this very object verify each distinct ``(client, message, signature)`` once. A
+            shortcut of the simulation only (:class:`SimulatedSigners`: its simulated clients
+            share one registry object in one process; Ed25519 verification is a deterministic
+            function of the key, the message and the signature, so the answers are the same);
+            a real client, holding its own registry, verifies every signature it needs. Not
+            part of the digest.
     """
 
     keys: Mapping[int, bytes] = field(default_factory=dict)
     statics: Mapping[int, bytes] = field(default_factory=dict)
+    shared_checks: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         checked = {}
@@ -209,6 +247,14 @@ class KeyRegistry:
         if len(set(self.statics.values())) != len(self.statics):
             raise ValueError("two clients of the key registry share a static key")
         object.__setattr__(self, "_verifiers", checked)
+        object.__setattr__(self, "_digest", registry_digest(self.keys, self.statics))
+        object.__setattr__(self, "_verified", set())
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the whole registry (:func:`registry_digest`): what a client pins at
+        enrolment and binds into every message it authenticates."""
+        return self._digest
 
     def __contains__(self, client: object) -> bool:
         return client in self.keys
@@ -248,6 +294,9 @@ class KeyRegistry:
                 f"client {client}'s {what} carries no {SIGNATURE_BYTES}-byte Ed25519 signature; "
                 "refusing"
             )
+        remembered = (int(client), bytes(message), signature)
+        if self.shared_checks and remembered in self._verified:
+            return
         try:
             verifier.verify(signature, message)
         except InvalidSignature as error:
@@ -255,14 +304,33 @@ class KeyRegistry:
                 f"client {client}'s signature on its {what} does not verify (forged, on other "
                 "content, or from another round); refusing"
             ) from error
+        if self.shared_checks:
+            self._verified.add(remembered)
 
 
-def advertisement_message(round_id: int, client: int, c_public: bytes, s_public: bytes) -> bytes:
-    """What a client signs at AdvertiseKeys: the round, its id and its two public keys."""
+def registry_digest(keys: Mapping[int, bytes], statics: Mapping[int, bytes]) -> bytes:
+    """SHA-256 of a registry's entries in id order: ``(id, verification key, static key)``.
+
+    A client missing from one of the two maps counts with an empty key, so two registries that
+    differ in any entry, or in who is in them, have different digests.
+    """
+    digest = hashlib.sha256(kx.PROTOCOL_LABEL + PURPOSE_REGISTRY)
+    for client in sorted({int(c) for c in keys} | {int(c) for c in statics}):
+        key, static = keys.get(client, b""), statics.get(client, b"")
+        digest.update(struct.pack(">qBB", client, len(key), len(static)) + key + static)
+    return digest.digest()
+
+
+def advertisement_message(
+    round_id: int, client: int, c_public: bytes, s_public: bytes, *, registry: bytes
+) -> bytes:
+    """What a client signs at AdvertiseKeys: the round, the registry digest it pinned, its id
+    and its two public keys."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_ADVERTISE,
+            bytes(registry),
             struct.pack(">qq", round_id, client),
             bytes(c_public),
             bytes(s_public),
@@ -271,13 +339,20 @@ def advertisement_message(round_id: int, client: int, c_public: bytes, s_public:
 
 
 def advertisement_tag_message(
-    round_id: int, sender: int, recipient: int, c_public: bytes, s_public: bytes
+    round_id: int,
+    sender: int,
+    recipient: int,
+    c_public: bytes,
+    s_public: bytes,
+    *,
+    registry: bytes,
 ) -> bytes:
     """What ``sender`` MACs for ``recipient`` at AdvertiseKeys (``auth="macs"``)."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_ADVERTISE_MAC,
+            bytes(registry),
             struct.pack(">qqq", round_id, sender, recipient),
             bytes(c_public),
             bytes(s_public),
@@ -298,24 +373,37 @@ def _as_survivor_set(survivors: Iterable[int]) -> frozenset[int]:
     return frozenset(int(c) for c in survivors)
 
 
-def consistency_message(round_id: int, survivors: Iterable[int]) -> bytes:
-    """What a survivor signs at ConsistencyCheck: the round and the survivor set ``U_3`` told.
+def consistency_message(
+    round_id: int, survivors: Iterable[int], *, registry: bytes, min_contributors: int = 0
+) -> bytes:
+    """What a survivor signs at ConsistencyCheck: the round, the registry digest it pinned, the
+    minimum of contributors it holds (:attr:`SecAggConfig.min_contributors`) and the survivor
+    set ``U_3`` told.
 
     The set is hashed (SHA-256 of the sorted ids) so the message stays short for large rounds.
+    Binding the minimum means an endorsement counts only towards a helper that holds the same
+    one: a server that tells clients different minimums cannot add their endorsements up.
     """
     size, digest = _survivor_digest(_as_survivor_set(survivors))
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_CONSISTENCY,
-            struct.pack(">qq", round_id, size),
+            bytes(registry),
+            struct.pack(">qqq", round_id, size, min_contributors),
             digest,
         )
     )
 
 
 def consistency_tag_message(
-    round_id: int, sender: int, recipient: int, survivors: Iterable[int]
+    round_id: int,
+    sender: int,
+    recipient: int,
+    survivors: Iterable[int],
+    *,
+    registry: bytes,
+    min_contributors: int = 0,
 ) -> bytes:
     """What ``sender`` MACs for ``recipient`` at ConsistencyCheck (``auth="macs"``)."""
     size, digest = _survivor_digest(_as_survivor_set(survivors))
@@ -323,7 +411,8 @@ def consistency_tag_message(
         (
             kx.PROTOCOL_LABEL,
             PURPOSE_CONSISTENCY_MAC,
-            struct.pack(">qqqq", round_id, sender, recipient, size),
+            bytes(registry),
+            struct.pack(">qqqqq", round_id, sender, recipient, size, min_contributors),
             digest,
         )
     )
@@ -340,8 +429,16 @@ class ClientAuthentication:
         mode: ``"signatures"`` or ``"macs"`` (:data:`AUTH_MODES`).
         client: the client's id.
         round_id: the round.
-        identity: the client's long-term :class:`SigningKey`.
-        registry: every client's long-term public keys, from set-up.
+        identity: the client's long-term :class:`SigningKey`, with the registry digest pinned
+            at enrolment (:meth:`SigningKey.pin_registry`).
+        registry: every client's long-term public keys, as handed to the client (by whoever:
+            it is checked against the pinned digest).
+        min_contributors: the client's own minimum of contributors, bound into its
+            ConsistencyCheck authenticators (0: none).
+
+    Raises:
+        SignatureError: no digest pinned at enrolment, or a registry of another digest (forged,
+            or split by whoever handed it out).
 
     Attributes:
         setup_seconds: time spent agreeing static pairwise keys not yet cached (set-up, not
@@ -349,10 +446,30 @@ class ClientAuthentication:
     """
 
     def __init__(
-        self, mode: str, client: int, round_id: int, identity: SigningKey, registry: KeyRegistry
+        self,
+        mode: str,
+        client: int,
+        round_id: int,
+        identity: SigningKey,
+        registry: KeyRegistry,
+        *,
+        min_contributors: int = 0,
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {AUTH_MODES}, got {mode!r}")
+        pinned = identity.registry_digest
+        if pinned is None:
+            raise SignatureError(
+                f"client {client} has no key-registry digest pinned at enrolment: it cannot "
+                "tell an authentic registry from one the server forged; refusing "
+                "(SigningKey.pin_registry)"
+            )
+        if registry.digest != pinned:
+            raise SignatureError(
+                f"the key registry handed to client {client} does not match the digest it "
+                "pinned at enrolment (a registry forged or split by whoever handed it out: it "
+                "could hold another party's keys under real clients' ids); refusing"
+            )
         if mode == "signatures" and registry.keys.get(client) != identity.public:
             raise ValueError(
                 f"client {client}'s signing key is not the one the key registry holds for it"
@@ -366,6 +483,8 @@ class ClientAuthentication:
         self.round_id = round_id
         self.identity = identity
         self.registry = registry
+        self.digest = pinned
+        self.min_contributors = int(min_contributors)
         self.setup_seconds = 0.0
         self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
         self.wire_bytes = SIGNATURE_BYTES if mode == "signatures" else MAC_BYTES
@@ -394,7 +513,9 @@ class ClientAuthentication:
         """
         if self.mode == "signatures":
             return self.identity.sign(
-                advertisement_message(self.round_id, self.id, c_public, s_public)
+                advertisement_message(
+                    self.round_id, self.id, c_public, s_public, registry=self.digest
+                )
             )
         if recipients is None:
             raise ValueError(
@@ -403,7 +524,9 @@ class ClientAuthentication:
             )
         return {
             int(v): self._key(int(v), "advertisement")[0].tag(
-                advertisement_tag_message(self.round_id, self.id, int(v), c_public, s_public)
+                advertisement_tag_message(
+                    self.round_id, self.id, int(v), c_public, s_public, registry=self.digest
+                )
             )
             for v in recipients
         }
@@ -418,11 +541,15 @@ class ClientAuthentication:
             SignatureError: naming the sender.
         """
         if self.mode == "signatures":
-            message = advertisement_message(self.round_id, sender, c_public, s_public)
+            message = advertisement_message(
+                self.round_id, sender, c_public, s_public, registry=self.digest
+            )
             self.registry.verify(sender, message, authenticator, what="advertisement")
             return
         key = self._key(sender, "advertisement")[0]
-        message = advertisement_tag_message(self.round_id, sender, self.id, c_public, s_public)
+        message = advertisement_tag_message(
+            self.round_id, sender, self.id, c_public, s_public, registry=self.digest
+        )
         if not key.check(message, authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its advertisement does not verify (forged, on other "
@@ -432,13 +559,31 @@ class ClientAuthentication:
     def endorse(self, survivors: frozenset[int], recipients: Iterable[int]) -> Authenticator:
         """ConsistencyCheck: the authenticator of ``survivors`` (a signature, or a MAC each)."""
         if self.mode == "signatures":
-            return self.identity.sign(consistency_message(self.round_id, survivors))
+            return self.identity.sign(self._consistency(survivors))
         return {
             int(v): self._key(int(v), "survivor set")[1].tag(
-                consistency_tag_message(self.round_id, self.id, int(v), survivors)
+                self._consistency_tag(self.id, int(v), survivors)
             )
             for v in recipients
         }
+
+    def _consistency_tag(self, sender: int, recipient: int, survivors: frozenset[int]) -> bytes:
+        return consistency_tag_message(
+            self.round_id,
+            sender,
+            recipient,
+            survivors,
+            registry=self.digest,
+            min_contributors=self.min_contributors,
+        )
+
+    def _consistency(self, survivors: frozenset[int]) -> bytes:
+        return consistency_message(
+            self.round_id,
+            survivors,
+            registry=self.digest,
+            min_contributors=self.min_contributors,
+        )
 
     def check_endorsement(self, sender: int, survivors: frozenset[int], authenticator) -> None:
         """Refuse unless ``sender`` authenticated ``survivors`` to this client in this round.
@@ -447,12 +592,12 @@ class ClientAuthentication:
             SignatureError: naming the sender.
         """
         if self.mode == "signatures":
-            message = consistency_message(self.round_id, survivors)
-            self.registry.verify(sender, message, authenticator, what="survivor set")
+            self.registry.verify(
+                sender, self._consistency(survivors), authenticator, what="survivor set"
+            )
             return
         key = self._key(sender, "survivor set")[1]
-        message = consistency_tag_message(self.round_id, sender, self.id, survivors)
-        if not key.check(message, authenticator):
+        if not key.check(self._consistency_tag(sender, self.id, survivors), authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
                 "forged, from another round, or addressed to another client); refusing"
@@ -471,12 +616,18 @@ class SimulatedSigners:
 
     Attributes:
         setup_seconds: time spent making identities and registries (set-up, not per round).
+        shared_checks: registries made from now on remember the signatures that verified
+            (:attr:`KeyRegistry.shared_checks`; ``True``: the simulation's shortcut).
     """
 
     def __init__(self) -> None:
         self._keys: dict[int, SigningKey] = {}
         self._registry: KeyRegistry | None = None
         self.setup_seconds = 0.0
+        # The simulated clients share the registry object: each distinct signature is verified
+        # once (KeyRegistry.shared_checks); the cost benchmark turns this off to measure what
+        # every real client verifies.
+        self.shared_checks = True
 
     def set_up(
         self, clients: Iterable[int], seeds: SeedTree
@@ -495,6 +646,10 @@ class SimulatedSigners:
             self._registry = KeyRegistry(
                 {c: key.public for c, key in self._keys.items()},
                 {c: key.static_public for c, key in self._keys.items()},
+                shared_checks=self.shared_checks,
             )
+            # The enrolment authority hands every enrolled client the new registry's digest.
+            for key in self._keys.values():
+                key.pin_registry(self._registry.digest)
         self.setup_seconds += time.perf_counter() - start
         return {c: self._keys[c] for c in clients}, self._registry

@@ -33,6 +33,9 @@ class SecAggTransport(Transport):
             clients get their long-term keys and a registry from the transport's set-up
             (:class:`~securefed.transport.secagg.signatures.SimulatedSigners`, kept across
             rounds with the static pairwise keys they agree).
+        keep_masked: in the rounds ``keep_payloads`` selects, keep each client's masked
+            integers (``masked``); by default the view keeps their SHA-256 (``masked_sha256``):
+            they are uniform to the server, and a block per client (docs/serverview.md).
 
     Example:
         >>> from securefed import SeedTree
@@ -54,9 +57,11 @@ class SecAggTransport(Transport):
         total_rounds: int | None = None,
         remote_clients: bool = False,
         registry: KeyRegistry | None = None,
+        keep_masked: bool = False,
     ) -> None:
         self.config = SecAggConfig() if config is None else config
         self.remote_clients = bool(remote_clients)
+        self.keep_masked = bool(keep_masked)
         if registry is not None and not (self.config.malicious and self.remote_clients):
             raise ValueError(
                 "a key registry applies to server='malicious' with remote clients (simulated "
@@ -84,7 +89,11 @@ class SecAggTransport(Transport):
         """
         ids = np.unique(np.asarray(clients, dtype=np.int64))
         if len(ids) == 1:
-            raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
+            raise AggregationError(
+                f"round {round_id} has 1 client and secure aggregation needs at least 2 in a "
+                "round (a single masked update would be the aggregate): sample more clients per "
+                "round (clients_per_round, --clients-per-round), or use the 'plaintext' transport"
+            )
         if len(ids):
             self.config.fixed_point_for(len(ids))  # refuses a fixed scale that could wrap
             self.config.round_parameters(len(ids))
@@ -104,7 +113,13 @@ class SecAggTransport(Transport):
             signers=signers,
             registry=registry,
             setup_seconds=self._signers.setup_seconds - setup_before,
+            keep_masked=self.keep_masked,
         )
+
+    @property
+    def signers(self) -> SimulatedSigners:
+        """The set-up of the simulated clients (long-term identities and the registry)."""
+        return self._signers
 
     @property
     def capabilities(self) -> TransportCapabilities:
@@ -113,6 +128,7 @@ class SecAggTransport(Transport):
             in_process_clients=not self.remote_clients,
             dense_wire=True,
             server_sees="masked updates",
+            min_round_clients=2,
         )
 
     def _round_class(self) -> type[AggregationRound]:
@@ -128,4 +144,5 @@ class SecAggTransport(Transport):
                 else "honest-but-curious"
             ),
             **self.config.public(),
+            "view_keeps_masked": self.keep_masked,
         }
