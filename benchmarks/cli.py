@@ -403,6 +403,21 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loader_options(args: argparse.Namespace):
+    """How ``securefed fedmf`` reads its ratings file (``datasets.LoaderOptions``)."""
+    from securefed.bench import datasets
+
+    return datasets.LoaderOptions(
+        split=args.split,
+        seed=args.split_seed,
+        scale=args.scale,
+        duplicates=args.duplicates,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
+    )
+
+
 def _run_dp_als(args: argparse.Namespace) -> int:
     from securefed.bench import datasets
     from securefed.bench.dp_als_experiment import (
@@ -416,16 +431,7 @@ def _run_dp_als(args: argparse.Namespace) -> int:
 
     refuse_fedmf_options(args)
     config = als_config_from_args(args.dim, args.als_option)
-    loader = datasets.LoaderOptions(
-        split=args.split,
-        seed=args.split_seed,
-        scale=args.scale,
-        duplicates=args.duplicates,
-        sep=args.sep,
-        columns=args.columns,
-        ids=args.ids,
-    )
-    split = datasets.load_with(args.data, loader)
+    split = datasets.load_with(args.data, _loader_options(args))
     dp_given = {"epsilon": args.epsilon, "noise_multiplier": args.noise_multiplier}
     options = {f"dp.{key}": value for key, value in dp_given.items() if value is not None}
     if "dp" in option_groups(parse_transport_spec(args.transport).name):

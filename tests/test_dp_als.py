@@ -130,17 +130,22 @@ def test_private_bias_model_in_plaintext_is_the_damped_baseline(ratings):
     )
 
 
-def test_secagg_equals_plaintext_to_fixed_point_error(ratings):
-    most = int(np.bincount(ratings.users).max())  # k = the largest count: no choice is made
-    config = replace(
+def _bounded_without_choice(ratings, passes):
+    """Real clips, and k = the largest count: no choice by (rounded) released counts."""
+    most = int(np.bincount(ratings.users).max())
+    return replace(
         EXACT,
-        passes=2,
+        passes=passes,
         user_clip=1.0,
         rating_clip=2.0,
         max_ratings=most,
         bias_clip=2.0,
         max_bias_ratings=most,
     )
+
+
+def test_secagg_equals_plaintext_to_fixed_point_error(ratings):
+    config = _bounded_without_choice(ratings, passes=2)
     plain, _ = _train(ratings, config)
     masked, _ = _train(ratings, config, "secagg")
     # secagg rounds each normalised entry to 2^-20: a sum of n = 60 uploads is off by at most
@@ -378,16 +383,7 @@ def test_population_keeps_the_count_distribution_and_is_seeded(ratings):
 
 def test_ckks_aggregation_equals_plaintext_within_its_error(ratings):
     pytest.importorskip("tenseal")
-    most = int(np.bincount(ratings.users).max())
-    config = replace(
-        EXACT,
-        passes=1,
-        user_clip=1.0,
-        rating_clip=2.0,
-        max_ratings=most,
-        bias_clip=2.0,
-        max_bias_ratings=most,
-    )
+    config = _bounded_without_choice(ratings, passes=1)
     plain, _ = _train(ratings, config)
     encrypted, transport = _train(ratings, config, "ckks")
     # CKKS sums approximately (encoding error plus the flooding of each decryption, docs/ckks.md,
