@@ -277,15 +277,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
-    loader = datasets.LoaderOptions(
-        split=args.split,
-        seed=args.split_seed,
-        scale=args.scale,
-        duplicates=args.duplicates,
-        sep=args.sep,
-        columns=args.columns,
-        ids=args.ids,
-    )
+    loader = _loader_options(args)
     split = datasets.load_with(args.data, loader)
     # What `securefed attack` needs to rebuild the truth: public names and a digest, no ratings.
     described = {
