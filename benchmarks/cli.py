@@ -77,9 +77,18 @@ def _add_fedmf(subparsers) -> None:
     parser.add_argument(
         "--variant",
         default=None,
-        choices=["fedmf", "fedrec", "fedrec+"],
+        choices=["fedmf", "fedrec", "fedrec+", "als"],
         help="fedmf (vanilla), fedrec (hybrid filling: pseudo items hide which items a user "
-        "rated) or fedrec+ (similarity filling, Wasserstein weights); default fedmf",
+        "rated), fedrec+ (similarity filling, Wasserstein weights) or als (DP-ALS, private "
+        "alternating least squares: securefed.recsys.dp_als, configured by --dim and "
+        "--als-option); default fedmf",
+    )
+    parser.add_argument(
+        "--als-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="with --variant als: a DPALSConfig field (passes=2, max_ratings=50, ...)",
     )
     from securefed.transport import transport_names
 
@@ -273,6 +282,10 @@ def _add_fedmf(subparsers) -> None:
 
 
 def _run_fedmf(args: argparse.Namespace) -> int:
+    if args.variant == "als":
+        return _run_dp_als(args)
+    if args.als_option:
+        raise ValueError("--als-option applies only with --variant als")
     from securefed.bench import datasets, stopping_args
     from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
     from securefed.errors import TransportUnavailable
@@ -287,15 +300,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     from securefed.recsys.validation import EarlyStopping
     from securefed.transport import option_groups, parse_transport_spec
 
-    loader = datasets.LoaderOptions(
-        split=args.split,
-        seed=args.split_seed,
-        scale=args.scale,
-        duplicates=args.duplicates,
-        sep=args.sep,
-        columns=args.columns,
-        ids=args.ids,
-    )
+    loader = _loader_options(args)
     split = datasets.load_with(args.data, loader)
     # What `securefed attack` needs to rebuild the truth: public names and a digest, no ratings.
     described = {
@@ -453,6 +458,60 @@ def baseline_record(split, model_rmse: float) -> dict:
 
     baselines = baseline_rmses(split)
     return {"baselines": baselines, "beats_baselines": baselines_beaten(model_rmse, baselines)}
+
+
+def _loader_options(args: argparse.Namespace):
+    """How ``securefed fedmf`` reads its ratings file (``datasets.LoaderOptions``)."""
+    from securefed.bench import datasets
+
+    return datasets.LoaderOptions(
+        split=args.split,
+        seed=args.split_seed,
+        scale=args.scale,
+        duplicates=args.duplicates,
+        sep=args.sep,
+        columns=args.columns,
+        ids=args.ids,
+    )
+
+
+def _run_dp_als(args: argparse.Namespace) -> int:
+    from securefed.bench import datasets
+    from securefed.bench.dp_als_experiment import (
+        DPALSRun,
+        als_config_from_args,
+        refuse_fedmf_options,
+        run_dp_als,
+    )
+    from securefed.bench.experiment import save_json
+    from securefed.transport import option_groups, parse_transport_spec
+
+    refuse_fedmf_options(args)
+    config = als_config_from_args(args.dim, args.als_option)
+    split = datasets.load_with(args.data, _loader_options(args))
+    dp_given = {"epsilon": args.epsilon, "noise_multiplier": args.noise_multiplier}
+    options = {f"dp.{key}": value for key, value in dp_given.items() if value is not None}
+    if "dp" in option_groups(parse_transport_spec(args.transport).name):
+        options["dp.delta"] = args.delta
+    run = DPALSRun(
+        config=config,
+        transport=args.transport,
+        transport_options=options,
+        seed=args.seed,
+        keep_payloads=RoundSelection.parse(args.view_rounds if args.save_view else "none"),
+        progress=False if args.no_progress else None,
+    )
+    record, _, transport = run_dp_als(split, run)
+    if args.save_view:
+        transport.view.save(args.save_view)
+        record["view"] = str(args.save_view)
+    if args.json:
+        save_json(record, args.json)
+    keys = ("data", "variant", "transport", "rounds", "rmse", "mae", "damped_baseline_rmse")
+    shown = {k: record[k] for k in (*keys, "seconds", "bytes_up_per_client", "randomness")}
+    shown |= {k: v for k, v in record.items() if k.startswith("epsilon")}
+    print(dumps_record(shown, indent=1, default=float))
+    return 0
 
 
 def _add_demo(subparsers) -> None:

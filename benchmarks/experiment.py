@@ -223,11 +223,7 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
     up, down = transport.view.total_bytes()
     up_client, down_client = transport.view.mean_bytes_per_client()
     record = {
-        "data": split.name,
-        "n_users": split.train.n_users,
-        "n_items": split.train.n_items,
-        "n_train": len(split.train),
-        "n_test": len(split.test),
+        **split_fields(split),
         "variant": cfg.variant,
         "transport": run.transport,
         "rounds": cfg.rounds,
@@ -257,6 +253,17 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
         record["noise_multiplier"] = transport.config.noise_multiplier
         record["clip"] = transport.config.clip
     return record, model, transport
+
+
+def split_fields(split: Split) -> dict:
+    """The data fields of a result record: the split's name and sizes."""
+    return {
+        "data": split.name,
+        "n_users": split.train.n_users,
+        "n_items": split.train.n_items,
+        "n_train": len(split.train),
+        "n_test": len(split.test),
+    }
 
 
 def _warm_start(

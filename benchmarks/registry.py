@@ -136,6 +136,12 @@ BENCHES: dict[str, Command] = _table(
         "securefed.bench.bench_ddp:register",
         ("dp",),
     ),
+    Command(
+        "frontier",
+        "test RMSE against epsilon: DP-ALS, FedMF dp-biased, private biases (secagg+dp)",
+        "securefed.bench.bench_frontier:register",
+        ("dp",),
+    ),
     Command("fedmf-perf", "round vs centralised step; scale", _FEDMF),
     Command(
         "fedmf-vs-centralised",

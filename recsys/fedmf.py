@@ -78,6 +78,7 @@ from securefed.recsys.sparse_rows import (
     merge_rows,
     merge_sorted,
     rated_dot,
+    rating_rows,
     row_ids,
     segment_sum,
     take_rows,
@@ -654,10 +655,8 @@ class FedMF:
         self.scale: RatingScale = _scale_in_units(train.scale, self.unit)
         self.n_clients = train.n_users
         self.n_items = train.n_items
-        csr = train.to_csr()
-        self.indptr = csr.indptr.astype(np.int64)
-        self.items = csr.indices.astype(np.int64)
-        self.ratings = csr.data.astype(np.float64) / self.unit
+        self.indptr, self.items, ratings = rating_rows(train)
+        self.ratings = ratings / self.unit
         self.user_mean = user_mean_ratings(self.indptr, self.ratings)
         # What each user subtracts from its ratings before factorising (local, never uploaded).
         midpoint = (self.scale.minimum + self.scale.maximum) / 2

@@ -111,3 +111,13 @@ def rated_dot(
             np.take(left, left_index[lo:hi], axis=0) * np.take(right, right_index[lo:hi], axis=0)
         ) @ ones
     return out
+
+
+def rating_rows(train) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indptr, items, ratings)`` of ``train``'s ratings by user (CSR; int64, int64, float64)."""
+    csr = train.to_csr()
+    return (
+        csr.indptr.astype(np.int64),
+        csr.indices.astype(np.int64),
+        csr.data.astype(np.float64),
+    )
