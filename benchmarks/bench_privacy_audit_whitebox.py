@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ import numpy as np
 from securefed import RoundSelection
 from securefed.audit.faults import inject_dp_fault
 from securefed.audit.whitebox import WhiteBoxConfig, run_whitebox_audit
+from securefed.records import dumps_record
 from securefed.transport import build_transport
 
 
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = args.seeds_correct if fault == "none" else args.seeds_fault
                 row = audit_cell(transport, epsilon, fault, range(n), config, args.clip)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(dumps_record(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "privacy_audit_whitebox"
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": os.getloadavg(),
         "rows": rows,
     }
-    (out / f"{stem}.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / f"{stem}.json").write_text(dumps_record(record, indent=2, default=str))
     header = (
         f"White-box canaries ({config.n_constant} constant + {config.n_alternating} alternating "
         f"canary clients, {config.n_held_out} held-out directions, dim {config.dimension}, "

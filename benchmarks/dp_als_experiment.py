@@ -132,6 +132,13 @@ FEDMF_ONLY_OPTIONS = (
     "clients_per_round",
     "clip",
     "checkpoint_dir",
+    "checkpoint_key_file",
+    "preset",
+    "rating_unit",
+    "patience",
+    "validate_every",
+    "min_rounds",
+    "smoothing",
 )
 
 
