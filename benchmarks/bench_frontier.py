@@ -205,12 +205,20 @@ def _plot(summary: list[dict], lines: dict[str, float], path: Path, title: str) 
 
 def register(benches) -> None:
     parser = BENCHES["frontier"].add_to(benches)
-    parser.add_argument("--data", default="ml-100k")
+    parser.add_argument("--data", default="ml-100k", help="data set name or path (ml-100k)")
     parser.add_argument("--splits", default="u1", help="comma list (- : the data's own split)")
-    parser.add_argument("--epsilons", default="0.5,1,2,4,8,16")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--seeds", default="0")
-    parser.add_argument("--fedmf-rounds", type=int, default=100)
+    parser.add_argument(
+        "--epsilons", default="0.5,1,2,4,8,16", help="comma list of epsilons against the server"
+    )
+    parser.add_argument(
+        "--algorithms",
+        default=",".join(ALGORITHMS),
+        help=f"comma list of the private algorithms drawn (of {', '.join(ALGORITHMS)})",
+    )
+    parser.add_argument("--seeds", default="0", help="comma list of seeds, one run each")
+    parser.add_argument(
+        "--fedmf-rounds", type=int, default=100, help="rounds of the non-private FedMF line"
+    )
     parser.add_argument(
         "--fedmf-line",
         default=True,
@@ -223,6 +231,8 @@ def register(benches) -> None:
         help="draw the distributed-DP FedMF points of this bench fedmf-dp record ('' : none)",
     )
     parser.add_argument("--from-record", default=None, help="redraw the plot of this record")
-    parser.add_argument("--name", default="frontier_ml100k_u1")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--name", default="frontier_ml100k_u1", help="stem of the record's json/md/png files"
+    )
+    parser.add_argument("--out", default=str(RESULTS), help="folder of the record")
     parser.set_defaults(func=frontier)

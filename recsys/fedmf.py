@@ -450,6 +450,7 @@ RUN_PUBLIC_KEYS = (
     "n_users",
     "n_items",
     "rating_scale",
+    "rating_unit_size",
     "block_rows",
     "block_columns",
     "item_bias_column",
