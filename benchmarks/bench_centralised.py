@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench import datasets, stopping_args
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -260,14 +261,7 @@ def register(benches) -> None:
         default=SVDSettings.reg_all,
         help="regularisation of Surprise's SVD",
     )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument("--name", default="fedmf_vs_centralised", help="output file stem")
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_out_argument(parser, RESULTS)
     parser.set_defaults(func=compare)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import SeedTree
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
 from securefed.crypto.ckks import ckks_context
@@ -267,15 +268,8 @@ def register(benches) -> None:
 def _fusion_arguments(parser) -> None:
     parser.add_argument("--samples", type=int, default=1000, help="inputs evaluated")
     parser.add_argument("--hidden", type=int, default=16, help="hidden width of the fused network")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_seed_argument(parser)
+    add_out_argument(parser, RESULTS)
 
 
 def _training_arguments(parser) -> None:
@@ -294,15 +288,8 @@ def _fedmf_arguments(parser) -> None:
         "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
     )
     parser.add_argument("--variant", default="fedmf", help="FedMF variant (fedmf, fedrec, fedrec+)")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_seed_argument(parser)
+    add_out_argument(parser, RESULTS)
 
 
 def main(argv: list[str] | None = None) -> int:

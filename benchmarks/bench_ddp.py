@@ -32,6 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from securefed.bench import datasets
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -227,15 +228,8 @@ def register(benches) -> None:
     parser.add_argument(
         "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
     )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_seed_argument(parser)
+    add_out_argument(parser, RESULTS)
     parser.add_argument("--epsilons", default="1,4,8,16", help="comma-separated DP target epsilons")
     parser.add_argument(
         "--mechanism",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.registry import BENCHES
 from securefed.errors import TransportUnavailable
 from securefed.records import dumps_record
@@ -378,9 +379,7 @@ def register(benches) -> None:
     parser.add_argument("--clip", type=float, default=None, help="DP clip (default sqrt(rows))")
     add_distillation_arguments(parser)
     parser.add_argument("--log-every", type=int, default=100, help="progress every N rounds")
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_out_argument(parser, RESULTS)
     parser.set_defaults(func=column)
 
     parser = BENCHES["fedhpd-speed"].add_to(benches)
@@ -391,12 +390,7 @@ def register(benches) -> None:
     parser.add_argument(
         "--rounds", type=int, default=30, help="rounds per run (default: the paper's)"
     )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=20,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser, 20)
     parser.add_argument(
         "--public-size", type=int, default=None, help="states in the public set S_p (task's)"
     )

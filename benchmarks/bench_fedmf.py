@@ -18,6 +18,7 @@ from scipy import sparse
 
 from securefed import PlaintextTransport, RoundSelection, SeedTree
 from securefed.bench import datasets, tables
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import synthetic_ratings
@@ -394,15 +395,8 @@ def register(benches) -> None:
         parser.add_argument(
             "--split", default=split, help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
         )
-        parser.add_argument(
-            "--seed",
-            type=int,
-            default=0,
-            help="the runs' seed (reproducible, not private: a benchmark)",
-        )
-        parser.add_argument(
-            "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-        )
+        add_seed_argument(parser)
+        add_out_argument(parser, RESULTS)
 
     parser = BENCHES["fedmf-splits"].add_to(benches)
     common(parser)

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.bench_args import add_seed_argument
 from securefed.bench.cli_fedslate import add_transport_arguments, transport_fields
 from securefed.bench.processes import map_in_processes
 from securefed.bench.registry import BENCHES
@@ -700,12 +701,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--episodes", type=int, default=5000, help="episodes per run (5000, the paper's)"
     )
     parser.add_argument("--members", type=int, default=3, help="independent seeds per run")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument(
         "--settings",
         type=_settings,

@@ -45,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.registry import BENCHES
 from securefed.bench.tables import markdown_table
 from securefed.records import dumps_record
@@ -576,9 +577,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_out_argument(parser, RESULTS)
     parser.add_argument("--parts", default="rewards,leak", help="rewards, leak or both")
     parser.add_argument(
         "--settings",
@@ -594,12 +593,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, default=200, help="episodes per reward run")
     parser.add_argument("--members", type=int, default=3, help="deployments per reward run")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument("--burn-in", type=int, default=1000, help="rounds before learning")
     parser.add_argument("--eps-decay", type=float, default=0.9995, help="exploration per round")
     parser.add_argument(

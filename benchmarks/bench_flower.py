@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench import datasets
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.bench_fedmf import RESULTS, markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
 
@@ -258,15 +259,8 @@ def register(benches) -> None:
     parser.add_argument("--ml-nodes", type=int, default=943, help="one user per node")
     parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
     parser.add_argument("--parts", default=",".join(PARTS), help="which comparisons to run")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
-    parser.add_argument(
-        "--out", default=str(RESULTS), help="folder of the records (JSON and markdown)"
-    )
+    add_seed_argument(parser)
+    add_out_argument(parser, RESULTS)
     parser.set_defaults(func=flower)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.bench_args import add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import save_json
 from securefed.bench.registry import BENCHES
@@ -406,12 +407,7 @@ def register(benches) -> None:
     )
     parser.add_argument("--batch", type=int, default=32, help="replay batch size")
     parser.add_argument("--server-hidden", default="16", help="comma-separated widths")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument(
         "--repeats", type=int, default=5, help="timed repetitions (the median is reported)"
     )

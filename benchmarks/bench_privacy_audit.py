@@ -41,6 +41,7 @@ from securefed.audit.empirical import (
     run_empirical_audit,
 )
 from securefed.bench import datasets
+from securefed.bench.bench_args import add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
 from securefed.privacy.calibration import epsilon_for_schedule
@@ -383,12 +384,7 @@ def register(benches) -> None:
     parser.add_argument(
         "--measure-cost", action="store_true", help="also time each run without canaries"
     )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument(
         "--out", default="results/privacy_audit", help="folder of the records (JSON and markdown)"
     )

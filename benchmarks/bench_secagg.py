@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed import PlaintextTransport, SeedTree
+from securefed.bench.bench_args import add_seed_argument
 from securefed.bench.tables import markdown_table
 from securefed.errors import AggregationError
 from securefed.records import dumps_record
@@ -883,12 +884,7 @@ def register(benches) -> None:
     parser = BENCHES["secagg-malicious"].add_to(benches)
     parser.add_argument("--clients", default="100,1000", help="comma-separated client counts")
     parser.add_argument("--length", type=int, default=MALICIOUS_LENGTH, help="values per client")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument(
         "--repeats",
         type=int,
@@ -921,12 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (under a minute)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="the runs' seed (reproducible, not private: a benchmark)",
-    )
+    add_seed_argument(parser)
     parser.add_argument(
         "--flower-only",
         action="store_true",
