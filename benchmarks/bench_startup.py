@@ -77,10 +77,33 @@ ACCOUNTING = ("privacy", "noise", "--epsilon", "8", "--sample-rate", "0.01", "--
 """One accounting computation, timed without a goal (it imports dp-accounting and scipy)."""
 
 
+def help_screens() -> tuple[tuple[str, ...], ...]:
+    """:data:`HELP_SCREENS` whose commands can run here: a command whose extra is missing
+    (``fedslate`` without ``rl``) answers in one line and exit 2 by design, so it is left out
+    (:func:`skipped_screens` names it in the record)."""
+    return tuple(args for args in HELP_SCREENS if not _missing_extras(args))
+
+
+def skipped_screens() -> dict[str, str]:
+    """The help screens left out here, with the extras they need."""
+    return {
+        f"securefed {' '.join(args)}": "needs the extra(s) " + ", ".join(_missing_extras(args))
+        for args in HELP_SCREENS
+        if _missing_extras(args)
+    }
+
+
+def _missing_extras(args: Sequence[str]) -> tuple[str, ...]:
+    from securefed.bench.registry import COMMANDS
+
+    command = COMMANDS.get(args[0])
+    return () if command is None else command.missing_extras()
+
+
 def timed_commands(python: str) -> dict[str, list[str]]:
     """The commands timed against the goal, by the name they are reported under."""
     cli = cli_command(python)
-    timed = {f"securefed {' '.join(args)}": [*cli, *args] for args in HELP_SCREENS}
+    timed = {f"securefed {' '.join(args)}": [*cli, *args] for args in help_screens()}
     return timed | {"import securefed": [python, "-c", "import securefed"]}
 
 
@@ -136,8 +159,9 @@ def measure(repeats: int, python: str = sys.executable) -> dict[str, object]:
         "timings": timings,
         "heavy_modules_loaded": {
             f"securefed {' '.join(args)}": heavy_modules_loaded(python, list(args))
-            for args in HELP_SCREENS
+            for args in help_screens()
         },
+        "skipped": skipped_screens(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
@@ -158,6 +182,8 @@ def report(record: dict[str, object]) -> str:
         lines.append(
             f"  {name:<32} {timing['median_seconds']:6.3f} s   {verdict[timing['under_goal']]}"
         )
+    for name, why in record.get("skipped", {}).items():
+        lines.append(f"  {name:<32} skipped: {why}")
     for name, modules in record["heavy_modules_loaded"].items():
         loaded = ", ".join(modules) if modules else "none of " + ", ".join(HEAVY_MODULES)
         lines.append(f"  {name} imports {loaded}")

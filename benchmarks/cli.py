@@ -428,7 +428,12 @@ def _run_fedmf(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(dumps_record(shown, indent=1, default=float))
-    warning = baseline_warning(record["rmse"], record["baselines"])
+    hint = (
+        "the default preset, biased, or more rounds may help"
+        if preset in ("paper", "dp")
+        else "more rounds (--rounds, or --validation 0.1 to pick them) may help"
+    )
+    warning = baseline_warning(record["rmse"], record["baselines"], hint)
     if warning is not None:
         print(f"securefed: {warning}", file=sys.stderr)
     return 0

@@ -99,14 +99,19 @@ def baselines_beaten(model_rmse: float, baselines: Mapping[str, float]) -> dict[
     return {name: bool(model_rmse < value) for name, value in baselines.items()}
 
 
-def baseline_warning(model_rmse: float, baselines: Mapping[str, float]) -> str | None:
-    """A one-line warning naming every floor ``model_rmse`` does not beat, or ``None``."""
+def baseline_warning(
+    model_rmse: float, baselines: Mapping[str, float], hint: str = ""
+) -> str | None:
+    """A one-line warning naming every floor ``model_rmse`` does not beat, or ``None``.
+
+    ``hint``, when given, is appended in brackets (the command line names its own options).
+    """
     lost = [name for name, beaten in baselines_beaten(model_rmse, baselines).items() if not beaten]
     if not lost:
         return None
     floors = ", ".join(f"{BASELINE_LABELS.get(name, name)} {baselines[name]:.4f}" for name in lost)
-    return (
+    warning = (
         f"warning: the model's test RMSE {model_rmse:.4f} does not beat {floors}: it predicts "
-        "no better than a closed-form baseline (more rounds, --preset biased, or a smaller "
-        "learning rate may help)"
+        "no better than a closed-form baseline"
     )
+    return f"{warning} ({hint})" if hint else warning
