@@ -584,7 +584,7 @@ def discrete_gaussian_chain(
 
 
 def _gaussian_blocks(sigma2, size, rng, tries, accept_trial) -> np.ndarray:
-    """CKS Algorithm 3 in blocks, with the proposal ``tries`` and the acceptance ``accept_trial``."""
+    """CKS Algorithm 3 in blocks: the proposal ``tries``, the acceptance ``accept_trial``."""
     sigma2 = _check_variance(sigma2)
     source = integer_source(rng)
     t = math.isqrt(sigma2) + 1
