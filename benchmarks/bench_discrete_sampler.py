@@ -8,11 +8,12 @@ and one run (CPU seconds, ``time.process_time``):
 
 * ``threshold``: :func:`securefed.privacy.discrete.discrete_gaussian` (exact 62-bit thresholds);
 * ``chain``: :func:`securefed.privacy.discrete.discrete_gaussian_chain` (the earlier sampler);
-* ``threshold_secure``: the threshold sampler from :class:`SecureIntegers` (AES-256-CTR);
+* ``threshold_secure``, ``chain_secure``: both from :class:`SecureIntegers` (AES-256-CTR);
 * ``float_gaussian``: ``Generator.normal`` of the same count (the float path's noise);
 * ``skellam``: :func:`securefed.privacy.discrete.skellam` of the same variance (numpy Poisson).
 
-Usage: ``python -P -m benchmarks.bench_discrete_sampler --out benchmarks/results/discrete_sampler``.
+Usage:
+``python -P -m securefed.bench.bench_discrete_sampler --out benchmarks/results/discrete_sampler``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def measure(sigma2: int, total: int, seed: int) -> dict[str, float]:
         "threshold": lambda n: discrete_gaussian(sigma2, n, rng),
         "chain": lambda n: discrete_gaussian_chain(sigma2, n, rng),
         "threshold_secure": lambda n: discrete_gaussian(sigma2, n, secure),
+        "chain_secure": lambda n: discrete_gaussian_chain(sigma2, n, secure),
         "float_gaussian": lambda n: rng.normal(0.0, std, n),
         "skellam": lambda n: skellam(sigma2 / 2, n, rng),
     }
@@ -64,9 +66,10 @@ def measure(sigma2: int, total: int, seed: int) -> dict[str, float]:
         seconds = _seconds(draw, total)
         row[f"seconds_{name}"] = seconds
         row[f"ns_per_draw_{name}"] = seconds / total * 1e9
-    for name in ("threshold", "chain", "threshold_secure", "skellam"):
+    for name in ("threshold", "chain", "threshold_secure", "chain_secure", "skellam"):
         row[f"ratio_{name}_to_float"] = row[f"seconds_{name}"] / row["seconds_float_gaussian"]
     row["speedup_threshold_over_chain"] = row["seconds_chain"] / row["seconds_threshold"]
+    row["speedup_secure"] = row["seconds_chain_secure"] / row["seconds_threshold_secure"]
     return row
 
 
@@ -79,11 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     total = args.clients * args.dim
+    load_before = list(os.getloadavg())
     rows = [measure(s, total, args.seed) for s in args.sigma2]
     record = {
-        "command": "python -P -m benchmarks.bench_discrete_sampler --out " + str(args.out),
+        "command": "python -P -m securefed.bench.bench_discrete_sampler --out " + str(args.out),
         "clients": args.clients,
         "dim": args.dim,
+        "machine": "2-core dev box, BLAS threads 1 (no BLAS in these paths)",
+        "load_average_before": load_before,
         "load_average_after": list(os.getloadavg()),
         "rows": rows,
     }
