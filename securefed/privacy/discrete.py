@@ -13,6 +13,10 @@ Samplers (pure functions of an explicit ``np.random.Generator``):
   (AES-256-CTR keyed from ``os.urandom``, by rejection; secure mode). Vectorised in blocks of
   tries: each stage is one pass over the pending draws under one scalar bound, and
   ``Bernoulli(exp(-1))`` costs one uniform integer (:func:`_bernoulli_exp_minus_one`).
+  :func:`discrete_gaussian` decides its ``exp(-k)``, ``exp(-u / t)`` and geometric trials by one
+  uniform 62-bit word against exact integer thresholds ``floor(exp(-x) 2^62)`` computed in Python
+  integers (ties, chance ``2^-62``, continue digit by digit); :func:`discrete_gaussian_chain` is
+  the earlier all-Algorithm-1 form, same law.
 * :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
   Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
   sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
@@ -549,8 +553,10 @@ def discrete_gaussian(
     one scalar bound, and the first ``size`` accepted tries (in the order drawn) are returned.
     The accepted tries of an i.i.d. sequence are i.i.d. draws of the target law, and which ones
     are returned depends only on their positions, so the output law is exact; a block that
-    falls short is topped up with another. ``Bernoulli(exp(-1))`` costs one uniform integer
-    (:func:`_bernoulli_exp_minus_one`).
+    falls short is topped up with another. The trials with few distinct exponents use exact
+    thresholds (:func:`_laplace_tries`, :func:`_accept_gaussian`): ``U`` and the sign from one
+    integer below ``2 t``, ``exp(-U / t)``, ``Geometric(1 - exp(-1))`` and ``exp(-whole)`` from
+    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1.
 
     Args:
         sigma2: the integer variance parameter ``sigma^2 >= 1``.
