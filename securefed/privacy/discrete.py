@@ -13,6 +13,10 @@ Samplers (pure functions of an explicit ``np.random.Generator``):
   (AES-256-CTR keyed from ``os.urandom``, by rejection; secure mode). Vectorised in blocks of
   tries: each stage is one pass over the pending draws under one scalar bound, and
   ``Bernoulli(exp(-1))`` costs one uniform integer (:func:`_bernoulli_exp_minus_one`).
+  :func:`discrete_gaussian` decides its ``exp(-k)``, ``exp(-u / t)`` and geometric trials by one
+  uniform 62-bit word against exact integer thresholds ``floor(exp(-x) 2^62)`` computed in Python
+  integers (ties, chance ``2^-62``, continue digit by digit); :func:`discrete_gaussian_chain` is
+  the earlier all-Algorithm-1 form, same law.
 * :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
   Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
   sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
@@ -47,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -122,6 +127,8 @@ class SecureIntegers:
             raise ValueError(f"the uniform range must lie in [1, 2^62], got {high}")
         out = np.empty(size, np.int64)
         mask = np.uint64((1 << max(1, (high - 1).bit_length())) - 1)
+        if high > 1 and high & (high - 1) == 0:  # a power of two: every masked word is kept
+            return (self._source.words(size) & mask).astype(np.int64)
         filled = 0
         while filled < size:
             need = size - filled
@@ -322,6 +329,185 @@ def discrete_laplace(scale: int, size: int, rng: np.random.Generator | IntegerSo
     return out
 
 
+# ----------------------------------------------------------------------------- threshold sampler
+# Uniform words on [0, 2^62): below(2^62) is a plain 62-bit mask in both sources (no rejection).
+_WORD_BITS = 62
+_WORD = 1 << _WORD_BITS
+# e^-k * 2^62 >= 1 for k <= 42, so k >= 43 has threshold 0 (decided by the tie rule alone).
+_EXP_TABLE_LENGTH = 44
+
+
+def _exp_neg_floor(a: int, b: int, bits: int) -> int:
+    """``floor(exp(-a / b) * 2^bits)`` exactly, for integers ``a >= 0``, ``b >= 1``.
+
+    Interval arithmetic in Python integers: the Taylor terms of ``exp(a / b)`` at a fixed point of
+    ``p`` bits are rounded down (a lower sum) and up (an upper sum, plus the series' tail bound
+    ``term * x / (k + 1 - x)`` once ``k + 1 > 2 x``); ``exp(-a / b)`` lies between the
+    reciprocals. When the two reciprocals' floors differ the precision doubles, so the answer is
+    certain, never a floating-point estimate.
+    """
+    if a == 0:
+        return 1 << bits
+    precision = bits + 96
+    while True:
+        one = 1 << precision
+        low_term, high_term, low_sum, high_sum, k = one, one, one, one, 0
+        while True:
+            k += 1
+            low_term = low_term * a // (b * k)
+            high_term = -((-high_term * a) // (b * k))
+            low_sum += low_term
+            high_sum += high_term
+            if b * (k + 1) >= 2 * a and high_term <= 1:
+                # the tail: sum_{j > k} x^j / j! <= x^k / k! when k + 1 >= 2 x
+                high_sum += high_term
+                break
+        scale = 1 << (precision + bits)
+        low, high = scale // high_sum, scale // low_sum
+        if low == high:
+            return low
+        precision *= 2
+
+
+def _digit(a: int, b: int, index: int) -> int:
+    """The ``index``-th 62-bit digit (index 0 is the integer threshold) of ``exp(-a / b)``.
+
+    0 without computing when ``a / b >= 43 (index + 1)``: ``exp(-43) < 2^-62``.
+    """
+    if a >= 43 * b * (index + 1):
+        return 0
+    return _exp_neg_floor(a, b, _WORD_BITS * (index + 1)) % _WORD
+
+
+def _resolve_tie(a: int, b: int, source: IntegerSource) -> bool:
+    """``X < exp(-a / b)`` for a uniform real ``X`` whose first 62-bit word equals the threshold.
+
+    The next words of ``X`` are drawn one at a time and compared with the next 62-bit digits of
+    ``exp(-a / b)`` (irrational for ``a > 0``, so the comparison ends with probability 1).
+    """
+    index = 1
+    while True:
+        word = int(source.below(_WORD, 1)[0])
+        digit = _digit(a, b, index)
+        if word != digit:
+            return word < digit
+        index += 1
+
+
+@lru_cache(maxsize=1)
+def _exp_neg_integer_thresholds() -> np.ndarray:
+    """``floor(exp(-k) * 2^62)`` for ``k = 0 .. 43`` (int64; the last ones are 0)."""
+    return np.array([_exp_neg_floor(k, 1, _WORD_BITS) for k in range(_EXP_TABLE_LENGTH)], np.int64)
+
+
+@lru_cache(maxsize=8)
+def _exp_neg_over_t_thresholds(t: int) -> np.ndarray:
+    """``floor(exp(-u / t) * 2^62)`` for ``u = 0 .. t - 1`` (int64), exactly.
+
+    Powers of an interval around ``exp(-1 / t)`` at 192 bits, rounded down and up, bound each
+    ``exp(-u / t)``; an entry whose bounds straddle a multiple of ``2^-62`` is computed alone by
+    :func:`_exp_neg_floor`.
+    """
+    precision = 192
+    shift = precision - _WORD_BITS
+    ratio_low = _exp_neg_floor(1, t, precision)
+    ratio_high = ratio_low + 1
+    out = np.empty(t, np.int64)
+    low = high = 1 << precision
+    for u in range(t):
+        floor_low, floor_high = low >> shift, high >> shift
+        out[u] = floor_low if floor_low == floor_high else _exp_neg_floor(u, t, _WORD_BITS)
+        low = (low * ratio_low) >> precision
+        high = -((-high * ratio_high) >> precision)
+    return out
+
+
+def _below_thresholds(
+    thresholds: np.ndarray, exponents: np.ndarray, den: int, source: IntegerSource
+) -> np.ndarray:
+    """Exact ``Bernoulli(exp(-exponents / den))`` given ``thresholds = floor(exp(-.) * 2^62)``.
+
+    One uniform 62-bit word ``W`` per element, read as the first digits of a uniform real ``X``:
+    ``W < threshold`` means ``X < exp(-.)``, ``W > threshold`` the opposite, and a tie (chance
+    ``2^-62``) draws further words (:func:`_resolve_tie`).
+    """
+    words = source.below(_WORD, thresholds.size)
+    result = words < thresholds
+    for k in np.flatnonzero(words == thresholds).tolist():
+        result[k] = _resolve_tie(int(exponents[k]), den, source)
+    return result
+
+
+def _geometric_by_inversion(size: int, source: IntegerSource) -> np.ndarray:
+    """``Geometric(1 - exp(-1))`` on ``{0, 1, ...}``: ``#{v >= 1 : X < exp(-v)}``, one word each.
+
+    ``P(V >= v) = exp(-v)``; the 62-bit word ``W`` of ``X`` counts the thresholds above it, and
+    a tie (``W`` equal to a threshold, 0 included) is resolved digit by digit.
+    """
+    table = _exp_neg_integer_thresholds()[1:]  # k = 1 .. 43, decreasing
+    ascending = table[::-1]
+    words = source.below(_WORD, size)
+    position = np.searchsorted(ascending, words, side="left")
+    tie = ascending[np.minimum(position, table.size - 1)] == words
+    counts = table.size - position - tie  # the thresholds strictly above the word
+    tied = np.flatnonzero(tie)
+    for k in tied.tolist():
+        counts[k] = _geometric_tie(int(words[k]), source)
+    return counts.astype(np.int64)
+
+
+def _geometric_tie(word: int, source: IntegerSource) -> int:
+    """The geometric draw when its first word equals some ``floor(exp(-v) 2^62)``: exact."""
+    table = _exp_neg_integer_thresholds()
+    count = int(np.count_nonzero(table[1:] > word))
+    words = [word]
+    v = count + 1
+    while True:  # is X < exp(-v)? compare the digits of X (drawn lazily) with exp(-v)'s
+        index = 0
+        while True:
+            if index == len(words):
+                words.append(int(source.below(_WORD, 1)[0]))
+            digit = _digit(v, 1, index)
+            if words[index] != digit:
+                break
+            index += 1
+        if words[index] > digit:
+            return count
+        count, v = count + 1, v + 1
+
+
+def _laplace_tries(t: int, size: int, source: IntegerSource) -> tuple[np.ndarray, np.ndarray]:
+    """CKS Algorithm 2's accepted tries out of ``size``, by exact thresholds (magnitudes, signs).
+
+    Same law as :func:`_laplace_candidates`: ``U`` uniform below ``t`` and the sign from one
+    uniform integer below ``2 t``; ``U`` kept when ``X < exp(-U / t)`` (a table of exact 62-bit
+    thresholds); ``V ~ Geometric(1 - exp(-1))`` by inversion; ``-0`` refused.
+    """
+    draws = source.below(2 * t, size)
+    u, negative = draws >> 1, (draws & 1) == 1
+    kept = _below_thresholds(_exp_neg_over_t_thresholds(t)[u], u, t, source)
+    u, negative = u[kept], negative[kept]
+    v = _geometric_by_inversion(u.size, source)
+    keep = ~(negative & (u == 0) & (v == 0))
+    return (u + t * v)[keep], negative[keep]
+
+
+def _accept_gaussian(
+    whole: np.ndarray, remainder: np.ndarray, den: int, source: IntegerSource
+) -> np.ndarray:
+    """``Bernoulli(exp(-whole)) * Bernoulli(exp(-remainder / den))``, the first by one word.
+
+    ``exp(-whole)`` against the table ``floor(exp(-k) 2^62)`` (``whole >= 43`` has threshold 0:
+    only a tie at ``W = 0`` can pass, resolved exactly); the fraction by Algorithm 1's chain.
+    """
+    table = _exp_neg_integer_thresholds()
+    capped = np.minimum(whole, _EXP_TABLE_LENGTH - 1)
+    result = _below_thresholds(table[capped], whole, 1, source)
+    survivors = np.flatnonzero(result)
+    result[survivors] = _bernoulli_exp_neg_fraction(remainder[survivors], den, source)
+    return result
+
+
 MAX_INTEGER_VARIANCE = 1 << 28
 """The sampler's largest variance: ``2 sigma^2 t^2`` (the acceptance denominator) stays below
 ``2^58``, so every uniform integer it draws fits in int64. A mechanism coarsens its grid to stay
@@ -367,8 +553,10 @@ def discrete_gaussian(
     one scalar bound, and the first ``size`` accepted tries (in the order drawn) are returned.
     The accepted tries of an i.i.d. sequence are i.i.d. draws of the target law, and which ones
     are returned depends only on their positions, so the output law is exact; a block that
-    falls short is topped up with another. ``Bernoulli(exp(-1))`` costs one uniform integer
-    (:func:`_bernoulli_exp_minus_one`).
+    falls short is topped up with another. The trials with few distinct exponents use exact
+    thresholds (:func:`_laplace_tries`, :func:`_accept_gaussian`): ``U`` and the sign from one
+    integer below ``2 t``, ``exp(-U / t)``, ``Geometric(1 - exp(-1))`` and ``exp(-whole)`` from
+    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1.
 
     Args:
         sigma2: the integer variance parameter ``sigma^2 >= 1``.
@@ -387,6 +575,22 @@ def discrete_gaussian(
         ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
         TypeError: ``rng`` neither a numpy Generator nor an integer source.
     """
+    return _gaussian_blocks(sigma2, size, rng, _laplace_tries, _accept_gaussian)
+
+
+def discrete_gaussian_chain(
+    sigma2: int, size: int, rng: np.random.Generator | IntegerSource
+) -> np.ndarray:
+    """The earlier form of :func:`discrete_gaussian`: every ``exp`` trial by Algorithm 1's chain.
+
+    Same law (exact ``N_Z(0, sigma2)``), about 3x slower; kept as the reference the tests and
+    ``benchmarks/discrete_sampler.py`` compare the threshold form with.
+    """
+    return _gaussian_blocks(sigma2, size, rng, _laplace_candidates, _bernoulli_exp_neg_split)
+
+
+def _gaussian_blocks(sigma2, size, rng, tries, accept_trial) -> np.ndarray:
+    """CKS Algorithm 3 in blocks: the proposal ``tries``, the acceptance ``accept_trial``."""
     sigma2 = _check_variance(sigma2)
     source = integer_source(rng)
     t = math.isqrt(sigma2) + 1
@@ -395,15 +599,13 @@ def discrete_gaussian(
     filled = 0
     while filled < size:
         need = size - filled
-        magnitude, negative = _laplace_candidates(
-            t, min(_BLOCK, int(need * _TRIES_PER_DRAW) + 32), source
-        )
+        magnitude, negative = tries(t, min(_BLOCK, int(need * _TRIES_PER_DRAW) + 32), source)
         gap = magnitude * t - sigma2
         far = np.abs(gap) >= (1 << 31)
         if far.any():
             gap = np.where(far, 0, gap)
         whole, remainder = np.divmod(gap * gap, den)
-        accept = _bernoulli_exp_neg_split(whole, remainder, den, source)
+        accept = accept_trial(whole, remainder, den, source)
         for k in np.flatnonzero(far).tolist():  # exact, in Python integers
             accept[k] = _accept_far_tail(int(magnitude[k]) * t - sigma2, den, source)
         values = np.where(negative, -magnitude, magnitude)[accept][:need]
