@@ -1,0 +1,124 @@
+"""Secure aggregation at its floor (issue 32): the faster paths give the same bytes.
+
+The ConsistencyCheck messages bind the survivor set through a digest computed once per set
+(:class:`~securefed.transport.secagg.signatures.SurvivorDigest`); these tests pin the bytes to
+the pre-issue-32 construction, copied here, and check the digest is not recomputed per message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+
+from securefed.crypto import keys as kx
+from securefed.transport.secagg import signatures
+
+REGISTRY = hashlib.sha256(b"registry").digest()
+
+
+def _old_digest(survivors) -> tuple[int, bytes]:
+    """The survivor digest as securefed computed it before issue 32 (an ``lru_cache`` body)."""
+    ids = sorted(int(c) for c in frozenset(int(c) for c in survivors))
+    return len(ids), hashlib.sha256(struct.pack(f">{len(ids)}q", *ids)).digest()
+
+
+def _old_tag_message(round_id, sender, recipient, survivors, *, registry, min_contributors=0):
+    size, digest = _old_digest(survivors)
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            signatures.PURPOSE_CONSISTENCY_MAC,
+            bytes(registry),
+            struct.pack(">qqqqq", round_id, sender, recipient, size, min_contributors),
+            digest,
+        )
+    )
+
+
+def _old_message(round_id, survivors, *, registry, min_contributors=0):
+    size, digest = _old_digest(survivors)
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            signatures.PURPOSE_CONSISTENCY,
+            bytes(registry),
+            struct.pack(">qqq", round_id, size, min_contributors),
+            digest,
+        )
+    )
+
+
+def _survivor_sets():
+    rng = np.random.default_rng(32)
+    big = rng.choice(10**6, size=1000, replace=False)
+    return [
+        frozenset(),
+        frozenset({7}),
+        frozenset(int(c) for c in big),
+        {int(c) for c in big[:300]},  # a plain set
+        [int(c) for c in big[:50]] * 2,  # a list with repeats: the set it names
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_consistency_messages_are_byte_identical_to_the_old_construction(case):
+    survivors = _survivor_sets()[case]
+    for minimum in (0, 17):
+        old_tag = _old_tag_message(
+            3, 11, 12, survivors, registry=REGISTRY, min_contributors=minimum
+        )
+        old = _old_message(3, survivors, registry=REGISTRY, min_contributors=minimum)
+        bound = signatures.survivor_digest(survivors)
+        for given in (survivors, bound):
+            assert (
+                signatures.consistency_tag_message(
+                    3, 11, 12, given, registry=REGISTRY, min_contributors=minimum
+                )
+                == old_tag
+            )
+            assert (
+                signatures.consistency_message(
+                    3, given, registry=REGISTRY, min_contributors=minimum
+                )
+                == old
+            )
+
+
+def test_the_digest_is_computed_once_per_set_not_per_message(monkeypatch):
+    calls = []
+    original = signatures.survivor_digest
+
+    def counted(survivors):
+        calls.append(len(survivors))
+        return original(survivors)
+
+    monkeypatch.setattr(signatures, "survivor_digest", counted)
+    survivors = frozenset(range(1000, 2000))
+    tags = {
+        signatures.consistency_tag_message(0, u, v, survivors, registry=REGISTRY)
+        for u in range(40)
+        for v in range(40)
+    }
+    assert len(tags) == 1600  # one message per (sender, recipient)
+    assert calls == [1000]
+    # An equal set in another object is hashed again (identity, never a 1000-element ==), and
+    # binds the same bytes.
+    twin = frozenset(range(1000, 2000))
+    assert signatures.consistency_tag_message(0, 1, 2, twin, registry=REGISTRY) == _old_tag_message(
+        0, 1, 2, survivors, registry=REGISTRY
+    )
+    assert calls == [1000, 1000]
+
+
+def test_many_sets_in_turn_each_bind_their_own_digest():
+    """More sets than the memo holds, interleaved: every message still binds its own set."""
+    sets = [frozenset(range(i, i + 100)) for i in range(3 * signatures._RECENT_LIMIT)]
+    for _ in range(2):
+        for s in sets:
+            assert signatures.consistency_tag_message(
+                1, 2, 3, s, registry=REGISTRY
+            ) == _old_tag_message(1, 2, 3, s, registry=REGISTRY)
+    assert len(signatures._RECENT_DIGESTS) <= signatures._RECENT_LIMIT
