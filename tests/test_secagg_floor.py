@@ -13,8 +13,9 @@ import struct
 import numpy as np
 import pytest
 
+from securefed import SeedTree
 from securefed.crypto import keys as kx
-from securefed.transport.secagg import signatures
+from securefed.transport.secagg import SecAggConfig, SecAggTransport, signatures
 
 REGISTRY = hashlib.sha256(b"registry").digest()
 
@@ -122,3 +123,24 @@ def test_many_sets_in_turn_each_bind_their_own_digest():
                 1, 2, 3, s, registry=REGISTRY
             ) == _old_tag_message(1, 2, 3, s, registry=REGISTRY)
     assert len(signatures._RECENT_DIGESTS) <= signatures._RECENT_LIMIT
+
+
+@pytest.mark.parametrize("auth", ["signatures", "macs"])
+def test_a_malicious_round_hashes_its_survivor_set_once(monkeypatch, auth):
+    """Some 12 x 11 ConsistencyCheck messages over one set: one digest (the helpers share the
+    server's frozenset), and the round's sum is the plaintext one (inputs on the 1/64 grid)."""
+    calls = []
+    original = signatures.survivor_digest
+
+    def counted(survivors):
+        calls.append(len(survivors))
+        return original(survivors)
+
+    monkeypatch.setattr(signatures, "survivor_digest", counted)
+    values = (np.arange(12 * 4).reshape(12, 4) % 64) / 64 - 0.5
+    transport = SecAggTransport(SecAggConfig(neighbours=11, auth=auth))
+    rnd = transport.open_round(0, range(12), shape=(1, 4), seeds=SeedTree(3))
+    for c in range(12):
+        rnd.submit(c, values[c])
+    np.testing.assert_array_equal(rnd.result().total, values.sum(axis=0, keepdims=True))
+    assert calls == [12]

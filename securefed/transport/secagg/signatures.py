@@ -521,6 +521,7 @@ class ClientAuthentication:
         self.min_contributors = int(min_contributors)
         self.setup_seconds = 0.0
         self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
+        self._bound: tuple[frozenset[int], SurvivorDigest] | None = None  # the set endorsed
         self.wire_bytes = SIGNATURE_BYTES if mode == "signatures" else MAC_BYTES
 
     def _key(self, peer: int, what: str) -> tuple[kx.MacKey, kx.MacKey]:
@@ -592,7 +593,7 @@ class ClientAuthentication:
 
     def endorse(self, survivors: frozenset[int], recipients: Iterable[int]) -> Authenticator:
         """ConsistencyCheck: the authenticator of ``survivors`` (a signature, or a MAC each)."""
-        bound = _digest_of(survivors)
+        bound = self._digest(survivors)
         if self.mode == "signatures":
             return self.identity.sign(self._consistency(bound))
         return {
@@ -601,6 +602,14 @@ class ClientAuthentication:
             )
             for v in recipients
         }
+
+    def _digest(self, survivors: frozenset[int]) -> SurvivorDigest:
+        """The digest of ``survivors``, hashed once for the set this client endorses and checks."""
+        if self._bound is not None and self._bound[0] is survivors:
+            return self._bound[1]
+        bound = _digest_of(survivors)
+        self._bound = (survivors, bound)
+        return bound
 
     def _consistency_tag(
         self, sender: int, recipient: int, survivors: frozenset[int] | SurvivorDigest
@@ -628,13 +637,14 @@ class ClientAuthentication:
         Raises:
             SignatureError: naming the sender.
         """
+        bound = self._digest(survivors)
         if self.mode == "signatures":
             self.registry.verify(
-                sender, self._consistency(survivors), authenticator, what="survivor set"
+                sender, self._consistency(bound), authenticator, what="survivor set"
             )
             return
         key = self._key(sender, "survivor set")[1]
-        if not key.check(self._consistency_tag(sender, self.id, survivors), authenticator):
+        if not key.check(self._consistency_tag(sender, self.id, bound), authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
                 "forged, from another round, or addressed to another client); refusing"
