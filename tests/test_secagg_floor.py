@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from securefed import SeedTree
+from securefed.crypto import fixed_point as fpm
 from securefed.crypto import keys as kx
+from securefed.crypto import prg
 from securefed.transport.secagg import SecAggConfig, SecAggTransport, signatures
 
 REGISTRY = hashlib.sha256(b"registry").digest()
@@ -144,3 +146,33 @@ def test_a_malicious_round_hashes_its_survivor_set_once(monkeypatch, auth):
         rnd.submit(c, values[c])
     np.testing.assert_array_equal(rnd.result().total, values.sum(axis=0, keepdims=True))
     assert calls == [12]
+
+
+def _old_encoder_ring(fp, values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """:meth:`Encoder.encode`'s ring as computed before issue 32 (the bit added in floats)."""
+    z = np.clip(values, -fp.clip, fp.clip) * fp.scale
+    floor = np.floor(z)
+    floor = floor + (uniform < z - floor)
+    signed = floor.astype(np.int32 if fp.bits == 32 else np.int64)
+    return signed.view(np.uint32 if fp.bits == 32 else np.uint64)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_the_encoder_gives_the_old_ring_elements_bit_for_bit(bits):
+    fp = fpm.FixedPoint(bits=bits, scale=2.0**20, clip=2.0)
+    rng = np.random.default_rng(bits)
+    values = np.concatenate(
+        [
+            rng.uniform(-2, 2, 5000),
+            [-2.0, 2.0, 0.0, -0.0, 2**-40, -(2**-40), 1 - 2**-53, -1 + 2**-53],
+            rng.uniform(-5, 5, 500),  # some clipped
+        ]
+    )
+    uniform = prg.uniform_floats(bytes(range(32)), len(values))
+    uniform[:8] = [0.0, 1 - 2**-53, 0.5, 0.0, 0.0, 1 - 2**-53, 0.25, 0.75]
+    ring, n_clipped = fpm.Encoder(fp, len(values)).encode(values, uniform)
+    np.testing.assert_array_equal(ring, _old_encoder_ring(fp, values, uniform))
+    clipped, count = fpm.clip_values(values, fp.clip)
+    reference = fpm.to_ring(fpm.stochastic_round(clipped * fp.scale, uniform), bits)
+    np.testing.assert_array_equal(ring, reference)
+    assert n_clipped == count > 0 and ring.dtype == fp.dtype
