@@ -90,7 +90,8 @@ def test_consistency_messages_are_byte_identical_to_the_old_construction(case):
             )
 
 
-def test_the_digest_is_computed_once_per_set_not_per_message(monkeypatch):
+def _count_digests(monkeypatch) -> list[int]:
+    """The sizes of the sets :func:`signatures.survivor_digest` hashes from now on."""
     calls = []
     original = signatures.survivor_digest
 
@@ -99,6 +100,11 @@ def test_the_digest_is_computed_once_per_set_not_per_message(monkeypatch):
         return original(survivors)
 
     monkeypatch.setattr(signatures, "survivor_digest", counted)
+    return calls
+
+
+def test_the_digest_is_computed_once_per_set_not_per_message(monkeypatch):
+    calls = _count_digests(monkeypatch)
     survivors = frozenset(range(1000, 2000))
     tags = {
         signatures.consistency_tag_message(0, u, v, survivors, registry=REGISTRY)
@@ -131,14 +137,7 @@ def test_many_sets_in_turn_each_bind_their_own_digest():
 def test_a_malicious_round_hashes_its_survivor_set_once(monkeypatch, auth):
     """Some 12 x 11 ConsistencyCheck messages over one set: one digest (the helpers share the
     server's frozenset), and the round's sum is the plaintext one (inputs on the 1/64 grid)."""
-    calls = []
-    original = signatures.survivor_digest
-
-    def counted(survivors):
-        calls.append(len(survivors))
-        return original(survivors)
-
-    monkeypatch.setattr(signatures, "survivor_digest", counted)
+    calls = _count_digests(monkeypatch)
     values = (np.arange(12 * 4).reshape(12, 4) % 64) / 64 - 0.5
     transport = SecAggTransport(SecAggConfig(neighbours=11, auth=auth))
     rnd = transport.open_round(0, range(12), shape=(1, 4), seeds=SeedTree(3))

@@ -178,10 +178,7 @@ class UniformSource:
         if self.length:
             _encryptor(self.prg, key, DOMAIN_ROUNDING).update_into(self._zeros, self._buffer)
         np.right_shift(self._words, np.uint64(11), out=self._words)
-        # The 53-bit words fit int64, whose conversion to float64 is exact and faster than
-        # uint64's; scaling by 2^-53 afterwards is exact too: the same floats, bit for bit.
-        np.copyto(self._floats, self._words.view(np.int64), casting="unsafe")
-        np.multiply(self._floats, 1.0 / (1 << 53), out=self._floats)
+        np.multiply(self._words, 1.0 / (1 << 53), out=self._floats)
         return self._floats
 
 
