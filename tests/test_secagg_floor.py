@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from securefed import SeedTree
+from securefed import ALL_PAYLOADS, SeedTree
 from securefed.crypto import fixed_point as fpm
 from securefed.crypto import keys as kx
 from securefed.crypto import prg
@@ -175,3 +175,34 @@ def test_the_encoder_gives_the_old_ring_elements_bit_for_bit(bits):
     reference = fpm.to_ring(fpm.stochastic_round(clipped * fp.scale, uniform), bits)
     np.testing.assert_array_equal(ring, reference)
     assert n_clipped == count > 0 and ring.dtype == fp.dtype
+
+
+def _seeded_round_uploads(values: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Each client's masked-upload SHA-256 (as the server's view keeps it) and the ring sum of
+    one seeded malicious-server round with clipping."""
+    config = SecAggConfig(neighbours=7, out_of_range="clip")
+    transport = SecAggTransport(config, keep_payloads=ALL_PAYLOADS)
+    rnd = transport.open_round(0, range(len(values)), shape=(1, values.shape[1]), seeds=SeedTree(5))
+    rnd.drop(len(values) - 1)
+    for c in range(len(values) - 1):
+        rnd.submit(c, values[c])
+    rnd.result()
+    uploads = [bytes(rnd.view.payloads[c]["masked_sha256"]) for c in range(len(values) - 1)]
+    return uploads, np.array(rnd.view.aggregate["ring_sum"])
+
+
+def test_a_seeded_round_uploads_the_same_masked_vectors_as_with_the_old_encoder(monkeypatch):
+    """The masked uploads and the ring sum, bit for bit, against the same round encoded by the
+    old formula (patched in for a second run in this test)."""
+    values = np.random.default_rng(9).uniform(-1.5, 1.5, size=(9, 300))
+    new_uploads, new_sum = _seeded_round_uploads(values)
+
+    def old_encode(self, vals, uniform):
+        z = np.clip(vals, -self.fixed_point.clip, self.fixed_point.clip)
+        ring = _old_encoder_ring(self.fixed_point, vals, uniform)
+        return ring.astype(self.fixed_point.dtype, copy=False), int(np.count_nonzero(z != vals))
+
+    monkeypatch.setattr(fpm.Encoder, "encode", old_encode)
+    old_uploads, old_sum = _seeded_round_uploads(values)
+    assert new_uploads == old_uploads and len(set(new_uploads)) == len(new_uploads)
+    np.testing.assert_array_equal(new_sum, old_sum)
