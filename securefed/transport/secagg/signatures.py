@@ -395,7 +395,7 @@ def _digest_of(survivors: Iterable[int] | SurvivorDigest) -> SurvivorDigest:
         return entry[1]
     bound = survivor_digest(survivors)
     if len(_RECENT_DIGESTS) >= _RECENT_LIMIT:
-        del _RECENT_DIGESTS[next(iter(_RECENT_DIGESTS))]
+        _RECENT_DIGESTS.clear()  # one atomic step (threads may share the memo)
     # The entry holds the set itself, so its id cannot be reused while the entry lives.
     _RECENT_DIGESTS[id(survivors)] = (survivors, bound)
     return bound
