@@ -206,3 +206,10 @@ def test_a_seeded_round_uploads_the_same_masked_vectors_as_with_the_old_encoder(
     old_uploads, old_sum = _seeded_round_uploads(values)
     assert new_uploads == old_uploads and len(set(new_uploads)) == len(new_uploads)
     np.testing.assert_array_equal(new_sum, old_sum)
+
+
+def test_a_malformed_survivor_digest_is_refused():
+    with pytest.raises(ValueError, match="32-byte SHA-256"):
+        signatures.SurvivorDigest(3, b"short")
+    with pytest.raises(ValueError, match="size >= 0"):
+        signatures.SurvivorDigest(-1, bytes(32))

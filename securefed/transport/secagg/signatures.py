@@ -371,6 +371,13 @@ class SurvivorDigest:
     size: int
     digest: bytes
 
+    def __post_init__(self) -> None:
+        if self.size < 0 or len(self.digest) != hashlib.sha256().digest_size:
+            raise ValueError(
+                f"a survivor digest is a size >= 0 and a 32-byte SHA-256, got size {self.size} "
+                f"and {len(self.digest)} bytes"
+            )
+
 
 def survivor_digest(survivors: Iterable[int]) -> SurvivorDigest:
     """The :class:`SurvivorDigest` of ``survivors`` (sorting and hashing its ids once)."""
