@@ -1,0 +1,215 @@
+"""Secure aggregation at its floor (issue 32): the faster paths give the same bytes.
+
+The ConsistencyCheck messages bind the survivor set through a digest computed once per set
+(:class:`~securefed.transport.secagg.signatures.SurvivorDigest`); these tests pin the bytes to
+the pre-issue-32 construction, copied here, and check the digest is not recomputed per message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+
+from securefed import ALL_PAYLOADS, SeedTree
+from securefed.crypto import fixed_point as fpm
+from securefed.crypto import keys as kx
+from securefed.crypto import prg
+from securefed.transport.secagg import SecAggConfig, SecAggTransport, signatures
+
+REGISTRY = hashlib.sha256(b"registry").digest()
+
+
+def _old_digest(survivors) -> tuple[int, bytes]:
+    """The survivor digest as securefed computed it before issue 32 (an ``lru_cache`` body)."""
+    ids = sorted(int(c) for c in frozenset(int(c) for c in survivors))
+    return len(ids), hashlib.sha256(struct.pack(f">{len(ids)}q", *ids)).digest()
+
+
+def _old_tag_message(round_id, sender, recipient, survivors, *, registry, min_contributors=0):
+    size, digest = _old_digest(survivors)
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            signatures.PURPOSE_CONSISTENCY_MAC,
+            bytes(registry),
+            struct.pack(">qqqqq", round_id, sender, recipient, size, min_contributors),
+            digest,
+        )
+    )
+
+
+def _old_message(round_id, survivors, *, registry, min_contributors=0):
+    size, digest = _old_digest(survivors)
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            signatures.PURPOSE_CONSISTENCY,
+            bytes(registry),
+            struct.pack(">qqq", round_id, size, min_contributors),
+            digest,
+        )
+    )
+
+
+def _survivor_sets():
+    rng = np.random.default_rng(32)
+    big = rng.choice(10**6, size=1000, replace=False)
+    return [
+        frozenset(),
+        frozenset({7}),
+        frozenset(int(c) for c in big),
+        {int(c) for c in big[:300]},  # a plain set
+        [int(c) for c in big[:50]] * 2,  # a list with repeats: the set it names
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_consistency_messages_are_byte_identical_to_the_old_construction(case):
+    survivors = _survivor_sets()[case]
+    for minimum in (0, 17):
+        old_tag = _old_tag_message(
+            3, 11, 12, survivors, registry=REGISTRY, min_contributors=minimum
+        )
+        old = _old_message(3, survivors, registry=REGISTRY, min_contributors=minimum)
+        bound = signatures.survivor_digest(survivors)
+        for given in (survivors, bound):
+            assert (
+                signatures.consistency_tag_message(
+                    3, 11, 12, given, registry=REGISTRY, min_contributors=minimum
+                )
+                == old_tag
+            )
+            assert (
+                signatures.consistency_message(
+                    3, given, registry=REGISTRY, min_contributors=minimum
+                )
+                == old
+            )
+
+
+def _count_digests(monkeypatch) -> list[int]:
+    """The sizes of the sets :func:`signatures.survivor_digest` hashes from now on."""
+    calls = []
+    original = signatures.survivor_digest
+
+    def counted(survivors):
+        calls.append(len(survivors))
+        return original(survivors)
+
+    monkeypatch.setattr(signatures, "survivor_digest", counted)
+    return calls
+
+
+def test_the_digest_is_computed_once_per_set_not_per_message(monkeypatch):
+    calls = _count_digests(monkeypatch)
+    survivors = frozenset(range(1000, 2000))
+    tags = {
+        signatures.consistency_tag_message(0, u, v, survivors, registry=REGISTRY)
+        for u in range(40)
+        for v in range(40)
+    }
+    assert len(tags) == 1600  # one message per (sender, recipient)
+    assert calls == [1000]
+    # An equal set in another object is hashed again (identity, never a 1000-element ==), and
+    # binds the same bytes.
+    twin = frozenset(range(1000, 2000))
+    assert signatures.consistency_tag_message(0, 1, 2, twin, registry=REGISTRY) == _old_tag_message(
+        0, 1, 2, survivors, registry=REGISTRY
+    )
+    assert calls == [1000, 1000]
+
+
+def test_many_sets_in_turn_each_bind_their_own_digest():
+    """More sets than the memo holds, interleaved: every message still binds its own set."""
+    sets = [frozenset(range(i, i + 100)) for i in range(3 * signatures._RECENT_LIMIT)]
+    for _ in range(2):
+        for s in sets:
+            assert signatures.consistency_tag_message(
+                1, 2, 3, s, registry=REGISTRY
+            ) == _old_tag_message(1, 2, 3, s, registry=REGISTRY)
+    assert len(signatures._RECENT_DIGESTS) <= signatures._RECENT_LIMIT
+
+
+@pytest.mark.parametrize("auth", ["signatures", "macs"])
+def test_a_malicious_round_hashes_its_survivor_set_once(monkeypatch, auth):
+    """Some 12 x 11 ConsistencyCheck messages over one set: one digest (the helpers share the
+    server's frozenset), and the round's sum is the plaintext one (inputs on the 1/64 grid)."""
+    calls = _count_digests(monkeypatch)
+    values = (np.arange(12 * 4).reshape(12, 4) % 64) / 64 - 0.5
+    transport = SecAggTransport(SecAggConfig(neighbours=11, auth=auth))
+    rnd = transport.open_round(0, range(12), shape=(1, 4), seeds=SeedTree(3))
+    for c in range(12):
+        rnd.submit(c, values[c])
+    np.testing.assert_array_equal(rnd.result().total, values.sum(axis=0, keepdims=True))
+    assert calls == [12]
+
+
+def _old_encoder_ring(fp, values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """:meth:`Encoder.encode`'s ring as computed before issue 32 (the bit added in floats)."""
+    z = np.clip(values, -fp.clip, fp.clip) * fp.scale
+    floor = np.floor(z)
+    floor = floor + (uniform < z - floor)
+    signed = floor.astype(np.int32 if fp.bits == 32 else np.int64)
+    return signed.view(np.uint32 if fp.bits == 32 else np.uint64)
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_the_encoder_gives_the_old_ring_elements_bit_for_bit(bits):
+    fp = fpm.FixedPoint(bits=bits, scale=2.0**20, clip=2.0)
+    rng = np.random.default_rng(bits)
+    values = np.concatenate(
+        [
+            rng.uniform(-2, 2, 5000),
+            [-2.0, 2.0, 0.0, -0.0, 2**-40, -(2**-40), 1 - 2**-53, -1 + 2**-53],
+            rng.uniform(-5, 5, 500),  # some clipped
+        ]
+    )
+    uniform = prg.uniform_floats(bytes(range(32)), len(values))
+    uniform[:8] = [0.0, 1 - 2**-53, 0.5, 0.0, 0.0, 1 - 2**-53, 0.25, 0.75]
+    ring, n_clipped = fpm.Encoder(fp, len(values)).encode(values, uniform)
+    np.testing.assert_array_equal(ring, _old_encoder_ring(fp, values, uniform))
+    clipped, count = fpm.clip_values(values, fp.clip)
+    reference = fpm.to_ring(fpm.stochastic_round(clipped * fp.scale, uniform), bits)
+    np.testing.assert_array_equal(ring, reference)
+    assert n_clipped == count > 0 and ring.dtype == fp.dtype
+
+
+def _seeded_round_uploads(values: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Each client's masked-upload SHA-256 (as the server's view keeps it) and the ring sum of
+    one seeded malicious-server round with clipping."""
+    config = SecAggConfig(neighbours=7, out_of_range="clip")
+    transport = SecAggTransport(config, keep_payloads=ALL_PAYLOADS)
+    rnd = transport.open_round(0, range(len(values)), shape=(1, values.shape[1]), seeds=SeedTree(5))
+    rnd.drop(len(values) - 1)
+    for c in range(len(values) - 1):
+        rnd.submit(c, values[c])
+    rnd.result()
+    uploads = [bytes(rnd.view.payloads[c]["masked_sha256"]) for c in range(len(values) - 1)]
+    return uploads, np.array(rnd.view.aggregate["ring_sum"])
+
+
+def test_a_seeded_round_uploads_the_same_masked_vectors_as_with_the_old_encoder(monkeypatch):
+    """The masked uploads and the ring sum, bit for bit, against the same round encoded by the
+    old formula (patched in for a second run in this test)."""
+    values = np.random.default_rng(9).uniform(-1.5, 1.5, size=(9, 300))
+    new_uploads, new_sum = _seeded_round_uploads(values)
+
+    def old_encode(self, vals, uniform):
+        z = np.clip(vals, -self.fixed_point.clip, self.fixed_point.clip)
+        ring = _old_encoder_ring(self.fixed_point, vals, uniform)
+        return ring.astype(self.fixed_point.dtype, copy=False), int(np.count_nonzero(z != vals))
+
+    monkeypatch.setattr(fpm.Encoder, "encode", old_encode)
+    old_uploads, old_sum = _seeded_round_uploads(values)
+    assert new_uploads == old_uploads and len(set(new_uploads)) == len(new_uploads)
+    np.testing.assert_array_equal(new_sum, old_sum)
+
+
+def test_a_malformed_survivor_digest_is_refused():
+    with pytest.raises(ValueError, match="32-byte SHA-256"):
+        signatures.SurvivorDigest(3, b"short")
+    with pytest.raises(ValueError, match="size >= 0"):
+        signatures.SurvivorDigest(-1, bytes(32))
