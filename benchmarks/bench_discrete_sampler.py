@@ -19,7 +19,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from securefed.privacy.discrete import (
     discrete_gaussian_chain,
     skellam,
 )
+from securefed.records import dumps_record
 
 CHUNK = 1 << 22
 
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "discrete_sampler.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    (args.out / "discrete_sampler.json").write_text(dumps_record(record, indent=2) + "\n")
+    print(dumps_record(record, indent=2))
 
 
 if __name__ == "__main__":
