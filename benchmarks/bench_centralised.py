@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench import datasets, stopping_args
-from securefed.bench.bench_args import add_out_argument, add_seed_argument
+from securefed.bench.bench_args import add_data_argument, add_out_argument, add_seed_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -209,11 +209,7 @@ def _rounds(args: argparse.Namespace) -> dict:
 
 def register(benches) -> None:
     parser = BENCHES["fedmf-vs-centralised"].add_to(benches)
-    parser.add_argument(
-        "--data",
-        default="ml-100k",
-        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
-    )
+    add_data_argument(parser)
     parser.add_argument(
         "--splits", default="u1,u2,u3,u4,u5", help="comma-separated ML-100K splits (u1..u5)"
     )

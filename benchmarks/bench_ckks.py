@@ -24,7 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from securefed import SeedTree
-from securefed.bench.bench_args import add_out_argument, add_seed_argument
+from securefed.bench.bench_args import (
+    add_data_argument,
+    add_out_argument,
+    add_seed_argument,
+    add_split_argument,
+)
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
 from securefed.crypto.ckks import ckks_context
@@ -279,14 +284,8 @@ def _training_arguments(parser) -> None:
 
 
 def _fedmf_arguments(parser) -> None:
-    parser.add_argument(
-        "--data",
-        default="ml-100k",
-        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
-    )
-    parser.add_argument(
-        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
-    )
+    add_data_argument(parser)
+    add_split_argument(parser)
     parser.add_argument("--variant", default="fedmf", help="FedMF variant (fedmf, fedrec, fedrec+)")
     add_seed_argument(parser)
     add_out_argument(parser, RESULTS)

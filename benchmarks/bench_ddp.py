@@ -32,7 +32,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from securefed.bench import datasets
-from securefed.bench.bench_args import add_out_argument, add_seed_argument
+from securefed.bench.bench_args import (
+    add_data_argument,
+    add_out_argument,
+    add_seed_argument,
+    add_split_argument,
+)
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
@@ -220,14 +225,8 @@ def _write(args: argparse.Namespace, config, rows: list[dict], data: str) -> Non
 
 def register(benches) -> None:
     parser = BENCHES["ddp-vs-central"].add_to(benches)
-    parser.add_argument(
-        "--data",
-        default="ml-100k",
-        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
-    )
-    parser.add_argument(
-        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
-    )
+    add_data_argument(parser)
+    add_split_argument(parser)
     add_seed_argument(parser)
     add_out_argument(parser, RESULTS)
     parser.add_argument("--epsilons", default="1,4,8,16", help="comma-separated DP target epsilons")

@@ -18,7 +18,12 @@ from scipy import sparse
 
 from securefed import PlaintextTransport, RoundSelection, SeedTree
 from securefed.bench import datasets, tables
-from securefed.bench.bench_args import add_out_argument, add_seed_argument
+from securefed.bench.bench_args import (
+    add_data_argument,
+    add_out_argument,
+    add_seed_argument,
+    add_split_argument,
+)
 from securefed.bench.experiment import FedMFRun, run_fedmf, save_json
 from securefed.bench.registry import BENCHES
 from securefed.recsys.data import synthetic_ratings
@@ -387,14 +392,8 @@ def user_mean_rmse(split) -> float:
 # ---------------------------------------------------------------------- registration
 def register(benches) -> None:
     def common(parser, data="ml-100k", split="u1"):
-        parser.add_argument(
-            "--data",
-            default=data,
-            help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
-        )
-        parser.add_argument(
-            "--split", default=split, help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
-        )
+        add_data_argument(parser, data)
+        add_split_argument(parser, split)
         add_seed_argument(parser)
         add_out_argument(parser, RESULTS)
 

@@ -41,7 +41,7 @@ from securefed.audit.empirical import (
     run_empirical_audit,
 )
 from securefed.bench import datasets
-from securefed.bench.bench_args import add_seed_argument
+from securefed.bench.bench_args import add_data_argument, add_seed_argument, add_split_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.registry import BENCHES
 from securefed.privacy.calibration import epsilon_for_schedule
@@ -330,14 +330,8 @@ def _plot_curves(curves: list[dict], path: Path) -> None:
 
 def register(benches) -> None:
     parser = BENCHES["privacy-audit"].add_to(benches)
-    parser.add_argument(
-        "--data",
-        default="ml-100k",
-        help="a data set name (ml-100k, ml-latest-small) or a path to a ratings file/dir",
-    )
-    parser.add_argument(
-        "--split", default="u1", help="u1..u5/ua/ub for ML-100K; random or temporal otherwise"
-    )
+    add_data_argument(parser)
+    add_split_argument(parser)
     parser.add_argument(
         "--transports", default=",".join(TRANSPORTS), help="comma-separated DP transports to audit"
     )
