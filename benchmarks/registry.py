@@ -159,6 +159,12 @@ BENCHES: dict[str, Command] = _table(
         "securefed.bench.bench_privacy_audit:register",
         ("dp",),
     ),
+    Command(
+        "privacy-audit-whitebox",
+        "white-box canaries: Gaussian-DP estimates catch DP faults, over many seeds",
+        "securefed.bench.bench_privacy_audit_whitebox:register",
+        ("dp",),
+    ),
     Command("ckks-fusion", "CKKS vs plaintext fused outputs", _CKKS, ("he",)),
     Command("ckks-training", "fusion training under CKKS vs plaintext", _CKKS, ("he",)),
     Command("ckks-fedmf-round", "cost of a FedMF round under CKKS", _CKKS, ("he",)),
