@@ -602,7 +602,8 @@ def run_canary_rounds(
     return CanaryRun(released, server, rotations or None, own if clear else None)
 
 
-def _ledger(transport: Transport, observer: str) -> float:
+def ledger_epsilon(transport: Transport, observer: str) -> float:
+    """The transport's ledger epsilon against ``observer`` (``inf`` without a ledger)."""
     if getattr(transport, "ledger", None) is None:
         return math.inf
     value = transport.epsilon(against=observer)
@@ -716,18 +717,28 @@ def run_whitebox_audit(
     seeds = SeedTree(seed)
     hook, held_out = _hook(config, seeds)
     transport = make_transport()
-    delta_ledger = getattr(transport, "delta", None) if getattr(transport, "ledger", None) else None
-    if delta_ledger is not None and not math.isclose(delta_ledger, config.delta, rel_tol=1e-9):
-        raise ValueError(
-            f"the audit's delta {config.delta:g} is not the ledger's {delta_ledger:g}: estimates "
-            "at another delta do not compare with the ledger's epsilon"
-        )
+    delta_ledger = check_delta(transport, config)
     run = run_canary_rounds(transport, hook, config.rounds, seeds)
-    observed = {"released_model": run.released, "server": run.server}
-    ledger = {o: _ledger(transport, o) for o in WHITEBOX_OBSERVERS}
+    ledger = {o: ledger_epsilon(transport, o) for o in WHITEBOX_OBSERVERS}
+    estimates = run_estimates(run, hook, held_out, config, transport)
+    contradicted = contradictions(estimates, ledger, config)
+    bounds = _rigorous(config, make_transport, seeds, hook) if rigorous else {}
+    return WhiteBoxReport(estimates, ledger, delta_ledger, contradicted, bounds, config)
+
+
+def run_estimates(
+    run: CanaryRun,
+    hook: CanaryHook,
+    held_out: np.ndarray,
+    config: WhiteBoxConfig,
+    transport: Transport,
+) -> dict[str, GaussianDPEstimate]:
+    """Every family's estimate for each observer of a run of canary rounds (module docstring):
+    ``"observer/family"`` -> :class:`GaussianDPEstimate`. The noise families need the
+    transport's declared clip (without one they are left out)."""
     sensitivity = declared_sensitivity(transport, config)
     estimates = {}
-    for observer, per_round in observed.items():
+    for observer, per_round in {"released_model": run.released, "server": run.server}.items():
         if sensitivity is not None:
             estimates[f"{observer}/noise"] = noise_estimate(
                 held_out @ per_round.sum(axis=0),
@@ -759,9 +770,22 @@ def run_whitebox_audit(
             estimates[f"{observer}/{family}"] = gdp_estimate(
                 inserted, null, delta=config.delta, confidence=config.confidence
             )
-    contradicted = contradictions(estimates, ledger, config)
-    bounds = _rigorous(config, make_transport, seeds, hook) if rigorous else {}
-    return WhiteBoxReport(estimates, ledger, delta_ledger, contradicted, bounds, config)
+    return estimates
+
+
+def check_delta(transport: Transport, config: WhiteBoxConfig) -> float | None:
+    """The ledger's delta (``None`` without DP), after checking that it is the audit's.
+
+    Raises:
+        ValueError: the audit's delta is not the ledger's (the figures would not compare).
+    """
+    delta_ledger = getattr(transport, "delta", None) if getattr(transport, "ledger", None) else None
+    if delta_ledger is not None and not math.isclose(delta_ledger, config.delta, rel_tol=1e-9):
+        raise ValueError(
+            f"the audit's delta {config.delta:g} is not the ledger's {delta_ledger:g}: estimates "
+            "at another delta do not compare with the ledger's epsilon"
+        )
+    return delta_ledger
 
 
 def contradictions(
@@ -818,7 +842,7 @@ def _rigorous(
             included,
             audit,
             observer=observer,
-            epsilon_ledger=_ledger(transport, observer),
+            epsilon_ledger=ledger_epsilon(transport, observer),
             description="white-box canaries: cosine with the final model delta",
             delta_ledger=config.delta,
         )
