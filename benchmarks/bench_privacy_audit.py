@@ -43,6 +43,7 @@ from securefed.audit.empirical import (
 from securefed.bench import datasets
 from securefed.bench.bench_args import add_data_argument, add_seed_argument, add_split_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
+from securefed.bench.privacy_audit_matrix import MODEL_TRANSPORTS, RECOMMENDERS, matrix
 from securefed.bench.registry import BENCHES
 from securefed.privacy.calibration import epsilon_for_schedule
 from securefed.recsys.fedmf import FedMF, user_level_dp_config
@@ -330,6 +331,30 @@ def _plot_curves(curves: list[dict], path: Path) -> None:
 
 def register(benches) -> None:
     parser = BENCHES["privacy-audit"].add_to(benches)
+    parser.add_argument(
+        "--mode",
+        choices=("matrix", "fedmf-one-run"),
+        default="matrix",
+        help="matrix (default): white-box canaries in every recommender behind every DP "
+        "transport (securefed.bench.privacy_audit_matrix); fedmf-one-run: FedMF on a data set "
+        "with rating and direction canaries, the one-run bound only (the options below)",
+    )
+    parser.add_argument(
+        "--recommenders",
+        default=",".join(RECOMMENDERS),
+        help=f"matrix: comma-separated recommenders ({', '.join(RECOMMENDERS)})",
+    )
+    parser.add_argument(
+        "--matrix-transports",
+        default="all",
+        help="matrix: ';'-separated transport specs (all: "
+        + "; ".join(MODEL_TRANSPORTS)
+        + "; FedSlate's are its fusion channels dp and ckks+dp)",
+    )
+    parser.add_argument("--epsilon", type=float, default=4.0, help="matrix: target epsilon")
+    parser.add_argument(
+        "--canaries", type=int, default=1000, help="matrix: at most this many canary clients"
+    )
     add_data_argument(parser)
     add_split_argument(parser)
     parser.add_argument(
@@ -380,9 +405,13 @@ def register(benches) -> None:
     )
     add_seed_argument(parser)
     parser.add_argument(
-        "--out", default="results/privacy_audit", help="folder of the records (JSON and markdown)"
+        "--out",
+        default="results/privacy_audit",
+        help="folder of the records (JSON and markdown; the matrix writes privacy_audit_matrix.*)",
     )
-    parser.set_defaults(func=privacy_audit)
+    parser.set_defaults(
+        func=lambda args: matrix(args) if args.mode == "matrix" else privacy_audit(args)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ An audit that never fails proves nothing: each fault here breaks what a DP trans
 while leaving every parameter it *declares* (and so every ledger figure and every finding of
 the parameter audit) unchanged, the way a bug would. They patch the functions the transports
 call (:mod:`securefed.transport.dp` for the float Gaussian of every placement,
-:mod:`securefed.transport.ddp` for the integer mechanisms, the ``secagg+dp`` default), inside a
-``with`` block only::
+:mod:`securefed.transport.ddp` for the integer mechanisms, the ``secagg+dp`` default,
+:mod:`securefed.fusion.dp` for FedSlate's DP fusion channel's rows; its noise is never reused
+across rows, so ``"noise-reused"`` leaves it alone), inside a ``with`` block only::
 
     with inject_dp_fault("noise/1.5"):
         run(...)  # the ledger still charges for the declared noise multiplier
@@ -65,6 +66,7 @@ def fault_patches(kind: str) -> list[tuple[object, str, object]]:
     """
     if kind not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {kind!r}")
+    import securefed.fusion.dp as fusion_module
     import securefed.transport.ddp as ddp_module
     import securefed.transport.dp as dp_module
 
@@ -91,9 +93,15 @@ def fault_patches(kind: str) -> list[tuple[object, str, object]]:
                 return np.zeros(size, dtype=np.int64)
             return skellam(mu * factor * factor, size, rng)
 
+        fusion_rows = fusion_module.gaussian_rows
+
+        def scaled_rows(values, clip, sigma, noise):
+            return fusion_rows(values, clip, sigma * factor, noise)
+
         patch(dp_module, "noise_source", scaled_source)
         patch(ddp_module, "discrete_gaussian", scaled_discrete)
         patch(ddp_module, "skellam", scaled_skellam)
+        patch(fusion_module, "gaussian_rows", scaled_rows)
     elif kind == "noise-reused":
         noise_source = dp_module.noise_source
         integer_source = dp_module.DPRound._integer_source
@@ -129,7 +137,11 @@ def fault_patches(kind: str) -> list[tuple[object, str, object]]:
         def unclipped(updates, clip):
             return updates, dp_module.segment_norms(updates.values, updates.indptr)
 
+        def rows_unclipped(values, clip):
+            return values, np.ones((*np.shape(values)[:-1], 1))
+
         patch(dp_module, "clip_row_updates", unclipped)
+        patch(fusion_module, "clip_rows_last_axis", rows_unclipped)
     return patches
 
 

@@ -272,15 +272,18 @@ class GaussianDPEstimate:
         """
         if epsilon_ledger is None or not math.isfinite(epsilon_ledger):
             return 1.0
+        mu_ledger = gaussian_mu(epsilon_ledger, self.delta)
+        if not math.isfinite(mu_ledger):
+            return 1.0  # a ledger past MU_CAP: no estimate here can contradict it
         if self.method == "declared-sensitivity":
             if not math.isfinite(self.mu):
                 return 0.0
-            ratio = gaussian_mu(epsilon_ledger, self.delta) / self.mu
+            ratio = mu_ledger / self.mu
             return float(stats.chi2.cdf(self.n_held_out * ratio**2, self.n_held_out))
         se = (self.mu - self.mu_low) / stats.norm.ppf(self.confidence)
         if se <= 0:
-            return 0.0 if self.mu > gaussian_mu(epsilon_ledger, self.delta) else 1.0
-        return float(stats.norm.sf((self.mu - gaussian_mu(epsilon_ledger, self.delta)) / se))
+            return 0.0 if self.mu > mu_ledger else 1.0
+        return float(stats.norm.sf((self.mu - mu_ledger) / se))
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -822,23 +825,32 @@ def contradictions(
     return out
 
 
-def _rigorous(
-    config: WhiteBoxConfig, make_transport: Callable[[], Transport], seeds: SeedTree, hook
+def inclusion_hook(hook: CanaryHook, rounds: int, rng: np.random.Generator):
+    """The hook of the rigorous bound's run: each canary in every round with probability 1/2
+    (:func:`~securefed.audit.empirical.draw_inclusions`), else in none. Returns ``(hook,
+    included)``."""
+    included = draw_inclusions(len(hook.directions), rng)
+    schedule = np.repeat(included[:, None], rounds, axis=1)
+    return CanaryHook(hook.directions, schedule, hook.norm, hook.first_client, hook.shape), included
+
+
+def rigorous_bounds(
+    run: CanaryRun,
+    directions: np.ndarray,
+    included: np.ndarray,
+    config: WhiteBoxConfig,
+    transport: Transport,
 ) -> dict[str, EmpiricalAuditResult]:
-    """The one-run bound: the constant canaries included with probability 1/2 each."""
-    n = config.n_canaries
-    included = draw_inclusions(n, seeds.generator("whitebox", "inclusions"))
-    schedule = np.repeat(included[:, None], config.rounds, axis=1)
-    half = CanaryHook(hook.directions, schedule, hook.norm, 0, hook.shape)
-    transport = make_transport()
-    second = SeedTree(int(seeds.generator("whitebox", "second run").integers(1 << 62)))
-    run = run_canary_rounds(transport, half, config.rounds, second)
-    audit = EmpiricalAuditConfig(n_canaries=n, confidence=config.confidence, delta=config.delta)
+    """The one-run lower bound (Steinke, Nasr and Jagielski 2023) of a run whose canaries were
+    each included with probability 1/2: each scored by its cosine with the summed release, per
+    observer. Valid for any mechanism (a bound, not an estimate)."""
+    audit = EmpiricalAuditConfig(
+        n_canaries=len(included), confidence=config.confidence, delta=config.delta
+    )
     out = {}
     for observer, per_round in {"released_model": run.released, "server": run.server}.items():
-        scores = cosines(hook.directions, per_round.sum(axis=0))
         out[observer] = audit_scores(
-            scores,
+            cosines(directions, per_round.sum(axis=0)),
             included,
             audit,
             observer=observer,
@@ -847,6 +859,17 @@ def _rigorous(
             delta_ledger=config.delta,
         )
     return out
+
+
+def _rigorous(
+    config: WhiteBoxConfig, make_transport: Callable[[], Transport], seeds: SeedTree, hook
+) -> dict[str, EmpiricalAuditResult]:
+    """The one-run bound: a second run, each canary included with probability 1/2."""
+    half, included = inclusion_hook(hook, config.rounds, seeds.generator("whitebox", "inclusions"))
+    transport = make_transport()
+    second = SeedTree(int(seeds.generator("whitebox", "second run").integers(1 << 62)))
+    run = run_canary_rounds(transport, half, config.rounds, second)
+    return rigorous_bounds(run, hook.directions, included, config, transport)
 
 
 def report_rows(reports: Mapping[str, WhiteBoxReport]) -> list[dict[str, object]]:
