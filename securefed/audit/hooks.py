@@ -57,14 +57,22 @@ __all__ = ["CanaryRound", "CanaryTransport"]
 class CanaryRound:
     """One round of the model's with the canary clients in it (made by :class:`CanaryTransport`).
 
-    ``submit``, ``submit_batch``, ``drop`` and ``broadcast`` are the inner round's; ``result``
-    first submits the canaries' scheduled updates (once), then records the release.
+    ``submit``, ``submit_batch``, ``drop`` and ``broadcast`` are the inner round's; ``clients``
+    are the model's own (what it computes for); ``result`` first submits the canaries'
+    scheduled updates (once), then records the release.
     """
 
     def __init__(
-        self, inner: AggregationRound, owner: CanaryTransport, index: int, seeds: SeedTree
+        self,
+        inner: AggregationRound,
+        owner: CanaryTransport,
+        index: int,
+        seeds: SeedTree,
+        clients: np.ndarray,
     ) -> None:
         self.inner, self.owner, self.index, self.seeds = inner, owner, index, seeds
+        self.clients = clients
+        """The model's own clients of the round (the canaries are the hook's business)."""
         self._done = False
 
     def submit(self, client: int, vector: np.ndarray, *, weight: float | None = None) -> None:
@@ -133,7 +141,7 @@ class CanaryTransport:
             )
         every = np.concatenate([clients, self.hook.clients])
         inner = self.transport.open_round(round_id, every, shape=shape, seeds=seeds)
-        return CanaryRound(inner, self, len(self.released), seeds)
+        return CanaryRound(inner, self, len(self.released), seeds, clients)
 
     def record(self, inner: AggregationRound, seeds: SeedTree, aggregate: Aggregate) -> None:
         """Keep a finished canary round's release (and an integer mechanism's rotation)."""
