@@ -40,6 +40,7 @@ from securefed.audit.empirical import (
     ledger_contradictions,
     run_empirical_audit,
 )
+from securefed.audit.faults import FAULTS
 from securefed.bench import datasets
 from securefed.bench.bench_args import add_data_argument, add_seed_argument, add_split_argument
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
@@ -352,6 +353,12 @@ def register(benches) -> None:
         + "; FedSlate's are its fusion channels dp and ckks+dp)",
     )
     parser.add_argument("--epsilon", type=float, default=4.0, help="matrix: target epsilon")
+    parser.add_argument(
+        "--fault",
+        choices=("none", *FAULTS),
+        default="none",
+        help="matrix: break every DP path this way (securefed.audit.faults; tests of the audit)",
+    )
     parser.add_argument(
         "--canaries", type=int, default=1000, help="matrix: at most this many canary clients"
     )

@@ -29,6 +29,7 @@ it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -39,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from securefed import ClientSampling, RunOptions, SeedTree, run_rounds
+from securefed import ClientSampling, RoundSelection, RunOptions, SeedTree, run_rounds
+from securefed.audit.faults import inject_dp_fault
 from securefed.audit.hooks import CanaryTransport
 from securefed.audit.whitebox import (
     CanaryHook,
@@ -54,7 +56,16 @@ from securefed.records import dumps_record
 from securefed.transport import build_transport
 
 RECOMMENDERS = ("fedmf", "fedhpd", "fedslate", "torch")
-MODEL_TRANSPORTS = ("dp", "dp-local", "secagg+dp", "secagg+dp:mechanism=skellam", "ckks+dp")
+MODEL_TRANSPORTS = (
+    "dp",
+    "dp-local",
+    "secagg+dp",
+    "secagg+dp:mechanism=skellam",
+    "ckks+dp:mechanism=gaussian",
+)
+"""The DP transports of the aggregation rounds: central, local, distributed under secure
+aggregation with the exact discrete Gaussian (the default) and Skellam, and under CKKS (only
+the float Gaussian, flagged ``distributed-dp-inexact`` by the parameter audit)."""
 FUSION_TRANSPORTS = ("dp", "ckks+dp")
 """FedSlate's DP transports: its fusion channels (``securefed.fusion.registry.DP_CHANNELS``)."""
 COLUMNS = [
@@ -221,6 +232,8 @@ def audit_model(
             total_rounds=case.rounds,
             n_clients=case.n_clients + n,
             sample_rate=1.0,
+            # Local DP: the server reads each payload; the canaries are scored on their own.
+            keep_payloads=RoundSelection(every=transport_spec == "dp-local"),
         )
         return CanaryTransport(inner, with_hook)
 
@@ -250,6 +263,8 @@ def audit_fedslate(
         dp_epsilon=epsilon,
         dp_delta=args.delta,
         seed=args.seed,
+        # CKKS evaluates only additions and multiplications: a polynomial server activation.
+        server_activation="polynomial" if fusion == "ckks+dp" else None,
     )
     run = start_run(config)
     run.env.reset()
@@ -280,13 +295,10 @@ def rows_of(
     """One row per observer with an estimate: ledger, estimates (and lows), bound, verdict."""
     rows = []
     for observer in ("released_model", "server"):
-        noise = next(
-            (v for k, v in report.estimates.items() if k.startswith(observer) and "noise" in k),
-            None,
-        )
-        shift = report.estimates.get(f"{observer}/constant") or report.estimates.get(
-            f"{observer}/own-payloads"
-        )
+        # The server's own-payload families where it reads each upload (local DP).
+        estimates = report.estimates
+        noise = estimates.get(f"{observer}/own-noise") or estimates.get(f"{observer}/noise")
+        shift = estimates.get(f"{observer}/own-payloads") or estimates.get(f"{observer}/constant")
         if noise is None and shift is None:
             continue
         bound = bounds.get(observer)
@@ -336,10 +348,14 @@ def matrix(args: argparse.Namespace) -> int:
         chosen = [t for t in transports if "all" in wanted or t in wanted]
         for transport in chosen:
             started = time.perf_counter()
-            if recommender == "fedslate":
-                report, bounds, sizes = audit_fedslate(transport, epsilon, args)
-            else:
-                report, bounds, sizes = audit_model(recommender, transport, epsilon, args)
+            guard = (
+                contextlib.nullcontext() if args.fault == "none" else inject_dp_fault(args.fault)
+            )
+            with guard:
+                if recommender == "fedslate":
+                    report, bounds, sizes = audit_fedslate(transport, epsilon, args)
+                else:
+                    report, bounds, sizes = audit_model(recommender, transport, epsilon, args)
             cell = rows_of(
                 recommender, transport, report, bounds, sizes, time.perf_counter() - started
             )
@@ -362,7 +378,8 @@ def matrix(args: argparse.Namespace) -> int:
         f"{epsilon:g}, delta {args.delta:g}: noise_estimate and mean_shift_estimate are "
         "Gaussian-DP *estimates* (95% lower limits beside them), lower_bound the rigorous "
         "one-run bound (Steinke et al. 2023, 95%) from a second run whose canaries are each "
-        f"included with probability 1/2. Command: `{command}`. Load average before/after: "
+        f"included with probability 1/2. Fault injected: {args.fault} (securefed.audit.faults). "
+        f"Command: `{command}`. Load average before/after: "
         f"{load_before[0]:.1f}/{os.getloadavg()[0]:.1f}."
     )
     (out / "privacy_audit_matrix.md").write_text(_markdown(rows, header))

@@ -42,6 +42,7 @@ from securefed.audit.whitebox import (
     WhiteBoxConfig,
     WhiteBoxReport,
     check_delta,
+    clear_payload,
     contradictions,
     ledger_epsilon,
     observed_sum,
@@ -73,12 +74,16 @@ class CanaryRound:
         self.inner, self.owner, self.index, self.seeds = inner, owner, index, seeds
         self.clients = clients
         """The model's own clients of the round (the canaries are the hook's business)."""
+        self.weighted = False
+        """Whether the model's clients sent weights (the canaries then send weight 1)."""
         self._done = False
 
     def submit(self, client: int, vector: np.ndarray, *, weight: float | None = None) -> None:
+        self.weighted = self.weighted or weight is not None
         self.inner.submit(client, vector, weight=weight)
 
     def submit_batch(self, updates: RowUpdates) -> None:
+        self.weighted = self.weighted or updates.weights is not None
         self.inner.submit_batch(updates)
 
     def drop(self, client: int) -> None:
@@ -92,7 +97,7 @@ class CanaryRound:
     def result(self) -> Aggregate:
         """The inner round's aggregate, the canaries' updates in it."""
         if not self._done:
-            self.owner.hook.submit(self.inner, self.index)
+            self.owner.hook.submit(self.inner, self.index, weighted=self.weighted)
             aggregate = self.inner.result()
             self.owner.record(self.inner, self.seeds, aggregate)
             self._done = True
@@ -122,6 +127,9 @@ class CanaryTransport:
         self.released: list[np.ndarray] = []
         self.server: list[np.ndarray] = []
         self.rotations: list[tuple[np.ndarray, tuple[int, ...], int]] = []
+        self.own: np.ndarray | None = np.zeros(hook.directions.shape)
+        """Each canary's clear payloads summed (local DP, a view that keeps payloads), else
+        ``None``."""
 
     def open_round(
         self,
@@ -148,6 +156,15 @@ class CanaryTransport:
         released = np.asarray(aggregate.total, dtype=np.float64).reshape(-1)
         self.released.append(released)
         self.server.append(observed_sum(self.transport, inner.round_id, released))
+        if self.own is not None:
+            dim = self.hook.directions.shape[1]
+            view_round = self.transport.view.round(inner.round_id)
+            for k, client in enumerate(self.hook.clients.tolist()):
+                payload = clear_payload(view_round, client, dim)
+                if payload is None:
+                    self.own = None
+                    break
+                self.own[k] += payload
         mechanism = getattr(inner, "mechanism", None)
         if mechanism is not None:
             signs = rotation_signs(seeds.key("dp", "rotation", inner.round_id), mechanism.padded)
@@ -158,7 +175,7 @@ class CanaryTransport:
         if not self.released:
             raise ValueError("no round of the hook's shape finished: nothing to audit")
         return CanaryRun(
-            np.stack(self.released), np.stack(self.server), self.rotations or None, None
+            np.stack(self.released), np.stack(self.server), self.rotations or None, self.own
         )
 
     def report(self, held_out: np.ndarray, config: WhiteBoxConfig) -> WhiteBoxReport:

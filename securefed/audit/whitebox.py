@@ -510,8 +510,9 @@ class CanaryHook:
         """The canary clients (every round: who takes part is public)."""
         return self.clients
 
-    def updates(self, round_index: int) -> RowUpdates:
-        """The canary clients' dense updates of round ``round_index`` (of the schedule)."""
+    def updates(self, round_index: int, *, weighted: bool = False) -> RowUpdates:
+        """The canary clients' dense updates of round ``round_index`` (of the schedule); with
+        ``weighted``, each with aggregation weight 1 (for rounds whose clients send weights)."""
         n = len(self.directions)
         rows, width = self.shape
         on = self.schedule[:, round_index % self.schedule.shape[1]]
@@ -523,11 +524,12 @@ class CanaryHook:
             values,
             rows,
             True,
+            np.ones(n) if weighted else None,
         )
 
-    def submit(self, rnd: AggregationRound, round_index: int) -> None:
+    def submit(self, rnd: AggregationRound, round_index: int, *, weighted: bool = False) -> None:
         """Submit the canary clients' updates of ``round_index`` to an open round."""
-        rnd.submit_batch(self.updates(round_index))
+        rnd.submit_batch(self.updates(round_index, weighted=weighted))
 
 
 # ----------------------------------------------------------------------------- the driver
