@@ -147,3 +147,51 @@ def test_fedslate_fusion_canaries_catch_faults_of_its_dp_rows():
     assert broken.contradicted["server/own-noise"], broken.to_dict()
     _, unclipped = _fusion("dp", "clip-off")
     assert unclipped.contradicted["server/own-payloads"], unclipped.to_dict()
+
+
+# ----------------------------------------------------------------------------- the benches
+def test_privacy_audit_matrix_runs_a_row_and_exits_1_when_it_contradicts(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import json
+
+    from securefed.bench.bench_privacy_audit import main
+
+    argv = [
+        "privacy-audit",
+        "--recommenders=torch",
+        "--matrix-transports=dp",
+        "--canaries=30",
+        f"--out={tmp_path}",
+    ]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "privacy_audit_matrix.json").read_text())["rows"]
+    released = next(r for r in rows if r["observer"] == "released_model")
+    assert released["recommender"] == "torch" and released["canaries"] == 30
+    assert released["lower_bound"] <= released["epsilon_ledger"]
+    assert released["noise_estimate_low"] < released["epsilon_ledger"]
+    assert main([*argv, "--fault=no-noise"]) == 1
+    assert "torch over dp (released_model) contradicts" in capsys.readouterr().err
+
+
+def test_whitebox_bench_is_registered_and_exits_1_on_a_missed_fault(tmp_path):
+    from securefed.bench.bench_privacy_audit_whitebox import largest_contradicted, main
+    from securefed.bench.registry import BENCHES
+
+    assert BENCHES["privacy-audit-whitebox"].register.endswith(
+        "bench_privacy_audit_whitebox:register"
+    )
+    small = [
+        "--epsilons=1",
+        "--constant=40",
+        "--held-out=40",
+        "--seeds-correct=2",
+        "--seeds-fault=2",
+        f"--out={tmp_path}",
+    ]
+    assert main([*small, "--faults=none,no-noise", "--alternating=4"]) == 0
+    # Without alternating canaries reused noise only shrinks the constant family: missed.
+    assert main([*small, "--faults=noise-reused", "--alternating=0"]) == 1
+    row = {"transport": "dp", "epsilon_target": 1.0, "seeds": 10, "epsilon_ledger": 0.99}
+    rows = [{**row, "fault": "none", "caught": 0}, {**row, "fault": "noise/1.5", "caught": 9}]
+    assert largest_contradicted(rows) == 0.99
+    assert largest_contradicted([rows[0], {**rows[1], "caught": 8}]) is None

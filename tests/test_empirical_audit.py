@@ -476,6 +476,7 @@ def test_bench_exits_nonzero_naming_a_row_above_its_ledger(monkeypatch, tmp_path
 
     argv = [
         "privacy-audit",
+        "--mode=fedmf-one-run",
         "--data=ml-latest-small",
         "--split=random",
         "--transports=dp",
