@@ -1,4 +1,9 @@
-"""``securefed bench privacy-audit``: the ledger's epsilon beside a measured lower bound.
+"""``securefed bench privacy-audit``: the ledger's epsilon beside measured figures.
+
+Two modes. ``--mode matrix`` (the default; :mod:`securefed.bench.privacy_audit_matrix`): every
+recommender (FedMF, FedHPD, FedSlate, a ``securefed.torch`` model) behind every DP transport,
+white-box canaries through each one's hook, the Gaussian-DP estimates beside the rigorous
+one-run bound. ``--mode fedmf-one-run`` (what this bench was before; the options below):
 
 For each transport (``plaintext``; ``dp``, central DP; ``secagg+dp``, distributed DP under
 secure aggregation) and each target epsilon, one FedMF run

@@ -49,7 +49,7 @@ def _hooked(spec: str, fault: str | None, n: int = 200, rounds: int = 2):
     return transport, transport.report(directions[n:], config)
 
 
-@pytest.mark.parametrize("spec", ["dp", "secagg+dp"])
+@pytest.mark.parametrize("spec", ["dp", pytest.param("secagg+dp", marks=pytest.mark.slow)])
 def test_canary_transport_catches_overstated_noise_with_real_clients_in_the_rounds(spec):
     transport, correct = _hooked(spec, None)
     assert len(transport.released) == 2 and not correct.caught, correct.to_dict()
@@ -105,7 +105,7 @@ def test_canary_transport_audits_a_fedmf_run_unchanged():
 
 
 # ----------------------------------------------------------------------------- FedSlate
-def _fusion(fusion: str, fault: str | None, units: int = 100):
+def _fusion(fusion: str, fault: str | None, units: int = 100, rows: int | None = None):
     pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
     from securefed.attacks.whitebox_hooks import FusionCanaryConfig, fusion_whitebox_audit
@@ -117,7 +117,10 @@ def _fusion(fusion: str, fault: str | None, units: int = 100):
     run = start_run(config)
     with inject_dp_fault(fault) if fault else contextlib.nullcontext():
         return run, fusion_whitebox_audit(
-            run.channel, 6, FusionCanaryConfig(n_units=units), np.random.default_rng(0)
+            run.channel,
+            6,
+            FusionCanaryConfig(n_units=units, rows_per_unit=rows),
+            np.random.default_rng(0),
         )
 
 
@@ -131,6 +134,17 @@ def test_fusion_frames_are_orthonormal():
         fusion_canary_frames(5, 1, np.random.default_rng(1))
 
 
+def test_fedslate_fusion_canaries_fast():
+    # Units of 400 rows, not the 4036 the ledger allows one: a weaker unit (its mu is
+    # sqrt(400 / 4036) of the ledger's), so no false alarm, and only a gross fault shows.
+    run, correct = _fusion("dp", None, units=50, rows=400)
+    assert not correct.caught, correct.to_dict()
+    assert type(run.channel.inner).__name__ != "RowRecorder"  # put back after the exchanges
+    _, broken = _fusion("dp", "noise/10", units=50, rows=400)
+    assert broken.contradicted["server/own-noise"], broken.to_dict()
+
+
+@pytest.mark.slow
 def test_fedslate_fusion_canaries_catch_faults_of_its_dp_rows():
     run, correct = _fusion("dp", None)
     assert not correct.caught, correct.to_dict()
@@ -142,7 +156,6 @@ def test_fedslate_fusion_canaries_catch_faults_of_its_dp_rows():
     expected_mu = math.sqrt(per_unit) / run.channel.noise_multiplier
     assert noise.mu == pytest.approx(expected_mu, rel=0.15)
     assert correct.rigorous["server"].epsilon_lower <= ledger
-    assert run.channel.inner.__class__.__name__ != "RowRecorder"  # restored
     _, broken = _fusion("dp", "noise/1.5")
     assert broken.contradicted["server/own-noise"], broken.to_dict()
     _, unclipped = _fusion("dp", "clip-off")
