@@ -345,6 +345,20 @@ def gdp_estimate(
     )
     z = float(stats.norm.ppf(confidence))
     low, high = max(mu - z * se, 0.0), max(mu + z * se, 0.0)
+    counts = (len(inserted), len(held_out), spread)
+    return _estimate((mu, low, high), confidence, delta, counts, "mean-shift")
+
+
+def _estimate(
+    mus: tuple[float, float, float],
+    confidence: float,
+    delta: float,
+    counts: tuple[int, int, float],
+    method: str,
+) -> GaussianDPEstimate:
+    """An estimate from ``(mu, low, high)``, each turned into epsilon at ``delta``."""
+    mu, low, high = mus
+    n_inserted, n_held_out, spread = counts
     return GaussianDPEstimate(
         mu=mu,
         mu_low=low,
@@ -354,9 +368,10 @@ def gdp_estimate(
         epsilon_high=_epsilon(high, delta),
         confidence=confidence,
         delta=delta,
-        n_inserted=len(inserted),
-        n_held_out=len(held_out),
+        n_inserted=n_inserted,
+        n_held_out=n_held_out,
         null_spread=spread,
+        method=method,
     )
 
 
@@ -396,20 +411,7 @@ def noise_estimate(
     mu = math.inf if spread == 0 else sensitivity / spread
     low = mu * math.sqrt(float(stats.chi2.ppf(1 - confidence, n)) / n)
     high = mu * math.sqrt(float(stats.chi2.ppf(confidence, n)) / n)
-    return GaussianDPEstimate(
-        mu=mu,
-        mu_low=low,
-        mu_high=high,
-        epsilon=_epsilon(mu, delta),
-        epsilon_low=_epsilon(low, delta),
-        epsilon_high=_epsilon(high, delta),
-        confidence=confidence,
-        delta=delta,
-        n_inserted=0,
-        n_held_out=n,
-        null_spread=spread,
-        method="declared-sensitivity",
-    )
+    return _estimate((mu, low, high), confidence, delta, (0, n, spread), "declared-sensitivity")
 
 
 # ----------------------------------------------------------------------------- configuration
