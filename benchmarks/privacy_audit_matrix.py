@@ -52,6 +52,7 @@ from securefed.audit.whitebox import (
     inclusion_hook,
     rigorous_bounds,
 )
+from securefed.bench.bench_fedmf import markdown_table
 from securefed.records import dumps_record
 from securefed.transport import build_transport
 
@@ -324,17 +325,6 @@ def rows_of(
     return rows
 
 
-def _markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        cells = []
-        for column in COLUMNS:
-            value = row[column]
-            cells.append(f"{value:.3g}" if isinstance(value, float) else str(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def matrix(args: argparse.Namespace) -> int:
     """Every (recommender, transport) cell; the record; exit status 1 on a contradiction."""
     load_before = os.getloadavg()
@@ -382,7 +372,9 @@ def matrix(args: argparse.Namespace) -> int:
         f"Command: `{command}`. Load average before/after: "
         f"{load_before[0]:.1f}/{os.getloadavg()[0]:.1f}."
     )
-    (out / "privacy_audit_matrix.md").write_text(_markdown(rows, header))
+    (out / "privacy_audit_matrix.md").write_text(
+        header + "\n\n" + markdown_table(rows, COLUMNS) + "\n"
+    )
     broken = [r for r in rows if r["contradicts_ledger"]]
     for row in broken:
         print(
