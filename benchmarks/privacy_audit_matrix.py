@@ -53,10 +53,13 @@ from securefed.audit.whitebox import (
     rigorous_bounds,
 )
 from securefed.bench.bench_fedmf import markdown_table
+from securefed.bench.registry import ExtraNotInstalled, extra_installed
 from securefed.records import dumps_record
 from securefed.transport import build_transport
 
 RECOMMENDERS = ("fedmf", "fedhpd", "fedslate", "torch")
+EXTRAS = {"fedmf": (), "fedhpd": ("rl",), "fedslate": ("rl",), "torch": ("torch",)}
+"""The pip extras each recommender's row needs (beyond the bench's own ``dp``)."""
 MODEL_TRANSPORTS = (
     "dp",
     "dp-local",
@@ -330,9 +333,14 @@ def matrix(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     rows = []
     epsilon = args.epsilon
-    for recommender in args.recommenders.split(","):
+    chosen_recommenders = args.recommenders.split(",")
+    for recommender in chosen_recommenders:
         if recommender not in RECOMMENDERS:
             raise ValueError(f"recommender must be one of {RECOMMENDERS}, got {recommender!r}")
+        missing = [e for e in EXTRAS[recommender] if not extra_installed(e)]
+        if missing:
+            raise ExtraNotInstalled(f"bench privacy-audit --recommenders {recommender}", missing)
+    for recommender in chosen_recommenders:
         transports = FUSION_TRANSPORTS if recommender == "fedslate" else MODEL_TRANSPORTS
         wanted = args.matrix_transports.split(";")
         chosen = [t for t in transports if "all" in wanted or t in wanted]
