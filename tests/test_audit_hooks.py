@@ -208,3 +208,14 @@ def test_whitebox_bench_is_registered_and_exits_1_on_a_missed_fault(tmp_path):
     rows = [{**row, "fault": "none", "caught": 0}, {**row, "fault": "noise/1.5", "caught": 9}]
     assert largest_contradicted(rows) == 0.99
     assert largest_contradicted([rows[0], {**rows[1], "caught": 8}]) is None
+
+
+def test_privacy_audit_matrix_names_a_missing_extra(monkeypatch, tmp_path):
+    import securefed.bench.privacy_audit_matrix as matrix_module
+    from securefed.bench.bench_privacy_audit import main
+    from securefed.bench.registry import ExtraNotInstalled
+
+    monkeypatch.setattr(matrix_module, "extra_installed", lambda extra: extra != "rl")
+    with pytest.raises(ExtraNotInstalled, match="'rl'"):
+        main(["privacy-audit", "--recommenders=fedmf,fedslate", f"--out={tmp_path}"])
+    assert not (tmp_path / "privacy_audit_matrix.json").exists()  # refused before any row
