@@ -163,6 +163,8 @@ class Wire:
                 "dp_secure": bool(self.dp.secure),
                 "dp_placement": "central",
             }
+        elif self.dp is not None:  # central over plaintext: the server clips and noises
+            config |= {"dp_placement": self.dp.placement}
         if self.ckks is not None:
             config |= {
                 "ckks_key_model": self.ckks.key_model,
