@@ -45,7 +45,7 @@ from securefed.transport.secagg import (
     pack_values,
 )
 
-HBC = "honest_but_curious"  # what securefed.flower carries (docs/secagg.md)
+HBC = "honest_but_curious"  # the stage-API unit tests below run it without signing keys
 SIMULATION_BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
@@ -259,9 +259,11 @@ def test_transports_the_flower_server_can_and_cannot_carry():
     assert wire.kind == "secagg" and wire.client_noise
     with pytest.raises(ValueError, match="remote_clients=True"):
         describe_transport(SecAggTransport())
-    # The malicious-server variant is refused, not carried without its signatures.
-    with pytest.raises(ValueError, match="honest-but-curious variant"):
-        describe_transport(SecAggTransport(remote_clients=True))
+    # The malicious-server variant (the default) is carried with signatures; MACs are not.
+    malicious = describe_transport(SecAggTransport(remote_clients=True))
+    assert malicious.kind == "secagg" and malicious.secagg.malicious
+    with pytest.raises(NotImplementedError, match="auth='macs'"):
+        describe_transport(SecAggTransport(SecAggConfig(auth="macs"), remote_clients=True))
 
 
 def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example):
@@ -276,11 +278,12 @@ def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example
             assert isinstance(transport.ledger, PrivacyLedger)
             assert (transport.config.clip, transport.config.noise_multiplier) == (2.0, 0.5)
         assert describe_transport(server).dp is not None
-    # secagg+dp's default mechanism (the exact discrete Gaussian) is not built for Flower's
-    # clients: the app refuses to fall back to the float Gaussian unless told to.
+    # secagg+dp's default mechanism, the exact discrete Gaussian, runs on Flower's nodes too
+    # (securefed.flower.dp.integers_on_client): no fall-back to the float Gaussian.
     default = example.FedMFApp(transport="secagg+dp", dp_noise_multiplier=0.5)
-    with pytest.raises(InsecureParameterError, match="mechanism=gaussian"):
-        default.make_transport(remote=True)
+    server = default.make_transport(remote=True)
+    assert server.config.mechanism == "discrete_gaussian" and server.inner.remote_clients
+    assert describe_transport(server).integer_mechanism
     remote = example.FedMFApp(
         transport="secagg", secagg_bits=32, secagg_scale=2.0**10, secagg_clip=4096.0
     )
