@@ -25,7 +25,7 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
-from test_claims_flower import SIMULATION_BACKEND, DirectGrid, task_identity  # noqa: F401
+from test_claims_flower import SIMULATION_BACKEND, DirectGrid
 
 from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
@@ -72,7 +72,12 @@ def _run(runtime, example, app, n_nodes, *, wrap=None, floors=None):
             state["error"] = error
 
     if runtime == "in-process":
-        main(DirectGrid(client_app, n_nodes))
+        from flwr.supercore.task_identity import TaskIdentity
+
+        with pytest.MonkeyPatch.context() as patch:  # what Flower's runtime gives a ServerApp
+            for name in ("_run_id", "_task_id", "_node_id"):
+                patch.setattr(TaskIdentity, name, 1)
+            main(DirectGrid(client_app, n_nodes))
         return state
     pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
     from flwr.serverapp import ServerApp
@@ -166,8 +171,7 @@ class KeyRelayingServer(Wiretap):
             neighbours = arrays["neighbours"][0].tolist()
             t, k = int(config["threshold"]), len(neighbours)
             self.fakes = {
-                v: kx.keypair_from_seed(bytes([v % 250 + 1]) * 32)
-                for v in neighbours[: 2 * t - k]
+                v: kx.keypair_from_seed(bytes([v % 250 + 1]) * 32) for v in neighbours[: 2 * t - k]
             }
             c_publics = [
                 self.fakes[v].public if v in self.fakes else key
@@ -233,7 +237,8 @@ class KeyRelayingServer(Wiretap):
         if min(len(points["b"]), len(points["s"])) < threshold:
             return None
         b = shamir.int_to_secret(shamir.reconstruct(points["b"], threshold))
-        s_key = kx.keypair_from_seed(shamir.int_to_secret(shamir.reconstruct(points["s"], threshold)))
+        s_seed = shamir.int_to_secret(shamir.reconstruct(points["s"], threshold))
+        s_key = kx.keypair_from_seed(s_seed)
         [total] = np.array(masked_reply["masked"], copy=True)
         bits = int(config["secagg_bits"])
         expander = prg_mod.MaskExpander(len(total), bits=bits, prg=str(config["secagg_prg"]))
@@ -276,9 +281,7 @@ def _plain_sum_of_victim(example, app) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the attacks
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_a_server_relaying_its_own_keys_and_lying_about_dropouts_is_refused(
-    example, task_identity, runtime
-):
+def test_a_server_relaying_its_own_keys_and_lying_about_dropouts_is_refused(example, runtime):
     """5 nodes (k = 4, t = 3): the server substitutes 2 of the victim's neighbours' keys and
     tells one more neighbour that the victim dropped. Against the honest-but-curious protocol
     (nodes allowing it) it decodes the victim node's sum exactly; against the malicious-server
@@ -337,7 +340,7 @@ class SurvivorSetLiar(Wiretap):
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_a_server_telling_nodes_different_survivor_sets_is_refused(example, task_identity, runtime):
+def test_a_server_telling_nodes_different_survivor_sets_is_refused(example, runtime):
     """4 nodes (k = 3, t = 2): some helpers are told the victim dropped. Against the
     honest-but-curious protocol they reveal its mask key while the others reveal its self-mask
     seed, and no node objects; under the malicious-server protocol the helpers signed different
@@ -377,7 +380,7 @@ def _floor_refusal(example, app, floors, n_nodes=3) -> Exception:
     return state.get("error")
 
 
-def test_a_node_refuses_parameters_weaker_than_its_own(example, task_identity):
+def test_a_node_refuses_parameters_weaker_than_its_own(example):
     """Each floor of NodeFloors, broken by the server's stated parameters, refuses the round
     with the node's reason; the same run at the node's own parameters trains."""
     base = dict(seed=0, rounds=1, min_nodes=3, synthetic_users=30, timeout=60.0)
@@ -433,7 +436,7 @@ class MemberCountInflater(Wiretap):
         return None
 
 
-def test_a_member_count_the_party_did_not_sign_is_refused(example, task_identity):
+def test_a_member_count_the_party_did_not_sign_is_refused(example):
     app = example.FedMFApp(
         seed=0,
         rounds=1,
@@ -455,9 +458,7 @@ def test_a_member_count_the_party_did_not_sign_is_refused(example, task_identity
     ("transport", "mechanism"),
     [("secagg", ""), ("secagg+dp", ""), ("secagg+dp", "skellam")],
 )
-def test_the_same_seed_gives_the_in_process_model(
-    example, task_identity, runtime, transport, mechanism
-):
+def test_the_same_seed_gives_the_in_process_model(example, runtime, transport, mechanism):
     """Malicious-server secure aggregation, and secagg+dp with the exact distributed discrete
     Gaussian (its default) and Skellam encoded on the nodes: the model and the ledger equal the
     in-process run's (measured: V bit-identical)."""
