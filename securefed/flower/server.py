@@ -402,6 +402,16 @@ def _noised_by_clients(rnd: AggregationRound, clients: np.ndarray, weight_sq: np
     dp_round._weight_sq.update({int(c): float(w) for c, w in zip(clients, weight_sq, strict=True)})
 
 
+def _check_two_uploads(round_id: int, parties: SecAggRound) -> None:
+    """Raises AggregationError: fewer than two nodes uploaded a masked sum (unmasking would
+    give the server one node's sum)."""
+    if len(parties.submitted) < 2:
+        raise AggregationError(
+            f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
+            "unmasking would give the server one node's sum, so the round is refused"
+        )
+
+
 def _drop_missing(rnd: AggregationRound, expected: Iterable[int], arrived: set[int]) -> None:
     for client in expected:
         if int(client) not in arrived and int(client) not in rnd.dropped:
@@ -632,11 +642,7 @@ class _Run:
         self, round_id: int, parties: SecAggRound, party_node: Mapping[int, int], config: dict
     ) -> None:
         """ConsistencyCheck (malicious-server variant): every helper signs the survivor set."""
-        if len(parties.submitted) < 2:
-            raise AggregationError(
-                f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
-                "unmasking would give the server one node's sum, so the round is refused"
-            )
+        _check_two_uploads(round_id, parties)
         requests = parties.consistency_requests()
         contents = {
             party_node[helper]: rec.content(
@@ -666,11 +672,7 @@ class _Run:
         config: dict,
         statements: Mapping[int, tuple[int, bytes]],
     ) -> None:
-        if len(parties.submitted) < 2:
-            raise AggregationError(
-                f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
-                "unmasking would give the server one node's sum, so the round is refused"
-            )
+        _check_two_uploads(round_id, parties)
         requests = parties.unmask_requests()
         contents = {}
         for helper, request in requests.items():
