@@ -507,3 +507,51 @@ def test_provisioned_identities_are_pinned_and_private(tmp_path):
         load_identity(tmp_path / "identity-1.bin", tmp_path / "registry.bin", digest)
     with pytest.raises(InsecureParameterError, match="provisioned out of band"):
         seeded_identity(SeedTree.secure_mode(), [0], 4)
+
+
+# ----------------------------------------------------------------------------- DP around CKKS
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_dp_around_ckks_noises_on_the_nodes_and_equals_in_process(example, tmp_path, runtime):
+    """``ckks+dp`` (float Gaussian, distributed): each node clips and noises its users' updates
+    before it encrypts them, the ledger is charged before the key-holder node decrypts the sum,
+    and the model equals the in-process run within CKKS's error."""
+    pytest.importorskip("tenseal")
+    from securefed.flower.ckks import provision_keys
+    from securefed.transport.ckks import CKKSConfig
+
+    config = CKKSConfig()
+    secret_path, public_path = provision_keys(tmp_path / "keys", config)
+    app = example.FedMFApp(
+        seed=0,
+        rounds=2,
+        transport="ckks+dp",
+        dp_mechanism="gaussian",
+        dp_clip=4.0,
+        dp_noise_multiplier=0.5,
+        min_nodes=3,
+        synthetic_users=30,
+        ckks_secret_path=str(secret_path),
+        ckks_public_path=str(public_path),
+        timeout=120.0,
+    )
+    state = _run(runtime, example, app, 3, wrap=Wiretap)
+    assert "error" not in state, state.get("error")
+    setup = state["setup"]
+    model, reference, _ = example.in_process(app)
+    clean, transport, _ = example.in_process(example.FedMFApp(**{**vars(app), "transport": "ckks"}))
+    # As for CKKS alone (tests/test_flower.py): per round n 2^(14 - scale) + 6 std + step.
+    per_round = (
+        30 * 2.0 ** (14 - transport.params.scale_bits)
+        + 6 * config.flooding.std
+        + config.flooding.step
+    )
+    bound = app.rounds * app.server_lr * per_round
+    assert np.abs(setup.algorithm.V - model.V).max() < bound
+    assert np.abs(model.V - clean.V).max() > 100 * bound  # the noise is in the model
+    assert setup.transport.ledger.history == reference.ledger.history
+    assert setup.transport.ledger.steps == app.rounds
+    # What left the nodes: ciphertexts only; the noise parameters they were told are public.
+    _, _, told = state["grid"].first(state["grid"].sent, "train.ckks")
+    assert told["dp_placement"] == "distributed" and told["dp_std"] > 0
+    _, reply, _ = state["grid"].first(state["grid"].replies, "train.ckks")
+    assert "ct_bytes" in reply and not any(name.startswith("update.") for name in reply)

@@ -539,10 +539,12 @@ def _ckks_train(setup: ClientSetup, context: Context, message: Message) -> Messa
     keys = _ckks_keys(setup, config)
     round_id = int(config["round"])
     updates, metrics = _train(setup, context, arrays, round_id)
+    updates = _client_dp(updates, config, round_id, setup.seeds)  # DP around CKKS
     reply = keys.encrypt_updates(
         updates, str(config["ckks_key_model"]), float(config["ckks_value_bound"])
     )
     reply["hosted"] = np.asarray(setup.node.users, np.int64)
+    reply["weight_sq"] = updates.client_weights() ** 2
     return _reply(
         message,
         reply,

@@ -154,9 +154,10 @@ class Wire:
                 "dp_placement": self.dp.placement,
                 "dp_shares": shares,
             }
-        elif self.dp is not None and self.kind == "secagg":
-            # Central DP over secure aggregation: the server cannot clip masked updates, so the
-            # nodes clip (as DPRound does before its inner round) and the server adds the noise.
+        elif self.dp is not None and self.kind in ("secagg", "ckks"):
+            # Central DP over secure aggregation or CKKS: the server cannot clip masked or
+            # encrypted updates, so the nodes clip (as DPRound does before its inner round) and
+            # the server adds the noise to the released sum.
             config |= {
                 "dp_clip": self.dp.clip,
                 "dp_std": 0.0,
@@ -208,12 +209,12 @@ def describe_transport(transport: Transport) -> Wire:
                 "must hold only the public context: CKKSTransport(config, "
                 "public=load_public_context(path)) (securefed.flower.ckks.provision_keys)"
             )
-        if dp is not None:
+        if dp is not None and dp.mechanism in INTEGER_MECHANISMS:
             raise NotImplementedError(
-                "securefed.flower does not carry DPTransport around CKKS yet (the nodes would "
-                "have to clip and noise before encrypting); use DP over plaintext or secagg"
+                f"mechanism {dp.mechanism!r} sums integers exactly; CKKS sums approximately "
+                "(DP around CKKS takes mechanism='gaussian')"
             )
-        return Wire("ckks", ckks=base.config, key_id=base.server_context.key_id)
+        return Wire("ckks", dp, ckks=base.config, key_id=base.server_context.key_id)
     if isinstance(base, PlaintextTransport):
         if dp is not None and dp.mechanism in INTEGER_MECHANISMS:
             raise NotImplementedError(
@@ -718,7 +719,10 @@ class _Run:
 
     # -- one training round, CKKS: the nodes encrypt, a key-holder node decrypts the sum ----
     def ckks_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
-        rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        """CKKS: the nodes clip/noise (DP around CKKS) and encrypt, the server adds the
+        ciphertexts, the ledger is charged, a key-holder node decrypts the sum."""
+        outer, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        rnd = _base_round(outer)
         if not isinstance(rnd, CKKSRound):
             raise TypeError("the ckks wire needs CKKSRound rounds")
         shared = _broadcast_arrays(self.algorithm)
@@ -745,11 +749,16 @@ class _Run:
             weighted = bool(arrays["weighted"])
             for user, ciphertexts in zip(users, arrays_to_ciphertexts(arrays), strict=True):
                 rnd.receive_ciphertexts(int(user), ciphertexts, weighted=weighted)
+            if self.wire.client_noise:
+                _noised_by_clients(outer, arrays["users"], arrays["weight_sq"])
             arrived.update(users)
             parts.append(_metrics(reply))
-        _drop_missing(rnd, active, arrived)
+        _drop_missing(outer, active, arrived)
+        dp_round = _dp_round(outer)
+        if dp_round is not None and self.wire.dp.placement == "distributed":
+            dp_round.charge_release()  # before the key holder decrypts: the release
         self._ckks_decrypt(round_id, rnd, config)
-        self.algorithm.close_round(rnd)
+        self.algorithm.close_round(outer)
         return sum_metrics(parts)
 
     def _ckks_decrypt(self, round_id: int, rnd: CKKSRound, config: dict) -> None:

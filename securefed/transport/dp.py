@@ -497,6 +497,22 @@ class DPRound(AggregationRound):
         after submitting stays in the sum: AggregationRound.drop). A refused charge raises every
         time it is asked again, so the sum is never decoded.
         """
+        self.charge_release()
+        return self._decode()
+
+    def charge_release(self) -> None:
+        """Charge the ledger for the distributed release now (once; a refused charge raises
+        every time it is asked again).
+
+        ``result`` does it before the inner round decodes; a caller whose inner round is
+        decrypted elsewhere (``securefed.flower``: a key-holder node decrypts the CKKS sum)
+        calls it before it sends the decryption request, so that a round refused for its
+        budget is never decrypted.
+
+        Raises:
+            AggregationError: fewer contributors than the minimum.
+            PrivacyBudgetExceeded: the charge would overrun the budget.
+        """
         if not self._charged and self.mechanism is not None:
             self._charge_integers()
         if not self._charged:
@@ -517,7 +533,6 @@ class DPRound(AggregationRound):
                 )
                 self.transport._charge(sigma_eff, self.config.sample_rate, self.view, server)
             self._charged = True
-        return self._decode()
 
     def _check_minimum(self, n_contributors: int) -> None:
         """Refuse a gaussian distributed release of fewer contributors than its noise shares
