@@ -8,8 +8,9 @@
   local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
   reply with them as arrays.
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
-  ``query.secagg_unmask``: the client's side of each stage of secure aggregation, with the node
-  as ONE party (one :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest
+  ``query.secagg_consistency`` / ``query.secagg_unmask``: the client's side of each stage of
+  secure aggregation (malicious-server variant: signed with the party user's long-term identity,
+  checked against the registry the node pinned), with the node as ONE party (one :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest
   user of the round): it uploads the masked sum of its users' encoded updates, so no other node
   holds a share of anything that protects one user's update (docs/flower.md). Its secrets, and
   the stage it answered, stay in the node's Flower ``Context.state`` between the four messages
@@ -20,6 +21,10 @@
   here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
   server's summed ciphertexts, floods and rounds them, and returns only those values.
 * ``evaluate``: held-out metric sums of the hosted users.
+
+Before any of its data leaves, a node checks the round's parameters against its own floors
+(:mod:`securefed.flower.floors`: threat model, colluder bound, threshold, DP noise and clip) and
+refuses a weaker round, naming the parameter.
 
 The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
 message and saved after it, so a node survives Flower starting a fresh ClientApp process per

@@ -10,16 +10,20 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   distributed DP); the server submits them into the transport round it opened, drops the clients
   whose node did not answer, and the algorithm steps.
 * securefed's secure aggregation (``SecAggTransport(remote_clients=True)``, optionally inside
-  ``DPTransport``): four message rounds, one per stage of Bonawitz et al. (2017) with SecAgg+'s
-  graph: ``query.secagg_advertise`` (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed
-  shares relayed by the server, which cannot open them), ``train.secagg_mask`` (the broadcast
-  goes out, every node computes its users' updates and uploads their masked sum) and
-  ``query.secagg_unmask`` (Unmasking). Each node is one party of the protocol
+  ``DPTransport``, whose exact integer mechanisms the nodes encode): one message round per
+  stage of Bonawitz et al. (2017) with SecAgg+'s graph: ``query.secagg_advertise``
+  (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed shares relayed by the server, which
+  cannot open them), ``train.secagg_mask`` (the broadcast goes out, every node computes its
+  users' updates and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
+  malicious-server variant only: the default) and ``query.secagg_unmask`` (Unmasking). In the
+  malicious-server variant the advertisements, the survivor set and each party's member count
+  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is one party of the protocol
   (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
   stage is the party round, a :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A
   node's refusal reply refuses the round (the error the node raised, naming it), where a node
   that does not answer counts as dropped.
-* CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only): two
+* CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only,
+  optionally inside ``DPTransport`` with the float Gaussian, the nodes noising): two
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
   summed ciphertexts go to one key-holder node, which decrypts, floods and rounds them as
