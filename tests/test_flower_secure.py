@@ -555,3 +555,58 @@ def test_dp_around_ckks_noises_on_the_nodes_and_equals_in_process(example, tmp_p
     assert told["dp_placement"] == "distributed" and told["dp_std"] > 0
     _, reply, _ = state["grid"].first(state["grid"].replies, "train.ckks")
     assert "ct_bytes" in reply and not any(name.startswith("update.") for name in reply)
+
+
+# ----------------------------------------------------------------------------- real processes
+@pytest.mark.slow  # 172 s at load 10 on the 2-core machine: ~10 s+ per message round
+def test_real_processes_run_the_malicious_protocol_with_provisioned_identities(example, tmp_path):
+    """A SuperLink and 3 SuperNodes as processes on 127.0.0.1, each node started with its own
+    identity file, the registry and its pinned digest (``--node-config``), and a DP floor: one
+    round of ``secagg+dp`` (malicious-server secure aggregation, the exact discrete Gaussian
+    encoded on the nodes) gives the in-process model."""
+    import json
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from securefed.flower import partition_users
+    from securefed.flower.loopback import LoopbackFederation
+    from securefed.recsys.fedmf_flower import write_fedmf_app
+
+    missing = [
+        command
+        for command in ("flower-superlink", "flower-supernode", "flwr")
+        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
+    ]
+    if missing:
+        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
+    out, enrol = tmp_path / "out", tmp_path / "enrol"
+    app = example.FedMFApp(
+        seed=0,
+        rounds=1,
+        transport="secagg+dp",
+        dp_noise_multiplier=1.0,
+        dp_clip=1.0,
+        min_nodes=3,
+        synthetic_users=30,
+        output_dir=str(out),
+        timeout=120.0,
+    )
+    digest = provision_identities(enrol, {p: partition_users(30, 3, p) for p in range(3)})
+    node_config = {
+        p: {
+            "secagg-identity-path": str(enrol / f"identity-{p}.bin"),
+            "secagg-registry-path": str(enrol / "registry.bin"),
+            "secagg-registry-digest": digest,
+            "dp-noise-multiplier": 1.0,
+        }
+        for p in range(3)
+    }
+    with LoopbackFederation(tmp_path / "federation", 3, node_config=node_config) as federation:
+        federation.submit(write_fedmf_app(tmp_path / "app", app.run_config()))
+        federation.wait_for(out / "result.json", timeout=400)
+    result = json.loads((out / "result.json").read_text())
+    model, reference, _ = example.in_process(app)
+    np.testing.assert_allclose(np.load(out / "server.npz")["V"], model.V, atol=1e-9)
+    assert result["epsilon"] == pytest.approx(reference.epsilon())
+    assert result["nodes"] == 3

@@ -131,6 +131,9 @@ class LoopbackFederation:
         workdir: where ``FLWR_HOME`` and the processes' logs go.
         n_nodes: SuperNodes to start; node ``i`` gets ``partition-id=i num-partitions=n_nodes``.
         startup_timeout: seconds for the SuperLink to listen.
+        node_config: partition -> more ``--node-config`` keys of that node (e.g. its identity
+            files and privacy floors: :mod:`securefed.flower.identity`,
+            :mod:`securefed.flower.floors`).
 
     Example:
         >>> with LoopbackFederation(tmp, 2) as federation:  # doctest: +SKIP
@@ -139,12 +142,18 @@ class LoopbackFederation:
     """
 
     def __init__(
-        self, workdir: str | os.PathLike, n_nodes: int, *, startup_timeout: float = 60.0
+        self,
+        workdir: str | os.PathLike,
+        n_nodes: int,
+        *,
+        startup_timeout: float = 60.0,
+        node_config: Mapping[int, Mapping[str, object]] | None = None,
     ) -> None:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
         self.workdir = Path(workdir)
         self.n_nodes = n_nodes
+        self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
         self.startup_timeout = startup_timeout
         self.home = self.workdir / "flwr_home"
         self.port = 0
@@ -196,6 +205,10 @@ class LoopbackFederation:
         )
         _wait_for_port(self.port, superlink, self.startup_timeout, self.logs[0])
         for partition in range(self.n_nodes):
+            extra = "".join(
+                f" {key}={toml_value(value)}"
+                for key, value in self.node_config.get(partition, {}).items()
+            )
             self._start(
                 f"supernode-{partition}",
                 [
@@ -206,7 +219,7 @@ class LoopbackFederation:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={partition} num-partitions={self.n_nodes}",
+                    f"partition-id={partition} num-partitions={self.n_nodes}{extra}",
                 ],
             )
         return self
