@@ -509,6 +509,15 @@ def test_provisioned_identities_are_pinned_and_private(tmp_path):
         seeded_identity(SeedTree.secure_mode(), [0], 4)
 
 
+def test_in_secure_mode_a_node_without_provisioned_identities_refuses(example):
+    """Secure mode (seed -1) derives nothing from a seed: a node started without identity
+    files refuses the malicious-server round, naming the node config keys it needs."""
+    app = example.FedMFApp(transport="secagg", rounds=1, min_nodes=3, synthetic_users=30)
+    error = _run("in-process", example, app, 3).get("error")
+    assert isinstance(error, InsecureParameterError), error
+    assert "secagg-identity-path" in str(error) and "refused" in str(error)
+
+
 # ----------------------------------------------------------------------------- DP around CKKS
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_dp_around_ckks_noises_on_the_nodes_and_equals_in_process(example, tmp_path, runtime):

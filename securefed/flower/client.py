@@ -10,13 +10,14 @@
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
   ``query.secagg_consistency`` / ``query.secagg_unmask``: the client's side of each stage of
   secure aggregation (malicious-server variant: signed with the party user's long-term identity,
-  checked against the registry the node pinned), with the node as ONE party (one :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest
-  user of the round): it uploads the masked sum of its users' encoded updates, so no other node
-  holds a share of anything that protects one user's update (docs/flower.md). Its secrets, and
-  the stage it answered, stay in the node's Flower ``Context.state`` between the four messages
-  (Flower keeps that state on the node; it is never sent), so it answers each stage once; they
-  are deleted after unmasking. A failed check answers with a refusal (``records.REFUSAL``),
-  which refuses the round, and deletes the round's secrets.
+  checked against the registry the node pinned), with the node as ONE party (one
+  :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest user of the
+  round): it uploads the masked sum of its users' encoded updates, so no other node holds a
+  share of anything that protects one user's update (docs/flower.md). Its secrets, and the stage
+  it answered, stay in the node's Flower ``Context.state`` between the messages (Flower keeps
+  that state on the node; it is never sent), so it answers each stage once; they are deleted
+  after unmasking. A failed check answers with a refusal (``records.REFUSAL``), which refuses
+  the round, and deletes the round's secrets.
 * ``train.ckks`` / ``query.ckks_decrypt``: compute the hosted users' updates and encrypt them
   here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
   server's summed ciphertexts, floods and rounds them, and returns only those values.

@@ -20,8 +20,11 @@ What a node checks (:meth:`NodeFloors.check`):
   refused.
 * ``dp-noise-multiplier`` (0: no floor): every round must carry noise that the node adds itself
   (local or distributed placement; central noise is the server's to add, which a node that
-  distrusts the server cannot check), with a multiplier of at least this much; ``dp-max-clip``
-  (0: no ceiling): the clip may not exceed it.
+  distrusts the server cannot check), with a multiplier of at least this much: the std of the
+  sum's noise over the clip, the noise calibrated for the stated contributors (for the integer
+  mechanisms ``sqrt(m * per-client variance) * gamma / clip``, as ``dp_sigma_effective`` is in
+  one process); ``dp-max-clip`` (0: no ceiling): the clip may not exceed it. The privacy ledger
+  (epsilon, the rounding's sensitivity) stays the server's: a node checks the noise it adds.
 
 Distributed noise calibrated for ``m`` contributors adds up to the stated multiplier only when
 ``m`` contributors are in the sum; under the malicious-server protocol every node checks, at

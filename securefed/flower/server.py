@@ -10,18 +10,19 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   distributed DP); the server submits them into the transport round it opened, drops the clients
   whose node did not answer, and the algorithm steps.
 * securefed's secure aggregation (``SecAggTransport(remote_clients=True)``, optionally inside
-  ``DPTransport``, whose exact integer mechanisms the nodes encode): one message round per
-  stage of Bonawitz et al. (2017) with SecAgg+'s graph: ``query.secagg_advertise``
-  (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed shares relayed by the server, which
-  cannot open them), ``train.secagg_mask`` (the broadcast goes out, every node computes its
-  users' updates and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
+  ``DPTransport``, whose exact integer mechanisms the nodes encode): one message round per stage
+  of Bonawitz et al. (2017) with SecAgg+'s graph: ``query.secagg_advertise`` (AdvertiseKeys),
+  ``query.secagg_share`` (ShareKeys: sealed shares relayed by the server, which cannot open
+  them), ``train.secagg_mask`` (the broadcast goes out, every node computes its users' updates
+  and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
   malicious-server variant only: the default) and ``query.secagg_unmask`` (Unmasking). In the
   malicious-server variant the advertisements, the survivor set and each party's member count
-  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is one party of the protocol
-  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
-  stage is the party round, a :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A
-  node's refusal reply refuses the round (the error the node raised, naming it), where a node
-  that does not answer counts as dropped.
+  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is
+  one party of the protocol (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the
+  server's side of each stage is the party round, a
+  :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A node's refusal reply
+  refuses the round (the error the node raised, naming it), where a node that does not answer
+  counts as dropped.
 * CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only,
   optionally inside ``DPTransport`` with the float Gaussian, the nodes noising): two
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
@@ -632,7 +633,12 @@ class _Run:
             secagg.receive_party_masked(party, users, masked, weighted=bool(arrays["weighted"]))
             if self.wire.client_noise:
                 _noised_by_clients(rnd, users, arrays["weight_sq"])
-            if "members_signature" in arrays:
+            if self.wire.secagg.malicious:
+                if "members_signature" not in arrays:
+                    raise SignatureError(
+                        f"round {round_id}: node {node}'s masked sum carries no signed member "
+                        "count, and this round runs the malicious-server variant"
+                    )
                 [signature] = rec.rows_bytes(arrays["members_signature"])
                 statements[party] = (len(users), signature)
             arrived.update(users.tolist())
