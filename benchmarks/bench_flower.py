@@ -160,11 +160,9 @@ def _ckks_row(example, args: argparse.Namespace) -> dict:
         return _compare(example, app, args.clients, "synthetic")
 
 
-def _threat_rows(example, args: argparse.Namespace) -> tuple[list[dict], str]:
-    """Secure aggregation against the two threat models, and secagg+dp's exact mechanism."""
-    from securefed.flower.floors import NodeFloors
-
-    base = {
+def _synthetic(args: argparse.Namespace) -> dict[str, object]:
+    """The synthetic federation's FedMFApp fields: ``--clients`` users on as many nodes."""
+    return {
         "data": "synthetic",
         "synthetic_users": args.clients,
         "synthetic_items": args.items,
@@ -173,6 +171,13 @@ def _threat_rows(example, args: argparse.Namespace) -> tuple[list[dict], str]:
         "min_nodes": args.clients,
         "seed": args.seed,
     }
+
+
+def _threat_rows(example, args: argparse.Namespace) -> tuple[list[dict], str]:
+    """Secure aggregation against the two threat models, and secagg+dp's exact mechanism."""
+    from securefed.flower.floors import NodeFloors
+
+    base = _synthetic(args)
     cases = [
         ("secagg", "honest_but_curious", NodeFloors("honest_but_curious")),
         ("secagg", "malicious", None),
@@ -226,15 +231,7 @@ def flower(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown --parts {sorted(unknown)}; known: {', '.join(PARTS)}")
     rows, notes = [], []
     if "synthetic" in parts:
-        synthetic = {
-            "data": "synthetic",
-            "synthetic_users": args.clients,
-            "synthetic_items": args.items,
-            "synthetic_ratings": args.clients * args.ratings_per_user,
-            "rounds": args.rounds,
-            "min_nodes": args.clients,
-            "seed": args.seed,
-        }
+        synthetic = _synthetic(args)
         for transport in ("plaintext", "secagg"):
             app = example.FedMFApp(**synthetic, transport=transport, seed=args.seed)
             rows.append(_compare(example, app, args.clients, "synthetic"))

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +31,7 @@ from securefed.errors import AggregationError, InsecureParameterError
 from securefed.flower import describe_transport, partition_users
 from securefed.flower import records as rec
 from securefed.flower.dp import client_noise_std, noise_on_client
-from securefed.flower.loopback import LoopbackFederation
+from securefed.flower.loopback import LoopbackFederation, missing_commands
 from securefed.recsys.fedmf_flower import APP_DIR, write_fedmf_app
 from securefed.transport.dp import DPTransport
 from securefed.transport.secagg import (
@@ -533,11 +530,7 @@ def test_ckks_over_flower_equals_in_process_ckks(example, tmp_path, key_model):
 def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
     """A SuperLink and two SuperNodes as processes on 127.0.0.1; the run is submitted with
     ``flwr run`` and trains FedMF to the in-process model."""
-    missing = [
-        command
-        for command in ("flower-superlink", "flower-supernode", "flwr")
-        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
-    ]
+    missing = missing_commands()
     if missing:
         pytest.skip(f"{missing} not installed (pip install securefed[flower])")
     out = tmp_path / "out"

@@ -574,19 +574,12 @@ def test_real_processes_run_the_malicious_protocol_with_provisioned_identities(e
     round of ``secagg+dp`` (malicious-server secure aggregation, the exact discrete Gaussian
     encoded on the nodes) gives the in-process model."""
     import json
-    import shutil
-    import sys
-    from pathlib import Path
 
     from securefed.flower import partition_users
-    from securefed.flower.loopback import LoopbackFederation
+    from securefed.flower.loopback import LoopbackFederation, missing_commands
     from securefed.recsys.fedmf_flower import write_fedmf_app
 
-    missing = [
-        command
-        for command in ("flower-superlink", "flower-supernode", "flwr")
-        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
-    ]
+    missing = missing_commands()
     if missing:
         pytest.skip(f"{missing} not installed (pip install securefed[flower])")
     out, enrol = tmp_path / "out", tmp_path / "enrol"

@@ -100,6 +100,19 @@ def write_app(
     return dest
 
 
+COMMANDS = ("flower-superlink", "flower-supernode", "flwr")
+"""The Flower commands a loopback federation starts."""
+
+
+def missing_commands() -> list[str]:
+    """The :data:`COMMANDS` found neither beside this Python nor on ``PATH``."""
+    return [
+        name
+        for name in COMMANDS
+        if not (Path(sys.executable).parent / name).exists() and shutil.which(name) is None
+    ]
+
+
 def _executable(name: str) -> str:
     """A Flower command next to this Python (the venv's bin), else from PATH."""
     beside = Path(sys.executable).parent / name
