@@ -452,6 +452,29 @@ def test_a_member_count_the_party_did_not_sign_is_refused(example):
     assert isinstance(error, SignatureError) and "member count" in str(error), error
 
 
+def test_fewer_contributing_users_than_the_minimum_are_refused_by_the_nodes(example):
+    """Secure aggregation's own minimum of contributors (issue 30) counts users: with each node
+    one party the nodes check it against the parties' signed member counts, and refuse."""
+    from securefed.transport.secagg import SecAggTransport
+
+    app = example.FedMFApp(
+        seed=0, rounds=1, transport="secagg", min_nodes=3, synthetic_users=30, timeout=60.0
+    )
+    client_app = make_client_app(lambda context: example.client_setup(app, context))
+    setup = example.server_setup(app)
+    # The app's ring, and a minimum above the round's 30 users.
+    config = SecAggConfig(bits=64, scale=2.0**20, clip=2.0**20, min_contributors=31)
+    setup.transport = SecAggTransport(config, remote_clients=True)
+    from flwr.supercore.task_identity import TaskIdentity
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("_run_id", "_task_id", "_node_id"):
+            patch.setattr(TaskIdentity, name, 1)
+        with pytest.raises(ConsistencyError, match="fewer than the 31 this node requires"):
+            run_federation(DirectGrid(client_app, 3), setup)
+    assert "total" not in setup.transport.view.rounds[0].aggregate
+
+
 # ----------------------------------------------------------------------------- the same model
 @pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize(

@@ -416,12 +416,14 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
 
 
 def _dp_shares(config: Mapping[str, object], mechanism: DistributedIntegerMechanism | None) -> int:
-    """The contributors the node's distributed noise share is calibrated for (0: none)."""
+    """The contributing users the node requires before it unmasks: the count its distributed
+    noise share is calibrated for, and secure aggregation's own minimum (0: none)."""
+    needed = int(config.get("secagg_min_contributors", 0))
     if mechanism is not None:
-        return int(mechanism.min_contributors)
+        return max(needed, int(mechanism.min_contributors))
     if str(config.get("dp_placement", "")) == "distributed":
-        return int(config.get("dp_shares", 0))
-    return 0
+        return max(needed, int(config.get("dp_shares", 0)))
+    return needed
 
 
 def _consistency(setup: ClientSetup, context: Context, message: Message) -> Message:
@@ -468,8 +470,8 @@ def _check_members(
     if needed and sum(counts) < needed:
         raise ConsistencyError(
             f"round {round_id}: the contributing parties hold {sum(counts)} user(s), fewer than "
-            f"the {needed} this node's distributed noise share was calibrated for: the sum "
-            "would carry less noise than stated; refusing to unmask"
+            f"the {needed} this node requires (its distributed noise share is calibrated for "
+            "them, or secure aggregation's minimum of contributors): refusing to unmask"
         )
 
 

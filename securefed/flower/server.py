@@ -186,6 +186,9 @@ class Wire:
                 "secagg_prg": self.secagg.prg,
                 "secagg_aead": self.secagg.aead,
                 "secagg_server": self.secagg.server,
+                # A minimum of contributing users of its own (issue 30): the nodes check it
+                # against the parties' signed member counts, as they check the DP layer's.
+                "secagg_min_contributors": int(self.secagg.min_contributors),
             }
         return config
 
