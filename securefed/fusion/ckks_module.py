@@ -192,6 +192,13 @@ def input_gradient_error_bound(
 
 
 # ----------------------------------------------------------------------------- configuration
+CIRCUITS = ("monomials", "packed")
+"""``"monomials"``: :class:`CKKSModuleFusionChannel` (any degree; each monomial by ciphertext
+products, one masked exchange per monomial); ``"packed"``:
+:class:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel` (degree <= 2, two
+parties; powers in the clear, regions, one exchange a backward)."""
+
+
 @dataclass(frozen=True)
 class CKKSModuleConfig:
     """Parameters of :class:`CKKSModuleFusionChannel`.
@@ -213,7 +220,14 @@ class CKKSModuleConfig:
             A larger scale lowers every operation's error (and so the flooding std at a given
             security level); above 40 bits the chain gets a spare prime that keeps the deepest
             level's room (:func:`~securefed.crypto.ckks.parameters_for`), and the ring degree
-            doubles to 16384 (2^55 measured in docs/fedslate.md section 7).
+            doubles to 16384 (2^55 measured in docs/fedslate.md section 7). The packed
+            circuit's default is 2^49 at ring 8192 (chain ``[60, 49, 49, 60]``).
+        circuit: :data:`CIRCUITS` (which channel :func:`~securefed.fusion.build_fusion_channel`
+            builds).
+        output_shift_bits: packed circuit: outputs and input gradients are evaluated times
+            ``2^-k`` (so that they fit the deepest level) and multiplied back by the party.
+        repeat_inquiries: packed circuit: a training forward that repeats the last forward's
+            vectors and online weights reuses its ciphertexts (the server learns the repeat).
     """
 
     value_bound: float = 8.0
@@ -223,8 +237,16 @@ class CKKSModuleConfig:
     mask_bits: int | None = None
     poly_modulus_degree: int | None = None
     scale_bits: int | None = None
+    circuit: str = "monomials"
+    output_shift_bits: int = 8
+    repeat_inquiries: bool = True
 
     def __post_init__(self) -> None:
+        if self.circuit not in CIRCUITS:
+            raise ValueError(f"circuit must be one of {CIRCUITS}, got {self.circuit!r}")
+        shift = self.output_shift_bits
+        if isinstance(shift, bool) or not isinstance(shift, int) or not 0 <= shift <= 20:
+            raise ValueError(f"output_shift_bits must be an integer in [0, 20], got {shift!r}")
         for name in ("value_bound", "grad_bound"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -348,25 +370,13 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.degree = network.degree
         self.basis = monomials(len(names), self.degree)
         self.levels = circuit_levels(self.degree)
-        circuit = FusionCircuit(depth=self.levels, activation_degree=1, training=False)
-        self.keys = {
-            name: ModuleKeyParty(
-                name,
-                ckks_context(
-                    circuit,
-                    poly_modulus_degree=self.config.poly_modulus_degree,
-                    scale_bits=self.config.scale_bits,
-                    encryption="public-key",
-                ),
-            )
-            for name in names
-        }
+        self.keys = {name: ModuleKeyParty(name, self._new_key()) for name in names}
         self.params = self.keys[names[0]].public.params
         # The server: public contexts only (a test tries to decrypt with them).
         self.server_contexts: dict[str, PublicContext] = {n: k.public for n, k in self.keys.items()}
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
         mask_bits = (
-            self.config.mask_bits if self.config.mask_bits is not None else self.params.mask_bits
+            self.config.mask_bits if self.config.mask_bits is not None else self._mask_bits()
         )
         self.masks = _MaskSource(seeds, 2.0**mask_bits)
         self.base_error = decryption_error_bound(self.params, 1)
@@ -400,6 +410,19 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             }
             | dict(public or {}),
         )
+
+    def _new_key(self) -> SecretContext:
+        """One party's key pair for this circuit's levels (public-key encryption)."""
+        return ckks_context(
+            FusionCircuit(depth=self.levels, activation_degree=1, training=False),
+            poly_modulus_degree=self.config.poly_modulus_degree,
+            scale_bits=self.config.scale_bits,
+            encryption="public-key",
+        )
+
+    def _mask_bits(self) -> int:
+        """The default mask size: what the level of the masked exchange holds."""
+        return self.params.mask_bits
 
     def flooding_std(self, n_slots: int) -> tuple[float, float]:
         """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""
@@ -549,23 +572,10 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         Arguments and return types as :meth:`securefed.fusion.module.ModuleFusionChannel.forward`
         (positions are picked by the party after decryption: the server does not see them).
         """
-        torch = self._torch
-        outputs = check_parties_named("outputs", self._parties, outputs)
-        check_network(network, train)
-        check_tag(tag)
-        missing = set(self._parties) - set(inputs)
-        unknown = set(inputs) - set(self._parties)
-        if missing or unknown:
-            raise ValueError(
-                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
-                f"unknown {sorted(unknown)}"
-            )
+        outputs, arrays, shape, dtype, chosen, module = self._inquiry(
+            inputs, outputs, positions, network, train, tag
+        )
         as_numpy = all(isinstance(v, np.ndarray) for v in inputs.values())
-        arrays, (shape, dtype) = self._check(inputs, self.config.value_bound, "input")
-        chosen = check_positions(positions, outputs, shape[:2])
-        if network == "target" and self.target is None:
-            raise RuntimeError("this channel has no target network (built with target=None)")
-        module = self.module if network == "online" else self.target
         start = time.process_time()
         coefficients = self._coefficients(module, grad=False).numpy()
         self.seconds["server_evaluation"] += time.process_time() - start
@@ -603,18 +613,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             start = now
             fused = self.keys[p].decrypt(returned, length).reshape(shape)
             self.seconds["decryption"] += time.process_time() - start
-            if p in chosen:
-                index = chosen[p]
-                index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-                if index.shape[-1] and int(index.max()) >= shape[2]:
-                    raise ValueError(
-                        f"positions up to {int(index.max())} for an output of width {shape[2]}"
-                    )
-                fused = np.take_along_axis(fused, index, axis=-1)
-            if as_numpy and not train:
-                result[p] = fused.astype(np.result_type(*inputs.values()))
-            else:
-                result[p] = torch.from_numpy(fused).to(dtype or torch.float64)
+            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, as_numpy and not train)
             pending[p] = (chunk_monomials, chosen.get(p))
         if train:
             self._pending = {"shape": shape, "bounds": bounds, "parties": pending, "tag": tag,
@@ -651,47 +650,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 ``grad_bound``, or a recipient without an output in that forward.
         """
         torch = self._torch
-        if self._pending is None:
-            raise RuntimeError("backward() needs a forward(train=True) first (once per forward)")
-        pending = self._pending
-        received = tuple(pending["parties"])
-        recipients = (
-            received
-            if recipients is None
-            else check_parties_named("recipients", self._parties, recipients)
-        )
-        outside = [q for q in recipients if q not in received]
-        if outside:
-            raise ValueError(
-                f"parties {outside} received no output in the last forward: their input "
-                "gradient would be computed under another party's key"
-            )
-        unknown = set(grads) - set(received)
-        if unknown:
-            raise ValueError(f"no forward output for parties {sorted(unknown)}")
+        pending, recipients, full = self._output_gradients(grads, recipients)
         shape, bounds = pending["shape"], pending["bounds"]
-        full = {}
-        for p, g in grads.items():
-            array = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
-            array = np.asarray(array, dtype=np.float64)
-            index = pending["parties"][p][1]
-            expected = shape if index is None else (*shape[:2], index.shape[-1])
-            if array.shape != tuple(expected):
-                raise ValueError(
-                    f"party {p!r} output gradient must have shape {tuple(expected)}, got "
-                    f"{array.shape}"
-                )
-            if index is not None:
-                block = np.zeros(shape)
-                idx = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-                np.add.at(
-                    block,
-                    (np.arange(shape[0])[:, None, None], np.arange(shape[1])[None, :, None], idx),
-                    array,
-                )
-                array = block
-            full[p] = array
-        full, _ = self._check(full, self.config.grad_bound, "output gradient")
         coefficients_t = self._coefficients(self.module, grad=True)
         coefficients = coefficients_t.detach().numpy()
         per_member = shape[1] * shape[2]
@@ -741,14 +701,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 dx = self.keys[p].decrypt(returned, length).reshape(shape)
                 self.seconds["decryption"] += time.process_time() - start
                 result[p] = torch.from_numpy(dx).to(pending["dtype"] or torch.float64)
-        start = time.process_time()
-        self.optimiser.zero_grad(set_to_none=True)
-        surrogate = (coefficients_t * torch.from_numpy(sums)).sum()
-        surrogate.backward()
-        self.optimiser.step()
-        self.seconds["server_evaluation"] += time.process_time() - start
-        self._pending = None
-        self.last_sums = sums
+        self._step(coefficients_t, sums)
         n = len(bounds)
         self._record(
             "backward",
@@ -761,6 +714,99 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             aggregate={"batch_sums": sums},
         )
         return result
+
+    # ------------------------------------------------------------------ shared checks
+    def _inquiry(self, inputs, outputs, positions, network, train, tag):
+        """A forward's arguments checked: ``(outputs, arrays, shape, dtype, chosen, module)``
+        (``arrays``: float64 copies within ``value_bound``; ``dtype``: the tensors' dtype)."""
+        outputs = check_parties_named("outputs", self._parties, outputs)
+        check_network(network, train)
+        check_tag(tag)
+        missing = set(self._parties) - set(inputs)
+        unknown = set(inputs) - set(self._parties)
+        if missing or unknown:
+            raise ValueError(
+                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
+                f"unknown {sorted(unknown)}"
+            )
+        arrays, (shape, dtype) = self._check(inputs, self.config.value_bound, "input")
+        chosen = check_positions(positions, outputs, shape[:2])
+        if network == "target" and self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        module = self.module if network == "online" else self.target
+        return outputs, arrays, shape, dtype, chosen, module
+
+    def _deliver(self, fused: np.ndarray, index, inputs, dtype, as_numpy: bool):
+        """What the party keeps of its decrypted ``(members, batch, width)`` values: the entries
+        at its positions (picked by it, after decryption), as numpy or a tensor."""
+        if index is not None:
+            index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
+            if index.shape[-1] and int(index.max()) >= fused.shape[2]:
+                raise ValueError(
+                    f"positions up to {int(index.max())} for an output of width {fused.shape[2]}"
+                )
+            fused = np.take_along_axis(fused, index, axis=-1)
+        if as_numpy:
+            return fused.astype(np.result_type(*inputs.values()))
+        return self._torch.from_numpy(fused).to(dtype or self._torch.float64)
+
+    def _output_gradients(self, grads, recipients):
+        """A backward's arguments checked: ``(pending, recipients, full)``, ``full`` the
+        ``(members, batch, width)`` float64 gradient per sending party (zeros at the positions
+        it did not ask for), within ``grad_bound``."""
+        if self._pending is None:
+            raise RuntimeError("backward() needs a forward(train=True) first (once per forward)")
+        pending = self._pending
+        received = tuple(pending["parties"])
+        recipients = (
+            received
+            if recipients is None
+            else check_parties_named("recipients", self._parties, recipients)
+        )
+        outside = [q for q in recipients if q not in received]
+        if outside:
+            raise ValueError(
+                f"parties {outside} received no output in the last forward: their input "
+                "gradient would be computed under another party's key"
+            )
+        unknown = set(grads) - set(received)
+        if unknown:
+            raise ValueError(f"no forward output for parties {sorted(unknown)}")
+        shape = pending["shape"]
+        full = {}
+        for p, g in grads.items():
+            array = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
+            array = np.asarray(array, dtype=np.float64)
+            index = pending["parties"][p][1]
+            expected = shape if index is None else (*shape[:2], index.shape[-1])
+            if array.shape != tuple(expected):
+                raise ValueError(
+                    f"party {p!r} output gradient must have shape {tuple(expected)}, got "
+                    f"{array.shape}"
+                )
+            if index is not None:
+                block = np.zeros(shape)
+                idx = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
+                np.add.at(
+                    block,
+                    (np.arange(shape[0])[:, None, None], np.arange(shape[1])[None, :, None], idx),
+                    array,
+                )
+                array = block
+            full[p] = array
+        full, _ = self._check(full, self.config.grad_bound, "output gradient")
+        return pending, recipients, full
+
+    def _step(self, coefficients_t, sums: np.ndarray) -> None:
+        """The server's optimiser step on the released batch sums (``sum_m C_m(theta) S_m``)."""
+        start = time.process_time()
+        self.optimiser.zero_grad(set_to_none=True)
+        surrogate = (coefficients_t * self._torch.from_numpy(sums)).sum()
+        surrogate.backward()
+        self.optimiser.step()
+        self.seconds["server_evaluation"] += time.process_time() - start
+        self._pending = None
+        self.last_sums = sums
 
     def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
         """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""
