@@ -68,7 +68,16 @@ from securefed.crypto.ckks import (
     decryption_error_bound,
     error_tail_factor,
 )
-from securefed.fusion.base import check_network, check_parties_named, check_positions, check_tag
+from securefed.fusion.base import (
+    Inquiry,
+    as_numpy,
+    check_input_parties,
+    check_network,
+    check_parties_named,
+    check_positions,
+    pick,
+    scatter_positions,
+)
 from securefed.fusion.ckks import _MaskSource
 from securefed.fusion.expansion import (
     derivative,
@@ -475,8 +484,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         for party, value in inputs.items():
             if hasattr(value, "detach"):
                 dtype = value.dtype
-                value = value.detach().cpu().numpy()
-            array = np.asarray(value, dtype=np.float64)
+            array = np.asarray(as_numpy(value), dtype=np.float64)
             if array.ndim != 3 or array.shape[0] != self.members:
                 raise ValueError(
                     f"party {party!r} {what} has shape {array.shape}; expected ({self.members}, "
@@ -557,25 +565,17 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return _context_of(vector, self.keys[party]._secret)
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, Any]:
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
         """Each party in ``outputs`` gets ``f`` on its vector first, under its own key.
 
         Arguments and return types as :meth:`securefed.fusion.module.ModuleFusionChannel.forward`
         (positions are picked by the party after decryption: the server does not see them).
         """
-        outputs, arrays, shape, dtype, chosen, module = self._inquiry(
-            inputs, outputs, positions, network, train, tag
-        )
-        as_numpy = all(isinstance(v, np.ndarray) for v in inputs.values())
+        inputs, outputs, network, train, tag = (
+            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        )  # fmt: skip
+        arrays, shape, dtype, chosen, module = self._inquiry(inquiry)
+        numpy_in = all(isinstance(v, np.ndarray) for v in inputs.values())
         start = time.process_time()
         coefficients = self._coefficients(module, grad=False).numpy()
         self.seconds["server_evaluation"] += time.process_time() - start
@@ -613,7 +613,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             start = now
             fused = self.keys[p].decrypt(returned, length).reshape(shape)
             self.seconds["decryption"] += time.process_time() - start
-            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, as_numpy and not train)
+            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, numpy_in and not train)
             pending[p] = (chunk_monomials, chosen.get(p))
         if train:
             self._pending = {"shape": shape, "bounds": bounds, "parties": pending, "tag": tag,
@@ -635,8 +635,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return result
 
     # ------------------------------------------------------------------ backward
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, Any]:
         """``p`` sends ``[[dL/dy_p]]``; the masked exchange yields the batch sums, the server
         steps its optimiser, ``p`` gets ``[[dL/dx_p]]`` under its key.
@@ -716,37 +716,22 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return result
 
     # ------------------------------------------------------------------ shared checks
-    def _inquiry(self, inputs, outputs, positions, network, train, tag):
-        """A forward's arguments checked: ``(outputs, arrays, shape, dtype, chosen, module)``
-        (``arrays``: float64 copies within ``value_bound``; ``dtype``: the tensors' dtype)."""
-        outputs = check_parties_named("outputs", self._parties, outputs)
-        check_network(network, train)
-        check_tag(tag)
-        missing = set(self._parties) - set(inputs)
-        unknown = set(inputs) - set(self._parties)
-        if missing or unknown:
-            raise ValueError(
-                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
-                f"unknown {sorted(unknown)}"
-            )
-        arrays, (shape, dtype) = self._check(inputs, self.config.value_bound, "input")
-        chosen = check_positions(positions, outputs, shape[:2])
-        if network == "target" and self.target is None:
+    def _inquiry(self, inquiry: Inquiry):
+        """A forward's inputs checked: ``(arrays, shape, dtype, chosen, module)`` (``arrays``:
+        float64 copies within ``value_bound``; ``dtype``: the tensors' dtype)."""
+        check_input_parties(self._parties, inquiry.inputs)
+        arrays, (shape, dtype) = self._check(inquiry.inputs, self.config.value_bound, "input")
+        chosen = check_positions(inquiry.positions, inquiry.outputs, shape[:2])
+        if inquiry.network == "target" and self.target is None:
             raise RuntimeError("this channel has no target network (built with target=None)")
-        module = self.module if network == "online" else self.target
-        return outputs, arrays, shape, dtype, chosen, module
+        module = self.module if inquiry.network == "online" else self.target
+        return arrays, shape, dtype, chosen, module
 
-    def _deliver(self, fused: np.ndarray, index, inputs, dtype, as_numpy: bool):
+    def _deliver(self, fused: np.ndarray, index, inputs, dtype, numpy_out: bool):
         """What the party keeps of its decrypted ``(members, batch, width)`` values: the entries
         at its positions (picked by it, after decryption), as numpy or a tensor."""
-        if index is not None:
-            index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-            if index.shape[-1] and int(index.max()) >= fused.shape[2]:
-                raise ValueError(
-                    f"positions up to {int(index.max())} for an output of width {fused.shape[2]}"
-                )
-            fused = np.take_along_axis(fused, index, axis=-1)
-        if as_numpy:
+        fused = pick(fused, None if index is None else as_numpy(index))
+        if numpy_out:
             return fused.astype(np.result_type(*inputs.values()))
         return self._torch.from_numpy(fused).to(dtype or self._torch.float64)
 
@@ -775,8 +760,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         shape = pending["shape"]
         full = {}
         for p, g in grads.items():
-            array = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
-            array = np.asarray(array, dtype=np.float64)
+            array = np.asarray(as_numpy(g), dtype=np.float64)
             index = pending["parties"][p][1]
             expected = shape if index is None else (*shape[:2], index.shape[-1])
             if array.shape != tuple(expected):
@@ -785,14 +769,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                     f"{array.shape}"
                 )
             if index is not None:
-                block = np.zeros(shape)
-                idx = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-                np.add.at(
-                    block,
-                    (np.arange(shape[0])[:, None, None], np.arange(shape[1])[None, :, None], idx),
-                    array,
-                )
-                array = block
+                array = scatter_positions(array, as_numpy(index), shape[2])
             full[p] = array
         full, _ = self._check(full, self.config.grad_bound, "output gradient")
         return pending, recipients, full

@@ -63,6 +63,7 @@ from securefed.crypto.ckks import (
     error_tail_factor,
     symmetric_twin,
 )
+from securefed.fusion.base import Inquiry
 from securefed.fusion.ckks_module import (
     CKKSModuleConfig,
     CKKSModuleFusionChannel,
@@ -449,21 +450,13 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._memo.clear()
         super().open_round(round_id)
 
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, Any]:
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
         """As :meth:`CKKSModuleFusionChannel.forward`, in the packed circuit."""
-        outputs, arrays, shape, dtype, chosen, module = self._inquiry(
-            inputs, outputs, positions, network, train, tag
-        )
-        as_numpy = all(isinstance(v, np.ndarray) for v in inputs.values())
+        inputs, outputs, network, train, tag = (
+            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        )  # fmt: skip
+        arrays, shape, dtype, chosen, module = self._inquiry(inquiry)
+        numpy_in = all(isinstance(v, np.ndarray) for v in inputs.values())
         length = int(np.prod(shape))
         per_member = shape[1] * shape[2]
         chunks = self._chunks(length)
@@ -501,7 +494,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 for q in senders:
                     up[q] = up.get(q, 0) + len(chunks) * self.ciphertext_bytes
                 down[p] = len(chunks) * self.ciphertext_bytes
-            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, as_numpy and not train)
+            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, numpy_in and not train)
             pending[p] = (pieces, chosen.get(p), arrays[p])
         if train:
             self._pending = {"shape": shape, "bounds": chunks, "parties": pending, "tag": tag,
@@ -511,8 +504,8 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         return result
 
     # ------------------------------------------------------------------ backward
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, Any]:
         """As :meth:`CKKSModuleFusionChannel.backward`, in the packed circuit: one masked
         exchange per chunk releases the batch sums that involve the other party, the owner
