@@ -304,6 +304,18 @@ def check_party_matrices(
     return out
 
 
+def check_spec_inquiry(spec: FusionSpec, inquiry: Inquiry):
+    """A FusionSpec network's forward inputs checked: ``(matrices, batch, positions)``, one
+    ``(batch, width)`` float64 matrix per party and the int64 positions of each output party."""
+    matrices = check_party_matrices(spec, inquiry.inputs, kind="input")
+    batch = next(iter(matrices.values())).shape[0]
+    chosen = {
+        p: np.asarray(v, np.int64)
+        for p, v in check_positions(inquiry.positions, inquiry.outputs, (batch,)).items()
+    }
+    return matrices, batch, chosen
+
+
 def concatenate(spec: FusionSpec, matrices: Mapping[str, np.ndarray]) -> np.ndarray:
     """The parties' matrices side by side, in spec order."""
     return np.concatenate([matrices[name] for name in spec.names], axis=1)
@@ -721,16 +733,8 @@ class PlaintextFusionChannel(FusionChannelBase):
         return h
 
     def _forward(self, inquiry: Inquiry) -> dict[str, np.ndarray]:
-        inputs, outputs, network, train, tag = (
-            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
-        )  # fmt: skip
-        positions = inquiry.positions
-        matrices = check_party_matrices(self.spec, inputs, kind="input")
-        batch = next(iter(matrices.values())).shape[0]
-        chosen = {
-            p: np.asarray(v, np.int64)
-            for p, v in check_positions(positions, outputs, (batch,)).items()
-        }
+        outputs, network, train, tag = inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        matrices, _, chosen = check_spec_inquiry(self.spec, inquiry)
         params = self._params if network == "online" else self._target
         if train:
             x = self._torch.tensor(concatenate(self.spec, matrices), requires_grad=True)

@@ -68,8 +68,7 @@ from securefed.fusion.base import (
     Inquiry,
     Party,
     check_parties_named,
-    check_party_matrices,
-    check_positions,
+    check_spec_inquiry,
     output_gradient,
     pick,
     spec_public,
@@ -691,16 +690,8 @@ class CKKSFusionChannel(FusionChannelBase):
     def _forward(self, inquiry: Inquiry) -> dict[str, np.ndarray]:
         """Parties encrypt, the server evaluates, each party in ``outputs`` decrypts its slice
         (and picks its ``positions``)."""
-        inputs, outputs, network, train, tag = (
-            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
-        )  # fmt: skip
-        positions = inquiry.positions
-        matrices = check_party_matrices(self.spec, inputs, kind="input")
-        batch = next(iter(matrices.values())).shape[0]
-        chosen = {
-            p: np.asarray(v, np.int64)
-            for p, v in check_positions(positions, outputs, (batch,)).items()
-        }
+        outputs, network, train, tag = inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        matrices, batch, chosen = check_spec_inquiry(self.spec, inquiry)
         before = self._bytes()
         seconds = self.transcript.seconds
         start = time.perf_counter()

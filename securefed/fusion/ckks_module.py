@@ -419,6 +419,10 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             }
             | dict(public or {}),
         )
+        self._setup_circuit()
+
+    def _setup_circuit(self) -> None:
+        """What a circuit adds to the channel once its keys and view exist (nothing here)."""
 
     def _new_key(self) -> SecretContext:
         """One party's key pair for this circuit's levels (public-key encryption)."""

@@ -65,13 +65,10 @@ from securefed.crypto.ckks import (
 )
 from securefed.fusion.base import Inquiry
 from securefed.fusion.ckks_module import (
-    CKKSModuleConfig,
     CKKSModuleFusionChannel,
     _context_of,
     _segments,
 )
-from securefed.randomness import SeedTree
-from securefed.views import NO_PAYLOADS, RoundSelection
 
 __all__ = [
     "PACKED_SCALE_BITS",
@@ -207,26 +204,8 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     circuit = "packed"
 
-    def __init__(
-        self,
-        parties: Sequence[str],
-        module: Any,
-        optimiser: Any,
-        *,
-        target: Any = None,
-        members: int = 1,
-        cross: bool = True,
-        seeds: SeedTree,
-        config: CKKSModuleConfig | None = None,
-        keep_payloads: RoundSelection = NO_PAYLOADS,
-        total_rounds: int | None = None,
-        public: Mapping[str, object] | None = None,
-    ) -> None:
-        super().__init__(
-            parties, module, optimiser, target=target, members=members, cross=cross,
-            seeds=seeds, config=config, keep_payloads=keep_payloads, total_rounds=total_rounds,
-            public=public,
-        )  # fmt: skip
+    def _setup_circuit(self) -> None:
+        """Refuse what the packed circuit cannot serve; the owner's secret-key contexts."""
         if self.degree > 2:
             raise ValueError(
                 f"the packed circuit evaluates networks of degree <= 2 (one hidden layer with "

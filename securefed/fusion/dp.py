@@ -452,7 +452,7 @@ class DPFusionChannel:
         if is_tensor:
             import torch
 
-            return torch.fromas_numpy(noised), factors
+            return torch.from_numpy(noised), factors
         return noised, factors
 
 
@@ -461,5 +461,5 @@ def _scaled(gradient: Any, factors: np.ndarray) -> Any:
     if hasattr(gradient, "detach"):
         import torch
 
-        return gradient * torch.fromas_numpy(factors.astype(np.float64)).to(gradient.dtype)
+        return gradient * torch.from_numpy(factors.astype(np.float64)).to(gradient.dtype)
     return np.asarray(gradient) * factors
