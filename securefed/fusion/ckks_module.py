@@ -440,15 +440,15 @@ class CKKSModuleFusionChannel(TorchServerChannel):
     def flooding_std(self, n_slots: int) -> tuple[float, float]:
         """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""
         if n_slots not in self._flood_std:
-            bound = masked_sum_error_bound(
-                self.base_error,
-                self.degree,
-                self.config.value_bound,
-                self.config.grad_bound,
-                n_slots,
-            )
+            bound = self._sum_error_bound(n_slots)
             self._flood_std[n_slots] = (bound, self.config.flooding.std_for(bound))
         return self._flood_std[n_slots]
+
+    def _sum_error_bound(self, n_slots: int) -> float:
+        """The circuit's bound on the error of one released sum (:func:`masked_sum_error_bound`)."""
+        return masked_sum_error_bound(
+            self.base_error, self.degree, self.config.value_bound, self.config.grad_bound, n_slots
+        )
 
     def error_bounds(self, network: str = "online") -> dict[str, np.ndarray]:
         """Per member, the stated bounds on the error of an output entry and of an input
@@ -705,18 +705,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 dx = self.keys[p].decrypt(returned, length).reshape(shape)
                 self.seconds["decryption"] += time.process_time() - start
                 result[p] = torch.from_numpy(dx).to(pending["dtype"] or torch.float64)
-        self._step(coefficients_t, sums)
-        n = len(bounds)
-        self._record(
-            "backward",
-            network="online",
-            tag=pending["tag"],
-            train=True,
-            outputs=list(result),
-            up={p: n * (self.ciphertext_bytes + len(self.basis) * 8 * self.members) for p in full},
-            down={p: n * (1 + len(self.basis)) * self.ciphertext_bytes for p in full},
-            aggregate={"batch_sums": sums},
-        )
+        self._step(coefficients_t, sums, pending, result, tuple(full), len(bounds),
+                   1 + len(self.basis))  # fmt: skip
         return result
 
     # ------------------------------------------------------------------ shared checks
@@ -778,8 +768,10 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         full, _ = self._check(full, self.config.grad_bound, "output gradient")
         return pending, recipients, full
 
-    def _step(self, coefficients_t, sums: np.ndarray) -> None:
-        """The server's optimiser step on the released batch sums (``sum_m C_m(theta) S_m``)."""
+    def _step(self, coefficients_t, sums, pending, result, senders, chunks, down_per_chunk):
+        """The server's optimiser step on the released batch sums (``sum_m C_m(theta) S_m``),
+        and the backward's record: each sender's ciphertext and released numbers up per chunk,
+        ``down_per_chunk`` ciphertexts down."""
         start = time.process_time()
         self.optimiser.zero_grad(set_to_none=True)
         surrogate = (coefficients_t * self._torch.from_numpy(sums)).sum()
@@ -788,6 +780,17 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.seconds["server_evaluation"] += time.process_time() - start
         self._pending = None
         self.last_sums = sums
+        up = chunks * (self.ciphertext_bytes + len(self.basis) * 8 * self.members)
+        self._record(
+            "backward",
+            network="online",
+            tag=pending["tag"],
+            train=True,
+            outputs=list(result),
+            up=dict.fromkeys(senders, up),
+            down=dict.fromkeys(senders, chunks * down_per_chunk * self.ciphertext_bytes),
+            aggregate={"batch_sums": sums},
+        )
 
     def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
         """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""

@@ -262,18 +262,12 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         """Masks for the exchange at level 1 (two bits below its room, at most 2^16)."""
         return min(16, int(math.log2(self.params.max_abs_value(1))) - 2)
 
-    def flooding_std(self, n_slots: int) -> tuple[float, float]:
-        """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""
-        if n_slots not in self._flood_std:
-            bound = packed_sum_error_bound(
-                self.fresh_own,
-                self.fresh_public,
-                self.config.value_bound,
-                self.config.grad_bound,
-                n_slots,
-            )
-            self._flood_std[n_slots] = (bound, self.config.flooding.std_for(bound))
-        return self._flood_std[n_slots]
+    def _sum_error_bound(self, n_slots: int) -> float:
+        """:func:`packed_sum_error_bound` of a released sum of ``n_slots`` slots."""
+        return packed_sum_error_bound(
+            self.fresh_own, self.fresh_public, self.config.value_bound, self.config.grad_bound,
+            n_slots,
+        )  # fmt: skip
 
     def error_bounds(self, network: str = "online") -> dict[str, np.ndarray]:
         """Per member, the stated bounds on the error of an output and of an input-gradient
@@ -541,19 +535,8 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 result[p] = torch.from_numpy(np.concatenate(dx).reshape(shape)).to(
                     pending["dtype"] or torch.float64
                 )
-        self._step(coefficients_t, sums)
         self._memo.clear()
-        n = len(chunks)
-        self._record(
-            "backward",
-            network="online",
-            tag=pending["tag"],
-            train=True,
-            outputs=list(result),
-            up={p: n * (self.ciphertext_bytes + len(self.basis) * 8 * self.members) for p in full},
-            down={p: n * 2 * self.ciphertext_bytes for p in full},
-            aggregate={"batch_sums": sums},
-        )
+        self._step(coefficients_t, sums, pending, result, tuple(full), len(chunks), 2)
         return result
 
     def _release_own(self, party, values, segments, start, per_member) -> np.ndarray:
