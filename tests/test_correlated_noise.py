@@ -277,3 +277,26 @@ def test_cyclic_sampling_claims_no_amplification():
         DPTransport(
             PlaintextTransport(), clip=1.0, noise_multiplier=1.0, sample_rate=1 / 3, ledger=ledger
         )
+
+
+def test_fedmf_runs_on_the_cyclic_schedule_within_its_target(small_split):
+    from securefed.audit import audit
+    from securefed.bench.experiment import FedMFRun, run_fedmf
+    from securefed.recsys.fedmf import dp_biased_config
+
+    run = FedMFRun(
+        config=dp_biased_config(rounds=12),
+        transport="dp",
+        seed=0,
+        progress=False,
+        sampling=ClientSampling("cyclic", groups=3),
+        transport_options={"epsilon": 4.0, "correlation": "tree", "groups": 3},
+    )
+    record, _, transport = run_fedmf(small_split, run)
+    assert 4.0 - 0.01 <= record["epsilon"] <= 4.0
+    assert math.isinf(record["epsilon_server"])
+    public = {k: v for k, v in transport.view.public.items() if k != "privacy_ledger"}
+    assert "unknown-key" not in audit(public).codes
+    # Every user took part in 4 of the 12 rounds (its group's), none in another's.
+    for round_view in transport.view:
+        assert set((np.asarray(round_view.clients) % 3).tolist()) == {round_view.round_id % 3}

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from securefed.audit.findings import register_known_keys
 from securefed.errors import InsecureParameterError, UnsupportedTransport
 from securefed.privacy.correlated import (
     CyclicParticipation,
@@ -52,6 +53,27 @@ from securefed.privacy.ledger import PrivacyLedger
 from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, Transport
 from securefed.transport.dp import DPRound, DPTransport
+
+
+PUBLIC_KEYS = frozenset(
+    {
+        "dp_correlation",
+        "dp_groups",
+        "dp_total_rounds",
+        "dp_bands",
+        "dp_tree_restart",
+        "dp_sensitivity_sq",
+    }
+)
+"""The public parameters this transport adds to a view (known to :mod:`securefed.audit`)."""
+
+
+def audit_keys() -> frozenset[str]:
+    """:data:`PUBLIC_KEYS`, for the ``securefed.audit_keys`` entry point."""
+    return PUBLIC_KEYS
+
+
+register_known_keys("dp-correlated", PUBLIC_KEYS)
 
 
 class CorrelatedDPRound(DPRound):
