@@ -54,7 +54,6 @@ from securefed.randomness import SeedTree
 from securefed.transport.base import Aggregate, Transport
 from securefed.transport.dp import DPRound, DPTransport
 
-
 PUBLIC_KEYS = frozenset(
     {
         "dp_correlation",
