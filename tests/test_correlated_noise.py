@@ -45,6 +45,19 @@ def epsilon_from_zcdp_rdp(rho: float, delta: float) -> float:
     return max(best, 0.0)
 
 
+def central(correlation, *, sigma, groups, rounds, ledger=None, clip=1.0):
+    """A :class:`CorrelatedDPTransport` over plaintext."""
+    return CorrelatedDPTransport(
+        PlaintextTransport(),
+        clip=clip,
+        noise_multiplier=sigma,
+        correlation=correlation,
+        groups=groups,
+        total_rounds=rounds,
+        ledger=ledger,
+    )
+
+
 def drive(transport: CorrelatedDPTransport, rounds: int, n_clients: int, shape, seed=0):
     """Run ``rounds`` rounds of zero updates from the schedule's clients; the released sums."""
     seeds = SeedTree(seed)
@@ -93,15 +106,7 @@ def test_tree_ledger_epsilon_matches_the_papers_formula(sigma):
     groups, epochs = 8, 5
     depth_sum = epochs * math.ceil(math.log2(groups + 1))
     ledger = PrivacyLedger()
-    transport = CorrelatedDPTransport(
-        PlaintextTransport(),
-        clip=1.0,
-        noise_multiplier=sigma,
-        correlation="tree",
-        groups=groups,
-        total_rounds=groups * epochs,
-        ledger=ledger,
-    )
+    transport = central("tree", sigma=sigma, groups=groups, rounds=groups * epochs, ledger=ledger)
     drive(transport, groups * epochs, n_clients=16, shape=(1, 2))
     rho = depth_sum / (2 * sigma**2)
     expected = epsilon_from_zcdp_rdp(rho, 1e-5)
@@ -122,14 +127,8 @@ def test_banded_and_independent_ledger_epsilon_match_the_column_norm_formula(ban
         (IndependentNoise(), 1.0),
     ):
         ledger = PrivacyLedger()
-        transport = CorrelatedDPTransport(
-            PlaintextTransport(),
-            clip=1.0,
-            noise_multiplier=sigma,
-            correlation=correlation,
-            groups=groups,
-            total_rounds=groups * k,
-            ledger=ledger,
+        transport = central(
+            correlation, sigma=sigma, groups=groups, rounds=groups * k, ledger=ledger
         )
         drive(transport, groups * k, n_clients=12, shape=(1, 1))
         expected = epsilon_from_zcdp_rdp(k * norm_sq / (2 * sigma**2), 1e-5)
@@ -166,14 +165,7 @@ def test_calibration_meets_the_target_through_the_registry():
 )
 def test_released_prefix_sums_carry_the_stated_noise_covariance(correlation, rounds):
     sigma, clip, shape = 1.5, 2.0, (250, 80)  # 20000 coordinates: independent samples
-    transport = CorrelatedDPTransport(
-        PlaintextTransport(),
-        clip=clip,
-        noise_multiplier=sigma,
-        correlation=correlation,
-        groups=4,
-        total_rounds=rounds,
-    )
+    transport = central(correlation, sigma=sigma, groups=4, rounds=rounds, clip=clip)
     released = drive(transport, rounds, n_clients=4, shape=shape, seed=11)
     prefix = np.cumsum(released, axis=0) / (sigma * clip)
     n = prefix.shape[1]
@@ -227,15 +219,7 @@ def test_options_that_do_not_apply_are_refused(options, message):
 
 def test_schedule_violations_are_refused_before_anything_is_released():
     ledger = PrivacyLedger()
-    transport = CorrelatedDPTransport(
-        PlaintextTransport(),
-        clip=1.0,
-        noise_multiplier=4.0,
-        correlation="tree",
-        groups=2,
-        total_rounds=3,
-        ledger=ledger,
-    )
+    transport = central("tree", sigma=4.0, groups=2, rounds=3, ledger=ledger)
     seeds = SeedTree(0)
     with pytest.raises(InsecureParameterError, match="outside its group"):
         transport.open_round(0, [0, 1], shape=(1, 1), seeds=seeds)  # client 1 is group 1
@@ -249,15 +233,7 @@ def test_schedule_violations_are_refused_before_anything_is_released():
 
 def test_a_spent_budget_releases_nothing_and_keeps_the_stream():
     ledger = PrivacyLedger(budget=(1.0, 1e-5))
-    transport = CorrelatedDPTransport(
-        PlaintextTransport(),
-        clip=1.0,
-        noise_multiplier=3.0,
-        correlation="banded",
-        groups=1,
-        total_rounds=50,
-        ledger=ledger,
-    )
+    transport = central("banded", sigma=3.0, groups=1, rounds=50, ledger=ledger)
     with pytest.raises(PrivacyBudgetExceeded):
         drive(transport, 50, n_clients=2, shape=(1, 1))
     assert ledger.epsilon() <= 1.0
