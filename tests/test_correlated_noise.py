@@ -115,6 +115,32 @@ def test_tree_ledger_epsilon_matches_the_papers_formula(sigma):
     assert math.isinf(ledger.epsilon(1e-5, against="server"))  # central: the server sees it
 
 
+@pytest.mark.parametrize("groups, rounds", [(4, 32), (2, 16), (8, 64)])
+def test_single_tree_without_restart_counts_every_node_a_client_reaches(groups, rounds):
+    # One tree over all the rounds (no restart), client in every groups-th leaf (both powers of
+    # 2, k = rounds / groups participations): a node of level l < log2(groups) holds at most one
+    # of its leaves (rounds / groups such nodes), a node of level l >= log2(groups) holds 2^l /
+    # groups (rounds / 2^l nodes). Delta^2 = k log2(groups) + sum_l (rounds / 2^l)(2^l / groups)^2
+    # = k (log2(groups) + 2k - 1): the price of no restart, against k ceil(log2(groups + 1)).
+    k, sigma = rounds // groups, 20.0
+    delta_sq = k * (math.log2(groups) + 2 * k - 1)
+    ledger = PrivacyLedger()
+    transport = build_transport(
+        "dp",
+        {"noise_multiplier": sigma, "correlation": "tree", "groups": groups, "restart": rounds},
+        total_rounds=rounds,
+        n_clients=2 * groups,
+        ledger=ledger,
+    )
+    drive(transport, rounds, n_clients=2 * groups, shape=(1, 1))
+    assert transport.tracker.squared == pytest.approx(delta_sq)
+    expected = epsilon_from_zcdp_rdp(delta_sq / (2 * sigma**2), 1e-5)
+    assert ledger.epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
+    restarted = central("tree", sigma=sigma, groups=groups, rounds=rounds)
+    drive(restarted, rounds, n_clients=2 * groups, shape=(1, 1))
+    assert restarted.tracker.squared == k * math.ceil(math.log2(groups + 1)) < delta_sq
+
+
 @pytest.mark.parametrize("bands", [1, 3, 6])
 def test_banded_and_independent_ledger_epsilon_match_the_column_norm_formula(bands):
     # Choquette-Choo et al. 2023, Theorem 2: with b-min-separation and at most b bands the
@@ -208,6 +234,7 @@ def test_correlated_noise_is_refused_outside_central_dp(name):
         ({"correlation": "fourier", "groups": 2}, "correlation must be one of"),
         ({"groups": 2}, "belong to correlated noise"),
         ({"correlation": "tree", "groups": 2, "bands": 2}, "applies to correlation 'banded'"),
+        ({"correlation": "banded", "groups": 2, "restart": 4}, "applies to correlation 'tree'"),
         ({"correlation": "tree", "groups": 2, "mechanism": "skellam"}, "central Gaussian"),
         ({"correlation": "banded", "groups": 2, "colluders": 1}, "central Gaussian"),
     ],

@@ -292,24 +292,29 @@ class _BandedStream:
         return value
 
 
-def correlation_named(name: str, *, groups: int, bands: int | None = None) -> NoiseCorrelation:
+def correlation_named(
+    name: str, *, groups: int, bands: int | None = None, restart: int | None = None
+) -> NoiseCorrelation:
     """The strategy ``name`` (:data:`CORRELATIONS`) for a schedule of ``groups`` groups.
 
-    ``"tree"`` restarts once per pass over the groups (every client once per tree);
+    ``"tree"`` restarts every ``restart`` rounds (default ``groups``: once per pass over the
+    groups, every client once per tree; the run's length: one tree, no restart);
     ``"banded"`` takes ``bands`` bands (default ``groups``; more than ``groups`` is allowed, the
     sensitivity is then computed over the overlapping columns).
 
     Raises:
-        ValueError: an unknown name, or ``bands`` for a strategy that has none.
+        ValueError: an unknown name, or ``bands`` (``restart``) for a strategy without them.
     """
     if name not in CORRELATIONS:
         raise ValueError(f"correlation must be one of {CORRELATIONS}, got {name!r}")
     if bands is not None and name != "banded":
         raise ValueError(f"bands={bands!r} applies to correlation 'banded', not {name!r}")
+    if restart is not None and name != "tree":
+        raise ValueError(f"restart={restart!r} applies to correlation 'tree', not {name!r}")
     if name == "independent":
         return IndependentNoise()
     if name == "tree":
-        return TreeNoise(groups)
+        return TreeNoise(groups if restart is None else restart)
     return BandedNoise.sqrt_prefix(groups if bands is None else bands)
 
 

@@ -112,6 +112,7 @@ class CorrelatedDPTransport(DPTransport):
         groups: the cyclic schedule's groups ``b`` (client ``c`` in rounds ``t % b == c % b``).
         total_rounds: the rounds the run may release (refused beyond).
         bands: the banded strategy's bands (default ``groups``).
+        restart: the tree's rounds between restarts (default ``groups``).
         ledger, delta, secure: as :class:`DPTransport`.
 
     Raises:
@@ -129,15 +130,18 @@ class CorrelatedDPTransport(DPTransport):
         groups: int,
         total_rounds: int,
         bands: int | None = None,
+        restart: int | None = None,
         ledger: PrivacyLedger | None = None,
         delta: float | None = None,
         secure: bool = False,
     ) -> None:
         self.participation = CyclicParticipation(groups)
         if isinstance(correlation, str):
-            correlation = correlation_named(correlation, groups=groups, bands=bands)
-        elif bands is not None:
-            raise ValueError("bands is given by the strategy object itself")
+            correlation = correlation_named(
+                correlation, groups=groups, bands=bands, restart=restart
+            )
+        elif bands is not None or restart is not None:
+            raise ValueError("bands and restart are given by the strategy object itself")
         if isinstance(total_rounds, bool) or int(total_rounds) != total_rounds or total_rounds < 1:
             raise ValueError(f"total_rounds must be an integer >= 1, got {total_rounds!r}")
         self.correlation = correlation

@@ -315,6 +315,8 @@ class DPOptions:
             ``DPTransport``, accounted by sampling rate.
         groups: the cyclic schedule of ``correlation`` (``ClientSampling('cyclic', groups=b)``).
         bands: the banded strategy's bands (default ``groups``).
+        restart: the tree's rounds between restarts (default ``groups``, one tree per pass; the
+            run's rounds for a single tree).
 
     Raises:
         ValueError: neither ``epsilon`` nor ``noise_multiplier`` given, or a value out of range.
@@ -334,6 +336,7 @@ class DPOptions:
     correlation: str | None = None
     groups: int | None = None
     bands: int | None = None
+    restart: int | None = None
 
     def __post_init__(self) -> None:
         _typed(self)
@@ -366,9 +369,10 @@ class DPOptions:
         from securefed.privacy.correlated import CORRELATIONS
 
         if self.correlation is None:
-            if self.groups is not None or self.bands is not None:
+            if self.groups is not None or self.bands is not None or self.restart is not None:
                 raise ValueError(
-                    f"{owner} options 'groups' and 'bands' belong to correlated noise: set "
+                    f"{owner} options 'groups', 'bands' and 'restart' belong to correlated "
+                    "noise: set "
                     "correlation (independent, tree or banded) or leave them unset"
                 )
             return
@@ -908,7 +912,9 @@ def _correlated_dp(
     refuse_correlated(placement, name)
     if not run.total_rounds:
         raise ValueError("correlated noise is calibrated for the run's rounds: give total_rounds")
-    strategy = correlation_named(dp.correlation, groups=dp.groups, bands=dp.bands)
+    strategy = correlation_named(
+        dp.correlation, groups=dp.groups, bands=dp.bands, restart=dp.restart
+    )
     noise_multiplier = dp.noise_multiplier
     if noise_multiplier is None:
         noise_multiplier = noise_for_correlated_target(
