@@ -86,6 +86,37 @@ def tree_prefix_nodes(t: int, restart: int) -> set[tuple[int, int, int]]:
     return nodes
 
 
+def honaker_prefix_covariance(restart: int, rounds: int) -> np.ndarray:
+    """Covariance of the prefix sums read with the best linear unbiased estimate of each node of
+    their decomposition from every released node of its subtree (generalised least squares with
+    i.i.d. unit node noise: ``a^T (Q^T Q)^-1 Q^T``, ``Q`` the subtree's node-by-leaf matrix, ``a``
+    its leaves), which Honaker's bottom-up recursion computes (Honaker 2015). Written apart."""
+    index: dict[tuple[int, int, int], int] = {}
+    rows = []
+    for t in range(rounds):
+        coefficients: dict[int, float] = {}
+        for tree, level, start in tree_prefix_nodes(t, restart):
+            nodes = [
+                (tree, lv, st)
+                for lv in range(level + 1)
+                for st in range(start, start + (1 << level), 1 << lv)
+            ]
+            leaves = 1 << level
+            query = np.zeros((len(nodes), leaves))
+            for row, (_, lv, st) in enumerate(nodes):
+                query[row, st - start : st - start + (1 << lv)] = 1.0
+            gls = np.ones(leaves) @ np.linalg.solve(query.T @ query, query.T)
+            for node, weight in zip(nodes, gls, strict=True):
+                column = index.setdefault(node, len(index))
+                coefficients[column] = coefficients.get(column, 0.0) + weight
+        rows.append(coefficients)
+    matrix = np.zeros((rounds, len(index)))
+    for t, coefficients in enumerate(rows):
+        for column, weight in coefficients.items():
+            matrix[t, column] = weight
+    return matrix @ matrix.T
+
+
 def banded_prefix_covariance(coefficients: list[float], rounds: int) -> np.ndarray:
     """``B B^T`` with ``B = A C^-1``: the prefix-sum matrix ``A`` times the inverse of the
     banded Toeplitz ``C`` (Choquette-Choo et al. 2023), built here from the coefficients."""
@@ -187,7 +218,12 @@ def test_calibration_meets_the_target_through_the_registry():
 # ----------------------------------------------------------------------------- covariance
 @pytest.mark.parametrize(
     "correlation, rounds",
-    [(TreeNoise(8), 13), (BandedNoise.sqrt_prefix(4), 10), (IndependentNoise(), 6)],
+    [
+        (TreeNoise(8), 13),
+        (TreeNoise(8, "honaker"), 13),
+        (BandedNoise.sqrt_prefix(4), 10),
+        (IndependentNoise(), 6),
+    ],
 )
 def test_released_prefix_sums_carry_the_stated_noise_covariance(correlation, rounds):
     sigma, clip, shape = 1.5, 2.0, (250, 80)  # 20000 coordinates: independent samples
@@ -196,7 +232,9 @@ def test_released_prefix_sums_carry_the_stated_noise_covariance(correlation, rou
     prefix = np.cumsum(released, axis=0) / (sigma * clip)
     n = prefix.shape[1]
     empirical = prefix @ prefix.T / n
-    if isinstance(correlation, TreeNoise):
+    if isinstance(correlation, TreeNoise) and correlation.estimator == "honaker":
+        stated = honaker_prefix_covariance(correlation.restart, rounds)
+    elif isinstance(correlation, TreeNoise):
         sets = [tree_prefix_nodes(t, correlation.restart) for t in range(rounds)]
         stated = np.array([[len(a & b) for b in sets] for a in sets], dtype=float)
     elif isinstance(correlation, BandedNoise):
@@ -303,3 +341,13 @@ def test_fedmf_runs_on_the_cyclic_schedule_within_its_target(small_split):
     # Every user took part in 4 of the 12 rounds (its group's), none in another's.
     for round_view in transport.view:
         assert set((np.asarray(round_view.clients) % 3).tolist()) == {round_view.round_id % 3}
+
+
+def test_honaker_reads_the_same_release_so_it_costs_the_same():
+    schedule = CyclicParticipation(4)
+    plain = total_sensitivity_sq(TreeNoise(4), schedule, 24)
+    assert total_sensitivity_sq(TreeNoise(4, "honaker"), schedule, 24) == plain
+    # ... and carries less noise on every prefix of two or more leaves of a tree.
+    less = np.diag(prefix_noise_covariance(TreeNoise(4, "honaker"), 8))
+    more = np.diag(prefix_noise_covariance(TreeNoise(4), 8))
+    assert np.all(less <= more + 1e-12) and less[1] < more[1]

@@ -6,7 +6,8 @@ clipped sum); a model trained by SGD on the ``r_t`` depends on them through thei
 unit of ``z``), each a linear map of i.i.d. Gaussian vectors ``z``:
 
 * :class:`IndependentNoise`: ``w_t = z_t`` (DP-FedAvg, McMahan et al. ICLR 2018).
-* :class:`TreeNoise`: binary-tree aggregation (Dwork, Naor, Pitassi and Rothblum 2010; DP-FTRL,
+* :class:`TreeNoise`: binary-tree aggregation (``"tree"``; ``"tree-honaker"`` reads the prefix
+  sums with Honaker's 2015 estimator) (Dwork, Naor, Pitassi and Rothblum 2010; DP-FTRL,
   Kairouz, McMahan, Song, Thakkar, Thakurta and Xu, "Practical and Private (Deep) Learning without
   Sampling or Shuffling", ICML 2021, Algorithm 1): every dyadic interval of rounds that has ended
   is a tree node carrying its own noise ``z``; the noisy prefix sum at ``t`` adds the nodes of the
@@ -53,7 +54,7 @@ from typing import Protocol
 
 import numpy as np
 
-CORRELATIONS = ("independent", "tree", "banded")
+CORRELATIONS = ("independent", "tree", "tree-honaker", "banded")
 
 Draw = Callable[[], np.ndarray]
 """A source of i.i.d. standard-normal vectors of the release's shape (one per call)."""
@@ -171,6 +172,19 @@ def nodes_ending_at(index: int) -> list[tuple[int, int]]:
     return nodes
 
 
+TREE_ESTIMATORS = ("sum", "honaker")
+
+
+def honaker_variances(levels: int) -> np.ndarray:
+    """``v_l``, the variance (over the node noise's) of Honaker's estimate of a complete node of
+    level ``l < levels``: ``v_0 = 1``, ``v_l = 2 v_{l-1} / (2 v_{l-1} + 1)`` (the node's own
+    value, variance 1, combined by inverse variance with its children's estimates, 2 v_{l-1})."""
+    variances = np.ones(max(int(levels), 1))
+    for level in range(1, len(variances)):
+        variances[level] = 2 * variances[level - 1] / (2 * variances[level - 1] + 1)
+    return variances
+
+
 @dataclass(frozen=True)
 class TreeNoise:
     """Binary-tree aggregation (DP-FTRL, Kairouz et al. 2021), restarted every ``restart`` rounds.
@@ -179,14 +193,27 @@ class TreeNoise:
 
     Attributes:
         restart: rounds per tree (>= 1).
+        estimator: how a prefix sum is read from the released nodes: ``"sum"`` (the nodes of its
+            binary decomposition, Kairouz et al.'s Algorithm 1) or ``"honaker"`` (each complete
+            node's value replaced bottom-up by the inverse-variance combination of its own value
+            and its children's estimates: Honaker, "Efficient Use of Differentially Private
+            Binary Trees", 2015; tf_privacy's ``EfficientTreeAggregator``). Post-processing of
+            the same release: the same sensitivity, less noise on every prefix of two or more
+            leaves.
     """
 
     restart: int
-    name: str = "tree"
+    estimator: str = "sum"
 
     def __post_init__(self) -> None:
         if isinstance(self.restart, bool) or int(self.restart) != self.restart or self.restart < 1:
             raise ValueError(f"restart must be an integer >= 1, got {self.restart!r}")
+        if self.estimator not in TREE_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {TREE_ESTIMATORS}, got {self.estimator!r}")
+
+    @property
+    def name(self) -> str:
+        return "tree" if self.estimator == "sum" else "tree-honaker"
 
     def rows_released_at(self, round_id: int) -> list[Row]:
         base = round_id - round_id % self.restart
@@ -197,15 +224,26 @@ class TreeNoise:
         return rows
 
     def stream(self) -> _TreeStream:
-        return _TreeStream(self.restart)
+        weights = honaker_variances(self.restart.bit_length() + 1)
+        return _TreeStream(self.restart, weights if self.estimator == "honaker" else None)
 
 
 @dataclass
 class _TreeStream:
     restart: int
+    honaker: np.ndarray | None = None  # v_l of Honaker's estimates; None: the plain sum
     next_round: int = 0
     nodes: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     previous: np.ndarray | float = 0.0
+
+    def _estimate(self, level: int, start: int, own: np.ndarray) -> np.ndarray:
+        """The node's noise as its estimate carries it (its own draw, or Honaker's mix)."""
+        if self.honaker is None or level == 0:
+            return own
+        half = 1 << (level - 1)
+        children = self.nodes[(level - 1, start)] + self.nodes[(level - 1, start + half)]
+        weight = 2 * self.honaker[level - 1]
+        return (weight * own + children) / (weight + 1)
 
     def residual(self, round_id: int, draw: Draw) -> np.ndarray:
         _check_next(self.next_round, round_id)
@@ -213,8 +251,8 @@ class _TreeStream:
         index = round_id % self.restart
         if index == 0:  # a new tree: the last one's noisy total stays in the model as it is
             self.nodes, self.previous = {}, 0.0
-        for node in nodes_ending_at(index):
-            self.nodes[node] = draw()
+        for level, start in nodes_ending_at(index):  # children before parents
+            self.nodes[(level, start)] = self._estimate(level, start, draw())
         prefix = sum(self.nodes[node] for node in dyadic_decomposition(index + 1))
         residual = prefix - self.previous
         self.previous = prefix
@@ -309,12 +347,13 @@ def correlation_named(
         raise ValueError(f"correlation must be one of {CORRELATIONS}, got {name!r}")
     if bands is not None and name != "banded":
         raise ValueError(f"bands={bands!r} applies to correlation 'banded', not {name!r}")
-    if restart is not None and name != "tree":
+    if restart is not None and not name.startswith("tree"):
         raise ValueError(f"restart={restart!r} applies to correlation 'tree', not {name!r}")
     if name == "independent":
         return IndependentNoise()
-    if name == "tree":
-        return TreeNoise(groups if restart is None else restart)
+    if name.startswith("tree"):
+        estimator = "honaker" if name == "tree-honaker" else "sum"
+        return TreeNoise(groups if restart is None else restart, estimator)
     return BandedNoise.sqrt_prefix(groups if bands is None else bands)
 
 
