@@ -351,3 +351,22 @@ def test_honaker_reads_the_same_release_so_it_costs_the_same():
     less = np.diag(prefix_noise_covariance(TreeNoise(4, "honaker"), 8))
     more = np.diag(prefix_noise_covariance(TreeNoise(4), 8))
     assert np.all(less <= more + 1e-12) and less[1] < more[1]
+
+
+def test_the_command_line_runs_the_banded_mechanism_on_the_cyclic_schedule(tmp_path, capsys):
+    import json
+
+    from securefed.bench.cli import main
+
+    out = tmp_path / "run.json"
+    argv = ["fedmf", "--preset", "dp-biased", "--rounds", "4", "--seed", "0", "--no-progress"]
+    transport = ["--transport", "dp:correlation=banded,groups=2", "--epsilon", "4"]
+    code = main([*argv, *transport, "--cyclic-groups", "2", "--json", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    assert 3.99 <= record["epsilon"] <= 4.0
+    assert record["sampling"] == {"mode": "cyclic", "clients_per_round": None, "groups": 2}
+    # Without the schedule the transport refuses the first round (everyone asked).
+    capsys.readouterr()
+    assert main([*argv, *transport, "--json", str(out)]) == 2
+    assert "outside its group" in capsys.readouterr().err
