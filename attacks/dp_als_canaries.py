@@ -180,11 +180,14 @@ class DPALSCanaryJob:
             delta=None if ledger is None else transport.delta,
         )
 
-    def scorers(self) -> dict[str, Scorer]:
-        """The bias-row scorer, against the released model's observers."""
+    def scorers(self, observer: str = "released_model") -> dict[str, Scorer]:
+        """The bias-row scorer for ``observer``. Under ``secagg+dp`` the server decodes exactly
+        the released sums, so it scores the server's view too; under central ``dp`` the server
+        also sees the clean sums (its ledger epsilon is infinite), which this scorer does not
+        read."""
         return {
             "bias-rows": Scorer(
-                "released_model",
+                observer,
                 bias_row_score,
                 description="matched filter of the canary's bias rows in every released sum",
             )
