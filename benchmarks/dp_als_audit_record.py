@@ -37,6 +37,30 @@ from securefed.transport import build_transport
 MODELS = {"dp-als": DPALSConfig, "private-bias": private_bias_config}
 
 
+def audited_row(model: str, epsilon: float, audit, job, scorers, seed: int) -> dict:
+    """One audited run (:func:`run_empirical_audit`, the one scorer of ``scorers``) as a row."""
+    (result,) = run_empirical_audit(
+        audit,
+        job,
+        scorers,
+        rng=np.random.default_rng(seed + 1),
+        epsilon_of=lambda observation, observer: observation.epsilons[observer],
+        delta_of=lambda observation: observation.delta,
+    ).values()
+    row = {
+        "model": model,
+        "epsilon_target": epsilon,
+        "epsilon_ledger": result.epsilon_ledger,
+        "epsilon_lower": result.epsilon_lower,
+        "correct": result.best.n_correct,
+        "guesses": result.best.n_guesses,
+        "exceeds_ledger": result.exceeds_ledger,
+        "seconds": result.seconds_run,
+    }
+    print(row, flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--canaries", type=int, default=2000)
@@ -52,27 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, make in MODELS.items():
         for epsilon in (float(e) for e in args.epsilons.split(",")):
             job = DPALSCanaryJob(base, make(), "dp", {"dp.epsilon": epsilon}, seed=args.seed)
-            result = run_empirical_audit(
-                audit,
-                job,
-                job.scorers(),
-                rng=np.random.default_rng(args.seed + 1),
-                epsilon_of=lambda observation, observer: observation.epsilons[observer],
-                delta_of=lambda observation: observation.delta,
-            )["bias-rows"]
-            rows.append(
-                {
-                    "model": name,
-                    "epsilon_target": epsilon,
-                    "epsilon_ledger": result.epsilon_ledger,
-                    "epsilon_lower": result.epsilon_lower,
-                    "correct": result.best.n_correct,
-                    "guesses": result.best.n_guesses,
-                    "exceeds_ledger": result.exceeds_ledger,
-                    "seconds": result.seconds_run,
-                }
-            )
-            print(rows[-1], flush=True)
+            rows.append(audited_row(name, epsilon, audit, job, job.scorers(), args.seed))
     payload = {
         "command": f"python -m securefed.bench.dp_als_audit_record --canaries {args.canaries} "
         f"--epsilons {args.epsilons} --seed {args.seed}",
@@ -108,27 +112,8 @@ def correlated_rows(audit: EmpiricalAuditConfig, args: argparse.Namespace) -> li
                 )
                 return run_canaries(transport, included, seed=args.seed)
 
-            result = run_empirical_audit(
-                audit,
-                job,
-                scorers(),
-                rng=np.random.default_rng(args.seed + 1),
-                epsilon_of=lambda observation, observer: observation.epsilons[observer],
-                delta_of=lambda observation: observation.delta,
-            )["matched-filter"]
-            rows.append(
-                {
-                    "model": f"dp, correlation {correlation}",
-                    "epsilon_target": epsilon,
-                    "epsilon_ledger": result.epsilon_ledger,
-                    "epsilon_lower": result.epsilon_lower,
-                    "correct": result.best.n_correct,
-                    "guesses": result.best.n_guesses,
-                    "exceeds_ledger": result.exceeds_ledger,
-                    "seconds": result.seconds_run,
-                }
-            )
-            print(rows[-1], flush=True)
+            model = f"dp, correlation {correlation}"
+            rows.append(audited_row(model, epsilon, audit, job, scorers(), args.seed))
     payload = {
         "command": f"python -m securefed.bench.dp_als_audit_record --correlated --canaries "
         f"{args.canaries} --epsilons {args.epsilons} --seed {args.seed}",
