@@ -50,6 +50,8 @@ DATA_PACKAGES = {
     "securefed.recsys.datasets": "recsys/datasets",
     "securefed.recsys.flower_app": "recsys/flower_app",
     "securefed.recsys.flower_app.securefed_fedmf_app": "recsys/flower_app/securefed_fedmf_app",
+    "securefed.rl.flower_app": "rl/flower_app",
+    "securefed.rl.flower_app.securefed_fedhpd_app": "rl/flower_app/securefed_fedhpd_app",
 }
 """Folders of package data, listed as packages so that setuptools ships them without warning
 (the embedded data set and the Flower app, which ``flwr run`` builds rather than imports)."""
