@@ -12,6 +12,7 @@ Before this, a garbage reply failed the server with the error of whatever read i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -111,12 +112,33 @@ class DrillFederation(LoopbackFederation):
             time.sleep(0.25)
         raise TimeoutError(f"{path} did not appear within {timeout} s; logs: {self.workdir}")
 
-    def log_text(self) -> str:
-        return "\n".join(log.read_text(errors="replace") for log in self.logs if log.exists())
+    def server_log(self, run_id: str) -> str:
+        """The ServerApp's log of a run (``flwr log <run-id> <connection> --show``)."""
+        import subprocess
+
+        from securefed.flower.loopback import CONNECTION, _executable
+
+        done = subprocess.run(
+            [_executable("flwr"), "log", run_id, CONNECTION, "--show"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.workdir,
+            timeout=60,
+            check=False,
+        )
+        return done.stdout + done.stderr
 
 
 def _in_process_with_dropout(example, app, dropped_users):
-    """Round 0 of the in-process run with ``dropped_users`` lost before masking."""
+    """Round 0 of the in-process run with ``dropped_users`` lost before masking.
+
+    In one process every user is a party: a quarter of them lost at once leaves some secrets
+    below the default graph's threshold, so the reference runs on the complete graph
+    (``secagg_neighbours = users - 1``). The graph changes the masks, not the decoded sum: each
+    user's update is encoded with its own rounding stream and the masks cancel exactly.
+    """
+    app = dataclasses.replace(app, secagg_neighbours=app.synthetic_users - 1)
     split = example.load_split(example._data_key(app))
     seeds = app.seeds()
     model = FedMF(split.train, app.fedmf_config(), seeds)
@@ -133,29 +155,31 @@ def _in_process_with_dropout(example, app, dropped_users):
 
 @pytest.mark.slow
 def test_a_supernode_killed_in_a_secure_aggregation_round_is_a_dropout(example, tmp_path):
-    """Three SuperNodes; the third is killed (SIGKILL) when the masking message reaches it,
-    after it shared its keys: the server drops its party, the other two nodes reveal its
-    pairwise masks, and the model equals the in-process round with its users dropped."""
+    """Four SuperNodes (the nodes' graph: k = 3 neighbours, threshold t = 2, so one dropout
+    leaves every secret enough helpers; with three nodes, t = k = 2, it would not); the fourth
+    is killed (SIGKILL) when the masking message reaches it, after it shared its keys: the
+    server drops its party, the other nodes reveal its pairwise masks, and the model equals the
+    in-process round with its users dropped."""
     _processes_needed()
     out, marker = tmp_path / "out", tmp_path / "masking"
     app = example.FedMFApp(
-        seed=0, rounds=1, transport="secagg", min_nodes=3, output_dir=str(out), timeout=45.0
+        seed=0, rounds=1, transport="secagg", min_nodes=4, output_dir=str(out), timeout=45.0
     )
     app_dir = write_fedmf_app(tmp_path / "app", app.run_config())
-    write_faulty_app(app_dir, (Fault(2, MASK, "hang", round_id=0, marker=str(marker)),))
-    with DrillFederation(tmp_path / "federation", n_nodes=3) as federation:
+    write_faulty_app(app_dir, (Fault(3, MASK, "hang", round_id=0, marker=str(marker)),))
+    with DrillFederation(tmp_path / "federation", n_nodes=4) as federation:
         federation.submit(app_dir)
         federation.wait_for(marker, timeout=240)
-        federation.kill_node(2)
+        federation.kill_node(3)
         federation.wait_for(out / "result.json", timeout=240)
     result = json.loads((out / "result.json").read_text())
-    lost = partition_users(120, 3, 2)
+    lost = partition_users(120, 4, 3)
     reference = _in_process_with_dropout(example, app, lost)
     # Same fixed-point sums of the same users: the tolerance of test_flower.py's secagg check.
     np.testing.assert_allclose(np.load(out / "server.npz")["V"], reference.V, rtol=0, atol=1e-9)
     full, _, _ = example.in_process(app)
     assert np.abs(full.V - reference.V).max() > 1e-6  # the dropout changed the model
-    assert result["rounds"][0]["clients"] == 120 and result["evaluations"][-1]["nodes"] == 2
+    assert result["rounds"][0]["clients"] == 120 and result["evaluations"][-1]["nodes"] == 3
 
 
 @pytest.mark.slow
@@ -166,10 +190,11 @@ def test_a_real_node_answering_garbage_refuses_the_round_naming_it(example, tmp_
     app_dir = write_fedmf_app(tmp_path / "app", app.run_config())
     write_faulty_app(app_dir, (Fault(1, TRAIN, "garbage", round_id=0),))
     with DrillFederation(tmp_path / "federation", n_nodes=2) as federation:
-        federation.submit(app_dir)
-        deadline = time.monotonic() + 240
-        while "malformed reply" not in federation.log_text() and time.monotonic() < deadline:
-            time.sleep(1.0)
-        text = federation.log_text()
-    assert "answered train with a malformed reply" in text and "round is refused" in text
+        run_id = federation.submit(app_dir)
+        deadline, text = time.monotonic() + 240, ""
+        while "Exit Code" not in text and time.monotonic() < deadline:
+            time.sleep(5.0)
+            text = federation.server_log(run_id)
+    assert "AggregationError: round 0: node " in text
+    assert "answered train with a malformed reply" in text and "the round is refused" in text
     assert not (out / "result.json").exists()

@@ -243,3 +243,33 @@ def test_the_seeded_app_equals_the_reference_run(tmp_path):
 
     reference = _reference(config, make_public_states(config), {})
     _assert_agents_equal(params, reference, range(config.n_agents))
+
+
+@pytest.mark.slow
+def test_the_app_submitted_with_flwr_run_to_real_processes(tmp_path):
+    """A SuperLink and two SuperNodes as processes on 127.0.0.1; the seeded app, submitted with
+    ``flwr run``, equals the reference run (1 event of 1 loop x 2 parts: 2 transport rounds)."""
+    import shutil
+    import sys
+
+    from securefed.flower.loopback import LoopbackFederation
+    from securefed.rl.fast import make_public_states
+    from securefed.rl.flower_fedhpd import write_fedhpd_app
+
+    if shutil.which("flwr") is None and not Path(sys.executable).with_name("flwr").exists():
+        pytest.skip("flwr not installed (pip install securefed[flower])")
+    out = tmp_path / "out"
+    values = app_run_config(
+        seed=SEED, rounds=2, **{"distill-loops": 1, "output-dir": str(out), "timeout": 120.0}
+    )
+    app = FedHPDApp.from_run_config(values)
+    with LoopbackFederation(tmp_path / "federation", n_nodes=2) as federation:
+        federation.submit(write_fedhpd_app(tmp_path / "app", values))
+        federation.wait_for(out / "result.json", timeout=300)
+        federation.wait_for(out / "node-1.npz", timeout=60)
+    result = json.loads((out / "result.json").read_text())
+    config = app.run.config
+    reference = _reference(config, make_public_states(config), {})
+    _assert_agents_equal(_node_parameters(out), reference, range(config.n_agents))
+    assert len(result["rounds"]) == config.aggregation_rounds() == 2
+    assert result["secure_mode"] is False and result["nodes"] == 2
