@@ -242,15 +242,13 @@ def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dic
     return row
 
 
+TIMES = ["flower_round_s", "in_process_round_s", "overhead", "flower_first_round_s"]
 FEDHPD_COLUMNS = [
     "case",
     "transport",
     "nodes",
     "rounds",
-    "flower_round_s",
-    "in_process_round_s",
-    "overhead",
-    "flower_first_round_s",
+    *TIMES,
     "same_returns",
     "max_abs_param_diff",
     "message_MB_down",
@@ -362,10 +360,7 @@ COLUMNS = [
     "users",
     "nodes",
     "rounds",
-    "flower_round_s",
-    "in_process_round_s",
-    "overhead",
-    "flower_first_round_s",
+    *TIMES,
     "flower_rmse",
     "in_process_rmse",
     "max_abs_V_diff",

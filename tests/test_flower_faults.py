@@ -78,16 +78,13 @@ def test_a_node_that_hangs_is_a_dropout_and_other_faults_are_checked(example, tm
 
 # ----------------------------------------------------------------------------- real processes
 def _processes_needed():
-    import shutil
-    import sys
+    from securefed.flower.loopback import _executable
 
-    missing = [
-        command
-        for command in ("flower-superlink", "flower-supernode", "flwr")
-        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
-    ]
-    if missing:
-        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
+    try:
+        for command in ("flower-superlink", "flower-supernode", "flwr"):
+            _executable(command)
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
 
 
 class DrillFederation(LoopbackFederation):
