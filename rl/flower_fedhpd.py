@@ -21,6 +21,13 @@ one transport round of the run, i.e. one part of ``S_p`` in one loop of one dist
 Each agent runs :class:`securefed.rl.fedhpd.Agent`, the step-by-step reference learner, so a seeded
 plaintext run equals :class:`securefed.rl.fedhpd.ReferenceRun` (``tests/test_flower_fedhpd.py``).
 
+Dropouts: the broadcast keeps the consensus of the last ``rejoin_window`` rounds with the agents
+each counted, so a node lost after uploading rejoins at the next message it gets, as an agent
+absent from the rounds it missed does in one process (``RunSpec.absent``); one lost for longer
+is left out (``tests/test_flower_fedhpd_recovery.py``). :class:`FedHPDApp` reads the
+``flwr run`` app's run config (``rl/flower_app``, :data:`APP_DIR`); ``seed=-1``, the default, is
+secure mode.
+
 This module is the app layer: it imports ``rl`` and ``securefed.flower``; ``securefed`` knows
 nothing of FedHPD.
 """
