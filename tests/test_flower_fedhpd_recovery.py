@@ -61,27 +61,42 @@ class LossyGrid(DirectGrid):
     round)`` (``round`` ``None``: every round). A lost message is never delivered, so the node
     neither computes nor answers it and the server times out on it."""
 
-    def __init__(self, client_app, n_nodes: int, lost, run_config=None) -> None:
+    def __init__(
+        self, client_app, n_nodes: int, lost, run_config=None, *, replies_only: bool = False
+    ) -> None:
         super().__init__(client_app, n_nodes)
         self.lost = set(lost)
+        self.replies_only = replies_only
         for context in self.contexts.values():
             context.run_config = dict(run_config or {})
 
     def push_messages(self, messages):
-        kept, ids = [], []
+        kept, ids, dropped = [], [], []
         for message in messages:
             node = int(message.metadata.dst_node_id) - 100
             kind = message.metadata.message_type
             round_id = int(message.metadata.group_id)
-            if {(node, kind, round_id), (node, kind, None)} & self.lost:
-                ids.append(f"lost{len(ids)}-{node}-{round_id}")
-            else:
+            if not {(node, kind, round_id), (node, kind, None)} & self.lost:
                 kept.append(message)
-        return super().push_messages(kept) + ids
+            elif self.replies_only:  # the node computes and saves its state; its reply is lost
+                dropped.extend(super().push_messages([message]))
+            else:
+                ids.append(f"lost{len(ids)}-{node}-{round_id}")
+        for message_id in dropped:
+            del self._replies[message_id]
+        return super().push_messages(kept) + ids + dropped
 
 
 def _run_lossy(
-    out: Path, config, public, nodes: int, lost, *, transport=None, rejoin_window: int = 0
+    out: Path,
+    config,
+    public,
+    nodes: int,
+    lost,
+    *,
+    transport=None,
+    rejoin_window: int = 0,
+    replies_only: bool = False,
 ):
     run = FedHPDFlowerRun(
         config,
@@ -92,7 +107,8 @@ def _run_lossy(
         rejoin_window=rejoin_window,
     )
     setup = server_setup(run, transport, public_states=public)
-    grid = LossyGrid(make_client_app(lambda context: client_setup(run, context)), nodes, lost)
+    client = make_client_app(lambda context: client_setup(run, context))
+    grid = LossyGrid(client, nodes, lost, replies_only=replies_only)
     result = run_federation(grid, setup)
     return grid, result, _node_parameters(out)
 
@@ -138,6 +154,19 @@ def test_a_node_lost_after_uploading_rejoins_at_the_next_round_as_in_one_process
     assert result.evaluations[-1]["final_mean_return"] == pytest.approx(
         reference.returns[-1].mean()
     )
+
+
+def test_a_node_whose_reply_is_lost_skips_the_consensus_it_was_not_counted_in(tmp_path):
+    """The node computed round 4 (KL step on round 3, episodes, upload) but its reply never
+    arrived: round 4 was aggregated without it, and the broadcast says so (``counted.4``), so
+    it takes no KL step on round 4's consensus: the in-process run with it absent from round 4
+    again (its upload has no effect on the agent)."""
+    config = small_config()
+    public = public_states(config)
+    _, result, params = _run_lossy(tmp_path, config, public, 2, {(1, TRAIN, 4)}, replies_only=True)
+    reference = _reference(config, public, {4: [2]})
+    _assert_agents_equal(params, reference, range(config.n_agents))
+    assert [r["episodes"] for r in result.rounds][4:6] == [4.0, 0.0]  # it played in round 4
 
 
 def test_a_node_lost_under_secure_aggregation_rejoins_as_in_one_process(tmp_path):
