@@ -53,6 +53,7 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
+from securefed.flower.identity import NodeIdentity, load_identity, seeded_identity
 from securefed.records import dumps_record
 from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
@@ -576,7 +577,30 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
 
     schedule = node.schedule
     shape = (len(range(run.config.public_size)[schedule.part_slice(0)]), schedule.width)
-    return ClientSetup(node, node.seeds, shape, on_evaluate)
+    # The agents' long-term identities for malicious-server secure aggregation (seeded runs:
+    # derived from the run's seed, securefed.flower.identity).
+    return ClientSetup(
+        node,
+        node.seeds,
+        shape,
+        on_evaluate,
+        identity=lambda: node_identity(run, context, agents),
+    )
+
+
+def node_identity(run: FedHPDFlowerRun, context: Context, agents: np.ndarray) -> NodeIdentity:
+    """The hosted agents' long-term identities (malicious-server secure aggregation): provisioned
+    files when the node config names them (``secagg-identity-path``, ``secagg-registry-path``,
+    ``secagg-registry-digest``; :func:`securefed.flower.identity.provision_identities`), which
+    secure mode needs; else derived from the run's seed (seeded runs only)."""
+    config = context.node_config
+    if "secagg-identity-path" in config:
+        return load_identity(
+            str(config["secagg-identity-path"]),
+            str(config["secagg-registry-path"]),
+            str(config.get("secagg-registry-digest", "")),
+        )
+    return seeded_identity(run.seeds(), agents, run.config.n_agents)
 
 
 @dataclass

@@ -300,8 +300,9 @@ class DPOptions:
             the mechanism's own accountant at the first round, :mod:`securefed.transport.ddp`).
             ``None`` (the default): the transport's own (:func:`default_mechanism`):
             ``"discrete_gaussian"`` for ``secagg+dp`` at the distributed placement,
-            ``"gaussian"`` for ``dp`` and ``dp-local``; ``ckks+dp`` and ``secagg+dp`` over
-            remote (Flower) clients have none and refuse to guess (set ``mechanism=gaussian``).
+            ``"gaussian"`` for ``dp`` and ``dp-local``; ``ckks+dp`` has none and refuses to
+            guess (set ``mechanism=gaussian``). Over remote (Flower) clients the nodes encode
+            the integer mechanisms themselves (``securefed.flower.dp``).
         modulus_bits, wrap_target, min_contributors: the integer mechanisms' modulus bits,
             wrap bound and minimum of contributors (``None``: every client asked).
         colluders: clients assumed to collude with the server under the distributed placement
@@ -785,9 +786,9 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
     simulation, which warns).
 
     Raises:
-        InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism), or
-            ``secagg+dp`` over remote (Flower) clients (their side adds float noise): both
-            refuse to fall back silently to the inexact float Gaussian, and name the option.
+        InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism):
+            it refuses to fall back silently to the inexact float Gaussian, and names the
+            option.
     """
     from securefed.errors import InsecureParameterError
 
@@ -802,15 +803,7 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
             "Gaussian's epsilon is not proven after its encoding: set mechanism=gaussian to run "
             "it anyway (flagged distributed-dp-inexact by the audit)"
         )
-    secagg = options.get("secagg")
-    if secagg is not None and secagg.remote_clients:
-        raise InsecureParameterError(
-            "secagg+dp over remote (Flower) clients cannot run its default mechanism "
-            "'discrete_gaussian' (the clients' side adds float noise): set mechanism=gaussian "
-            "to run it anyway (inexact after rounding and the wrap, flagged "
-            "distributed-dp-inexact by the audit)"
-        )
-    return "discrete_gaussian"
+    return "discrete_gaussian"  # remote (Flower) clients encode it on their nodes too
 
 
 def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
