@@ -201,7 +201,7 @@ def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dic
     from securefed.rl.flower_fedhpd import FedHPDFlowerRun, build_apps, node_results
     from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
-    secagg = SecAggConfig(bits=64, scale=2.0**40, clip=1.0, server="honest_but_curious")
+    secagg = SecAggConfig(bits=64, scale=2.0**40, clip=1.0)  # the malicious-server protocol
     remote = None
     if transport == "secagg":
         remote = lambda: SecAggTransport(secagg, remote_clients=True)  # noqa: E731

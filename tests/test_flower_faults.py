@@ -78,13 +78,10 @@ def test_a_node_that_hangs_is_a_dropout_and_other_faults_are_checked(example, tm
 
 # ----------------------------------------------------------------------------- real processes
 def _processes_needed():
-    from securefed.flower.loopback import _executable
+    from securefed.flower.loopback import missing_commands
 
-    try:
-        for command in ("flower-superlink", "flower-supernode", "flwr"):
-            _executable(command)
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
+    if missing := missing_commands():
+        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
 
 
 class DrillFederation(LoopbackFederation):

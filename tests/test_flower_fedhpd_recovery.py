@@ -34,7 +34,9 @@ from flwr.app import Context, RecordDict
 from test_claims_flower import DirectGrid, task_identity
 from test_flower_fedhpd import SEED, public_states, small_config
 
-from securefed.flower import make_client_app
+from securefed.errors import SecurefedError
+from securefed.flower import make_client_app, partition_users
+from securefed.flower.identity import provision_identities
 from securefed.flower.server import ADVERTISE, TRAIN, run_federation
 from securefed.rl.fedhpd import ReferenceRun, RunSpec
 from securefed.rl.flower_fedhpd import (
@@ -51,7 +53,7 @@ from securefed.transport.secagg import SecAggConfig, SecAggTransport
 pytestmark = pytest.mark.usefixtures("torch_one_thread", "task_identity")
 assert task_identity  # the fixture, imported for pytestmark
 
-SECAGG = SecAggConfig(bits=64, scale=2.0**40, clip=1.0, server="honest_but_curious")
+SECAGG = SecAggConfig(bits=64, scale=2.0**40, clip=1.0)  # the malicious-server default
 LOST_TIMEOUT = 0.3
 """Seconds the server waits for a lost node (the grid never answers for it)."""
 
@@ -231,21 +233,45 @@ def app_run_config(**overrides) -> dict[str, object]:
     return values | overrides
 
 
-def _run_app(run_config: dict[str, object], nodes: int, out: Path):
+def _run_app(run_config: dict[str, object], nodes: int, out: Path, identities: Path | None = None):
+    """The app's ServerApp and ClientApps on the direct grid; with ``identities``, each node's
+    config names its provisioned identity file, the registry and its digest."""
     run_config = run_config | {"output-dir": str(out)}
     server_context = Context(
         run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config
     )
     setup = app_server_setup(server_context)
     grid = LossyGrid(make_client_app(app_client_setup), nodes, set(), run_config)
+    if identities is not None:
+        digest = (identities / "digest").read_text()
+        for context in grid.contexts.values():
+            partition = int(context.node_config["partition-id"])
+            context.node_config |= {
+                "secagg-identity-path": str(identities / f"identity-{partition}.bin"),
+                "secagg-registry-path": str(identities / "registry.bin"),
+                "secagg-registry-digest": digest,
+            }
     return setup, grid, run_federation(grid, setup), _node_parameters(out)
+
+
+def _provision(directory: Path, n_agents: int, nodes: int) -> Path:
+    """Every agent's long-term identity (OS entropy), enrolled once, out of band."""
+    partitions = {p: partition_users(n_agents, nodes, p) for p in range(nodes)}
+    digest = provision_identities(directory, partitions)
+    (directory / "digest").write_text(digest)
+    return directory
 
 
 def test_the_app_runs_from_its_run_config_in_secure_mode_by_default(tmp_path):
     values = app_run_config(transport="secagg", **{"min-nodes": 3})
     app = FedHPDApp.from_run_config(values)
     assert app.run.seed == -1 and app.run.secure  # the template's default is secure mode
-    setup, grid, result, first = _run_app(values, 3, tmp_path / "first")
+    assert app.secagg.server == "malicious"  # and the malicious-server protocol
+    # Secure mode derives no identity from a seed: without provisioned files the nodes refuse.
+    with pytest.raises(SecurefedError, match="provisioned out of band"):
+        _run_app(values, 3, tmp_path / "unprovisioned")
+    identities = _provision(tmp_path / "identities", app.run.config.n_agents, 3)
+    setup, grid, result, first = _run_app(values, 3, tmp_path / "first", identities)
     assert setup.seeds.secure
     context = next(iter(grid.contexts.values()))
     assert app_client_setup(context).seeds.secure
@@ -253,7 +279,7 @@ def test_the_app_runs_from_its_run_config_in_secure_mode_by_default(tmp_path):
     assert all(r["episodes"] > 0 for r in result.rounds[::4])  # every event played
     assert result.evaluations[-1]["nodes"] == 3.0
     # Secure mode: nothing reproducible; a second run starts from other weights.
-    *_, second = _run_app(values, 3, tmp_path / "second")
+    *_, second = _run_app(values, 3, tmp_path / "second", identities)
     assert json.loads((tmp_path / "first" / "result.json").read_text())["secure_mode"] is True
     assert sorted(first) == sorted(second) == [0, 1, 2]
     assert all(np.abs(first[k] - second[k]).max() > 0 for k in first)
@@ -278,15 +304,12 @@ def test_the_seeded_app_equals_the_reference_run(tmp_path):
 def test_the_app_submitted_with_flwr_run_to_real_processes(tmp_path):
     """A SuperLink and two SuperNodes as processes on 127.0.0.1; the seeded app, submitted with
     ``flwr run``, equals the reference run (1 event of 1 loop x 2 parts: 2 transport rounds)."""
-    import shutil
-    import sys
-
-    from securefed.flower.loopback import LoopbackFederation
+    from securefed.flower.loopback import LoopbackFederation, missing_commands
     from securefed.rl.fast import make_public_states
     from securefed.rl.flower_fedhpd import write_fedhpd_app
 
-    if shutil.which("flwr") is None and not Path(sys.executable).with_name("flwr").exists():
-        pytest.skip("flwr not installed (pip install securefed[flower])")
+    if missing := missing_commands():
+        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
     out = tmp_path / "out"
     values = app_run_config(
         seed=SEED, rounds=2, **{"distill-loops": 1, "output-dir": str(out), "timeout": 120.0}
