@@ -52,7 +52,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
-from securefed.errors import AggregationError, InsecureParameterError
+from securefed.errors import AggregationError, InsecureParameterError, SecurefedError
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std, mechanism_config
@@ -344,10 +344,10 @@ def _refused(
 def _malformed_refuses(round_id: int, node: int, message_type: str):
     """A reply the server cannot read (missing or ill-typed arrays, non-finite or ill-shaped
     updates) refuses the round naming the node, rather than failing without its name or
-    entering the aggregate."""
+    entering the aggregate. securefed's own checks keep their error types."""
     try:
         yield
-    except AggregationError:
+    except SecurefedError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as error:
         raise AggregationError(
