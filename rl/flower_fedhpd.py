@@ -53,7 +53,8 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
-from securefed.flower.identity import NodeIdentity, load_identity, seeded_identity
+from securefed.flower.identity import NodeIdentity
+from securefed.flower.identity import node_identity as identity_from_config
 from securefed.records import dumps_record
 from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
@@ -593,14 +594,7 @@ def node_identity(run: FedHPDFlowerRun, context: Context, agents: np.ndarray) ->
     files when the node config names them (``secagg-identity-path``, ``secagg-registry-path``,
     ``secagg-registry-digest``; :func:`securefed.flower.identity.provision_identities`), which
     secure mode needs; else derived from the run's seed (seeded runs only)."""
-    config = context.node_config
-    if "secagg-identity-path" in config:
-        return load_identity(
-            str(config["secagg-identity-path"]),
-            str(config["secagg-registry-path"]),
-            str(config.get("secagg-registry-digest", "")),
-        )
-    return seeded_identity(run.seeds(), agents, run.config.n_agents)
+    return identity_from_config(context.node_config, run.seeds(), agents, run.config.n_agents)
 
 
 @dataclass
