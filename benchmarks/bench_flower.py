@@ -18,7 +18,11 @@ one process (``securefed.run_rounds``), in the same run, and reports:
 4. the same with the 943 users grouped on ``--ml-grouped-nodes`` SuperNodes: Flower 1.42's
    simulation engine scans every stored message for every node on each poll
    (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``), so its cost
-   grows with the square of the number of nodes, and hosting many users per node avoids it.
+   grows with the square of the number of nodes, and hosting many users per node avoids it;
+5. ``fedhpd``: FedHPD (``securefed.rl.flower_fedhpd``, one agent per node) in plaintext and
+   under secure aggregation against the in-process reference learner (same returns, max
+   parameter difference, bytes);
+6. ``node-curve``: the plaintext round time on ``--curve-nodes`` SuperNodes (one user each).
 
 5. ``--parts threat-models`` (issue 33): the synthetic federation on ``--clients`` nodes with
    secure aggregation against an honest-but-curious server (four message rounds: what Flower
@@ -160,6 +164,195 @@ def _ckks_row(example, args: argparse.Namespace) -> dict:
         return _compare(example, app, args.clients, "synthetic")
 
 
+FEDHPD_BACKEND = {
+    # One Ray worker of 2 CPUs: a second would import torch and the agents again.
+    "client_resources": {"num_cpus": 2, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
+}
+
+
+def _fedhpd_config(args: argparse.Namespace):
+    """The FedHPD federation of the bench: CartPole agents of ``--fedhpd-agents`` architectures
+    (the task's first ones), ``--fedhpd-rounds`` rounds, d=2, 2 loops x 2 parts of a 40-state
+    ``S_p`` (the schedule of tests/test_flower_fedhpd.py)."""
+    from securefed.rl.fedhpd import FedHPDConfig
+    from securefed.rl.policies import AGENTS
+
+    return FedHPDConfig(
+        task="cartpole",
+        d=2,
+        rounds=args.fedhpd_rounds,
+        agent_specs=tuple(AGENTS["cartpole"][: args.fedhpd_agents]),
+        public_size=40,
+        part_size=25,
+        distill_loops=2,
+        virtual_rounds=8,
+    )
+
+
+def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dict:
+    """FedHPD on the simulation engine (one agent per node) against ``ReferenceRun``."""
+    import tempfile
+
+    import torch
+
+    from securefed.flower.simulation import run_in_simulation
+    from securefed.rl.fedhpd import ReferenceRun, RunSpec
+    from securefed.rl.flower_fedhpd import FedHPDFlowerRun, build_apps, node_results
+    from securefed.transport.secagg import SecAggConfig, SecAggTransport
+
+    secagg = SecAggConfig(bits=64, scale=2.0**40, clip=1.0)  # the malicious-server protocol
+    remote = None
+    if transport == "secagg":
+        remote = lambda: SecAggTransport(secagg, remote_clients=True)  # noqa: E731
+    nodes = config.n_agents
+    with tempfile.TemporaryDirectory(prefix="bench-flower-fedhpd-") as out:
+        run = FedHPDFlowerRun(config, args.seed, min_nodes=nodes, output_dir=out)
+        start = time.perf_counter()
+        outcome = run_in_simulation(
+            build_apps(run, remote, public_states=public), nodes, FEDHPD_BACKEND
+        )
+        wall = time.perf_counter() - start
+        returns, params = node_results(out, nodes, config.n_agents)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = SecAggTransport(secagg) if transport == "secagg" else None
+        reference = ReferenceRun(RunSpec(config, args.seed, local, public_states=public)).run()
+    finally:
+        torch.set_num_threads(threads)
+    flower_seconds = [r["seconds"] for r in outcome.result.rounds]
+    n_rounds = len(flower_seconds)
+    flower_round = float(np.mean(flower_seconds[1:])) if n_rounds > 1 else flower_seconds[0]
+    local_round = reference.seconds / n_rounds
+    row = {
+        "case": f"FedHPD cartpole, {config.n_agents} agents, {config.rounds} rounds",
+        "transport": transport,
+        "users": config.n_agents,
+        "nodes": nodes,
+        "rounds": n_rounds,
+        "flower_round_s": flower_round,
+        "flower_first_round_s": flower_seconds[0],
+        "in_process_round_s": local_round,
+        "overhead": flower_round / local_round,
+        "flower_wall_s": wall,
+        "same_returns": bool(np.array_equal(returns, reference.returns)),
+        "max_abs_param_diff": float(
+            max(np.abs(a - b).max() for a, b in zip(params, reference.params, strict=True))
+        ),
+        "message_MB_down": outcome.result.message_bytes["down"] / 2**20,
+        "message_MB_up": outcome.result.message_bytes["up"] / 2**20,
+        "flower_round_seconds": flower_seconds,
+    }
+    print({k: v for k, v in row.items() if not k.endswith("_seconds")}, flush=True)
+    return row
+
+
+TIMES = ["flower_round_s", "in_process_round_s", "overhead", "flower_first_round_s"]
+FEDHPD_COLUMNS = [
+    "case",
+    "transport",
+    "nodes",
+    "rounds",
+    *TIMES,
+    "same_returns",
+    "max_abs_param_diff",
+    "message_MB_down",
+    "message_MB_up",
+]
+
+
+class StackSampler:
+    """A sampling profiler of every thread of this process (the simulation engine runs its
+    node loop in a thread beside the ServerApp): every ``interval`` seconds it reads each
+    thread's stack (``sys._current_frames``) and counts, per function, the samples it was on
+    the stack (inclusive) and on top of it (self)."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        import collections
+        import threading
+
+        self.interval = interval
+        self.inclusive: collections.Counter = collections.Counter()
+        self.self_time: collections.Counter = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    @staticmethod
+    def _name(frame) -> str:
+        code = frame.f_code
+        path = code.co_filename
+        for marker in ("site-packages/", "securefed/", "benchmarks/"):
+            if marker in path:
+                path = path[path.index(marker) :]
+                break
+        return f"{path}:{code.co_name}"
+
+    def _run(self) -> None:
+        import threading
+
+        own = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            for ident, frame in sys._current_frames().items():
+                if ident == own:
+                    continue
+                self.samples += 1
+                self.self_time[self._name(frame)] += 1
+                seen = set()
+                while frame is not None:
+                    name = self._name(frame)
+                    if name not in seen:
+                        self.inclusive[name] += 1
+                        seen.add(name)
+                    frame = frame.f_back
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def top(self, counter, n: int = 12, skip: tuple[str, ...] = ()) -> list[tuple[str, float]]:
+        """The ``n`` functions with most samples, as seconds of thread time."""
+        rows = [(name, count) for name, count in counter.most_common() if not name.endswith(skip)]
+        return [(name, count * self.interval) for name, count in rows[:n]]
+
+
+IDLE = (":wait", ":select", ":sleep", ":_worker", ":run", ":_bootstrap", ":_bootstrap_inner")
+"""Frames that only wait (thread bootstraps, sleeps, selects), left out of the self-time list."""
+
+
+def _node_curve_row(example, args: argparse.Namespace, nodes: int) -> dict:
+    """Plaintext FedMF on ``nodes`` simulated SuperNodes, one user each: the round time, and
+    where this process's threads spend it (:class:`StackSampler`)."""
+    point = argparse.Namespace(**vars(args) | {"clients": nodes, "rounds": args.curve_rounds})
+    app = example.FedMFApp(**_synthetic(point))
+    with StackSampler() as sampler:
+        outcome, wall = _on_flower(example, app, nodes)
+    seconds = [r["seconds"] for r in outcome.result.rounds]
+    row = {
+        "profile_self_s": sampler.top(sampler.self_time, skip=IDLE),
+        "profile_inclusive_s": sampler.top(sampler.inclusive, n=25),
+        "nodes": nodes,
+        "rounds": app.rounds,
+        "flower_round_s": _steady(seconds),
+        "per_node_ms": 1000 * _steady(seconds) / nodes,
+        "flower_first_round_s": seconds[0],
+        "flower_wall_s": wall,
+        "flower_round_seconds": seconds,
+    }
+    brief = {k: v for k, v in row.items() if not k.startswith("profile") and "seconds" not in k}
+    print(brief, flush=True)
+    print("self time (s) by function:", *row["profile_self_s"], sep="\n  ", flush=True)
+    return row
+
+
+CURVE_COLUMNS = ["nodes", "rounds", "flower_round_s", "per_node_ms", "flower_first_round_s"]
+
+
 def _synthetic(args: argparse.Namespace) -> dict[str, object]:
     """The synthetic federation's FedMFApp fields: ``--clients`` users on as many nodes."""
     return {
@@ -196,18 +389,23 @@ def _threat_rows(example, args: argparse.Namespace) -> tuple[list[dict], str]:
     return rows, note
 
 
-PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "threat-models")
-DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped")
+PARTS = (
+    "synthetic",
+    "ckks",
+    "ml-100k",
+    "ml-100k-grouped",
+    "threat-models",
+    "fedhpd",
+    "node-curve",
+)
+DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "fedhpd")
 COLUMNS = [
     "case",
     "transport",
     "users",
     "nodes",
     "rounds",
-    "flower_round_s",
-    "in_process_round_s",
-    "overhead",
-    "flower_first_round_s",
+    *TIMES,
     "flower_rmse",
     "in_process_rmse",
     "max_abs_V_diff",
@@ -264,16 +462,41 @@ def flower(args: argparse.Namespace) -> int:
                     seed=args.seed,
                 )
                 rows.append(_compare(example, app, nodes, f"{args.data} {args.split}"))
+    fedhpd_rows, curve_rows = [], []
+    if "fedhpd" in parts:
+        from securefed.rl.fast import make_public_states
+
+        config = _fedhpd_config(args)
+        public = make_public_states(config)
+        for transport in ("plaintext", "secagg"):
+            fedhpd_rows.append(_fedhpd_row(args, transport, config, public))
+        notes.append(
+            "FedHPD: one agent per node; a round is one transport round of the run (one part "
+            "of S_p); round times are the mean of the rounds after the first on Flower and "
+            "the reference learner's training time over the same number of rounds in one "
+            "process (torch on 1 thread); both include the episodes played in the first round "
+            "of each distillation event."
+        )
+    if "node-curve" in parts:
+        for nodes in (int(n) for n in args.curve_nodes.split(",")):
+            curve_rows.append(_node_curve_row(example, args, nodes))
     notes.append(
         "Round times: median of the rounds after the first; the first includes starting "
         f"Flower's Ray workers. Load average at the end: {os.getloadavg()[0]:.2f} on "
         f"{os.cpu_count()} cores (shared machine)."
     )
-    table = markdown_table(rows, COLUMNS) + "\n" + "".join(f"\n{note}\n" for note in notes)
+    table = markdown_table(rows, COLUMNS) if rows else ""
+    if fedhpd_rows:
+        table += "\n\n" + markdown_table(fedhpd_rows, FEDHPD_COLUMNS)
+    if curve_rows:
+        table += "\n\n" + markdown_table(curve_rows, CURVE_COLUMNS)
+    table += "\n" + "".join(f"\n{note}\n" for note in notes)
     write_outputs(
         "flower",
         {
             "rows": rows,
+            "fedhpd_rows": fedhpd_rows,
+            "node_curve_rows": curve_rows,
             "notes": notes,
             "backend": BACKEND,
             "loadavg": os.getloadavg(),
@@ -297,6 +520,12 @@ def register(benches) -> None:
     parser.add_argument("--ml-rounds", type=int, default=3, help="rounds of the MovieLens run")
     parser.add_argument("--ml-nodes", type=int, default=943, help="one user per node")
     parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
+    parser.add_argument("--fedhpd-agents", type=int, default=3, help="FedHPD agents (= nodes)")
+    parser.add_argument("--fedhpd-rounds", type=int, default=5, help="FedHPD training rounds")
+    parser.add_argument(
+        "--curve-nodes", default="10,30,100,300", help="node counts of the node-count curve"
+    )
+    parser.add_argument("--curve-rounds", type=int, default=3, help="rounds per curve point")
     parser.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),

@@ -744,7 +744,16 @@ def train_population(
     Call ``torch.set_num_threads(1)`` first for the speed this module is built for (tiny
     networks run slower with more threads): the thread count is the caller's to set, this module
     never changes it.
+
+    Raises:
+        ValueError: a run with absent agents (``RunSpec.absent``: the reference learner's).
     """
+    lost = [k for k, run in enumerate(runs) if run.absent]
+    if lost:
+        raise ValueError(
+            f"runs {lost[:5]} leave agents out of aggregation rounds (RunSpec.absent); the fast "
+            "learner aggregates every agent of a run together: use ReferenceRun"
+        )
     return Population(runs).run(log_every, progress)
 
 

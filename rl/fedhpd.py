@@ -299,9 +299,15 @@ class RunSpec:
             ``config`` (:func:`securefed.rl.fast.make_public_states`); the reference learner
             refuses a FedHPD run without it.
         snapshot_rounds: rounds after which every agent's parameters are kept.
+        absent: ``{transport round: agents}``, the agents left out of that aggregation round
+            (FedHPD, reference learner only): a lost agent uploads nothing in it and takes no
+            KL step on its consensus, and goes on playing; what a node lost on Flower does
+            (``securefed.rl.flower_fedhpd``). Normalised to sorted ``(round, agents)`` pairs.
 
     Raises:
         UnsupportedTransport: a transport that cannot serve :data:`TRANSPORT_NEEDS`.
+        ValueError: ``absent`` outside the run's rounds or agents, leaving a round without an
+            agent, or given to a run that is not FedHPD.
     """
 
     config: FedHPDConfig
@@ -309,10 +315,47 @@ class RunSpec:
     transport: Transport | None = None
     public_states: np.ndarray | None = None
     snapshot_rounds: tuple[int, ...] = ()
+    absent: Mapping[int, Sequence[int]] | tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.transport is not None:
             require_capabilities(self.transport, TRANSPORT_NEEDS)
+        object.__setattr__(self, "absent", absent_schedule(self.config, self.absent))
+
+    def absent_from(self, round_id: int) -> frozenset[int]:
+        """The agents left out of transport round ``round_id``."""
+        return frozenset(dict(self.absent).get(round_id, ()))
+
+
+def absent_schedule(
+    config: FedHPDConfig, absent: Mapping[int, Sequence[int]] | Sequence
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``absent`` (``{round: agents}`` or its pairs) checked and as sorted pairs.
+
+    Raises:
+        ValueError: naming the round or agent that does not fit ``config``.
+    """
+    pairs = absent.items() if isinstance(absent, Mapping) else absent
+    schedule = {}
+    for round_id, agents in pairs:
+        agents = tuple(sorted({int(k) for k in agents}))
+        if not agents:
+            continue
+        if config.algorithm != "fedhpd":
+            raise ValueError(
+                f"absent agents apply to FedHPD's aggregations, not to {config.label()}"
+            )
+        if not 0 <= int(round_id) < config.aggregation_rounds():
+            raise ValueError(
+                f"absent round {round_id} outside the run's {config.aggregation_rounds()} "
+                "aggregation rounds"
+            )
+        if agents[0] < 0 or agents[-1] >= config.n_agents:
+            raise ValueError(f"absent agents {list(agents)} outside [0, {config.n_agents})")
+        if len(agents) == config.n_agents:
+            raise ValueError(f"round {round_id} would aggregate no agent: every agent is absent")
+        schedule[int(round_id)] = agents
+    return tuple(sorted(schedule.items()))
 
 
 @dataclass
@@ -447,12 +490,17 @@ def require_task(name: str) -> TaskSpec:
 
 # == 3. The distillation event (spec section 3) ===============================================
 def aggregate_uploads(
-    transport: Transport, round_id: int, uploads: np.ndarray, seeds: SeedTree
+    transport: Transport,
+    round_id: int,
+    uploads: np.ndarray,
+    seeds: SeedTree,
+    clients: np.ndarray | None = None,
 ) -> np.ndarray:
     """Send every agent's ``(n, w)`` upload through ``transport``; the server gets only the mean.
 
     Args:
-        uploads: ``(K, n, w)``, agent ``k``'s rows (client id ``k``).
+        uploads: ``(K, n, w)``, the rows of agent ``clients[j]`` in ``uploads[j]``.
+        clients: the agents uploading (client ids; default ``0..K-1``, every agent).
 
     Returns:
         ``(n, w)`` float64: ``rnd.result().mean()``.
@@ -461,7 +509,9 @@ def aggregate_uploads(
     if uploads.ndim != 3:
         raise ValueError(f"uploads must be (agents, rows, width), got shape {uploads.shape}")
     k, n, w = uploads.shape
-    clients = np.arange(k)
+    clients = np.arange(k) if clients is None else np.asarray(clients, np.int64)
+    if clients.shape != (k,):
+        raise ValueError(f"clients must name the {k} uploads, got {clients.tolist()}")
     rnd = transport.open_round(round_id, clients, shape=(n, w), seeds=seeds)
     rnd.submit_batch(
         RowUpdates(
@@ -664,6 +714,7 @@ class ReferenceRun:
                 )
             self.public = torch.as_tensor(np.asarray(run.public_states), dtype=config.torch_dtype)
         self.snapshot_rounds = set(run.snapshot_rounds)
+        self.run_spec = run
         spec = config.spec
         self.agents = [
             Agent(policy, agent, spec, make_env(spec), stream_seed(self.tree, "env", k))
@@ -703,20 +754,27 @@ class ReferenceRun:
             time.process_time() - cpu,
         )  # fmt: skip
 
-    def _consensus(self, uploads: np.ndarray) -> np.ndarray:
-        mean = aggregate_uploads(self.transport, self.aggregations, uploads, self.tree)
+    def _consensus(self, uploads: np.ndarray, clients: np.ndarray | None = None) -> np.ndarray:
+        mean = aggregate_uploads(self.transport, self.aggregations, uploads, self.tree, clients)
         self.aggregations += 1
         return consensus(mean, self.config.spec.kind, self.config.spec.act_dim)
 
     def distill(self) -> None:
-        """One distillation event: loops x parts, the mean recomputed before each part."""
+        """One distillation event: loops x parts, the mean recomputed before each part.
+
+        Agents absent from an aggregation round (``RunSpec.absent``) neither upload in it nor
+        step on its consensus.
+        """
         config = self.config
         for _ in range(config.distill_loops):
             for part in parts(self.public, config.part_size):
-                uploads = np.stack([agent.upload(part) for agent in self.agents])
-                target = torch.as_tensor(self._consensus(uploads), dtype=config.torch_dtype)
-                for agent in self.agents:
-                    agent.distill_step(part, target, config.direction)
+                absent = self.run_spec.absent_from(self.aggregations)
+                present = [k for k in range(config.n_agents) if k not in absent]
+                uploads = np.stack([self.agents[k].upload(part) for k in present])
+                mean = self._consensus(uploads, np.asarray(present, np.int64))
+                target = torch.as_tensor(mean, dtype=config.torch_dtype)
+                for k in present:
+                    self.agents[k].distill_step(part, target, config.direction)
 
     def dpa_query(self, round_id: int) -> None:
         """DPA-FedRL: the server acts from the agents' average at its state ``s``; each agent steps

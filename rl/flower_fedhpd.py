@@ -21,6 +21,13 @@ one transport round of the run, i.e. one part of ``S_p`` in one loop of one dist
 Each agent runs :class:`securefed.rl.fedhpd.Agent`, the step-by-step reference learner, so a seeded
 plaintext run equals :class:`securefed.rl.fedhpd.ReferenceRun` (``tests/test_flower_fedhpd.py``).
 
+Dropouts: the broadcast keeps the consensus of the last ``rejoin_window`` rounds with the agents
+each counted, so a node lost after uploading rejoins at the next message it gets, as an agent
+absent from the rounds it missed does in one process (``RunSpec.absent``); one lost for longer
+is left out (``tests/test_flower_fedhpd_recovery.py``). :class:`FedHPDApp` reads the
+``flwr run`` app's run config (``rl/flower_app``, :data:`APP_DIR`); ``seed=-1``, the default, is
+secure mode.
+
 This module is the app layer: it imports ``rl`` and ``securefed.flower``; ``securefed`` knows
 nothing of FedHPD.
 """
@@ -46,7 +53,9 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
-from securefed.flower.identity import seeded_identity
+from securefed.flower.identity import NodeIdentity
+from securefed.flower.identity import node_identity as identity_from_config
+from securefed.records import dumps_record
 from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
     Agent,
@@ -57,7 +66,9 @@ from securefed.rl.fedhpd import (
     round_noise,
     stream_seed,
 )
+from securefed.rl.policies import AGENTS
 from securefed.transport.base import AggregationRound
+from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
 _MASK64 = (1 << 64) - 1
 
@@ -114,22 +125,34 @@ class Schedule:
 class FedHPDServer:
     """The server half: ``S_p``, the transport rounds and the consensus (only the mean).
 
+    The broadcast carries the consensus of each of the last ``rejoin_window`` rounds with the
+    agents it counted (``consensus.<j>``, ``counted.<j>``): a node that uploaded in round ``j``
+    and was then lost finds its consensus there when it rejoins, and a node whose upload the
+    round left out sees that it was not counted (docs/flower.md, "FedHPD dropouts").
+
     Args:
         config: the run's configuration.
         public_states: ``S_p`` (``(public_size, obs_dim)``), made once by the server.
+        rejoin_window: rounds whose consensus the broadcast keeps (default: one distillation
+            event, ``distill_loops x parts`` rounds); a node lost for longer is left out.
     """
 
-    def __init__(self, config: FedHPDConfig, public_states: np.ndarray) -> None:
+    def __init__(
+        self, config: FedHPDConfig, public_states: np.ndarray, rejoin_window: int = 0
+    ) -> None:
         self.schedule = Schedule(config)
         self.config = config
         self.public = np.ascontiguousarray(public_states)
         expected = (config.public_size, config.spec.obs_dim)
         if self.public.shape != expected:
             raise ValueError(f"public_states must have shape {expected}, got {self.public.shape}")
+        if rejoin_window < 0:
+            raise ValueError(f"rejoin_window must be >= 0 (0: one event), got {rejoin_window}")
+        self.window = rejoin_window or config.distill_loops * config.n_parts()
         self.n_clients = config.n_agents
         self.round_id = -1
         self.consensus: np.ndarray | None = None
-        self.consensus_round = -1
+        self.history: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def open_round(
         self, round_id: int, clients: np.ndarray, transport: Transport, seeds: SeedTree
@@ -144,15 +167,19 @@ class FedHPDServer:
         state: dict[str, np.ndarray] = {}
         if self.round_id == 0:  # S_p travels once, with the first round
             state["public"] = self.public
-        if self.consensus is not None:
-            state["consensus"] = self.consensus
-            state["consensus_round"] = np.array(self.consensus_round, np.int64)
+        for round_id, (mean, counted) in self.history.items():
+            state[f"consensus.{round_id}"] = mean
+            state[f"counted.{round_id}"] = counted
         return state
 
     def close_round(self, rnd: AggregationRound) -> None:
         spec = self.config.spec
-        self.consensus = consensus(rnd.result().mean(), spec.kind, spec.act_dim)
-        self.consensus_round = self.round_id
+        aggregate = rnd.result()
+        self.consensus = consensus(aggregate.mean(), spec.kind, spec.act_dim)
+        counted = np.asarray(aggregate.contributors, np.int64)
+        self.history[self.round_id] = (self.consensus, np.sort(counted))
+        for old in [r for r in self.history if r <= self.round_id - self.window]:
+            del self.history[old]
 
 
 # ----------------------------------------------------------------------------- agent state
@@ -326,14 +353,15 @@ class FedHPDNode:
         return [batch], {"return_sum": float(played.sum()), "episodes": float(played.size)}
 
     def evaluate(self, broadcast: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """After the last round: the last KL step and the rounds after the last event.
+        """After the last round: the last KL step and the rounds after the last event (also
+        for a node lost in the last rounds: its agents go on playing, as absent agents do in
+        one process).
 
         Returns:
             Sums over the hosted agents of their return in the last round, and their count.
         """
         self._absorb(broadcast)
-        if self.uploaded == self.schedule.rounds:
-            self._play(self.config.rounds)
+        self._play(self.config.rounds)
         last = self.returns[self.played - 1] if self.played else np.zeros(len(self.users))
         return {"final_return_sum": float(last.sum()), "agents": float(len(self.users))}
 
@@ -369,20 +397,34 @@ class FedHPDNode:
 
     # -- the learner ----------------------------------------------------------------------
     def _absorb(self, broadcast: Mapping[str, np.ndarray]) -> None:
-        """Keep ``S_p`` if it came; step on the consensus of the round uploaded last."""
+        """Keep ``S_p`` if it came; step on the consensus of the round uploaded last.
+
+        Only the agents that round counted step on it (a node whose upload did not arrive was
+        left out of the mean, as an absent agent in one process). A node that rejoins after
+        being lost finds that consensus in the broadcast's window.
+
+        Raises:
+            ValueError: the consensus of the round this node uploaded in is not in the
+                broadcast (lost for longer than the server's ``rejoin_window``).
+        """
         if "public" in broadcast:
             self.public = np.array(broadcast["public"])
         if self.pending < 0:
             return
-        if int(broadcast.get("consensus_round", -1)) != self.pending:
+        key = f"consensus.{self.pending}"
+        if key not in broadcast:
+            kept = sorted(int(k.split(".")[1]) for k in broadcast if k.startswith("consensus."))
             raise ValueError(
                 f"the broadcast lacks the consensus of round {self.pending}, which this node "
-                "uploaded in"
+                f"uploaded in (it keeps rounds {kept}): the node was lost for longer than the "
+                "server's rejoin_window and is left out"
             )
+        counted = set(np.asarray(broadcast[f"counted.{self.pending}"]).tolist())
         part = self._part(self.pending)
-        target = torch.as_tensor(broadcast["consensus"], dtype=self.config.torch_dtype)
-        for agent in self.agents.values():
-            agent.distill_step(part, target, self.config.direction)
+        target = torch.as_tensor(broadcast[key], dtype=self.config.torch_dtype)
+        for k, agent in self.agents.items():
+            if k in counted:
+                agent.distill_step(part, target, self.config.direction)
         self.pending = -1
 
     def _part(self, round_id: int) -> torch.Tensor:
@@ -406,27 +448,47 @@ class FedHPDFlowerRun:
 
     Attributes:
         config: the run's configuration (``algorithm="fedhpd"``).
-        seed: the run's seed, required (server and nodes use ``SeedTree(seed)``: the run is
-            reproducible and equals ``ReferenceRun`` in plaintext, and so is not private; the
-            nodes run in other processes and share no secure tree, so there is no default).
+        seed: ``-1`` (the default) is secure mode: the server and every node draw from their own
+            operating-system entropy (``SeedTree.secure_mode()``: agents' initial weights,
+            environments, exploration noise, secure aggregation's keys and masks), nothing is
+            reproducible. A seed ``>= 0`` gives server and nodes ``SeedTree(seed)``, so the run
+            is reproducible and equals ``ReferenceRun`` in plaintext: for tests and benchmarks
+            only (the server knows every node's keys).
         min_nodes: SuperNodes the server waits for (the agents are split over them).
         output_dir: where each node writes ``node-<partition>.npz`` (its agents, returns and
             parameters) after the run (``""``: nothing is written).
-        timeout: seconds one message round may take.
+        timeout: seconds one message round may take (a node slower than that is lost for the
+            round).
+        rejoin_window: rounds of consensus the broadcast keeps for nodes that rejoin (0: one
+            distillation event; :class:`FedHPDServer`).
     """
 
     config: FedHPDConfig
-    seed: int
+    seed: int = -1
     min_nodes: int = 1
     output_dir: str = ""
     timeout: float = 600.0
+    rejoin_window: int = 0
 
     def __post_init__(self) -> None:
         Schedule(self.config)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0 (the run is seeded), got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < -1:
+            raise ValueError(
+                f"seed must be an int >= 0 (seeded: tests and benchmarks), or -1 for secure "
+                f"mode; got {self.seed!r}"
+            )
         if self.min_nodes < 1:
             raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+        if isinstance(self.rejoin_window, bool) or self.rejoin_window < 0:
+            raise ValueError(f"rejoin_window must be >= 0, got {self.rejoin_window!r}")
+
+    @property
+    def secure(self) -> bool:
+        return self.seed == -1
+
+    def seeds(self) -> SeedTree:
+        """The seed tree of a server or node process (fresh OS entropy in secure mode)."""
+        return SeedTree.secure_mode() if self.secure else SeedTree(self.seed)
 
 
 @dataclass
@@ -461,12 +523,24 @@ def server_setup(
     """
     config = run.config
     public = make_public_states(config) if public_states is None else public_states
-    server = FedHPDServer(config, public)
+    server = FedHPDServer(config, public, run.rejoin_window)
     transport = PlaintextTransport() if transport is None else transport
     outcome = FedHPDOutcome() if outcome is None else outcome
 
     def finish(result: FlowerRunResult) -> None:
         outcome.server, outcome.transport, outcome.result = server, transport, result
+        if run.output_dir:
+            summary = {
+                "rounds": result.rounds,
+                "evaluations": result.evaluations,
+                "message_bytes": result.message_bytes,
+                "nodes": result.nodes,
+                "secure_mode": run.secure,
+                "transport": transport.name,
+            }
+            out = Path(run.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "result.json").write_text(dumps_record(summary, indent=1))
 
     options = FlowerRunOptions(
         rounds=server.schedule.rounds, min_nodes=run.min_nodes, timeout=run.timeout
@@ -474,7 +548,7 @@ def server_setup(
     return ServerSetup(
         server,
         transport,
-        SeedTree(run.seed),
+        run.seeds(),
         options,
         train_metrics=_train_metrics,
         evaluation_metrics=_evaluation_metrics,
@@ -492,7 +566,7 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
         )
     partition = int(node_config["partition-id"])
     agents = partition_users(run.config.n_agents, int(node_config["num-partitions"]), partition)
-    node = FedHPDNode(run.config, agents, SeedTree(run.seed))
+    node = FedHPDNode(run.config, agents, run.seeds())
     on_evaluate: Callable[[FedHPDNode], None] | None = None
     if run.output_dir:
 
@@ -511,8 +585,16 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
         node.seeds,
         shape,
         on_evaluate,
-        identity=lambda: seeded_identity(node.seeds, agents, run.config.n_agents),
+        identity=lambda: node_identity(run, context, agents),
     )
+
+
+def node_identity(run: FedHPDFlowerRun, context: Context, agents: np.ndarray) -> NodeIdentity:
+    """The hosted agents' long-term identities (malicious-server secure aggregation): provisioned
+    files when the node config names them (``secagg-identity-path``, ``secagg-registry-path``,
+    ``secagg-registry-digest``; :func:`securefed.flower.identity.provision_identities`), which
+    secure mode needs; else derived from the run's seed (seeded runs only)."""
+    return identity_from_config(context.node_config, run.seeds(), agents, run.config.n_agents)
 
 
 @dataclass
@@ -546,6 +628,105 @@ def build_apps(
     return FedHPDApps(server_app, client_app, outcome)
 
 
+# ----------------------------------------------------------------------------- `flwr run`
+APP_DIR = Path(__file__).resolve().parent / "flower_app"
+"""The FedHPD app that ``flwr run`` submits: ``pyproject.toml`` (its ``[tool.flwr.app.config]``
+is read by :meth:`FedHPDApp.from_run_config`) and the package ``securefed_fedhpd_app``."""
+
+TRANSPORTS = ("plaintext", "secagg")
+"""What the app carries (``transport`` key): plaintext, or securefed's secure aggregation with
+each node one party (``SecAggTransport(remote_clients=True)``)."""
+
+
+@dataclass(frozen=True)
+class FedHPDApp:
+    """A FedHPD run as the app's run config describes it (``flwr run ... -c 'key=value'``).
+
+    Attributes:
+        run: the run (its ``seed`` ``-1``, the default, is secure mode).
+        transport: one of :data:`TRANSPORTS`.
+        secagg: the secure-aggregation parameters (``transport = "secagg"``).
+    """
+
+    run: FedHPDFlowerRun
+    transport: str = "plaintext"
+    secagg: SecAggConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if (self.transport == "secagg") != (self.secagg is not None):
+            raise ValueError("secagg parameters go with transport='secagg' and with no other")
+
+    def make_transport(self) -> Transport:
+        if self.secagg is None:
+            return PlaintextTransport()
+        return SecAggTransport(self.secagg, remote_clients=True)
+
+    @classmethod
+    def from_run_config(cls, values: Mapping[str, object]) -> FedHPDApp:
+        """Read the app's ``[tool.flwr.app.config]`` keys (``rl/flower_app/pyproject.toml``).
+
+        ``agents`` is ``""`` (the task's ten) or comma-separated indices into the task's
+        agents; ``public-size`` and ``virtual-rounds`` ``0`` take the task's values.
+
+        Raises:
+            ValueError: a bad value (by :class:`FedHPDConfig` and the classes above).
+        """
+        task = str(values["task"])
+        chosen = str(values.get("agents", "")).strip()
+        agents = None
+        if chosen:
+            agents = tuple(AGENTS[task][int(k)] for k in chosen.split(","))
+        config = FedHPDConfig(
+            task=task,
+            d=int(values["d"]),
+            rounds=int(values["rounds"]),
+            agent_specs=agents,
+            distill_loops=int(values["distill-loops"]),
+            part_size=int(values["part-size"]),
+            public_size=int(values["public-size"]) or None,
+            virtual_rounds=int(values["virtual-rounds"]) or None,
+        )
+        run = FedHPDFlowerRun(
+            config,
+            seed=int(values["seed"]),
+            min_nodes=int(values["min-nodes"]),
+            output_dir=str(values.get("output-dir", "")),
+            timeout=float(values["timeout"]),
+            rejoin_window=int(values.get("rejoin-window", 0)),
+        )
+        transport = str(values["transport"])
+        secagg = None
+        if transport == "secagg":
+            secagg = SecAggConfig(
+                bits=int(values["secagg-bits"]),
+                scale=float(values["secagg-scale"]),
+                clip=float(values["secagg-clip"]),
+                server=str(values["secagg-server"]),
+            )
+        return cls(run, transport, secagg)
+
+
+def app_server_setup(context: Context) -> ServerSetup:
+    """The ServerApp's setup from the run config (what ``securefed_fedhpd_app.app:server``
+    runs)."""
+    app = FedHPDApp.from_run_config(context.run_config)
+    return server_setup(app.run, app.make_transport())
+
+
+def app_client_setup(context: Context) -> ClientSetup:
+    """The ClientApp's setup from the run config and the node's partition."""
+    return client_setup(FedHPDApp.from_run_config(context.run_config).run, context)
+
+
+def write_fedhpd_app(dest: str | Path, run_config: Mapping[str, object] | None = None) -> Path:
+    """Copy the FedHPD app to ``dest`` with ``run_config`` in its ``[tool.flwr.app.config]``."""
+    from securefed.flower.loopback import write_app
+
+    return write_app(APP_DIR, dest, run_config)
+
+
 def node_results(out_dir: str | Path, nodes: int, n_agents: int) -> tuple[np.ndarray, list]:
     """Join the nodes' ``node-<partition>.npz``: returns ``(rounds, agents)`` and parameters."""
     returns, params = None, [None] * n_agents
@@ -560,6 +741,9 @@ def node_results(out_dir: str | Path, nodes: int, n_agents: int) -> tuple[np.nda
 
 
 __all__ = [
+    "APP_DIR",
+    "TRANSPORTS",
+    "FedHPDApp",
     "FedHPDApps",
     "FedHPDFlowerRun",
     "FedHPDNode",
@@ -567,9 +751,12 @@ __all__ = [
     "FedHPDServer",
     "Schedule",
     "agent_state",
+    "app_client_setup",
+    "app_server_setup",
     "build_apps",
     "client_setup",
     "load_agent_state",
     "node_results",
     "server_setup",
+    "write_fedhpd_app",
 ]

@@ -50,6 +50,8 @@ DATA_PACKAGES = {
     "securefed.recsys.datasets": "recsys/datasets",
     "securefed.recsys.flower_app": "recsys/flower_app",
     "securefed.recsys.flower_app.securefed_fedmf_app": "recsys/flower_app/securefed_fedmf_app",
+    "securefed.rl.flower_app": "rl/flower_app",
+    "securefed.rl.flower_app.securefed_fedhpd_app": "rl/flower_app/securefed_fedhpd_app",
 }
 """Folders of package data, listed as packages so that setuptools ships them without warning
 (the embedded data set and the Flower app, which ``flwr run`` builds rather than imports)."""
@@ -125,8 +127,9 @@ def test_every_module_lands_under_its_mapped_name(wheel):
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{path.name}" for path in folder.glob("*.py")}
     assert expected <= names
+    apps = ("securefed/recsys/flower_app/", "securefed/rl/flower_app/")
     assert {n for n in names if n.endswith(".py")} - expected == {
-        n for n in names if n.startswith("securefed/recsys/flower_app/") and n.endswith(".py")
+        n for n in names if n.startswith(apps) and n.endswith(".py")
     }
 
 
@@ -135,14 +138,15 @@ def test_the_embedded_data_set_and_the_flower_app_are_inside(wheel):
     data = REPO_ROOT / "recsys" / "datasets" / "ml-latest-small"
     assert {f"securefed/recsys/datasets/ml-latest-small/{p.name}" for p in data.iterdir()} <= names
     assert "securefed/recsys/datasets/ml-latest-small/ratings.csv" in names
-    app = REPO_ROOT / "recsys" / "flower_app"
-    shipped = {
-        "securefed/recsys/flower_app/" + p.relative_to(app).as_posix()
-        for p in app.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
-    assert shipped and shipped <= names
-    assert "securefed/recsys/flower_app/pyproject.toml" in names
+    for layer in ("recsys", "rl"):  # FedMF's and FedHPD's Flower apps
+        app = REPO_ROOT / layer / "flower_app"
+        shipped = {
+            f"securefed/{layer}/flower_app/" + p.relative_to(app).as_posix()
+            for p in app.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
+        assert shipped and shipped <= names
+        assert f"securefed/{layer}/flower_app/pyproject.toml" in names
 
 
 def test_the_wheel_declares_the_console_script(wheel):

@@ -23,7 +23,9 @@ state, MAC authentication (docs/flower.md, "Limits").
 The worked example, FedMF on a SuperLink and SuperNodes, is the app in ``recsys/flower_app``
 (:mod:`securefed.recsys.fedmf_flower`; copied by :func:`securefed.flower.loopback.write_app`).
 FedHPD's halves
-(agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``.
+(agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``, its app
+``rl/flower_app``. Fault drills (a node that hangs or answers garbage):
+:mod:`securefed.flower.faults`.
 """
 
 from __future__ import annotations

@@ -234,6 +234,23 @@ def load_identity(
     return _pinned(keys, load_registry(registry_path), bytes.fromhex(digest_hex))
 
 
+def node_identity(
+    node_config: Mapping[str, object], seeds: SeedTree, users, n_users: int
+) -> NodeIdentity:
+    """The hosted users' long-term identities: the files provisioned at enrolment, named in the
+    node config (``secagg-identity-path``, ``secagg-registry-path``,
+    ``secagg-registry-digest``), else, in seeded mode only, derived from the seed
+    (:func:`seeded_identity`, which refuses a secure tree).
+    """
+    if "secagg-identity-path" in node_config:
+        return load_identity(
+            str(node_config["secagg-identity-path"]),
+            str(node_config["secagg-registry-path"]),
+            str(node_config.get("secagg-registry-digest", "")),
+        )
+    return seeded_identity(seeds, users, n_users)
+
+
 PURPOSE_PARTY_MEMBERS = b"flower-party-members"
 
 

@@ -40,6 +40,7 @@ its transport, so ``transport.view`` is the server's notebook, as in one process
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,7 +52,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
-from securefed.errors import AggregationError, InsecureParameterError
+from securefed.errors import AggregationError, InsecureParameterError, SecurefedError
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std, mechanism_config
@@ -339,6 +340,22 @@ def _refused(
     )
 
 
+@contextlib.contextmanager
+def _malformed_refuses(round_id: int, node: int, message_type: str):
+    """A reply the server cannot read (missing or ill-typed arrays, non-finite or ill-shaped
+    updates) refuses the round naming the node, rather than failing without its name or
+    entering the aggregate. securefed's own checks keep their error types."""
+    try:
+        yield
+    except SecurefedError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise AggregationError(
+            f"round {round_id}: node {node} answered {message_type} with a malformed reply "
+            f"({type(error).__name__}: {error}); the round is refused"
+        ) from error
+
+
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.1) -> list[int]:
     """The connected SuperNodes once at least ``count`` are there.
 
@@ -457,16 +474,18 @@ class _Run:
         parts = []
         active_set = {int(c) for c in active}
         for node, reply in sorted(replies.items()):
-            arrays = rec.message_arrays(reply)
-            _learn_hosts(self.hosts, node, arrays["hosted"])
-            updates = rec.arrays_to_updates(arrays, "update.")
-            stray = set(updates.clients.tolist()) - active_set
-            if stray:
-                raise AggregationError(
-                    f"node {node} sent updates for clients {sorted(stray)[:5]} outside the round"
-                )
-            if len(updates.clients):
-                self._submit_plain(rnd, updates)
+            with _malformed_refuses(round_id, node, TRAIN):
+                arrays = rec.message_arrays(reply)
+                _learn_hosts(self.hosts, node, arrays["hosted"])
+                updates = rec.arrays_to_updates(arrays, "update.")
+                stray = set(updates.clients.tolist()) - active_set
+                if stray:
+                    raise AggregationError(
+                        f"node {node} sent updates for clients {sorted(stray)[:5]} outside the "
+                        "round"
+                    )
+                if len(updates.clients):
+                    self._submit_plain(rnd, updates)
             arrived.update(updates.clients.tolist())
             parts.append(_metrics(reply))
         _drop_missing(rnd, active, arrived)
@@ -632,8 +651,10 @@ class _Run:
                     f"round {round_id}: node {node}'s masked sum must cover users it was asked "
                     f"to compute, got {users[:5].tolist()}"
                 )
-            [masked] = arrays["masked"]
-            secagg.receive_party_masked(party, users, masked, weighted=bool(arrays["weighted"]))
+            with _malformed_refuses(round_id, node, MASK):
+                [masked] = arrays["masked"]
+                weighted = bool(arrays["weighted"])
+                secagg.receive_party_masked(party, users, masked, weighted=weighted)
             if self.wire.client_noise:
                 _noised_by_clients(rnd, users, arrays["weight_sq"])
             if self.wire.secagg.malicious:

@@ -40,7 +40,8 @@ from securefed.flower import (
 )
 from securefed.flower.ckks import NodeKeys
 from securefed.flower.floors import NodeFloors
-from securefed.flower.identity import NodeIdentity, load_identity, seeded_identity
+from securefed.flower.identity import NodeIdentity
+from securefed.flower.identity import node_identity as identity_from_config
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.records import dumps_record
 from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
@@ -352,14 +353,8 @@ def node_identity(app: FedMFApp, context: Context, node: FedMFNode) -> NodeIdent
     """The hosted users' long-term identities: the files provisioned at enrolment
     (``secagg-identity-path``, ``secagg-registry-path``, ``secagg-registry-digest`` in the node
     config), else, in seeded mode only, derived from the run's seed."""
-    config = context.node_config
-    if "secagg-identity-path" in config:
-        return load_identity(
-            str(config["secagg-identity-path"]),
-            str(config["secagg-registry-path"]),
-            str(config.get("secagg-registry-digest", "")),
-        )
-    return seeded_identity(app.seeds(), node.users, load_split(_data_key(app)).train.n_users)
+    n_users = load_split(_data_key(app)).train.n_users
+    return identity_from_config(context.node_config, app.seeds(), node.users, n_users)
 
 
 def client_setup(app: FedMFApp, context: Context, floors: NodeFloors | None = None) -> ClientSetup:
