@@ -213,3 +213,107 @@ def test_a_malformed_survivor_digest_is_refused():
         signatures.SurvivorDigest(3, b"short")
     with pytest.raises(ValueError, match="size >= 0"):
         signatures.SurvivorDigest(-1, bytes(32))
+
+
+# -- the encoding's fused pass (issue 32 item 1: encoding at its floor) ------------------------
+KEY = bytes(range(32))
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 1000, 4097])
+@pytest.mark.parametrize("block", [1, 16, 1024, 10_000])
+def test_uniform_blocks_continue_one_keystream_into_the_same_floats(length, block):
+    source = prg.UniformSource(length)
+    blocks = [b.copy() for b in source.blocks(KEY, block)]
+    assert all(len(b) == min(block, length) for b in blocks[:-1])
+    joined = np.concatenate(blocks) if blocks else np.empty(0)
+    np.testing.assert_array_equal(joined, prg.uniform_floats(KEY, length))
+    np.testing.assert_array_equal(joined, prg.UniformSource(length).draw(KEY))
+
+
+def test_uniform_blocks_refuse_an_empty_block():
+    with pytest.raises(ValueError, match="block must be >= 1"):
+        next(prg.UniformSource(10).blocks(KEY, 0))
+
+
+def _edge_values(rng, clip, length):
+    """Values in the clip range, with its ends, signed zeros and fractions near 0 and 1."""
+    edges = [-clip, clip, 0.0, -0.0, 2**-40, -(2**-40), 1 - 2**-53, -1 + 2**-53, 2**-1074]
+    return np.concatenate([edges, rng.uniform(-clip, clip, length - len(edges))])
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("block", [1, 333, 4096, 10**6])
+def test_the_blocked_encoding_gives_the_old_ring_elements_bit_for_bit(bits, block):
+    """Against the pre-issue-32 formula on the whole vector: in range (the fused pass) and with
+    values to clip (the gathered fall-back), the draw given in blocks of every size."""
+    fp = fpm.FixedPoint(bits=bits, scale=2.0**20, clip=2.0)
+    rng = np.random.default_rng(bits + block)
+    in_range = _edge_values(rng, fp.clip, 5000)
+    clipped = np.concatenate([in_range, rng.uniform(-5, 5, 500)])
+    for values in (in_range, clipped):
+        source = prg.UniformSource(len(values))
+        uniform = prg.uniform_floats(KEY, len(values))
+        ring, n_clipped = fpm.Encoder(fp, len(values)).encode_blocks(
+            values, source.blocks(KEY, block)
+        )
+        np.testing.assert_array_equal(ring, _old_encoder_ring(fp, values, uniform))
+        assert ring.dtype == fp.dtype
+        assert n_clipped == int(np.count_nonzero(np.abs(values) > fp.clip))
+    assert n_clipped > 0
+
+
+def test_the_blocked_encoding_refuses_what_the_encoder_refuses():
+    fp = fpm.FixedPoint(bits=32, scale=2.0**10, clip=1.0)
+    encoder = fpm.Encoder(fp, 4)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        encoder.encode_blocks(np.array([0.0, np.nan, 0.0, 0.0]), [np.zeros(2), np.zeros(2)])
+    with pytest.raises(ValueError, match="hold 3 values, expected 4"):
+        encoder.encode_blocks(np.zeros(4), [np.zeros(2), np.zeros(1)])
+    with pytest.raises(ValueError, match="more than 4"):
+        encoder.encode_blocks(np.zeros(4), [np.zeros(3), np.zeros(3)])
+    with pytest.raises(ValueError, match="expected 4 values"):
+        encoder.encode_blocks(np.zeros(5), [np.zeros(5)])
+
+
+def _seeded_in_range_round(values: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Masked-upload digests and ring sum of a seeded honest-but-curious round, no clipping."""
+    config = SecAggConfig(neighbours=7, server="honest_but_curious")
+    transport = SecAggTransport(config, keep_payloads=ALL_PAYLOADS)
+    rnd = transport.open_round(0, range(len(values)), shape=(1, values.shape[1]), seeds=SeedTree(8))
+    for c in range(len(values)):
+        rnd.submit(c, values[c])
+    rnd.result()
+    uploads = [bytes(rnd.view.payloads[c]["masked_sha256"]) for c in range(len(values))]
+    return uploads, np.array(rnd.view.aggregate["ring_sum"])
+
+
+def test_a_round_through_the_fused_encoding_uploads_what_the_old_path_uploaded(monkeypatch):
+    """Bit for bit, the masked uploads and the ring sum of a seeded round whose values are all in
+    range (the fused pass), against the same round with the old path patched in: the whole draw
+    (``uniform_floats``) and the pre-issue-32 formula."""
+    from securefed.transport.secagg import client as client_mod
+
+    values = np.random.default_rng(4).uniform(-1, 1, size=(9, 40_000))
+    new_uploads, new_sum = _seeded_in_range_round(values)
+
+    def old_encode_input(vals, key, workspace, *, owner):
+        fp = workspace.encoder.fixed_point
+        uniform = prg.uniform_floats(key, len(vals), prg=workspace.uniform.prg)
+        return _old_encoder_ring(fp, vals, uniform).astype(fp.dtype), 0
+
+    monkeypatch.setattr(client_mod, "encode_input", old_encode_input)
+    old_uploads, old_sum = _seeded_in_range_round(values)
+    assert new_uploads == old_uploads and len(set(new_uploads)) == len(new_uploads)
+    np.testing.assert_array_equal(new_sum, old_sum)
+
+
+def test_mask_contexts_share_a_mode_per_domain_and_give_the_old_keystream():
+    """The cached CTR mode changes no byte: masks against a context built the old way."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    expander = prg.MaskExpander(1000)
+    for domain in (prg.DOMAIN_SELF_MASK, prg.DOMAIN_PAIR_MASK):
+        old = Cipher(algorithms.AES(KEY), modes.CTR(domain + bytes(8))).encryptor()
+        expected = np.frombuffer(old.update(bytes(4000)), "<u4")
+        np.testing.assert_array_equal(expander.mask(KEY, domain=domain), expected)
+    assert prg._ctr_mode(prg.DOMAIN_PAIR_MASK) is prg._ctr_mode(prg.DOMAIN_PAIR_MASK)
