@@ -17,6 +17,7 @@ from securefed import ALL_PAYLOADS, SeedTree
 from securefed.crypto import fixed_point as fpm
 from securefed.crypto import keys as kx
 from securefed.crypto import prg
+from securefed.errors import InsecureParameterError
 from securefed.transport.secagg import SecAggConfig, SecAggTransport, signatures
 
 REGISTRY = hashlib.sha256(b"registry").digest()
@@ -317,3 +318,80 @@ def test_mask_contexts_share_a_mode_per_domain_and_give_the_old_keystream():
         expected = np.frombuffer(old.update(bytes(4000)), "<u4")
         np.testing.assert_array_equal(expander.mask(KEY, domain=domain), expected)
     assert prg._ctr_mode(prg.DOMAIN_PAIR_MASK) is prg._ctr_mode(prg.DOMAIN_PAIR_MASK)
+
+
+# -- pair keys across rounds: a graph kept for an epoch (issue 32 item 1) ----------------------
+def _pairs_agreed(transport) -> int:
+    return sum(key.setup_pairs for key in transport.signers._keys.values())
+
+
+def _run_rounds(config, rounds, n=12, clients=None):
+    """``rounds`` seeded rounds of ``n`` clients on one transport: each round's neighbours, the
+    static pairwise keys agreed so far after each round, and each round's total."""
+    transport = SecAggTransport(config)
+    values = (np.arange(n * 3).reshape(n, 3) % 16) / 16 - 0.5
+    graphs, agreed, totals = [], [], []
+    for r in range(rounds):
+        ids = list(range(n)) if clients is None else clients(r)
+        rnd = transport.open_round(r, ids, shape=(1, 3), seeds=SeedTree(6))
+        graphs.append({c: tuple(rnd.neighbours(c).tolist()) for c in ids})
+        for c in ids:
+            rnd.submit(c, values[c])
+        totals.append(rnd.result().total)
+        np.testing.assert_allclose(totals[-1], values[ids].sum(axis=0, keepdims=True), atol=1e-4)
+        agreed.append(_pairs_agreed(transport))
+    return graphs, agreed, totals
+
+
+def test_a_graph_kept_for_an_epoch_agrees_no_new_pair_key_within_it():
+    """With a fresh graph every round, each round meets new pairs and agrees their static keys
+    again (the set-up recurs); with ``graph_epoch=3`` rounds 0-2 share round 0's graph (no new
+    key after round 0) and round 3 draws a new one."""
+    fresh = SecAggConfig(neighbours=4, auth="macs")
+    kept = SecAggConfig(neighbours=4, auth="macs", graph_epoch=3)
+    fresh_graphs, fresh_agreed, _ = _run_rounds(fresh, 4)
+    kept_graphs, kept_agreed, _ = _run_rounds(kept, 4)
+    assert fresh_graphs[0] == kept_graphs[0]  # the epoch's first round: the round's own graph
+    assert len({tuple(sorted(g.items())) for g in fresh_graphs}) == 4
+    assert fresh_agreed[1] > fresh_agreed[0]
+    assert kept_graphs[0] == kept_graphs[1] == kept_graphs[2] != kept_graphs[3]
+    assert kept_agreed[0] == kept_agreed[1] == kept_agreed[2] < kept_agreed[3]
+    assert kept_agreed[2] < fresh_agreed[2]
+
+
+def test_another_cohort_in_the_same_epoch_gets_its_own_graph():
+    """The seed binds the clients: a round of other clients inside the epoch draws afresh."""
+    kept = SecAggConfig(neighbours=4, auth="macs", graph_epoch=10)
+    graphs, _, _ = _run_rounds(
+        kept, 2, clients=lambda r: list(range(12)) if r == 0 else list(range(1, 13)), n=13
+    )
+    assert graphs[0] != {c: graphs[1].get(c) for c in graphs[0]}
+
+
+def test_a_kept_graph_is_recorded_and_the_default_records_as_before():
+    kept = SecAggTransport(SecAggConfig(neighbours=4, auth="macs", graph_epoch=5))
+    rnd = kept.open_round(7, range(8), shape=(1, 2), seeds=SeedTree(1))
+    assert rnd.view.public["secagg_graph_round"] == 5
+    assert kept.public_parameters()["graph_epoch"] == 5
+    fresh = SecAggTransport(SecAggConfig(neighbours=4)).open_round(
+        7, range(8), shape=(1, 2), seeds=SeedTree(1)
+    )
+    assert "secagg_graph_round" not in fresh.view.public
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"server": "honest_but_curious"},
+        {"server": "malicious", "auth": "signatures"},
+    ],
+)
+def test_a_kept_graph_is_refused_where_no_pair_key_is_kept(kwargs):
+    with pytest.raises(InsecureParameterError, match="applies only to server='malicious' with"):
+        SecAggConfig(graph_epoch=2, **kwargs)
+
+
+@pytest.mark.parametrize("epoch", [0, -1, 1.5, True, "2"])
+def test_a_malformed_graph_epoch_is_refused(epoch):
+    with pytest.raises(ValueError, match="graph_epoch must be"):
+        SecAggConfig(auth="macs", graph_epoch=epoch)
