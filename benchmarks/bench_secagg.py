@@ -944,9 +944,9 @@ def run_epoch_cost(clients: int, length: int, rounds: int, *, seed: int = 0) -> 
         transports[key] = SecAggTransport(SecAggConfig(**options))
         transports[key].signers.shared_checks = False  # each client verifies its own
     per_round: dict[str, list[dict[str, float]]] = {key: [] for key in transports}
+    seeds = SeedTree(seed)  # one run: its rounds' keys, masks and graphs differ by round id
     for r in range(rounds):
         for key, transport in transports.items():
-            seeds = SeedTree(seed + r)
             start_cpu = time.process_time()
             rnd = transport.open_round(r, range(clients), shape=(1, length), seeds=seeds)
             for c in range(clients):
@@ -957,6 +957,7 @@ def run_epoch_cost(clients: int, length: int, rounds: int, *, seed: int = 0) -> 
                     "cpu_seconds": time.process_time() - start_cpu,
                     "setup_seconds": rnd.timings["setup"],
                     "k": rnd.neighbours_k,
+                    "graph_seed": rnd.view.public["secagg_graph_seed"],
                 }
             )
     hbc = sum(row["cpu_seconds"] for row in per_round["honest_but_curious"])
@@ -973,6 +974,7 @@ def run_epoch_cost(clients: int, length: int, rounds: int, *, seed: int = 0) -> 
                 else None
             ),
             "over_hbc_total": total / hbc,
+            "distinct_graphs": len({row["graph_seed"] for row in rows}),
             "rounds": rows,
         }
         print(
@@ -1010,6 +1012,7 @@ def epoch_table(report: dict[str, object]) -> str:
                 f"{v['cpu_seconds_first_round']:.3f}",
                 "-" if later is None else f"{later:.3f}",
                 f"{v['setup_seconds_total']:.2f}",
+                v["distinct_graphs"],
                 f"{v['over_hbc_total']:.3f}x",
             )
         )
@@ -1019,6 +1022,7 @@ def epoch_table(report: dict[str, object]) -> str:
         "first round",
         "later rounds (mean)",
         "set-up s (total)",
+        "graphs",
         "/ honest-but-curious",
     )
     return markdown_table(headers, body)
