@@ -958,6 +958,7 @@ def run_epoch_cost(clients: int, length: int, rounds: int, *, seed: int = 0) -> 
                     "setup_seconds": rnd.timings["setup"],
                     "k": rnd.neighbours_k,
                     "graph_seed": rnd.view.public["secagg_graph_seed"],
+                    "pairs_agreed": transport.signers.pairs_agreed,
                 }
             )
     hbc = sum(row["cpu_seconds"] for row in per_round["honest_but_curious"])

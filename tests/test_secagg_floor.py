@@ -322,7 +322,7 @@ def test_mask_contexts_share_a_mode_per_domain_and_give_the_old_keystream():
 
 # -- pair keys across rounds: a graph kept for an epoch (issue 32 item 1) ----------------------
 def _pairs_agreed(transport) -> int:
-    return sum(key.setup_pairs for key in transport.signers._keys.values())
+    return transport.signers.pairs_agreed
 
 
 def _run_rounds(config, rounds, n=12, clients=None):
@@ -395,3 +395,21 @@ def test_a_kept_graph_is_refused_where_no_pair_key_is_kept(kwargs):
 def test_a_malformed_graph_epoch_is_refused(epoch):
     with pytest.raises(ValueError, match="graph_epoch must be"):
         SecAggConfig(auth="macs", graph_epoch=epoch)
+
+
+def test_the_multi_round_bench_keeps_one_graph_and_pays_the_set_up_once():
+    """``bench secagg-malicious --rounds``: one seed tree for the run, so the kept graph is one
+    graph and only its first round agrees pair keys; the fresh graph changes every round."""
+    from securefed.bench.bench_secagg import epoch_table, run_epoch_cost
+
+    report = run_epoch_cost(12, 50, 3)
+    kept = report["variants"]["malicious_macs_graph_kept"]
+    fresh = report["variants"]["malicious_macs_fresh_graph"]
+    assert kept["distinct_graphs"] == 1 and fresh["distinct_graphs"] == 3
+    assert kept["rounds"][0]["setup_seconds"] > 0
+    agreed = [row["pairs_agreed"] for row in kept["rounds"]]
+    assert agreed[0] == 12 * kept["rounds"][0]["k"] and agreed[0] == agreed[1] == agreed[2]
+    fresh_agreed = [row["pairs_agreed"] for row in fresh["rounds"]]
+    assert fresh_agreed[0] == agreed[0] < fresh_agreed[1] < fresh_agreed[2]
+    assert report["variants"]["honest_but_curious"]["over_hbc_total"] == 1.0
+    assert "graph kept (graph_epoch=3)" in epoch_table(report)
