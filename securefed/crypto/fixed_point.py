@@ -357,11 +357,11 @@ class Encoder:
         ``uniform_blocks`` are successive slices of the vector's uniforms (each may be a view
         that the next one overwrites, :meth:`~securefed.crypto.prg.UniformSource.blocks`). When
         every value is finite and inside the clip range (the common case) each block is scaled,
-        rounded and written into the ring vector while its buffers are still in cache: the same
-        arithmetic as :meth:`encode`, so the same ring elements bit for bit, at about half its
-        memory traffic (a vector of 1e5 values and its five scratch vectors overflow a core's
-        L2; a block's do not). Otherwise the blocks are gathered and :meth:`encode` clips,
-        counts or refuses as always.
+        rounded and written into the ring vector while its buffers are still in cache (a vector
+        of 1e5 values and its scratch vectors overflow a 2 MiB L2; a block's do not): the same
+        arithmetic as :meth:`encode`, so the same ring elements bit for bit (8-15 % less CPU at
+        d = 1e5 and 35,000 on the dev box, benchmarks/results/secagg_floor/round2). Otherwise
+        the blocks are gathered and :meth:`encode` clips, counts or refuses as always.
 
         Raises:
             ValueError: as :meth:`encode`; blocks that do not add up to ``length`` uniforms.
