@@ -160,7 +160,9 @@ def run_fedmf(split: Split, run: FedMFRun) -> tuple[dict, FedMF, object]:
 
     The record holds at least: rmse, mae, variant, transport, rounds, seconds, bytes_up,
     bytes_down (totals over the run), bytes_up_per_client and bytes_down_per_client (mean per
-    participating client per round), and the data set's name and sizes.
+    participating client per round), round_seconds and round_cpu_seconds (every round's wall
+    and CPU seconds, a warm start's rounds first: ``seconds`` counts only the others), and the
+    data set's name and sizes.
     """
     validation = None
     if run.validation is not None:
@@ -190,8 +192,9 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
     }
     transport = build_transport(spec.name, groups, keep_payloads=run.keep_payloads, **context)
     model = FedMF(split.train, cfg, seeds)
+    clock = RoundClock()
     if run.warm_start_rounds:
-        _warm_start(model, run, spec.name, groups, context, transport, seeds)
+        _warm_start(model, run, spec.name, groups, context, transport, seeds, clock)
     fingerprint = {
         "config": asdict(cfg),
         "transport": run.transport,
@@ -200,6 +203,14 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
         "n_train": len(split.train),
     }
     started = time.perf_counter()
+    clock.restart()
+
+    def after_round(round_id: int, _metrics) -> None:
+        clock.tick()
+        if on_round is not None:
+            on_round(model, round_id)
+            clock.restart()  # the caller's evaluation is no round's cost
+
     history = run_rounds(
         model,
         transport,
@@ -216,7 +227,7 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
             on_budget_exhausted="raise",
             blas_threads=run.blas_threads,
         ),
-        on_round=None if on_round is None else (lambda r, _: on_round(model, r)),
+        on_round=after_round,
     )
     seconds = time.perf_counter() - started
     predictions = model.predict(split.test.users, split.test.items)
@@ -235,6 +246,8 @@ def _train(split: Split, run: FedMFRun, on_round) -> tuple[dict, FedMF, object]:
         "mae": mae(predictions, split.test.ratings),
         "train_rmse": history.last().get("train_rmse", float("nan")),
         "seconds": seconds,
+        "round_seconds": clock.seconds,
+        "round_cpu_seconds": clock.cpu_seconds,
         "bytes_up": up,
         "bytes_down": down,
         "bytes_up_per_client": up_client,
@@ -266,8 +279,35 @@ def split_fields(split: Split) -> dict:
     }
 
 
+class RoundClock:
+    """Each round's wall-clock and CPU seconds (``time.process_time``) of a run, in order: the
+    warm start's rounds first, then the others (``tick`` after each round, ``restart`` where
+    untimed work between rounds ends)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.restart()
+
+    def restart(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def tick(self) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.seconds.append(wall - self._wall)
+        self.cpu_seconds.append(cpu - self._cpu)
+        self._wall, self._cpu = wall, cpu
+
+
 def _warm_start(
-    model, run: FedMFRun, name: str, groups: dict, context: dict, transport, seeds: SeedTree
+    model,
+    run: FedMFRun,
+    name: str,
+    groups: dict,
+    context: dict,
+    transport,
+    seeds: SeedTree,
+    clock: RoundClock,
 ) -> None:
     """Run the first ``run.warm_start_rounds`` rounds over the clear counterpart of the transport.
 
@@ -281,6 +321,7 @@ def _warm_start(
     warm rounds' server view is discarded.
     """
     warm = warm_start_transport(name, groups, context, transport)
+    clock.restart()
     run_rounds(
         model,
         warm,
@@ -291,6 +332,7 @@ def _warm_start(
             progress=False,
             blas_threads=run.blas_threads,
         ),
+        on_round=lambda _round, _metrics: clock.tick(),
     )
 
 

@@ -659,11 +659,16 @@ def test_the_cost_benchmark_measures_the_three_variants_side_by_side():
         ("mask_expansion", "rounding_draw", "x25519", "x25519_keygen", "hmac"), 1e-5
     )
     costs.update(ed25519_sign=4e-5, ed25519_verify=1e-4, keystream_bytes_per_second=1e9)
+    costs.update(hkdf=2e-6, aead_seal=3e-6, aead_open=3e-6)
     costs["cpu"] = dict(costs)
     report = run_malicious_cost((10,), 200, (0.1,), repeats=1, costs=costs, count_contributors=True)
     (row,) = report["rows"]
     for key in ("honest_but_curious", "malicious_macs", "malicious_signatures"):
         assert row[key]["status"] == "ok" and row[key]["floor_seconds"] > 0
+        # issue 32's floor adds HKDF, Shamir and the sealed shares to the same counts
+        ops = row[key]["operations"]
+        assert ops["hkdf"] == ops["x25519"] and ops["aead_seal"] == 10 * row[key]["k"]
+        assert row[key]["cpu_floor_full_seconds"] > row[key]["cpu_floor_seconds"]
     macs, signed = row["malicious_macs"], row["malicious_signatures"]
     assert macs["operations"]["hmac"] > 0 and macs["operations"]["ed25519_verify"] == 0
     assert signed["operations"]["ed25519_verify"] > 0 and signed["operations"]["hmac"] == 0

@@ -16,7 +16,9 @@ round only (its HKDF ``info`` binds the round), so a fixed IV per domain is safe
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
@@ -43,14 +45,25 @@ def ring_dtype(bits: int) -> np.dtype:
     raise ValueError(f"the ring must be Z_2^32 or Z_2^64, got bits={bits}")
 
 
+@functools.lru_cache(maxsize=16)
+def _ctr_mode(domain: bytes) -> modes.CTR:
+    """The CTR mode of ``domain``'s keystream (its counter block ``domain || 0^64``).
+
+    A mode object is immutable and holds no key, so every context of a domain shares one
+    instead of building it per mask (22,000 masks in a round of 1000 clients).
+    """
+    return modes.CTR(domain + bytes(8))
+
+
 def _encryptor(prg: str, key: bytes, domain: bytes):
     if len(key) != SEED_BYTES:
         raise ValueError(f"PRG seeds are the full {SEED_BYTES}-byte key, got {len(key)} bytes")
     if len(domain) != 8:
         raise ValueError("a PRG domain tag is 8 bytes")
     if prg == "aes-256-ctr":
-        # 128-bit big-endian counter block: domain || 0^64.
-        return Cipher(algorithms.AES(key), modes.CTR(domain + bytes(8))).encryptor()
+        # 128-bit big-endian counter block: domain || 0^64. Each key needs its own context (its
+        # key schedule): `cryptography` cannot re-key one, so a context per mask is the floor.
+        return Cipher(algorithms.AES(key), _ctr_mode(bytes(domain))).encryptor()
     if prg == "chacha20":
         # cryptography's 16-byte ChaCha20 nonce starts with the little-endian block counter.
         return Cipher(algorithms.ChaCha20(key, bytes(8) + domain), mode=None).encryptor()
@@ -173,13 +186,54 @@ class UniformSource:
         self._buffer = bytearray(8 * length + _SLACK)
         self._words = np.frombuffer(self._buffer, "<u8", count=length)
         self._floats = np.empty(length)
+        self._blocks: tuple | None = None
 
     def draw(self, key: bytes) -> np.ndarray:
         if self.length:
             _encryptor(self.prg, key, DOMAIN_ROUNDING).update_into(self._zeros, self._buffer)
-        np.right_shift(self._words, np.uint64(11), out=self._words)
-        np.multiply(self._words, 1.0 / (1 << 53), out=self._floats)
+        _words_to_floats(self._words, self._floats)
         return self._floats
+
+    def blocks(self, key: bytes, block: int) -> Iterator[np.ndarray]:
+        """``draw(key)`` in successive slices of ``block`` values (the last one shorter).
+
+        The same floats, from one keystream continued block by block (CTR mode), each slice a
+        view of a buffer of ``block`` values valid until the next: a consumer that works block
+        by block keeps its buffers in cache instead of streaming the whole vector each pass.
+
+        Raises:
+            ValueError: ``block < 1``.
+        """
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        block = min(block, max(self.length, 1))
+        zeros, buffer, words, floats = self._block_buffers(block)
+        encryptor = _encryptor(self.prg, key, DOMAIN_ROUNDING)
+        for start in range(0, self.length, block):
+            size = min(block, self.length - start)
+            encryptor.update_into(zeros[: 8 * size], buffer)
+            yield _words_to_floats(words[:size], floats[:size])
+
+    def _block_buffers(self, block: int):
+        if self._blocks is None or self._blocks[0] != block:
+            buffer = bytearray(8 * block + _SLACK)
+            self._blocks = (
+                block,
+                memoryview(bytes(8 * block)),
+                buffer,
+                np.frombuffer(buffer, "<u8", count=block),
+                np.empty(block),
+            )
+        return self._blocks[1:]
+
+
+def _words_to_floats(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = (words >> 11) * 2^-53``: 53 random bits per float in [0, 1), ``words`` shifted in
+    place. The shifted words are below 2^53, so reading them as int64 (a faster conversion than
+    uint64's) gives the same floats, each exact."""
+    np.right_shift(words, np.uint64(11), out=words)
+    np.multiply(words.view(np.int64), 1.0 / (1 << 53), out=out)
+    return out
 
 
 class KeystreamBytes:

@@ -86,6 +86,18 @@ class SecAggConfig:
             recipient). What a client that adds distributed-DP noise sets to the count its noise
             share is calibrated for (``securefed.transport.dp``), so that no sum the server
             unmasks carries less noise than planned.
+        graph_epoch: how many rounds one neighbourhood graph is kept (1, the default: a fresh
+            graph every round, Bell et al. 2020). With ``E > 1`` the rounds ``r`` with the same
+            ``r // E`` and the same clients share the graph of the epoch's first round (its seed
+            binds that round and the clients), so the static pairwise MAC keys agreed in the
+            epoch's first round serve the rest of it: ``server="malicious"`` with
+            ``auth="macs"`` only (nothing else is agreed per pair and kept), refused otherwise.
+            The masks and shares stay fresh every round (new ``c`` and ``s`` keys); what
+            changes is that a neighbourhood is known for ``E`` rounds ahead, so an adversary
+            that corrupts clients *after* seeing the graph can pick a target's neighbours for
+            the rest of the epoch, and one unlucky draw (a client with too many corrupt
+            neighbours) lasts ``E`` rounds instead of one (SECURITY.md, "Pair keys across
+            rounds").
     """
 
     bits: int = 32
@@ -103,6 +115,7 @@ class SecAggConfig:
     colluders: float | int = 0.05
     security_bits: int = 40
     min_contributors: int = 0
+    graph_epoch: int = 1
 
     def __post_init__(self) -> None:
         self.fixed_point_for(2)  # validates bits, scale and clip: at least 2 clients must fit
@@ -151,6 +164,22 @@ class SecAggConfig:
                 "auth='signatures': a client checks the count itself from the contributors' "
                 "signatures on the survivor set, and a MAC convinces only its recipient"
             )
+        if isinstance(self.graph_epoch, bool) or not isinstance(self.graph_epoch, int):
+            raise ValueError(f"graph_epoch must be an int, got {self.graph_epoch!r}")
+        if self.graph_epoch < 1:
+            raise ValueError(f"graph_epoch must be >= 1 (rounds per graph), got {self.graph_epoch}")
+        if self.graph_epoch > 1 and not (self.malicious and self.auth == "macs"):
+            raise InsecureParameterError(
+                f"graph_epoch={self.graph_epoch} keeps a neighbourhood graph for several rounds "
+                "so that the static pairwise MAC keys of its pairs are reused: it applies only "
+                "to server='malicious' with auth='macs' (no other variant keeps a per-pair key), "
+                "and elsewhere it would only make neighbourhoods predictable"
+            )
+
+    def graph_round(self, round_id: int) -> int:
+        """The round whose graph ``round_id`` uses: the first of its epoch (itself when
+        ``graph_epoch`` is 1)."""
+        return int(round_id) - int(round_id) % self.graph_epoch
 
     @property
     def malicious(self) -> bool:
@@ -288,6 +317,7 @@ class SecAggConfig:
             "key_agreement": "X25519",
             "kdf": "HKDF-SHA256",
             "shamir_field": "GF(2^256+297)",
+            "graph_epoch": self.graph_epoch,
         }
 
     def _colluders_text(self) -> str:

@@ -186,7 +186,8 @@ class SecAggRound(AggregationRound):
         if n == 1:
             raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
         self.neighbours_k, self.threshold = self.config.round_parameters(n)
-        seed = graph_seed(round_id, self.clients, seeds.key("secagg", "graph", round_id))
+        graph_round = self.config.graph_round(round_id)
+        seed = graph_seed(graph_round, self.clients, seeds.key("secagg", "graph", graph_round))
         self._graph = neighbour_graph(n, self.neighbours_k, seed)
         self.view.public.update(
             {
@@ -199,6 +200,8 @@ class SecAggRound(AggregationRound):
                 **self._precision(sum(self._inputs.values()) or n),
             }
         )
+        if self.config.graph_epoch > 1:  # the graph of the epoch's first round, kept
+            self.view.public["secagg_graph_round"] = graph_round
         if not remote_clients:
             self._advertise_keys(seeds)
             self._share_keys()

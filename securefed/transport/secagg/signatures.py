@@ -683,6 +683,12 @@ class SimulatedSigners:
         # every real client verifies.
         self.shared_checks = True
 
+    @property
+    def pairs_agreed(self) -> int:
+        """Static pairwise keys agreed so far, over every identity (one X25519 per pair and
+        side: :attr:`SigningKey.setup_pairs`)."""
+        return sum(key.setup_pairs for key in self._keys.values())
+
     def set_up(
         self, clients: Iterable[int], seeds: SeedTree
     ) -> tuple[dict[int, SigningKey], KeyRegistry]:
