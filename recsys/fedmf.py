@@ -79,6 +79,7 @@ from securefed.recsys.sparse_rows import (
     merge_sorted,
     rated_dot,
     rating_rows,
+    restrict_rows,
     row_ids,
     segment_sum,
     take_rows,
@@ -217,6 +218,18 @@ class FedMFConfig:
             of the uploads) then means on any scale what it means on 1..5: MovieLens 100K with
             every rating doubled scores the undoubled RMSE, doubled (benchmarks/results/
             cli_defaults/). On by :func:`biased_config`. Public: the scale is.
+        item_blocks: ``B``, how many public item blocks the catalogue is cut into (1: every
+            round aggregates the whole item matrix, today's design). With ``B > 1`` round ``t``
+            aggregates only block ``t mod B`` (:func:`item_block`: every ``B``-th item from
+            ``t mod B``, public and the same for every client): each client's block is those
+            item rows plus the two statistics rows, so a hiding transport masks (or encrypts,
+            or noises) about ``1 / B`` of the dense block, and the round's sums are exactly the
+            dense design's restricted to that block. Users still step ``U_u`` on all their
+            ratings (the whole ``V`` is broadcast: which rows a user needs stays private).
+            Every item steps once every ``B`` rounds. What the server sees per round is the
+            dense design's view restricted to a block the server chose before any upload, so
+            a hiding transport hides as much (docs/fedmf.md, "Item blocks"). Refused with
+            ``server_state="encrypted"`` (``[[V]]`` is folded whole).
     """
 
     variant: Literal["fedmf", "fedrec", "fedrec+"] = "fedmf"
@@ -259,6 +272,7 @@ class FedMFConfig:
     server_beta2: float = 0.99
     server_tau: float = 1e-3
     rating_unit: Literal["one", "scale"] = "one"
+    item_blocks: int = 1
 
     def __post_init__(self) -> None:
         choices = {
@@ -284,7 +298,9 @@ class FedMFConfig:
             )
         if self.weighting is not None and self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
-        for name in ("dim", "local_steps", "chunk_ratings"):
+        if not isinstance(self.item_blocks, int) or isinstance(self.item_blocks, bool):
+            raise ValueError(f"item_blocks must be an integer, got {self.item_blocks!r}")
+        for name in ("dim", "local_steps", "chunk_ratings", "item_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rounds < 1:
@@ -359,6 +375,11 @@ class FedMFConfig:
             raise ValueError(
                 f"server_optimiser={self.server_optimiser!r} with server_state='encrypted': the "
                 "server cannot keep moments of a matrix it cannot read; use 'sgd'"
+            )
+        if self.item_blocks > 1 and self.server_state == "encrypted":
+            raise ValueError(
+                f"item_blocks={self.item_blocks} with server_state='encrypted': the encrypted "
+                "state folds every client's whole item matrix into [[V]]; use item_blocks=1"
             )
         if self.aggregation == "fixed" and self.client_weighting == "wasserstein":
             raise ValueError(
@@ -596,6 +617,21 @@ def _scale_in_units(scale: RatingScale, unit: float) -> RatingScale:
     return RatingScale(scale.minimum / unit, scale.maximum / unit, scale.step / unit)
 
 
+def item_block(round_id: int, n_items: int, blocks: int) -> np.ndarray:
+    """The items round ``round_id`` aggregates under ``item_blocks=blocks`` (sorted).
+
+    Every ``blocks``-th item from ``round_id mod blocks``: public (the server's choice, made
+    before any upload and the same for every client), disjoint across ``blocks`` consecutive
+    rounds, which together cover the catalogue once. ``blocks=1``: every item.
+
+    Raises:
+        ValueError: ``blocks`` below 1 or ``round_id`` negative.
+    """
+    if blocks < 1 or round_id < 0:
+        raise ValueError(f"need blocks >= 1 and round_id >= 0, got {blocks}, {round_id}")
+    return np.arange(round_id % blocks, n_items, blocks, dtype=np.int64)
+
+
 def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
     """The item rows of each client's block, times ``-server_lr`` (encrypted server state)."""
     n_items = uploads.n_rows - 2
@@ -794,11 +830,18 @@ class FedMF:
                 "must call rating_mean_round itself)"
             )
         encrypted = cfg.server_state == "encrypted"
-        n_rows, width = (self.n_items, cfg.dim) if encrypted else (self.n_items + 2, cfg.width + 1)
+        block_rows = self.block_rows(round_id)
+        n_rows = self.n_items + 2 if block_rows is None else len(block_rows)
+        n_rows, width = (self.n_items, cfg.dim) if encrypted else (n_rows, cfg.width + 1)
         rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
         if transport.view.public.get("protocol") != "fedmf":  # also after a warm start
             transport.view.public.update(self.public_parameters())
         rnd.view.public.update({"lr": cfg.lr, "server_lr": cfg.server_lr})
+        if block_rows is not None:  # row k of this round's block is item offset + k * stride
+            rnd.view.public["item_block"] = {
+                "offset": round_id % cfg.item_blocks,
+                "stride": cfg.item_blocks,
+            }
         if encrypted:
             self.V = self._encrypted_state(transport).download(rnd)  # users decrypt [[V]]
         else:
@@ -870,7 +913,19 @@ class FedMF:
             self.V = self._state.reveal()  # the users' view, for evaluation and checkpoints
         else:
             aggregate = rnd.result()
-            self._server_step(aggregate.total, len(aggregate.contributors))
+            total, block_rows = aggregate.total, self.block_rows(rnd.round_id)
+            if block_rows is not None:  # the block's sums in place, zero elsewhere
+                total = np.zeros((self.n_items + 2, total.shape[1]))
+                total[block_rows] = aggregate.total
+            self._server_step(total, len(aggregate.contributors), block_rows)
+
+    def block_rows(self, round_id: int) -> np.ndarray | None:
+        """The rows of the dense block that round ``round_id`` aggregates under ``item_blocks``:
+        its items (:func:`item_block`) and the two statistics rows; ``None`` with one block."""
+        if self.config.item_blocks == 1:
+            return None
+        items = item_block(round_id, self.n_items, self.config.item_blocks)
+        return np.concatenate([items, [self.n_items, self.n_items + 1]])
 
     def _encrypted_state(self, transport: Transport):
         """``[[V]]`` on the server, encrypted by a key holder when first needed."""
@@ -943,7 +998,7 @@ class FedMF:
             pseudo,
             pseudo_dot,
         )
-        uploads = self._encode_uploads(clients, data, gradient_user)
+        uploads = self._encode_uploads(round_id, clients, data, gradient_user)
         return user, user_bias, uploads, errors_before
 
     def _scores(self, user, user_bias, owner, items) -> np.ndarray:
@@ -1109,13 +1164,15 @@ class FedMF:
         )
 
     def _encode_uploads(
-        self, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
+        self, round_id: int, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
     ) -> RowUpdates:
         """Build the ``(n_items + 2, dim + 1)`` row blocks of a group of clients.
 
         Each client's two statistics rows are laid out after its item rows with a zero item
         vector and a zero error, so every row comes out of one vectorised pass and only the
-        ``2 * len(clients)`` statistics rows are written afterwards.
+        ``2 * len(clients)`` statistics rows are written afterwards. Under ``item_blocks`` the
+        entries outside the round's block are then dropped and the rows renumbered (the
+        statistics, computed from every uploaded row, are kept as they are).
         """
         cfg = self.config
         n, d, b = len(clients), cfg.dim, int(cfg.biases)
@@ -1170,10 +1227,14 @@ class FedMF:
                     np.hstack([gradient_sq, no_bias, weights[:, None]]),
                 ]
             )
+        block_rows = self.block_rows(round_id)
+        if block_rows is not None:
+            indptr, rows, kept = restrict_rows(indptr, rows, block_rows, self.n_items + 2)
+            coef, scale = coef[kept], None if scale is None else scale[kept]
+            explicit_at = (np.cumsum(kept) - 1)[explicit_at]
+            item_part = item_part[block_rows]
         values = FactoredRows(coef, user_part, item_part, scale, explicit_at, explicit)
-        return RowUpdates(
-            clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full"
-        )
+        return RowUpdates(clients, indptr, rows, values, len(item_part), dense=cfg.upload == "full")
 
     def _gradient_moments(
         self, data: _RoundData, gradient_user: np.ndarray
@@ -1204,12 +1265,15 @@ class FedMF:
         )
         return np.asarray(gradient_sum), np.asarray(gradient_sq)
 
-    def _server_step(self, total: np.ndarray, contributors: int) -> None:
+    def _server_step(
+        self, total: np.ndarray, contributors: int, block_rows: np.ndarray | None = None
+    ) -> None:
         """Step ``V`` with the aggregated gradient and refresh the global statistics.
 
         ``"mean"`` divides each item's weighted gradient sum by its weighted uploader count;
         ``"sum"`` rescales the weighted sum so that the client weights average to one;
-        ``"fixed"`` divides the sum by the public ``expected_clients``.
+        ``"fixed"`` divides the sum by the public ``expected_clients``. With ``block_rows``
+        (``item_blocks``) only the round's block steps (``total`` is zero elsewhere).
         """
         cfg = self.config
         d, n = cfg.dim, self.n_items
@@ -1236,18 +1300,26 @@ class FedMF:
                 bias_step = (
                     bias_gradient / self.expected_clients + 2 * cfg.reg_bias * self.item_bias
                 )
+            block = None if block_rows is None else block_rows[:-2]
             if cfg.server_optimiser == "sgd":
+                if block is not None:  # the server's decay too: only the round's block steps
+                    step[np.setdiff1d(np.arange(n), block)] = 0.0
+                    if cfg.biases:
+                        bias_step[np.setdiff1d(np.arange(n), block)] = 0.0
                 self.V = self.V - cfg.server_lr * step
                 if cfg.biases:
                     self.item_bias = self.item_bias - cfg.server_lr * bias_step
             else:
-                self._optimiser_step(step, bias_step, rows=None)
+                self._optimiser_step(step, bias_step, rows=block)
             return
         else:
             weight_total = stats_sq[-1]
             factor = contributors / weight_total if weight_total > 1e-12 else 0.0
             scale = np.full(self.n_items, factor)
             touched = None
+            if block_rows is not None:
+                touched = np.zeros(self.n_items, dtype=bool)
+                touched[block_rows[:-2]] = True
         if cfg.server_optimiser == "sgd":
             self.V = self.V - cfg.server_lr * scale[:, None] * item_gradient
             if cfg.biases:
