@@ -66,7 +66,7 @@ def test_item_blocks_refused_with_an_encrypted_state():
     ids=["fedmf", "fedrec", "fedrec+", "fixed", "biases"],
 )
 def test_blocked_sums_are_the_dense_sums_restricted_to_the_block(options):
-    dense_model, dense = one_round(FedMFConfig(**options), PlaintextTransport())
+    _, dense = one_round(FedMFConfig(**options), PlaintextTransport())
     model, blocked = one_round(FedMFConfig(item_blocks=4, **options), PlaintextTransport())
     rows = model.block_rows(ROUND)
     assert blocked.shape == (len(rows), dense.shape[1]) and len(rows) == 10 + 2
@@ -159,7 +159,7 @@ def test_secagg_view_of_a_blocked_round_is_at_chance_for_rated_items():
 
 def test_plaintext_attack_reads_blocked_payloads_in_catalogue_rows():
     clear = PlaintextTransport(keep_payloads=ALL_PAYLOADS)
-    model, _ = one_round(FedMFConfig(item_blocks=4), clear)
+    one_round(FedMFConfig(item_blocks=4), clear)
     report = verify(clear.view, RATINGS)
     block = set(item_block(ROUND, RATINGS.n_items, 4).tolist())
     predicted = report.recovered.select(report.rated)
