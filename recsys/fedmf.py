@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from scipy import sparse
@@ -84,6 +84,7 @@ from securefed.recsys.sparse_rows import (
     segment_sum,
     take_rows,
 )
+from securefed.recsys.user_state import LazyRows, keyed_normals
 from securefed.recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
 from securefed.server_optim import ServerOptimiser, ServerOptimiserConfig
 from securefed.transport import TransportNeeds, require_capabilities
@@ -650,6 +651,46 @@ def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
 
 
 @dataclass(frozen=True)
+class _GroupRows:
+    """A group of clients' ratings (CSR by local client, in learning units) and offsets."""
+
+    indptr: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    offsets: np.ndarray
+    user_mean: np.ndarray
+
+
+class OnDemandUsers(Protocol):
+    """Users whose ratings are generated when a round needs them (``FedMF(population, ...)``)."""
+
+    n_users: int
+    n_items: int
+    scale: RatingScale
+
+    def rows(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr, items, ratings)`` of ``users``, CSR in that order, items sorted."""
+
+    def counts(self, users: np.ndarray) -> np.ndarray:
+        """Each user's number of ratings."""
+
+
+def _check_on_demand(config: FedMFConfig) -> None:
+    """Refuse, for an on-demand population, what needs every user at once."""
+    if config.fills and not config.pseudo_resampled:
+        raise ValueError(
+            f"variant={config.variant!r} keeps each user's pseudo set for the whole run (stable "
+            "pseudo sets), state for every user: not with an on-demand population; use "
+            "resample_pseudo=True or a stored Ratings"
+        )
+    if config.biases and config.offset == "none":
+        raise ValueError(
+            "biases=True with offset='none' needs a global-mean round over every user: not with "
+            "an on-demand population; use offset='user_mean'"
+        )
+
+
+@dataclass(frozen=True)
 class _RoundData:
     """The uploads of one round, CSR by participating client (local index)."""
 
@@ -679,12 +720,25 @@ class FedMF:
     """The FedMF family as a :class:`securefed.runtime.FederatedAlgorithm`.
 
     Args:
-        train: training ratings; every user is one client.
+        train: training ratings; every user is one client. Or a population generated on demand
+            (:class:`~securefed.recsys.population.OnDemandPopulation`, any object with its
+            ``rows``, ``counts``, ``n_users``, ``n_items`` and ``scale``): a round then reads only
+            its own users' ratings, and the users' vectors and biases are
+            :class:`~securefed.recsys.user_state.LazyRows` (initial values keyed by user id,
+            memory only for the users who took part), so a run over a million users with a
+            thousand sampled per round holds a thousand users' state. That mode refuses what
+            needs every user at once: FedRec+'s stable pseudo sets (kept for every user) and
+            ``biases`` with ``offset="none"`` (a global-mean round over every user).
         config: hyper-parameters.
         seeds: the run's seed tree (initial factors come from its ``("init", ...)`` streams).
+
+    Raises:
+        ValueError: an on-demand population with an option that needs every user at once.
     """
 
-    def __init__(self, train: Ratings, config: FedMFConfig, seeds: SeedTree) -> None:
+    def __init__(
+        self, train: Ratings | OnDemandUsers, config: FedMFConfig, seeds: SeedTree
+    ) -> None:
         self.config = config
         self.rating_scale: RatingScale = train.scale  # the data's own, which predictions are on
         self.unit = rating_unit(config.rating_unit, train.scale)
@@ -692,27 +746,36 @@ class FedMF:
         self.scale: RatingScale = _scale_in_units(train.scale, self.unit)
         self.n_clients = train.n_users
         self.n_items = train.n_items
-        self.indptr, self.items, ratings = rating_rows(train)
-        self.ratings = ratings / self.unit
-        self.user_mean = user_mean_ratings(self.indptr, self.ratings)
-        # What each user subtracts from its ratings before factorising (local, never uploaded).
-        midpoint = (self.scale.minimum + self.scale.maximum) / 2
-        self.offsets = (
-            np.where(np.diff(self.indptr) > 0, self.user_mean, midpoint)
-            if config.offset == "user_mean"
-            else np.zeros(self.n_clients)
-        )
+        self.population: OnDemandUsers | None = None if isinstance(train, Ratings) else train
         self.expected_clients = config.expected_clients or self.n_clients * (1 - config.dropout)
-        self.U = seeds.generator("init", "users").normal(
-            0, config.init_std, (self.n_clients, config.dim)
-        )
+        if self.population is None:
+            self.indptr, self.items, ratings = rating_rows(train)
+            self.ratings = ratings / self.unit
+            self.user_mean = user_mean_ratings(self.indptr, self.ratings)
+            # What each user subtracts from its ratings before factorising (local, never
+            # uploaded).
+            self.offsets = self._offsets_of(self.indptr, self.user_mean)
+            self.U = seeds.generator("init", "users").normal(
+                0, config.init_std, (self.n_clients, config.dim)
+            )
+            self.user_bias = np.zeros(self.n_clients)
+        else:
+            _check_on_demand(config)
+            self.indptr = self.items = self.ratings = self.user_mean = self.offsets = None
+            key = int.from_bytes(seeds.key("init", "users", nbytes=8), "little")
+            dim, std = config.dim, config.init_std
+            self.U = LazyRows(
+                self.n_clients,
+                (dim,),
+                lambda ids: std * keyed_normals(key, ids[:, None] * dim + np.arange(dim)),
+            )
+            self.user_bias = LazyRows(self.n_clients, (), lambda ids: np.zeros(len(ids)))
         self.V = seeds.generator("init", "items").normal(
             0, config.init_std, (self.n_items, config.dim)
         )
         self.global_mean: np.ndarray | None = None
         self.global_std: np.ndarray | None = None
         # Biases (config.biases): b_u on the devices, b_i on the server beside V.
-        self.user_bias = np.zeros(self.n_clients)
         self.item_bias = np.zeros(self.n_items)
         self.rating_mean: float | None = None  # the global mean, from RATING_MEAN_ROUND
         self.server_optimiser = ServerOptimiser(config.server_optimiser_config)
@@ -721,6 +784,36 @@ class FedMF:
         self.pseudo_chosen = np.zeros(self.n_clients, dtype=bool)
         self.pseudo_indptr = np.zeros(self.n_clients + 1, dtype=np.int64)
         self.pseudo_items = np.zeros(0, dtype=np.int64)
+
+    def _offsets_of(self, indptr: np.ndarray, user_mean: np.ndarray) -> np.ndarray:
+        """What each user subtracts from its ratings (``config.offset``; the global mean once
+        :meth:`rating_mean_round` obtained it)."""
+        if self.config.offset == "user_mean":
+            midpoint = (self.scale.minimum + self.scale.maximum) / 2
+            return np.where(np.diff(indptr) > 0, user_mean, midpoint)
+        return np.zeros(len(indptr) - 1)
+
+    def _group_rows(self, clients: np.ndarray) -> _GroupRows:
+        """The ratings (in learning units) and offsets of ``clients``: from the stored CSR, or
+        generated on demand for an on-demand population."""
+        if self.population is None:
+            entries, indptr = take_rows(self.indptr, clients)
+            return _GroupRows(
+                indptr,
+                self.items[entries],
+                self.ratings[entries],
+                self.offsets[clients],
+                self.user_mean[clients],
+            )
+        indptr, items, ratings = self.population.rows(clients)
+        ratings = ratings / self.unit
+        user_mean = user_mean_ratings(indptr, ratings)
+        return _GroupRows(indptr, items, ratings, self._offsets_of(indptr, user_mean), user_mean)
+
+    def _rating_counts(self, clients: np.ndarray) -> np.ndarray:
+        if self.population is None:
+            return self.indptr[clients + 1] - self.indptr[clients]
+        return self.population.counts(clients)
 
     @property
     def transport_needs(self) -> TransportNeeds:
@@ -935,7 +1028,7 @@ class FedMF:
 
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
         """Split the round's clients into groups of about ``chunk_ratings`` ratings."""
-        sizes = np.cumsum(self.indptr[clients + 1] - self.indptr[clients])
+        sizes = np.cumsum(self._rating_counts(clients))
         cuts = (
             np.searchsorted(
                 sizes,
@@ -957,10 +1050,10 @@ class FedMF:
             The clients' new vectors, their uploads, and their training errors (for metrics).
         """
         cfg = self.config
-        entries, indptr = take_rows(self.indptr, clients)
+        group = self._group_rows(clients)
+        indptr, items = group.indptr, group.items
         owner = row_ids(indptr)
-        items = self.items[entries]
-        ratings = self.ratings[entries] - self.offsets[clients][owner]
+        ratings = group.ratings - group.offsets[owner]
         counts = np.diff(indptr).astype(np.float64)
         user, user_bias = self.U[clients], self.user_bias[clients]
         pseudo = self._pseudo_rows(round_id, clients, indptr, items, seeds) if cfg.fills else None
@@ -990,8 +1083,7 @@ class FedMF:
         data = self._with_pseudo_items(
             round_id,
             clients,
-            indptr,
-            items,
+            group,
             real_errors,
             (gradient_user, gradient_bias),
             seeds,
@@ -1055,8 +1147,7 @@ class FedMF:
         self,
         round_id,
         clients,
-        indptr,
-        items,
+        group: _GroupRows,
         real_errors,
         gradient_vectors,
         seeds,
@@ -1068,6 +1159,7 @@ class FedMF:
         ``pseudo_dot``: the pseudo rows' scores at ``gradient_vectors`` if already computed.
         """
         cfg = self.config
+        indptr, items = group.indptr, group.items
         n_real = np.diff(indptr)
         if pseudo is None:
             return _RoundData(indptr, items, real_errors, n_real)
@@ -1078,9 +1170,9 @@ class FedMF:
         # With the gradient taken at the vector before the step, that is the prediction too.
         current_dot = pseudo_dot if cfg.gradient_user_vector == "before" else None
         virtual = self._virtual_ratings(
-            round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds, current_dot
+            round_id, clients, group, pseudo_indptr, pseudo_items, seeds, current_dot
         )
-        pseudo_errors = virtual - self.offsets[clients][pseudo_owner] - pseudo_dot
+        pseudo_errors = virtual - group.offsets[pseudo_owner] - pseudo_dot
         all_errors = np.empty(len(pseudo.items))
         all_errors[pseudo.at_real], all_errors[pseudo.at_pseudo] = real_errors, pseudo_errors
         return _RoundData(indptr + pseudo_indptr, pseudo.items, all_errors, n_real)
@@ -1127,16 +1219,16 @@ class FedMF:
         self.pseudo_chosen[users] = True
 
     def _virtual_ratings(
-        self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds, current_dot
+        self, round_id, clients, group: _GroupRows, pseudo_indptr, pseudo_items, seeds, current_dot
     ):
         """Virtual ratings of the pseudo items (``current_dot``: ``<U_u, V_j>`` if known)."""
         cfg = self.config
+        indptr, items = group.indptr, group.items
         owner = row_ids(pseudo_indptr)
         if cfg.virtual_source == "similar":
             # From the similar rated items: a prediction <U_u, V_j> would equal what the server
             # computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
-            entries, _ = take_rows(self.indptr, clients)
-            rated = self.ratings[entries]
+            rated = group.ratings
             if cfg.biases:  # the neighbours' ratings net of their item bias, plus the item's own
                 rated = rated - self.item_bias[items]
             virtual = similarity_weighted_ratings(
@@ -1149,9 +1241,9 @@ class FedMF:
                 current_dot = self._scores(
                     self.U[clients], self.user_bias[clients], owner, pseudo_items
                 )
-            virtual = self.offsets[clients][owner] + current_dot
+            virtual = group.offsets[owner] + current_dot
         else:
-            virtual = self.user_mean[clients][owner]
+            virtual = group.user_mean[owner]
         virtual = self.scale.clip(virtual)
         if not cfg.virtual_snapped:
             return virtual
@@ -1346,6 +1438,11 @@ class FedMF:
         users, items = np.asarray(users), np.asarray(items)
         if self.needs_rating_mean:
             raise ValueError("biases=True with offset='none': no prediction before round 0")
+        if self.population is not None:  # the predicted users' state only
+            distinct, at = np.unique(users, return_inverse=True)
+            offsets = self._group_rows(distinct).offsets[at]
+            scores = self._scores(self.U[distinct], self.user_bias[distinct], at, items)
+            return self.rating_scale.clip(self.unit * (offsets + scores))
         scores = self._scores(self.U, self.user_bias, users, items)
         return self.rating_scale.clip(self.unit * (self.offsets[users] + scores))
 
@@ -1365,6 +1462,22 @@ class FedMF:
         }
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue (an on-demand population's users: those who took
+        part, ``U_users`` with their ``U`` rows and ``user_bias``)."""
+        if self.population is not None:
+            users, vectors = self.U.state()
+            state = {
+                "U_users": users,
+                "U": vectors,
+                "user_bias": self.user_bias[users],
+                "V": self.V,
+                "item_bias": self.item_bias,
+            }
+            if self.global_mean is not None:
+                state["global_mean"], state["global_std"] = self.global_mean, self.global_std
+            for key, value in self.server_optimiser.state_dict().items():
+                state[SERVER_OPTIMISER_PREFIX + key] = value
+            return state
         state = {
             "U": self.U,
             "V": self.V,
@@ -1383,6 +1496,21 @@ class FedMF:
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.population is not None:
+            if "U_users" not in state or state["V"].shape != self.V.shape:
+                raise ValueError(
+                    "not a checkpoint of an on-demand population of this shape (needs U_users "
+                    f"and V of shape {self.V.shape})"
+                )
+            users = np.asarray(state["U_users"], dtype=np.int64)
+            self.U.load(users, np.asarray(state["U"], dtype=np.float64))
+            self.user_bias.load(users, np.asarray(state["user_bias"], dtype=np.float64))
+            self.V = np.array(state["V"], dtype=np.float64)
+            self.item_bias = np.array(state["item_bias"], dtype=np.float64)
+            self.global_mean = np.array(state["global_mean"]) if "global_mean" in state else None
+            self.global_std = np.array(state["global_std"]) if "global_std" in state else None
+            self._load_optimiser(state)
+            return
         for name in ("U", "V"):
             if state[name].shape != getattr(self, name).shape:
                 raise ValueError(
@@ -1406,6 +1534,9 @@ class FedMF:
             self.item_bias = np.array(state["item_bias"], dtype=np.float64)
         if "rating_mean" in state:
             self._set_rating_mean(float(state["rating_mean"]))
+        self._load_optimiser(state)
+
+    def _load_optimiser(self, state: Mapping[str, np.ndarray]) -> None:
         optimiser_state = {
             key[len(SERVER_OPTIMISER_PREFIX) :]: value
             for key, value in state.items()
