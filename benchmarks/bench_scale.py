@@ -14,8 +14,8 @@ each beside its floor measured in the same cell:
   :func:`securefed.bench.bench_secagg.round_operations`): the masks, the rounding draws and the
   key agreements. Not in the floor: the DP noise, and the malicious-server variant's signatures
   (the registry's default ``secagg``), whose counted cost is recorded apart
-  (``signing_count_cpu_s``: the count assumes every helper verifies its quorum, which over-counts
-  what a simulated round does when the helpers endorse one shared survivor set).
+  (``signing_count_cpu_s``: the count assumes every helper checks its quorum of survivor-set
+  signatures, and exceeds what the measured rounds cost in all, so it is recorded, not used).
   The on-demand store's generation of the round's ratings (a simulation cost: a device holds
   its ratings) is reported apart (``generate_cpu_s``) and included in ``round_cpu_s``.
 * memory: the model (``V``, item biases), the round's ratings and users' state, and one
