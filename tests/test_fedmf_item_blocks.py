@@ -175,3 +175,17 @@ def test_plaintext_attack_reads_blocked_payloads_in_catalogue_rows():
         named = predicted.items[predicted.indptr[k] : predicted.indptr[k + 1]]
         rated = RATINGS.items[RATINGS.users == user]
         assert set(named.tolist()) <= set(rated.tolist()) & block
+
+
+def test_leak_utility_keeps_a_row_of_other_model_options_beside_the_default(tmp_path):
+    from securefed.bench.experiment import save_json
+    from securefed.bench.leak_utility import merge_rows, model_options_text
+
+    meta = {"data": "d", "rounds": 2, "seed": 0}
+    dense = {"variant": "fedmf", "transport": "secagg", "rmse": 1.0}
+    save_json({"meta": meta, "rows": [dense]}, tmp_path / "leak_utility.json")
+    blocked = dense | {"model_options": model_options_text({"item_blocks": 8}), "rmse": 1.1}
+    merged = merge_rows(tmp_path / "leak_utility.json", meta, [blocked])
+    assert merged == [dense, blocked] and blocked["model_options"] == "item_blocks=8"
+    again = blocked | {"rmse": 1.2}  # the same cell re-run replaces its own row only
+    assert merge_rows(tmp_path / "leak_utility.json", meta, [again]) == [dense, again]
