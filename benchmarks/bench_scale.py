@@ -75,7 +75,7 @@ class ScaleCell:
     sampled: int
     dim: int
     item_blocks: int = 1
-    epsilon: float = 4.0
+    noise_multiplier: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -112,7 +112,8 @@ def _config(cell: ScaleCell):
 def _transport(cell: ScaleCell):
     from securefed.transport import build_transport, parse_transport_spec, resolve_options
 
-    options = {"epsilon": cell.epsilon, "dp.clip": 1.0} if cell.transport == "secagg+dp" else {}
+    dp = {"noise_multiplier": cell.noise_multiplier, "dp.clip": 1.0}
+    options = dp if cell.transport == "secagg+dp" else {}
     return build_transport(
         cell.transport,
         resolve_options(parse_transport_spec(cell.transport), options),
@@ -251,12 +252,17 @@ def summarise(result: dict) -> dict:
 
 def cells_of(args: argparse.Namespace) -> list[ScaleCell]:
     """The cells the command line asks for, cheapest first."""
-    users = [int(float(u)) for u in args.users.split(",")]
+    users = [int(float(u)) for u in args.users.split(",") if u]
     secure_users = (
         [int(float(u)) for u in args.secure_users.split(",")] if args.secure_users else []
     )
     blocks = [int(b) for b in args.item_blocks.split(",")]
-    common = {"sampled": args.sampled, "dim": args.dim, "epsilon": args.epsilon, "seed": args.seed}
+    common = {
+        "sampled": args.sampled,
+        "dim": args.dim,
+        "noise_multiplier": args.noise_multiplier,
+        "seed": args.seed,
+    }
     cells = []
     for n in users:
         for store in ("on-demand", "stored"):
@@ -352,27 +358,49 @@ def run(args: argparse.Namespace) -> int:
     split = datasets.load(args.data, args.split, seed=args.seed)
     model = fit_population(split.train, seed=args.seed)
     out = Path(args.out)
-    results, rows = [], []
-    for cell in cells_of(args):
-        result = in_fresh_process(cell, model)
-        results.append(result)
-        rows.append(summarise(result))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
-    record = {
+    meta = {
         "bench": "scale",
         "data": split.name,
         "sampled_per_round": args.sampled,
         "dim": args.dim,
         "blas_threads": 1,
-        "rows": rows,
-        "cells": results,
     }
-    save_json(record, out / "scale.json")
-    (out / "scale.md").write_text(table(rows) + "\n")
-    plot(rows, out / "scale.png")
+    results = merge_cells(out / "scale.json", []) if args.merge else []
+    for cell in cells_of(args):
+        result = in_fresh_process(cell, model)
+        results = merge_cells(None, [result], results)
+        print(table([summarise(result)]).splitlines()[-1], flush=True)
+        write_record(out, meta, results)  # after every cell: a later failure keeps these
+    rows = [summarise(result) for result in results]
     print(table(rows))
     print(f"\nwritten: {out / 'scale.json'}, scale.md, scale.png")
     return 0
+
+
+def write_record(out: Path, meta: dict, results: list[dict]) -> None:
+    """``scale.json`` (every cell in full), ``scale.md`` (the table) and ``scale.png``."""
+    rows = [summarise(result) for result in results]
+    save_json(meta | {"rows": rows, "cells": results}, out / "scale.json")
+    (out / "scale.md").write_text(table(rows) + "\n")
+    plot(rows, out / "scale.png")
+
+
+def _cell_key(result: dict) -> tuple:
+    return (result["users"], result["transport"], result["store"], result["item_blocks"])
+
+
+def merge_cells(
+    path: Path | None, results: list[dict], cells: list[dict] | None = None
+) -> list[dict]:
+    """``cells`` (default: those of the record at ``path``) with those of ``results`` replaced
+    or added."""
+    from securefed.records import loads_record
+
+    if cells is None:
+        cells = loads_record(path.read_text())["cells"] if path and path.is_file() else []
+    fresh = {_cell_key(r): r for r in results}
+    merged = [fresh.pop(_cell_key(r), r) for r in cells]
+    return merged + [r for r in results if _cell_key(r) in fresh]
 
 
 def register(benches) -> None:
@@ -400,5 +428,17 @@ def register(benches) -> None:
     )
     add("--secure-rounds", type=int, default=2, help="rounds of each secure cell (default 2)")
     add("--item-blocks", default="1,8", help="FedMF item_blocks of the secure cells")
-    add("--epsilon", type=float, default=4.0, help="the secagg+dp run's target epsilon")
+    add(
+        "--noise-multiplier",
+        type=float,
+        default=1.0,
+        help="the secagg+dp cells' noise multiplier (fixed, so that every size adds the same "
+        "noise; a target epsilon at 1000 of 10^6 users over a few rounds asks for so little "
+        "noise that the integer mechanism refuses its parameters)",
+    )
+    add(
+        "--merge",
+        action="store_true",
+        help="replace these cells in the record already in --out, keep its others",
+    )
     parser.set_defaults(func=run)
