@@ -17,7 +17,8 @@ each beside its floor measured in the same cell:
   (``signing_count_cpu_s``: the count assumes every helper checks its quorum of survivor-set
   signatures, and exceeds what the measured rounds cost in all, so it is recorded, not used).
   The on-demand store's generation of the round's ratings (a simulation cost: a device holds
-  its ratings) is reported apart (``generate_cpu_s``) and included in ``round_cpu_s``.
+  its ratings) is reported apart (``generate_cpu_s``) and included in ``round_cpu_s``;
+  ``net_cpu_over_floor`` leaves it out.
 * memory: the model (``V``, item biases), the round's ratings and users' state, and one
   aggregate block: what a round cannot do without.
 * bytes: the values of the rows each client uploads, 8 bytes each (sparse, no index); a hiding
@@ -240,6 +241,7 @@ def summarise(result: dict) -> dict:
         "generate_cpu_s": median("generate_cpu_s"),
         "floor_cpu_s": floor,
         "cpu_over_floor": cpu / floor if floor > 0 else float("nan"),
+        "net_cpu_over_floor": (cpu - median("generate_cpu_s")) / floor if floor > 0 else 0.0,
         "peak_extra_mb": result["peak_extra_mb"],
         "memory_floor_mb": result["memory_floor_mb"],
         "memory_over_floor": result["peak_extra_mb"] / result["memory_floor_mb"],
@@ -301,6 +303,7 @@ COLUMNS = [
     "generate_cpu_s",
     "floor_cpu_s",
     "cpu_over_floor",
+    "net_cpu_over_floor",
     "peak_extra_mb",
     "memory_floor_mb",
     "memory_over_floor",
@@ -371,6 +374,7 @@ def run(args: argparse.Namespace) -> int:
         results = merge_cells(None, [result], results)
         print(table([summarise(result)]).splitlines()[-1], flush=True)
         write_record(out, meta, results)  # after every cell: a later failure keeps these
+    write_record(out, meta, results)
     rows = [summarise(result) for result in results]
     print(table(rows))
     print(f"\nwritten: {out / 'scale.json'}, scale.md, scale.png")
