@@ -478,8 +478,10 @@ RUN_PUBLIC_KEYS = (
     "item_bias_column",
     "rating_mean",
     "rating_mean_round",
+    "item_block",
 )
-"""What a FedMF run records besides its configuration (:meth:`FedMF.public_parameters`)."""
+"""What a FedMF run records besides its configuration (:meth:`FedMF.public_parameters`; a
+round's ``item_block`` under ``item_blocks``)."""
 
 
 def audit_keys() -> frozenset[str]:

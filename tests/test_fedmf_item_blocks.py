@@ -189,3 +189,15 @@ def test_leak_utility_keeps_a_row_of_other_model_options_beside_the_default(tmp_
     assert merged == [dense, blocked] and blocked["model_options"] == "item_blocks=8"
     again = blocked | {"rmse": 1.2}  # the same cell re-run replaces its own row only
     assert merge_rows(tmp_path / "leak_utility.json", meta, [again]) == [dense, again]
+
+
+def test_the_audit_knows_a_blocked_round_and_finds_no_leak_under_secure_aggregation():
+    from securefed.audit.findings import audit
+
+    transport = SecAggTransport(SECAGG)
+    one_round(FedMFConfig(item_blocks=4), transport)
+    codes = {finding.code for finding in audit(transport.view).findings}
+    assert "unknown-key" not in codes
+    clear = PlaintextTransport()
+    one_round(FedMFConfig(item_blocks=4), clear)
+    assert "fedmf-gradient-leak" in {finding.code for finding in audit(clear.view).findings}
