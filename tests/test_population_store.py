@@ -3,6 +3,8 @@ that does not grow with the users who never take part (issue 32, ``securefed ben
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,6 @@ MODEL = fit_population(synthetic_ratings(80, 60, 1500, seed=3), rank=3, sweeps=3
 def resident_bytes() -> int:
     """This process's resident set size now (Linux /proc)."""
     with open("/proc/self/statm") as statm:
-        import os
-
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
