@@ -201,3 +201,14 @@ def test_the_audit_knows_a_blocked_round_and_finds_no_leak_under_secure_aggregat
     clear = PlaintextTransport()
     one_round(FedMFConfig(item_blocks=4), clear)
     assert "fedmf-gradient-leak" in {finding.code for finding in audit(clear.view).findings}
+
+
+def test_the_command_line_takes_item_blocks_and_refuses_what_does_not_apply(capsys):
+    from securefed.bench.cli import main
+
+    argv = ["fedmf", "--rounds", "1", "--no-progress", "--preset", "paper"]
+    assert main([*argv, "--item-blocks", "0"]) == 2
+    assert "item_blocks must be >= 1" in capsys.readouterr().err
+    encrypted = ["--server-state", "encrypted", "--aggregation", "sum"]
+    assert main([*argv, "--item-blocks", "4", *encrypted]) == 2
+    assert "item_blocks=4 with server_state='encrypted'" in capsys.readouterr().err
