@@ -247,15 +247,42 @@ def popularity_from_view(
 ) -> np.ndarray | None:
     """Per-item uploader counts from the released aggregate (item rows' last column), if any.
 
-    Reads the first of ``rounds`` (then any other round) whose aggregate ``total`` has
-    ``n_items + 2`` rows. Under hybrid filling the counts include pseudo uploads.
+    Reads the first of ``rounds`` (then any other round) whose aggregate ``total`` covers the
+    catalogue; under FedMF's ``item_blocks`` (a round releases one public block) the rounds'
+    blocks are put together, the first round that covers an item giving its count. Under hybrid
+    filling the counts include pseudo uploads.
     """
     order = list(rounds) + [r.round_id for r in view]
+    popularity, covered = np.zeros(n_items), np.zeros(n_items, dtype=bool)
     for r in order:
-        total = view.round(r).aggregate.get("total")
-        if total is not None and np.ndim(total) == 2 and np.shape(total)[0] == n_items + 2:
-            return np.asarray(total, dtype=np.float64)[:n_items, -1]
-    return None
+        found = _aggregate_rows(view, r, n_items)
+        if found is None:
+            continue
+        items, total = found
+        fresh = ~covered[items]
+        popularity[items[fresh]] = total[:-2, -1][fresh]
+        covered[items] = True
+        if covered.all():
+            return popularity
+    return popularity if covered.any() else None
+
+
+def _aggregate_rows(view: ServerView, round_id: int, n_items: int):
+    """``(items, total)`` of a round's released aggregate: the items its item rows stand for
+    (every item, or the round's public ``item_block``) and the total (two statistics rows last);
+    ``None`` when the round released no such aggregate."""
+    record = view.round(round_id)
+    total = record.aggregate.get("total")
+    if total is None or np.ndim(total) != 2:
+        return None
+    block = record.public.get("item_block")
+    if block is None:
+        items = np.arange(n_items, dtype=np.int64)
+    else:
+        items = np.arange(int(block["offset"]), n_items, int(block["stride"]), dtype=np.int64)
+    if np.shape(total)[0] != len(items) + 2:
+        return None
+    return items, np.asarray(total, dtype=np.float64)
 
 
 def expected_rated_count(view: ServerView, protocol: FedMFProtocol, rounds: Iterable[int]) -> float:
@@ -263,13 +290,13 @@ def expected_rated_count(view: ServerView, protocol: FedMFProtocol, rounds: Iter
     of uploaded row counts, over the aggregate's weight: the number of uniform-weight uploaders),
     divided by ``1 + rho`` under filling. NaN when the view holds no such aggregate."""
     for r in list(rounds) + [r.round_id for r in view]:
-        aggregate = view.round(r).aggregate
-        total, weight = aggregate.get("total"), aggregate.get("weight")
-        if total is None or weight is None or np.shape(total)[0] != protocol.n_items + 2:
+        found = _aggregate_rows(view, r, protocol.n_items)
+        weight = view.round(r).aggregate.get("weight")
+        if found is None or weight is None:
             continue
         uploaders = float(np.asarray(weight))
         if uploaders > 0:
-            per_user = float(np.asarray(total)[protocol.n_items, -1]) / uploaders
+            per_user = float(found[1][-2, -1]) / uploaders
             return per_user / (1.0 + protocol.rho) if protocol.fills else per_user
     return float("nan")
 
@@ -656,8 +683,11 @@ def _read_uploads(
     failures = 0
     for r in chosen:
         noise = dp_noise_std(view, r)
+        block = view.round(r).public.get("item_block")
         per_round = {}
         for client, payload in view.round(r).payloads.items():
+            if block is not None:
+                payload = catalogue_rows(payload, block, protocol.n_items)
             try:
                 per_round[client] = extract_upload(client, payload, protocol, noise_std=noise)
             except InversionError:
@@ -682,6 +712,21 @@ def _read_uploads(
             f"values come from {how}, the rated items from the item tests"
         )
     return uploads
+
+
+def catalogue_rows(
+    payload: Mapping[str, np.ndarray], block: Mapping[str, int], n_items: int
+) -> dict[str, np.ndarray]:
+    """A payload of an item-block round (FedMF ``item_blocks``) with its rows in catalogue terms.
+
+    Row ``k`` of the round's block is item ``offset + k * stride`` (the round's public
+    ``item_block``); the block's last two rows are the statistics rows ``n_items`` and
+    ``n_items + 1``.
+    """
+    offset, stride = int(block["offset"]), int(block["stride"])
+    items = np.arange(offset, n_items, stride, dtype=np.int64)
+    catalogue = np.concatenate([items, [n_items, n_items + 1]])
+    return dict(payload) | {"rows": catalogue[np.asarray(payload["rows"], dtype=np.int64)]}
 
 
 def _in_units(truth: Ratings, protocol: FedMFProtocol) -> Ratings:

@@ -145,6 +145,15 @@ def _add_fedmf(subparsers) -> None:
         "(the biased preset's 30, 0 turns it off)",
     )
     parser.add_argument(
+        "--item-blocks",
+        type=int,
+        default=None,
+        metavar="B",
+        help="each round aggregates one public block of 1/B of the items (every B-th item): a "
+        "hiding transport masks about 1/B of the dense block; every item steps every B rounds "
+        "(default 1: the whole item matrix each round; docs/fedmf.md, 'Item blocks')",
+    )
+    parser.add_argument(
         "--bias-upload-scale",
         type=float,
         default=None,
@@ -347,6 +356,7 @@ def _run_fedmf(args: argparse.Namespace) -> int:
         "bias_upload_scale": args.bias_upload_scale,
         "server_optimiser": args.server_optimiser,
         "rating_unit": args.rating_unit,
+        "item_blocks": args.item_blocks,
     }
     overrides = {name: value for name, value in given.items() if value is not None}
     presets = {

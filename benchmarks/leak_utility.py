@@ -237,6 +237,9 @@ def run_cell(
     }
     if config.model != "fedmf":
         row = {"model": config.model} | row
+    options_text = model_options_text(config.dp_config if dp else config.extra_config)
+    if options_text:  # a row of these options sits beside the defaults' (merge keeps both)
+        row["model_options"] = options_text
     started = time.perf_counter()
     try:
         result = train_cell(split, variant, name, options, dp, warm_rounds, config, model, progress)
@@ -447,6 +450,7 @@ def table_text(
         *(["model"] if config.model != "fedmf" else []),
         "variant",
         "transport",
+        *(["model_options"] if any("model_options" in row for row in rows) else []),
         "status",
         "transport_rounds",
         model.utility_columns[0],
@@ -466,8 +470,18 @@ def table_text(
     return header + human_table(rows, columns)
 
 
-def _cell_key(row: dict) -> tuple[str, str, str]:
-    return (str(row.get("model", "fedmf")), str(row["variant"]), str(row["transport"]))
+def model_options_text(options: dict) -> str:
+    """``{"item_blocks": 8}`` -> ``"item_blocks=8"`` (sorted; empty for no options)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(options.items()))
+
+
+def _cell_key(row: dict) -> tuple[str, str, str, str]:
+    return (
+        str(row.get("model", "fedmf")),
+        str(row["variant"]),
+        str(row["transport"]),
+        str(row.get("model_options", "")),
+    )
 
 
 def merge_rows(path: Path, meta: dict, rows: list[dict]) -> list[dict]:
@@ -513,6 +527,7 @@ COLUMN_TITLES = {
     "model": "model",
     "variant": "variant",
     "transport": "transport",
+    "model_options": "model options",
     "status": "status",
     "transport_rounds": "rounds through it",
     "rmse": "test RMSE",

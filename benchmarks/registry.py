@@ -206,6 +206,11 @@ BENCHES: dict[str, Command] = _table(
         "securefed.bench.bench_secagg:register",
     ),
     Command(
+        "scale",
+        "FedMF rounds from 10^3 to 10^6 users, 10^3 sampled: CPU, memory, bytes vs floors",
+        "securefed.bench.bench_scale:register",
+    ),
+    Command(
         "startup",
         "start-up time of the command line and of `import securefed`",
         "securefed.bench.bench_startup:register",

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from scipy import sparse
@@ -79,10 +79,12 @@ from securefed.recsys.sparse_rows import (
     merge_sorted,
     rated_dot,
     rating_rows,
+    restrict_rows,
     row_ids,
     segment_sum,
     take_rows,
 )
+from securefed.recsys.user_state import LazyRows, keyed_normals
 from securefed.recsys.weights import WEIGHTINGS, client_weights, moments_from_sums
 from securefed.server_optim import ServerOptimiser, ServerOptimiserConfig
 from securefed.transport import TransportNeeds, require_capabilities
@@ -217,6 +219,18 @@ class FedMFConfig:
             of the uploads) then means on any scale what it means on 1..5: MovieLens 100K with
             every rating doubled scores the undoubled RMSE, doubled (benchmarks/results/
             cli_defaults/). On by :func:`biased_config`. Public: the scale is.
+        item_blocks: ``B``, how many public item blocks the catalogue is cut into (1: every
+            round aggregates the whole item matrix, today's design). With ``B > 1`` round ``t``
+            aggregates only block ``t mod B`` (:func:`item_block`: every ``B``-th item from
+            ``t mod B``, public and the same for every client): each client's block is those
+            item rows plus the two statistics rows, so a hiding transport masks (or encrypts,
+            or noises) about ``1 / B`` of the dense block, and the round's sums are exactly the
+            dense design's restricted to that block. Users still step ``U_u`` on all their
+            ratings (the whole ``V`` is broadcast: which rows a user needs stays private).
+            Every item steps once every ``B`` rounds. What the server sees per round is the
+            dense design's view restricted to a block the server chose before any upload, so
+            a hiding transport hides as much (docs/fedmf.md, "Item blocks"). Refused with
+            ``server_state="encrypted"`` (``[[V]]`` is folded whole).
     """
 
     variant: Literal["fedmf", "fedrec", "fedrec+"] = "fedmf"
@@ -259,6 +273,7 @@ class FedMFConfig:
     server_beta2: float = 0.99
     server_tau: float = 1e-3
     rating_unit: Literal["one", "scale"] = "one"
+    item_blocks: int = 1
 
     def __post_init__(self) -> None:
         choices = {
@@ -284,7 +299,9 @@ class FedMFConfig:
             )
         if self.weighting is not None and self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
-        for name in ("dim", "local_steps", "chunk_ratings"):
+        if not isinstance(self.item_blocks, int) or isinstance(self.item_blocks, bool):
+            raise ValueError(f"item_blocks must be an integer, got {self.item_blocks!r}")
+        for name in ("dim", "local_steps", "chunk_ratings", "item_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rounds < 1:
@@ -359,6 +376,11 @@ class FedMFConfig:
             raise ValueError(
                 f"server_optimiser={self.server_optimiser!r} with server_state='encrypted': the "
                 "server cannot keep moments of a matrix it cannot read; use 'sgd'"
+            )
+        if self.item_blocks > 1 and self.server_state == "encrypted":
+            raise ValueError(
+                f"item_blocks={self.item_blocks} with server_state='encrypted': the encrypted "
+                "state folds every client's whole item matrix into [[V]]; use item_blocks=1"
             )
         if self.aggregation == "fixed" and self.client_weighting == "wasserstein":
             raise ValueError(
@@ -456,8 +478,10 @@ RUN_PUBLIC_KEYS = (
     "item_bias_column",
     "rating_mean",
     "rating_mean_round",
+    "item_block",
 )
-"""What a FedMF run records besides its configuration (:meth:`FedMF.public_parameters`)."""
+"""What a FedMF run records besides its configuration (:meth:`FedMF.public_parameters`; a
+round's ``item_block`` under ``item_blocks``)."""
 
 
 def audit_keys() -> frozenset[str]:
@@ -596,6 +620,21 @@ def _scale_in_units(scale: RatingScale, unit: float) -> RatingScale:
     return RatingScale(scale.minimum / unit, scale.maximum / unit, scale.step / unit)
 
 
+def item_block(round_id: int, n_items: int, blocks: int) -> np.ndarray:
+    """The items round ``round_id`` aggregates under ``item_blocks=blocks`` (sorted).
+
+    Every ``blocks``-th item from ``round_id mod blocks``: public (the server's choice, made
+    before any upload and the same for every client), disjoint across ``blocks`` consecutive
+    rounds, which together cover the catalogue once. ``blocks=1``: every item.
+
+    Raises:
+        ValueError: ``blocks`` below 1 or ``round_id`` negative.
+    """
+    if blocks < 1 or round_id < 0:
+        raise ValueError(f"need blocks >= 1 and round_id >= 0, got {blocks}, {round_id}")
+    return np.arange(round_id % blocks, n_items, blocks, dtype=np.int64)
+
+
 def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
     """The item rows of each client's block, times ``-server_lr`` (encrypted server state)."""
     n_items = uploads.n_rows - 2
@@ -611,6 +650,46 @@ def _item_steps(uploads: RowUpdates, server_lr: float) -> RowUpdates:
         n_items,
         dense=True,
     )
+
+
+@dataclass(frozen=True)
+class _GroupRows:
+    """A group of clients' ratings (CSR by local client, in learning units) and offsets."""
+
+    indptr: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    offsets: np.ndarray
+    user_mean: np.ndarray
+
+
+class OnDemandUsers(Protocol):
+    """Users whose ratings are generated when a round needs them (``FedMF(population, ...)``)."""
+
+    n_users: int
+    n_items: int
+    scale: RatingScale
+
+    def rows(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr, items, ratings)`` of ``users``, CSR in that order, items sorted."""
+
+    def counts(self, users: np.ndarray) -> np.ndarray:
+        """Each user's number of ratings."""
+
+
+def _check_on_demand(config: FedMFConfig) -> None:
+    """Refuse, for an on-demand population, what needs every user at once."""
+    if config.fills and not config.pseudo_resampled:
+        raise ValueError(
+            f"variant={config.variant!r} keeps each user's pseudo set for the whole run (stable "
+            "pseudo sets), state for every user: not with an on-demand population; use "
+            "resample_pseudo=True or a stored Ratings"
+        )
+    if config.biases and config.offset == "none":
+        raise ValueError(
+            "biases=True with offset='none' needs a global-mean round over every user: not with "
+            "an on-demand population; use offset='user_mean'"
+        )
 
 
 @dataclass(frozen=True)
@@ -643,12 +722,25 @@ class FedMF:
     """The FedMF family as a :class:`securefed.runtime.FederatedAlgorithm`.
 
     Args:
-        train: training ratings; every user is one client.
+        train: training ratings; every user is one client. Or a population generated on demand
+            (:class:`~securefed.recsys.population.OnDemandPopulation`, any object with its
+            ``rows``, ``counts``, ``n_users``, ``n_items`` and ``scale``): a round then reads only
+            its own users' ratings, and the users' vectors and biases are
+            :class:`~securefed.recsys.user_state.LazyRows` (initial values keyed by user id,
+            memory only for the users who took part), so a run over a million users with a
+            thousand sampled per round holds a thousand users' state. That mode refuses what
+            needs every user at once: FedRec+'s stable pseudo sets (kept for every user) and
+            ``biases`` with ``offset="none"`` (a global-mean round over every user).
         config: hyper-parameters.
         seeds: the run's seed tree (initial factors come from its ``("init", ...)`` streams).
+
+    Raises:
+        ValueError: an on-demand population with an option that needs every user at once.
     """
 
-    def __init__(self, train: Ratings, config: FedMFConfig, seeds: SeedTree) -> None:
+    def __init__(
+        self, train: Ratings | OnDemandUsers, config: FedMFConfig, seeds: SeedTree
+    ) -> None:
         self.config = config
         self.rating_scale: RatingScale = train.scale  # the data's own, which predictions are on
         self.unit = rating_unit(config.rating_unit, train.scale)
@@ -656,27 +748,36 @@ class FedMF:
         self.scale: RatingScale = _scale_in_units(train.scale, self.unit)
         self.n_clients = train.n_users
         self.n_items = train.n_items
-        self.indptr, self.items, ratings = rating_rows(train)
-        self.ratings = ratings / self.unit
-        self.user_mean = user_mean_ratings(self.indptr, self.ratings)
-        # What each user subtracts from its ratings before factorising (local, never uploaded).
-        midpoint = (self.scale.minimum + self.scale.maximum) / 2
-        self.offsets = (
-            np.where(np.diff(self.indptr) > 0, self.user_mean, midpoint)
-            if config.offset == "user_mean"
-            else np.zeros(self.n_clients)
-        )
+        self.population: OnDemandUsers | None = None if isinstance(train, Ratings) else train
         self.expected_clients = config.expected_clients or self.n_clients * (1 - config.dropout)
-        self.U = seeds.generator("init", "users").normal(
-            0, config.init_std, (self.n_clients, config.dim)
-        )
+        if self.population is None:
+            self.indptr, self.items, ratings = rating_rows(train)
+            self.ratings = ratings / self.unit
+            self.user_mean = user_mean_ratings(self.indptr, self.ratings)
+            # What each user subtracts from its ratings before factorising (local, never
+            # uploaded).
+            self.offsets = self._offsets_of(self.indptr, self.user_mean)
+            self.U = seeds.generator("init", "users").normal(
+                0, config.init_std, (self.n_clients, config.dim)
+            )
+            self.user_bias = np.zeros(self.n_clients)
+        else:
+            _check_on_demand(config)
+            self.indptr = self.items = self.ratings = self.user_mean = self.offsets = None
+            key = int.from_bytes(seeds.key("init", "users", nbytes=8), "little")
+            dim, std = config.dim, config.init_std
+            self.U = LazyRows(
+                self.n_clients,
+                (dim,),
+                lambda ids: std * keyed_normals(key, ids[:, None] * dim + np.arange(dim)),
+            )
+            self.user_bias = LazyRows(self.n_clients, (), lambda ids: np.zeros(len(ids)))
         self.V = seeds.generator("init", "items").normal(
             0, config.init_std, (self.n_items, config.dim)
         )
         self.global_mean: np.ndarray | None = None
         self.global_std: np.ndarray | None = None
         # Biases (config.biases): b_u on the devices, b_i on the server beside V.
-        self.user_bias = np.zeros(self.n_clients)
         self.item_bias = np.zeros(self.n_items)
         self.rating_mean: float | None = None  # the global mean, from RATING_MEAN_ROUND
         self.server_optimiser = ServerOptimiser(config.server_optimiser_config)
@@ -685,6 +786,36 @@ class FedMF:
         self.pseudo_chosen = np.zeros(self.n_clients, dtype=bool)
         self.pseudo_indptr = np.zeros(self.n_clients + 1, dtype=np.int64)
         self.pseudo_items = np.zeros(0, dtype=np.int64)
+
+    def _offsets_of(self, indptr: np.ndarray, user_mean: np.ndarray) -> np.ndarray:
+        """What each user subtracts from its ratings (``config.offset``; the global mean once
+        :meth:`rating_mean_round` obtained it)."""
+        if self.config.offset == "user_mean":
+            midpoint = (self.scale.minimum + self.scale.maximum) / 2
+            return np.where(np.diff(indptr) > 0, user_mean, midpoint)
+        return np.zeros(len(indptr) - 1)
+
+    def _group_rows(self, clients: np.ndarray) -> _GroupRows:
+        """The ratings (in learning units) and offsets of ``clients``: from the stored CSR, or
+        generated on demand for an on-demand population."""
+        if self.population is None:
+            entries, indptr = take_rows(self.indptr, clients)
+            return _GroupRows(
+                indptr,
+                self.items[entries],
+                self.ratings[entries],
+                self.offsets[clients],
+                self.user_mean[clients],
+            )
+        indptr, items, ratings = self.population.rows(clients)
+        ratings = ratings / self.unit
+        user_mean = user_mean_ratings(indptr, ratings)
+        return _GroupRows(indptr, items, ratings, self._offsets_of(indptr, user_mean), user_mean)
+
+    def _rating_counts(self, clients: np.ndarray) -> np.ndarray:
+        if self.population is None:
+            return self.indptr[clients + 1] - self.indptr[clients]
+        return self.population.counts(clients)
 
     @property
     def transport_needs(self) -> TransportNeeds:
@@ -794,11 +925,18 @@ class FedMF:
                 "must call rating_mean_round itself)"
             )
         encrypted = cfg.server_state == "encrypted"
-        n_rows, width = (self.n_items, cfg.dim) if encrypted else (self.n_items + 2, cfg.width + 1)
+        block_rows = self.block_rows(round_id)
+        n_rows = self.n_items + 2 if block_rows is None else len(block_rows)
+        n_rows, width = (self.n_items, cfg.dim) if encrypted else (n_rows, cfg.width + 1)
         rnd = transport.open_round(round_id, clients, shape=(n_rows, width), seeds=seeds)
         if transport.view.public.get("protocol") != "fedmf":  # also after a warm start
             transport.view.public.update(self.public_parameters())
         rnd.view.public.update({"lr": cfg.lr, "server_lr": cfg.server_lr})
+        if block_rows is not None:  # row k of this round's block is item offset + k * stride
+            rnd.view.public["item_block"] = {
+                "offset": round_id % cfg.item_blocks,
+                "stride": cfg.item_blocks,
+            }
         if encrypted:
             self.V = self._encrypted_state(transport).download(rnd)  # users decrypt [[V]]
         else:
@@ -870,7 +1008,19 @@ class FedMF:
             self.V = self._state.reveal()  # the users' view, for evaluation and checkpoints
         else:
             aggregate = rnd.result()
-            self._server_step(aggregate.total, len(aggregate.contributors))
+            total, block_rows = aggregate.total, self.block_rows(rnd.round_id)
+            if block_rows is not None:  # the block's sums in place, zero elsewhere
+                total = np.zeros((self.n_items + 2, total.shape[1]))
+                total[block_rows] = aggregate.total
+            self._server_step(total, len(aggregate.contributors), block_rows)
+
+    def block_rows(self, round_id: int) -> np.ndarray | None:
+        """The rows of the dense block that round ``round_id`` aggregates under ``item_blocks``:
+        its items (:func:`item_block`) and the two statistics rows; ``None`` with one block."""
+        if self.config.item_blocks == 1:
+            return None
+        items = item_block(round_id, self.n_items, self.config.item_blocks)
+        return np.concatenate([items, [self.n_items, self.n_items + 1]])
 
     def _encrypted_state(self, transport: Transport):
         """``[[V]]`` on the server, encrypted by a key holder when first needed."""
@@ -880,7 +1030,7 @@ class FedMF:
 
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
         """Split the round's clients into groups of about ``chunk_ratings`` ratings."""
-        sizes = np.cumsum(self.indptr[clients + 1] - self.indptr[clients])
+        sizes = np.cumsum(self._rating_counts(clients))
         cuts = (
             np.searchsorted(
                 sizes,
@@ -902,10 +1052,10 @@ class FedMF:
             The clients' new vectors, their uploads, and their training errors (for metrics).
         """
         cfg = self.config
-        entries, indptr = take_rows(self.indptr, clients)
+        group = self._group_rows(clients)
+        indptr, items = group.indptr, group.items
         owner = row_ids(indptr)
-        items = self.items[entries]
-        ratings = self.ratings[entries] - self.offsets[clients][owner]
+        ratings = group.ratings - group.offsets[owner]
         counts = np.diff(indptr).astype(np.float64)
         user, user_bias = self.U[clients], self.user_bias[clients]
         pseudo = self._pseudo_rows(round_id, clients, indptr, items, seeds) if cfg.fills else None
@@ -935,15 +1085,14 @@ class FedMF:
         data = self._with_pseudo_items(
             round_id,
             clients,
-            indptr,
-            items,
+            group,
             real_errors,
             (gradient_user, gradient_bias),
             seeds,
             pseudo,
             pseudo_dot,
         )
-        uploads = self._encode_uploads(clients, data, gradient_user)
+        uploads = self._encode_uploads(round_id, clients, data, gradient_user)
         return user, user_bias, uploads, errors_before
 
     def _scores(self, user, user_bias, owner, items) -> np.ndarray:
@@ -1000,8 +1149,7 @@ class FedMF:
         self,
         round_id,
         clients,
-        indptr,
-        items,
+        group: _GroupRows,
         real_errors,
         gradient_vectors,
         seeds,
@@ -1013,6 +1161,7 @@ class FedMF:
         ``pseudo_dot``: the pseudo rows' scores at ``gradient_vectors`` if already computed.
         """
         cfg = self.config
+        indptr, items = group.indptr, group.items
         n_real = np.diff(indptr)
         if pseudo is None:
             return _RoundData(indptr, items, real_errors, n_real)
@@ -1023,9 +1172,9 @@ class FedMF:
         # With the gradient taken at the vector before the step, that is the prediction too.
         current_dot = pseudo_dot if cfg.gradient_user_vector == "before" else None
         virtual = self._virtual_ratings(
-            round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds, current_dot
+            round_id, clients, group, pseudo_indptr, pseudo_items, seeds, current_dot
         )
-        pseudo_errors = virtual - self.offsets[clients][pseudo_owner] - pseudo_dot
+        pseudo_errors = virtual - group.offsets[pseudo_owner] - pseudo_dot
         all_errors = np.empty(len(pseudo.items))
         all_errors[pseudo.at_real], all_errors[pseudo.at_pseudo] = real_errors, pseudo_errors
         return _RoundData(indptr + pseudo_indptr, pseudo.items, all_errors, n_real)
@@ -1072,16 +1221,16 @@ class FedMF:
         self.pseudo_chosen[users] = True
 
     def _virtual_ratings(
-        self, round_id, clients, indptr, items, pseudo_indptr, pseudo_items, seeds, current_dot
+        self, round_id, clients, group: _GroupRows, pseudo_indptr, pseudo_items, seeds, current_dot
     ):
         """Virtual ratings of the pseudo items (``current_dot``: ``<U_u, V_j>`` if known)."""
         cfg = self.config
+        indptr, items = group.indptr, group.items
         owner = row_ids(pseudo_indptr)
         if cfg.virtual_source == "similar":
             # From the similar rated items: a prediction <U_u, V_j> would equal what the server
             # computes from the recovered U_u, marking the pseudo rows (docs/attacks.md).
-            entries, _ = take_rows(self.indptr, clients)
-            rated = self.ratings[entries]
+            rated = group.ratings
             if cfg.biases:  # the neighbours' ratings net of their item bias, plus the item's own
                 rated = rated - self.item_bias[items]
             virtual = similarity_weighted_ratings(
@@ -1094,9 +1243,9 @@ class FedMF:
                 current_dot = self._scores(
                     self.U[clients], self.user_bias[clients], owner, pseudo_items
                 )
-            virtual = self.offsets[clients][owner] + current_dot
+            virtual = group.offsets[owner] + current_dot
         else:
-            virtual = self.user_mean[clients][owner]
+            virtual = group.user_mean[owner]
         virtual = self.scale.clip(virtual)
         if not cfg.virtual_snapped:
             return virtual
@@ -1109,13 +1258,15 @@ class FedMF:
         )
 
     def _encode_uploads(
-        self, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
+        self, round_id: int, clients: np.ndarray, data: _RoundData, gradient_user: np.ndarray
     ) -> RowUpdates:
         """Build the ``(n_items + 2, dim + 1)`` row blocks of a group of clients.
 
         Each client's two statistics rows are laid out after its item rows with a zero item
         vector and a zero error, so every row comes out of one vectorised pass and only the
-        ``2 * len(clients)`` statistics rows are written afterwards.
+        ``2 * len(clients)`` statistics rows are written afterwards. Under ``item_blocks`` the
+        entries outside the round's block are then dropped and the rows renumbered (the
+        statistics, computed from every uploaded row, are kept as they are).
         """
         cfg = self.config
         n, d, b = len(clients), cfg.dim, int(cfg.biases)
@@ -1170,10 +1321,14 @@ class FedMF:
                     np.hstack([gradient_sq, no_bias, weights[:, None]]),
                 ]
             )
+        block_rows = self.block_rows(round_id)
+        if block_rows is not None:
+            indptr, rows, kept = restrict_rows(indptr, rows, block_rows, self.n_items + 2)
+            coef, scale = coef[kept], None if scale is None else scale[kept]
+            explicit_at = (np.cumsum(kept) - 1)[explicit_at]
+            item_part = item_part[block_rows]
         values = FactoredRows(coef, user_part, item_part, scale, explicit_at, explicit)
-        return RowUpdates(
-            clients, indptr, rows, values, self.n_items + 2, dense=cfg.upload == "full"
-        )
+        return RowUpdates(clients, indptr, rows, values, len(item_part), dense=cfg.upload == "full")
 
     def _gradient_moments(
         self, data: _RoundData, gradient_user: np.ndarray
@@ -1204,12 +1359,15 @@ class FedMF:
         )
         return np.asarray(gradient_sum), np.asarray(gradient_sq)
 
-    def _server_step(self, total: np.ndarray, contributors: int) -> None:
+    def _server_step(
+        self, total: np.ndarray, contributors: int, block_rows: np.ndarray | None = None
+    ) -> None:
         """Step ``V`` with the aggregated gradient and refresh the global statistics.
 
         ``"mean"`` divides each item's weighted gradient sum by its weighted uploader count;
         ``"sum"`` rescales the weighted sum so that the client weights average to one;
-        ``"fixed"`` divides the sum by the public ``expected_clients``.
+        ``"fixed"`` divides the sum by the public ``expected_clients``. With ``block_rows``
+        (``item_blocks``) only the round's block steps (``total`` is zero elsewhere).
         """
         cfg = self.config
         d, n = cfg.dim, self.n_items
@@ -1236,18 +1394,26 @@ class FedMF:
                 bias_step = (
                     bias_gradient / self.expected_clients + 2 * cfg.reg_bias * self.item_bias
                 )
+            block = None if block_rows is None else block_rows[:-2]
             if cfg.server_optimiser == "sgd":
+                if block is not None:  # the server's decay too: only the round's block steps
+                    step[np.setdiff1d(np.arange(n), block)] = 0.0
+                    if cfg.biases:
+                        bias_step[np.setdiff1d(np.arange(n), block)] = 0.0
                 self.V = self.V - cfg.server_lr * step
                 if cfg.biases:
                     self.item_bias = self.item_bias - cfg.server_lr * bias_step
             else:
-                self._optimiser_step(step, bias_step, rows=None)
+                self._optimiser_step(step, bias_step, rows=block)
             return
         else:
             weight_total = stats_sq[-1]
             factor = contributors / weight_total if weight_total > 1e-12 else 0.0
             scale = np.full(self.n_items, factor)
             touched = None
+            if block_rows is not None:
+                touched = np.zeros(self.n_items, dtype=bool)
+                touched[block_rows[:-2]] = True
         if cfg.server_optimiser == "sgd":
             self.V = self.V - cfg.server_lr * scale[:, None] * item_gradient
             if cfg.biases:
@@ -1274,6 +1440,11 @@ class FedMF:
         users, items = np.asarray(users), np.asarray(items)
         if self.needs_rating_mean:
             raise ValueError("biases=True with offset='none': no prediction before round 0")
+        if self.population is not None:  # the predicted users' state only
+            distinct, at = np.unique(users, return_inverse=True)
+            offsets = self._group_rows(distinct).offsets[at]
+            scores = self._scores(self.U[distinct], self.user_bias[distinct], at, items)
+            return self.rating_scale.clip(self.unit * (offsets + scores))
         scores = self._scores(self.U, self.user_bias, users, items)
         return self.rating_scale.clip(self.unit * (self.offsets[users] + scores))
 
@@ -1293,6 +1464,22 @@ class FedMF:
         }
 
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue (an on-demand population's users: those who took
+        part, ``U_users`` with their ``U`` rows and ``user_bias``)."""
+        if self.population is not None:
+            users, vectors = self.U.state()
+            state = {
+                "U_users": users,
+                "U": vectors,
+                "user_bias": self.user_bias[users],
+                "V": self.V,
+                "item_bias": self.item_bias,
+            }
+            if self.global_mean is not None:
+                state["global_mean"], state["global_std"] = self.global_mean, self.global_std
+            for key, value in self.server_optimiser.state_dict().items():
+                state[SERVER_OPTIMISER_PREFIX + key] = value
+            return state
         state = {
             "U": self.U,
             "V": self.V,
@@ -1311,6 +1498,21 @@ class FedMF:
         return state
 
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        if self.population is not None:
+            if "U_users" not in state or state["V"].shape != self.V.shape:
+                raise ValueError(
+                    "not a checkpoint of an on-demand population of this shape (needs U_users "
+                    f"and V of shape {self.V.shape})"
+                )
+            users = np.asarray(state["U_users"], dtype=np.int64)
+            self.U.load(users, np.asarray(state["U"], dtype=np.float64))
+            self.user_bias.load(users, np.asarray(state["user_bias"], dtype=np.float64))
+            self.V = np.array(state["V"], dtype=np.float64)
+            self.item_bias = np.array(state["item_bias"], dtype=np.float64)
+            self.global_mean = np.array(state["global_mean"]) if "global_mean" in state else None
+            self.global_std = np.array(state["global_std"]) if "global_std" in state else None
+            self._load_optimiser(state)
+            return
         for name in ("U", "V"):
             if state[name].shape != getattr(self, name).shape:
                 raise ValueError(
@@ -1334,6 +1536,9 @@ class FedMF:
             self.item_bias = np.array(state["item_bias"], dtype=np.float64)
         if "rating_mean" in state:
             self._set_rating_mean(float(state["rating_mean"]))
+        self._load_optimiser(state)
+
+    def _load_optimiser(self, state: Mapping[str, np.ndarray]) -> None:
         optimiser_state = {
             key[len(SERVER_OPTIMISER_PREFIX) :]: value
             for key, value in state.items()

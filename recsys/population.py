@@ -19,6 +19,8 @@ import numpy as np
 
 from securefed.recsys.baselines import damped_baseline
 from securefed.recsys.data import Ratings, RatingScale
+from securefed.recsys.filling import keyed_uniforms
+from securefed.recsys.user_state import keyed_normals
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,3 +128,104 @@ def draw_population(model: PopulationModel, n_users: int, *, seed: int) -> Ratin
         np.arange(n_items),
         name=f"population-{n_users}-seed{seed}",
     )
+
+
+class OnDemandPopulation:
+    """A population of ``n_users`` drawn from ``model`` one user at a time, from the seed alone.
+
+    Nothing of size ``n_users`` is stored: user ``u``'s ratings are a function of ``(seed, u)``
+    (counter-based uniforms, :func:`~securefed.recsys.filling.keyed_uniforms`), generated when a
+    round samples the user and identical every time. The law is :func:`draw_population`'s (a
+    count from the empirical counts, items by popularity without replacement by Gumbel-top-k,
+    the rating from a resampled fitted user), not its draws: the two are different samples.
+    What a FedMF round needs of its users is :meth:`rows` and :meth:`counts`
+    (``FedMF(population, ...)``).
+
+    Args:
+        model: the fitted population (:func:`fit_population`).
+        n_users: how many users (any number: nothing is allocated per user).
+        seed: the population's seed.
+        chunk: users generated at once (bounds the ``chunk x n_items`` temporaries).
+
+    Raises:
+        ValueError: ``n_users`` or ``chunk`` below 1.
+    """
+
+    def __init__(
+        self, model: PopulationModel, n_users: int, *, seed: int, chunk: int = 256
+    ) -> None:
+        if n_users < 1 or chunk < 1:
+            raise ValueError(f"n_users and chunk must be >= 1, got {n_users}, {chunk}")
+        self.model, self.n_users, self.seed, self.chunk = model, int(n_users), int(seed), chunk
+        self.n_items = len(model.item_bias)
+        self.scale = model.scale
+        self.name = f"population-{n_users}-seed{seed}-on-demand"
+        # One independent 64-bit key per purpose (count, source, items, noise).
+        self._keys = [int(k) for k in np.random.SeedSequence(seed).generate_state(4, np.uint64)]
+        self._log_weight = np.log(model.popularity / model.popularity.sum())
+
+    def _check(self, users: np.ndarray) -> np.ndarray:
+        users = np.asarray(users, dtype=np.int64)
+        if users.ndim != 1 or (len(users) and (users.min() < 0 or users.max() >= self.n_users)):
+            raise ValueError(f"users must be a 1-D array of ids in [0, {self.n_users})")
+        return users
+
+    def counts(self, users: np.ndarray) -> np.ndarray:
+        """How many ratings each of ``users`` has (int64)."""
+        users = self._check(users).astype(np.uint64)
+        pick = keyed_uniforms(self._keys[0], users) * len(self.model.counts)
+        return np.minimum(self.model.counts[pick.astype(np.int64)], self.n_items).astype(np.int64)
+
+    def rows(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr, items, ratings)`` of ``users``, CSR in that order, items sorted per user."""
+        users = self._check(users)
+        counts = self.counts(users)
+        indptr = np.zeros(len(users) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        items = np.empty(indptr[-1], dtype=np.int64)
+        n = self.n_items
+        columns = np.arange(n, dtype=np.uint64)
+        for start in range(0, len(users), self.chunk):
+            block = users[start : start + self.chunk].astype(np.uint64)
+            keys = block[:, None] * np.uint64(n) + columns[None, :]
+            uniforms = np.maximum(keyed_uniforms(self._keys[2], keys), 2.0**-54)
+            gumbel = -np.log(-np.log(uniforms))
+            order = np.argsort(-(self._log_weight + gumbel), axis=1, kind="stable")
+            chosen = np.zeros(keys.shape, dtype=bool)
+            take = np.arange(n)[None, :] < counts[start : start + self.chunk, None]
+            np.put_along_axis(chosen, order, take, axis=1)
+            lo, hi = indptr[start], indptr[min(start + self.chunk, len(users))]
+            items[lo:hi] = np.nonzero(chosen)[1]  # row-major: sorted within each user
+        owners = np.repeat(users, counts)
+        source = (
+            keyed_uniforms(self._keys[1], owners.astype(np.uint64)) * len(self.model.counts)
+        ).astype(np.int64)
+        pair = owners.astype(np.uint64) * np.uint64(n) + items.astype(np.uint64)
+        noise = keyed_normals(self._keys[3], pair)
+        m = self.model
+        score = (
+            m.mean
+            + m.user_bias[source]
+            + m.item_bias[items]
+            + np.einsum("ni,ni->n", m.user_factors[source], m.item_factors[items])
+            + m.residual_std * noise
+        )
+        return indptr, items, m.scale.snap(m.scale.clip(score))
+
+    def materialise(self, users: np.ndarray | None = None) -> Ratings:
+        """The ratings of ``users`` (default: all) as :class:`Ratings` over the population's ids
+        (for tests and small populations: this one is stored)."""
+        users = np.arange(self.n_users) if users is None else self._check(users)
+        indptr, items, ratings = self.rows(users)
+        return Ratings(
+            np.repeat(users, np.diff(indptr)),
+            items,
+            ratings,
+            None,
+            self.n_users,
+            self.n_items,
+            self.scale,
+            np.arange(self.n_users),
+            np.arange(self.n_items),
+            name=self.name,
+        )

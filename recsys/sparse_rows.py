@@ -121,3 +121,26 @@ def rating_rows(train) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         csr.indices.astype(np.int64),
         csr.data.astype(np.float64),
     )
+
+
+def restrict_rows(
+    indptr: np.ndarray, rows: np.ndarray, keep: np.ndarray, n_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A CSR structure's entries whose row is in ``keep``, renumbered to positions in ``keep``.
+
+    Args:
+        indptr: offsets of the clients' entries.
+        rows: row index of each entry, in ``[0, n_rows)``.
+        keep: the rows kept (distinct); kept row ``keep[k]`` becomes row ``k``.
+        n_rows: the number of rows before.
+
+    Returns:
+        ``(new_indptr, new_rows, kept)``: the kept entries' offsets and renumbered rows, and the
+        boolean mask of the kept entries over the old ones (their order is unchanged).
+    """
+    local = np.full(n_rows, -1, dtype=np.int64)
+    local[keep] = np.arange(len(keep), dtype=np.int64)
+    mapped = local[rows]
+    kept = mapped >= 0
+    kept_before = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+    return kept_before[indptr], mapped[kept], kept
