@@ -50,7 +50,7 @@ from securefed.transport.ddp import (
     wrap_probability_bound,
 )
 from securefed.transport.dp import DPTransport
-from securefed.transport.registry import build_transport
+from securefed.transport.registry import build_transport, clients_per_round_bound
 from securefed.transport.secagg import SecAggConfig, SecAggTransport
 
 ORDERS = [1.5, 2, 4, 8, 16, 32]
@@ -391,6 +391,28 @@ def test_budget_stops_integer_rounds_and_calibration_meets_the_target():
     assert dp.config.noise_multiplier == sigma
     with pytest.raises(PrivacyBudgetExceeded):
         dp.open_round(2, range(10), shape=(6, 2), seeds=SeedTree(0))
+
+
+def test_the_ring_is_sized_for_a_sampled_round_not_the_population():
+    """A million users sampling ten a round: the ring holds a round's clients (a Poisson tail
+    bound), so a DP target is met; sized by the population its clip (2147 integers) was below
+    the mechanism's per-client bound and every target was refused."""
+    dp = build_transport(
+        "secagg+dp:mechanism=discrete_gaussian,epsilon=8,dp.clip=1.0",
+        n_clients=10**6,
+        total_rounds=2,
+        sample_rate=1e-5,
+    )
+    assert clients_per_round_bound(10**6, 1e-5) == 10 + math.ceil(8 * math.sqrt(10)) + 8
+    assert clients_per_round_bound(50, 1.0) == 50 and clients_per_round_bound(None, 0.5) == 0
+    assert dp.inner.config.clip == ((1 << 31) - 1) // 1024
+    x = _updates(10, (6, 2))
+    rnd = dp.open_round(0, range(10), shape=(6, 2), seeds=SeedTree(0))
+    for c in range(10):
+        rnd.submit(c, x[c])
+    total = np.asarray(rnd.result().total)
+    assert total.shape == (6, 2) and np.all(np.isfinite(total))
+    assert 0 < dp.epsilon() <= 8.0
 
 
 def test_ledger_state_round_trips_discrete_history(tmp_path):

@@ -927,12 +927,30 @@ def _correlated_dp(
     )
 
 
+def clients_per_round_bound(n_clients: int | None, sample_rate: float) -> int:
+    """The most clients a round is sized for: all ``n_clients``, or a Poisson tail bound.
+
+    With per-round sampling at rate ``q`` a round holds ``n q`` clients in expectation; the ring
+    is sized for ``n q + 8 sqrt(n q) + 8`` (a Poisson/binomial count exceeds it with probability
+    below ``e^-30``), never above ``n``. A larger round is refused by secure aggregation's
+    overflow check (``ModulusOverflowError``) before anything is summed, so the bound costs
+    availability, never correctness. Sizing by the population instead made a 10^6-user run
+    sampling 10^3 a round refuse every DP target (a ring clip of 2147 integers).
+    """
+    if n_clients is None:
+        return 0
+    expected = n_clients * sample_rate
+    return min(n_clients, math.ceil(expected + 8.0 * math.sqrt(expected) + 8.0))
+
+
 def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Transport:
     """``secagg+dp`` with an integer mechanism: secure aggregation at scale 1 in a 32-bit ring.
 
-    The ring's clip is the most a client's integers may reach with ``max(n, 1024)`` clients in
-    ``Z_{2^32}``; ``DPTransport`` checks it against the mechanism's per-client bound. With an
-    epsilon target the noise is calibrated at the first round by the mechanism's accountant.
+    The ring's clip is the most a client's integers may reach with ``max(m, 1024)`` clients in
+    ``Z_{2^32}``, ``m`` the most clients a round is sized for
+    (:func:`clients_per_round_bound`); ``DPTransport`` checks it against the mechanism's
+    per-client bound. With an epsilon target the noise is calibrated at the first round by the
+    mechanism's accountant.
     """
     from dataclasses import replace
 
@@ -955,7 +973,7 @@ def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Tra
             f"defaults (given {chosen}), or set mechanism=gaussian (float noise, inexact after "
             "the rounding and the wrap, flagged by the audit)"
         )
-    ring_clients = max(run.n_clients or 0, 1024)
+    ring_clients = max(clients_per_round_bound(run.n_clients, run.sample_rate), 1024)
     config = replace(
         secagg.config(run.dropout), bits=32, scale=1.0, clip=float(((1 << 31) - 1) // ring_clients)
     )
