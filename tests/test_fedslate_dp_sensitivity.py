@@ -88,7 +88,7 @@ def _patch_mechanisms(monkeypatch, coupling: Coupling) -> None:
 
         def coupled_sum(self, unit_gradients):
             out = original_sum(self, unit_gradients)
-            return coupling.couple("local_sgd", self.party, "local", self.steps, out)
+            return coupling.couple("local_sgd", self.party, "local", None, out)
 
         monkeypatch.setattr(local_dp, "release", coupled_sum)
 
@@ -159,7 +159,9 @@ def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch):
     # and everything else it received (positions, fused outputs, input gradients).
     seen, seen_neighbour = _view_arrays(base.fusion_view), _view_arrays(neighbour.fusion_view)
     assert [s[:3] for s in seen] == [s[:3] for s in seen_neighbour]
-    moved = [s[:3] for s, t in zip(seen, seen_neighbour, strict=True) if not np.array_equal(s[3], t[3])]
+    moved = [
+        s[:3] for s, t in zip(seen, seen_neighbour, strict=True) if not np.array_equal(s[3], t[3])
+    ]
     assert not moved, f"released in the clear and moved by one user's episode: {moved[:4]}"
 
     # 2. The mechanism inputs that moved: only the unit's, within the charged sensitivity and
@@ -192,5 +194,6 @@ def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch):
         assert 0 < moved_rows.get(party, 0) <= options.releases_per_unit, (party, moved_rows)
     # The local networks are charged in the same ledger: its count bounds the steps that moved.
     assert "local_sgd" in public, "the ledger charges the fusion rows only, not the local training"
-    for party, count in moved_steps.items():
-        assert count <= public["local_sgd"]["steps_per_unit"], (party, count)
+    for party in ("A", "B"):
+        # The unit's rounds were replayed, so some of the platform's DP-SGD steps moved with it.
+        assert 0 < moved_steps.get(party, 0) <= public["local_sgd"]["steps_per_unit"], moved_steps
