@@ -554,8 +554,8 @@ class LocalDPSGD:
         """One DP-SGD step on rows ``x`` ``(S, B, D)`` with their returned gradients
         ``(S, B, N)`` (of the batch's mean loss) and their units ``(S, B)``."""
         batch = x.shape[1]
-        rows = self.row_gradients(x, output_grads.detach() * batch).double().numpy()
-        noised = self.release(unit_sums(rows, units)) / batch
+        rows = self.row_gradients(x, output_grads.detach() * batch).double()
+        noised = self.release(unit_sums(rows, units).numpy()) / batch
         flat = torch.from_numpy(noised)
         offset = 0
         for p in self.network.parameters():
@@ -566,14 +566,16 @@ class LocalDPSGD:
         optimiser.step()
 
 
-def unit_sums(rows: np.ndarray, units: np.ndarray) -> np.ndarray:
+def unit_sums(rows: torch.Tensor, units: np.ndarray) -> torch.Tensor:
     """``(S, B, P)`` per-row gradients summed by unit within each member: ``(S, B, P)`` with
-    one slot per distinct unit of the member's batch (the first ones) and zeros after."""
-    out = np.zeros_like(rows)
-    for s in range(rows.shape[0]):
+    one slot per distinct unit of the member's batch (the first ones) and zeros after (in
+    torch, on its threads: numpy's BLAS would take every core)."""
+    members, batch = units.shape
+    onehot = torch.zeros(members, batch, batch, dtype=rows.dtype)
+    for s in range(members):
         _, slot = np.unique(units[s], return_inverse=True)
-        np.add.at(out[s], slot.reshape(-1), rows[s])
-    return out
+        onehot[s, torch.from_numpy(slot.reshape(-1)), torch.arange(batch)] = 1.0
+    return torch.bmm(onehot, rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1071,6 +1073,13 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
         bound = dp_unit_releases(config)
         sigma = trainers[0].noise_multiplier if trainers else None
         public["local_training"] = "dp-sgd"
+        # One user's episode is a unit on every platform: against the server, which sees every
+        # platform's rows, the user's loss is their composition (one tail event: the replay
+        # draws are shared).
+        every = [t for p in channel.parties for t in channel.ledgers[p].server_history]
+        public["epsilon_user_all_platforms"] = epsilon_of_history(
+            every, config.dp_delta - bound["tail_delta"]
+        )
         public["local_sgd"] = {
             "noise_multiplier": sigma,
             "clip": config.dp_local_clip,

@@ -50,7 +50,7 @@ def test_unit_sums_group_a_members_rows_by_unit_and_row_gradients_match_autograd
 
     rows = np.arange(2 * 4 * 3, dtype=float).reshape(2, 4, 3)
     units = np.array([[5, 2, 5, 7], [1, 1, 1, 1]])
-    sums = unit_sums(rows, units)
+    sums = unit_sums(torch.from_numpy(rows), units).numpy()
     np.testing.assert_array_equal(sums[0, 0], rows[0, 1])  # unit 2
     np.testing.assert_array_equal(sums[0, 1], rows[0, 0] + rows[0, 2])  # unit 5
     np.testing.assert_array_equal(sums[0, 2], rows[0, 3])
@@ -90,6 +90,9 @@ def test_one_ledger_per_platform_charges_the_fusion_rows_and_the_local_steps():
     for party in ("A", "B"):
         assert public["epsilon_spent"][party] == pytest.approx(composed, rel=1e-9)
         assert composed <= 8.0
+    both = epsilon_of_history(history * 2, config.dp_delta - bound["tail_delta"])
+    assert public["epsilon_user_all_platforms"] == pytest.approx(both, rel=1e-9)
+    assert both > composed  # a user's episode is a unit on both platforms
     # The fusion rows alone would have spent less: the local training is charged.
     rows_only = epsilon_of_history([(sigma, 1.0, bound["releases"])], config.dp_delta)
     assert rows_only < composed
