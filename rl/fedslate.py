@@ -1401,6 +1401,7 @@ def run_fedslate(
     *,
     keep_payloads: RoundSelection = NO_PAYLOADS,
     keep_clean: bool = False,
+    on_reset: Callable[[ChocKaleBatch, int], None] | None = None,
 ) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
@@ -1420,6 +1421,9 @@ def run_fedslate(
             ``result.fusion_clean`` (to score a leak against them; benchmarks only); under an
             encrypted one (:data:`ENCRYPTED_FUSIONS`), the platforms' own record of every
             inquiry, ``(round, {party: Q-values sent}, {party: fused values got})``.
+        on_reset: called with the simulator and the episode after each episode's users are
+            drawn (the empirical audit's canary users,
+            :mod:`securefed.attacks.fedslate_canaries`; ``None``: nothing).
 
     Raises:
         FusionNotApplicable: the fusion channel cannot serve this configuration (before any
@@ -1447,6 +1451,8 @@ def run_fedslate(
     run.start = time.perf_counter() - resumed["seconds"]
     for episode in range(first_episode, config.episodes):
         run.env.reset()
+        if on_reset is not None:
+            on_reset(run.env, episode)
         x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
         done = False
         tock = time.perf_counter()
