@@ -167,3 +167,31 @@ def test_a_resumed_dp_run_equals_the_unbroken_run(tmp_path, monkeypatch):
     for name, net in unbroken.networks.items():
         for a, b in zip(net.parameters(), resumed.networks[name].parameters(), strict=True):
             assert torch.equal(a, b), name
+
+
+def test_the_bench_puts_the_old_mechanism_beside_the_new_one_flagged():
+    pytest.importorskip("gymnasium")
+    import argparse
+
+    from securefed.bench.bench_fedslate_leak import add_arguments, markdown, reward_cells
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--settings", "10x3", "--epsilons", "8", "--old-dp-epsilons", "8", "--episodes", "3"]
+    )
+    cells = reward_cells(args)["N10_n3"][1]
+    new, old = cells["dp eps=8"][0].config, cells["dp eps=8, non-private local networks (old)"][0]
+    assert new.local_dp and new.dp_local_training is None
+    assert old.config.dp_local_training == "none" and not old.config.local_dp
+    assert old.name != cells["dp eps=8"][0].name  # cached apart
+    # The table shows the old row's epsilon as not established, with the rows-only figure.
+    dp = {"epsilon_spent": {"A": None}, "epsilon_fusion_rows_only": {"A": 7.99}}
+    row: dict[str, object] = {"dp": dp}
+    stats = {"mean": 1.0, "std": 0.0}
+    for p in "AB":
+        row[p] = {k: stats for k in ("mean", "optimal_reward", "etror", "final")}
+    row |= {"seconds_per_learning_step": 0.01, "bytes_per_learning_step": 1024}
+    meta = {"machine": "test", "seconds": 0.0, "schedule": "test"}
+    record = {"meta": meta, "rewards": {"N10_n3": {"setting": [10, 3], "rows": {"old": row}}}}
+    assert "not established (rows only: 7.99)" in markdown(record)
