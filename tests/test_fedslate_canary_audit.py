@@ -21,14 +21,13 @@ from securefed.audit.empirical import (  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-SHAPE = {
-    "num_candidates": 6, "slate_size": 2, "steps_per_platform": 6, "episodes": 16, "members": 8,
-    "burn_in": 12, "learn_every": 3, "buffer_size": 24, "batch_size": 4, "local_hidden": (8,),
-    "server_hidden": (4,), "seed": 0, "target_sync": 12,
+AUDIT_SHAPE = {
+    "steps_per_platform": 6, "episodes": 16, "members": 8, "burn_in": 12, "learn_every": 3,
+    "buffer_size": 24, "target_sync": 12,
 }  # fmt: skip
 
 
-def _audit(fusion_options: dict) -> dict:
+def _audit(shape: dict, fusion_options: dict):
     from securefed.attacks.fedslate_canaries import (
         CanaryUsers,
         acting_row_score,
@@ -36,7 +35,7 @@ def _audit(fusion_options: dict) -> dict:
     )
     from securefed.rl.fedslate import FedSlateConfig, run_fedslate
 
-    config = FedSlateConfig(**SHAPE, **fusion_options)
+    config = FedSlateConfig(**shape | AUDIT_SHAPE, **fusion_options)
     plan = CanaryUsers(tuple(range(1, 15)), config.members, config.steps_per_platform)
 
     def run_job(included):
@@ -62,12 +61,12 @@ def _audit(fusion_options: dict) -> dict:
     )["acting_rows"]
 
 
-def test_the_canary_audit_finds_users_in_the_clear_and_stays_below_the_dp_ledger():
-    plain = _audit({})
+def test_the_canary_audit_finds_users_in_the_clear_and_stays_below_the_dp_ledger(fedslate_small):
+    plain = _audit(fedslate_small, {})
     # 112 canaries, one run: a bound above 0 at 95% confidence means the server's score finds
     # the included canaries in the clear (its guesses beat coin flips beyond chance).
     assert plain.epsilon_lower > 0.0, plain.tried
-    private = _audit({"fusion": "dp", "dp_epsilon": 8.0})
+    private = _audit(fedslate_small, {"fusion": "dp", "dp_epsilon": 8.0})
     assert private.epsilon_ledger is not None and private.epsilon_ledger <= 8.0
     assert private.epsilon_lower < private.epsilon_ledger, private.tried
     assert private.epsilon_lower < plain.epsilon_lower

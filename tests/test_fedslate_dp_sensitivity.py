@@ -32,11 +32,6 @@ from securefed.fusion import dp as fusion_dp  # noqa: E402
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 UNIT_EPISODE, UNIT_MEMBER = 1, 0
-SMALL = {
-    "num_candidates": 6, "slate_size": 2, "steps_per_platform": 8, "episodes": 4, "members": 2,
-    "burn_in": 7, "learn_every": 2, "buffer_size": 12, "batch_size": 4, "local_hidden": (8,),
-    "server_hidden": (4,), "seed": 0, "target_sync": 8,
-}  # fmt: skip
 
 
 class Coupling:
@@ -148,10 +143,10 @@ def _coupled_pair(monkeypatch, config):
     return base, neighbour, second
 
 
-def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch):
+def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small):
     from securefed.rl.fedslate import FedSlateConfig
 
-    config = FedSlateConfig(**SMALL, fusion="dp", dp_epsilon=8.0)
+    config = FedSlateConfig(**fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0)
     base, neighbour, coupling = _coupled_pair(monkeypatch, config)
     assert base.learn_steps > 10 and coupling.differences
 

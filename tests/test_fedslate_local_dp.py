@@ -1,6 +1,6 @@
 """FedSlate's local DP-SGD (issue 34): the mechanism's arithmetic, the one ledger per platform
 that charges it beside the fusion rows, the refusals, the flag for non-private local training,
-and a resumed DP run number for number."""
+and the bench's rows of the old mechanism (a resumed DP run: tests/test_fedslate.py)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,6 @@ from securefed.privacy import epsilon_of_history  # noqa: E402
 from securefed.privacy.noise import as_noise_source  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-TINY = {
-    "num_candidates": 6, "slate_size": 2, "steps_per_platform": 8, "episodes": 3, "members": 2,
-    "burn_in": 7, "learn_every": 2, "buffer_size": 12, "batch_size": 4, "local_hidden": (8,),
-    "server_hidden": (4,), "seed": 0, "target_sync": 8,
-}  # fmt: skip
 
 
 class ZeroNoise:
@@ -73,10 +67,10 @@ def test_unit_sums_group_a_members_rows_by_unit_and_row_gradients_match_autograd
             torch.testing.assert_close(per_row[s, b], expected, rtol=1e-5, atol=1e-6)
 
 
-def test_one_ledger_per_platform_charges_the_fusion_rows_and_the_local_steps():
+def test_one_ledger_per_platform_charges_the_fusion_rows_and_the_local_steps(fedslate_small):
     from securefed.rl.fedslate import FedSlateConfig, dp_unit_releases, run_fedslate
 
-    config = FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0)
+    config = FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0)
     bound = dp_unit_releases(config)
     assert 0 < bound["local_steps"] <= bound["learning_steps"]
     result = run_fedslate(config)
@@ -99,10 +93,10 @@ def test_one_ledger_per_platform_charges_the_fusion_rows_and_the_local_steps():
     assert result.updates["local_A"] == result.learn_steps > 0
 
 
-def test_a_given_local_noise_leaves_the_rest_to_the_fusion_rows_or_is_refused():
+def test_a_given_local_noise_leaves_the_rest_to_the_fusion_rows_or_is_refused(fedslate_small):
     from securefed.rl.fedslate import FedSlateConfig, dp_unit_releases, start_run
 
-    base = FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0)
+    base = FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0)
     louder = dataclasses.replace(base, dp_local_noise=50.0)
     assert louder.dp_options().sigma() < base.dp_options().sigma()  # more room for the rows
     run = start_run(louder)
@@ -116,57 +110,34 @@ def test_a_given_local_noise_leaves_the_rest_to_the_fusion_rows_or_is_refused():
         run.channel.ledgers["A"].charge(0.3, 1.0, steps=100, server=(0.3, 1.0))
 
 
-def test_local_dp_options_are_refused_where_they_do_not_apply():
+def test_local_dp_options_are_refused_where_they_do_not_apply(fedslate_small):
     from securefed.rl.fedslate import FedSlateConfig
 
     for option in ({"dp_local_training": "dp-sgd"}, {"dp_local_clip": 2.0}):
         with pytest.raises(ValueError, match="apply to the DP transports"):
-            FedSlateConfig(**TINY, **option)
+            FedSlateConfig(**fedslate_small, **option)
     with pytest.raises(ValueError, match="dp_local_training must be one of"):
-        FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0, dp_local_training="opacus")
+        FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0, dp_local_training="opacus")
     with pytest.raises(ValueError, match="dp_local_noise applies to dp_local_training='dp-sgd'"):
         FedSlateConfig(
-            **TINY, fusion="dp", dp_epsilon=8.0, dp_local_training="none", dp_local_noise=5.0
+            **fedslate_small,
+            fusion="dp",
+            dp_epsilon=8.0,
+            dp_local_training="none",
+            dp_local_noise=5.0,
         )
     with pytest.raises(ValueError, match="dp_local_clip must be finite"):
-        FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0, dp_local_clip=0.0)
+        FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0, dp_local_clip=0.0)
 
 
-def test_non_private_local_training_is_flagged_and_carries_no_epsilon():
+def test_non_private_local_training_is_flagged_and_carries_no_epsilon(fedslate_small):
     from securefed.rl.fedslate import FedSlateConfig, run_fedslate
 
-    config = FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0, dp_local_training="none")
+    config = FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0, dp_local_training="none")
     public = run_fedslate(config).fusion_view.public["dp"]
     assert public["epsilon_spent"] == {"A": None, "B": None}
     assert "not established" in public["local_training"]
     assert max(public["epsilon_fusion_rows_only"].values()) <= 8.0
-
-
-def test_a_resumed_dp_run_equals_the_unbroken_run(tmp_path, monkeypatch):
-    from securefed.rl.checkpoint import EpisodeCheckpoints
-    from securefed.rl.envs.choc_kale import ChocKaleBatch
-    from securefed.rl.fedslate import FedSlateConfig, run_fedslate
-
-    config = FedSlateConfig(**TINY, fusion="dp", dp_epsilon=8.0)
-    unbroken = run_fedslate(config)
-    checkpoints = EpisodeCheckpoints(tmp_path / "run.pt", every=1)
-    real_step, steps = ChocKaleBatch.step, {"n": 0}
-
-    def step_then_fail(self, platform, slates):
-        steps["n"] += 1
-        if steps["n"] == 2 * 16 + 3:  # in episode 3, after the checkpoint of episode 2
-            raise KeyboardInterrupt
-        return real_step(self, platform, slates)
-
-    monkeypatch.setattr(ChocKaleBatch, "step", step_then_fail)
-    with pytest.raises(KeyboardInterrupt):
-        run_fedslate(config, checkpoints=checkpoints)
-    monkeypatch.setattr(ChocKaleBatch, "step", real_step)
-    resumed = run_fedslate(config, checkpoints=checkpoints)
-    np.testing.assert_array_equal(resumed.episode_rewards, unbroken.episode_rewards)
-    for name, net in unbroken.networks.items():
-        for a, b in zip(net.parameters(), resumed.networks[name].parameters(), strict=True):
-            assert torch.equal(a, b), name
 
 
 def test_the_bench_puts_the_old_mechanism_beside_the_new_one_flagged():
