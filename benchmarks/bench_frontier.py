@@ -7,6 +7,16 @@ against the server equals epsilon against the released model's users):
 * ``private-bias``: the private damped-bias model (the same bias release with the whole budget);
 * ``fedmf-dp-biased``: gradient FedMF, ``dp_biased_config``, ``--fedmf-rounds`` rounds.
 
+Central-DP points (``dp``: the server sees the clipped sums, so their epsilon holds against the
+released model's users only; drawn against that epsilon, labelled "central"):
+
+* ``fedmf-dp-central``: today's DP-FedAvg, ``dp_biased_config``, every user every round,
+  ``--fedmf-rounds`` rounds;
+* ``fedmf-cyclic-independent``, ``fedmf-cyclic-tree``, ``fedmf-cyclic-banded``: the same model
+  on the cyclic schedule (``--groups`` groups, ``--cyclic-rounds`` rounds, server step
+  ``--cyclic-lr``) with i.i.d. noise (DP-FedAvg under the schedule's accounting), DP-FTRL tree
+  aggregation, or the banded matrix mechanism (:mod:`securefed.transport.correlated`).
+
 Lines drawn beside them: the non-private damped biases (closed form), non-private DP-ALS
 (plaintext, same configuration) and non-private FedMF (``biased_config``, plaintext). Written to
 ``benchmarks/results/frontier/NAME.{json,md,png}``.
@@ -23,11 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed import ClientSampling
 from securefed.bench import datasets
 from securefed.bench.bench_fedmf import markdown_table, write_outputs
 from securefed.bench.dp_als_experiment import DPALSRun, run_dp_als
 from securefed.bench.experiment import FedMFRun, run_fedmf
 from securefed.bench.registry import BENCHES
+from securefed.privacy.correlated import CORRELATIONS
 from securefed.recsys.baselines import damped_baseline
 from securefed.recsys.dp_als import DPALSConfig, private_bias_config
 from securefed.recsys.fedmf import biased_config, dp_biased_config
@@ -35,9 +47,40 @@ from securefed.recsys.metrics import rmse
 
 RESULTS = Path("benchmarks/results/frontier")
 ALGORITHMS = ("dp-als", "private-bias", "fedmf-dp-biased")
+CYCLIC_PREFIX = "fedmf-cyclic-"
+CENTRAL = ("fedmf-dp-central", *(CYCLIC_PREFIX + c for c in CORRELATIONS))
+"""Central-DP points, run only when named in ``--algorithms`` (module docstring)."""
 
 
-def _private_run(algorithm: str, split, epsilon: float, seed: int, fedmf_rounds: int) -> dict:
+def _central_run(algorithm: str, split, epsilon: float, seed: int, args) -> dict:
+    """A central-DP FedMF point; ``epsilon_server`` is ``None`` (the server sees the sums)."""
+    if algorithm == "fedmf-dp-central":
+        config = dp_biased_config(rounds=args.fedmf_rounds)
+        sampling, options = ClientSampling(), {"dp.epsilon": epsilon}
+    else:
+        config = dp_biased_config(rounds=args.cyclic_rounds, server_lr=args.cyclic_lr)
+        sampling = ClientSampling("cyclic", groups=args.groups)
+        options = {
+            "dp.epsilon": epsilon,
+            "dp.correlation": algorithm.removeprefix(CYCLIC_PREFIX),
+            "dp.groups": args.groups,
+        }
+    run = FedMFRun(
+        config=config,
+        transport="dp",
+        seed=seed,
+        progress=False,
+        sampling=sampling,
+        transport_options=options,
+    )
+    record, _, _ = run_fedmf(split, run)
+    return record | {"epsilon_server": None}
+
+
+def _private_run(algorithm: str, split, epsilon: float, seed: int, args) -> dict:
+    fedmf_rounds = args.fedmf_rounds
+    if algorithm in CENTRAL:
+        return _central_run(algorithm, split, epsilon, seed, args)
     options = {"dp.epsilon": epsilon}
     if algorithm == "fedmf-dp-biased":
         run = FedMFRun(
@@ -105,9 +148,9 @@ def frontier(args: argparse.Namespace) -> int:
         return 0
     epsilons = [float(e) for e in args.epsilons.split(",")]
     algorithms = args.algorithms.split(",")
-    unknown = sorted(set(algorithms) - set(ALGORITHMS))
+    unknown = sorted(set(algorithms) - set(ALGORITHMS) - set(CENTRAL))
     if unknown:
-        raise ValueError(f"unknown algorithms {unknown}; choose from {ALGORITHMS}")
+        raise ValueError(f"unknown algorithms {unknown}; choose from {ALGORITHMS + CENTRAL}")
     seeds = [int(s) for s in args.seeds.split(",")]
     rows, lines = [], {}
     started = time.perf_counter()
@@ -118,7 +161,7 @@ def frontier(args: argparse.Namespace) -> int:
         for algorithm in algorithms:
             for epsilon in epsilons:
                 for seed in seeds:
-                    record = _private_run(algorithm, split, epsilon, seed, args.fedmf_rounds)
+                    record = _private_run(algorithm, split, epsilon, seed, args)
                     row = {
                         "split": split_name,
                         "algorithm": algorithm,
@@ -130,9 +173,11 @@ def frontier(args: argparse.Namespace) -> int:
                         "seconds": record["seconds"],
                     }
                     rows.append(row)
+                    server = row["epsilon_server"]
                     print(
                         f"{split_name} {algorithm} eps {epsilon:g} seed {seed}: rmse "
-                        f"{row['rmse']:.4f} (eps_server {row['epsilon_server']:.3f}, "
+                        f"{row['rmse']:.4f} (eps {row['epsilon']:.3f}, eps_server "
+                        f"{'none (central)' if server is None else f'{server:.3f}'}, "
                         f"{row['seconds']:.1f} s)",
                         flush=True,
                     )
@@ -158,7 +203,8 @@ def frontier(args: argparse.Namespace) -> int:
             f"securefed bench frontier --data {args.data} --splits {args.splits} --epsilons "
             f"{args.epsilons} --algorithms {args.algorithms} --seeds {args.seeds} "
             f"--fedmf-rounds {args.fedmf_rounds} --{'' if args.fedmf_line else 'no-'}fedmf-line "
-            f"--name {args.name}"
+            f"--groups {args.groups} --cyclic-rounds {args.cyclic_rounds} --cyclic-lr "
+            f"{args.cyclic_lr} --name {args.name}"
         ),
         "data": args.data,
         "splits": args.splits,
@@ -189,12 +235,23 @@ def _plot(summary: list[dict], lines: dict[str, float], path: Path, title: str) 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for algorithm in dict.fromkeys(r["algorithm"] for r in summary):
         done = [r for r in summary if r["algorithm"] == algorithm]
-        axis.plot([r["epsilon"] for r in done], [r["rmse"] for r in done], "o-", label=algorithm)
+        central = algorithm in CENTRAL
+        axis.plot(
+            [r["epsilon"] for r in done],
+            [r["rmse"] for r in done],
+            "s--" if central else "o-",
+            label=f"{algorithm} (central dp: epsilon vs released model)" if central else algorithm,
+        )
     styles = iter(["--", ":", "-."])
     for name, value in lines.items():
         axis.axhline(value, color="grey", ls=next(styles, "--"), label=f"{name} {value:.4f}")
     axis.set_xscale("log", base=2)
-    axis.set_xlabel("epsilon against the server (delta 1e-5, secagg+dp)")
+    if any(r["algorithm"] in CENTRAL for r in summary):
+        axis.set_xlabel(
+            "epsilon (delta 1e-5): secagg+dp against the server, central dp against users"
+        )
+    else:
+        axis.set_xlabel("epsilon against the server (delta 1e-5, secagg+dp)")
     axis.set_ylabel("test RMSE")
     axis.set_title(f"privacy-utility frontier, {title}")
     axis.legend(fontsize=7)
@@ -229,6 +286,15 @@ def register(benches) -> None:
         "--fedmf-record",
         default="benchmarks/results/fedmf_dp.json",
         help="draw the distributed-DP FedMF points of this bench fedmf-dp record ('' : none)",
+    )
+    parser.add_argument(
+        "--groups", type=int, default=2, help="groups of the cyclic schedule (fedmf-cyclic-*)"
+    )
+    parser.add_argument(
+        "--cyclic-rounds", type=int, default=40, help="rounds of the fedmf-cyclic-* points"
+    )
+    parser.add_argument(
+        "--cyclic-lr", type=float, default=2.0, help="server step of the fedmf-cyclic-* points"
     )
     parser.add_argument("--from-record", default=None, help="redraw the plot of this record")
     parser.add_argument(

@@ -57,15 +57,24 @@ def fedslate_config(args: argparse.Namespace, fusion: str, **overrides):
     return FedSlateConfig(**(fields | overrides))
 
 
-def ckks_overrides(args: argparse.Namespace):
-    """The CKKS channel's parameters the command line changes (``None``: FedSlate's own)."""
-    if args.flooding_bits is None and args.poly_degree is None and args.scale_bits is None:
+def ckks_overrides(args: argparse.Namespace, circuit: str | None = None):
+    """The CKKS channel's parameters the command line (and ``circuit``: ``"packed"`` or
+    ``"monomials"``, each at its own default scale) changes; ``None``: FedSlate's own."""
+    if (
+        args.flooding_bits is None
+        and args.poly_degree is None
+        and args.scale_bits is None
+        and circuit is None
+    ):
         return None
     from securefed.crypto.ckks import Flooding
-    from securefed.rl.fedslate import ckks_config
+    from securefed.rl.fedslate import CKKS_MONOMIAL_SCALE_BITS, CKKS_SCALE_BITS, ckks_config
 
     base = ckks_config(fedslate_config(args, "ckks"))
     changes: dict[str, object] = {}
+    if circuit is not None:
+        changes["circuit"] = circuit
+        changes["scale_bits"] = CKKS_SCALE_BITS if circuit == "packed" else CKKS_MONOMIAL_SCALE_BITS
     if args.flooding_bits is not None:
         changes["flooding"] = Flooding(std=None, security_bits=args.flooding_bits)
     if args.poly_degree is not None:
@@ -132,15 +141,15 @@ def _time(function, repeats: int, clocks: dict | None) -> dict[str, object]:
     return out
 
 
-def measure(args: argparse.Namespace, fusion: str) -> dict[str, object]:
-    """Median learning step and acting inquiry of one channel."""
+def measure(args: argparse.Namespace, fusion: str, circuit: str | None = None) -> dict[str, object]:
+    """Median learning step and acting inquiry of one channel (``circuit``: the CKKS one's)."""
     import torch
 
     from securefed.rl.fedslate import acting_inquiry, learn
 
     torch.set_num_threads(1)
     config = fedslate_config(args, fusion)
-    run, x = _filled_run(config, max(args.batch + 2, args.fill), ckks_overrides(args))
+    run, x = _filled_run(config, max(args.batch + 2, args.fill), ckks_overrides(args, circuit))
     clocks = getattr(run.channel, "seconds", None)
     learn(run)  # warm-up (lazy imports, first expansions)
     counts = dict(getattr(run.channel, "counts", {}))
@@ -151,6 +160,7 @@ def measure(args: argparse.Namespace, fusion: str) -> dict[str, object]:
     acting = _time(lambda: acting_inquiry(run, x), args.repeats, clocks)
     record = {"fusion": fusion, "learning_step": step, "acting_inquiry": acting}
     if fusion == "ckks":
+        record["circuit"] = getattr(run.channel, "circuit", "monomials")
         record["public"] = {
             k: v for k, v in run.channel.view.public.items() if k not in ("module",)
         }
@@ -179,13 +189,22 @@ def project(record: dict, episodes: int, config) -> dict[str, float]:
 
 def step(args: argparse.Namespace) -> int:
     config = fedslate_config(args, "ckks")
-    records = {f: measure(args, f) for f in ("plaintext", "ckks")}
-    ckks, plain = records["ckks"], records["plaintext"]
-    ratio = ckks["learning_step"]["cpu_s"] / plain["learning_step"]["cpu_s"]
+    circuits = [c for c in args.circuits.split(",") if c]
+    records = {"plaintext": measure(args, "plaintext")}
+    for circuit in circuits:
+        records[f"ckks {circuit}"] = measure(args, "ckks", circuit)
+    plain = records["plaintext"]
+    ratios = {
+        name: r["learning_step"]["cpu_s"] / plain["learning_step"]["cpu_s"]
+        for name, r in records.items()
+        if name != "plaintext"
+    }
+    ckks = records[f"ckks {circuits[-1]}"]
+    ratio = ratios[f"ckks {circuits[-1]}"]
     projection = {f: project(r, args.project, config) for f, r in records.items()}
     rows = []
     for fusion, record in records.items():
-        row = {"fusion": fusion}
+        row = {"fusion": fusion, "ratio to plaintext (cpu)": ratios.get(fusion, 1.0)}
         for what in ("learning_step", "acting_inquiry"):
             row[f"{what} cpu s"] = record[what]["cpu_s"]
             row[f"{what} wall s"] = record[what]["wall_s"]
@@ -198,10 +217,12 @@ def step(args: argparse.Namespace) -> int:
     table += (
         f"\n\n(N, n) = ({args.candidates}, {args.slate}), {args.members} members, batch "
         f"{args.batch}, server hidden {args.server_hidden} (polynomial activation); medians of "
-        f"{args.repeats} steps. CKKS / plaintext learning step (CPU): {ratio:.1f}x. Projected "
-        f"{args.project}-episode run under CKKS: {projection['ckks']['total_h']:.1f} h on one "
-        f"core ({projection['ckks']['learning_steps']} learning steps, "
-        f"{projection['ckks']['rounds']} acting inquiries)."
+        f"{args.repeats} steps. CKKS / plaintext learning step (CPU): "
+        + ", ".join(f"{name} {value:.1f}x" for name, value in ratios.items())
+        + f". Projected {args.project}-episode run under CKKS ({circuits[-1]}): "
+        f"{projection[f'ckks {circuits[-1]}']['total_h']:.1f} h on one core "
+        f"({projection[f'ckks {circuits[-1]}']['learning_steps']} learning steps, "
+        f"{projection[f'ckks {circuits[-1]}']['rounds']} acting inquiries)."
     )
     bound, std = ckks["flooding_bound_std"]
     public = ckks["public"]
@@ -215,9 +236,12 @@ def step(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "records": records,
         "ratio_cpu": ratio,
+        "ratios_cpu": ratios,
         "projection": projection,
     }
     name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
+    if len(circuits) > 1 or circuits != ["monomials"]:
+        name += "_" + "_".join(circuits)
     for flag, value in (("f", args.flooding_bits), ("d", args.poly_degree), ("s", args.scale_bits)):
         if value is not None:
             name += f"_{flag}{value}"
@@ -433,6 +457,12 @@ def register(benches) -> None:
         "--flooding-bits", type=int, help="step: the masked sums' flooding level (FedSlate: 20)"
     )
     parser.add_argument("--poly-degree", type=int, help="step: the CKKS ring degree")
+    parser.add_argument(
+        "--circuits",
+        default="monomials,packed",
+        help="step: the CKKS circuits to time, each at its own default scale (monomials: "
+        "2^55, packed: 2^49; --scale-bits overrides both)",
+    )
     parser.add_argument(
         "--scale-bits",
         type=int,

@@ -245,6 +245,14 @@ def _add_fedmf(subparsers) -> None:
         choices=["poisson", "fixed"],
         help="how --clients-per-round samples (poisson matches DP accounting)",
     )
+    parser.add_argument(
+        "--cyclic-groups",
+        type=int,
+        default=None,
+        help="the public cyclic schedule of N groups (round t: the users with id %% N == t %% "
+        "N), for the correlated-noise DP transports: --transport "
+        "'dp:correlation=banded,groups=N' (also independent, tree, tree-honaker)",
+    )
     parser.add_argument("--epsilon", type=float, default=None, help="DP target epsilon")
     parser.add_argument("--delta", type=float, default=1e-5, help="DP delta")
     parser.add_argument(
@@ -358,11 +366,14 @@ def _run_fedmf(args: argparse.Namespace) -> int:
     if args.validation is not None and args.rounds is None:
         # The preset's rounds were chosen on ML-100K: a new file may want more (the rule stops).
         config = replace(config, rounds=VALIDATION_ROUNDS_FACTOR * config.rounds)
-    sampling = (
-        ClientSampling()
-        if args.clients_per_round is None
-        else ClientSampling(args.sampling, args.clients_per_round)
-    )
+    if args.cyclic_groups is not None and args.clients_per_round is not None:
+        raise ValueError("--cyclic-groups fixes each round's clients: drop --clients-per-round")
+    if args.cyclic_groups is not None:
+        sampling = ClientSampling("cyclic", groups=args.cyclic_groups)
+    elif args.clients_per_round is None:
+        sampling = ClientSampling()
+    else:
+        sampling = ClientSampling(args.sampling, args.clients_per_round)
     dp_given = {
         "epsilon": args.epsilon,
         "noise_multiplier": args.noise_multiplier,

@@ -130,6 +130,7 @@ FEDMF_ONLY_OPTIONS = (
     "filling_regularisation",
     "dropout",
     "clients_per_round",
+    "cyclic_groups",
     "clip",
     "checkpoint_dir",
     "checkpoint_key_file",

@@ -923,9 +923,15 @@ def ckks_config(config: FedSlateConfig):
         return None
     from securefed.fusion.ckks_module import CKKSModuleConfig
 
-    scale = CKKS_SCALE_BITS if config.ckks_scale_bits is None else config.ckks_scale_bits
+    # One hidden layer (or the linear ablation): degree <= 2, the packed circuit.
+    packed = config.variant == "linear" or len(config.server_hidden) == 1
+    default = CKKS_SCALE_BITS if packed else CKKS_MONOMIAL_SCALE_BITS
+    scale = default if config.ckks_scale_bits is None else config.ckks_scale_bits
     return CKKSModuleConfig(
-        value_bound=CKKS_Q_BOUND, grad_bound=max(1.0, config.huber_delta), scale_bits=scale
+        value_bound=CKKS_Q_BOUND,
+        grad_bound=max(1.0, config.huber_delta),
+        scale_bits=scale,
+        circuit="packed" if packed else "monomials",
     )
 
 
@@ -935,11 +941,16 @@ CKKS_DP_CLAMP_SIGMAS = 4.0
 """Under ``ckks+dp``, ``c`` of the public clamp bound ``B = clip + c * std`` of the noised
 Q-values (and gradients): an entry is clamped with probability at most ``2 Phi(-4) = 6.3e-5``
 (the channel reports the rate)."""
-CKKS_SCALE_BITS = 55
-"""FedSlate's CKKS scale (``ckks_scale_bits=None``): at 2^55 the 20-bit flooding of a released
-batch sum has std 4.5e-3 at :data:`CKKS_Q_BOUND` (73 at 2^40), so the server network's Adam steps
-follow plaintext's; ring 16384, chain ``[60, 55, 55, 55, 60]``, a learning step at (10, 3), 3
-members, batch 32 about 0.9 s of CPU (docs/fedslate.md section 7)."""
+CKKS_SCALE_BITS = 49
+"""FedSlate's CKKS scale (``ckks_scale_bits=None``) with one hidden server layer: the packed
+circuit (:mod:`securefed.fusion.ckks_packed`) at ring 8192, chain ``[60, 49, 49, 60]``; the
+owner's ciphertexts are encrypted with its secret key, so the 20-bit flooding of a released batch
+sum stays near the 2^55 monomial circuit's std at :data:`CKKS_Q_BOUND` (docs/fedslate.md
+section 7)."""
+CKKS_MONOMIAL_SCALE_BITS = 55
+"""The scale of the monomial circuit (two or more hidden layers): at 2^55 the 20-bit flooding of a
+released batch sum has std 4.5e-3 at :data:`CKKS_Q_BOUND` (73 at 2^40); ring 16384, chain
+``[60, 55, 55, 55, 60]``, a learning step at (10, 3), 3 members, batch 32 about 0.9 s of CPU."""
 CKKS_Q_BOUND = 64.0
 """Public bound on a platform's Q-values under CKKS. Returns are near 1.5 at the default reward
 scale, but a platform without rewards drifts: B's Q-values passed 8 after 65 episodes of a

@@ -46,6 +46,7 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
+from securefed.flower.identity import seeded_identity
 from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
     Agent,
@@ -503,7 +504,15 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
 
     schedule = node.schedule
     shape = (len(range(run.config.public_size)[schedule.part_slice(0)]), schedule.width)
-    return ClientSetup(node, node.seeds, shape, on_evaluate)
+    # The agents' long-term identities for malicious-server secure aggregation (seeded runs:
+    # derived from the run's seed, securefed.flower.identity).
+    return ClientSetup(
+        node,
+        node.seeds,
+        shape,
+        on_evaluate,
+        identity=lambda: seeded_identity(node.seeds, agents, run.config.n_agents),
+    )
 
 
 @dataclass

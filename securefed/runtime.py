@@ -68,17 +68,32 @@ class ClientSampling:
     Attributes:
         mode: ``"all"`` (every client every round), ``"poisson"`` (each client independently with
             probability ``clients_per_round / n_clients``: the sampling that DP accountants such as
-            Opacus's RDP and PRV assume), or ``"fixed"`` (exactly ``clients_per_round`` without
-            replacement).
+            Opacus's RDP and PRV assume), ``"fixed"`` (exactly ``clients_per_round`` without
+            replacement), or ``"cyclic"`` (a public schedule of ``groups`` groups: round ``r``
+            takes the clients ``c`` with ``c % groups == r % groups``; deterministic, so it gives
+            no amplification by sampling: the correlated-noise transports account for it,
+            :mod:`securefed.privacy.correlated`).
         clients_per_round: exact (fixed) or expected (poisson) number of clients per round.
+        groups: the groups of ``"cyclic"`` (>= 1; only there).
     """
 
-    mode: Literal["all", "poisson", "fixed"] = "all"
+    mode: Literal["all", "poisson", "fixed", "cyclic"] = "all"
     clients_per_round: int | None = None
+    groups: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("all", "poisson", "fixed"):
-            raise ValueError(f"sampling mode must be all, poisson or fixed, got {self.mode!r}")
+        if self.mode not in ("all", "poisson", "fixed", "cyclic"):
+            raise ValueError(
+                f"sampling mode must be all, poisson, fixed or cyclic, got {self.mode!r}"
+            )
+        if self.mode == "cyclic":
+            if self.groups is None or isinstance(self.groups, bool) or self.groups < 1:
+                raise ValueError(f"cyclic sampling needs groups >= 1, got {self.groups!r}")
+            if self.clients_per_round is not None:
+                raise ValueError("cyclic sampling takes groups, not clients_per_round")
+            return
+        if self.groups is not None:
+            raise ValueError(f"groups={self.groups!r} belongs to cyclic sampling, not {self.mode}")
         if self.mode != "all" and (self.clients_per_round is None or self.clients_per_round < 1):
             raise ValueError(f"{self.mode} sampling needs clients_per_round >= 1")
 
@@ -86,10 +101,22 @@ class ClientSampling:
         """The sampling rate q (expected fraction of clients per round)."""
         if self.mode == "all":
             return 1.0
+        if self.mode == "cyclic":
+            return min(1.0, 1.0 / self.groups)
         return min(1.0, self.clients_per_round / n_clients)
 
-    def sample(self, n_clients: int, rng: np.random.Generator) -> np.ndarray:
-        """Sorted ids of the clients taking part in a round (may be empty under Poisson)."""
+    def sample(
+        self, n_clients: int, rng: np.random.Generator, *, round_id: int | None = None
+    ) -> np.ndarray:
+        """Sorted ids of the clients taking part in a round (may be empty under Poisson).
+
+        Raises:
+            ValueError: cyclic sampling without ``round_id``.
+        """
+        if self.mode == "cyclic":
+            if round_id is None:
+                raise ValueError("cyclic sampling needs the round id")
+            return np.arange(int(round_id) % self.groups, n_clients, self.groups, dtype=np.int64)
         if self.mode == "all" or (self.mode == "fixed" and self.clients_per_round >= n_clients):
             return np.arange(n_clients, dtype=np.int64)
         if self.mode == "fixed":
@@ -329,7 +356,7 @@ def _run_rounds(
     try:
         for round_id in range(start, options.rounds):
             clients = options.sampling.sample(
-                algorithm.n_clients, seeds.generator("sampling", round_id)
+                algorithm.n_clients, seeds.generator("sampling", round_id), round_id=round_id
             )
             try:
                 metrics = dict(algorithm.run_round(round_id, clients, transport, seeds))

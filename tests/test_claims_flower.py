@@ -17,6 +17,7 @@ share refuses the round on Flower as in one process (a refusal, not a dropout).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -185,8 +186,10 @@ def _collude(grid, snapshots, node, round_id, config: SecAggConfig, seeds: SeedT
     arrays = rec.message_arrays(unmask)
     blobs, senders, indptr = rec.rows_bytes(arrays["blobs"]), arrays["senders"], arrays["indptr"]
     points: dict[int, dict[str, list]] = {}
+    # The node reads its own share keys; they are the same whichever threat model it runs.
+    keys_only = dataclasses.replace(config, server="honest_but_curious")
     for k, helper in enumerate(arrays["helpers"].tolist()):
-        client = SecAggClient(helper, round_id, config, seeds, secrets=secrets[helper])
+        client = SecAggClient(helper, round_id, keys_only, seeds, secrets=secrets[helper])
         for j in range(int(indptr[k]), int(indptr[k + 1])):
             sender = int(senders[j])
             aad = kx.share_aad(round_id, sender, helper)

@@ -491,19 +491,23 @@ def test_a_flower_node_keeps_each_users_stage_between_messages():
     from flwr.app import Context, RecordDict
 
     from securefed.flower import client as node
+    from securefed.flower.floors import NodeFloors
 
     config = SecAggConfig(server=HBC, neighbours=4)
     rnd, clients = _stages_until_masked(config, 6, missing=(4, 5))
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    shared = {c: clients[c] for c in (4, 5)}
-    node._save_secrets(context, 0, shared)  # after ShareKeys, as _share does
-    masked = node._restore(context, [4], 0, config, SeedTree(0))
-    _mask_and_upload(rnd, masked[4], _inputs(6)[4], config)
-    node._save_secrets(context, 0, masked, merge=True)  # after masking, as _mask does
-    again = node._restore(context, [4, 5], 0, config, SeedTree(0))
-    assert (again[4].stage, again[5].stage) == ("mask", "share")
+    # The node is one party (securefed.flower): its client is restored for every message.
+    setup = node.ClientSetup(None, SeedTree(0), (1, D), floors=NodeFloors(HBC))
+    node._save_secrets(context, 0, {4: clients[4]})  # after ShareKeys, as _share does
+    _, masked = node._restore_party(setup, context, [4], 0, config)
+    _mask_and_upload(rnd, masked, _inputs(6)[4], config)
+    node._save_secrets(context, 0, {4: masked})  # after masking, as _mask does
+    _, again = node._restore_party(setup, context, [4], 0, config)
+    assert again.stage == "mask"
     with pytest.raises(AggregationError, match="once"):
-        _mask_and_upload(rnd, again[4], np.zeros(D), config)
+        _mask_and_upload(rnd, again, np.zeros(D), config)
+    with pytest.raises(AggregationError, match="one party of round 0"):
+        node._restore_party(setup, context, [5], 0, config)  # only for its own party
     # Nor can the server start the round over on the node: fresh clients would answer again.
     with pytest.raises(AggregationError, match="already advertised keys in round 0"):
         node._check_not_advertised(context, 0)

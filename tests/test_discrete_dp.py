@@ -417,14 +417,15 @@ def test_integer_mechanisms_refuse_what_does_not_apply():
             placement="distributed",
             mechanism="discrete_gaussian",
         )
-    with pytest.raises(InsecureParameterError, match="remote"):
-        DPTransport(
-            SecAggTransport(SecAggConfig(bits=32, scale=1.0, clip=2.0**21), remote_clients=True),
-            clip=1.0,
-            noise_multiplier=1.0,
-            placement="distributed",
-            mechanism="discrete_gaussian",
-        )
+    # Remote (Flower) clients encode the integers on their nodes (securefed.flower.dp): built.
+    remote = DPTransport(
+        SecAggTransport(SecAggConfig(bits=32, scale=1.0, clip=2.0**21), remote_clients=True),
+        clip=1.0,
+        noise_multiplier=1.0,
+        placement="distributed",
+        mechanism="discrete_gaussian",
+    )
+    assert remote.inner.remote_clients
     with pytest.raises(InsecureParameterError, match="cryptographic"):
         DPTransport(
             _integer_secagg(),
@@ -690,9 +691,9 @@ def test_distributed_placement_defaults_to_the_exact_mechanism_and_refuses_to_gu
     )
     assert build_transport("dp:noise_multiplier=1").config.mechanism == "gaussian"
     assert build_transport("dp-local:noise_multiplier=1").config.mechanism == "gaussian"
-    # Where the exact mechanism is not built, the default is refused, naming the option.
-    with pytest.raises(InsecureParameterError, match="set mechanism=gaussian"):
-        build_transport("secagg+dp:noise_multiplier=1,remote_clients=true")
+    # Remote (Flower) clients run the exact default too; where it cannot run, it is refused.
+    remote = build_transport("secagg+dp:noise_multiplier=1,remote_clients=true")
+    assert remote.config.mechanism == "discrete_gaussian" and remote.inner.remote_clients
     with pytest.raises(ValueError, match="or set mechanism=gaussian"):
         build_transport("secagg+dp:noise_multiplier=1,secagg.scale=2**16")
     assert "ckks+dp" in registry_refusal_names()

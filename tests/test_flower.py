@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +31,7 @@ from securefed.errors import AggregationError, InsecureParameterError
 from securefed.flower import describe_transport, partition_users
 from securefed.flower import records as rec
 from securefed.flower.dp import client_noise_std, noise_on_client
-from securefed.flower.loopback import LoopbackFederation
+from securefed.flower.loopback import LoopbackFederation, missing_commands
 from securefed.recsys.fedmf_flower import APP_DIR, write_fedmf_app
 from securefed.transport.dp import DPTransport
 from securefed.transport.secagg import (
@@ -45,7 +42,7 @@ from securefed.transport.secagg import (
     pack_values,
 )
 
-HBC = "honest_but_curious"  # what securefed.flower carries (docs/secagg.md)
+HBC = "honest_but_curious"  # the stage-API unit tests below run it without signing keys
 SIMULATION_BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "num_gpus": 0, "log_to_driver": False},
@@ -259,9 +256,11 @@ def test_transports_the_flower_server_can_and_cannot_carry():
     assert wire.kind == "secagg" and wire.client_noise
     with pytest.raises(ValueError, match="remote_clients=True"):
         describe_transport(SecAggTransport())
-    # The malicious-server variant is refused, not carried without its signatures.
-    with pytest.raises(ValueError, match="honest-but-curious variant"):
-        describe_transport(SecAggTransport(remote_clients=True))
+    # The malicious-server variant (the default) is carried with signatures; MACs are not.
+    malicious = describe_transport(SecAggTransport(remote_clients=True))
+    assert malicious.kind == "secagg" and malicious.secagg.malicious
+    with pytest.raises(NotImplementedError, match="auth='macs'"):
+        describe_transport(SecAggTransport(SecAggConfig(auth="macs"), remote_clients=True))
 
 
 def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example):
@@ -276,11 +275,12 @@ def test_the_apps_transports_come_from_the_registry_with_a_ledger_for_dp(example
             assert isinstance(transport.ledger, PrivacyLedger)
             assert (transport.config.clip, transport.config.noise_multiplier) == (2.0, 0.5)
         assert describe_transport(server).dp is not None
-    # secagg+dp's default mechanism (the exact discrete Gaussian) is not built for Flower's
-    # clients: the app refuses to fall back to the float Gaussian unless told to.
+    # secagg+dp's default mechanism, the exact discrete Gaussian, runs on Flower's nodes too
+    # (securefed.flower.dp.integers_on_client): no fall-back to the float Gaussian.
     default = example.FedMFApp(transport="secagg+dp", dp_noise_multiplier=0.5)
-    with pytest.raises(InsecureParameterError, match="mechanism=gaussian"):
-        default.make_transport(remote=True)
+    server = default.make_transport(remote=True)
+    assert server.config.mechanism == "discrete_gaussian" and server.inner.remote_clients
+    assert describe_transport(server).integer_mechanism
     remote = example.FedMFApp(
         transport="secagg", secagg_bits=32, secagg_scale=2.0**10, secagg_clip=4096.0
     )
@@ -530,11 +530,7 @@ def test_ckks_over_flower_equals_in_process_ckks(example, tmp_path, key_model):
 def test_loopback_federation_of_real_processes_trains_fedmf(example, tmp_path):
     """A SuperLink and two SuperNodes as processes on 127.0.0.1; the run is submitted with
     ``flwr run`` and trains FedMF to the in-process model."""
-    missing = [
-        command
-        for command in ("flower-superlink", "flower-supernode", "flwr")
-        if not Path(sys.executable).with_name(command).exists() and shutil.which(command) is None
-    ]
+    missing = missing_commands()
     if missing:
         pytest.skip(f"{missing} not installed (pip install securefed[flower])")
     out = tmp_path / "out"

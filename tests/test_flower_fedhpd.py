@@ -153,7 +153,7 @@ def test_fedhpd_secure_aggregation_over_flower(tmp_path):
     pytest.importorskip("ray", reason="Flower's simulation engine needs flwr[simulation] (ray)")
     config = small_config()
     public = public_states(config)
-    secagg = SecAggConfig(bits=64, scale=2.0**40, clip=1.0, server="honest_but_curious")
+    secagg = SecAggConfig(bits=64, scale=2.0**40, clip=1.0)  # the malicious-server variant
     run = FedHPDFlowerRun(config, SEED, min_nodes=2, output_dir=str(tmp_path))
     apps = build_apps(
         run, lambda: SecAggTransport(secagg, remote_clients=True), public_states=public

@@ -245,7 +245,8 @@ def test_fedslate_refuses_ckks_with_a_non_polynomial_activation():
 
 def test_fedslate_takes_the_ckks_scale_on_encrypted_transports_only():
     default = FedSlateConfig(**TINY, fusion="ckks", activation="polynomial")
-    assert ckks_config(default).scale_bits == CKKS_SCALE_BITS == 55
+    assert ckks_config(default).scale_bits == CKKS_SCALE_BITS == 49
+    assert ckks_config(default).circuit == "packed"
     fast = FedSlateConfig(**TINY, fusion="ckks", activation="polynomial", ckks_scale_bits=40)
     assert ckks_config(fast).scale_bits == 40
     with pytest.raises(ValueError, match="encrypted transports"):

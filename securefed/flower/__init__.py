@@ -9,12 +9,16 @@ simulation engine (``flwr.simulation.run_simulation``) or as real SuperLink / Su
 (:mod:`securefed.flower.loopback` starts them on one machine; docs/flower.md across machines).
 
 Transports carried over Flower messages: plaintext; ``DPTransport`` (central noise on the
-server; local and distributed noise added on the node before its update leaves); securefed's own
-secure aggregation (``SecAggTransport(remote_clients=True)``: one Flower message round per stage,
-the clients' side on the nodes, the server's side in the ServerApp); their compositions; CKKS
+server; local and distributed noise added on the node before its update leaves, the exact
+integer mechanisms included: :mod:`securefed.flower.dp`); securefed's own secure aggregation
+(``SecAggTransport(remote_clients=True)``: one Flower message round per stage, the clients' side
+on the nodes, the server's side in the ServerApp; the malicious-server variant by default, with
+the nodes' long-term identities of :mod:`securefed.flower.identity`); their compositions; CKKS
 (``CKKSTransport(public=...)``: the nodes encrypt with keys provisioned out of band, the server
 adds ciphertexts under the public context, a key-holder node decrypts the sum;
-:mod:`securefed.flower.ckks`). Not carried: DP around CKKS (docs/flower.md).
+:mod:`securefed.flower.ckks`), and DP around it. Every node refuses a round weaker than its own
+floors (:class:`~securefed.flower.floors.NodeFloors`). Not carried: FedMF's encrypted server
+state, MAC authentication (docs/flower.md, "Limits").
 
 The worked example, FedMF on a SuperLink and SuperNodes, is the app in ``recsys/flower_app``
 (:mod:`securefed.recsys.fedmf_flower`; copied by :func:`securefed.flower.loopback.write_app`).
@@ -34,6 +38,8 @@ if importlib.util.find_spec("flwr") is None:  # pragma: no cover - depends on th
     )
 
 from securefed.flower.client import ClientSetup, make_client_app
+from securefed.flower.floors import NodeFloors
+from securefed.flower.identity import NodeIdentity, provision_identities
 from securefed.flower.protocol import (
     ClientNode,
     FlowerRunOptions,
@@ -53,11 +59,14 @@ __all__ = [
     "ClientSetup",
     "FlowerRunOptions",
     "FlowerRunResult",
+    "NodeFloors",
+    "NodeIdentity",
     "ServerAlgorithm",
     "ServerSetup",
     "describe_transport",
     "make_client_app",
     "make_server_app",
     "partition_users",
+    "provision_identities",
     "run_federation",
 ]

@@ -8,18 +8,24 @@
   local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
   reply with them as arrays.
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
-  ``query.secagg_unmask``: the client's side of each stage of secure aggregation, with the node
-  as ONE party (one :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest
-  user of the round): it uploads the masked sum of its users' encoded updates, so no other node
-  holds a share of anything that protects one user's update (docs/flower.md). Its secrets, and
-  the stage it answered, stay in the node's Flower ``Context.state`` between the four messages
-  (Flower keeps that state on the node; it is never sent), so it answers each stage once; they
-  are deleted after unmasking. A failed check answers with a refusal (``records.REFUSAL``),
-  which refuses the round, and deletes the round's secrets.
+  ``query.secagg_consistency`` / ``query.secagg_unmask``: the client's side of each stage of
+  secure aggregation (malicious-server variant: signed with the party user's long-term identity,
+  checked against the registry the node pinned), with the node as ONE party (one
+  :class:`~securefed.transport.secagg.SecAggClient`, its id the node's lowest user of the
+  round): it uploads the masked sum of its users' encoded updates, so no other node holds a
+  share of anything that protects one user's update (docs/flower.md). Its secrets, and the stage
+  it answered, stay in the node's Flower ``Context.state`` between the messages (Flower keeps
+  that state on the node; it is never sent), so it answers each stage once; they are deleted
+  after unmasking. A failed check answers with a refusal (``records.REFUSAL``), which refuses
+  the round, and deletes the round's secrets.
 * ``train.ckks`` / ``query.ckks_decrypt``: compute the hosted users' updates and encrypt them
   here with the node's CKKS keys (:mod:`securefed.flower.ckks`); a key-holder node decrypts the
   server's summed ciphertexts, floods and rounds them, and returns only those values.
 * ``evaluate``: held-out metric sums of the hosted users.
+
+Before any of its data leaves, a node checks the round's parameters against its own floors
+(:mod:`securefed.flower.floors`: threat model, colluder bound, threshold, DP noise and clip) and
+refuses a weaker round, naming the parameter.
 
 The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
 message and saved after it, so a node survives Flower starting a fresh ClientApp process per
@@ -29,7 +35,7 @@ message (the deployment engine does).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message
@@ -41,10 +47,13 @@ from securefed.crypto.ckks import Flooding
 from securefed.errors import AggregationError, SecurefedError
 from securefed.flower import records as rec
 from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
-from securefed.flower.dp import noise_on_client
+from securefed.flower.dp import integers_on_client, mechanism_from_config, noise_on_client
+from securefed.flower.floors import NodeFloors
+from securefed.flower.identity import NodeIdentity, members_message
 from securefed.flower.protocol import ClientNode
 from securefed.randomness import SeedTree
 from securefed.transport.base import RowUpdates
+from securefed.transport.ddp import DistributedIntegerMechanism
 from securefed.transport.dp import clip_row_updates
 from securefed.transport.secagg import (
     SecAggClient,
@@ -53,6 +62,11 @@ from securefed.transport.secagg import (
     masking_workspace,
     pack_values,
     rounding_key,
+)
+from securefed.transport.secagg.signatures import (
+    SIGNATURE_BYTES,
+    ConsistencyError,
+    SignatureError,
 )
 
 NODE_STATE = "securefed.node"
@@ -72,6 +86,12 @@ class ClientSetup:
             node's own disk).
         ckks: the node's CKKS keys (loaded from files provisioned out of band), when the
             server's transport is CKKS.
+        identity: the long-term identities of the hosted users and the key registry checked
+            against the digest pinned at enrolment (:mod:`securefed.flower.identity`): what the
+            malicious-server variant of secure aggregation signs and verifies with. A factory,
+            called only when a round needs it.
+        floors: the node's own privacy floors (:mod:`securefed.flower.floors`): a round whose
+            parameters are weaker is refused, naming the parameter.
     """
 
     node: ClientNode
@@ -79,6 +99,23 @@ class ClientSetup:
     update_shape: tuple[int, int]
     on_evaluate: Callable[[ClientNode], None] | None = None
     ckks: NodeKeys | None = None
+    identity: Callable[[], NodeIdentity] | None = None
+    floors: NodeFloors = field(default_factory=NodeFloors)
+
+    def node_identity(self) -> NodeIdentity:
+        """The hosted users' identities.
+
+        Raises:
+            SignatureError: the node was started without them.
+        """
+        if self.identity is None:
+            raise SignatureError(
+                "the server runs the malicious-server variant of secure aggregation, but this "
+                "node has no long-term identities: provision them "
+                "(securefed.flower.identity.provision_identities) and give the node "
+                "secagg-identity-path, secagg-registry-path and secagg-registry-digest"
+            )
+        return self.identity()
 
 
 # ----------------------------------------------------------------------------- node state
@@ -124,11 +161,19 @@ def _train(
 
 
 def _client_dp(
-    updates: RowUpdates, config: Mapping[str, object], round_id: int, seeds: SeedTree
+    updates: RowUpdates,
+    config: Mapping[str, object],
+    round_id: int,
+    seeds: SeedTree,
+    mechanism: DistributedIntegerMechanism | None = None,
+    signs: np.ndarray | None = None,
 ) -> RowUpdates:
-    """Clip (and noise) on the node when the server's transport asks for it."""
+    """Clip (and noise) on the node when the server's transport asks for it; under an integer
+    mechanism, each user's rotated, rounded, noised integer vector (``(1, D)`` blocks)."""
     if "dp_clip" not in config or len(updates.clients) == 0:
         return updates
+    if mechanism is not None:
+        return integers_on_client(updates, mechanism, signs, round_id, seeds)
     clip, std = float(config["dp_clip"]), float(config["dp_std"])
     if std > 0:
         return noise_on_client(
@@ -142,16 +187,22 @@ def _client_dp(
     return clip_row_updates(updates, clip)[0]
 
 
+def _plain_train(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """The plaintext wire: the users' updates, clipped and noised here under local or
+    distributed DP (after the node checked the DP parameters against its floors)."""
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    setup.floors.check_dp(config, None)
+    round_id = int(config["round"])
+    updates, metrics = _train(setup, context, arrays, round_id)
+    updates = _client_dp(updates, config, round_id, setup.seeds)
+    reply = rec.updates_to_arrays(updates, "update.")
+    reply["hosted"] = np.asarray(setup.node.users, np.int64)
+    return _reply(message, reply, _metric_config(metrics))
+
+
 # ----------------------------------------------------------------------------- secure aggregation
-def _secagg_config(config: Mapping[str, object]) -> SecAggConfig:
-    return SecAggConfig(
-        bits=int(config["secagg_bits"]),
-        scale=float(config["secagg_scale"]),
-        clip=float(config["secagg_clip"]),
-        prg=str(config["secagg_prg"]),
-        aead=str(config["secagg_aead"]),
-        server=str(config["secagg_server"]),
-    )
+DP_SHARES = "dp_shares"
+"""The secrets record's entry: the contributors the node's noise share was calibrated for."""
 
 
 def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]]:
@@ -173,7 +224,7 @@ def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]
         )
     secrets: dict[int, dict[str, bytes]] = {}
     for key, value in record.items():
-        if key == "round":
+        if "." not in key:  # the round, and the node's own notes (DP_SHARES)
             continue
         party, name = key.split(".", 1)
         secrets.setdefault(int(party), {})[name] = bytes(value)
@@ -181,51 +232,60 @@ def _load_secrets(context: Context, round_id: int) -> dict[int, dict[str, bytes]
 
 
 def _save_secrets(
-    context: Context, round_id: int, clients: Mapping[int, SecAggClient], *, merge: bool = False
+    context: Context,
+    round_id: int,
+    clients: Mapping[int, SecAggClient],
+    notes: Mapping[str, object] | None = None,
 ) -> None:
-    """Keep the clients' secrets (and the stage each answered) in the node's state.
-
-    ``merge`` keeps the saved entries of the round's other users (the node masks only the users
-    that produced an update).
-    """
+    """Keep the clients' secrets (and the stage each answered) in the node's state, with the
+    saved entries of the round kept and ``notes`` added."""
     values: dict[str, object] = {"round": round_id}
-    if merge:
-        for key, value in context.state[SECAGG_STATE].items():
+    saved = context.state.get(SECAGG_STATE)
+    if saved is not None and int(saved.get("round", -1)) == round_id:
+        for key, value in saved.items():
             values[key] = value
+    values |= dict(notes or {})
     for user, client in clients.items():
         for name, data in client.export_secrets().items():
             values[f"{user}.{name}"] = data
     context.state[SECAGG_STATE] = ConfigRecord(values)
 
 
-def _restore(
-    context: Context, users, round_id: int, config: SecAggConfig, seeds: SeedTree
-) -> dict[int, SecAggClient]:
-    secrets = _load_secrets(context, round_id)
-    missing = [int(u) for u in users if int(u) not in secrets]
-    if missing:
-        raise AggregationError(f"no secure-aggregation secrets for users {missing[:5]} here")
-    return {
-        int(u): SecAggClient(int(u), round_id, config, seeds, secrets=secrets[int(u)])
-        for u in users
-    }
+def _party_client(
+    setup: ClientSetup,
+    party: int,
+    round_id: int,
+    config: SecAggConfig,
+    secrets: dict[str, bytes] | None = None,
+) -> SecAggClient:
+    """The node's party client: with the party user's identity and the pinned registry in the
+    malicious-server variant."""
+    signer = registry = None
+    if config.malicious:
+        identity = setup.node_identity()
+        signer, registry = identity.signer(party), identity.registry
+    return SecAggClient(
+        party, round_id, config, setup.seeds, secrets=secrets, signer=signer, registry=registry
+    )
 
 
 def _restore_party(
-    context: Context, parties, round_id: int, config: SecAggConfig, seeds: SeedTree
-) -> dict[int, SecAggClient]:
+    setup: ClientSetup, context: Context, parties, round_id: int, config: SecAggConfig
+) -> tuple[int, SecAggClient]:
     """The node's one party client of the round (the server may ask only for that one).
 
     Raises:
         AggregationError: not exactly the node's own party.
     """
-    own = sorted(_load_secrets(context, round_id))
+    secrets = _load_secrets(context, round_id)
+    own = sorted(secrets)
     asked = [int(p) for p in parties]
     if asked != own or len(own) != 1:
         raise AggregationError(
             f"this node is one party of round {round_id} ({own}); the server asked for {asked[:5]}"
         )
-    return _restore(context, asked, round_id, config, seeds)
+    [party] = own
+    return party, _party_client(setup, party, round_id, config, secrets[party])
 
 
 def _check_not_advertised(context: Context, round_id: int) -> None:
@@ -250,60 +310,77 @@ def _advertise(setup: ClientSetup, context: Context, message: Message) -> Messag
 
     Every hosted user of the round is a member of that party: the node sums their encoded
     updates and masks the sum once, so no other node ever holds a share of anything that
-    protects a single user's update (issue 17 item 5; docs/flower.md).
+    protects a single user's update (issue 17 item 5; docs/flower.md). In the malicious-server
+    variant the advertisement is signed with the party user's long-term key.
     """
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
-    secagg = _secagg_config(config)
+    secagg = setup.floors.secagg_config(config)
     _check_not_advertised(context, round_id)
     users = _hosted(setup.node, arrays["clients"])
     reply = {"users": users, "hosted": np.asarray(setup.node.users, np.int64)}
     if len(users) == 0:
         return _reply(message, reply, {})
     party = int(users[0])
-    client = SecAggClient(party, round_id, secagg, setup.seeds)
-    c_public, s_public = client.advertise()
+    client = _party_client(setup, party, round_id, secagg)
+    advert = client.advertise()
     _save_secrets(context, round_id, {party: client})  # with the stage: it advertises once
     reply |= {
         "party": np.array(party, np.int64),
-        "c_public": rec.bytes_rows([c_public], kx.PUBLIC_KEY_BYTES),
-        "s_public": rec.bytes_rows([s_public], kx.PUBLIC_KEY_BYTES),
+        "c_public": rec.bytes_rows([advert[0]], kx.PUBLIC_KEY_BYTES),
+        "s_public": rec.bytes_rows([advert[1]], kx.PUBLIC_KEY_BYTES),
     }
+    if secagg.malicious:
+        reply["signature"] = rec.bytes_rows([advert[2]], SIGNATURE_BYTES)
     return _reply(message, reply, {})
 
 
 def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """ShareKeys: the party checks the neighbours' signed advertisements (malicious-server
+    variant), the threshold against its own floors, and seals its shares."""
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
-    users = arrays["users"]
-    clients = _restore_party(context, users, round_id, _secagg_config(config), setup.seeds)
-    sealed = []
-    for k, user in enumerate(users.tolist()):
-        blobs = clients[user].share(
-            arrays["neighbours"][k].tolist(),
-            arrays["xs"][k].tolist(),
-            rec.rows_bytes(arrays["c_publics"][k]),
-            int(config["threshold"]),
-        )
-        sealed.append(np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1))
-    _save_secrets(context, round_id, clients)
-    return _reply(message, {"users": users, "sealed": np.asarray(sealed, np.uint8)}, {})
+    secagg = setup.floors.secagg_config(config)
+    threshold = int(config["threshold"])
+    setup.floors.check_threshold(threshold)
+    party, client = _restore_party(setup, context, arrays["users"], round_id, secagg)
+    signed = {}
+    if secagg.malicious:
+        signed = {
+            "s_publics": rec.rows_bytes(arrays["s_publics"][0]),
+            "signatures": rec.rows_bytes(arrays["signatures"][0]),
+        }
+    blobs = client.share(
+        arrays["neighbours"][0].tolist(),
+        arrays["xs"][0].tolist(),
+        rec.rows_bytes(arrays["c_publics"][0]),
+        threshold,
+        n_clients=int(config.get("n_clients", 0)),
+        **signed,
+    )
+    sealed = np.frombuffer(b"".join(blobs), np.uint8).reshape(1, len(blobs), -1)
+    _save_secrets(context, round_id, {party: client})
+    return _reply(message, {"users": arrays["users"], "sealed": sealed}, {})
 
 
 def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
     """The node's users compute their updates; the node uploads their masked sum.
 
-    Each user's update is clipped/noised as DP asks, weighted and encoded with that user's
-    own rounding stream (as it would be alone), the encodings are added in the ring, and the
-    party's masks are added once: the server receives one vector per node.
+    Each user's update is clipped/noised as DP asks (after the node checked the DP parameters
+    against its floors), weighted and encoded with that user's own rounding stream (as it
+    would be alone), the encodings are added in the ring, and the party's masks are added once:
+    the server receives one vector per node. In the malicious-server variant the node also
+    signs how many users its sum holds (:func:`~securefed.flower.identity.members_message`).
     """
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
-    secagg = _secagg_config(config)
-    party = int(arrays["party"])
-    clients = _restore_party(context, [party], round_id, secagg, setup.seeds)
+    secagg = setup.floors.secagg_config(config)
+    mechanism = mechanism_from_config(config)
+    setup.floors.check_dp(config, mechanism)
+    party, client = _restore_party(setup, context, [int(arrays["party"])], round_id, secagg)
     updates, metrics = _train(setup, context, arrays, round_id)
-    updates = _client_dp(updates, config, round_id, setup.seeds)
+    signs = arrays.get("ddp_signs")
+    updates = _client_dp(updates, config, round_id, setup.seeds, mechanism, signs)
     weighted = updates.weights is not None
     weights = updates.client_weights()
     length = updates.n_rows * updates.width + int(weighted)
@@ -315,46 +392,119 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
             values, rounding_key(setup.seeds, round_id, user), workspace, owner=user
         )
         np.add(encoded, ring, out=encoded)  # in Z_2^bits: the dtype wraps
-    masked = clients[party].mask_encoded(
+    masked = client.mask_encoded(
         encoded, arrays["neighbours"][0].tolist(), rec.rows_bytes(arrays["s_publics"][0]), workspace
     )
-    _save_secrets(context, round_id, clients, merge=True)  # the party masks once
+    shares = _dp_shares(config, mechanism)
+    _save_secrets(context, round_id, {party: client}, {DP_SHARES: shares})  # it masks once
+    reply = {
+        "party": np.array(party, np.int64),
+        "users": updates.clients,
+        "masked": masked[None, :],
+        "weighted": np.array(weighted),
+        "weight_sq": weights**2,
+    }
+    if secagg.malicious:
+        identity = setup.node_identity()
+        statement = members_message(
+            round_id, party, len(updates.clients), registry=identity.registry.digest
+        )
+        reply["members_signature"] = rec.bytes_rows(
+            [identity.signer(party).sign(statement)], SIGNATURE_BYTES
+        )
+    return _reply(message, reply, _metric_config(metrics))
+
+
+def _dp_shares(config: Mapping[str, object], mechanism: DistributedIntegerMechanism | None) -> int:
+    """The contributing users the node requires before it unmasks: the count its distributed
+    noise share is calibrated for, and secure aggregation's own minimum (0: none)."""
+    needed = int(config.get("secagg_min_contributors", 0))
+    if mechanism is not None:
+        return max(needed, int(mechanism.min_contributors))
+    if str(config.get("dp_placement", "")) == "distributed":
+        return max(needed, int(config.get("dp_shares", 0)))
+    return needed
+
+
+def _consistency(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """ConsistencyCheck (Bonawitz et al. 2017, Fig. 5, round 3): sign the survivor set told."""
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    secagg = setup.floors.secagg_config(config)
+    party, client = _restore_party(setup, context, arrays["helpers"], round_id, secagg)
+    signature = client.consistency(frozenset(int(p) for p in arrays["survivors"].tolist()))
+    _save_secrets(context, round_id, {party: client})
     return _reply(
         message,
-        {
-            "party": np.array(party, np.int64),
-            "users": updates.clients,
-            "masked": masked[None, :],
-            "weighted": np.array(weighted),
-            "weight_sq": weights**2,
-        },
-        _metric_config(metrics),
+        {"helpers": arrays["helpers"], "signature": rec.bytes_rows([signature], SIGNATURE_BYTES)},
+        {},
     )
+
+
+def _check_members(
+    setup: ClientSetup,
+    arrays: Mapping[str, np.ndarray],
+    contributors: set[int],
+    round_id: int,
+    needed: int,
+) -> None:
+    """Before unmasking: the contributing parties' signed member counts add up to ``needed``.
+
+    Raises:
+        ConsistencyError: statements missing for a contributor, or fewer members than needed.
+        SignatureError: a statement whose signature does not verify.
+    """
+    identity = setup.node_identity()
+    parties = arrays["member_parties"].tolist()
+    counts = arrays["member_counts"].tolist()
+    signatures = rec.rows_bytes(arrays["member_signatures"])
+    if sorted(parties) != sorted(contributors):
+        raise ConsistencyError(
+            f"round {round_id}: the server's member counts cover parties {sorted(parties)[:5]}, "
+            f"not the contributors {sorted(contributors)[:5]}; refusing to unmask"
+        )
+    digest = identity.registry.digest
+    for party, count, signature in zip(parties, counts, signatures, strict=True):
+        statement = members_message(round_id, int(party), int(count), registry=digest)
+        identity.registry.verify(int(party), statement, signature, what="member count")
+    if needed and sum(counts) < needed:
+        raise ConsistencyError(
+            f"round {round_id}: the contributing parties hold {sum(counts)} user(s), fewer than "
+            f"the {needed} this node requires (its distributed noise share is calibrated for "
+            "them, or secure aggregation's minimum of contributors): refusing to unmask"
+        )
 
 
 def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     round_id = int(config["round"])
-    helpers = arrays["helpers"]
-    clients = _restore_party(context, helpers, round_id, _secagg_config(config), setup.seeds)
+    secagg = setup.floors.secagg_config(config)
+    _, client = _restore_party(setup, context, arrays["helpers"], round_id, secagg)
+    needed = int(context.state[SECAGG_STATE].get(DP_SHARES, 0))
     contributors = set(arrays["contributors"].tolist())
+    signatures = None
+    if secagg.malicious:
+        _check_members(setup, arrays, contributors, round_id, needed)
+        signatures = dict(
+            zip(
+                arrays["signers"].tolist(),
+                rec.rows_bytes(arrays["signatures"]),
+                strict=True,
+            )
+        )
     blobs = rec.rows_bytes(arrays["blobs"])
-    indptr, senders = arrays["indptr"], arrays["senders"].tolist()
-    owners, kinds, shares, out_indptr = [], [], [], [0]
-    for k, helper in enumerate(helpers.tolist()):
-        span = range(int(indptr[k]), int(indptr[k + 1]))
-        inbox = {senders[j]: blobs[j] for j in span}
-        for owner, (kind, value) in clients[helper].reveal(inbox, contributors).items():
-            owners.append(owner)
-            kinds.append(0 if kind == "b" else 1)
-            shares.append(shamir.encode_share(value))
-        out_indptr.append(len(owners))
+    inbox = dict(zip(arrays["senders"].tolist(), blobs, strict=True))
+    owners, kinds, shares = [], [], []
+    for owner, (kind, value) in client.reveal(inbox, contributors, signatures).items():
+        owners.append(owner)
+        kinds.append(0 if kind == "b" else 1)
+        shares.append(shamir.encode_share(value))
     del context.state[SECAGG_STATE]  # the round is over: its secrets are no longer needed
     return _reply(
         message,
         {
-            "helpers": helpers,
-            "indptr": np.asarray(out_indptr, np.int64),
+            "helpers": arrays["helpers"],
+            "indptr": np.asarray([0, len(owners)], np.int64),
             "owners": np.asarray(owners, np.int64),
             "kinds": np.asarray(kinds, np.uint8),
             "shares": rec.bytes_rows(shares, shamir.SHARE_BYTES),
@@ -393,13 +543,16 @@ def _ckks_keys(setup: ClientSetup, config: Mapping[str, object]) -> NodeKeys:
 def _ckks_train(setup: ClientSetup, context: Context, message: Message) -> Message:
     """Compute the hosted users' updates and encrypt them here; only ciphertexts leave."""
     arrays, config = rec.message_arrays(message), rec.message_config(message)
+    setup.floors.check_dp(config, None)
     keys = _ckks_keys(setup, config)
     round_id = int(config["round"])
     updates, metrics = _train(setup, context, arrays, round_id)
+    updates = _client_dp(updates, config, round_id, setup.seeds)  # DP around CKKS
     reply = keys.encrypt_updates(
         updates, str(config["ckks_key_model"]), float(config["ckks_value_bound"])
     )
     reply["hosted"] = np.asarray(setup.node.users, np.int64)
+    reply["weight_sq"] = updates.client_weights() ** 2
     return _reply(
         message,
         reply,
@@ -426,14 +579,7 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        node_setup = setup(context)
-        arrays, config = rec.message_arrays(message), rec.message_config(message)
-        round_id = int(config["round"])
-        updates, metrics = _train(node_setup, context, arrays, round_id)
-        updates = _client_dp(updates, config, round_id, node_setup.seeds)
-        reply = rec.updates_to_arrays(updates, "update.")
-        reply["hosted"] = np.asarray(node_setup.node.users, np.int64)
-        return _reply(message, reply, _metric_config(metrics))
+        return _refusing(lambda: _plain_train(setup(context), context, message), context, message)
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:
@@ -457,13 +603,17 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     def mask(message: Message, context: Context) -> Message:
         return _refusing(lambda: _mask(setup(context), context, message), context, message)
 
+    @app.query("secagg_consistency")
+    def consistency(message: Message, context: Context) -> Message:
+        return _refusing(lambda: _consistency(setup(context), context, message), context, message)
+
     @app.query("secagg_unmask")
     def unmask(message: Message, context: Context) -> Message:
         return _refusing(lambda: _unmask(setup(context), context, message), context, message)
 
     @app.train("ckks")
     def ckks_train(message: Message, context: Context) -> Message:
-        return _ckks_train(setup(context), context, message)
+        return _refusing(lambda: _ckks_train(setup(context), context, message), context, message)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(message: Message, context: Context) -> Message:

@@ -100,6 +100,19 @@ def write_app(
     return dest
 
 
+COMMANDS = ("flower-superlink", "flower-supernode", "flwr")
+"""The Flower commands a loopback federation starts."""
+
+
+def missing_commands() -> list[str]:
+    """The :data:`COMMANDS` found neither beside this Python nor on ``PATH``."""
+    return [
+        name
+        for name in COMMANDS
+        if not (Path(sys.executable).parent / name).exists() and shutil.which(name) is None
+    ]
+
+
 def _executable(name: str) -> str:
     """A Flower command next to this Python (the venv's bin), else from PATH."""
     beside = Path(sys.executable).parent / name
@@ -131,6 +144,9 @@ class LoopbackFederation:
         workdir: where ``FLWR_HOME`` and the processes' logs go.
         n_nodes: SuperNodes to start; node ``i`` gets ``partition-id=i num-partitions=n_nodes``.
         startup_timeout: seconds for the SuperLink to listen.
+        node_config: partition -> more ``--node-config`` keys of that node (e.g. its identity
+            files and privacy floors: :mod:`securefed.flower.identity`,
+            :mod:`securefed.flower.floors`).
 
     Example:
         >>> with LoopbackFederation(tmp, 2) as federation:  # doctest: +SKIP
@@ -139,12 +155,18 @@ class LoopbackFederation:
     """
 
     def __init__(
-        self, workdir: str | os.PathLike, n_nodes: int, *, startup_timeout: float = 60.0
+        self,
+        workdir: str | os.PathLike,
+        n_nodes: int,
+        *,
+        startup_timeout: float = 60.0,
+        node_config: Mapping[int, Mapping[str, object]] | None = None,
     ) -> None:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
         self.workdir = Path(workdir)
         self.n_nodes = n_nodes
+        self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
         self.startup_timeout = startup_timeout
         self.home = self.workdir / "flwr_home"
         self.port = 0
@@ -196,6 +218,10 @@ class LoopbackFederation:
         )
         _wait_for_port(self.port, superlink, self.startup_timeout, self.logs[0])
         for partition in range(self.n_nodes):
+            extra = "".join(
+                f" {key}={toml_value(value)}"
+                for key, value in self.node_config.get(partition, {}).items()
+            )
             self._start(
                 f"supernode-{partition}",
                 [
@@ -206,7 +232,7 @@ class LoopbackFederation:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={partition} num-partitions={self.n_nodes}",
+                    f"partition-id={partition} num-partitions={self.n_nodes}{extra}",
                 ],
             )
         return self

@@ -10,16 +10,21 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   distributed DP); the server submits them into the transport round it opened, drops the clients
   whose node did not answer, and the algorithm steps.
 * securefed's secure aggregation (``SecAggTransport(remote_clients=True)``, optionally inside
-  ``DPTransport``): four message rounds, one per stage of Bonawitz et al. (2017) with SecAgg+'s
-  graph: ``query.secagg_advertise`` (AdvertiseKeys), ``query.secagg_share`` (ShareKeys: sealed
-  shares relayed by the server, which cannot open them), ``train.secagg_mask`` (the broadcast
-  goes out, every node computes its users' updates and uploads their masked sum) and
-  ``query.secagg_unmask`` (Unmasking). Each node is one party of the protocol
-  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
-  stage is the party round, a :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A
-  node's refusal reply refuses the round (the error the node raised, naming it), where a node
-  that does not answer counts as dropped.
-* CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only): two
+  ``DPTransport``, whose exact integer mechanisms the nodes encode): one message round per stage
+  of Bonawitz et al. (2017) with SecAgg+'s graph: ``query.secagg_advertise`` (AdvertiseKeys),
+  ``query.secagg_share`` (ShareKeys: sealed shares relayed by the server, which cannot open
+  them), ``train.secagg_mask`` (the broadcast goes out, every node computes its users' updates
+  and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
+  malicious-server variant only: the default) and ``query.secagg_unmask`` (Unmasking). In the
+  malicious-server variant the advertisements, the survivor set and each party's member count
+  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is
+  one party of the protocol (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the
+  server's side of each stage is the party round, a
+  :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A node's refusal reply
+  refuses the round (the error the node raised, naming it), where a node that does not answer
+  counts as dropped.
+* CKKS (``CKKSTransport(config, public=...)``: the server holds the public context only,
+  optionally inside ``DPTransport`` with the float Gaussian, the nodes noising): two
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
   summed ciphertexts go to one key-holder node, which decrypts, floods and rounds them as
@@ -49,7 +54,7 @@ from securefed.crypto import shamir
 from securefed.errors import AggregationError, InsecureParameterError
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
-from securefed.flower.dp import client_noise_std
+from securefed.flower.dp import client_noise_std, mechanism_config
 from securefed.flower.protocol import (
     FlowerRunOptions,
     FlowerRunResult,
@@ -60,6 +65,7 @@ from securefed.flower.protocol import (
 from securefed.randomness import SeedTree
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
 from securefed.transport.ckks import CKKSConfig, CKKSRound, CKKSTransport
+from securefed.transport.ddp import INTEGER_MECHANISMS
 from securefed.transport.dp import DPConfig, DPRound, DPTransport
 from securefed.transport.plaintext import PlaintextTransport
 from securefed.transport.secagg import (
@@ -67,6 +73,11 @@ from securefed.transport.secagg import (
     SecAggConfig,
     SecAggRound,
     SecAggTransport,
+)
+from securefed.transport.secagg.signatures import (
+    SIGNATURE_BYTES,
+    ConsistencyError,
+    SignatureError,
 )
 
 LOG = logging.getLogger("securefed.flower")
@@ -76,6 +87,7 @@ EVALUATE = "evaluate"
 ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
 MASK = "train.secagg_mask"
+CONSISTENCY = "query.secagg_consistency"
 UNMASK = "query.secagg_unmask"
 CKKS_TRAIN = "train.ckks"
 CKKS_DECRYPT = "query.ckks_decrypt"
@@ -135,17 +147,30 @@ class Wire:
         """The public parameters the nodes need, as ``ConfigRecord`` scalars."""
         config: dict[str, object] = {"wire": self.kind}
         if self.client_noise:
+            shares = n_round_clients
+            if self.dp.placement == "distributed" and self.dp.min_contributors is not None:
+                shares = int(self.dp.min_contributors)
             config |= {
                 "dp_clip": self.dp.clip,
                 "dp_std": client_noise_std(
-                    self.dp.placement, self.dp.clip, self.dp.noise_multiplier, n_round_clients
+                    self.dp.placement, self.dp.clip, self.dp.noise_multiplier, shares
                 ),
                 "dp_secure": bool(self.dp.secure),
+                "dp_placement": self.dp.placement,
+                "dp_shares": shares,
             }
-        elif self.dp is not None and self.kind == "secagg":
-            # Central DP over secure aggregation: the server cannot clip masked updates, so the
-            # nodes clip (as DPRound does before its inner round) and the server adds the noise.
-            config |= {"dp_clip": self.dp.clip, "dp_std": 0.0, "dp_secure": bool(self.dp.secure)}
+        elif self.dp is not None and self.kind in ("secagg", "ckks"):
+            # Central DP over secure aggregation or CKKS: the server cannot clip masked or
+            # encrypted updates, so the nodes clip (as DPRound does before its inner round) and
+            # the server adds the noise to the released sum.
+            config |= {
+                "dp_clip": self.dp.clip,
+                "dp_std": 0.0,
+                "dp_secure": bool(self.dp.secure),
+                "dp_placement": "central",
+            }
+        elif self.dp is not None:  # central over plaintext: the server clips and noises
+            config |= {"dp_placement": self.dp.placement}
         if self.ckks is not None:
             config |= {
                 "ckks_key_model": self.ckks.key_model,
@@ -161,8 +186,16 @@ class Wire:
                 "secagg_prg": self.secagg.prg,
                 "secagg_aead": self.secagg.aead,
                 "secagg_server": self.secagg.server,
+                # A minimum of contributing users of its own (issue 30): the nodes check it
+                # against the parties' signed member counts, as they check the DP layer's.
+                "secagg_min_contributors": int(self.secagg.min_contributors),
             }
         return config
+
+    @property
+    def integer_mechanism(self) -> bool:
+        """Whether the nodes encode an exact integer mechanism (``secagg+dp``'s default)."""
+        return self.dp is not None and self.dp.mechanism in INTEGER_MECHANISMS
 
 
 def describe_transport(transport: Transport) -> Wire:
@@ -184,13 +217,18 @@ def describe_transport(transport: Transport) -> Wire:
                 "must hold only the public context: CKKSTransport(config, "
                 "public=load_public_context(path)) (securefed.flower.ckks.provision_keys)"
             )
-        if dp is not None:
+        if dp is not None and dp.mechanism in INTEGER_MECHANISMS:
             raise NotImplementedError(
-                "securefed.flower does not carry DPTransport around CKKS yet (the nodes would "
-                "have to clip and noise before encrypting); use DP over plaintext or secagg"
+                f"mechanism {dp.mechanism!r} sums integers exactly; CKKS sums approximately "
+                "(DP around CKKS takes mechanism='gaussian')"
             )
-        return Wire("ckks", ckks=base.config, key_id=base.server_context.key_id)
+        return Wire("ckks", dp, ckks=base.config, key_id=base.server_context.key_id)
     if isinstance(base, PlaintextTransport):
+        if dp is not None and dp.mechanism in INTEGER_MECHANISMS:
+            raise NotImplementedError(
+                f"mechanism {dp.mechanism!r} over plaintext is an in-process stand-in only; on "
+                "Flower it runs under secure aggregation (transport 'secagg+dp')"
+            )
         return Wire("plaintext", dp)
     if isinstance(base, SecAggTransport):
         if not base.remote_clients:
@@ -199,14 +237,11 @@ def describe_transport(transport: Transport) -> Wire:
                 "Flower the clients run on the nodes: use SecAggTransport(config, "
                 "remote_clients=True)"
             )
-        if base.config.malicious:
-            raise ValueError(
-                "securefed.flower carries the honest-but-curious variant of secure aggregation "
-                "only: its messages do not carry the signed advertisements, the key registry and "
-                "the ConsistencyCheck round of server='malicious' yet; use "
-                "SecAggConfig(server='honest_but_curious') (registry option "
-                "server=honest_but_curious), which a server that relays its own keys as a "
-                "node's and lies about dropouts defeats (docs/secagg.md)"
+        if base.config.malicious and base.config.auth != "signatures":
+            raise NotImplementedError(
+                "securefed.flower carries the malicious-server variant with auth='signatures' "
+                "(Ed25519, each node signing as its party); auth='macs' would need one tag per "
+                "neighbouring node in every message and is not carried"
             )
         return Wire("secagg", dp, base.config)
     raise NotImplementedError(
@@ -285,6 +320,8 @@ _REFUSAL_ERRORS: dict[str, type[AggregationError] | type[InsecureParameterError]
     "ShareDecryptionError": kx.ShareDecryptionError,
     "InvalidPublicKeyError": kx.InvalidPublicKeyError,
     "InsecureParameterError": InsecureParameterError,
+    "SignatureError": SignatureError,
+    "ConsistencyError": ConsistencyError,
 }
 
 
@@ -372,6 +409,16 @@ def _noised_by_clients(rnd: AggregationRound, clients: np.ndarray, weight_sq: np
         return
     dp_round.submitted.update(int(c) for c in clients)
     dp_round._weight_sq.update({int(c): float(w) for c, w in zip(clients, weight_sq, strict=True)})
+
+
+def _check_two_uploads(round_id: int, parties: SecAggRound) -> None:
+    """Raises AggregationError: fewer than two nodes uploaded a masked sum (unmasking would
+    give the server one node's sum)."""
+    if len(parties.submitted) < 2:
+        raise AggregationError(
+            f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
+            "unmasking would give the server one node's sum, so the round is refused"
+        )
 
 
 def _drop_missing(rnd: AggregationRound, expected: Iterable[int], arrived: set[int]) -> None:
@@ -473,7 +520,15 @@ class _Run:
                     f"of the round ({users[0]}), for its users of the round only"
                 )
             [c_public], [s_public] = (rec.rows_bytes(arrays[k]) for k in ("c_public", "s_public"))
-            keys[party], members[party], party_node[party] = (c_public, s_public), users, node
+            advert: tuple[bytes, ...] = (c_public, s_public)
+            if self.wire.secagg.malicious:
+                if "signature" not in arrays:
+                    raise SignatureError(
+                        f"round {round_id}: node {node} advertised no signature, and this round "
+                        "runs the malicious-server variant"
+                    )
+                advert += tuple(rec.rows_bytes(arrays["signature"]))
+            keys[party], members[party], party_node[party] = advert, users, node
         advertised = np.array(sorted(u for users in members.values() for u in users), np.int64)
         rnd, active = self.algorithm.open_round(round_id, advertised, self.transport, self.seeds)
         secagg = _base_round(rnd)
@@ -485,10 +540,18 @@ class _Run:
         parties = secagg.among_parties(members)
         parties.receive_keys(keys)
         config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
-        self._share(round_id, parties, party_node, config)
         shared = _broadcast_arrays(self.algorithm)
-        parts = self._mask(round_id, rnd, secagg, parties, party_node, active, shared, config)
-        self._unmask(round_id, parties, party_node, config)
+        dp_round = _dp_round(rnd)
+        if self.wire.integer_mechanism and dp_round is not None:
+            config |= mechanism_config(dp_round.mechanism)
+            shared |= _shared_arrays({"ddp_signs": dp_round._signs})
+        self._share(round_id, parties, party_node, config)
+        parts, statements = self._mask(
+            round_id, rnd, secagg, parties, party_node, active, shared, config
+        )
+        if self.wire.secagg.malicious:
+            self._consistency(round_id, parties, party_node, config)
+        self._unmask(round_id, parties, party_node, config, statements)
         self.algorithm.close_round(rnd)
         return sum_metrics(parts)
 
@@ -504,14 +567,20 @@ class _Run:
         contents = {}
         for party in parties.clients.tolist():
             request = parties.share_request(party)
+            arrays = {
+                "users": np.array([party], np.int64),
+                "neighbours": np.array([request.neighbours], np.int64),
+                "xs": np.array([request.xs], np.int64),
+                "c_publics": rec.bytes_rows(request.c_publics, kx.PUBLIC_KEY_BYTES)[None],
+            }
+            if request.signatures:  # malicious-server variant: the signed advertisements
+                arrays |= {
+                    "s_publics": rec.bytes_rows(request.s_publics, kx.PUBLIC_KEY_BYTES)[None],
+                    "signatures": rec.bytes_rows(request.signatures, SIGNATURE_BYTES)[None],
+                }
             contents[party_node[party]] = rec.content(
-                {
-                    "users": np.array([party], np.int64),
-                    "neighbours": np.array([request.neighbours], np.int64),
-                    "xs": np.array([request.xs], np.int64),
-                    "c_publics": rec.bytes_rows(request.c_publics, kx.PUBLIC_KEY_BYTES)[None],
-                },
-                config | {"threshold": parties.threshold},
+                arrays,
+                config | {"threshold": parties.threshold, "n_clients": request.n_clients},
             )
         for node, reply in sorted(self.messenger.exchange(SHARE, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
@@ -528,7 +597,9 @@ class _Run:
         active: np.ndarray,
         shared: dict[str, Array],
         config: dict,
-    ) -> list[dict[str, float]]:
+    ) -> tuple[list[dict[str, float]], dict[int, tuple[int, bytes]]]:
+        """MaskedInputCollection; returns the metric sums and, in the malicious-server variant,
+        each party's signed member count ``party -> (count, signature)``."""
         active_set = {int(c) for c in active}
         computing = {
             party: [u for u in sorted(secagg.party_members[party]) if u in active_set]
@@ -551,6 +622,7 @@ class _Run:
             )
         arrived: set[int] = set()
         parts = []
+        statements: dict[int, tuple[int, bytes]] = {}
         for node, reply in sorted(self.messenger.exchange(MASK, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
             party = self._check_party(node, party_node, [int(arrays["party"])])
@@ -564,36 +636,84 @@ class _Run:
             secagg.receive_party_masked(party, users, masked, weighted=bool(arrays["weighted"]))
             if self.wire.client_noise:
                 _noised_by_clients(rnd, users, arrays["weight_sq"])
+            if self.wire.secagg.malicious:
+                if "members_signature" not in arrays:
+                    raise SignatureError(
+                        f"round {round_id}: node {node}'s masked sum carries no signed member "
+                        "count, and this round runs the malicious-server variant"
+                    )
+                [signature] = rec.rows_bytes(arrays["members_signature"])
+                statements[party] = (len(users), signature)
             arrived.update(users.tolist())
             parts.append(_metrics(reply))
         for party in parties.clients.tolist():
             if party not in parties.submitted and party not in parties.dropped:
                 parties.drop(party)
         _drop_missing(rnd, active, arrived)
-        return parts
+        return parts, statements
 
-    def _unmask(
+    def _consistency(
         self, round_id: int, parties: SecAggRound, party_node: Mapping[int, int], config: dict
     ) -> None:
-        if len(parties.submitted) < 2:
-            raise AggregationError(
-                f"round {round_id}: only {len(parties.submitted)} node(s) uploaded a masked sum; "
-                "unmasking would give the server one node's sum, so the round is refused"
-            )
-        requests = parties.unmask_requests()
-        contents = {}
-        for helper, request in requests.items():
-            inbox = request.inbox
-            contents[party_node[helper]] = rec.content(
+        """ConsistencyCheck (malicious-server variant): every helper signs the survivor set."""
+        _check_two_uploads(round_id, parties)
+        requests = parties.consistency_requests()
+        contents = {
+            party_node[helper]: rec.content(
                 {
                     "helpers": np.array([helper], np.int64),
-                    "indptr": np.array([0, len(inbox)], np.int64),
-                    "senders": np.asarray(list(inbox), np.int64),
-                    "blobs": rec.bytes_rows(list(inbox.values()), SEALED_SHARE_BYTES),
-                    "contributors": np.asarray(sorted(request.contributors), np.int64),
+                    "survivors": np.asarray(sorted(survivors), np.int64),
                 },
                 config,
             )
+            for helper, survivors in requests.items()
+        }
+        signatures = {}
+        for node, reply in sorted(self.messenger.exchange(CONSISTENCY, contents, round_id).items()):
+            arrays = rec.message_arrays(reply)
+            helper = self._check_party(node, party_node, arrays["helpers"].tolist())
+            [signatures[helper]] = rec.rows_bytes(arrays["signature"])
+        for helper in requests:
+            if helper not in signatures and helper not in parties.dropped:
+                parties.drop(helper)  # lost after masking: still in the sum, asked no more
+        parties.receive_consistency(signatures)
+
+    def _unmask(
+        self,
+        round_id: int,
+        parties: SecAggRound,
+        party_node: Mapping[int, int],
+        config: dict,
+        statements: Mapping[int, tuple[int, bytes]],
+    ) -> None:
+        _check_two_uploads(round_id, parties)
+        requests = parties.unmask_requests()
+        contents = {}
+        for helper, request in requests.items():
+            if helper in parties.dropped:
+                continue
+            inbox = request.inbox
+            arrays = {
+                "helpers": np.array([helper], np.int64),
+                "indptr": np.array([0, len(inbox)], np.int64),
+                "senders": np.asarray(list(inbox), np.int64),
+                "blobs": rec.bytes_rows(list(inbox.values()), SEALED_SHARE_BYTES),
+                "contributors": np.asarray(sorted(request.contributors), np.int64),
+            }
+            if self.wire.secagg.malicious:
+                told = sorted(request.contributors)
+                arrays |= {
+                    "signers": np.asarray(list(request.signatures), np.int64),
+                    "signatures": rec.bytes_rows(
+                        list(request.signatures.values()), SIGNATURE_BYTES
+                    ),
+                    "member_parties": np.asarray(told, np.int64),
+                    "member_counts": np.asarray([statements[p][0] for p in told], np.int64),
+                    "member_signatures": rec.bytes_rows(
+                        [statements[p][1] for p in told], SIGNATURE_BYTES
+                    ),
+                }
+            contents[party_node[helper]] = rec.content(arrays, config)
         responses: dict[int, dict[int, tuple[str, int]]] = {}
         for node, reply in sorted(self.messenger.exchange(UNMASK, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
@@ -612,7 +732,10 @@ class _Run:
 
     # -- one training round, CKKS: the nodes encrypt, a key-holder node decrypts the sum ----
     def ckks_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
-        rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        """CKKS: the nodes clip/noise (DP around CKKS) and encrypt, the server adds the
+        ciphertexts, the ledger is charged, a key-holder node decrypts the sum."""
+        outer, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
+        rnd = _base_round(outer)
         if not isinstance(rnd, CKKSRound):
             raise TypeError("the ckks wire needs CKKSRound rounds")
         shared = _broadcast_arrays(self.algorithm)
@@ -639,11 +762,16 @@ class _Run:
             weighted = bool(arrays["weighted"])
             for user, ciphertexts in zip(users, arrays_to_ciphertexts(arrays), strict=True):
                 rnd.receive_ciphertexts(int(user), ciphertexts, weighted=weighted)
+            if self.wire.client_noise:
+                _noised_by_clients(outer, arrays["users"], arrays["weight_sq"])
             arrived.update(users)
             parts.append(_metrics(reply))
-        _drop_missing(rnd, active, arrived)
+        _drop_missing(outer, active, arrived)
+        dp_round = _dp_round(outer)
+        if dp_round is not None and self.wire.dp.placement == "distributed":
+            dp_round.charge_release()  # before the key holder decrypts: the release
         self._ckks_decrypt(round_id, rnd, config)
-        self.algorithm.close_round(rnd)
+        self.algorithm.close_round(outer)
         return sum_metrics(parts)
 
     def _ckks_decrypt(self, round_id: int, rnd: CKKSRound, config: dict) -> None:

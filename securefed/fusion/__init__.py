@@ -1,6 +1,8 @@
 """The fusion shape (vertical FL): a server function of the parties' vectors, trained through them.
 
-* :mod:`securefed.fusion.base`: the :class:`FusionChannel` protocol, :class:`FusionSpec`,
+* :mod:`securefed.fusion.base`: the :class:`FusionChannel` protocol, what every channel shares
+  (:class:`~securefed.fusion.base.FusionChannelBase`: the seam's signatures and checks, the
+  rounds; the checks, picks, scatters and records of the exchanges), :class:`FusionSpec`,
   :class:`FusionWeights` and the plaintext channel of a FusionSpec network.
 * :mod:`securefed.fusion.module`: :class:`ModuleFusionChannel`, plaintext fusion around any
   torch server module (members side by side, selected outputs, a target network, its optimiser).
@@ -14,7 +16,11 @@
   polynomial it is (coefficients differentiable in the weights; pure math, torch).
 * :mod:`securefed.fusion.ckks_module`: such a torch module on CKKS ciphertexts, one key per party,
   members packed in the slots, its own optimiser on the masked exchange's batch sums (what
-  ``build_fusion_channel("ckks", ...)`` builds; FedSlate's CKKS channel; needs ``he``).
+  ``build_fusion_channel("ckks", ...)`` builds with the default ``circuit="monomials"``; needs
+  ``he``).
+* :mod:`securefed.fusion.ckks_packed`: the same for networks of degree <= 2 in a packed circuit
+  (powers in the clear, regions in the slots, one masked exchange a backward;
+  ``CKKSModuleConfig(circuit="packed")``, FedSlate's CKKS channel; needs ``he``).
 
 Every channel records what its server saw in a :class:`~securefed.views.FusionView`. Importing
 this package imports neither torch nor tenseal. See docs/ckks.md.

@@ -234,11 +234,40 @@ def forward_numpy(spec: FusionSpec, weights: FusionWeights, x: np.ndarray) -> np
 
 
 # ----------------------------------------------------------------------------- validation
+def as_numpy(value: Any) -> np.ndarray:
+    """A numpy array from an array, a torch tensor (detached, on the CPU) or a sequence."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
+def check_input_parties(parties: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
+    """Every party's vector and only theirs.
+
+    Raises:
+        ValueError: naming the missing and the unknown parties.
+    """
+    missing = set(parties) - set(inputs)
+    unknown = set(inputs) - set(parties)
+    if missing or unknown:
+        raise ValueError(
+            f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
+            f"unknown {sorted(unknown)}"
+        )
+
+
+def scatter_positions(values: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
+    """``values`` ``(..., m)`` added into zeros ``(..., width)`` at ``positions`` ``(..., m)``
+    (a party's gradient of the entries it asked for; repeated positions add up)."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.zeros((*values.shape[:-1], width))
+    leading = np.indices(values.shape[:-1], sparse=True)
+    index = (*(axis[..., None] for axis in leading), np.asarray(positions))
+    np.add.at(out, index, values)
+    return out
+
+
 def as_matrix(name: str, value: Any) -> np.ndarray:
     """A numpy float64 matrix from an array or a torch tensor (detached)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    array = finite_array(name, value)
+    array = finite_array(name, as_numpy(value))
     if array.ndim != 2:
         raise ValueError(f"{name} must be a (batch, width) matrix, got shape {array.shape}")
     return array
@@ -273,6 +302,18 @@ def check_party_matrices(
             )
         out[party.name] = matrix
     return out
+
+
+def check_spec_inquiry(spec: FusionSpec, inquiry: Inquiry):
+    """A FusionSpec network's forward inputs checked: ``(matrices, batch, positions)``, one
+    ``(batch, width)`` float64 matrix per party and the int64 positions of each output party."""
+    matrices = check_party_matrices(spec, inquiry.inputs, kind="input")
+    batch = next(iter(matrices.values())).shape[0]
+    chosen = {
+        p: np.asarray(v, np.int64)
+        for p, v in check_positions(inquiry.positions, inquiry.outputs, (batch,)).items()
+    }
+    return matrices, batch, chosen
 
 
 def concatenate(spec: FusionSpec, matrices: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -344,6 +385,72 @@ class FusionChannel(Protocol):
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network."""
+
+
+@dataclass(frozen=True)
+class Inquiry:
+    """A forward's arguments after the checks every channel makes (:class:`FusionChannelBase`):
+    ``outputs`` named parties, ``network`` known (the target only without training), ``tag``
+    without ``/``; ``inputs`` and ``positions`` as the caller gave them."""
+
+    inputs: Mapping[str, Any]
+    outputs: tuple[str, ...]
+    positions: Mapping[str, Any] | None
+    network: str
+    train: bool
+    tag: str
+
+
+class FusionChannelBase:
+    """What every fusion channel does the same way: the seam's signatures and the checks of
+    their arguments, the party names, the rounds of the view. A channel is its mechanism and
+    nothing else: it sets ``name``, ``view`` and ``_parties`` and implements
+    :meth:`_forward` (on a checked :class:`Inquiry`), :meth:`_backward` and ``sync_target``.
+    (:class:`~securefed.fusion.dp.DPFusionChannel` wraps a channel instead and forwards the
+    same signatures to it.)"""
+
+    name = ""
+    view: Any
+    _parties: tuple[str, ...]
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self._parties
+
+    def open_round(self, round_id: int) -> None:
+        self.view.open_round(round_id)
+
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        positions: Mapping[str, Any] | None = None,
+        network: str = "online",
+        train: bool = True,
+        tag: str = "",
+    ) -> dict[str, Any]:
+        """Each party in ``outputs`` (default: every party) gets its output (at ``positions``):
+        :class:`FusionChannel`'s stage 1 and 2; the channel's :meth:`_forward` computes it."""
+        outputs = check_parties_named("outputs", self.parties, outputs)
+        check_network(network, train)
+        check_tag(tag)
+        return self._forward(Inquiry(inputs, outputs, positions, network, train, tag))
+
+    def backward(
+        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """Take ``dL/d(output)`` per party, step the server, return ``dL/d(input)`` to
+        ``recipients`` (the channel's :meth:`_backward`)."""
+        return self._backward(grads, recipients)
+
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 def check_parties_named(what: str, parties: tuple[str, ...], names: Any) -> tuple[str, ...]:
@@ -449,9 +556,7 @@ def output_gradient(
         if chosen is None:
             full[:, slices[party.name]] = g
         else:
-            block = np.zeros((batch, party.output_dim))
-            np.add.at(block, (np.arange(batch)[:, None], chosen), g)
-            full[:, slices[party.name]] = block
+            full[:, slices[party.name]] = scatter_positions(g, chosen, party.output_dim)
     return full
 
 
@@ -555,7 +660,7 @@ def merge_bytes(*parts: Mapping[str, int]) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- plaintext
-class PlaintextFusionChannel:
+class PlaintextFusionChannel(FusionChannelBase):
     """The fused MLP in torch (float64), in the clear: the reference the CKKS channel must match.
 
     One network on the parties' concatenated vectors, each party's output a slice of its
@@ -587,6 +692,7 @@ class PlaintextFusionChannel:
             raise ValueError(f"lr must be finite and > 0, got {lr!r}")
         self._torch = torch
         self.spec = spec
+        self._parties = spec.names
         self.lr = float(lr)
         checked = weights.check(spec)
         self._params = [
@@ -607,17 +713,10 @@ class PlaintextFusionChannel:
         )
 
     @property
-    def parties(self) -> tuple[str, ...]:
-        return self.spec.names
-
-    @property
     def weights(self) -> FusionWeights:
         return FusionWeights(
             [(w.detach().numpy().copy(), b.detach().numpy().copy()) for w, b in self._params]
         )
-
-    def open_round(self, round_id: int) -> None:
-        self.view.open_round(round_id)
 
     def sync_target(self) -> None:
         self._target = [(w.detach().clone(), b.detach().clone()) for w, b in self._params]
@@ -633,25 +732,9 @@ class PlaintextFusionChannel:
                 h = out
         return h
 
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, np.ndarray]:
-        outputs = check_parties_named("outputs", self.spec.names, outputs)
-        check_network(network, train)
-        check_tag(tag)
-        matrices = check_party_matrices(self.spec, inputs, kind="input")
-        batch = next(iter(matrices.values())).shape[0]
-        chosen = {
-            p: np.asarray(v, np.int64)
-            for p, v in check_positions(positions, outputs, (batch,)).items()
-        }
+    def _forward(self, inquiry: Inquiry) -> dict[str, np.ndarray]:
+        outputs, network, train, tag = inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        matrices, _, chosen = check_spec_inquiry(self.spec, inquiry)
         params = self._params if network == "online" else self._target
         if train:
             x = self._torch.tensor(concatenate(self.spec, matrices), requires_grad=True)
@@ -667,8 +750,8 @@ class PlaintextFusionChannel:
         record_forward(self.view, matrices, result, chosen, network=network, tag=tag, train=train)
         return result
 
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, np.ndarray]:
         if self._pending is None:
             raise RuntimeError("backward() needs a forward() first (once per forward)")

@@ -62,14 +62,13 @@ from securefed.crypto.ckks import (
     ckks_context,
 )
 from securefed.fusion.base import (
+    FusionChannelBase,
     FusionSpec,
     FusionWeights,
+    Inquiry,
     Party,
-    check_network,
     check_parties_named,
-    check_party_matrices,
-    check_positions,
-    check_tag,
+    check_spec_inquiry,
     output_gradient,
     pick,
     spec_public,
@@ -518,7 +517,7 @@ class FusionServer:
 
 
 # ----------------------------------------------------------------------------- the channel
-class CKKSFusionChannel:
+class CKKSFusionChannel(FusionChannelBase):
     """The fused MLP under CKKS, behind the :class:`~securefed.fusion.base.FusionChannel` seam.
 
     ``(batch, width)`` matrices, one member, the ``"concatenated"`` layout. A party asks for
@@ -557,6 +556,7 @@ class CKKSFusionChannel:
         total_rounds: int | None = None,
     ) -> None:
         self.spec = spec
+        self._parties = spec.names
         self.config = CKKSFusionConfig() if config is None else config
         if secret is None:
             secret = ckks_context(spec.circuit(), encryption="public-key")
@@ -599,16 +599,9 @@ class CKKSFusionChannel:
         )
 
     @property
-    def parties(self) -> tuple[str, ...]:
-        return self.spec.names
-
-    @property
     def weights(self) -> FusionWeights:
         """The server's current weights (the simulation can look; the parties cannot)."""
         return self.server.weights.copy()
-
-    def open_round(self, round_id: int) -> None:
-        self.view.open_round(round_id)
 
     def sync_target(self) -> None:
         self._target_weights = self.server.weights.copy()
@@ -694,27 +687,11 @@ class CKKSFusionChannel:
             aggregate=aggregate if self.view.keeps_current else None,
         )
 
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, np.ndarray]:
+    def _forward(self, inquiry: Inquiry) -> dict[str, np.ndarray]:
         """Parties encrypt, the server evaluates, each party in ``outputs`` decrypts its slice
         (and picks its ``positions``)."""
-        outputs = check_parties_named("outputs", self.spec.names, outputs)
-        check_network(network, train)
-        check_tag(tag)
-        matrices = check_party_matrices(self.spec, inputs, kind="input")
-        batch = next(iter(matrices.values())).shape[0]
-        chosen = {
-            p: np.asarray(v, np.int64)
-            for p, v in check_positions(positions, outputs, (batch,)).items()
-        }
+        outputs, network, train, tag = inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        matrices, batch, chosen = check_spec_inquiry(self.spec, inquiry)
         before = self._bytes()
         seconds = self.transcript.seconds
         start = time.perf_counter()
@@ -741,8 +718,8 @@ class CKKSFusionChannel:
         )
         return result
 
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, np.ndarray]:
         """Parties encrypt ``dL/dy``; the server back-propagates with the masked exchange and steps
         its weights; each of ``recipients`` decrypts ``dL/dx`` of its own input."""

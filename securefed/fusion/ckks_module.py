@@ -68,7 +68,16 @@ from securefed.crypto.ckks import (
     decryption_error_bound,
     error_tail_factor,
 )
-from securefed.fusion.base import check_network, check_parties_named, check_positions, check_tag
+from securefed.fusion.base import (
+    Inquiry,
+    as_numpy,
+    check_input_parties,
+    check_network,
+    check_parties_named,
+    check_positions,
+    pick,
+    scatter_positions,
+)
 from securefed.fusion.ckks import _MaskSource
 from securefed.fusion.expansion import (
     derivative,
@@ -192,6 +201,13 @@ def input_gradient_error_bound(
 
 
 # ----------------------------------------------------------------------------- configuration
+CIRCUITS = ("monomials", "packed")
+"""``"monomials"``: :class:`CKKSModuleFusionChannel` (any degree; each monomial by ciphertext
+products, one masked exchange per monomial); ``"packed"``:
+:class:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel` (degree <= 2, two
+parties; powers in the clear, regions, one exchange a backward)."""
+
+
 @dataclass(frozen=True)
 class CKKSModuleConfig:
     """Parameters of :class:`CKKSModuleFusionChannel`.
@@ -213,7 +229,14 @@ class CKKSModuleConfig:
             A larger scale lowers every operation's error (and so the flooding std at a given
             security level); above 40 bits the chain gets a spare prime that keeps the deepest
             level's room (:func:`~securefed.crypto.ckks.parameters_for`), and the ring degree
-            doubles to 16384 (2^55 measured in docs/fedslate.md section 7).
+            doubles to 16384 (2^55 measured in docs/fedslate.md section 7). The packed
+            circuit's default is 2^49 at ring 8192 (chain ``[60, 49, 49, 60]``).
+        circuit: :data:`CIRCUITS` (which channel :func:`~securefed.fusion.build_fusion_channel`
+            builds).
+        output_shift_bits: packed circuit: outputs and input gradients are evaluated times
+            ``2^-k`` (so that they fit the deepest level) and multiplied back by the party.
+        repeat_inquiries: packed circuit: a training forward that repeats the last forward's
+            vectors and online weights reuses its ciphertexts (the server learns the repeat).
     """
 
     value_bound: float = 8.0
@@ -223,8 +246,16 @@ class CKKSModuleConfig:
     mask_bits: int | None = None
     poly_modulus_degree: int | None = None
     scale_bits: int | None = None
+    circuit: str = "monomials"
+    output_shift_bits: int = 8
+    repeat_inquiries: bool = True
 
     def __post_init__(self) -> None:
+        if self.circuit not in CIRCUITS:
+            raise ValueError(f"circuit must be one of {CIRCUITS}, got {self.circuit!r}")
+        shift = self.output_shift_bits
+        if isinstance(shift, bool) or not isinstance(shift, int) or not 0 <= shift <= 20:
+            raise ValueError(f"output_shift_bits must be an integer in [0, 20], got {shift!r}")
         for name in ("value_bound", "grad_bound"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -348,25 +379,13 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.degree = network.degree
         self.basis = monomials(len(names), self.degree)
         self.levels = circuit_levels(self.degree)
-        circuit = FusionCircuit(depth=self.levels, activation_degree=1, training=False)
-        self.keys = {
-            name: ModuleKeyParty(
-                name,
-                ckks_context(
-                    circuit,
-                    poly_modulus_degree=self.config.poly_modulus_degree,
-                    scale_bits=self.config.scale_bits,
-                    encryption="public-key",
-                ),
-            )
-            for name in names
-        }
+        self.keys = {name: ModuleKeyParty(name, self._new_key()) for name in names}
         self.params = self.keys[names[0]].public.params
         # The server: public contexts only (a test tries to decrypt with them).
         self.server_contexts: dict[str, PublicContext] = {n: k.public for n, k in self.keys.items()}
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
         mask_bits = (
-            self.config.mask_bits if self.config.mask_bits is not None else self.params.mask_bits
+            self.config.mask_bits if self.config.mask_bits is not None else self._mask_bits()
         )
         self.masks = _MaskSource(seeds, 2.0**mask_bits)
         self.base_error = decryption_error_bound(self.params, 1)
@@ -400,19 +419,36 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             }
             | dict(public or {}),
         )
+        self._setup_circuit()
+
+    def _setup_circuit(self) -> None:
+        """What a circuit adds to the channel once its keys and view exist (nothing here)."""
+
+    def _new_key(self) -> SecretContext:
+        """One party's key pair for this circuit's levels (public-key encryption)."""
+        return ckks_context(
+            FusionCircuit(depth=self.levels, activation_degree=1, training=False),
+            poly_modulus_degree=self.config.poly_modulus_degree,
+            scale_bits=self.config.scale_bits,
+            encryption="public-key",
+        )
+
+    def _mask_bits(self) -> int:
+        """The default mask size: what the level of the masked exchange holds."""
+        return self.params.mask_bits
 
     def flooding_std(self, n_slots: int) -> tuple[float, float]:
         """``(error bound, flooding std)`` of a released sum of ``n_slots`` slots."""
         if n_slots not in self._flood_std:
-            bound = masked_sum_error_bound(
-                self.base_error,
-                self.degree,
-                self.config.value_bound,
-                self.config.grad_bound,
-                n_slots,
-            )
+            bound = self._sum_error_bound(n_slots)
             self._flood_std[n_slots] = (bound, self.config.flooding.std_for(bound))
         return self._flood_std[n_slots]
+
+    def _sum_error_bound(self, n_slots: int) -> float:
+        """The circuit's bound on the error of one released sum (:func:`masked_sum_error_bound`)."""
+        return masked_sum_error_bound(
+            self.base_error, self.degree, self.config.value_bound, self.config.grad_bound, n_slots
+        )
 
     def error_bounds(self, network: str = "online") -> dict[str, np.ndarray]:
         """Per member, the stated bounds on the error of an output entry and of an input
@@ -452,8 +488,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         for party, value in inputs.items():
             if hasattr(value, "detach"):
                 dtype = value.dtype
-                value = value.detach().cpu().numpy()
-            array = np.asarray(value, dtype=np.float64)
+            array = np.asarray(as_numpy(value), dtype=np.float64)
             if array.ndim != 3 or array.shape[0] != self.members:
                 raise ValueError(
                     f"party {party!r} {what} has shape {array.shape}; expected ({self.members}, "
@@ -534,38 +569,17 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return _context_of(vector, self.keys[party]._secret)
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, Any]:
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
         """Each party in ``outputs`` gets ``f`` on its vector first, under its own key.
 
         Arguments and return types as :meth:`securefed.fusion.module.ModuleFusionChannel.forward`
         (positions are picked by the party after decryption: the server does not see them).
         """
-        torch = self._torch
-        outputs = check_parties_named("outputs", self._parties, outputs)
-        check_network(network, train)
-        check_tag(tag)
-        missing = set(self._parties) - set(inputs)
-        unknown = set(inputs) - set(self._parties)
-        if missing or unknown:
-            raise ValueError(
-                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
-                f"unknown {sorted(unknown)}"
-            )
-        as_numpy = all(isinstance(v, np.ndarray) for v in inputs.values())
-        arrays, (shape, dtype) = self._check(inputs, self.config.value_bound, "input")
-        chosen = check_positions(positions, outputs, shape[:2])
-        if network == "target" and self.target is None:
-            raise RuntimeError("this channel has no target network (built with target=None)")
-        module = self.module if network == "online" else self.target
+        inputs, outputs, network, train, tag = (
+            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        )  # fmt: skip
+        arrays, shape, dtype, chosen, module = self._inquiry(inquiry)
+        numpy_in = all(isinstance(v, np.ndarray) for v in inputs.values())
         start = time.process_time()
         coefficients = self._coefficients(module, grad=False).numpy()
         self.seconds["server_evaluation"] += time.process_time() - start
@@ -603,18 +617,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             start = now
             fused = self.keys[p].decrypt(returned, length).reshape(shape)
             self.seconds["decryption"] += time.process_time() - start
-            if p in chosen:
-                index = chosen[p]
-                index = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-                if index.shape[-1] and int(index.max()) >= shape[2]:
-                    raise ValueError(
-                        f"positions up to {int(index.max())} for an output of width {shape[2]}"
-                    )
-                fused = np.take_along_axis(fused, index, axis=-1)
-            if as_numpy and not train:
-                result[p] = fused.astype(np.result_type(*inputs.values()))
-            else:
-                result[p] = torch.from_numpy(fused).to(dtype or torch.float64)
+            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, numpy_in and not train)
             pending[p] = (chunk_monomials, chosen.get(p))
         if train:
             self._pending = {"shape": shape, "bounds": bounds, "parties": pending, "tag": tag,
@@ -636,8 +639,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return result
 
     # ------------------------------------------------------------------ backward
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, Any]:
         """``p`` sends ``[[dL/dy_p]]``; the masked exchange yields the batch sums, the server
         steps its optimiser, ``p`` gets ``[[dL/dx_p]]`` under its key.
@@ -651,47 +654,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 ``grad_bound``, or a recipient without an output in that forward.
         """
         torch = self._torch
-        if self._pending is None:
-            raise RuntimeError("backward() needs a forward(train=True) first (once per forward)")
-        pending = self._pending
-        received = tuple(pending["parties"])
-        recipients = (
-            received
-            if recipients is None
-            else check_parties_named("recipients", self._parties, recipients)
-        )
-        outside = [q for q in recipients if q not in received]
-        if outside:
-            raise ValueError(
-                f"parties {outside} received no output in the last forward: their input "
-                "gradient would be computed under another party's key"
-            )
-        unknown = set(grads) - set(received)
-        if unknown:
-            raise ValueError(f"no forward output for parties {sorted(unknown)}")
+        pending, recipients, full = self._output_gradients(grads, recipients)
         shape, bounds = pending["shape"], pending["bounds"]
-        full = {}
-        for p, g in grads.items():
-            array = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
-            array = np.asarray(array, dtype=np.float64)
-            index = pending["parties"][p][1]
-            expected = shape if index is None else (*shape[:2], index.shape[-1])
-            if array.shape != tuple(expected):
-                raise ValueError(
-                    f"party {p!r} output gradient must have shape {tuple(expected)}, got "
-                    f"{array.shape}"
-                )
-            if index is not None:
-                block = np.zeros(shape)
-                idx = index.numpy() if hasattr(index, "numpy") else np.asarray(index)
-                np.add.at(
-                    block,
-                    (np.arange(shape[0])[:, None, None], np.arange(shape[1])[None, :, None], idx),
-                    array,
-                )
-                array = block
-            full[p] = array
-        full, _ = self._check(full, self.config.grad_bound, "output gradient")
         coefficients_t = self._coefficients(self.module, grad=True)
         coefficients = coefficients_t.detach().numpy()
         per_member = shape[1] * shape[2]
@@ -741,26 +705,92 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 dx = self.keys[p].decrypt(returned, length).reshape(shape)
                 self.seconds["decryption"] += time.process_time() - start
                 result[p] = torch.from_numpy(dx).to(pending["dtype"] or torch.float64)
+        self._step(coefficients_t, sums, pending, result, tuple(full), len(bounds),
+                   1 + len(self.basis))  # fmt: skip
+        return result
+
+    # ------------------------------------------------------------------ shared checks
+    def _inquiry(self, inquiry: Inquiry):
+        """A forward's inputs checked: ``(arrays, shape, dtype, chosen, module)`` (``arrays``:
+        float64 copies within ``value_bound``; ``dtype``: the tensors' dtype)."""
+        check_input_parties(self._parties, inquiry.inputs)
+        arrays, (shape, dtype) = self._check(inquiry.inputs, self.config.value_bound, "input")
+        chosen = check_positions(inquiry.positions, inquiry.outputs, shape[:2])
+        if inquiry.network == "target" and self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        module = self.module if inquiry.network == "online" else self.target
+        return arrays, shape, dtype, chosen, module
+
+    def _deliver(self, fused: np.ndarray, index, inputs, dtype, numpy_out: bool):
+        """What the party keeps of its decrypted ``(members, batch, width)`` values: the entries
+        at its positions (picked by it, after decryption), as numpy or a tensor."""
+        fused = pick(fused, None if index is None else as_numpy(index))
+        if numpy_out:
+            return fused.astype(np.result_type(*inputs.values()))
+        return self._torch.from_numpy(fused).to(dtype or self._torch.float64)
+
+    def _output_gradients(self, grads, recipients):
+        """A backward's arguments checked: ``(pending, recipients, full)``, ``full`` the
+        ``(members, batch, width)`` float64 gradient per sending party (zeros at the positions
+        it did not ask for), within ``grad_bound``."""
+        if self._pending is None:
+            raise RuntimeError("backward() needs a forward(train=True) first (once per forward)")
+        pending = self._pending
+        received = tuple(pending["parties"])
+        recipients = (
+            received
+            if recipients is None
+            else check_parties_named("recipients", self._parties, recipients)
+        )
+        outside = [q for q in recipients if q not in received]
+        if outside:
+            raise ValueError(
+                f"parties {outside} received no output in the last forward: their input "
+                "gradient would be computed under another party's key"
+            )
+        unknown = set(grads) - set(received)
+        if unknown:
+            raise ValueError(f"no forward output for parties {sorted(unknown)}")
+        shape = pending["shape"]
+        full = {}
+        for p, g in grads.items():
+            array = np.asarray(as_numpy(g), dtype=np.float64)
+            index = pending["parties"][p][1]
+            expected = shape if index is None else (*shape[:2], index.shape[-1])
+            if array.shape != tuple(expected):
+                raise ValueError(
+                    f"party {p!r} output gradient must have shape {tuple(expected)}, got "
+                    f"{array.shape}"
+                )
+            if index is not None:
+                array = scatter_positions(array, as_numpy(index), shape[2])
+            full[p] = array
+        full, _ = self._check(full, self.config.grad_bound, "output gradient")
+        return pending, recipients, full
+
+    def _step(self, coefficients_t, sums, pending, result, senders, chunks, down_per_chunk):
+        """The server's optimiser step on the released batch sums (``sum_m C_m(theta) S_m``),
+        and the backward's record: each sender's ciphertext and released numbers up per chunk,
+        ``down_per_chunk`` ciphertexts down."""
         start = time.process_time()
         self.optimiser.zero_grad(set_to_none=True)
-        surrogate = (coefficients_t * torch.from_numpy(sums)).sum()
+        surrogate = (coefficients_t * self._torch.from_numpy(sums)).sum()
         surrogate.backward()
         self.optimiser.step()
         self.seconds["server_evaluation"] += time.process_time() - start
         self._pending = None
         self.last_sums = sums
-        n = len(bounds)
+        up = chunks * (self.ciphertext_bytes + len(self.basis) * 8 * self.members)
         self._record(
             "backward",
             network="online",
             tag=pending["tag"],
             train=True,
             outputs=list(result),
-            up={p: n * (self.ciphertext_bytes + len(self.basis) * 8 * self.members) for p in full},
-            down={p: n * (1 + len(self.basis)) * self.ciphertext_bytes for p in full},
+            up=dict.fromkeys(senders, up),
+            down=dict.fromkeys(senders, chunks * down_per_chunk * self.ciphertext_bytes),
             aggregate={"batch_sums": sums},
         )
-        return result
 
     def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
         """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""

@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from securefed._checks import finite_array
+from securefed.fusion.base import as_numpy
 from securefed.privacy.calibration import noise_for_target
 from securefed.privacy.ledger import ACCOUNTANTS, PrivacyBudget, PrivacyLedger
 from securefed.privacy.noise import NoiseSource, as_noise_source
@@ -353,7 +354,7 @@ class DPFusionChannel:
         self._check_tag(tag)
         self._check_parties(inputs, "inputs")
         if tag in self.keep_clean:
-            clean = {p: np.array(_numpy(v)) for p, v in inputs.items()}
+            clean = {p: np.array(as_numpy(v)) for p, v in inputs.items()}
             self.clean_inputs.append((self.view.current_round, clean))
         released, factors = {}, {}
         for party, value in inputs.items():
@@ -460,7 +461,7 @@ class DPFusionChannel:
         clamped; inputs also divided by their bound), in the type it came in. The factors are
         what an input gradient is multiplied by on its way back (clip factor / bound)."""
         is_tensor = hasattr(value, "detach")
-        array = _numpy(value)
+        array = as_numpy(value)
         dtype = array.dtype
         array = finite_array(f"party {party!r} {key}", array)
         if array.ndim < 1 or array.shape[-1] < 1:
@@ -484,10 +485,6 @@ class DPFusionChannel:
 
             return torch.from_numpy(noised), factors
         return noised, factors
-
-
-def _numpy(value: Any) -> np.ndarray:
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
 
 
 def _scaled(gradient: Any, factors: np.ndarray) -> Any:

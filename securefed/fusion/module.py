@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from securefed.fusion.base import (
-    check_network,
+    FusionChannelBase,
+    Inquiry,
+    check_input_parties,
     check_parties_named,
     check_positions,
-    check_tag,
     numpy_view,
     pick,
     record_backward,
@@ -47,13 +48,12 @@ from securefed.views import NO_PAYLOADS, FusionView, RoundSelection, check_party
 __all__ = ["ModuleFusionChannel", "TorchServerChannel"]
 
 
-class TorchServerChannel:
-    """What every fusion channel around a torch server module shares: its parties, the module,
-    optimiser and target copy, the public description of them in the view, and the seam's
-    plumbing (``parties``, ``open_round``, ``sync_target``). Subclasses set ``name`` and
-    ``view``."""
+class TorchServerChannel(FusionChannelBase):
+    """What every fusion channel around a torch server module shares: the module, optimiser
+    and target copy, their public description in the view, ``sync_target`` (the seam's
+    signatures and checks: :class:`~securefed.fusion.base.FusionChannelBase`). Subclasses set
+    ``name`` and ``view``."""
 
-    name = ""
     view: FusionView
 
     def _adopt(
@@ -94,13 +94,6 @@ class TorchServerChannel:
             "optimiser": type(self.optimiser).__name__.lower(),
             "target_network": self.target is not None,
         }
-
-    @property
-    def parties(self) -> tuple[str, ...]:
-        return self._parties
-
-    def open_round(self, round_id: int) -> None:
-        self.view.open_round(round_id)
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network.
@@ -171,13 +164,7 @@ class ModuleFusionChannel(TorchServerChannel):
     # ------------------------------------------------------------------ validation
     def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[int, int]:
         """Every party's ``(members, batch, width)`` vector, finite; returns the leading shape."""
-        missing = set(self._parties) - set(inputs)
-        unknown = set(inputs) - set(self._parties)
-        if missing or unknown:
-            raise ValueError(
-                f"fusion needs every party's vector and only theirs: missing {sorted(missing)}, "
-                f"unknown {sorted(unknown)}"
-            )
+        check_input_parties(self._parties, inputs)
         leading = None
         for party in self._parties:
             value = inputs[party]
@@ -216,19 +203,10 @@ class ModuleFusionChannel(TorchServerChannel):
         return [inputs[party], *others]
 
     # ------------------------------------------------------------------ the exchanges
-    def forward(
-        self,
-        inputs: Mapping[str, Any],
-        *,
-        outputs: Sequence[str] | None = None,
-        positions: Mapping[str, Any] | None = None,
-        network: str = "online",
-        train: bool = True,
-        tag: str = "",
-    ) -> dict[str, Any]:
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
         """Each party in ``outputs`` gets ``S`` evaluated with its vector first.
 
-        Args:
+        The inquiry's fields (:meth:`~securefed.fusion.base.FusionChannelBase.forward`):
             inputs: every party's ``(members, batch, width)`` array or tensor.
             outputs: who gets an output (default: every party).
             positions: per output party, ``(members, batch, m)`` indices of the output entries
@@ -243,10 +221,11 @@ class ModuleFusionChannel(TorchServerChannel):
             training, else a tensor detached from the server's graph.
         """
         torch = self._torch
-        outputs = check_parties_named("outputs", self._parties, outputs)
-        check_network(network, train)
-        check_tag(tag)
+        inputs, outputs, network, train, tag = (
+            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        )  # fmt: skip
         leading = self._check_inputs(inputs)
+        positions = inquiry.positions
         chosen = check_positions(positions, outputs, leading)
         if network == "target" and self.target is None:
             raise RuntimeError("this channel has no target network (built with target=None)")
@@ -288,8 +267,8 @@ class ModuleFusionChannel(TorchServerChannel):
         record_forward(self.view, inputs, result, chosen, network=network, tag=tag, train=train)
         return result
 
-    def backward(
-        self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
     ) -> dict[str, Any]:
         """Back-propagate the parties' output gradients, step the server, return input gradients.
 

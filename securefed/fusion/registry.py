@@ -297,7 +297,12 @@ def _build_ckks(
         ) from error
     from securefed.fusion.ckks_module import CKKSModuleFusionChannel
 
-    return CKKSModuleFusionChannel(
+    channel_class = CKKSModuleFusionChannel
+    if config is not None and config.circuit == "packed":
+        from securefed.fusion.ckks_packed import PackedCKKSModuleFusionChannel
+
+        channel_class = PackedCKKSModuleFusionChannel
+    return channel_class(
         parties,
         module,
         optimiser,

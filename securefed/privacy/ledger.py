@@ -66,7 +66,7 @@ from securefed.privacy.discrete import DiscreteRelease
 
 ACCOUNTANTS = ("rdp", "prv")
 ACCOUNTANT_SAMPLING = "poisson"
-SAMPLING_MODES = ("all", "poisson", "fixed")
+SAMPLING_MODES = ("all", "poisson", "fixed", "cyclic")
 LEDGER_FORMAT = "securefed.privacy_ledger"
 LEDGER_VERSION = 2
 OBSERVERS = ("released_model", "server")
@@ -399,6 +399,12 @@ class PrivacyLedger:
             InsecureParameterError: ``q < 1`` with everyone sampled every round, or ``q`` below
                 the runtime's sampling rate.
         """
+        if self.sampling == "cyclic" and sample_rate < 1:
+            raise InsecureParameterError(
+                f"the runtime picks clients on a public cyclic schedule, but sample rate "
+                f"{sample_rate:g} < 1 would claim an amplification by random sampling that never "
+                "happens: charge 1.0 (the correlated-noise transports account for the schedule)"
+            )
         if self.sampling == "all" and sample_rate < 1:
             raise InsecureParameterError(
                 f"the runtime puts every client in every round, but sample rate {sample_rate:g} "

@@ -300,14 +300,24 @@ class DPOptions:
             the mechanism's own accountant at the first round, :mod:`securefed.transport.ddp`).
             ``None`` (the default): the transport's own (:func:`default_mechanism`):
             ``"discrete_gaussian"`` for ``secagg+dp`` at the distributed placement,
-            ``"gaussian"`` for ``dp`` and ``dp-local``; ``ckks+dp`` and ``secagg+dp`` over
-            remote (Flower) clients have none and refuse to guess (set ``mechanism=gaussian``).
+            ``"gaussian"`` for ``dp`` and ``dp-local``; ``ckks+dp`` has none and refuses to
+            guess (set ``mechanism=gaussian``). Over remote (Flower) clients the nodes encode
+            the integer mechanisms themselves (``securefed.flower.dp``).
         modulus_bits, wrap_target, min_contributors: the integer mechanisms' modulus bits,
             wrap bound and minimum of contributors (``None``: every client asked).
         colluders: clients assumed to collude with the server under the distributed placement
             (a count, or a fraction in ``[0, 1)`` of a round's clients; default ``0``): the
             epsilon against the server counts the honest clients' noise only, and an integer
             mechanism's calibration meets ``epsilon`` against the server with them.
+        correlation: noise correlated across rounds (central ``dp`` only,
+            :mod:`securefed.transport.correlated`): ``"independent"`` (DP-FedAvg's i.i.d. noise),
+            ``"tree"`` (DP-FTRL tree aggregation, one tree per pass over the groups) or
+            ``"banded"`` (banded matrix mechanism); ``None`` (the default): the plain
+            ``DPTransport``, accounted by sampling rate.
+        groups: the cyclic schedule of ``correlation`` (``ClientSampling('cyclic', groups=b)``).
+        bands: the banded strategy's bands (default ``groups``).
+        restart: the tree's rounds between restarts (default ``groups``, one tree per pass; the
+            run's rounds for a single tree).
 
     Raises:
         ValueError: neither ``epsilon`` nor ``noise_multiplier`` given, or a value out of range.
@@ -324,10 +334,15 @@ class DPOptions:
     wrap_target: float = 1e-6
     min_contributors: int | None = None
     colluders: int | float = 0
+    correlation: str | None = None
+    groups: int | None = None
+    bands: int | None = None
+    restart: int | None = None
 
     def __post_init__(self) -> None:
         _typed(self)
         owner = type(self).__name__
+        self._check_correlation(owner)
         from securefed.transport.ddp import MECHANISMS
         from securefed.transport.dp import check_colluders
 
@@ -349,6 +364,32 @@ class DPOptions:
             raise ValueError(
                 "a DP transport needs epsilon (a target for the whole run, --epsilon) or "
                 "noise_multiplier (--noise-multiplier)"
+            )
+
+    def _check_correlation(self, owner: str) -> None:
+        from securefed.privacy.correlated import CORRELATIONS
+
+        if self.correlation is None:
+            if self.groups is not None or self.bands is not None or self.restart is not None:
+                raise ValueError(
+                    f"{owner} options 'groups', 'bands' and 'restart' belong to correlated "
+                    "noise: set "
+                    "correlation (independent, tree or banded) or leave them unset"
+                )
+            return
+        if self.correlation not in CORRELATIONS:
+            raise ValueError(
+                f"{owner} correlation must be one of {CORRELATIONS}, got {self.correlation!r}"
+            )
+        if self.groups is None or self.groups < 1:
+            raise ValueError(
+                f"{owner} correlation {self.correlation!r} needs groups >= 1 (the cyclic "
+                "schedule its sensitivity is computed for)"
+            )
+        if self.mechanism not in (None, "gaussian") or self.colluders or self.min_contributors:
+            raise ValueError(
+                f"{owner} correlation {self.correlation!r} is central Gaussian noise: mechanism, "
+                "colluders and min_contributors belong to the distributed placement"
             )
 
     def resolved_noise(self, sample_rate: float, total_rounds: int | None) -> float:
@@ -785,9 +826,9 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
     simulation, which warns).
 
     Raises:
-        InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism), or
-            ``secagg+dp`` over remote (Flower) clients (their side adds float noise): both
-            refuse to fall back silently to the inexact float Gaussian, and name the option.
+        InsecureParameterError: ``ckks+dp`` (CKKS sums approximately: no integer mechanism):
+            it refuses to fall back silently to the inexact float Gaussian, and names the
+            option.
     """
     from securefed.errors import InsecureParameterError
 
@@ -802,15 +843,7 @@ def default_mechanism(name: str, options: Mapping[str, object], placement: str) 
             "Gaussian's epsilon is not proven after its encoding: set mechanism=gaussian to run "
             "it anyway (flagged distributed-dp-inexact by the audit)"
         )
-    secagg = options.get("secagg")
-    if secagg is not None and secagg.remote_clients:
-        raise InsecureParameterError(
-            "secagg+dp over remote (Flower) clients cannot run its default mechanism "
-            "'discrete_gaussian' (the clients' side adds float noise): set mechanism=gaussian "
-            "to run it anyway (inexact after rounding and the wrap, flagged "
-            "distributed-dp-inexact by the audit)"
-        )
-    return "discrete_gaussian"
+    return "discrete_gaussian"  # remote (Flower) clients encode it on their nodes too
 
 
 def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
@@ -826,6 +859,8 @@ def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
         from securefed.transport.dp import DPTransport
 
         dp: DPOptions = options["dp"]
+        if dp.correlation is not None:
+            return _correlated_dp(inner, options, run, dp.placement or placement, name)
         if dp.mechanism is None:
             dp = replace(dp, mechanism=default_mechanism(name, options, placement))
             options = {**options, "dp": dp}
@@ -846,6 +881,50 @@ def _with_dp(inner: Builder, placement: str, name: str) -> Builder:
         )
 
     return build
+
+
+def _correlated_dp(
+    inner: Builder, options: Mapping[str, object], run: BuildContext, placement: str, name: str
+) -> Transport:
+    """``dp`` with ``correlation``: :class:`~securefed.transport.correlated.CorrelatedDPTransport`
+    (central only; the noise calibrated over the run's rounds for its cyclic schedule).
+
+    Raises:
+        InsecureParameterError: a placement other than central.
+        ValueError: a run of unknown length.
+    """
+    from securefed.privacy.correlated import CyclicParticipation, correlation_named
+    from securefed.privacy.ledger import PrivacyLedger
+    from securefed.transport.correlated import (
+        CorrelatedDPTransport,
+        noise_for_correlated_target,
+        refuse_correlated,
+    )
+
+    dp: DPOptions = options["dp"]
+    refuse_correlated(placement, name)
+    if not run.total_rounds:
+        raise ValueError("correlated noise is calibrated for the run's rounds: give total_rounds")
+    strategy = correlation_named(
+        dp.correlation, groups=dp.groups, bands=dp.bands, restart=dp.restart
+    )
+    noise_multiplier = dp.noise_multiplier
+    if noise_multiplier is None:
+        noise_multiplier = noise_for_correlated_target(
+            dp.epsilon, dp.delta, strategy, CyclicParticipation(dp.groups), run.total_rounds
+        )
+    ledger = run.ledger if run.ledger is not None else PrivacyLedger(budget=dp.budget())
+    return CorrelatedDPTransport(
+        inner(options, run),
+        clip=dp.clip,
+        noise_multiplier=noise_multiplier,
+        correlation=strategy,
+        groups=dp.groups,
+        total_rounds=run.total_rounds,
+        ledger=ledger,
+        delta=dp.delta,
+        secure=dp.secure,
+    )
 
 
 def _integer_dp(options: Mapping[str, object], run: BuildContext, ledger) -> Transport:

@@ -39,6 +39,8 @@ from securefed.flower import (
     partition_users,
 )
 from securefed.flower.ckks import NodeKeys
+from securefed.flower.floors import NodeFloors
+from securefed.flower.identity import NodeIdentity, load_identity, seeded_identity
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.records import dumps_record
 from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
@@ -81,12 +83,15 @@ class FedMFApp:
         ckks_public_path: the public-context file (the server's; committee-model nodes too).
         secagg_bits, secagg_scale, secagg_clip, secagg_neighbours: secure aggregation's fixed
             point and graph (0 neighbours: automatic).
+        secagg_server: the threat model, ``"malicious"`` (the default: signed advertisements
+            checked against the key registry each node pinned, ConsistencyCheck) or
+            ``"honest_but_curious"``, which a node takes part in only when its own node config
+            says ``secagg-server="honest_but_curious"`` (:mod:`securefed.flower.floors`).
         dp_clip, dp_noise_multiplier, dp_delta: DP parameters (epsilon is reported at
             ``dp_delta``).
-        dp_mechanism: the DP noise (``""``: the transport's default). ``secagg+dp`` on Flower
-            has no default (its exact ``discrete_gaussian`` is not built for remote clients) and
-            refuses to start until ``dp-mechanism = "gaussian"`` is set (float noise, inexact
-            after secure aggregation's rounding; the audit flags it).
+        dp_mechanism: the DP noise (``""``: the transport's default; ``secagg+dp``'s is the
+            exact distributed ``discrete_gaussian``, computed on the nodes as in one process;
+            ``skellam`` in seeded mode; ``gaussian``: float noise, inexact after rounding).
         clients_per_round: fixed-size sampling per round (0: every user every round).
         min_nodes: SuperNodes the server waits for.
         evaluate_every: held-out evaluation every this many rounds (0: after the last).
@@ -118,6 +123,7 @@ class FedMFApp:
     secagg_scale: float = 2.0**20
     secagg_clip: float = 1048576.0
     secagg_neighbours: int = 0
+    secagg_server: str = "malicious"
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
@@ -208,9 +214,7 @@ class FedMFApp:
                 clip=self.secagg_clip,
                 neighbours=self.secagg_neighbours or None,
                 remote_clients=remote,
-                # securefed.flower's messages carry no signatures nor ConsistencyCheck yet
-                # (docs/secagg.md): the Flower app runs the honest-but-curious variant.
-                server="honest_but_curious",
+                server=self.secagg_server,
             )
         if "ckks" in groups:
             if not remote and not self.ckks_secret_path:
@@ -344,8 +348,23 @@ def _partition_of(context: Context) -> tuple[int, int]:
     return int(config["num-partitions"]), int(config["partition-id"])
 
 
-def client_setup(app: FedMFApp, context: Context) -> ClientSetup:
-    """The node's setup for one message."""
+def node_identity(app: FedMFApp, context: Context, node: FedMFNode) -> NodeIdentity:
+    """The hosted users' long-term identities: the files provisioned at enrolment
+    (``secagg-identity-path``, ``secagg-registry-path``, ``secagg-registry-digest`` in the node
+    config), else, in seeded mode only, derived from the run's seed."""
+    config = context.node_config
+    if "secagg-identity-path" in config:
+        return load_identity(
+            str(config["secagg-identity-path"]),
+            str(config["secagg-registry-path"]),
+            str(config.get("secagg-registry-digest", "")),
+        )
+    return seeded_identity(app.seeds(), node.users, load_split(_data_key(app)).train.n_users)
+
+
+def client_setup(app: FedMFApp, context: Context, floors: NodeFloors | None = None) -> ClientSetup:
+    """The node's setup for one message; its privacy floors from its node config (``floors``
+    where a key is absent, else :class:`NodeFloors`' defaults)."""
     num_partitions, partition_id = _partition_of(context)
     node = FedMFNode(app, num_partitions, partition_id)
     on_evaluate = None
@@ -363,7 +382,15 @@ def client_setup(app: FedMFApp, context: Context) -> ClientSetup:
             str(config.get("ckks-secret-path", app.ckks_secret_path)),
             str(config.get("ckks-public-path", app.ckks_public_path)),
         )
-    return ClientSetup(node, app.seeds(), node.update_shape, on_evaluate, ckks)
+    return ClientSetup(
+        node,
+        app.seeds(),
+        node.update_shape,
+        on_evaluate,
+        ckks,
+        identity=lambda: node_identity(app, context, node),
+        floors=NodeFloors.from_node_config(context.node_config, floors),
+    )
 
 
 # ----------------------------------------------------------------------------- the server
@@ -453,11 +480,12 @@ class FedMFApps:
     outcome: FedMFOutcome = field(default_factory=FedMFOutcome)
 
 
-def build_apps(app: FedMFApp) -> FedMFApps:
-    """Apps bound to ``app`` (the simulation engine's Python API has no run config)."""
+def build_apps(app: FedMFApp, floors: NodeFloors | None = None) -> FedMFApps:
+    """Apps bound to ``app`` (the simulation engine's Python API has no run config nor node
+    config: ``floors`` are the nodes' privacy floors)."""
     outcome = FedMFOutcome()
     server_app = make_server_app(lambda context: server_setup(app, outcome))
-    client_app = make_client_app(lambda context: client_setup(app, context))
+    client_app = make_client_app(lambda context: client_setup(app, context, floors))
     return FedMFApps(server_app, client_app, outcome)
 
 

@@ -1105,7 +1105,10 @@ class SecAggRound(AggregationRound):
             shape=self.shape,
             view=RoundView(self.round_id, ids, keep_payloads=self.view.keep_payloads),
             seeds=self.seeds,
-            config=self.config,
+            # A minimum of contributors counts clients, not parties: the parties' endorsements
+            # cannot count it (each party checks its peers' signed member counts instead,
+            # securefed.flower.client), so the party round holds none.
+            config=replace(self.config, min_contributors=0),
             remote_clients=True,
             inputs={p: len(g) for p, g in groups.items()},
             keep_masked=self.keep_masked,

@@ -1,0 +1,588 @@
+"""FedSlate's server network on CKKS in a packed circuit: two ciphertext products a forward.
+
+The function, the keys, the released batch sums and what each side sees are those of
+:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` (read its docstring first); the
+circuit differs. That channel encrypts each party's vector once and builds every monomial
+``x^m`` by ciphertext products, then releases each monomial's batch sum ``sum g x^m`` by its own
+masked exchange: at (10, 3), 3 members, batch 32, a learning step is 16 encryptions, 26
+ciphertext and 26 plaintext products and 12 decryptions at ring 16384 (0.8-0.9 s of CPU). This
+circuit serves networks of degree ``D <= 2`` (one hidden layer with the quadratic activation, or
+the linear ablation) of the owner ``x_0`` and one other party ``x_1`` (or any number of parties
+with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 + b_11 x_1^2``:
+
+* **Regions.** A ciphertext holds ``R = 3`` regions of ``n`` slots (the ``(members, batch,
+  width)`` entries of a chunk, flattened; ``3 n <= N / 2``, so at (10, 3) one ciphertext of
+  2880 of the 4096 slots at ring 8192). Party 1 encrypts ``Q = [x_1 | x_1 | x_1^2]`` under the
+  owner's public key; the owner encrypts ``P = [x_0 | 0 | 0]`` under its own key with the secret
+  key (:func:`~securefed.crypto.ckks.symmetric_twin`: half the cost of a public-key encryption,
+  and a fresh error about 40 times smaller). A party computes the powers of its own vector in
+  the clear: no ciphertext product builds them.
+* **Forward** (region 0): ``L_0 = a_0 + b_00 P + b_01 Q``, ``L_1 = a_1 + b_11 Q``,
+  ``f = c + P L_0 + Q L_1``: three plaintext and two ciphertext products, two levels, one
+  output ciphertext (the other regions decrypt to zero). The coefficient vectors hold each
+  slot's member's coefficient times ``2^-shift`` (``output_shift_bits``): the deepest level of
+  the chain ``[60, s, s, 60]`` decrypts values below ``2^(58 - s)``, so the outputs are scaled
+  into it and the party multiplies them back; the server refuses (before evaluating) weights
+  whose worst-case output over the public value bound would not fit.
+* **Backward.** The owner encrypts ``G = [g | g x_0 | g]`` (its own values); one product
+  ``E = G Q = [g x_1 | g x_0 x_1 | g x_1^2]`` holds the three batch sums that involve the other
+  party, released by **one** masked exchange (uniform masks of ``2^16`` on every slot at level
+  1, the owner decrypts, sums each member's slots per region, floods at the floor of
+  :func:`packed_sum_error_bound` and rounds). The sums of ``g``, ``g x_0`` and ``g x_0^2`` the
+  owner computes in the clear and releases flooded and rounded the same way, so the server's
+  view is the batch sums of the monomial circuit, at a smaller flooding std. The input gradient
+  ``g (a_0 + 2 b_00 x_0 + b_01 x_1) = G (L_0 + b_00 P)`` is one more product.
+* **A repeated inquiry** (``repeat_inquiries``): a training forward whose vectors, output
+  party and online weights equal those of the last forward (FedSlate's learning forward of a
+  platform without rewards repeats the slate-selection forward of the same batch) reuses its
+  ciphertexts: the parties send nothing new, the owner keeps the values it decrypted. The
+  server learns that the vectors repeated, which FedSlate's protocol makes public anyway.
+
+Every returned ciphertext is re-randomized with a fresh public-key encryption of Gaussian noise
+of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads), as in
+the monomial circuit. :func:`packed_error_bounds` states the error model (every fresh
+encryption, relinearization, rescaling and plaintext encoding adding at most its own bound).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+
+from securefed.crypto.ckks import (
+    FusionCircuit,
+    SecretContext,
+    ckks_context,
+    decryption_error_bound,
+    error_tail_factor,
+    symmetric_twin,
+)
+from securefed.fusion.base import Inquiry
+from securefed.fusion.ckks_module import (
+    CKKSModuleFusionChannel,
+    _context_of,
+    _segments,
+)
+
+__all__ = [
+    "PACKED_SCALE_BITS",
+    "REGIONS",
+    "PackedCKKSModuleFusionChannel",
+    "named_coefficients",
+    "packed_error_bounds",
+    "packed_sum_error_bound",
+]
+
+REGIONS = 3
+"""Regions per ciphertext: ``[x_1 | x_1 | x_1^2]`` against ``[g | g x_0 | g]``."""
+PACKED_SCALE_BITS = 49
+"""The packed circuit's default scale: the chain ``[60, 49, 49, 60]`` is the 218 bits that ring
+8192 allows at 128-bit security (two levels, no spare prime: the masked exchange sits at level
+1, whose room is ``2^58``)."""
+PACKED_EDGE_BITS = 60
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value's magnitude bound and its CKKS error bound, propagated through the circuit."""
+
+    magnitude: float
+    error: float
+
+    def times_plain(self, coefficient: float, op_error: float) -> Bound:
+        """A plaintext product (encoding and rescaling add ``op_error`` per unit magnitude)."""
+        c = abs(coefficient)
+        return Bound(c * self.magnitude, c * self.error + max(self.magnitude, 1.0) * op_error)
+
+    def times(self, other: Bound, op_error: float) -> Bound:
+        """A ciphertext product (relinearization and rescaling add ``op_error`` each)."""
+        return Bound(
+            self.magnitude * other.magnitude,
+            self.magnitude * other.error
+            + other.magnitude * self.error
+            + self.error * other.error
+            + 2 * op_error,
+        )
+
+    def plus(self, other: Bound) -> Bound:
+        return Bound(self.magnitude + other.magnitude, self.error + other.error)
+
+    def plus_plain(self, constant: float, op_error: float) -> Bound:
+        return Bound(self.magnitude + abs(constant), self.error + op_error)
+
+
+def packed_sum_error_bound(
+    fresh_own: float, fresh_public: float, value_bound: float, grad_bound: float, n_slots: int
+) -> float:
+    """Bound on the key-dependent error of one released sum of ``n_slots`` slots of ``E = G Q``.
+
+    Per slot, region by region (``G`` fresh under the owner's secret key, error ``fresh_own``;
+    ``Q`` fresh under its public key, error ``fresh_public``, which also bounds every
+    relinearization, rescaling and encoding, the ``r_0 + r_1 s`` rounding form): the product of
+    ``|G_r| <= (grad_bound, grad_bound * value_bound, grad_bound)`` and ``|Q_r| <= (value_bound,
+    value_bound, value_bound^2)`` plus the mask's encoding; the worst region, times ``n_slots``.
+    """
+    if min(fresh_own, fresh_public, value_bound, grad_bound) <= 0 or n_slots < 1:
+        raise ValueError("errors, bounds and n_slots must be > 0")
+    worst = 0.0
+    for g_bound, q_bound in (
+        (grad_bound, value_bound),
+        (grad_bound * value_bound, value_bound),
+        (grad_bound, value_bound**2),
+    ):
+        product = Bound(g_bound, fresh_own).times(Bound(q_bound, fresh_public), fresh_public)
+        worst = max(worst, product.error + fresh_public)
+    return n_slots * worst
+
+
+def named_coefficients(row: np.ndarray, basis: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    """One member's coefficients by role: ``c``, ``a0``, ``a1``, ``b00``, ``b01``, ``b11`` (0
+    where the basis has no such monomial; ``x_0`` the owner, ``x_1`` the other party)."""
+    dims = len(basis[0])
+    index = {m: k for k, m in enumerate(basis)}
+
+    def unit(*exponent):
+        padded = tuple(exponent) + (0,) * (dims - len(exponent))
+        k = index.get(padded[:dims]) if len(padded) == dims else None
+        return float(row[k]) if k is not None else 0.0
+
+    return {"c": unit(0), "a0": unit(1), "b00": unit(2),
+            "a1": unit(0, 1) if dims > 1 else 0.0, "b01": unit(1, 1) if dims > 1 else 0.0,
+            "b11": unit(0, 2) if dims > 1 else 0.0}  # fmt: skip
+
+
+def packed_error_bounds(
+    coefficients: Mapping[str, float],
+    fresh_own: float,
+    fresh_public: float,
+    value_bound: float,
+    grad_bound: float,
+    noise_std: float,
+    shift: int,
+    *,
+    with_other: bool = True,
+) -> tuple[float, float, float]:
+    """``(output error, input-gradient error, output magnitude)`` bounds per slot for one
+    member's :func:`named_coefficients`, as the packed circuit evaluates them (module
+    docstring), in the value the party reads (times ``2^shift``); the re-randomizing noise of
+    std ``noise_std`` (on the value) adds its Gaussian tail
+    (:func:`~securefed.crypto.ckks.error_tail_factor` standard deviations)."""
+    c = {k: v / 2.0**shift for k, v in coefficients.items()}
+    op = fresh_public
+    p, q = Bound(value_bound, fresh_own), Bound(value_bound, fresh_public)
+    t00 = p.times_plain(c["b00"], op)
+    l0 = t00.plus(q.times_plain(c["b01"], op)) if with_other else t00
+    l0 = l0.plus_plain(c["a0"], op)
+    out = p.times(l0, op)
+    if with_other:
+        out = out.plus(q.times(q.times_plain(c["b11"], op).plus_plain(c["a1"], op), op))
+    out = out.plus_plain(c["c"], op)
+    dx = Bound(grad_bound, fresh_own).times(l0.plus(t00), op)
+    tail = error_tail_factor() * noise_std / 2.0**shift
+    factor = 2.0**shift
+    return (
+        factor * (out.error + op + tail),
+        factor * (dx.error + op + tail),
+        factor * out.magnitude,
+    )
+
+
+class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
+    """The per-position polynomial server module under CKKS in the packed circuit (module
+    docstring); arguments, seam and view as :class:`CKKSModuleFusionChannel`.
+
+    Raises:
+        ValueError: a network of degree above 2, more than two parties with ``cross=True``,
+            or what the monomial circuit refuses.
+    """
+
+    circuit = "packed"
+
+    def _setup_circuit(self) -> None:
+        """Refuse what the packed circuit cannot serve; the owner's secret-key contexts."""
+        if self.degree > 2:
+            raise ValueError(
+                f"the packed circuit evaluates networks of degree <= 2 (one hidden layer with "
+                f"the quadratic activation); this one has degree {self.degree}: use "
+                "CKKSModuleConfig(circuit='monomials')"
+            )
+        if self.cross and len(self._parties) > 2:
+            raise ValueError(
+                f"the packed circuit fuses two parties ({len(self._parties)} given with "
+                "cross=True): use CKKSModuleConfig(circuit='monomials')"
+            )
+        self.shift = int(self.config.output_shift_bits)
+        self.fresh_public = self.base_error
+        self.fresh_own = decryption_error_bound(
+            type(self.params)(
+                self.params.poly_modulus_degree,
+                self.params.coeff_mod_bit_sizes,
+                self.params.scale_bits,
+                "symmetric",
+            ),
+            1,
+        )
+        self._own = {name: symmetric_twin(key._secret) for name, key in self.keys.items()}
+        self._index = {m: k for k, m in enumerate(self.basis)}
+        self._memo: dict[str, dict] = {}
+        self.view.public.update(
+            {
+                "circuit": self.circuit,
+                "regions": REGIONS,
+                "output_shift_bits": self.shift,
+                "own_encryption": "symmetric (the owner's secret key)",
+                "per_operation_error_own": self.fresh_own,
+                "repeat_inquiries": self.config.repeat_inquiries,
+            }
+        )
+
+    # ------------------------------------------------------------------ parameters
+    def _new_key(self) -> SecretContext:
+        scale = PACKED_SCALE_BITS if self.config.scale_bits is None else self.config.scale_bits
+        key = ckks_context(
+            FusionCircuit(depth=2, activation_degree=1, training=False),
+            poly_modulus_degree=self.config.poly_modulus_degree,
+            coeff_mod_bit_sizes=[PACKED_EDGE_BITS, scale, scale, PACKED_EDGE_BITS],
+            scale_bits=scale,
+            encryption="public-key",
+        )
+        # No ciphertext product is ever multiplied again: the key holder decrypts the size-3
+        # results directly, so the server never relinearizes (the flag travels with the
+        # public context, which cannot change it).
+        key.tenseal.auto_relin = False
+        return key
+
+    def _mask_bits(self) -> int:
+        """Masks for the exchange at level 1 (two bits below its room, at most 2^16)."""
+        return min(16, int(math.log2(self.params.max_abs_value(1))) - 2)
+
+    def _sum_error_bound(self, n_slots: int) -> float:
+        """:func:`packed_sum_error_bound` of a released sum of ``n_slots`` slots."""
+        return packed_sum_error_bound(
+            self.fresh_own, self.fresh_public, self.config.value_bound, self.config.grad_bound,
+            n_slots,
+        )  # fmt: skip
+
+    def error_bounds(self, network: str = "online") -> dict[str, np.ndarray]:
+        """Per member, the stated bounds on the error of an output and of an input-gradient
+        entry for the current weights (:func:`packed_error_bounds`)."""
+        module = self.module if network == "online" else self.target
+        coefficients = self._coefficients(module, grad=False).numpy()
+        rows = [self._bounds(c, self.config.output_noise_std) for c in coefficients]
+        return {
+            "output": np.array([r[0] for r in rows]),
+            "input_gradient": np.array([r[1] for r in rows]),
+        }
+
+    def _bounds(self, row: np.ndarray, noise_std: float) -> tuple[float, float, float]:
+        return packed_error_bounds(
+            named_coefficients(row, self.basis), self.fresh_own, self.fresh_public,
+            self.config.value_bound, self.config.grad_bound, noise_std, self.shift,
+            with_other=self.cross and len(self._parties) > 1,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ layout
+    def _chunks(self, length: int) -> list[tuple[int, int]]:
+        per = self.params.slots // REGIONS
+        return [(a, min(length, a + per)) for a in range(0, length, per)]
+
+    def _region_vector(self, coefficients: np.ndarray, exponent, a: int, b: int, per_member):
+        """Region 0 holds each entry's member's coefficient of ``exponent`` (times 2^-shift),
+        the other regions 0; ``None`` where it is all below what encodes (no product)."""
+        k = self._index.get(tuple(exponent))
+        if k is None:
+            return None
+        values = coefficients[np.arange(a, b) // per_member, k] / 2.0**self.shift
+        if np.abs(values).max() < self.min_weight:
+            return None
+        out = np.zeros(REGIONS * (b - a))
+        out[: b - a] = values
+        return out.tolist()
+
+    def _encrypt_own(self, party: str, regions: Sequence[np.ndarray]):
+        """The owner encrypts its own regions with its secret key (symmetric twin)."""
+        self.counts["encrypt_own"] += 1
+        values = np.concatenate(regions).tolist()
+        return ts.CKKSVector(data=ts._ts_cpp.CKKSVector(self._own[party].data, values))
+
+    def _check_magnitude(self, coefficients: np.ndarray) -> None:
+        room = self.params.max_abs_value(self.params.levels) * 2.0**self.shift
+        for member, row in enumerate(coefficients):
+            *_, magnitude = self._bounds(row, 0.0)
+            if magnitude > room / 2:
+                raise ValueError(
+                    f"member {member}'s server network can output up to {magnitude:.4g} on "
+                    f"inputs within the public bound {self.config.value_bound:g}, beyond the "
+                    f"{room / 2:.4g} that the deepest level decrypts at output_shift_bits="
+                    f"{self.shift}: raise output_shift_bits in CKKSModuleConfig"
+                )
+
+    # ------------------------------------------------------------------ the circuit
+    def _evaluate(self, p: str, order: list[str], arrays, coefficients, chunks, per_member):
+        """Encrypt and evaluate ``f`` for owner ``p``: per chunk ``(P, Q, L_d, output)``."""
+        dims = len(self._parties)
+        own = (1,) + (0,) * (dims - 1)
+        other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
+        context = self.server_contexts[p]
+        x0 = arrays[p].reshape(-1)
+        x1 = arrays[order[1]].reshape(-1) if self.cross and dims > 1 else None
+        pieces = []
+        for a, b in chunks:
+            start = time.process_time()
+            zero = np.zeros(b - a)
+            enc_p = _context_of(self._encrypt_own(p, [x0[a:b], zero, zero]), context)
+            enc_q = None
+            if x1 is not None:
+                values = np.concatenate([x1[a:b], x1[a:b], x1[a:b] ** 2])
+                [enc_q] = self.keys[order[1]].encrypt_for(values, self.keys[p])
+                enc_q = _context_of(enc_q, context)
+                self.counts["encrypt"] += 1
+            now = time.process_time()
+            self.seconds["encryption"] += now - start
+
+            def vec(exponent, a=a, b=b):
+                return self._region_vector(coefficients, exponent, a, b, per_member)
+
+            two = tuple(2 * e for e in own)
+            t00 = self._plain(enc_p, vec(two))
+            terms = [t00]
+            if enc_q is not None:
+                cross = tuple(i + j for i, j in zip(own, other, strict=True))
+                terms.append(self._plain(enc_q, vec(cross)))
+            l0 = self._affine(terms, vec(own))
+            out = self._product(enc_p, l0)
+            if enc_q is not None:
+                square = tuple(2 * e for e in other)
+                l1 = self._affine([self._plain(enc_q, vec(square))], vec(other))
+                out = _add(out, self._product(enc_q, l1))
+            # Everything encoding to zero: a negligible multiple of P keeps a ciphertext.
+            value = out.vector if out is not None else enc_p * self._negligible
+            constant = vec((0,) * dims)
+            if constant is not None:
+                value = value + constant
+            # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P (a plain list if linear).
+            derivative = _add(l0, t00) if isinstance(l0, _Ct) else l0
+            pieces.append((enc_p, enc_q, derivative, value))
+            self.seconds["server_evaluation"] += time.process_time() - now
+        return pieces
+
+    def _plain(self, vector, multiplier):
+        if multiplier is None:
+            return None
+        self.counts["plain_mul"] += 1
+        return _Ct(vector * multiplier)
+
+    def _affine(self, terms, constant):
+        """``sum terms + constant``: a ciphertext (:class:`_Ct`), or the plain constant."""
+        acc = None
+        for term in terms:
+            acc = _add(acc, term)
+        if acc is None:
+            return constant
+        if constant is not None:
+            acc = _Ct(acc.vector + constant)
+        return acc
+
+    def _product(self, vector, factor):
+        """``vector * factor`` for a ciphertext factor (one ciphertext product) or a plain one."""
+        if factor is None:
+            return None
+        if isinstance(factor, _Ct):
+            self.counts["cipher_mul"] += 1
+            return _Ct(vector * factor.vector)
+        self.counts["plain_mul"] += 1
+        return _Ct(vector * factor)
+
+    @property
+    def _negligible(self) -> float:
+        return 2.0 ** -(self.params.scale_bits - 4)
+
+    def _returned(self, vector, p: str, n: int) -> np.ndarray:
+        """Re-randomize, hand to ``p``, decrypt region 0 (times ``2^shift``)."""
+        context = self.server_contexts[p]
+        start = time.process_time()
+        std = self.config.output_noise_std / 2.0**self.shift
+        if std > 0:
+            noise = self._output_noise.normal(std, vector.size())
+            vector = vector + context.encrypt_vector(noise)
+            self.counts["rerandomize"] += 1
+        self.seconds["server_evaluation"] += time.process_time() - start
+        start = time.process_time()
+        values = self.keys[p]._secret.decrypt_vector(self._to_party(vector, p), n)
+        self.seconds["decryption"] += time.process_time() - start
+        return values * 2.0**self.shift
+
+    # ------------------------------------------------------------------ forward
+    def open_round(self, round_id: int) -> None:
+        self._memo.clear()
+        super().open_round(round_id)
+
+    def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
+        """As :meth:`CKKSModuleFusionChannel.forward`, in the packed circuit."""
+        inputs, outputs, network, train, tag = (
+            inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
+        )  # fmt: skip
+        arrays, shape, dtype, chosen, module = self._inquiry(inquiry)
+        numpy_in = all(isinstance(v, np.ndarray) for v in inputs.values())
+        length = int(np.prod(shape))
+        per_member = shape[1] * shape[2]
+        chunks = self._chunks(length)
+        versions = tuple(int(t._version) for t in module.parameters())
+        coefficients = None
+        result, pending, up, down = {}, {}, {}, {}
+        for p in outputs:
+            order = [p, *[q for q in self._parties if q != p]]
+            memo = self._memo.get(p)
+            repeat = (
+                self.config.repeat_inquiries
+                and train
+                and memo is not None
+                and memo["network"] == network == "online"
+                and memo["versions"] == versions
+                and all(np.array_equal(memo["arrays"][q], arrays[q]) for q in self._parties)
+            )
+            if repeat:
+                self.counts["repeat"] += 1
+                pieces, fused = memo["pieces"], memo["fused"]
+            else:
+                if coefficients is None:
+                    start = time.process_time()
+                    coefficients = self._coefficients(module, grad=False).numpy()
+                    self._check_magnitude(coefficients)
+                    self.seconds["server_evaluation"] += time.process_time() - start
+                pieces = self._evaluate(p, order, arrays, coefficients, chunks, per_member)
+                fused = np.concatenate(
+                    [self._returned(out, p, b - a) for (a, b), (*_, out) in zip(chunks, pieces,
+                                                                                strict=True)]
+                ).reshape(shape)  # fmt: skip
+                self._memo[p] = {"network": network, "versions": versions, "pieces": pieces,
+                                 "fused": fused, "arrays": arrays}  # fmt: skip
+                senders = order if self.cross else [p]
+                for q in senders:
+                    up[q] = up.get(q, 0) + len(chunks) * self.ciphertext_bytes
+                down[p] = len(chunks) * self.ciphertext_bytes
+            result[p] = self._deliver(fused, chosen.get(p), inputs, dtype, numpy_in and not train)
+            pending[p] = (pieces, chosen.get(p), arrays[p])
+        if train:
+            self._pending = {"shape": shape, "bounds": chunks, "parties": pending, "tag": tag,
+                             "dtype": dtype}  # fmt: skip
+        self._record("forward", network=network, tag=tag, train=train, outputs=outputs,
+                     up=up, down=down)  # fmt: skip
+        return result
+
+    # ------------------------------------------------------------------ backward
+    def _backward(
+        self, grads: Mapping[str, Any], recipients: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """As :meth:`CKKSModuleFusionChannel.backward`, in the packed circuit: one masked
+        exchange per chunk releases the batch sums that involve the other party, the owner
+        releases the others from its own values, one product gives its input gradient."""
+        torch = self._torch
+        pending, recipients, full = self._output_gradients(grads, recipients)
+        shape, chunks = pending["shape"], pending["bounds"]
+        coefficients_t = self._coefficients(self.module, grad=True)
+        per_member = shape[1] * shape[2]
+        dims = len(self._parties)
+        sums = np.zeros((self.members, len(self.basis)))
+        own = (1,) + (0,) * (dims - 1)
+        other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
+        result = {}
+        for p, g in full.items():
+            pieces, _, x_own = pending["parties"][p]
+            g_flat, x0 = g.reshape(-1), x_own.reshape(-1)
+            dx = []
+            for (a, b), (_, enc_q, derivative, _) in zip(chunks, pieces, strict=True):
+                start = time.process_time()
+                enc_g = self._encrypt_own(p, [g_flat[a:b], g_flat[a:b] * x0[a:b], g_flat[a:b]])
+                enc_g = _context_of(enc_g, self.server_contexts[p])
+                self.seconds["encryption"] += time.process_time() - start
+                segments = _segments(a, b, per_member)
+                n = b - a
+                # The owner's own sums: sum g, sum g x0, sum g x0^2 (flooded like the others).
+                for exponent, values in (
+                    ((0,) * dims, g_flat[a:b]),
+                    (own, g_flat[a:b] * x0[a:b]),
+                    (tuple(2 * e for e in own), g_flat[a:b] * x0[a:b] ** 2),
+                ):
+                    if exponent in self._index:
+                        sums[:, self._index[exponent]] += self._release_own(
+                            p, values, segments, a, per_member
+                        )
+                if enc_q is not None:
+                    start = time.process_time()
+                    product = enc_g * enc_q
+                    self.counts["cipher_mul"] += 1
+                    self.seconds["server_evaluation"] += time.process_time() - start
+                    cross = tuple(i + j for i, j in zip(own, other, strict=True))
+                    square = tuple(2 * e for e in other)
+                    released = self._masked_regions(product, p, segments, a, n, per_member)
+                    for region, exponent in enumerate((other, cross, square)):
+                        if exponent in self._index:
+                            sums[:, self._index[exponent]] += released[region]
+                if p in recipients:
+                    start = time.process_time()
+                    gradient = self._product(enc_g, derivative)
+                    gradient = gradient.vector if gradient is not None else enc_g * self._negligible
+                    self.seconds["server_evaluation"] += time.process_time() - start
+                    dx.append(self._returned(gradient, p, n))
+            if p in recipients:
+                result[p] = torch.from_numpy(np.concatenate(dx).reshape(shape)).to(
+                    pending["dtype"] or torch.float64
+                )
+        self._memo.clear()
+        self._step(coefficients_t, sums, pending, result, tuple(full), len(chunks), 2)
+        return result
+
+    def _release_own(self, party, values, segments, start, per_member) -> np.ndarray:
+        """A sum the owner computes from its own values, released like a decrypted one."""
+        local = [(a - start, b - start) for a, b in segments]
+        _, std = self.flooding_std(max(b - a for a, b in segments))
+        sums = np.array([values[a:b].sum() for a, b in local])
+        released = self.config.flooding._release(sums, std, self._flood_noise)
+        out = np.zeros(self.members)
+        for (a, _), value in zip(segments, released, strict=True):
+            out[a // per_member] += value
+        return out
+
+    def _masked_regions(self, product, party, segments, start, n, per_member) -> np.ndarray:
+        """The masked exchange of one ciphertext of ``REGIONS`` regions: per region, the
+        per-member sums ``(REGIONS, members)``."""
+        tick = time.process_time()
+        mask = self.masks.draw(product.size())
+        masked = product + mask.tolist()
+        local = [
+            (r * n + a - start, r * n + b - start) for r in range(REGIONS) for a, b in segments
+        ]
+        _, std = self.flooding_std(max(b - a for a, b in segments))
+        released = self.keys[party].release_sums(
+            self._to_party(masked, party), local, self.config.flooding, std, self._flood_noise
+        )
+        out = np.zeros((REGIONS, self.members))
+        owners = [a // per_member for a, _ in segments] * REGIONS
+        regions = [r for r in range(REGIONS) for _ in segments]
+        for (a, b), value, region, member in zip(local, released, regions, owners, strict=True):
+            out[region, member] += value - mask[a:b].sum()
+        self.counts["exchange"] += 1
+        self.seconds["exchange"] += time.process_time() - tick
+        return out
+
+
+@dataclass(frozen=True)
+class _Ct:
+    """A ciphertext term (apart from a plain list constant)."""
+
+    vector: Any
+
+
+def _add(left, right):
+    if left is None:
+        return right
+    if right is None:
+        return left
+    return _Ct(left.vector + right.vector)
