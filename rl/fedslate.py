@@ -301,6 +301,12 @@ class FedSlateConfig(SlateQConfig):
             raise ValueError(f"dp_local_noise must be finite and > 0, got {sigma!r}")
         if sigma is not None and not self.local_dp:
             raise ValueError("dp_local_noise applies to dp_local_training='dp-sgd' only")
+        if self.dp_epsilon is not None and self.feedback_prob < 1.0:
+            raise ValueError(
+                f"the DP transports need feedback_prob 1, got {self.feedback_prob!r}: the losses "
+                "average over the rows whose feedback was revealed, so one unit's reveals would "
+                "rescale every other row's gradient, which the accounting does not charge"
+            )
         if self.dp_epsilon is not None:
             # Checked here so that a bad option fails when the run is configured.
             self.dp_options(releases_per_unit=1, tail_delta=0.0, local_steps=1)

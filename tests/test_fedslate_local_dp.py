@@ -126,6 +126,8 @@ def test_local_dp_options_are_refused_where_they_do_not_apply(fedslate_small):
             dp_local_training="none",
             dp_local_noise=5.0,
         )
+    with pytest.raises(ValueError, match="the DP transports need feedback_prob 1"):
+        FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0, feedback_prob=0.5)
     with pytest.raises(ValueError, match="dp_local_clip must be finite"):
         FedSlateConfig(**fedslate_small, fusion="dp", dp_epsilon=8.0, dp_local_clip=0.0)
 
