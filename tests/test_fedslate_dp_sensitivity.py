@@ -143,10 +143,14 @@ def _coupled_pair(monkeypatch, config):
     return base, neighbour, second
 
 
-def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small):
+@pytest.mark.parametrize(
+    "variant", [{}, {"alignment": "item"}, {"variant": "extended"}], ids=["paper", "item", "ext"]
+)
+def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
     from securefed.rl.fedslate import FedSlateConfig
 
-    config = FedSlateConfig(**fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0)
+    shape = fedslate_small | {"episodes": 4} | variant
+    config = FedSlateConfig(**shape, fusion="dp", dp_epsilon=8.0)
     base, neighbour, coupling = _coupled_pair(monkeypatch, config)
     assert base.learn_steps > 10 and coupling.differences
 
@@ -192,3 +196,22 @@ def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedsl
     for party in ("A", "B"):
         # The unit's rounds were replayed, so some of the platform's DP-SGD steps moved with it.
         assert 0 < moved_steps.get(party, 0) <= public["local_sgd"]["steps_per_unit"], moved_steps
+
+
+def test_the_attack_catches_non_private_local_training(monkeypatch, fedslate_small):
+    """The control: with the old local training (flagged, no epsilon) the positions are local
+    now, so the server's view still agrees, but a later user's acting rows move with the unit:
+    the attack's second check has the power to see the local networks' leak by itself."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    config = FedSlateConfig(
+        **fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0, dp_local_training="none"
+    )
+    _, _, coupling = _coupled_pair(monkeypatch, config)
+    unit_end = (UNIT_EPISODE + 1) * config.steps_per_platform
+    later = [
+        (party, round_id)
+        for mechanism, party, key, round_id, diff in coupling.differences
+        if key.startswith("act:") and round_id >= unit_end and np.abs(diff).max() > 0
+    ]
+    assert later, "no later user's row moved: the control found nothing to catch"
