@@ -62,6 +62,11 @@ networks' values of the next states), :data:`SELECT` (B's greedy slate) and :dat
 update's forward and backward). A channel that cannot serve the configuration refuses before
 the first episode.
 
+Under a DP transport (``"dp"``, ``"ckks+dp"``) each platform also trains its local network by
+DP-SGD (:class:`LocalDPSGD`: per-row gradients summed by unit, clipped, noised) charged to the
+same ledger as its fusion rows, and picks the positions its loss needs locally, so that every
+row it sends is a charged release or post-processing (docs/fedslate.md section 9, issue 34).
+
 The run (:func:`run_fedslate`) is a loop over episodes and rounds; its state is a
 :class:`FedSlateRun` and its steps are functions of it: :func:`acting_inquiry`,
 :func:`choose_slates` and :func:`play_round` (acting), :func:`learn` (:func:`td_targets`, the
