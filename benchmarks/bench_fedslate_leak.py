@@ -131,6 +131,13 @@ def reward_cells(args: argparse.Namespace):
             config = FedSlateConfig(**base, fusion=transport, dp_epsilon=epsilon)
             name = f"{tag}_{label.replace(' eps=', '_eps').replace('+', '_')}"
             cells[label] = (Cell(name, "fedslate", config), refusal(config))
+        for epsilon in args.old_dp_epsilons:
+            # The pre-issue-34 mechanism: local networks on raw data (flagged: no epsilon).
+            config = FedSlateConfig(
+                **base, fusion="dp", dp_epsilon=float(epsilon), dp_local_training="none"
+            )
+            label = f"dp eps={epsilon:g}, non-private local networks (old)"
+            cells[label] = (Cell(f"{tag}_dp_eps{epsilon:g}_oldlocal", "fedslate", config), None)
         if (n_cand, slate) == (10, 3) and args.shared_corpus:
             shared = FedSlateConfig(**base, shared_corpus=True)
             cells["plaintext, shared corpus"] = (Cell(f"{tag}_shared", "fedslate", shared), None)
@@ -394,7 +401,11 @@ def markdown(record: dict[str, object]) -> str:
                 body.append((label, f"refused: {row['refused']}"))
                 continue
             a, b = row["A"], row["B"]
-            eps = row["dp"]["epsilon_spent"]["A"] if row.get("dp") else None
+            eps = spent_epsilon(row)
+            if eps is None and row.get("dp"):
+                eps = "not established (rows only: {:.2f})".format(
+                    row["dp"]["epsilon_fusion_rows_only"]["A"]
+                )
             per_step = row.get("bytes_per_learning_step")
             body.append(
                 (
@@ -514,9 +525,9 @@ def plot(record: dict[str, object], path: Path) -> Path | None:
     for tag, table in record.get("rewards", {}).items():
         rows = table["rows"]
         points = [
-            (row["dp"]["epsilon_spent"]["A"], row["A"]["mean"]["mean"], row["B"]["mean"]["mean"])
+            (spent_epsilon(row), row["A"]["mean"]["mean"], row["B"]["mean"]["mean"])
             for row in rows.values()
-            if "refused" not in row and row.get("dp")
+            if "refused" not in row and spent_epsilon(row) is not None
         ]
         if not points:
             continue
@@ -576,6 +587,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return record
 
 
+def spent_epsilon(row: dict[str, object]) -> float | None:
+    """Platform A's epsilon spent as the row's ledger records it (``None``: no DP, or not
+    established: the local networks trained on raw data)."""
+    dp = row.get("dp")
+    return None if not dp else dp["epsilon_spent"]["A"]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_argument(parser, RESULTS)
     parser.add_argument("--parts", default="rewards,leak", help="rewards, leak or both")
@@ -590,6 +608,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_numbers,
         default=(1.0, 4.0, 16.0),
         help="comma-separated DP epsilons of the reward rows",
+    )
+    parser.add_argument(
+        "--old-dp-epsilons",
+        type=_numbers,
+        default=(),
+        help="comma-separated epsilons of reward rows under the pre-issue-34 mechanism (local "
+        "networks trained on raw data; their epsilon is not established), for old beside new",
     )
     parser.add_argument("--episodes", type=int, default=200, help="episodes per reward run")
     parser.add_argument("--members", type=int, default=3, help="deployments per reward run")

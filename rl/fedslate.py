@@ -62,6 +62,11 @@ networks' values of the next states), :data:`SELECT` (B's greedy slate) and :dat
 update's forward and backward). A channel that cannot serve the configuration refuses before
 the first episode.
 
+Under a DP transport (``"dp"``, ``"ckks+dp"``) each platform also trains its local network by
+DP-SGD (:class:`LocalDPSGD`: per-row gradients summed by unit, clipped, noised) charged to the
+same ledger as its fusion rows, and picks the positions its loss needs locally, so that every
+row it sends is a charged release or post-processing (docs/fedslate.md section 9, issue 34).
+
 The run (:func:`run_fedslate`) is a loop over episodes and rounds; its state is a
 :class:`FedSlateRun` and its steps are functions of it: :func:`acting_inquiry`,
 :func:`choose_slates` and :func:`play_round` (acting), :func:`learn` (:func:`td_targets`, the
@@ -99,7 +104,10 @@ from securefed.fusion import (
     ModuleFusionChannel,
     build_fusion_channel,
 )
+from securefed.fusion import dp as fusion_dp
 from securefed.fusion.expansion import PolynomialNetwork
+from securefed.privacy import epsilon_of_history, noise_for_target
+from securefed.privacy.noise import NoiseSource, as_noise_source
 from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
 from securefed.rl.choices import ALIGNMENTS, PLATFORM_NAMES, SERVER_ARCHS, VARIANTS
@@ -128,6 +136,7 @@ __all__ = [
     "ACT",
     "ALIGNMENTS",
     "LEARN",
+    "LOCAL_TRAININGS",
     "PLATFORM_NAMES",
     "SELECT",
     "SERVER_ARCHS",
@@ -135,10 +144,12 @@ __all__ = [
     "VARIANTS",
     "FedSlateConfig",
     "FedSlateRun",
+    "LocalDPSGD",
     "ServerNetwork",
     "acting_inquiry",
     "choose_slates",
     "clicked_loss",
+    "dp_noise_multipliers",
     "dp_unit_releases",
     "etror",
     "exchange_update",
@@ -157,8 +168,12 @@ __all__ = [
     "summarize",
     "sync_targets",
     "td_targets",
+    "unit_sums",
 ]
 
+LOCAL_TRAININGS = ("dp-sgd", "none")
+"""How the platforms train their local networks under a DP transport
+(:attr:`FedSlateConfig.dp_local_training`)."""
 DP_TAIL_FRACTION = 0.1
 """Under DP, the share of ``dp_delta`` given to the tail of the replay-draw bound
 (:func:`dp_unit_releases`); the Gaussian mechanism keeps the rest."""
@@ -198,6 +213,18 @@ class FedSlateConfig(SlateQConfig):
         dp_clip: L2 bound on each Q-value row a platform sends (one state's ``N`` values).
         dp_grad_clip: L2 bound on each loss-gradient row a platform sends; ``None``:
             ``huber_delta / batch_size`` (a full batch's Huber gradient never exceeds it).
+        dp_local_training: under a DP transport, how each platform trains its local network:
+            ``None`` or ``"dp-sgd"`` (default): DP-SGD with each unit's gradient clipped to
+            ``dp_local_clip``, charged to the platform's ledger with its fusion rows
+            (:class:`LocalDPSGD`; docs/fedslate.md section 9), so every later row is
+            post-processing; ``"none"``: the pre-issue-34 training on raw data, kept only to
+            measure what the local DP costs: the run's ``epsilon_spent`` is then ``None`` (not
+            established: one unit moves every later row) and the record says why. Refused
+            under the other transports.
+        dp_local_clip: L2 bound on one unit's gradient of the local network per learning step
+            (the gradient of the batch's summed loss restricted to that unit's rows).
+        dp_local_noise: the local DP-SGD's noise multiplier; ``None``: the same as the fusion
+            rows', both calibrated together to the budget (:func:`dp_noise_multipliers`).
         server_activation: the server network's hidden activation (``None``: ``activation``,
             which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
         ckks_scale_bits: for the encrypted transports (refused elsewhere): ``log2`` of the CKKS
@@ -220,6 +247,9 @@ class FedSlateConfig(SlateQConfig):
     dp_delta: float = 1e-5
     dp_clip: float = 1.0
     dp_grad_clip: float | None = None
+    dp_local_training: str | None = None
+    dp_local_clip: float = 1.0
+    dp_local_noise: float | None = None
     ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -255,9 +285,36 @@ class FedSlateConfig(SlateQConfig):
                 f"dp_epsilon is required by the DP transports {sorted(DP_CHANNELS)} and applies "
                 f"to no other: transport {self.fusion!r} with dp_epsilon {self.dp_epsilon!r}"
             )
+        if self.dp_epsilon is None and (
+            self.dp_local_training is not None
+            or self.dp_local_noise is not None
+            or self.dp_local_clip != 1.0
+        ):
+            raise ValueError(
+                "dp_local_training, dp_local_clip and dp_local_noise apply to the DP transports "
+                f"{sorted(DP_CHANNELS)} only, not to {self.fusion!r}"
+            )
+        if self.dp_local_training not in (None, *LOCAL_TRAININGS):
+            raise ValueError(
+                f"dp_local_training must be one of {LOCAL_TRAININGS}, "
+                f"got {self.dp_local_training!r}"
+            )
+        if not (math.isfinite(self.dp_local_clip) and self.dp_local_clip > 0):
+            raise ValueError(f"dp_local_clip must be finite and > 0, got {self.dp_local_clip!r}")
+        sigma = self.dp_local_noise
+        if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"dp_local_noise must be finite and > 0, got {sigma!r}")
+        if sigma is not None and not self.local_dp:
+            raise ValueError("dp_local_noise applies to dp_local_training='dp-sgd' only")
+        if self.dp_epsilon is not None and self.feedback_prob < 1.0:
+            raise ValueError(
+                f"the DP transports need feedback_prob 1, got {self.feedback_prob!r}: the losses "
+                "average over the rows whose feedback was revealed, so one unit's reveals would "
+                "rescale every other row's gradient, which the accounting does not charge"
+            )
         if self.dp_epsilon is not None:
             # Checked here so that a bad option fails when the run is configured.
-            self.dp_options(releases_per_unit=1, tail_delta=0.0)
+            self.dp_options(releases_per_unit=1, tail_delta=0.0, local_steps=1)
         if self.ckks_scale_bits is not None:
             if self.fusion not in ENCRYPTED_FUSIONS:
                 raise ValueError(
@@ -270,23 +327,38 @@ class FedSlateConfig(SlateQConfig):
                     f"ckks_scale_bits must be an integer in [30, 59], got {self.ckks_scale_bits!r}"
                 )
 
+    @property
+    def local_dp(self) -> bool:
+        """Whether the platforms train their local networks with DP-SGD (a DP transport
+        without ``dp_local_training="none"``)."""
+        return self.dp_epsilon is not None and self.dp_local_training != "none"
+
     def dp_options(
-        self, *, releases_per_unit: int | None = None, tail_delta: float | None = None
+        self,
+        *,
+        releases_per_unit: int | None = None,
+        tail_delta: float | None = None,
+        local_steps: int | None = None,
     ) -> DPFusionOptions:
-        """The DP channel's options: the budget, clips, and the release bound of one unit
-        (default: :func:`dp_unit_releases` of this configuration).
+        """The DP channel's options: the budget, clips, the release bound of one unit and the
+        fusion rows' noise multiplier (default: :func:`dp_unit_releases` of this
+        configuration, the noise from :func:`dp_noise_multipliers`).
 
         Raises:
             ValueError: without ``dp_epsilon`` (not a DP transport), or a bad option.
         """
         if self.dp_epsilon is None:
             raise ValueError(f"transport {self.fusion!r} has no DP options (dp_epsilon unset)")
-        if releases_per_unit is None or tail_delta is None:
+        if releases_per_unit is None or tail_delta is None or local_steps is None:
             bound = dp_unit_releases(self)
             releases_per_unit, tail_delta = bound["releases"], bound["tail_delta"]
+            local_steps = bound["local_steps"]
         grad_clip = self.dp_grad_clip
         if grad_clip is None:
             grad_clip = self.huber_delta / self.batch_size
+        sigmas = dp_noise_multipliers(
+            self, releases=int(releases_per_unit), local_steps=int(local_steps), tail=tail_delta
+        )
         return DPFusionOptions(
             epsilon=float(self.dp_epsilon),
             delta=float(self.dp_delta),
@@ -294,6 +366,7 @@ class FedSlateConfig(SlateQConfig):
             grad_clip=float(grad_clip),
             releases_per_unit=int(releases_per_unit),
             tail_delta=float(tail_delta),
+            noise_multiplier=sigmas["fusion"],
             tags=(ACT, TARGET, SELECT, LEARN),
             clamp_sigmas=CKKS_DP_CLAMP_SIGMAS if self.fusion == "ckks+dp" else None,
         )
@@ -347,10 +420,15 @@ def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
     ``k`` for some unit (probability at most ``tail_delta`` per unit) is covered by adding
     ``tail_delta`` to delta.
 
+    Under local DP-SGD (:attr:`FedSlateConfig.local_dp`) the platform's network takes one
+    step per learning step; a step moves with the unit only if it draws one of the unit's
+    rounds, so at most ``min(s, k)`` steps involve the unit (``local_steps``; 0 without local
+    DP-SGD).
+
     Returns:
         ``{"releases": acting + k * (2K + 1), "acting": ..., "drawn_rounds_bound": k,
-        "rows_per_drawn_round": 2K + 1, "learning_steps": s, "draw_probability": ...,
-        "tail_delta": ...}``.
+        "rows_per_drawn_round": 2K + 1, "learning_steps": s, "local_steps": ...,
+        "draw_probability": ..., "tail_delta": ...}``.
     """
     from scipy.stats import binom
 
@@ -371,9 +449,144 @@ def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
         "drawn_rounds_bound": drawn,
         "rows_per_drawn_round": per_drawn,
         "learning_steps": steps,
+        "local_steps": min(steps, drawn) if config.local_dp else 0,
         "draw_probability": probability,
         "tail_delta": tail,
     }
+
+
+def dp_noise_multipliers(
+    config: FedSlateConfig, *, releases: int, local_steps: int, tail: float
+) -> dict[str, float | None]:
+    """The noise multipliers of the fusion rows and of the local DP-SGD, one ledger per platform.
+
+    A unit's ``releases`` fusion rows and ``local_steps`` DP-SGD steps are Gaussian releases
+    about it, composed in Rényi DP in the platform's ledger (no amplification claimed). With
+    ``dp_local_noise`` unset both share the smallest multiplier that keeps all
+    ``releases + local_steps`` within ``(dp_epsilon, dp_delta - tail)``; with it set, the
+    fusion rows get the smallest multiplier that fits beside the given local one.
+
+    Returns:
+        ``{"fusion": sigma_rows, "local": sigma_sgd}`` (``"local"`` is ``None`` without local
+        DP-SGD).
+
+    Raises:
+        ValueError: no fusion multiplier up to 1e6 fits beside the given local one.
+    """
+    budget, delta = float(config.dp_epsilon), float(config.dp_delta) - tail
+    accountant = "rdp"
+    if not config.local_dp or local_steps < 1:
+        sigma = noise_for_target(budget, delta, 1.0, releases, accountant)
+        return {"fusion": sigma, "local": None}
+    if config.dp_local_noise is None:
+        sigma = noise_for_target(budget, delta, 1.0, releases + local_steps, accountant)
+        return {"fusion": sigma, "local": sigma}
+    local = float(config.dp_local_noise)
+
+    def spent(sigma: float) -> float:
+        history = [(sigma, 1.0, releases), (local, 1.0, local_steps)]
+        return epsilon_of_history(history, delta, accountant)
+
+    high = 1.0
+    while spent(high) > budget:
+        high *= 2
+        if high > 1e6:
+            raise ValueError(
+                f"dp_local_noise {local:g} over {local_steps} steps leaves no room for the "
+                f"fusion rows in epsilon {budget:g}: raise it or the budget"
+            )
+    low = 0.0
+    while high - low > 1e-3 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if spent(mid) <= budget else (mid, high)
+    return {"fusion": high, "local": local}
+
+
+# --------------------------------------------------------------------------------------------
+# Local DP-SGD: each platform's network trained under user-level DP
+
+
+@dataclass(eq=False)
+class LocalDPSGD:
+    """DP-SGD of one platform's local Q-network with one unit's gradient clipped as a whole.
+
+    A learning step's parameter gradient is ``sum_b J_b^T g_b`` over the batch's rows (``J_b``
+    the network's Jacobian at row ``b``'s state, ``g_b`` the gradient the fusion channel
+    returned for it). The rows are grouped by unit (the episode their round belongs to: one
+    user), each unit's sum is clipped to ``clip``, and the clipped sums are added up and
+    noised (:func:`securefed.fusion.dp.gaussian_sum`; Abadi et al. 2016 with user-level
+    clipping, McMahan et al. 2018). The optimiser steps on the noised sum over the batch size:
+    the network, and every row it later sends, is post-processing of these releases, of the
+    fusion's released rows and of the party's own data of the user being served.
+
+    Attributes:
+        party: the platform's name.
+        network: its online network (members side by side: member ``s``'s rows only move
+            member ``s``'s weights, and each member is its own run with its own units).
+        clip: the L2 bound per unit and step.
+        noise_multiplier: sigma.
+        noise: the platform's noise source for these releases.
+    """
+
+    party: str
+    network: nn.Module
+    clip: float
+    noise_multiplier: float
+    noise: NoiseSource
+
+    def row_gradients(self, x: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
+        """``(S, B, P)`` per-row parameter gradients ``J_b^T g_b`` (``torch.func``)."""
+        from torch.func import functional_call, grad, vmap
+
+        names = [name for name, _ in self.network.named_parameters()]
+        params = {name: p.detach() for name, p in self.network.named_parameters()}
+
+        def row_value(weights, x_row, g_row):  # x_row (S, D), g_row (S, N)
+            out = functional_call(self.network, weights, (x_row[:, None, :],))
+            return (out[:, 0, :] * g_row).sum()
+
+        per_row = vmap(grad(row_value), in_dims=(None, 1, 1))(params, x, output_grads)
+        s, b = x.shape[:2]
+        return torch.cat(
+            [per_row[n].reshape(b, s, -1).transpose(0, 1) for n in names], dim=-1
+        )  # member s's slice of every parameter, per row
+
+    def release(self, unit_gradients: np.ndarray) -> np.ndarray:
+        """``(S, P)`` the noised sum of the clipped unit gradients ``(S, U, P)``."""
+        return fusion_dp.gaussian_sum(unit_gradients, self.clip, self.noise_multiplier, self.noise)
+
+    def step(
+        self,
+        optimiser: torch.optim.Optimizer,
+        x: torch.Tensor,
+        output_grads: torch.Tensor,
+        units: np.ndarray,
+    ) -> None:
+        """One DP-SGD step on rows ``x`` ``(S, B, D)`` with their returned gradients
+        ``(S, B, N)`` (of the batch's mean loss) and their units ``(S, B)``."""
+        batch = x.shape[1]
+        rows = self.row_gradients(x, output_grads.detach() * batch).double()
+        noised = self.release(unit_sums(rows, units).numpy()) / batch
+        flat = torch.from_numpy(noised)
+        offset = 0
+        for p in self.network.parameters():
+            size = p[0].numel()
+            piece = flat[:, offset : offset + size].reshape(p.shape).to(p.dtype)
+            p.grad = piece.contiguous()
+            offset += size
+        optimiser.step()
+
+
+def unit_sums(rows: torch.Tensor, units: np.ndarray) -> torch.Tensor:
+    """``(S, B, P)`` per-row gradients summed by unit within each member: ``(S, B, P)`` with
+    one slot per distinct unit of the member's batch (the first ones) and zeros after (in
+    torch, on its threads: numpy's BLAS would take every core)."""
+    members, batch = units.shape
+    onehot = torch.zeros(members, batch, batch, dtype=rows.dtype)
+    for s in range(members):
+        _, slot = np.unique(units[s], return_inverse=True)
+        onehot[s, torch.from_numpy(slot.reshape(-1)), torch.arange(batch)] = 1.0
+    return torch.bmm(onehot, rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,6 +851,8 @@ class FedSlateRun:
         timings: seconds spent acting and learning.
         start: ``time.perf_counter()`` at the (virtual) start of the run.
         dp_noise: per platform, the stream its DP channel noises from (empty without DP).
+        local_dp: per platform, its local network's DP-SGD (empty without local DP).
+        replay_unit: ``(buffer_size,)`` the episode (the unit) of each replay row.
         platform_tap: ``None``, or the platforms' own record of every acting inquiry,
             ``(round, {party: the Q-values it sent}, {party: the fused values it got})`` with
             ``(S, 1, N)`` arrays: what the platforms hold in the clear under an encrypted
@@ -662,6 +877,9 @@ class FedSlateRun:
     timings: dict[str, float] = field(default_factory=dict)
     start: float = 0.0
     dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
+    local_dp: list[LocalDPSGD] = field(default_factory=list)
+    local_dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
+    replay_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     platform_tap: list | None = None
 
     @property
@@ -686,8 +904,9 @@ class FedSlateRun:
             | {"fusion_view": FusionViewState(channel.view)},
             generators={"explore": self.act_rng, "replay": self.replay_rng}
             | {f"env.{k}": g for k, g in self.env.streams.named().items()}
-            | {f"dp_noise.{k}": g for k, g in self.dp_noise.items()},
-            arrays={"rewards": self.rewards},
+            | {f"dp_noise.{k}": g for k, g in self.dp_noise.items()}
+            | {f"local_dp_noise.{k}": g for k, g in self.local_dp_noise.items()},
+            arrays={"rewards": self.rewards, "replay_unit": self.replay_unit},
         )
 
 
@@ -799,6 +1018,10 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         dp=config.dp_options() if dp_noise else None,
         noise=dp_noise or None,
     )
+    local_dp_noise = (
+        {name: tree.generator("local-dp", name) for name in names} if config.local_dp else {}
+    )
+    local_dp = start_local_dp(config, channel, local, local_dp_noise)
     return FedSlateRun(
         config=config,
         names=names,
@@ -815,7 +1038,78 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         updates={f"local_{names[p]}": 0 for p in range(k_plat)} | {"server": 0},
         timings={"acting": 0.0, "learning": 0.0},
         dp_noise=dp_noise,
+        local_dp=local_dp,
+        local_dp_noise=local_dp_noise,
+        replay_unit=np.zeros(config.buffer_size, np.int64),
     )
+
+
+def start_local_dp(
+    config: FedSlateConfig,
+    channel,
+    local: list[nn.Module],
+    noise: dict[str, np.random.Generator],
+) -> list[LocalDPSGD]:
+    """Each platform's :class:`LocalDPSGD`, its whole schedule charged to the platform's ledger
+    (beside the fusion rows the channel charged) before anything is released; records the
+    mechanism in the view. Without local DP-SGD under a DP transport the view says that the
+    epsilon is not established.
+
+    Raises:
+        PrivacyBudgetExceeded: the fusion rows and the local steps together overrun a budget.
+    """
+    if config.dp_epsilon is None:
+        return []
+    bound = dp_unit_releases(config)
+    if not config.local_dp:
+        refresh_dp_public(config, channel, None)
+        return []
+    sigma = dp_noise_multipliers(
+        config,
+        releases=bound["releases"],
+        local_steps=bound["local_steps"],
+        tail=bound["tail_delta"],
+    )["local"]
+    trainers = []
+    for p, name in enumerate(channel.parties):
+        channel.ledgers[name].charge(sigma, 1.0, steps=bound["local_steps"], server=(sigma, 1.0))
+        trainers.append(
+            LocalDPSGD(name, local[p], config.dp_local_clip, sigma, as_noise_source(noise[name]))
+        )
+    refresh_dp_public(config, channel, trainers)
+    return trainers
+
+
+def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD] | None):
+    """The view's ``public["dp"]``: the channel's mechanism and ledgers, and the local
+    training's (DP-SGD's parameters, or the flag that the epsilon is not established)."""
+    public = channel.public()
+    if trainers is None:
+        public["local_training"] = (
+            "none: the local networks train on raw data, so one unit moves every later row; "
+            "the epsilon is not established (epsilon_fusion_rows_only counts the fusion rows)"
+        )
+        public["epsilon_fusion_rows_only"] = public["epsilon_spent"]
+        public["epsilon_spent"] = {p: None for p in channel.parties}
+    else:
+        bound = dp_unit_releases(config)
+        sigma = trainers[0].noise_multiplier if trainers else None
+        public["local_training"] = "dp-sgd"
+        # One user's episode is a unit on every platform: against the server, which sees every
+        # platform's rows, the user's loss is their composition (one tail event: the replay
+        # draws are shared).
+        every = [t for p in channel.parties for t in channel.ledgers[p].server_history]
+        public["epsilon_user_all_platforms"] = epsilon_of_history(
+            every, config.dp_delta - bound["tail_delta"]
+        )
+        public["local_sgd"] = {
+            "noise_multiplier": sigma,
+            "clip": config.dp_local_clip,
+            "sensitivity": fusion_dp.REPLACEMENT_SENSITIVITY * config.dp_local_clip,
+            "noise_std": None if sigma is None else sigma * 2 * config.dp_local_clip,
+            "steps_per_unit": bound["local_steps"],
+        }
+    channel.view.public["dp"] = public
 
 
 def seen_by(config: FedSlateConfig, xs: Sequence, q: int, p: int):
@@ -988,6 +1282,7 @@ def exchange_update(
     loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     xs: list[torch.Tensor],
     positions: torch.Tensor | Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    units: np.ndarray | None = None,
 ) -> None:
     """One update of platform ``p``'s network and the server through the fusion channel.
 
@@ -995,8 +1290,15 @@ def exchange_update(
     candidate positions whose fused values ``p``'s loss needs, or a function that picks them
     from the (detached) Q-value messages (B's greedy slate). The exchange: Q-values up, ``Qf_p``
     at those positions down, ``dL/dQf_p`` up (the server steps), ``dL/dQ_p`` down.
+
+    Under a DP transport the positions (A's clicked candidates, B's greedy slate on its own
+    choice weights) are the platform's data: it asks for every position's fused value and
+    picks its own locally, and its gradient row covers every position. With local DP-SGD
+    (``run.local_dp``) the platform steps its network on the clipped, noised sum of its units'
+    gradients (``units``: ``(S, B)`` the unit of each row).
     """
     config, names, channel = run.config, run.names, run.channel
+    private = config.dp_epsilon is not None
     own = run.local[p](xs[p])
     msgs = {names[p]: own}
     with torch.no_grad():
@@ -1005,16 +1307,23 @@ def exchange_update(
                 msgs[names[q]] = run.local[q](seen_by(config, xs, q, p))
     if callable(positions):
         positions = positions({k: m.detach() for k, m in msgs.items()})
-    fused = channel.forward(
-        msgs, outputs=[names[p]], positions={names[p]: positions}, train=True, tag=LEARN
-    )[names[p]]
+    asked = None if private else {names[p]: positions}
+    fused = channel.forward(msgs, outputs=[names[p]], positions=asked, train=True, tag=LEARN)[
+        names[p]
+    ]
     fused = fused.requires_grad_(True)  # what party p received
-    loss = loss_of(fused, positions)
+    chosen = torch.gather(fused, 2, positions) if private else fused
+    loss = loss_of(chosen, positions)
     run.local_opt[p].zero_grad(set_to_none=True)
     loss.backward()
     grads = channel.backward({names[p]: fused.grad}, recipients=[names[p]])
-    own.backward(grads[names[p]])
-    run.local_opt[p].step()
+    if run.local_dp:
+        if units is None:
+            raise ValueError("local DP-SGD needs the unit of every row")
+        run.local_dp[p].step(run.local_opt[p], xs[p], grads[names[p]], units)
+    else:
+        own.backward(grads[names[p]])
+        run.local_opt[p].step()
     run.updates[f"local_{names[p]}"] += 1
     run.updates["server"] += 1
 
@@ -1025,13 +1334,15 @@ def learn(run: FedSlateRun) -> None:
     config, replay = run.config, run.replay
     k_plat, n_cand, delta = config.num_platforms, config.num_candidates, config.huber_delta
     idx = replay.sample(run.replay_rng, config.batch_size, config.target == "sarsa")
+    units = run.replay_unit[idx]
     xs = [torch.from_numpy(replay.gather(replay.x, p, idx)) for p in range(k_plat)]
     targets_y, valid = td_targets(run, idx, replay.done[idx])
     # 2. Algorithm 1 for each platform with rewards: Huber(Qf_p(s, clicked), Y_p).
     for p in run.with_rewards:
         clicked = torch.from_numpy(replay.gather(replay.clicked, p, idx))[..., None]
         y_t, m_t = torch.from_numpy(targets_y[p]), torch.from_numpy(valid[p])
-        exchange_update(run, p, partial(clicked_loss, y=y_t, mask=m_t, delta=delta), xs, clicked)
+        loss = partial(clicked_loss, y=y_t, mask=m_t, delta=delta)
+        exchange_update(run, p, loss, xs, clicked, units)
     if not run.without_rewards:
         return
     # 3. Algorithm 2 for each platform without rewards: V_B(s_B) onto the team target.
@@ -1050,7 +1361,7 @@ def learn(run: FedSlateRun) -> None:
             mask=m_t,
             delta=delta,
         )
-        exchange_update(run, p, loss, xs, partial(greedy_positions, run, p, v, v_null))
+        exchange_update(run, p, loss, xs, partial(greedy_positions, run, p, v, v_null), units)
 
 
 def sync_targets(run: FedSlateRun) -> None:
@@ -1080,8 +1391,9 @@ def report_progress(run: FedSlateRun, episode: int) -> None:
 def run_result(run: FedSlateRun) -> RunResult:
     """What the run produced (the channel's view included)."""
     k_plat, names = run.config.num_platforms, run.names
-    if "dp" in run.channel.view.public:
-        run.channel.view.public["dp"] = run.channel.public()  # the spent budget, clamp rates
+    if "dp" in run.channel.view.public:  # the spent budget, clamp rates
+        trainers = run.local_dp if run.config.local_dp else None
+        refresh_dp_public(run.config, run.channel, trainers)
     return RunResult(
         algorithm=run.config.variant,
         config=run.config.to_dict(),
@@ -1111,6 +1423,7 @@ def run_fedslate(
     *,
     keep_payloads: RoundSelection = NO_PAYLOADS,
     keep_clean: bool = False,
+    on_reset: Callable[[ChocKaleBatch, int], None] | None = None,
 ) -> RunResult:
     """Train FedSlate (or a variant) and return the per-platform episode rewards.
 
@@ -1130,6 +1443,9 @@ def run_fedslate(
             ``result.fusion_clean`` (to score a leak against them; benchmarks only); under an
             encrypted one (:data:`ENCRYPTED_FUSIONS`), the platforms' own record of every
             inquiry, ``(round, {party: Q-values sent}, {party: fused values got})``.
+        on_reset: called with the simulator and the episode after each episode's users are
+            drawn (the empirical audit's canary users,
+            :mod:`securefed.attacks.fedslate_canaries`; ``None``: nothing).
 
     Raises:
         FusionNotApplicable: the fusion channel cannot serve this configuration (before any
@@ -1157,6 +1473,8 @@ def run_fedslate(
     run.start = time.perf_counter() - resumed["seconds"]
     for episode in range(first_episode, config.episodes):
         run.env.reset()
+        if on_reset is not None:
+            on_reset(run.env, episode)
         x = [features(run.env.observation(p), config) for p in range(config.num_platforms)]
         done = False
         tock = time.perf_counter()
@@ -1167,6 +1485,7 @@ def run_fedslate(
             done = play_round(run, episode, x, slates)
             tick = time.perf_counter()
             run.timings["acting"] += tick - tock
+            run.replay_unit[run.replay.head] = episode
             run.replay.commit(done)
             run.rounds += 1
             if run.rounds > config.burn_in and run.rounds % config.learn_every == 0:

@@ -60,3 +60,14 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def fedslate_small() -> dict:
+    """Keywords of a tiny seeded FedSlate run that learns from its second episode (the DP
+    accounting, local DP-SGD and canary-audit tests; seeded: they compare runs)."""
+    return {
+        "num_candidates": 6, "slate_size": 2, "steps_per_platform": 8, "episodes": 3,
+        "members": 2, "burn_in": 7, "learn_every": 2, "buffer_size": 12, "batch_size": 4,
+        "local_hidden": (8,), "server_hidden": (4,), "seed": 0, "target_sync": 8,
+    }  # fmt: skip

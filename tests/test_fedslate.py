@@ -329,12 +329,15 @@ class _Interrupted(Exception):
     pass
 
 
-@pytest.mark.parametrize("algorithm", ["fedslate", "slateq"])
+@pytest.mark.parametrize("algorithm", ["fedslate", "fedslate_dp", "slateq"])
 def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
     tmp_path, monkeypatch, algorithm
 ):
-    """Killed mid-episode after a checkpoint, the rerun resumes and equals the unbroken run."""
+    """Killed mid-episode after a checkpoint, the rerun resumes and equals the unbroken run
+    (under DP too: the noise streams, the local DP-SGD's and the replay's units are state)."""
     config = _tiny(episodes=5, learn_every=3, target_sync=7, variant="fedslate")
+    if algorithm == "fedslate_dp":
+        config = dataclasses.replace(config, fusion="dp", dp_epsilon=8.0)
     if algorithm == "slateq":
         config = SlateQConfig(
             **{
@@ -357,7 +360,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_number_for_number(
                 )
             }
         )
-    train = run_fedslate if algorithm == "fedslate" else run_slateq
+    train = run_slateq if algorithm == "slateq" else run_fedslate
     unbroken = train(config)
 
     path = tmp_path / "run.pt"

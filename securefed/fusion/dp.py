@@ -46,9 +46,14 @@ Gaussian release (Dwork and Roth 2014, Proposition 2.1): the privacy guarantee a
 are unchanged. An entry is clamped with probability at most ``2 Phi(-c)`` (``6.3e-5`` at
 ``c = 4``); :meth:`DPFusionChannel.clamp_rates` reports the share clamped, per party and kind.
 
-What this does not cover: the parties' own networks are not DP-trained (they need not be: they
-never leave the party); the fused values and input gradients a party receives are
-post-processings of the others' noised rows. Noise from a seeded generator is for tests and
+What this channel does not cover: a party's own computations between releases. Its noised rows
+are all the server sees of it, but if the party's later rows depend on a unit's data through
+something the channel does not noise (a local network trained on the raw data, positions asked
+for in the clear), those rows carry the unit's data unaccounted. The caller closes that gap:
+FedSlate trains its local networks with DP-SGD (:func:`gaussian_sum`) charged to the same
+ledgers and asks for every position (docs/fedslate.md section 9, "Accounting that covers the
+local networks"). The fused values and input gradients a party receives are post-processings
+of the others' noised rows. Noise from a seeded generator is for tests and
 benchmarks (``view.public["dp"]["noise_secure"]`` says which).
 """
 
@@ -74,6 +79,7 @@ __all__ = [
     "clamp_entries",
     "clip_rows_last_axis",
     "gaussian_rows",
+    "gaussian_sum",
     "unit_ledger",
 ]
 
@@ -205,6 +211,31 @@ def gaussian_rows(
     clipped, factors = clip_rows_last_axis(values, clip)
     std = sigma * REPLACEMENT_SENSITIVITY * clip
     return clipped + noise.normal(std, clipped.shape), factors
+
+
+def gaussian_sum(
+    unit_rows: np.ndarray, clip: float, sigma: float, noise: NoiseSource
+) -> np.ndarray:
+    """DP-SGD's release: clip each unit's row to ``clip``, sum over the units (axis ``-2``) and
+    add ``N(0, (sigma * 2 clip)^2)`` to every entry of the sum.
+
+    Abadi et al., "Deep Learning with Differential Privacy", CCS 2016, Algorithm 1, with a
+    *unit*'s gradient (all its records in the batch summed) clipped as a whole: user-level
+    clipping (McMahan et al., "Learning Differentially Private Recurrent Language Models", ICLR
+    2018). Under replacement adjacency the sum moves by at most ``2 clip``.
+
+    Args:
+        unit_rows: ``(..., units, width)``; a row of zeros for a slot no unit fills.
+        clip: L2 bound per unit (> 0).
+        sigma: noise multiplier (> 0).
+        noise: the noise source.
+
+    Returns:
+        ``(..., width)`` the noised sum.
+    """
+    clipped, _ = clip_rows_last_axis(unit_rows, clip)
+    total = clipped.sum(axis=-2)
+    return total + noise.normal(sigma * REPLACEMENT_SENSITIVITY * clip, total.shape)
 
 
 def clamp_entries(values: np.ndarray, bound: float) -> tuple[np.ndarray, int]:

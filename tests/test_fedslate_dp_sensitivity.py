@@ -1,0 +1,217 @@
+"""The attack on FedSlate's DP accounting: change one unit's data, fix all randomness, and check
+that every released quantity moves only within what the ledgers charged.
+
+The unit of privacy is one user's episode (docs/fedslate.md section 9). Two seeded runs differ
+in one user's episode only (member 0's user of episode 1 gets another initial state and another
+observation of it). The runs are *coupled* at every Gaussian mechanism: the second run releases
+exactly what the first released there (its noise shifted by the difference of the pre-noise
+values; the mechanism's output distribution is the same, so this is a valid coupling of the two
+neighbouring runs), and records that difference. If everything the parties do after a release is
+post-processing of the releases and of each party's own data, the two runs then agree on every
+quantity the server sees, and the only mechanism inputs that differ are the unit's: at most the
+ledger's count of them per platform, each within the sensitivity the noise was calibrated to.
+
+On the code before issue 34 this fails twice over: each platform trained its local Q-network on
+the unit's raw data, so the Q-value rows of the same member's *later users* differ (rows the
+ledger never charged), and the clicked positions of the unit's replayed rounds reached the
+server in the clear.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+pytest.importorskip("gymnasium")
+
+from securefed import ALL_PAYLOADS  # noqa: E402
+from securefed.fusion import dp as fusion_dp  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+UNIT_EPISODE, UNIT_MEMBER = 1, 0
+
+
+class Coupling:
+    """Records a run's mechanism outputs (``reference is None``) or replays them.
+
+    Each entry: ``(mechanism, party, key, round, output)``. In a replaying run the mechanism is
+    called as usual (same noise stream, so the same draws), the difference from the reference's
+    output is the difference of the pre-noise values, and the reference's output is returned.
+    """
+
+    def __init__(self, reference: list | None = None) -> None:
+        self.reference = reference
+        self.calls: list[tuple[str, str, str, int | None, np.ndarray]] = []
+        self.differences: list[tuple[str, str, str, int | None, np.ndarray]] = []
+
+    def couple(self, mechanism: str, party: str, key: str, round_id, output: np.ndarray):
+        index = len(self.calls)
+        self.calls.append((mechanism, party, key, round_id, output))
+        if self.reference is None:
+            return output
+        ref = self.reference[index]
+        if ref[:4] != (mechanism, party, key, round_id) or ref[4].shape != output.shape:
+            raise AssertionError(
+                f"mechanism call {index} differs in kind: {ref[:4]} vs "
+                f"{(mechanism, party, key, round_id)}: the release schedule depends on the data"
+            )
+        self.differences.append(
+            (mechanism, party, key, round_id, output.astype(np.float64) - ref[4])
+        )
+        return ref[4].astype(output.dtype)
+
+
+def _patch_mechanisms(monkeypatch, coupling: Coupling) -> None:
+    original_rows = fusion_dp.DPFusionChannel._release
+
+    def coupled_rows(self, party, value, clip, key, kind):
+        noised, factors = original_rows(self, party, value, clip, key, kind)
+        is_tensor = hasattr(noised, "detach")
+        array = noised.detach().numpy() if is_tensor else np.asarray(noised)
+        array = coupling.couple("rows", party, key, self.view.current_round, array)
+        return (torch.from_numpy(array) if is_tensor else array), factors
+
+    monkeypatch.setattr(fusion_dp.DPFusionChannel, "_release", coupled_rows)
+    from securefed.rl import fedslate
+
+    local_dp = getattr(fedslate, "LocalDPSGD", None)
+    if local_dp is not None:  # the platforms' DP-SGD of their local networks (issue 34)
+        original_sum = local_dp.release
+
+        def coupled_sum(self, unit_gradients):
+            out = original_sum(self, unit_gradients)
+            return coupling.couple("local_sgd", self.party, "local", None, out)
+
+        monkeypatch.setattr(local_dp, "release", coupled_sum)
+
+
+def _perturb_one_user(monkeypatch) -> None:
+    """Member ``UNIT_MEMBER``'s user of episode ``UNIT_EPISODE`` is another user: another
+    initial state, another observation of it, and on platform A other clicks (the next position
+    of each slate shown): the neighbouring dataset (one unit changed, nothing else)."""
+    from securefed.rl.envs.choc_kale import ChocKaleBatch
+
+    original_reset, original_step = ChocKaleBatch.reset, ChocKaleBatch.step
+    episode = {"n": -1}
+
+    def reset(self):
+        original_reset(self)
+        episode["n"] += 1
+        if episode["n"] == UNIT_EPISODE:
+            self.nke[UNIT_MEMBER] = -self.nke[UNIT_MEMBER] + 3.0
+            self.obs_sat[UNIT_MEMBER] += 0.7
+
+    def step(self, platform, slates):
+        out = original_step(self, platform, slates)
+        if episode["n"] == UNIT_EPISODE and platform == 0:
+            position = (out.position[UNIT_MEMBER] + 1) % slates.shape[1]
+            out.position[UNIT_MEMBER] = position
+            out.clicked[UNIT_MEMBER] = slates[UNIT_MEMBER, position]
+        return out
+
+    monkeypatch.setattr(ChocKaleBatch, "reset", reset)
+    monkeypatch.setattr(ChocKaleBatch, "step", step)
+
+
+def _run(monkeypatch, coupling: Coupling, *, perturb: bool, config):
+    from securefed.rl.fedslate import run_fedslate
+
+    with monkeypatch.context() as patch:
+        _patch_mechanisms(patch, coupling)
+        if perturb:
+            _perturb_one_user(patch)
+        return run_fedslate(config, keep_payloads=ALL_PAYLOADS)
+
+
+def _view_arrays(view) -> list[tuple[str, str, str, np.ndarray]]:
+    out = []
+    for i, exchange in enumerate(view.exchanges):
+        for party, fields in sorted(exchange.payloads.items()):
+            for name, value in sorted(fields.items()):
+                out.append((f"{i}:{exchange.tag}:{exchange.kind}", party, name, np.asarray(value)))
+    return out
+
+
+def _coupled_pair(monkeypatch, config):
+    first = Coupling()
+    base = _run(monkeypatch, first, perturb=False, config=config)
+    second = Coupling(reference=first.calls)
+    neighbour = _run(monkeypatch, second, perturb=True, config=config)
+    return base, neighbour, second
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, {"alignment": "item"}, {"variant": "extended"}], ids=["paper", "item", "ext"]
+)
+def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
+    from securefed.rl.fedslate import FedSlateConfig
+
+    shape = fedslate_small | {"episodes": 4} | variant
+    config = FedSlateConfig(**shape, fusion="dp", dp_epsilon=8.0)
+    base, neighbour, coupling = _coupled_pair(monkeypatch, config)
+    assert base.learn_steps > 10 and coupling.differences
+
+    # 1. Everything the server saw is the same in both runs: the noised rows (by the coupling)
+    # and everything else it received (positions, fused outputs, input gradients).
+    seen, seen_neighbour = _view_arrays(base.fusion_view), _view_arrays(neighbour.fusion_view)
+    assert [s[:3] for s in seen] == [s[:3] for s in seen_neighbour]
+    moved = [
+        s[:3] for s, t in zip(seen, seen_neighbour, strict=True) if not np.array_equal(s[3], t[3])
+    ]
+    assert not moved, f"released in the clear and moved by one user's episode: {moved[:4]}"
+
+    # 2. The mechanism inputs that moved: only the unit's, within the charged sensitivity and
+    # count, per platform.
+    public = neighbour.fusion_view.public["dp"]
+    options = config.dp_options()
+    sensitivity = {"input": 2 * options.clip, "grad": 2 * options.grad_clip}
+    steps_per_episode = config.steps_per_platform
+    unit_rounds = range(UNIT_EPISODE * steps_per_episode, (UNIT_EPISODE + 1) * steps_per_episode)
+    moved_rows: dict[str, int] = {}
+    moved_steps: dict[str, int] = {}
+    for mechanism, party, key, round_id, diff in coupling.differences:
+        if mechanism == "rows":
+            norms = np.linalg.norm(diff, axis=-1)  # (S, B): one per row
+            kind = key.rsplit(":", 1)[1]
+            assert norms.max() <= sensitivity[kind] * (1 + 1e-4) + 1e-4, (key, norms.max())
+            if key.startswith("act:"):
+                members, _ = np.nonzero(norms)
+                assert round_id in unit_rounds or not members.size, (
+                    f"platform {party}'s acting row of round {round_id} (not the unit's episode) "
+                    "moved: its local network carries the unit's data into a later user's rows"
+                )
+                assert set(members.tolist()) <= {UNIT_MEMBER}
+            moved_rows[party] = moved_rows.get(party, 0) + int(np.count_nonzero(norms))
+        else:
+            norm = float(np.linalg.norm(diff))
+            assert norm <= public["local_sgd"]["sensitivity"] * (1 + 1e-4) + 1e-5
+            moved_steps[party] = moved_steps.get(party, 0) + int(norm > 0)
+    for party in ("A", "B"):
+        assert 0 < moved_rows.get(party, 0) <= options.releases_per_unit, (party, moved_rows)
+    # The local networks are charged in the same ledger: its count bounds the steps that moved.
+    assert "local_sgd" in public, "the ledger charges the fusion rows only, not the local training"
+    for party in ("A", "B"):
+        # The unit's rounds were replayed, so some of the platform's DP-SGD steps moved with it.
+        assert 0 < moved_steps.get(party, 0) <= public["local_sgd"]["steps_per_unit"], moved_steps
+
+
+def test_the_attack_catches_non_private_local_training(monkeypatch, fedslate_small):
+    """The control: with the old local training (flagged, no epsilon) the positions are local
+    now, so the server's view still agrees, but a later user's acting rows move with the unit:
+    the attack's second check has the power to see the local networks' leak by itself."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    config = FedSlateConfig(
+        **fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0, dp_local_training="none"
+    )
+    _, _, coupling = _coupled_pair(monkeypatch, config)
+    unit_end = (UNIT_EPISODE + 1) * config.steps_per_platform
+    later = [
+        (party, round_id)
+        for mechanism, party, key, round_id, diff in coupling.differences
+        if key.startswith("act:") and round_id >= unit_end and np.abs(diff).max() > 0
+    ]
+    assert later, "no later user's row moved: the control found nothing to catch"
