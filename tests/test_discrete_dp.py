@@ -787,8 +787,10 @@ def test_threshold_sampler_matches_pmf_and_the_chain_sampler(sigma2):
     """10^6 draws of the threshold sampler against the exact PMF (cells of one integer within
     3 sigma, at most 100 wide so each holds >= ~40 expected draws, and the tails), and against
     10^6 draws of the Algorithm-1 chain sampler it replaced (homogeneity on 40 quantile cells).
-    Significance 0.001 each; the controls show each test rejects a variance 1% off (the PMF
-    test) and the chain sampler at 1.02 sigma2 (the two-sample test)."""
+    Significance 0.001 each; the controls show each test rejects a variance 5% off (one-integer
+    cells) or 2% off (the std / 10 cells; at 1% off its power is marginal: with 10^6 draws the
+    sample variance's own spread is 0.14%) and the chain sampler at 1.1 sigma2 (the two-sample
+    test). Also homogeneous with 10^6 draws of the CKS rejection sampler."""
     from securefed.privacy.discrete import discrete_gaussian_chain, discrete_gaussian_rejection
 
     rng = np.random.default_rng(20261202 + sigma2)
@@ -812,7 +814,7 @@ def test_threshold_sampler_matches_pmf_and_the_chain_sampler(sigma2):
             return cells / cells.sum() * new.size
 
         assert stats.chisquare(observed, expected(sigma2)).pvalue > SIGNIFICANCE
-        assert stats.chisquare(observed, expected(sigma2 * 1.01)).pvalue < SIGNIFICANCE
+        assert stats.chisquare(observed, expected(sigma2 * 1.02)).pvalue < SIGNIFICANCE
     assert _two_sample_p(new, old) > SIGNIFICANCE
     wider = discrete_gaussian_chain(max(2, round(sigma2 * 1.1)), 1_000_000, rng)
     assert _two_sample_p(new, wider) < SIGNIFICANCE
