@@ -566,24 +566,12 @@ def discrete_gaussian_rejection(
     falls short is topped up with another. The trials with few distinct exponents use exact
     thresholds (:func:`_laplace_tries`, :func:`_accept_gaussian`): ``U`` and the sign from one
     integer below ``2 t``, ``exp(-U / t)``, ``Geometric(1 - exp(-1))`` and ``exp(-whole)`` from
-    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1.
-
-    Args:
-        sigma2: the integer variance parameter ``sigma^2 >= 1``.
-        size: how many draws.
-        rng: the generator (seeded, tests and benchmarks) or an :class:`IntegerSource`
-            (:class:`SecureIntegers` in secure mode).
-
-    Returns:
-        ``size`` int64 draws.
+    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1. Arguments, result and
+    errors as :func:`discrete_gaussian`.
 
     The numerator ``(|Y| t - sigma2)^2`` is split into whole multiples of the denominator and a
     remainder in int64 where ``|gap| < 2^31``, and in Python integers for the rare tries beyond
     (far in the tail, accepted with probability below ``exp(-30)``).
-
-    Raises:
-        ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
-        TypeError: ``rng`` neither a numpy Generator nor an integer source.
     """
     return _gaussian_blocks(sigma2, size, rng, _laplace_tries, _accept_gaussian)
 
