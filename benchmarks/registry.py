@@ -211,6 +211,11 @@ BENCHES: dict[str, Command] = _table(
         "securefed.bench.bench_scale:register",
     ),
     Command(
+        "discrete-sampler",
+        "exact discrete Gaussian samplers (inversion, CKS rejection) beside float and Skellam",
+        "securefed.bench.bench_discrete_sampler:register",
+    ),
+    Command(
         "startup",
         "start-up time of the command line and of `import securefed`",
         "securefed.bench.bench_startup:register",

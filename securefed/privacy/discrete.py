@@ -2,8 +2,15 @@
 
 Samplers (pure functions of an explicit ``np.random.Generator``):
 
-* :func:`bernoulli_exp_neg`, :func:`discrete_laplace`, :func:`discrete_gaussian`: Canonne, Kamath
-  and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020), Algorithms 1-3.
+* :func:`discrete_gaussian`: exact ``N_Z(0, sigma^2)`` by inversion of its CDF ``F``: one uniform
+  62-bit word ``W`` a draw against the table ``floor(F(y) 2^62)``, computed once per variance by
+  certified interval arithmetic in Python integers (no floating point); ``W`` equal to an entry
+  (chance below ``2^-43`` a draw: fewer than ``2^19`` entries) reads further words against
+  further exact digits of ``F``. Same law as the rejection samplers below (tests), about 10x
+  (seeded) to 15x (secure) faster.
+* :func:`bernoulli_exp_neg`, :func:`discrete_laplace`, :func:`discrete_gaussian_rejection`:
+  Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020),
+  Algorithms 1-3.
   Exact: every step is a Bernoulli trial with a *rational* probability, decided by comparing a
   uniform integer with the numerator, so no floating-point number enters the sampler and the
   output law is exactly ``N_Z(0, sigma^2)`` for the integer variance parameter ``sigma^2``
@@ -13,10 +20,11 @@ Samplers (pure functions of an explicit ``np.random.Generator``):
   (AES-256-CTR keyed from ``os.urandom``, by rejection; secure mode). Vectorised in blocks of
   tries: each stage is one pass over the pending draws under one scalar bound, and
   ``Bernoulli(exp(-1))`` costs one uniform integer (:func:`_bernoulli_exp_minus_one`).
-  :func:`discrete_gaussian` decides its ``exp(-k)``, ``exp(-u / t)`` and geometric trials by one
-  uniform 62-bit word against exact integer thresholds ``floor(exp(-x) 2^62)`` computed in Python
-  integers (ties, chance ``2^-62``, continue digit by digit); :func:`discrete_gaussian_chain` is
-  the earlier all-Algorithm-1 form, same law.
+  :func:`discrete_gaussian_rejection` decides its ``exp(-k)``, ``exp(-u / t)`` and geometric
+  trials by one uniform 62-bit word against exact integer thresholds ``floor(exp(-x) 2^62)``
+  computed in Python integers (ties, chance ``2^-62``, continue digit by digit);
+  :func:`discrete_gaussian_chain` is the earlier all-Algorithm-1 form, same law. (Both are
+  kept as references for the tests and ``securefed bench discrete-sampler``.)
 * :func:`skellam`: ``Poisson(mu) - Poisson(mu)`` (Agarwal, Kairouz and Liu, "The Skellam
   Mechanism for Differentially Private Federated Learning", NeurIPS 2021). It uses numpy's Poisson
   sampler, which is *not* exact in the sense above (it uses floating point for large ``mu``).
@@ -128,7 +136,7 @@ class SecureIntegers:
         out = np.empty(size, np.int64)
         mask = np.uint64((1 << max(1, (high - 1).bit_length())) - 1)
         if high > 1 and high & (high - 1) == 0:  # a power of two: every masked word is kept
-            return (self._source.words(size) & mask).astype(np.int64)
+            return (self._source.words(size) & mask).view(np.int64)  # below 2^62: same values
         filled = 0
         while filled < size:
             need = size - filled
@@ -539,11 +547,13 @@ def _accept_far_tail(gap: int, den: int, source: IntegerSource) -> bool:
     return bool(_bernoulli_exp_neg_fraction(np.array([remainder], np.int64), den, source)[0])
 
 
-def discrete_gaussian(
+def discrete_gaussian_rejection(
     sigma2: int, size: int, rng: np.random.Generator | IntegerSource
 ) -> np.ndarray:
-    """Exact draws of ``N_Z(0, sigma2)``: ``P(x) ∝ exp(-x^2 / (2 sigma2))`` on the integers.
+    """Exact ``N_Z(0, sigma2)`` by rejection (the sampler before :func:`discrete_gaussian`).
 
+    Same law as :func:`discrete_gaussian`, about 10x slower; kept as the reference that
+    ``tests/test_discrete_dp.py`` and ``benchmarks/bench_discrete_sampler.py`` compare with.
     Canonne, Kamath and Steinke 2020, Algorithm 3: ``t = floor(sigma) + 1``; draw
     ``Y ~ DLap(t)`` and accept it with probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``,
     which for an integer ``sigma2`` is ``exp(-(|Y| t - sigma2)^2 / (2 sigma2 t^2))``: a ratio of
@@ -556,24 +566,12 @@ def discrete_gaussian(
     falls short is topped up with another. The trials with few distinct exponents use exact
     thresholds (:func:`_laplace_tries`, :func:`_accept_gaussian`): ``U`` and the sign from one
     integer below ``2 t``, ``exp(-U / t)``, ``Geometric(1 - exp(-1))`` and ``exp(-whole)`` from
-    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1.
-
-    Args:
-        sigma2: the integer variance parameter ``sigma^2 >= 1``.
-        size: how many draws.
-        rng: the generator (seeded, tests and benchmarks) or an :class:`IntegerSource`
-            (:class:`SecureIntegers` in secure mode).
-
-    Returns:
-        ``size`` int64 draws.
+    one 62-bit word each; ``exp(-remainder / den)`` by Algorithm 1. Arguments, result and
+    errors as :func:`discrete_gaussian`.
 
     The numerator ``(|Y| t - sigma2)^2`` is split into whole multiples of the denominator and a
     remainder in int64 where ``|gap| < 2^31``, and in Python integers for the rare tries beyond
     (far in the tail, accepted with probability below ``exp(-30)``).
-
-    Raises:
-        ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
-        TypeError: ``rng`` neither a numpy Generator nor an integer source.
     """
     return _gaussian_blocks(sigma2, size, rng, _laplace_tries, _accept_gaussian)
 
@@ -581,10 +579,10 @@ def discrete_gaussian(
 def discrete_gaussian_chain(
     sigma2: int, size: int, rng: np.random.Generator | IntegerSource
 ) -> np.ndarray:
-    """The earlier form of :func:`discrete_gaussian`: every ``exp`` trial by Algorithm 1's chain.
+    """The first form of :func:`discrete_gaussian_rejection`: every ``exp`` trial by Algorithm 1.
 
-    Same law (exact ``N_Z(0, sigma2)``), about 3x slower; kept as the reference the tests and
-    ``benchmarks/discrete_sampler.py`` compare the threshold form with.
+    Same law (exact ``N_Z(0, sigma2)``), about 1.2x slower; kept as the reference the tests and
+    ``benchmarks/bench_discrete_sampler.py`` compare the other samplers with.
     """
     return _gaussian_blocks(sigma2, size, rng, _laplace_candidates, _bernoulli_exp_neg_split)
 
@@ -611,6 +609,233 @@ def _gaussian_blocks(sigma2, size, rng, tries, accept_trial) -> np.ndarray:
         values = np.where(negative, -magnitude, magnitude)[accept][:need]
         out[filled : filled + values.size] = values
         filled += values.size
+    return out
+
+
+# ----------------------------------------------------------------------------- inversion sampler
+# Guide table: the top 18 bits of a 62-bit word pick a bucket of the CDF table (2^18 int32
+# entries, 1 MiB: in cache; 18 bits leave about 0.2% of the draws to the binary search).
+_GUIDE_BITS = 18
+_GUIDE_SHIFT = _WORD_BITS - _GUIDE_BITS
+# Margin of the interval arithmetic beyond the bits asked for (the straddle chance per entry is
+# about 2^-64 times the accumulated width; a straddle only raises the precision).
+_GUARD_BITS = 64
+
+
+@lru_cache(maxsize=2)
+def _gaussian_tail_sums(sigma2: int, bits: int) -> tuple[int, int, list[int], list[int], int]:
+    """Certified bounds on the tail sums ``T(m) = sum_{k >= m} exp(-k^2 / (2 sigma2))``.
+
+    Fixed point at ``p = bits + 2 * 64 + bitlen(2 sigma2 + 1)`` bits, Python integers only:
+    ``e_0 = 1``, ``e_{k+1} = e_k r_k`` with ``r_k = exp(-(2k + 1) / (2 sigma2)) = a b^k``,
+    ``a = exp(-1 / (2 sigma2))``, ``b = a^2``; lower bounds round every product down, upper
+    bounds up (``floor(a 2^p) + 1 > a 2^p`` because ``a`` is irrational). The terms stop at the
+    first ``K`` with ``e_K (2 sigma2 + 1) <= 2^-(bits + 64)``: since
+    ``e_{K+i} / e_K = exp(-(2 K i + i^2) / (2 sigma2)) <= a^i``, the rest of the series is at
+    most ``e_K a / (1 - a) <= e_K (2 sigma2 + 1)``, which the upper bounds add.
+
+    Returns:
+        ``(p, K, low, high, tail)``: ``low[m] <= T(m) 2^p <= high[m]`` for ``m = 0 .. K + 1``
+        (``T(m)`` for ``m > K + 1`` lies in ``[0, tail]``).
+    """
+    bound = 2 * sigma2 + 1
+    precision = bits + 2 * _GUARD_BITS + bound.bit_length()
+    tail = 1 << (precision - bits - _GUARD_BITS)
+    one = 1 << precision
+    a_low = _exp_neg_floor(1, 2 * sigma2, precision)
+    a_high = a_low + 1
+    b_low, b_high = (a_low * a_low) >> precision, -((-a_high * a_high) >> precision)
+    lows, highs = [one], [one]
+    e_low = e_high = one
+    r_low, r_high = a_low, a_high
+    while highs[-1] * bound > tail:
+        e_low, e_high = (e_low * r_low) >> precision, -((-e_high * r_high) >> precision)
+        r_low, r_high = (r_low * b_low) >> precision, -((-r_high * b_high) >> precision)
+        lows.append(e_low)
+        highs.append(e_high)
+    low, high = [0], [tail]  # T(K + 1), then T(K), ..., T(0)
+    for e_l, e_h in zip(reversed(lows), reversed(highs), strict=True):
+        low.append(low[-1] + e_l)
+        high.append(high[-1] + e_h)
+    return precision, len(lows) - 1, low[::-1], high[::-1], tail
+
+
+def _cdf_floor_bounds(sums: tuple[int, int, list[int], list[int], int], y: int, bits: int):
+    """Bounds ``(lo, hi)`` on ``floor(F(y) 2^bits)``, ``F`` the CDF of ``N_Z(0, sigma2)``.
+
+    ``F(y) = T(-y) / Z`` for ``y < 0`` and ``(Z - T(y + 1)) / Z`` for ``y >= 0``, with
+    ``Z = 2 T(1) + 1``; ``F(y) < 1`` caps the upper bound at ``2^bits - 1``.
+    """
+    precision, k_max, low, high, tail = sums
+    z_low, z_high = 2 * low[1] + (1 << precision), 2 * high[1] + (1 << precision)
+
+    def tail_sum(m: int) -> tuple[int, int]:
+        return (low[m], high[m]) if m <= k_max + 1 else (0, tail)
+
+    if y < 0:
+        s_low, s_high = tail_sum(-y)
+    else:
+        t_low, t_high = tail_sum(y + 1)
+        s_low, s_high = z_low - t_high, z_high - t_low
+    top = (1 << bits) - 1
+    return (max(s_low, 0) << bits) // z_high, min((s_high << bits) // z_low, top)
+
+
+def _cdf_floor(sigma2: int, y: int, bits: int) -> int:
+    """``floor(F(y) 2^bits)`` exactly: the bounds at more precision until they agree."""
+    extra = 0
+    while True:
+        sums = _gaussian_tail_sums(sigma2, bits + extra)
+        low, high = _cdf_floor_bounds(sums, y, bits + extra)
+        if low == high:
+            return low >> extra
+        extra += _GUARD_BITS
+
+
+@lru_cache(maxsize=8)
+def _inversion_table(sigma2: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The exact 62-bit CDF table of ``N_Z(0, sigma2)`` and its guide: ``(K, cdf, guide)``.
+
+    ``cdf[i] = floor(F(i - K) 2^62)`` for ``i = 0 .. 2K`` (int64, non-decreasing), with
+    ``cdf[0] = 0`` and ``cdf[2K] = 2^62 - 1`` (``K`` from :func:`_gaussian_tail_sums`, so
+    ``F(-K) < 2^-62`` and ``1 - F(K) < 2^-62``). ``guide[h]`` (int32) is the first index whose
+    entry exceeds ``h 2^44`` when the bucket ``[h 2^44, (h + 1) 2^44)`` holds at most one entry
+    and its start is no entry; otherwise ``-1`` (the bucket is searched in full).
+    """
+    sums = _gaussian_tail_sums(sigma2, _WORD_BITS)
+    k_max = sums[1]
+    entries = []
+    for y in range(-k_max, k_max + 1):
+        low, high = _cdf_floor_bounds(sums, y, _WORD_BITS)
+        entries.append(low if low == high else _cdf_floor(sigma2, y, _WORD_BITS))
+    cdf = np.array(entries, np.int64)
+    if cdf[0] != 0 or cdf[-1] != _WORD - 1 or np.any(np.diff(cdf) < 0):
+        raise ArithmeticError("the discrete Gaussian CDF table is not a closed monotone table")
+    starts = np.arange(0, (1 << _GUIDE_BITS) + 1, dtype=np.int64) << _GUIDE_SHIFT
+    first = np.searchsorted(cdf, starts, side="right")
+    single = (first[1:] - first[:-1] <= 1) & (cdf[first[:-1] - 1] != starts[:-1])
+    guide = np.where(single, first[:-1], -1).astype(np.int32)
+    cdf.flags.writeable = guide.flags.writeable = False  # shared by every call (cached)
+    return k_max, cdf, guide
+
+
+def _invert_words(
+    words: np.ndarray, k_max: int, cdf: np.ndarray, guide: np.ndarray, out: np.ndarray
+) -> np.ndarray:
+    """``out = min{y : X < F(y)}`` for each 62-bit word; returns the words that need more care.
+
+    For ``X`` uniform on ``[0, 1)`` with first word ``W``: an entry ``cdf[i] > W`` means
+    ``X < (W + 1) 2^-62 <= F(i - K)``, an entry ``cdf[i] < W`` means ``X >= F(i - K)``, so
+    the answer is the first index with ``cdf[i] > W``, unless ``W`` equals an entry (then the
+    next words decide). In a guided bucket that index is ``lo`` or ``lo + 1``.
+
+    Returns:
+        The positions whose bucket is unguided or whose word equals an entry (``out`` is not
+        valid there).
+    """
+    lo = guide[words >> _GUIDE_SHIFT]
+    entry = cdf[lo]
+    np.add(lo, entry <= words, out=out)
+    out -= k_max
+    return np.flatnonzero((lo < 0) | (entry == words))
+
+
+def _resolve_inversion(sigma2: int, word: int, source: IntegerSource) -> int:
+    """The exact draw for a first word equal to a table entry (chance about ``2K 2^-62``).
+
+    Further words of ``X`` are drawn as needed and compared with further exact digits of
+    ``F(y)`` (:func:`_cdf_floor`); ``X < F(y)`` is monotone in ``y``, so the answer is found
+    by a search: outward from the run of entries equal to ``word`` (by doubling steps past the
+    table's ends, where the run may continue), then by bisection.
+    """
+    k_max, cdf, _ = _inversion_table(sigma2)
+    digits = [word]
+
+    def below(y: int) -> bool:  # X < F(y)?
+        prefix, index = word, 0
+        while True:
+            bits = _WORD_BITS * (index + 1)
+            floor = _cdf_floor(sigma2, y, bits)
+            if prefix != floor:
+                return prefix < floor
+            index += 1
+            if index == len(digits):
+                digits.append(int(source.below(_WORD, 1)[0]))
+            prefix = (prefix << _WORD_BITS) | digits[index]
+
+    first = int(np.searchsorted(cdf, word, side="left"))
+    last = int(np.searchsorted(cdf, word, side="right"))
+    low, high = first - 1 - k_max, last - k_max  # X >= F(low) when first > 0; X < F(high)
+    step = 1
+    while first == 0 and below(low):  # the run reaches F(-K): look further down
+        high, low, step = low, low - step, 2 * step
+    step = 1
+    while last == cdf.size and not below(high):
+        low, high, step = high, high + step, 2 * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        if below(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def discrete_gaussian(
+    sigma2: int, size: int, rng: np.random.Generator | IntegerSource
+) -> np.ndarray:
+    """Exact draws of ``N_Z(0, sigma2)``: ``P(x) ∝ exp(-x^2 / (2 sigma2))`` on the integers.
+
+    Inversion of the exact CDF ``F``: for ``X`` uniform on ``[0, 1)`` the draw is
+    ``min{y : X < F(y)}``, whose law is exactly ``N_Z(0, sigma2)``. ``X`` is read one 62-bit
+    word at a time, and only as far as needed:
+
+    * the first word ``W`` is compared with the table ``c(y) = floor(F(y) 2^62)``
+      (:func:`_inversion_table`), computed once per ``sigma2`` by certified interval
+      arithmetic in Python integers (:func:`_gaussian_tail_sums`: every product rounded
+      down for the lower bound and up for the upper, a floor taken only when both bounds
+      give it; no floating-point number enters the table or any comparison). Since
+      ``X`` lies in ``[W, W + 1) 2^-62`` and ``F(y)`` in ``[c, c + 1) 2^-62``: ``W > c``
+      gives ``X >= (c + 1) 2^-62 > F(y)`` and ``W < c`` gives ``X < (W + 1) 2^-62 <= F(y)``,
+      so the draw is decided unless ``W`` equals an entry;
+    * ``W`` equal to an entry (chance below ``(2 K + 1) 2^-62``, ``K`` about ``14.3 sigma``)
+      draws further words and compares them with further exact digits of ``F``
+      (:func:`_resolve_inversion`; it ends with probability 1, each further word deciding
+      all but a ``2^-62`` share), so the answer is exact, not rounded to 62 bits.
+
+    A guide table on the top 18 bits of ``W`` locates the entry in one step in most buckets;
+    the other buckets (the tails, where many entries share one) use a binary search. Blocks of
+    :data:`_BLOCK` words from the source at a time (one uniform word a draw), so the secure
+    source's AES-CTR keystream is drawn in large batches. Same law as the rejection samplers
+    of Canonne, Kamath and Steinke 2020 (:func:`discrete_gaussian_rejection`,
+    :func:`discrete_gaussian_chain`); ``tests/test_discrete_dp.py`` compares them.
+
+    Args:
+        sigma2: the integer variance parameter ``sigma^2 >= 1``.
+        size: how many draws.
+        rng: the generator (seeded, tests and benchmarks) or an :class:`IntegerSource`
+            (:class:`SecureIntegers` in secure mode).
+
+    Returns:
+        ``size`` int64 draws.
+
+    Raises:
+        ValueError: ``sigma2`` not an integer in ``[1, MAX_INTEGER_VARIANCE]``.
+        TypeError: ``rng`` neither a numpy Generator nor an integer source.
+    """
+    sigma2 = _check_variance(sigma2)
+    source = integer_source(rng)
+    k_max, cdf, guide = _inversion_table(sigma2)
+    out = np.empty(size, np.int64)
+    for start in range(0, size, _BLOCK):
+        draws = out[start : start + _BLOCK]
+        words = source.below(_WORD, draws.size)
+        special = _invert_words(words, k_max, cdf, guide, draws)
+        if special.size:
+            index = np.searchsorted(cdf, words[special], side="right")
+            draws[special] = index - k_max
+            for k in special[cdf[index - 1] == words[special]].tolist():
+                draws[k] = _resolve_inversion(sigma2, int(words[k]), source)
     return out
 
 
