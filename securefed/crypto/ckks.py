@@ -886,6 +886,10 @@ class SecretContext(_ContextBase):
         return values if length is None else values[:length]
 
 
+# TenSEAL's serialized context is a protobuf message whose field 4 is the encryption type
+# (varint; 1 = symmetric). Protobuf keeps the last occurrence of a scalar field, so appending
+# tag 0x20 (field 4, wire type 0) with value 1 switches the reloaded context to symmetric; the
+# twin's test checks the switch took (its fresh error is the symmetric one).
 _SYMMETRIC_FIELD = bytes([0x20, 0x01])
 """TenSEALContextProto field 4 (``encryption_type``, a varint) set to 1 (symmetric): proto3 omits
 the default 0 (asymmetric), so a public-key context's bytes end without it."""
