@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from securefed.bench.bench_args import add_out_argument, add_seed_argument
 from securefed.bench.registry import BENCHES
 from securefed.privacy import discrete
 from securefed.privacy.discrete import (
@@ -131,11 +132,21 @@ def run(args: argparse.Namespace) -> int:
 def register(benches) -> None:
     """Add ``discrete-sampler`` to the ``securefed bench`` subcommands."""
     parser = BENCHES["discrete-sampler"].add_to(benches)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--clients", type=int, default=943)
-    parser.add_argument("--dim", type=int, default=18_560)
-    parser.add_argument("--sigma2", type=int, nargs="+", default=[114_119, 1_149_558])
-    parser.add_argument("--seed", type=int, default=0)
+    add_out_argument(parser, RESULTS)
+    parser.add_argument(
+        "--clients", type=int, default=943, help="clients of the round (ML-100K's 943)"
+    )
+    parser.add_argument(
+        "--dim", type=int, default=18_560, help="values per client (one ML-100K FedMF upload)"
+    )
+    parser.add_argument(
+        "--sigma2",
+        type=int,
+        nargs="+",
+        default=[114_119, 1_149_558],
+        help="the discrete Gaussian's variances to time (integers)",
+    )
+    add_seed_argument(parser)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each path (least kept)")
     parser.set_defaults(func=run)
 
