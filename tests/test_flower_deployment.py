@@ -1,4 +1,4 @@
-"""Issue 33: the multi-host recipe of docs/flower.md, with TLS and Flower's SuperNode authentication.
+"""Issue 33: docs/flower.md's multi-host recipe, with TLS and Flower's SuperNode authentication.
 
 The fast tests check what :mod:`securefed.flower.credentials` writes (a CA that signed the
 SuperLink's certificate for the given names, OpenSSH ECDSA key pairs that Flower's own loaders
@@ -157,13 +157,25 @@ def test_tls_and_node_authentication_carry_the_malicious_protocol_and_refuse_str
         }
         federation.submit(write_fedmf_app(tmp_path / "app", app.run_config()))
         federation.wait_for(out / "result.json", timeout=400)
+        # What Flower does not protect (docs/flower.md, "Limits"): its open-source Control API
+        # has no account authentication, so whoever reaches the SuperLink's port and holds the
+        # (public) CA certificate registers a key of its own. If Flower ever refuses this, the
+        # recipe's limit is stale: this line fails.
+        self_enrolled = provision_node_keys(tmp_path / "self-enrolled", [0])[0]
+        assert federation.register_node(self_enrolled.public_key) > 0
         superlink_log = federation.logs[0].read_text(errors="replace")
+    assert "Uvicorn running on https://127.0.0.1" in superlink_log  # TLS, not --insecure
     for name, (returncode, _) in refused.items():
         assert returncode != 0, name
+    # A node presenting a key the operator never registered: refused at activation.
     assert "Failed to activate SuperNode" in refused["unregistered-key"][1]
     assert "No SuperNode found with the given public key" in superlink_log
+    # A node with no key would register itself; --enable-supernode-auth forbids that (without
+    # the flag it is let in: measured, docs/flower.md).
+    assert "SuperNode authentication is enabled" in refused["no-key"][1]
     assert "CERTIFICATE_VERIFY_FAILED" in refused["wrong-ca"][1]
-    assert "CERTIFICATE_VERIFY_FAILED" not in refused["unregistered-key"][1]  # TLS held there
+    for name in ("unregistered-key", "no-key"):
+        assert "CERTIFICATE_VERIFY_FAILED" not in refused[name][1]  # the TLS handshake held
     result = json.loads((out / "result.json").read_text())
     model, _, _ = example.in_process(app)
     # Same fixed-point sums of the same users: the tolerance of test_flower.py's secagg check.
