@@ -101,7 +101,8 @@ def test_tls_and_node_authentication_carry_the_malicious_protocol_and_refuse_str
     """Every host's files as in docs/flower.md's recipe: the CA certificate everywhere, the
     SuperLink's certificate and key on its host, each node's authentication key and
     secure-aggregation identity on its own host, the registry and its digest on every node."""
-    from securefed.flower import partition_users, provision_identities
+    from test_flower_secure import provisioned_node_config
+
     from securefed.flower.loopback import missing_commands
     from securefed.recsys.fedmf_flower import write_fedmf_app
 
@@ -118,15 +119,7 @@ def test_tls_and_node_authentication_carry_the_malicious_protocol_and_refuse_str
         timeout=120.0,
     )
     assert app.secagg_server == "malicious"  # the default the round must carry
-    digest = provision_identities(enrol, {p: partition_users(30, 3, p) for p in range(3)})
-    node_config = {
-        p: {
-            "secagg-identity-path": str(enrol / f"identity-{p}.bin"),
-            "secagg-registry-path": str(enrol / "registry.bin"),
-            "secagg-registry-digest": digest,
-        }
-        for p in range(3)
-    }
+    node_config = provisioned_node_config(enrol, 30, 3)
     credentials = FederationCredentials(
         tls=provision_tls(tmp_path / "tls", ["127.0.0.1", "localhost"]),
         node_keys=provision_node_keys(tmp_path / "node-keys", range(3)),
