@@ -590,6 +590,24 @@ def test_dp_around_ckks_noises_on_the_nodes_and_equals_in_process(example, tmp_p
 
 
 # ----------------------------------------------------------------------------- real processes
+def provisioned_node_config(enrol, n_users: int, n_nodes: int) -> dict[int, dict[str, object]]:
+    """Provision every user's identity in ``enrol``; each node's ``--node-config`` keys naming
+    its identity file, the registry and the pinned digest."""
+    from securefed.flower import partition_users
+
+    digest = provision_identities(
+        enrol, {p: partition_users(n_users, n_nodes, p) for p in range(n_nodes)}
+    )
+    return {
+        p: {
+            "secagg-identity-path": str(enrol / f"identity-{p}.bin"),
+            "secagg-registry-path": str(enrol / "registry.bin"),
+            "secagg-registry-digest": digest,
+        }
+        for p in range(n_nodes)
+    }
+
+
 @pytest.mark.slow  # 172 s at load 10 on the 2-core machine: ~10 s+ per message round
 def test_real_processes_run_the_malicious_protocol_with_provisioned_identities(example, tmp_path):
     """A SuperLink and 3 SuperNodes as processes on 127.0.0.1, each node started with its own
@@ -598,7 +616,6 @@ def test_real_processes_run_the_malicious_protocol_with_provisioned_identities(e
     encoded on the nodes) gives the in-process model."""
     import json
 
-    from securefed.flower import partition_users
     from securefed.flower.loopback import LoopbackFederation, missing_commands
     from securefed.recsys.fedmf_flower import write_fedmf_app
 
@@ -617,16 +634,9 @@ def test_real_processes_run_the_malicious_protocol_with_provisioned_identities(e
         output_dir=str(out),
         timeout=120.0,
     )
-    digest = provision_identities(enrol, {p: partition_users(30, 3, p) for p in range(3)})
-    node_config = {
-        p: {
-            "secagg-identity-path": str(enrol / f"identity-{p}.bin"),
-            "secagg-registry-path": str(enrol / "registry.bin"),
-            "secagg-registry-digest": digest,
-            "dp-noise-multiplier": 1.0,
-        }
-        for p in range(3)
-    }
+    node_config = provisioned_node_config(enrol, 30, 3)
+    for config in node_config.values():
+        config["dp-noise-multiplier"] = 1.0
     with LoopbackFederation(tmp_path / "federation", 3, node_config=node_config) as federation:
         federation.submit(write_fedmf_app(tmp_path / "app", app.run_config()))
         federation.wait_for(out / "result.json", timeout=400)

@@ -24,8 +24,9 @@ The worked example, FedMF on a SuperLink and SuperNodes, is the app in ``recsys/
 (:mod:`securefed.recsys.fedmf_flower`; copied by :func:`securefed.flower.loopback.write_app`).
 FedHPD's halves
 (agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``, its app
-``rl/flower_app``. Fault drills (a node that hangs or answers garbage):
-:mod:`securefed.flower.faults`.
+``rl/flower_app``. Transport credentials of a deployment (a TLS CA, the SuperLink's
+certificate, the SuperNodes' authentication keys): :mod:`securefed.flower.credentials`. Fault
+drills (a node that hangs or answers garbage): :mod:`securefed.flower.faults`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.errors import InsecureParameterError
+from securefed.flower.credentials import write_private
 from securefed.randomness import SeedTree
 from securefed.transport.secagg.signatures import (
     VERIFY_KEY_BYTES,
@@ -172,11 +173,7 @@ def provision_identities(directory: str | os.PathLike, partitions: Mapping[int, 
         seeds = b"".join(_seed_of(keys[u]) for u in hosted)
         body = np.asarray(hosted, ">i8").tobytes() + seeds
         header = {"users": len(hosted), "sha256": hashlib.sha256(body).hexdigest()}
-        path = out / f"identity-{int(partition)}.bin"
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(_header(IDENTITY_MAGIC, header, body))
-        os.chmod(path, 0o600)
+        write_private(out / f"identity-{int(partition)}.bin", _header(IDENTITY_MAGIC, header, body))
     return registry.digest.hex()
 
 

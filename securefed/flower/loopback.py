@@ -1,7 +1,8 @@
 """A real Flower federation on one machine: a SuperLink and SuperNodes as separate processes.
 
 :class:`LoopbackFederation` starts ``flower-superlink`` and ``n`` ``flower-supernode`` processes
-on ``127.0.0.1`` (``--insecure``, free ports, a private ``FLWR_HOME``, no runtime dependency
+on ``127.0.0.1`` (``--insecure``, or TLS and Flower's SuperNode authentication with
+:class:`FederationCredentials`; free ports, a private ``FLWR_HOME``, no runtime dependency
 installation: everything offline), submits an app with ``flwr run <app-dir> <connection>``, and
 stops every process it started when it leaves its ``with`` block. It is what
 ``tests/test_flower.py`` uses, and the commands it runs are the ones docs/flower.md gives for
@@ -30,9 +31,28 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from securefed.flower.credentials import NodeKeyFiles, TLSFiles
+
 CONNECTION = "loopback"
+
+
+@dataclass(frozen=True)
+class FederationCredentials:
+    """TLS and SuperNode authentication for a federation (:mod:`securefed.flower.credentials`).
+
+    Attributes:
+        tls: the CA certificate and the SuperLink's certificate and key (its names must include
+            ``127.0.0.1``: the federation's processes reach the SuperLink there).
+        node_keys: partition -> that SuperNode's authentication key pair. The SuperLink runs
+            ``--enable-supernode-auth``; every public key here is registered
+            (``flwr supernode register``) before the nodes start, so only these nodes join.
+    """
+
+    tls: TLSFiles
+    node_keys: Mapping[int, NodeKeyFiles]
 
 
 def free_port() -> int:
@@ -137,6 +157,14 @@ def _wait_for_port(port: int, process: subprocess.Popen, timeout: float, log: Pa
     raise TimeoutError(f"the SuperLink did not listen on port {port} within {timeout} s")
 
 
+def _json_answer(stdout: str) -> dict:
+    """The JSON object ``flwr ... --format json`` printed (after any log lines), else ``{}``."""
+    try:
+        return json.loads(stdout[stdout.index("{") :])
+    except ValueError:
+        return {}
+
+
 class LoopbackFederation:
     """A SuperLink and ``n_nodes`` SuperNodes on 127.0.0.1, stopped on exit (use ``with``).
 
@@ -147,6 +175,11 @@ class LoopbackFederation:
         node_config: partition -> more ``--node-config`` keys of that node (e.g. its identity
             files and privacy floors: :mod:`securefed.flower.identity`,
             :mod:`securefed.flower.floors`).
+        credentials: TLS and SuperNode authentication (a key pair for every node); ``None``:
+            ``--insecure`` and no authentication.
+
+    Raises:
+        ValueError: ``n_nodes < 1``; credentials without a key pair for some node.
 
     Example:
         >>> with LoopbackFederation(tmp, 2) as federation:  # doctest: +SKIP
@@ -161,9 +194,17 @@ class LoopbackFederation:
         *,
         startup_timeout: float = 60.0,
         node_config: Mapping[int, Mapping[str, object]] | None = None,
+        credentials: FederationCredentials | None = None,
     ) -> None:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+        if credentials is not None and (
+            missing := sorted(set(range(n_nodes)) - set(credentials.node_keys))
+        ):
+            raise ValueError(
+                f"SuperNode authentication needs a key pair for every node; none for {missing}"
+            )
+        self.credentials = credentials
         self.workdir = Path(workdir)
         self.n_nodes = n_nodes
         self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
@@ -180,7 +221,7 @@ class LoopbackFederation:
         }
 
     # -- processes ------------------------------------------------------------------------
-    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+    def _popen(self, name: str, command: list[str]) -> tuple[subprocess.Popen, Path]:
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -191,24 +232,122 @@ class LoopbackFederation:
                 cwd=self.workdir,
                 start_new_session=True,  # its own process group: stopped with its children
             )
+        return process, log
+
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+        process, log = self._popen(name, command)
         self.processes.append(process)
         self.logs.append(log)
         return process
 
+    def _link_flags(self) -> list[str]:
+        if self.credentials is None:
+            return ["--insecure"]
+        tls = self.credentials.tls
+        return [
+            "--ssl-ca-certfile",
+            str(tls.ca_certificate),
+            "--ssl-certfile",
+            str(tls.superlink_certificate),
+            "--ssl-keyfile",
+            str(tls.superlink_key),
+            "--enable-supernode-auth",
+        ]
+
+    def supernode_command(
+        self,
+        partition: int,
+        *,
+        root_certificates: str | os.PathLike | None,
+        private_key: str | os.PathLike | None,
+        max_retries: int | None = None,
+    ) -> list[str]:
+        """The ``flower-supernode`` command of node ``partition``.
+
+        Args:
+            partition: its ``partition-id`` (its ``--node-config`` keys are added).
+            root_certificates: the CA certificate it checks the SuperLink against (``None``:
+                ``--insecure`` if the federation is, else the system's certificates).
+            private_key: its authentication key (``None``: none).
+            max_retries: ``--max-retries`` (``None``: Flower's default, retry forever).
+        """
+        extra = "".join(
+            f" {key}={toml_value(value)}"
+            for key, value in self.node_config.get(partition, {}).items()
+        )
+        command = [_executable("flower-supernode")]
+        if self.credentials is None:
+            command.append("--insecure")
+        elif root_certificates is not None:
+            command += ["--root-certificates", str(root_certificates)]
+        if private_key is not None:
+            command += ["--auth-supernode-private-key", str(private_key)]
+        if max_retries is not None:
+            command += ["--max-retries", str(max_retries)]
+        return [
+            *command,
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--port",
+            str(free_port()),
+            "--node-config",
+            f"partition-id={partition} num-partitions={self.n_nodes}{extra}",
+        ]
+
+    def _flwr(self, *arguments: str, timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [_executable("flwr"), *arguments],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.workdir,
+            timeout=timeout,
+            check=False,
+        )
+
+    def register_node(self, public_key: str | os.PathLike, timeout: float = 60.0) -> int:
+        """``flwr supernode register <public_key> loopback``: the node id the SuperLink gave it.
+
+        Raises:
+            RuntimeError: naming flwr's output, if the key was not registered.
+        """
+        done = self._flwr(
+            "supernode",
+            "register",
+            str(public_key),
+            CONNECTION,
+            "--format",
+            "json",
+            timeout=timeout,
+        )
+        answer = _json_answer(done.stdout)
+        if done.returncode != 0 or not answer.get("success"):
+            raise RuntimeError(
+                f"flwr supernode register failed ({done.returncode}): "
+                f"{done.stdout[-2000:]} {done.stderr[-2000:]}"
+            )
+        return int(answer["node-id"])
+
     def start(self) -> LoopbackFederation:
-        """Start the SuperLink, wait until it listens, then start the SuperNodes."""
+        """Start the SuperLink, wait until it listens, register the nodes' keys (with
+        credentials), then start the SuperNodes."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        transport = (
+            "insecure = true"
+            if self.credentials is None
+            else f"root-certificates = {toml_value(str(self.credentials.tls.ca_certificate))}"
+        )
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\n{transport}\n'
         )
         superlink = self._start(
             "superlink",
             [
                 _executable("flower-superlink"),
-                "--insecure",
+                *self._link_flags(),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -217,25 +356,42 @@ class LoopbackFederation:
             ],
         )
         _wait_for_port(self.port, superlink, self.startup_timeout, self.logs[0])
+        node_keys = {} if self.credentials is None else self.credentials.node_keys
         for partition in range(self.n_nodes):
-            extra = "".join(
-                f" {key}={toml_value(value)}"
-                for key, value in self.node_config.get(partition, {}).items()
-            )
+            if partition in node_keys:
+                self.register_node(node_keys[partition].public_key)
+        for partition in range(self.n_nodes):
+            keys = node_keys.get(partition)
             self._start(
                 f"supernode-{partition}",
-                [
-                    _executable("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    f"partition-id={partition} num-partitions={self.n_nodes}{extra}",
-                ],
+                self.supernode_command(
+                    partition,
+                    root_certificates=None
+                    if self.credentials is None
+                    else self.credentials.tls.ca_certificate,
+                    private_key=None if keys is None else keys.private_key,
+                ),
             )
         return self
+
+    def probe_supernode(
+        self, name: str, command: list[str], timeout: float = 120.0
+    ) -> tuple[int, str]:
+        """Run a SuperNode outside the federation until it exits (e.g. one the SuperLink must
+        refuse: started with ``max_retries=0``); its exit status and log.
+
+        Raises:
+            TimeoutError: it was still running after ``timeout`` s (it was let in).
+        """
+        process, log = self._popen(name, command)
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+            raise TimeoutError(f"{name} was still running after {timeout} s; see {log}") from None
+        return returncode, log.read_text(errors="replace")
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop every process this federation started (SIGTERM, then SIGKILL after ``grace``)."""
@@ -270,19 +426,8 @@ class LoopbackFederation:
         Raises:
             RuntimeError: naming flwr's output, if the run was not started.
         """
-        done = subprocess.run(
-            [_executable("flwr"), "run", str(app_dir), CONNECTION, "--format", "json"],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            cwd=self.workdir,
-            timeout=timeout,
-            check=False,
-        )
-        try:
-            answer = json.loads(done.stdout[done.stdout.index("{") :])
-        except ValueError:
-            answer = {}
+        done = self._flwr("run", str(app_dir), CONNECTION, "--format", "json", timeout=timeout)
+        answer = _json_answer(done.stdout)
         if done.returncode != 0 or not answer.get("success"):
             raise RuntimeError(
                 f"flwr run failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}"
