@@ -423,9 +423,12 @@ def distill_loss_by_direction(
     loss = 0.0
     for direction in unique:
         mask = torch.as_tensor(directions == direction)
-        loss = loss + distill_loss(
-            out[mask], None if std is None else std[mask], target[mask], direction
-        ).sum()
+        loss = (
+            loss
+            + distill_loss(
+                out[mask], None if std is None else std[mask], target[mask], direction
+            ).sum()
+        )
     return loss
 
 
