@@ -75,6 +75,26 @@ def train_column(module, runs, workers: int) -> dict:
     }
 
 
+def distillation_seconds(modules: dict, public: np.ndarray, copies: int, repeats: int) -> dict:
+    """CPU seconds of one distillation event of ``copies`` CartPole d=5 runs (the paper's ten
+    agents, 5 loops x 2 parts of 2500 states), each module's ``Population`` in turn, repeated
+    ``repeats`` times interleaved: ``{name: [seconds, ...]}``."""
+    from securefed.rl.fedhpd import FedHPDConfig, RunSpec
+
+    config = FedHPDConfig(algorithm="fedhpd", d=5, rounds=10)
+    runs = [RunSpec(config, 20 + i, None, public) for i in range(copies)]
+    populations = {name: module.Population(runs) for name, module in modules.items()}
+    times: dict[str, list[float]] = {name: [] for name in modules}
+    for population in populations.values():  # warm-up
+        population.distill(list(range(copies)))
+    for _ in range(repeats):
+        for name, population in populations.items():
+            start = time.process_time()
+            population.distill(list(range(copies)))
+            times[name].append(time.process_time() - start)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_fedhpd_column_speed")
     parser.add_argument("--base", default="main", help="git revision of the old rl/fast.py")
@@ -82,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="20,25")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--event-copies", default="1,3,8", help="runs per timed distillation event")
+    parser.add_argument("--event-repeats", type=int, default=5)
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
 
@@ -111,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
         for a, b in zip(old["results"], new["results"], strict=True)
     ]
+    events = {}
+    for copies in (int(c) for c in args.event_copies.split(",") if c.strip()):
+        times = distillation_seconds({"old": base, "new": fast}, public, copies, args.event_repeats)
+        events[copies] = {
+            name: {"median": float(np.median(t)), "min": min(t), "all": t}
+            for name, t in times.items()
+        }
+        events[copies]["speedup_median"] = (
+            events[copies]["old"]["median"] / events[copies]["new"]["median"]
+        )
     old_split = full_column_split(base, base.balanced_chunks)
     new_split = full_column_split(fast, fast.balanced_chunks)
     record = {
@@ -127,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_cpu": old["cpu_seconds"] / new["cpu_seconds"],
         "runs_with_equal_returns": f"{sum(same_returns)}/{len(runs)}",
         "runs_with_bit_identical_params": f"{sum(same_params)}/{len(runs)}",
+        "distillation_event_cpu_seconds": events,
         "full_column_predicted_chunk_costs": {"old": old_split, "new": new_split},
         "machine": machine(),
     }
@@ -146,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         f"equal returns {record['runs_with_equal_returns']}, bit-identical parameters "
         f"{record['runs_with_bit_identical_params']}"
     )
+    for copies, event in events.items():
+        print(
+            f"one distillation event, {copies} run(s) x 10 agents: old "
+            f"{event['old']['median']:.3f} s, new {event['new']['median']:.3f} s (median of "
+            f"{args.event_repeats}, CPU), {event['speedup_median']:.2f}x"
+        )
     print(f"full column, predicted chunk costs (rounds): old {old_split}, new {new_split}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
