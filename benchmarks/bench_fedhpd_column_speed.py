@@ -95,6 +95,34 @@ def distillation_seconds(modules: dict, public: np.ndarray, copies: int, repeats
     return times
 
 
+def _train_in_child(module, runs, connection) -> None:
+    start = time.process_time()
+    results = module.train_population(runs)
+    connection.send((time.process_time() - start, [(r.returns, r.params) for r in results]))
+    connection.close()
+
+
+def side_by_side(modules: dict, runs) -> dict:
+    """Each module trains every run as one population, in its own forked process, the processes
+    at the same time (one core each on this 2-core machine): both see the same load.
+    ``{name: (CPU seconds, [(returns, params), ...])}``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    pending = {}
+    for name, module in modules.items():
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_train_in_child, args=(module, runs, send))
+        process.start()
+        send.close()
+        pending[name] = (receive, process)
+    out = {}
+    for name, (receive, process) in pending.items():
+        out[name] = receive.recv()
+        process.join()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_fedhpd_column_speed")
     parser.add_argument("--base", default="main", help="git revision of the old rl/fast.py")
@@ -143,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         events[copies]["speedup_median"] = (
             events[copies]["old"]["median"] / events[copies]["new"]["median"]
         )
+    together = side_by_side({"old": base, "new": fast}, runs)
+    same_side_by_side = [
+        bool(np.array_equal(a[0], b[0]))
+        and all(np.array_equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+        for a, b in zip(together["old"][1], together["new"][1], strict=True)
+    ]
     old_split = full_column_split(base, base.balanced_chunks)
     new_split = full_column_split(fast, fast.balanced_chunks)
     record = {
@@ -160,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         "runs_with_equal_returns": f"{sum(same_returns)}/{len(runs)}",
         "runs_with_bit_identical_params": f"{sum(same_params)}/{len(runs)}",
         "distillation_event_cpu_seconds": events,
+        "side_by_side": {
+            "what": "every run as one population per revision, both processes at once",
+            "old_cpu_seconds": together["old"][0],
+            "new_cpu_seconds": together["new"][0],
+            "speedup_cpu": together["old"][0] / together["new"][0],
+            "runs_bit_identical": f"{sum(same_side_by_side)}/{len(runs)}",
+        },
         "full_column_predicted_chunk_costs": {"old": old_split, "new": new_split},
         "machine": machine(),
     }
@@ -185,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{event['old']['median']:.3f} s, new {event['new']['median']:.3f} s (median of "
             f"{args.event_repeats}, CPU), {event['speedup_median']:.2f}x"
         )
+    both = record["side_by_side"]
+    print(
+        f"side by side (one population each, both at once): old {both['old_cpu_seconds']:.1f} s, "
+        f"new {both['new_cpu_seconds']:.1f} s of CPU, {both['speedup_cpu']:.2f}x; "
+        f"bit-identical runs {both['runs_bit_identical']}"
+    )
     print(f"full column, predicted chunk costs (rounds): old {old_split}, new {new_split}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
