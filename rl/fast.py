@@ -233,14 +233,16 @@ class _Group:
         """Stacked forward: ``params (C, P)``, ``x (C, B, in)`` -> logits or ``(mean, std)``."""
         c = params.shape[0]
 
-        def linear(layer, h):
+        def linear(layer, h, contiguous=False):
             w, b, out, inp = layer
             weight = params[:, w].view(c, out, inp).transpose(1, 2)
+            if contiguous:
+                weight = weight.contiguous()
             return torch.baddbmm(params[:, b].view(c, 1, out), h, weight)
 
         h = x
-        for layer, activation in zip(self.layers, self.activations, strict=True):
-            h = linear(layer, h)
+        for i, (layer, activation) in enumerate(zip(self.layers, self.activations, strict=True)):
+            h = linear(layer, h, contiguous=i == 0)
             h = torch.relu(h) if activation == "relu" else torch.tanh(h)
         if self.std_head is None:
             return linear(self.head, h), None
@@ -263,6 +265,13 @@ class _Group:
         """Tell the rollout side that the parameters changed."""
         if self.on_change is not None:
             self.on_change(self)
+
+    def rows(self, rows: np.ndarray) -> torch.Tensor:
+        """The parameters of copies ``rows``, detached: the stacked tensor itself when every
+        copy is asked for (no gather, no copy), else a gathered copy."""
+        if len(rows) == self.size:
+            return self.flat.detach()
+        return self.flat[torch.as_tensor(rows, dtype=torch.long)]
 
     # -- the optimiser ----------------------------------------------------------------------
     def adam_step(self, rows: np.ndarray, grad: torch.Tensor, *, schedule: bool) -> None:
@@ -395,6 +404,32 @@ def act_buckets(
                 open_buckets.append([i])
         buckets.extend(open_buckets)
     return buckets
+
+
+def distill_loss_by_direction(
+    out: torch.Tensor, std: torch.Tensor | None, target: torch.Tensor, directions: Sequence[str]
+) -> torch.Tensor:
+    """The summed KL terms of stacked copies, copy ``c`` in KL direction ``directions[c]``.
+
+    When every copy shares one direction (every run of a column does) the copies are not split
+    by a boolean mask: indexing copies the outputs and its backward is an accumulating
+    ``index_put`` (about a seventh of a distillation step), while the values and gradients are
+    the same (a gather of every row is a copy, its backward adds each gradient to a zero).
+    """
+    unique = sorted(set(directions))
+    if len(unique) == 1:
+        return distill_loss(out, std, target, unique[0]).sum()
+    directions = np.asarray(directions)
+    loss = 0.0
+    for direction in unique:
+        mask = torch.as_tensor(directions == direction)
+        loss = (
+            loss
+            + distill_loss(
+                out[mask], None if std is None else std[mask], target[mask], direction
+            ).sum()
+        )
+    return loss
 
 
 # == The population learner ===================================================================
@@ -587,7 +622,7 @@ class Population:
                         continue
                     owners = [members[c] for c in group_rows.tolist()]
                     x = torch.from_numpy(np.stack([split[r][j] for r, _ in owners]))
-                    params = group.flat[torch.as_tensor(group_rows)].requires_grad_(True)
+                    params = group.rows(group_rows).requires_grad_(True)
                     out, std = group.forward(params, x)
                     with torch.no_grad():
                         dist = torch.softmax(out, -1) if std is None else torch.cat([out, std], -1)
@@ -602,20 +637,10 @@ class Population:
                     target = torch.as_tensor(
                         np.stack([targets[r] for r, _ in owners]), dtype=group.dtype
                     )
-                    directions = np.array([self.configs[r].direction for r, _ in owners])
-                    loss = 0.0
-                    for direction in np.unique(directions).tolist():
-                        mask = torch.as_tensor(directions == direction)
-                        loss = (
-                            loss
-                            + distill_loss(
-                                out[mask],
-                                None if std is None else std[mask],
-                                target[mask],
-                                direction,
-                            ).sum()
-                        )
-                    (grad,) = torch.autograd.grad(loss, params)
+                    directions = [self.configs[r].direction for r, _ in owners]
+                    (grad,) = torch.autograd.grad(
+                        distill_loss_by_direction(out, std, target, directions), params
+                    )
                     group.adam_step(group_rows, grad, schedule=False)
 
     def dpa_query(self, runs: list[int], round_id: int) -> None:
@@ -895,11 +920,43 @@ def _progress_file(directory: str | os.PathLike | None, worker: int) -> str | No
     return os.path.join(os.fspath(directory), f"progress_{worker}.npz")
 
 
+DISTILL_STEP_ROUNDS = 1.0
+"""What one distillation step of a run (one part of ``S_p``: forward, upload, KL step) costs, in
+rounds of play and REINFORCE of that run. Fitted on CartPole (2-core dev box, one thread a
+worker): with it, the old round-robin split of the paper's column predicts its two workers' CPU
+ratio as 40000 / 35000 = 1.143, and the recorded workers took 1054 / 922 s = 1.142
+(benchmarks/results/fedhpd/README.md)."""
+
+
+def run_cost(config: FedHPDConfig) -> float:
+    """A run's predicted CPU cost, in rounds of play and learning: its rounds plus its
+    distillation steps (events x loops x parts), each weighted by :data:`DISTILL_STEP_ROUNDS` and
+    its part's size against 2500 states. DPA's one-state queries count as nothing."""
+    steps = 0.0
+    if config.algorithm == "fedhpd":
+        part = min(config.part_size, config.public_size) / 2500
+        steps = (config.rounds // config.d) * config.distill_loops * config.n_parts() * part
+    return config.rounds + DISTILL_STEP_ROUNDS * steps
+
+
 def balanced_chunks(runs: Sequence[RunSpec], workers: int) -> list[list[int]]:
-    """Indices of ``runs`` dealt round-robin by setting, so every chunk gets a mix of settings."""
-    order = sorted(range(len(runs)), key=lambda i: (runs[i].config.label(), runs[i].seed))
-    chunks = [order[w::workers] for w in range(workers)]
-    return [c for c in chunks if c]
+    """Indices of ``runs`` in up to ``workers`` chunks of about equal predicted cost.
+
+    Longest processing time first: runs sorted by :func:`run_cost` (largest first; ties by label,
+    then seed, so the split is deterministic) each go to the chunk with the least cost so far
+    (ties to the lower chunk). A chunk's indices are in run order.
+    """
+    order = sorted(
+        range(len(runs)),
+        key=lambda i: (-run_cost(runs[i].config), runs[i].config.label(), runs[i].seed),
+    )
+    loads = [0.0] * workers
+    chunks: list[list[int]] = [[] for _ in range(workers)]
+    for i in order:
+        w = min(range(workers), key=lambda j: (loads[j], j))
+        chunks[w].append(i)
+        loads[w] += run_cost(runs[i].config)
+    return [sorted(c) for c in chunks if c]
 
 
 def train_parallel(

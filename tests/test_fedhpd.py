@@ -394,3 +394,72 @@ def test_a_short_runs_curve_is_drawn_as_points(tmp_path, monkeypatch):
     markers.clear()
     plot_system({"long": np.zeros((1, 80, 3))}, tmp_path / "l.png", window=10)
     assert markers == [None]  # a real curve stays a line
+
+
+# -- the column's split over workers and the distillation's loss ---------------------------------
+def _paper_column_runs():
+    from securefed.rl.fedhpd import SEEDS
+
+    settings = [("nofed", 1), ("fedhpd", 5), ("fedhpd", 10), ("fedhpd", 20)]
+    return [RunSpec(FedHPDConfig(algorithm=a, d=d), s) for a, d in settings for s in SEEDS]
+
+
+def test_run_cost_counts_rounds_and_distillation_steps():
+    from securefed.rl.fast import DISTILL_STEP_ROUNDS, run_cost
+
+    nofed, d5, d10 = (FedHPDConfig(algorithm=a, d=d) for a, d in (("nofed", 1), ("fedhpd", 5),
+                                                                   ("fedhpd", 10)))  # fmt: skip
+    assert run_cost(nofed) == 2000
+    # 400 events x 5 loops x 2 parts of 2500 states.
+    assert run_cost(d5) == 2000 + DISTILL_STEP_ROUNDS * 4000
+    assert run_cost(d5) > run_cost(d10) > run_cost(nofed)
+    assert run_cost(FedHPDConfig(d=5, distill_loops=1)) < run_cost(d5)
+    assert run_cost(FedHPDConfig(algorithm="dpa")) == run_cost(nofed)
+
+
+def test_the_paper_column_splits_within_one_nofed_run_and_beats_round_robin():
+    from securefed.rl.fast import balanced_chunks, run_cost
+
+    runs = _paper_column_runs()
+    chunks = balanced_chunks(runs, 2)
+    assert sorted(i for c in chunks for i in c) == list(range(len(runs)))
+    loads = [sum(run_cost(runs[i].config) for i in c) for c in chunks]
+    assert max(loads) - min(loads) <= run_cost(runs[0].config)  # a NoFed run: 2000 rounds
+    order = sorted(range(len(runs)), key=lambda i: (runs[i].config.label(), runs[i].seed))
+    round_robin = [sum(run_cost(runs[i].config) for i in order[w::2]) for w in range(2)]
+    assert max(loads) < max(round_robin)
+    assert balanced_chunks(runs, 2) == chunks  # deterministic
+    assert balanced_chunks(runs[:1], 2) == [[0]]  # no empty worker
+
+
+def _masked_loss(out, target, directions):
+    """The split by boolean masks that the fast learner used for every distillation step."""
+    from securefed.rl.fedhpd import distill_loss
+
+    directions = np.asarray(directions)
+    loss = 0.0
+    for direction in np.unique(directions).tolist():
+        mask = torch.as_tensor(directions == direction)
+        loss = loss + distill_loss(out[mask], None, target[mask], direction).sum()
+    return loss
+
+
+@pytest.mark.parametrize(
+    "directions",
+    [["mean_to_local"] * 3, ["local_to_mean"] * 3, ["mean_to_local", "local_to_mean"] * 2],
+)
+def test_the_distillation_loss_without_masks_is_bit_identical(directions):
+    from securefed.rl.fast import distill_loss_by_direction
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(len(directions), 50, 2, generator=g, dtype=torch.float32)
+    target = torch.softmax(torch.randn(len(directions), 50, 2, generator=g), -1)
+    grads = []
+    for loss_of in (lambda o: distill_loss_by_direction(o, None, target, directions),
+                    lambda o: _masked_loss(o, target, directions)):  # fmt: skip
+        out = logits.clone().requires_grad_(True)
+        loss = loss_of(out)
+        grads.append((loss.detach(), torch.autograd.grad(loss, out)[0]))
+    # Equal to the last bit: the same operations on the same values, in the same order.
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.equal(grads[0][1], grads[1][1])
