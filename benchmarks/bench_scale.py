@@ -77,6 +77,7 @@ class ScaleCell:
     dim: int
     item_blocks: int = 1
     noise_multiplier: float = 1.0
+    epsilon: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -87,6 +88,11 @@ class ScaleCell:
         for name in ("users", "rounds", "sampled", "dim", "item_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.epsilon is not None and (self.transport != "secagg+dp" or not self.epsilon > 0):
+            raise ValueError(
+                f"a target epsilon (> 0) is for the secagg+dp cells, got {self.epsilon!r} for "
+                f"{self.transport!r}"
+            )
 
 
 def memory_status() -> dict[str, int]:
@@ -113,7 +119,12 @@ def _config(cell: ScaleCell):
 def _transport(cell: ScaleCell):
     from securefed.transport import build_transport, parse_transport_spec, resolve_options
 
-    dp = {"noise_multiplier": cell.noise_multiplier, "dp.clip": 1.0}
+    noise = (
+        {"noise_multiplier": cell.noise_multiplier}
+        if cell.epsilon is None
+        else {"dp.epsilon": cell.epsilon}  # calibrated over the cell's rounds at its sampling
+    )
+    dp = noise | {"dp.clip": 1.0}
     options = dp if cell.transport == "secagg+dp" else {}
     return build_transport(
         cell.transport,
@@ -208,15 +219,26 @@ def run_cell(cell: ScaleCell, model: PopulationModel) -> dict:
     model_bytes = fedmf.V.nbytes + fedmf.item_bias.nbytes
     round_state = max(r["ratings"] for r in rounds) * 24 + cell.sampled * (config.dim + 1) * 8
     block_bytes = max(r["block_values"] for r in rounds) * 8
-    return asdict(cell) | {
-        "n_items": fedmf.n_items,
-        "build_cpu_s": build_cpu,
-        "rounds_detail": rounds,
-        "peak_rss_mb": memory["VmHWM"] / 2**20,
-        "start_rss_mb": start_memory / 2**20,
-        "peak_extra_mb": (memory["VmHWM"] - start_memory) / 2**20,
-        "memory_floor_mb": (model_bytes + round_state + block_bytes) / 2**20,
-    }
+    privacy = {}
+    if cell.transport == "secagg+dp":
+        privacy = {
+            "epsilon_spent": transport.epsilon(),
+            "epsilon_server": transport.epsilon(against="server"),
+            "noise_multiplier_used": transport.config.noise_multiplier,
+        }
+    return (
+        asdict(cell)
+        | privacy
+        | {
+            "n_items": fedmf.n_items,
+            "build_cpu_s": build_cpu,
+            "rounds_detail": rounds,
+            "peak_rss_mb": memory["VmHWM"] / 2**20,
+            "start_rss_mb": start_memory / 2**20,
+            "peak_extra_mb": (memory["VmHWM"] - start_memory) / 2**20,
+            "memory_floor_mb": (model_bytes + round_state + block_bytes) / 2**20,
+        }
+    )
 
 
 def summarise(result: dict) -> dict:
@@ -266,6 +288,7 @@ def cells_of(args: argparse.Namespace) -> list[ScaleCell]:
         "seed": args.seed,
     }
     cells = []
+    dp_target = {"epsilon": args.epsilon} if args.epsilon is not None else {}
     for n in users:
         for store in ("on-demand", "stored"):
             if store == "stored" and n > args.stored_max:
@@ -278,7 +301,13 @@ def cells_of(args: argparse.Namespace) -> list[ScaleCell]:
             for b in blocks:
                 cells.append(
                     ScaleCell(
-                        n, transport, "on-demand", args.secure_rounds, item_blocks=b, **common
+                        n,
+                        transport,
+                        "on-demand",
+                        args.secure_rounds,
+                        item_blocks=b,
+                        **common,
+                        **(dp_target if transport == "secagg+dp" else {}),
                     )
                 )
     return cells
@@ -437,8 +466,14 @@ def register(benches) -> None:
         type=float,
         default=1.0,
         help="the secagg+dp cells' noise multiplier (fixed, so that every size adds the same "
-        "noise; a target epsilon at 1000 of 10^6 users over a few rounds asks for so little "
-        "noise that the integer mechanism refuses its parameters)",
+        "noise), unless --epsilon is given",
+    )
+    add(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="the secagg+dp cells' target epsilon over their rounds (calibrated by the discrete "
+        "Gaussian's accountant at the cell's sampling rate); default: --noise-multiplier",
     )
     add(
         "--merge",

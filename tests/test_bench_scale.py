@@ -18,6 +18,10 @@ def test_cells_refuse_unknown_names():
         ScaleCell(10, "ckks", "on-demand", 1, 5, 4)
     with pytest.raises(ValueError, match="store"):
         ScaleCell(10, "plaintext", "disk", 1, 5, 4)
+    with pytest.raises(ValueError, match="target epsilon"):
+        ScaleCell(10, "secagg", "on-demand", 1, 5, 4, epsilon=8.0)
+    with pytest.raises(ValueError, match="target epsilon"):
+        ScaleCell(10, "secagg+dp", "on-demand", 1, 5, 4, epsilon=0.0)
 
 
 def test_cells_of_the_command_line():
@@ -29,6 +33,7 @@ def test_cells_of_the_command_line():
         sampled=100,
         dim=4,
         noise_multiplier=1.0,
+        epsilon=None,
         seed=0,
         rounds=3,
         secure_rounds=1,
@@ -71,3 +76,13 @@ def test_merge_replaces_a_cell_and_keeps_the_others():
     new = old[0] | {"x": 1}
     other = new | {"users": 2}
     assert merge_cells(None, [new, other], old) == [new, other]
+
+
+def test_a_secagg_dp_cell_meets_a_target_epsilon_over_its_rounds():
+    # 40 of 400 users a round, the noise calibrated by the discrete Gaussian's accountant.
+    cell = ScaleCell(400, "secagg+dp", "on-demand", 2, 40, 4, epsilon=8.0)
+    result = run_cell(cell, MODEL)
+    assert [r["clients"] for r in result["rounds_detail"]] == [40, 40]
+    # The calibration spends at most the target (its own accountant) and not far below it.
+    assert 4.0 < result["epsilon_server"] <= 8.0 + 1e-9
+    assert result["noise_multiplier_used"] > 0
