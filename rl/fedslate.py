@@ -135,8 +135,8 @@ from securefed.rl.slateq import (
 __all__ = [
     "ACT",
     "ALIGNMENTS",
-    "LEARN",
     "DP_ACTINGS",
+    "LEARN",
     "LOCAL_TRAININGS",
     "PLATFORM_NAMES",
     "SELECT",
@@ -391,7 +391,9 @@ class FedSlateConfig(SlateQConfig):
             releases_per_unit=int(releases_per_unit),
             tail_delta=float(tail_delta),
             noise_multiplier=sigmas["fusion"],
-            tags=(TARGET, SELECT, LEARN) if self.dp_acting == "own" else (ACT, TARGET, SELECT, LEARN),
+            tags=(TARGET, SELECT, LEARN)
+            if self.dp_acting == "own"
+            else (ACT, TARGET, SELECT, LEARN),
             clamp_sigmas=CKKS_DP_CLAMP_SIGMAS if self.fusion == "ckks+dp" else None,
         )
 

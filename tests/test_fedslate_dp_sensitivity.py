@@ -236,8 +236,9 @@ def test_joint_dp_acting_sends_nothing_and_other_users_slates_do_not_move(
     """Joint DP (``dp_acting="own"``): a platform acts on its own clean values through the
     server network's weights, so (1) no acting exchange reaches the server and the ledger
     charges no acting row, and (2) under the coupling, every slate any *other* user is shown
-    is built from the same values in both neighbouring runs (a function of the releases and that user's own data):
-    the joint-DP guarantee. The unit's own slates may move (they are its own outputs)."""
+    is built from the same values in both neighbouring runs (a function of the releases and
+    of that user's own data): the joint-DP guarantee. The unit's own slates may move (they are
+    its own outputs)."""
     from securefed.rl.fedslate import FedSlateConfig, dp_unit_releases
 
     config = FedSlateConfig(
