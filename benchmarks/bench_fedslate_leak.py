@@ -138,6 +138,17 @@ def reward_cells(args: argparse.Namespace):
             )
             label = f"dp eps={epsilon:g}, non-private local networks (old)"
             cells[label] = (Cell(f"{tag}_dp_eps{epsilon:g}_oldlocal", "fedslate", config), None)
+        for epsilon in args.joint_dp_epsilons:
+            # Joint DP: each platform acts on its own clean values (no acting row released).
+            clip = float(args.joint_dp_local_clip)
+            config = FedSlateConfig(
+                **base, fusion="dp", dp_epsilon=float(epsilon), dp_acting="own", dp_local_clip=clip
+            )
+            label = f"dp eps={epsilon:g}, joint: acting on own values"
+            name = f"{tag}_dp_eps{epsilon:g}_joint"
+            if clip != 1.0:
+                label, name = f"{label}, local clip {clip:g}", f"{name}_clip{clip:g}"
+            cells[label] = (Cell(name, "fedslate", config), None)
         if (n_cand, slate) == (10, 3) and args.shared_corpus:
             shared = FedSlateConfig(**base, shared_corpus=True)
             cells["plaintext, shared corpus"] = (Cell(f"{tag}_shared", "fedslate", shared), None)
@@ -615,6 +626,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=(),
         help="comma-separated epsilons of reward rows under the pre-issue-34 mechanism (local "
         "networks trained on raw data; their epsilon is not established), for old beside new",
+    )
+    parser.add_argument(
+        "--joint-dp-epsilons",
+        type=_numbers,
+        default=(),
+        help="comma-separated epsilons of reward rows under joint DP (dp_acting='own': each "
+        "platform acts on its own clean values; no acting row leaves it)",
+    )
+    parser.add_argument(
+        "--joint-dp-local-clip",
+        type=float,
+        default=1.0,
+        help="dp_local_clip of the joint-DP rows (one unit's gradient bound in the local DP-SGD)",
     )
     parser.add_argument("--episodes", type=int, default=200, help="episodes per reward run")
     parser.add_argument("--members", type=int, default=3, help="deployments per reward run")

@@ -135,6 +135,7 @@ from securefed.rl.slateq import (
 __all__ = [
     "ACT",
     "ALIGNMENTS",
+    "DP_ACTINGS",
     "LEARN",
     "LOCAL_TRAININGS",
     "PLATFORM_NAMES",
@@ -158,6 +159,7 @@ __all__ = [
     "moving_average",
     "on_candidates_of",
     "optimal_reward",
+    "own_acting_values",
     "play_round",
     "report_progress",
     "run_fedslate",
@@ -172,6 +174,8 @@ __all__ = [
 ]
 
 LOCAL_TRAININGS = ("dp-sgd", "none")
+DP_ACTINGS = ("released", "own")
+"""Under a DP transport, what a platform acts on (:attr:`FedSlateConfig.dp_acting`)."""
 """How the platforms train their local networks under a DP transport
 (:attr:`FedSlateConfig.dp_local_training`)."""
 DP_TAIL_FRACTION = 0.1
@@ -225,6 +229,15 @@ class FedSlateConfig(SlateQConfig):
             (the gradient of the batch's summed loss restricted to that unit's rows).
         dp_local_noise: the local DP-SGD's noise multiplier; ``None``: the same as the fusion
             rows', both calibrated together to the budget (:func:`dp_noise_multipliers`).
+        dp_acting: under the ``"dp"`` transport, what a platform acts on for its own user:
+            ``"released"`` (default): the fused values of every platform's noised acting rows,
+            charged (61 rows per unit); ``"own"`` (joint DP, the billboard model): the server
+            network's current weights (a post-processing of the charged learning releases),
+            evaluated *by the platform* on its own clean Q-values with the others' inputs at 0,
+            so no acting row leaves any platform and none is charged; the slate goes to the
+            user it is computed for, and every output for any other user is post-processing of
+            the releases and that user's own data (docs/fedslate.md section 9). Refused under
+            the other transports and with ``dp_local_training="none"``.
         server_activation: the server network's hidden activation (``None``: ``activation``,
             which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
         ckks_scale_bits: for the encrypted transports (refused elsewhere): ``log2`` of the CKKS
@@ -250,6 +263,7 @@ class FedSlateConfig(SlateQConfig):
     dp_local_training: str | None = None
     dp_local_clip: float = 1.0
     dp_local_noise: float | None = None
+    dp_acting: str = "released"
     ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -306,6 +320,16 @@ class FedSlateConfig(SlateQConfig):
             raise ValueError(f"dp_local_noise must be finite and > 0, got {sigma!r}")
         if sigma is not None and not self.local_dp:
             raise ValueError("dp_local_noise applies to dp_local_training='dp-sgd' only")
+        if self.dp_acting not in DP_ACTINGS:
+            raise ValueError(f"dp_acting must be one of {DP_ACTINGS}, got {self.dp_acting!r}")
+        if self.dp_acting == "own" and (self.fusion != "dp" or not self.local_dp):
+            raise ValueError(
+                "dp_acting='own' needs the 'dp' transport with local DP-SGD: the platform "
+                "evaluates the server network itself (under ckks+dp its weights are not the "
+                "platform's to evaluate), and without DP-SGD its own network carries earlier "
+                f"users' raw data into every slate; got fusion {self.fusion!r}, "
+                f"dp_local_training {self.dp_local_training!r}"
+            )
         if self.dp_epsilon is not None and self.feedback_prob < 1.0:
             raise ValueError(
                 f"the DP transports need feedback_prob 1, got {self.feedback_prob!r}: the losses "
@@ -367,7 +391,9 @@ class FedSlateConfig(SlateQConfig):
             releases_per_unit=int(releases_per_unit),
             tail_delta=float(tail_delta),
             noise_multiplier=sigmas["fusion"],
-            tags=(ACT, TARGET, SELECT, LEARN),
+            tags=(TARGET, SELECT, LEARN)
+            if self.dp_acting == "own"
+            else (ACT, TARGET, SELECT, LEARN),
             clamp_sigmas=CKKS_DP_CLAMP_SIGMAS if self.fusion == "ckks+dp" else None,
         )
 
@@ -434,6 +460,8 @@ def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
 
     k_plat, length = config.num_platforms, config.steps_per_platform
     acting = length * (k_plat if config.alignment == "item" else 1)
+    if config.dp_acting == "own":
+        acting = 0  # joint DP: the acting values never leave the platform
     per_drawn = 2 * k_plat + 1
     smallest = min(config.buffer_size, config.burn_in + 1) - (1 if config.target == "sarsa" else 0)
     probability = min(1.0, length / max(1, smallest))
@@ -1128,6 +1156,8 @@ def acting_inquiry(run: FedSlateRun, x: list[np.ndarray]) -> dict[str, np.ndarra
     platform's candidates)."""
     config, names, local = run.config, run.names, run.local
     k_plat = config.num_platforms
+    if config.dp_acting == "own":
+        return own_acting_values(run, x)
     if config.alignment == "item":
         qf = {}
         for p in range(k_plat):
@@ -1139,6 +1169,21 @@ def acting_inquiry(run: FedSlateRun, x: list[np.ndarray]) -> dict[str, np.ndarra
         return qf
     msgs = {names[p]: local[p].numpy_forward(x[p][:, None, :]) for p in range(k_plat)}
     return _acting_fusion(run, msgs, list(names))
+
+
+def own_acting_values(run: FedSlateRun, x: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Joint DP acting (``dp_acting="own"``): each platform evaluates the server network's
+    current weights on its own clean Q-values, the others' inputs at 0 (the mean of the noised
+    rows the server network trains on); nothing is sent. The weights are a post-processing of
+    the charged learning releases, so the slate a user gets is a function of those releases and
+    of the platform's own data of that user only."""
+    server, k_plat = run.channel.module, run.config.num_platforms
+    out = {}
+    for p, name in enumerate(run.names):
+        own = run.local[p].numpy_forward(x[p][:, None, :])
+        zeros = np.zeros_like(own)
+        out[name] = server.numpy_forward([own] + [zeros] * (k_plat - 1))[:, 0]
+    return out
 
 
 def _acting_fusion(

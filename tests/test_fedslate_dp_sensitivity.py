@@ -144,7 +144,9 @@ def _coupled_pair(monkeypatch, config):
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, {"alignment": "item"}, {"variant": "extended"}], ids=["paper", "item", "ext"]
+    "variant",
+    [{}, {"alignment": "item"}, {"variant": "extended"}, {"dp_acting": "own"}],
+    ids=["paper", "item", "ext", "joint"],
 )
 def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
     from securefed.rl.fedslate import FedSlateConfig
@@ -196,6 +198,90 @@ def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedsl
     for party in ("A", "B"):
         # The unit's rounds were replayed, so some of the platform's DP-SGD steps moved with it.
         assert 0 < moved_steps.get(party, 0) <= public["local_sgd"]["steps_per_unit"], moved_steps
+
+
+def _coupled_acting_values(monkeypatch, config) -> tuple[np.ndarray, np.ndarray]:
+    """The values every slate was built from, ``(rounds, K, S, N)`` (what ``choose_slates``
+    got), in the base run and in its coupled neighbour, the unit's own (member
+    ``UNIT_MEMBER`` during episode ``UNIT_EPISODE``) masked to NaN: what every *other* user's
+    slate is a function of, besides that user's own features and the exploration stream."""
+    from securefed.rl import fedslate
+
+    original = fedslate.choose_slates
+    steps = config.steps_per_platform
+    unit = range(UNIT_EPISODE * steps, (UNIT_EPISODE + 1) * steps)
+    runs = []
+    for reference in (None, True):
+        seen: list[np.ndarray] = []
+
+        def recording(run, x, qf, eps, seen=seen):
+            values = np.stack([np.array(qf[name], dtype=np.float64) for name in run.names])
+            if run.rounds in unit:
+                values[:, UNIT_MEMBER] = np.nan
+            seen.append(values)
+            return original(run, x, qf, eps)
+
+        coupling = Coupling(reference=runs[0][1].calls if reference else None)
+        with monkeypatch.context() as patch:
+            patch.setattr(fedslate, "choose_slates", recording)
+            result = _run(patch, coupling, perturb=bool(reference), config=config)
+        assert result.learn_steps > 10
+        runs.append((np.stack(seen), coupling))
+    return runs[0][0], runs[1][0]
+
+
+def test_joint_dp_acting_sends_nothing_and_other_users_slates_do_not_move(
+    monkeypatch, fedslate_small
+):
+    """Joint DP (``dp_acting="own"``): a platform acts on its own clean values through the
+    server network's weights, so (1) no acting exchange reaches the server and the ledger
+    charges no acting row, and (2) under the coupling, every slate any *other* user is shown
+    is built from the same values in both neighbouring runs (a function of the releases and
+    of that user's own data): the joint-DP guarantee. The unit's own slates may move (they are
+    its own outputs)."""
+    from securefed.rl.fedslate import FedSlateConfig, dp_unit_releases
+
+    config = FedSlateConfig(
+        **fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0, dp_acting="own"
+    )
+    released = FedSlateConfig(**fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0)
+    assert dp_unit_releases(config)["acting"] == 0
+    assert (
+        dp_unit_releases(config)["releases"]
+        == dp_unit_releases(released)["releases"] - config.steps_per_platform
+    )
+    base, neighbour = _coupled_acting_values(monkeypatch, config)
+    assert base.shape == neighbour.shape and np.isnan(base).any()
+    moved = np.argwhere(np.any((base != neighbour) & ~np.isnan(base), axis=-1))
+    assert not moved.size, f"another user's slate values moved: (round, K, S) {moved[:4]}"
+
+
+def test_the_acting_check_catches_non_private_local_training(monkeypatch, fedslate_small):
+    """The control of the acting check's power, and why joint acting refuses raw local
+    training: with the refusal bypassed, a platform acting on its own network trained on raw
+    data builds a later user's slate from values that move with the unit."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    config = FedSlateConfig(
+        **fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0, dp_acting="own"
+    )
+    object.__setattr__(config, "dp_local_training", "none")  # what __post_init__ refuses
+    base, neighbour = _coupled_acting_values(monkeypatch, config)
+    moved = (base != neighbour) & ~np.isnan(base)
+    assert moved.any(), "no other user's slate values moved: the check has no power"
+
+
+def test_joint_dp_acting_fails_closed():
+    from securefed.rl.fedslate import FedSlateConfig
+
+    with pytest.raises(ValueError, match="dp_acting"):
+        FedSlateConfig(fusion="ckks+dp", dp_epsilon=8.0, dp_acting="own", activation="polynomial")
+    with pytest.raises(ValueError, match="dp_acting"):
+        FedSlateConfig(fusion="dp", dp_epsilon=8.0, dp_acting="own", dp_local_training="none")
+    with pytest.raises(ValueError, match="dp_acting"):
+        FedSlateConfig(dp_acting="own")
+    with pytest.raises(ValueError, match="dp_acting"):
+        FedSlateConfig(fusion="dp", dp_epsilon=8.0, dp_acting="clean")
 
 
 def test_the_attack_catches_non_private_local_training(monkeypatch, fedslate_small):
