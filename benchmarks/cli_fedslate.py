@@ -101,12 +101,26 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         help="dp, ckks+dp: L2 bound per gradient row (default huber delta / batch size)",
     )
     parser.add_argument(
+        "--dp-local-clip",
+        type=float,
+        default=None,
+        help="dp, ckks+dp: L2 bound on one user episode's gradient of a platform's local network "
+        "per learning step (its DP-SGD, charged in the platform's ledger; default 1)",
+    )
+    parser.add_argument(
+        "--dp-acting",
+        choices=("released", "own"),
+        default=None,
+        help="dp: what a platform acts on for its own user: the fused values of its released "
+        "rows (released, the default) or the server network's weights on its own clean "
+        "Q-values, no acting row released (own: joint DP, docs/fedslate.md section 9)",
+    )
+    parser.add_argument(
         "--ckks-scale-bits",
         type=int,
         default=None,
-        help="ckks, ckks+dp: log2 of the CKKS scale (default 55: the server's released gradient "
-        "sums flooded with std 4.5e-3; 40 makes a step about 2.8x cheaper, and its flooding "
-        "swamps the server's gradients)",
+        help="ckks, ckks+dp: log2 of the CKKS scale (default 49 for the packed circuit of one "
+        "hidden layer or the linear server, 55 for deeper servers' monomial circuit)",
     )
 
 
@@ -125,6 +139,8 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         "--dp-delta": args.dp_delta != 1e-5,
         "--dp-clip": args.dp_clip != 1.0,
         "--dp-grad-clip": args.dp_grad_clip is not None,
+        "--dp-local-clip": args.dp_local_clip is not None,
+        "--dp-acting": args.dp_acting is not None,
     }
     if args.fusion not in DP_CHANNELS:
         given = [flag for flag, on in dp_given.items() if on]
@@ -138,6 +154,10 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         return fields
     if args.epsilon is None:
         raise ValueError(f"transport {args.fusion!r} needs --epsilon (per platform and episode)")
+    if args.dp_local_clip is not None:
+        fields["dp_local_clip"] = args.dp_local_clip
+    if args.dp_acting is not None:
+        fields["dp_acting"] = args.dp_acting  # the config refuses "own" where it cannot hold
     return fields | {
         "dp_epsilon": args.epsilon,
         "dp_delta": args.dp_delta,

@@ -244,6 +244,22 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
         (["--transport", "he"], "invalid choice: 'he'"),
         (["--epsilon", "4"], "--epsilon apply only to the DP transports"),
         (["--dp-clip", "3"], "--dp-clip apply only to the DP transports"),
+        (["--dp-acting", "own"], "--dp-acting apply only to the DP transports"),
+        (["--dp-local-clip", "0.1"], "--dp-local-clip apply only to the DP transports"),
+        (
+            [
+                "--transport",
+                "ckks+dp",
+                "--server-activation",
+                "polynomial",
+                "--epsilon",
+                "4",
+                "--dp-acting",
+                "own",
+            ],
+            "dp_acting='own' needs the 'dp' transport",
+        ),
+        (["--transport", "dp", "--epsilon", "4", "--dp-local-clip", "0"], "dp_local_clip must"),
         (["--transport", "dp"], "needs --epsilon"),
         (["--transport", "dp", "--epsilon", "4", "--algorithm", "slateq"], "FedSlate's fusion"),
         (["--transport", "ckks+dp", "--epsilon", "4"], "wraps the ckks fusion channel"),
@@ -266,6 +282,21 @@ def test_cli_usage_errors_exit_2(argv, message, capsys):
         code = exit_.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_dp_local_options_reach_the_config():
+    pytest.importorskip("gymnasium")
+    import argparse
+
+    from securefed.bench.cli_fedslate import _config, register
+
+    parser = argparse.ArgumentParser(prog="securefed")
+    register(parser.add_subparsers(dest="command", required=True))
+    argv = ["fedslate", "--transport", "dp", "--epsilon", "8", "--dp-acting", "own"]
+    config = _config(parser.parse_args([*argv, "--dp-local-clip", "0.1"]))
+    assert (config.dp_acting, config.dp_local_clip, config.dp_epsilon) == ("own", 0.1, 8.0)
+    defaults = _config(parser.parse_args(argv[:5]))
+    assert (defaults.dp_acting, defaults.dp_local_clip) == ("released", 1.0)
 
 
 def test_bench_fedslate_takes_the_transport_and_names_its_cells(tmp_path):
