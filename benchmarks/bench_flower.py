@@ -22,7 +22,11 @@ one process (``securefed.run_rounds``), in the same run, and reports:
 5. ``fedhpd``: FedHPD (``securefed.rl.flower_fedhpd``, one agent per node) in plaintext and
    under secure aggregation against the in-process reference learner (same returns, max
    parameter difference, bytes);
-6. ``node-curve``: the plaintext round time on ``--curve-nodes`` SuperNodes (one user each).
+6. ``fedslate``: FedSlate (``securefed.rl.flower_fedslate``: the user simulator and each
+   platform a SuperNode, the server network in the ServerApp) in plaintext and under ``dp``
+   against ``run_fedslate`` in one process (same rewards, max parameter difference, message
+   rounds, bytes; ``--fedslate-episodes``, ``--fedslate-steps``);
+7. ``node-curve``: the plaintext round time on ``--curve-nodes`` SuperNodes (one user each).
 
 5. ``--parts threat-models`` (issue 33): the synthetic federation on ``--clients`` nodes with
    secure aggregation against an honest-but-curious server (four message rounds: what Flower
@@ -248,6 +252,120 @@ def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dic
     return row
 
 
+def _fedslate_config(args: argparse.Namespace, fusion: str):
+    """The FedSlate run of the bench: two platforms (A with rewards), (10, 3), 2 members,
+    ``--fedslate-episodes`` episodes of ``--fedslate-steps`` rounds, learning from the second
+    episode on (every 3 rounds, batch 16), small networks; ``dp`` at epsilon 8."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    steps = args.fedslate_steps
+    dp = {"dp_epsilon": 8.0} if fusion == "dp" else {}
+    return FedSlateConfig(
+        steps_per_platform=steps,
+        episodes=args.fedslate_episodes,
+        members=2,
+        burn_in=steps,
+        learn_every=3,
+        target_sync=2 * steps,
+        buffer_size=4 * steps,
+        batch_size=16,
+        local_hidden=(32,),
+        server_hidden=(16,),
+        seed=args.seed,
+        fusion=fusion,
+        **dp,
+    )
+
+
+def _fedslate_row(args: argparse.Namespace, fusion: str) -> dict:
+    """FedSlate on the simulation engine (the simulator and each platform a node, the server
+    network in the ServerApp) against ``run_fedslate`` in one process (after a one-episode
+    warm-up run, so that its time holds no first-use imports)."""
+    import dataclasses
+    import tempfile
+
+    import torch
+
+    from securefed.flower.simulation import run_in_simulation
+    from securefed.rl.fedslate import run_fedslate
+    from securefed.rl.flower_fedslate import FedSlateFlowerRun, build_apps, node_results
+
+    config = _fedslate_config(args, fusion)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_fedslate(dataclasses.replace(config, episodes=1))  # warm-up: first-use imports
+        cpu = time.process_time()
+        reference = run_fedslate(config)
+        local_cpu = time.process_time() - cpu
+    finally:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="bench-flower-fedslate-") as out:
+        run = FedSlateFlowerRun(config, output_dir=out)
+        start, cpu = time.perf_counter(), time.process_time()
+        outcome = run_in_simulation(build_apps(run), run.nodes, FEDHPD_BACKEND)
+        wall, server_cpu = time.perf_counter() - start, time.process_time() - cpu
+        results = node_results(out, config)
+    rewards = results["simulator"]["rewards"]
+    diffs = [
+        float((outcome.channel.module.state_dict()[n] - p).abs().max())
+        for n, p in reference.networks["server"].state_dict().items()
+    ]
+    for name in ("A", "B"):
+        diffs += [
+            float(np.abs(results[name][f"local.{n}"] - p.numpy()).max())
+            for n, p in reference.networks[f"local_{name}"].state_dict().items()
+        ]
+    episodes = outcome.episode_seconds
+    flower_episodes = float(sum(episodes))
+    row = {
+        "case": (
+            f"FedSlate (10, 3), 2 platforms, {config.episodes} episodes x "
+            f"{config.steps_per_platform} rounds, {config.members} members"
+        ),
+        "transport": fusion,
+        "nodes": run.nodes,
+        "episodes": config.episodes,
+        "rounds": outcome.rounds,
+        "learn_steps": outcome.learn_steps,
+        "flower_episode_s": flower_episodes / config.episodes,
+        "flower_round_s": flower_episodes / outcome.rounds,
+        "in_process_episode_s": reference.seconds / config.episodes,
+        "overhead": flower_episodes / reference.seconds,
+        "in_process_cpu_s": local_cpu,
+        "flower_server_cpu_s": server_cpu,
+        "flower_wall_s": wall,
+        "same_rewards": bool(np.array_equal(rewards, reference.episode_rewards)),
+        "max_abs_reward_diff": float(np.abs(rewards - reference.episode_rewards).max()),
+        "max_abs_param_diff": max(diffs),
+        "message_rounds": int(sum(outcome.messages.values())),
+        "message_MB_down": outcome.message_bytes["down"] / 2**20,
+        "message_MB_up": outcome.message_bytes["up"] / 2**20,
+        "messages": outcome.messages,
+        "flower_episode_seconds": episodes,
+    }
+    print({k: v for k, v in row.items() if not k.endswith("_seconds")}, flush=True)
+    return row
+
+
+FEDSLATE_COLUMNS = [
+    "case",
+    "transport",
+    "nodes",
+    "rounds",
+    "learn_steps",
+    "flower_episode_s",
+    "flower_round_s",
+    "in_process_episode_s",
+    "overhead",
+    "same_rewards",
+    "max_abs_param_diff",
+    "message_rounds",
+    "message_MB_down",
+    "message_MB_up",
+]
+
+
 TIMES = ["flower_round_s", "in_process_round_s", "overhead", "flower_first_round_s"]
 FEDHPD_COLUMNS = [
     "case",
@@ -396,9 +514,10 @@ PARTS = (
     "ml-100k-grouped",
     "threat-models",
     "fedhpd",
+    "fedslate",
     "node-curve",
 )
-DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "fedhpd")
+DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "fedhpd", "fedslate")
 COLUMNS = [
     "case",
     "transport",
@@ -477,6 +596,18 @@ def flower(args: argparse.Namespace) -> int:
             "process (torch on 1 thread); both include the episodes played in the first round "
             "of each distillation event."
         )
+    fedslate_rows = []
+    if "fedslate" in parts:
+        for fusion in ("plaintext", "dp"):
+            fedslate_rows.append(_fedslate_row(args, fusion))
+        notes.append(
+            "FedSlate: the user simulator and each platform a SuperNode, the server network in "
+            "the ServerApp (securefed.rl.flower_fedslate); episode and round times are the "
+            "server loop's wall seconds over all episodes (after the key exchange) against "
+            "run_fedslate's in one process (torch on 1 thread); same_rewards and "
+            "max_abs_param_diff compare the seeded Flower run with the in-process run (the "
+            "server network and both local networks)."
+        )
     if "node-curve" in parts:
         for nodes in (int(n) for n in args.curve_nodes.split(",")):
             curve_rows.append(_node_curve_row(example, args, nodes))
@@ -488,6 +619,8 @@ def flower(args: argparse.Namespace) -> int:
     table = markdown_table(rows, COLUMNS) if rows else ""
     if fedhpd_rows:
         table += "\n\n" + markdown_table(fedhpd_rows, FEDHPD_COLUMNS)
+    if fedslate_rows:
+        table += "\n\n" + markdown_table(fedslate_rows, FEDSLATE_COLUMNS)
     if curve_rows:
         table += "\n\n" + markdown_table(curve_rows, CURVE_COLUMNS)
     table += "\n" + "".join(f"\n{note}\n" for note in notes)
@@ -496,6 +629,7 @@ def flower(args: argparse.Namespace) -> int:
         {
             "rows": rows,
             "fedhpd_rows": fedhpd_rows,
+            "fedslate_rows": fedslate_rows,
             "node_curve_rows": curve_rows,
             "notes": notes,
             "backend": BACKEND,
@@ -522,6 +656,12 @@ def register(benches) -> None:
     parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
     parser.add_argument("--fedhpd-agents", type=int, default=3, help="FedHPD agents (= nodes)")
     parser.add_argument("--fedhpd-rounds", type=int, default=5, help="FedHPD training rounds")
+    parser.add_argument(
+        "--fedslate-episodes", type=int, default=3, help="FedSlate episodes (the first: burn-in)"
+    )
+    parser.add_argument(
+        "--fedslate-steps", type=int, default=20, help="FedSlate rounds per episode (61: paper)"
+    )
     parser.add_argument(
         "--curve-nodes", default="10,30,100,300", help="node counts of the node-count curve"
     )

@@ -24,8 +24,10 @@ The worked example, FedMF on a SuperLink and SuperNodes, is the app in ``recsys/
 (:mod:`securefed.recsys.fedmf_flower`; copied by :func:`securefed.flower.loopback.write_app`).
 FedHPD's halves
 (agents on the nodes, the consensus on the server) are ``rl/flower_fedhpd.py``, its app
-``rl/flower_app``. Transport credentials of a deployment (a TLS CA, the SuperLink's
-certificate, the SuperNodes' authentication keys): :mod:`securefed.flower.credentials`. Fault
+``rl/flower_app``; FedSlate's (the user simulator and each platform a node, the server network in
+the ServerApp, over this package's messenger and records) are ``rl/flower_fedslate.py``.
+Transport credentials of a deployment (a TLS CA, the SuperLink's certificate, the SuperNodes'
+authentication keys): :mod:`securefed.flower.credentials`. Fault
 drills (a node that hangs or answers garbage): :mod:`securefed.flower.faults`.
 """
 

@@ -76,10 +76,13 @@ __all__ = [
     "REPLACEMENT_SENSITIVITY",
     "DPFusionChannel",
     "DPFusionOptions",
+    "DPParty",
+    "check_counted_tag",
     "clamp_entries",
     "clip_rows_last_axis",
     "gaussian_rows",
     "gaussian_sum",
+    "scaled_gradient",
     "unit_ledger",
 ]
 
@@ -299,11 +302,14 @@ class DPFusionChannel:
         self.options = options
         self.name = "dp" if inner.name == "plaintext" else f"{inner.name}+dp"
         self.noise_multiplier = options.sigma()
-        self._noise = {p: as_noise_source(noise[p]) for p in parties}
-        self.ledgers = {p: unit_ledger(options, self.noise_multiplier) for p in parties}
-        self._released: dict[str, dict[str, int]] = {p: {} for p in parties}
+        self.party_halves = {
+            p: DPParty(p, options, noise[p], self.noise_multiplier) for p in parties
+        }
+        self._noise = {p: half.noise for p, half in self.party_halves.items()}
+        self.ledgers = {p: half.ledger for p, half in self.party_halves.items()}
+        self._released = {p: half.released for p, half in self.party_halves.items()}
         self.bounds = options.clamp_bounds()
-        self._clamped: dict[str, dict[str, list[int]]] = {p: {} for p in parties}
+        self._clamped = {p: half.clamped for p, half in self.party_halves.items()}
         self._pending: dict[str, np.ndarray] | None = None
         self._pending_tag = ""
         self.keep_clean = tuple(keep_clean)
@@ -444,12 +450,7 @@ class DPFusionChannel:
 
     # ------------------------------------------------------------------ internals
     def _check_tag(self, tag: str) -> None:
-        tags = self.options.tags
-        if tags is not None and tag not in tags:
-            raise ValueError(
-                f"the DP accounting counted no exchange tagged {tag!r} (it counted {list(tags)}): "
-                "its rows would leave without being charged"
-            )
+        check_counted_tag(self.options, tag)
 
     def _check_parties(self, values: Mapping[str, Any], what: str) -> None:
         unknown = set(values) - set(self.parties)
@@ -457,34 +458,94 @@ class DPFusionChannel:
             raise ValueError(f"{what} of parties {sorted(unknown)} that are not {self.parties}")
 
     def _release(self, party: str, value: Any, clip: float, key: str, kind: str):
-        """One party's message, every row clipped and noised (and, with a clamp, every entry
-        clamped; inputs also divided by their bound), in the type it came in. The factors are
-        what an input gradient is multiplied by on its way back (clip factor / bound)."""
+        """One party's message released by that party's half (:meth:`DPParty.release`)."""
+        return self.party_halves[party].release(value, clip, key, kind)
+
+
+def check_counted_tag(options: DPFusionOptions, tag: str) -> None:
+    """Refuse an exchange whose tag the caller's accounting did not count.
+
+    Raises:
+        ValueError: ``tag`` is not in ``options.tags`` (when tags are given).
+    """
+    tags = options.tags
+    if tags is not None and tag not in tags:
+        raise ValueError(
+            f"the DP accounting counted no exchange tagged {tag!r} (it counted {list(tags)}): "
+            "its rows would leave without being charged"
+        )
+
+
+class DPParty:
+    """One party's half of the DP channel: its noise source, its ledger, its release counts.
+
+    What runs where the party's data lives (in one process inside :class:`DPFusionChannel`; on
+    Flower on the party's node, ``securefed.rl.flower_fedslate``): every row the party sends
+    is clipped and noised here before it leaves (:func:`gaussian_rows`), and the party's ledger
+    is charged with its unit's whole schedule when the half is built (:func:`unit_ledger`).
+
+    Args:
+        name: the party.
+        options: the mechanism and the accounting (shared by every party).
+        noise: the party's noise source (or a numpy generator: seeded, tests only).
+        sigma: the noise multiplier (``None``: ``options.sigma()``).
+
+    Raises:
+        PrivacyBudgetExceeded: the schedule overruns the budget at ``sigma``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        options: DPFusionOptions,
+        noise: NoiseSource | np.random.Generator,
+        sigma: float | None = None,
+    ) -> None:
+        self.name = name
+        self.options = options
+        self.noise_multiplier = options.sigma() if sigma is None else float(sigma)
+        self.noise = as_noise_source(noise)
+        self.ledger = unit_ledger(options, self.noise_multiplier)
+        self.released: dict[str, int] = {}
+        self.bounds = options.clamp_bounds()
+        self.clamped: dict[str, list[int]] = {}
+
+    def release(self, value: Any, clip: float, key: str, kind: str):
+        """The party's message, every row clipped and noised (and, with a clamp, every entry
+        clamped; inputs also divided by their bound), in the type it came in. Returns
+        ``(released, factors)``: the factors are what an input gradient is multiplied by on
+        its way back (clip factor / bound; :func:`scaled_gradient`)."""
+        party = self.name
         is_tensor = hasattr(value, "detach")
         array = as_numpy(value)
         dtype = array.dtype
         array = finite_array(f"party {party!r} {key}", array)
         if array.ndim < 1 or array.shape[-1] < 1:
             raise ValueError(f"party {party!r} {key} has shape {array.shape}: no rows to release")
-        noised, factors = gaussian_rows(array, clip, self.noise_multiplier, self._noise[party])
+        noised, factors = gaussian_rows(array, clip, self.noise_multiplier, self.noise)
         if self.bounds is not None:
             bound = self.bounds[kind]
             noised, clamped = clamp_entries(noised, bound)
-            tally = self._clamped[party].setdefault(kind, [0, 0])
+            tally = self.clamped.setdefault(kind, [0, 0])
             tally[0] += clamped
             tally[1] += noised.size
             if kind == "input":
                 # Released in [-1, 1]; the chain rule through the scaling on the way back.
                 noised, factors = noised / bound, factors / bound
         rows = int(np.prod(array.shape[:-1], dtype=np.int64))
-        counts = self._released[party]
-        counts[key] = counts.get(key, 0) + rows
+        self.released[key] = self.released.get(key, 0) + rows
         noised = noised.astype(dtype, copy=False)
         if is_tensor:
             import torch
 
             return torch.from_numpy(noised), factors
         return noised, factors
+
+
+def scaled_gradient(gradient: Any, factors: np.ndarray) -> Any:
+    """An input gradient returned for noised rows, times their release factors (the chain
+    rule through the clipping, the factor held constant as DP-SGD does)."""
+    return _scaled(gradient, factors)
 
 
 def _scaled(gradient: Any, factors: np.ndarray) -> Any:

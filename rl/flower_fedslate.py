@@ -1,0 +1,1178 @@
+"""FedSlate (``securefed.rl.fedslate``) on Flower: the platforms and the user on SuperNodes, the
+server network in the ServerApp.
+
+Roles, by the node's ``partition-id`` (``num-partitions`` = ``K + 1``):
+
+* ``0``: the **user simulator** (:class:`SimulatorNode`). FedSlate's user is shared by every
+  platform (spec section 1: one user, the platforms take turns), so it lives on a node of its
+  own: the choc-vs-kale simulator (:class:`~securefed.rl.envs.choc_kale.ChocKaleBatch`) and its
+  random streams. It receives each platform's slate and returns to that platform its outcome
+  (the clicked candidate, the feedback it may see, its next observation) sealed with an AEAD
+  key only the two of them hold (X25519 between the nodes, HKDF-SHA256, ChaCha20-Poly1305:
+  :mod:`securefed.crypto.keys`). The server relays the sealed blobs and cannot read them; it
+  learns only that a round was played and when the episode ends (``done``, public: the budget
+  is fixed). The episode rewards are the simulator's evaluation record, written to the node's
+  ``output_dir``, never sent.
+* ``1 .. K``: **platform** ``p - 1`` (:class:`PlatformNode`): its local Q-network, the target
+  copy and Adam, its column of the round-aligned replay, its current observation, its copy of
+  the exploration stream, and under ``dp`` its half of the DP channel
+  (:class:`securefed.fusion.dp.DPParty`: its noise stream, its ledger, its release counts) and
+  its local DP-SGD (:class:`~securefed.rl.fedslate.LocalDPSGD`). Every row it sends is released
+  on the node; Algorithm 2's team target reaches a platform without rewards sealed by the
+  platforms with rewards (the server relays it).
+
+The ServerApp (:func:`run_server`) holds the server network, its target copy and Adam behind the
+fusion channel (:func:`securefed.fusion.build_fusion_channel`, ``"plaintext"``: under ``dp`` the
+server's half is the plaintext channel that receives the noised rows), the round-aligned replay's
+schedule (which rows exist and end episodes, the public part) and its sampling stream, and drives
+the protocol of :func:`securefed.rl.fedslate.run_fedslate` step by step over Flower messages:
+acting (Q-values up, fused values down, sealed slates to the simulator, sealed outcomes back),
+learning (targets, Algorithm 1, Algorithm 2: the same exchanges the in-process channel makes, each
+tagged as there) and the target syncs. A seeded run gives every node and the server the run's
+``SeedTree(seed)`` streams at the paths the in-process run draws them from, so it reproduces the
+in-process run (tests/test_flower_fedslate.py). Each node's state travels in its Flower
+``Context.state`` as arrays (no pickle) and is rebuilt for every message.
+
+Carried: ``fusion`` ``"plaintext"`` and ``"dp"`` (``dp_acting="released"``), position alignment,
+every variant, any number of platforms and members. Refused, naming the option: the encrypted
+transports (``ckks``, ``ckks+dp``), ``alignment="item"``, ``dp_acting="own"``
+(:func:`flower_refusal`). This module is the app layer: it imports ``rl`` and
+``securefed.flower``; ``securefed`` knows nothing of FedSlate.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from securefed import NO_PAYLOADS, RoundSelection, SeedTree
+from securefed.crypto import keys as kx
+from securefed.flower import FlowerRunOptions, FlowerRunResult
+from securefed.flower import records as rec
+from securefed.flower.server import _Messenger, wait_for_nodes
+from securefed.fusion import build_fusion_channel
+from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
+from securefed.privacy.noise import as_noise_source
+from securefed.rl.choices import PLATFORM_NAMES
+from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
+from securefed.rl.fedslate import (
+    ACT,
+    LEARN,
+    SELECT,
+    TARGET,
+    FedSlateConfig,
+    LocalDPSGD,
+    clicked_loss,
+    dp_noise_multipliers,
+    dp_unit_releases,
+    server_network,
+    slate_value_loss,
+)
+from securefed.rl.slateq import (
+    ReplayBuffer,
+    choice_weights,
+    explore,
+    features,
+    local_network,
+    make_choice_model,
+    next_values,
+    select_slates,
+    torch_generator,
+)
+
+__all__ = [
+    "FLOWER_FUSIONS",
+    "SIMULATOR",
+    "FedSlateApps",
+    "FedSlateFlowerOutcome",
+    "FedSlateFlowerRun",
+    "PlatformNode",
+    "SimulatorNode",
+    "build_apps",
+    "drive_in_process",
+    "flower_refusal",
+    "handle",
+    "node_results",
+    "run_server",
+]
+
+FLOWER_FUSIONS = ("plaintext", "dp")
+"""The fusion channels FedSlate runs over Flower (the encrypted ones are refused, by name)."""
+SIMULATOR = 0
+"""The ``partition-id`` of the user simulator's node; platform ``p`` is node ``p + 1``."""
+MESSAGE_TYPE = "query.fedslate"
+AEAD = "chacha20-poly1305"
+PURPOSE = b"fedslate-relay"
+STATE_ARRAYS, STATE_META = "fedslate.arrays", "fedslate.meta"
+_KINDS = {"reset": 1, "outcome": 2, "slate": 3, "targets": 4}
+
+
+def flower_refusal(config: FedSlateConfig) -> str | None:
+    """Why ``config`` does not run on Flower (``None``: it does)."""
+    if config.fusion not in FLOWER_FUSIONS:
+        return (
+            f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)}): "
+            "the CKKS channels' platform halves (keys, encryption, decryption) are not split "
+            "onto the nodes yet"
+        )
+    if config.alignment != "position":
+        return (
+            "alignment 'item' is not carried on Flower: each platform would evaluate its network "
+            "on the other platforms' candidate features, which no message carries here"
+        )
+    if config.dp_acting != "released":
+        return (
+            "dp_acting 'own' is not carried on Flower: the platform would evaluate the server "
+            "network's weights itself, which the ServerApp does not send"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class FedSlateFlowerRun:
+    """One FedSlate run on Flower.
+
+    Attributes:
+        config: the run's configuration; ``config.seed`` ``None`` is secure mode (every node
+            and the server draw from their own operating-system entropy, and the nodes'
+            X25519 keys too); an int gives all of them ``SeedTree(seed)``: reproducible, equal
+            to the in-process run, and not private (the server can derive every key).
+        output_dir: where the nodes write ``fedslate-<role>.npz`` after the run (the
+            simulator its episode rewards, each platform its networks and ledger).
+        keep_payloads: the rounds whose vectors the server's view keeps.
+        timeout: seconds one message round may take (a node that does not answer ends the
+            run: FedSlate has no dropout semantics).
+        poll_interval: seconds between the server's polls.
+
+    Raises:
+        ValueError: a configuration Flower does not carry (:func:`flower_refusal`).
+    """
+
+    config: FedSlateConfig
+    output_dir: str = ""
+    keep_payloads: RoundSelection = NO_PAYLOADS
+    timeout: float = 600.0
+    poll_interval: float = 0.002
+
+    def __post_init__(self) -> None:
+        reason = flower_refusal(self.config)
+        if reason is not None:
+            raise ValueError(reason)
+
+    @property
+    def nodes(self) -> int:
+        """SuperNodes the run needs: the simulator and one per platform."""
+        return self.config.num_platforms + 1
+
+
+# ----------------------------------------------------------------------------- state on a node
+def _rng_state(generator: np.random.Generator) -> dict:
+    return generator.bit_generator.state
+
+
+def _set_rng(generator: np.random.Generator, state: Mapping) -> None:
+    generator.bit_generator.state = dict(state)
+
+
+def _module_arrays(prefix: str, module: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {f"{prefix}{k}": v.detach().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def _load_module(prefix: str, module: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    state = {
+        k[len(prefix) :]: torch.from_numpy(np.array(v))
+        for k, v in arrays.items()
+        if k.startswith(prefix)
+    }
+    module.load_state_dict(state)
+
+
+def _optimiser_arrays(prefix: str, optimiser: torch.optim.Optimizer) -> dict[str, np.ndarray]:
+    out = {}
+    for index, entries in optimiser.state_dict()["state"].items():
+        for name, value in entries.items():
+            out[f"{prefix}{index}.{name}"] = torch.as_tensor(value).numpy().copy()
+    return out
+
+
+def _load_optimiser(
+    prefix: str, optimiser: torch.optim.Optimizer, arrays: Mapping[str, np.ndarray]
+) -> None:
+    state = optimiser.state_dict()
+    entries: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in arrays.items():
+        if name.startswith(prefix):
+            index, key = name[len(prefix) :].split(".", 1)
+            entries.setdefault(int(index), {})[key] = torch.from_numpy(np.array(value))
+    state["state"] = entries
+    optimiser.load_state_dict(state)
+
+
+def _pack(arrays: Mapping[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+    return buffer.getvalue()
+
+
+def _unpack(blob: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+@dataclass
+class _Keys:
+    """A node's X25519 key pair and the peers' public keys (by role)."""
+
+    role: int
+    pair: kx.KeyPair
+    peers: dict[int, bytes] = field(default_factory=dict)
+
+    def _key(self, peer: int) -> bytes:
+        if peer not in self.peers:
+            raise ValueError(f"node {self.role} has no public key of node {peer}")
+        return kx.pair_key(self.pair.private, self.peers[peer], PURPOSE, 0, self.role, peer)
+
+    @staticmethod
+    def _aad(kind: str, counter: int, sender: int, recipient: int) -> bytes:
+        return (
+            kx.PROTOCOL_LABEL
+            + PURPOSE
+            + kind.encode()
+            + struct.pack(">qqq", counter, sender, recipient)
+        )
+
+    def seal(
+        self, kind: str, counter: int, peer: int, arrays: Mapping[str, np.ndarray]
+    ) -> np.ndarray:
+        """``arrays`` sealed for ``peer`` (the nonce: kind, sender and counter, unique per key)."""
+        nonce = struct.pack(">BBxxq", _KINDS[kind], self.role, counter)
+        blob = kx.seal(
+            AEAD, self._key(peer), nonce, _pack(arrays), self._aad(kind, counter, self.role, peer)
+        )
+        return np.frombuffer(blob, np.uint8).copy()
+
+    def open(self, kind: str, counter: int, peer: int, blob: np.ndarray) -> dict[str, np.ndarray]:
+        """Open what ``peer`` sealed for this node (raises ``ShareDecryptionError`` when it was
+        tampered with, misrouted or replayed from another step)."""
+        data = np.asarray(blob, np.uint8).tobytes()
+        return _unpack(
+            kx.open_sealed(AEAD, self._key(peer), data, self._aad(kind, counter, peer, self.role))
+        )
+
+
+def _node_tree(config: FedSlateConfig, meta: dict) -> SeedTree:
+    """The node's seed tree: the run's seeded one, or a secure one kept in the node's state."""
+    if config.seed is not None:
+        return SeedTree(config.seed)
+    tree = SeedTree()
+    if "entropy" in meta:
+        tree.resume_from(int(meta["entropy"]))
+    else:
+        meta["entropy"] = str(tree.entropy)
+    return tree
+
+
+def _keys(role: int, tree: SeedTree, arrays: Mapping) -> _Keys:
+    """The node's X25519 key pair (from its tree: the run's seed, or its secret entropy in
+    secure mode) and the peers' public keys it was sent."""
+    pair = kx.keypair_from_seed(tree.key("flower-fedslate", "x25519", role))
+    peers = {
+        int(k.split(".")[1]): np.asarray(v, np.uint8).tobytes()
+        for k, v in arrays.items()
+        if k.startswith("peer.")
+    }
+    return _Keys(role, pair, peers)
+
+
+@lru_cache(maxsize=8)
+def _dp_setup(config: FedSlateConfig):
+    """The DP options and the local DP-SGD's multiplier and steps (a pure function of the
+    configuration; cached: a node is rebuilt for every message)."""
+    options = config.dp_options()
+    bound = dp_unit_releases(config)
+    local = None
+    if config.local_dp:
+        local = dp_noise_multipliers(
+            config,
+            releases=bound["releases"],
+            local_steps=bound["local_steps"],
+            tail=bound["tail_delta"],
+        )["local"]
+    return options, local, bound["local_steps"]
+
+
+# ----------------------------------------------------------------------------- the simulator
+class SimulatorNode:
+    """The shared user: the simulator, its streams and the episode rewards (evaluation only).
+
+    Args:
+        config: the run's configuration.
+        tree: the node's seed tree (the simulator's streams at the in-process paths).
+    """
+
+    def __init__(self, config: FedSlateConfig, tree: SeedTree) -> None:
+        self.config = config
+        self.env = ChocKaleBatch(
+            config.env_config(),
+            config.members,
+            EnvStreams.from_tree(
+                tree, config.num_platforms, "env", shared_corpus=config.shared_corpus
+            ),
+        )
+        self.rewards = np.zeros((config.episodes, config.members, config.num_platforms))
+        self.episode = -1
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        env = self.env
+        arrays = {
+            "env.nke": env.nke,
+            "env.docs": env.docs,
+            "env.obs_sat": env.obs_sat,
+            "env.history": env.history,
+            "rewards": self.rewards,
+        }
+        meta = {
+            "turn": env.turn,
+            "remaining": env.remaining,
+            "started": env._started,
+            "episode": self.episode,
+            "rngs": {k: _rng_state(g) for k, g in env.streams.named().items()},
+        }
+        return arrays, meta
+
+    def load(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+        env = self.env
+        env.nke = np.array(arrays["env.nke"])
+        env.docs = np.array(arrays["env.docs"])
+        env.obs_sat = np.array(arrays["env.obs_sat"])
+        env.history = np.array(arrays["env.history"])
+        self.rewards = np.array(arrays["rewards"])
+        env.turn, env.remaining, env._started = (
+            int(meta["turn"]),
+            int(meta["remaining"]),
+            bool(meta["started"]),
+        )
+        self.episode = int(meta["episode"])
+        for name, g in env.streams.named().items():
+            _set_rng(g, meta["rngs"][name])
+
+    def reset(self, keys: _Keys, episode: int) -> dict[str, np.ndarray]:
+        """A new episode: new users; each platform's first observation, sealed for it."""
+        self.env.reset()
+        self.episode = episode
+        return {
+            f"sealed.{p}": keys.seal(
+                "reset", episode, p + 1, {"x": features(self.env.observation(p), self.config)}
+            )
+            for p in range(self.config.num_platforms)
+        }
+
+    def step(
+        self, keys: _Keys, round_id: int, sealed: Mapping[str, np.ndarray]
+    ) -> tuple[dict, bool]:
+        """The platforms' turns with their (sealed) slates; each outcome sealed for its platform."""
+        out_arrays, done = {}, False
+        for p in range(self.config.num_platforms):
+            slate = keys.open("slate", round_id, p + 1, sealed[f"sealed.{p}"])["slate"]
+            out = self.env.step(p, slate)
+            self.rewards[self.episode, :, p] += out.engagement
+            x_next = features(self.env.observation(p), self.config)
+            done = out.done
+            outcome = {
+                "clicked": out.clicked,
+                "feedback": out.feedback,
+                "x_next": x_next,
+                "done": np.array(done),
+            }
+            out_arrays[f"sealed.{p}"] = keys.seal("outcome", round_id, p + 1, outcome)
+        return out_arrays, done
+
+
+# ----------------------------------------------------------------------------- a platform
+class PlatformNode:
+    """One platform: its network, target, Adam, replay column, observation and DP half.
+
+    Built from the run's streams at the in-process paths (``("init", "local", p)``, ``("agent",
+    "explore")``, ``("fusion-dp", name)``, ``("local-dp", name)``); its saved state, if any, is
+    loaded after (:meth:`load`).
+    """
+
+    def __init__(self, config: FedSlateConfig, p: int, tree: SeedTree) -> None:
+        self.config, self.p = config, p
+        self.name = PLATFORM_NAMES[p]
+        dim = config.env_config().state_dim(p)
+        self.local = local_network(config, dim, torch_generator(tree, "init", "local", p))
+        self.target = local_network(config, dim)
+        self.target.load_state_dict(self.local.state_dict())
+        self.target.requires_grad_(False)
+        self.opt = torch.optim.Adam(self.local.parameters(), lr=config.lr, fused=True)
+        self.replay = ReplayBuffer(config.buffer_size, config.members, [dim], config.slate_size)
+        self.act_rng = tree.generator("agent", "explore")
+        self.choice = make_choice_model(config.choice_model)
+        self.x = np.zeros((config.members, dim), np.float32)
+        self.slate = np.zeros((config.members, config.slate_size), np.int64)
+        self.work: dict[str, np.ndarray] = {}  # what one learning step keeps between messages
+        self.updates = 0
+        self.dp: DPParty | None = None
+        self.sgd: LocalDPSGD | None = None
+        if config.dp_epsilon is not None:
+            options, local_sigma, local_steps = _dp_setup(config)
+            self.dp = DPParty(
+                self.name, options, tree.generator("fusion-dp", self.name), options.sigma()
+            )
+            if config.local_dp:
+                self.dp.ledger.charge(
+                    local_sigma, 1.0, steps=local_steps, server=(local_sigma, 1.0)
+                )
+                noise = tree.generator("local-dp", self.name)
+                self.sgd = LocalDPSGD(
+                    self.name, self.local, config.dp_local_clip, local_sigma, as_noise_source(noise)
+                )
+
+    # -- state ---------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = _module_arrays("local.", self.local) | _module_arrays("target.", self.target)
+        arrays |= _optimiser_arrays("opt.", self.opt)
+        replay = self.replay.state_dict()
+        arrays |= {f"replay.{k}": v.numpy() for k, v in replay.items() if k != "position"}
+        arrays |= {"x": self.x, "slate": self.slate} | {
+            f"work.{k}": v for k, v in self.work.items()
+        }
+        meta = {
+            "replay_position": list(replay["position"]),
+            "updates": self.updates,
+            "rngs": {"explore": _rng_state(self.act_rng)},
+        }
+        if self.dp is not None:
+            meta["rngs"]["dp"] = _noise_state(self.dp.noise)
+            meta["released"], meta["clamped"] = self.dp.released, self.dp.clamped
+        if self.sgd is not None:
+            meta["rngs"]["local_dp"] = _noise_state(self.sgd.noise)
+        return arrays, meta
+
+    def load(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+        _load_module("local.", self.local, arrays)
+        _load_module("target.", self.target, arrays)
+        _load_optimiser("opt.", self.opt, arrays)
+        replay = {
+            k[len("replay.") :]: torch.from_numpy(np.array(v))
+            for k, v in arrays.items()
+            if k.startswith("replay.")
+        }
+        replay["position"] = list(meta["replay_position"])
+        self.replay.load_state_dict(replay)
+        self.x, self.slate = np.array(arrays["x"]), np.array(arrays["slate"])
+        self.work = {
+            k[len("work.") :]: np.array(v) for k, v in arrays.items() if k.startswith("work.")
+        }
+        self.updates = int(meta["updates"])
+        _set_rng(self.act_rng, meta["rngs"]["explore"])
+        if self.dp is not None:
+            _set_noise_state(self.dp.noise, meta["rngs"]["dp"])
+            self.dp.released.update(meta["released"])
+            self.dp.clamped.update({k: list(v) for k, v in meta["clamped"].items()})
+        if self.sgd is not None:
+            _set_noise_state(self.sgd.noise, meta["rngs"]["local_dp"])
+
+    # -- what a message asks ---------------------------------------------------------------
+    def _release(self, value, tag: str, kind: str = "input"):
+        """A row block as it leaves the node: as computed, or (DP) clipped and noised here."""
+        if self.dp is None:
+            return value, None
+        check_counted_tag(self.dp.options, tag)
+        clip = self.dp.options.clip if kind == "input" else self.dp.options.grad_clip
+        return self.dp.release(value, clip, f"{tag}:{kind}", kind)
+
+    def absorb(self, keys: _Keys, inbox: Sequence[tuple[str, int, int, np.ndarray]]) -> None:
+        """Apply the sealed deliveries the server relayed, in order: a new episode's first
+        observation, a round's outcome (written to the replay column, the round committed), a
+        platform's TD targets (Algorithm 2's team target)."""
+        for kind, counter, sender, blob in inbox:
+            data = keys.open(kind, counter, sender, blob)
+            if kind == "reset":
+                self.x = data["x"]
+            elif kind == "outcome":
+                x_next = data["x_next"]
+                self.replay.add(0, self.x, self.slate, data["clicked"], data["feedback"], x_next)
+                self.x = x_next
+                self.replay.commit(bool(data["done"]))
+            elif kind == "targets":
+                self.work[f"y.{sender - 1}"] = data["y"]
+                self.work[f"valid.{sender - 1}"] = data["valid"]
+            else:
+                raise ValueError(f"unknown delivery {kind!r}")
+
+    def act(self) -> np.ndarray:
+        """The acting inquiry's row: ``Q_p`` on the frozen observation (numpy, as in process)."""
+        return self._release(self.local.numpy_forward(self.x[:, None, :]), ACT)[0]
+
+    def choose(self, keys: _Keys, round_id: int, fused: np.ndarray, eps: float) -> np.ndarray:
+        """The platform's epsilon-greedy slate on its fused values, sealed for the simulator.
+
+        Exploration: the in-process run draws one exploration batch over every platform's rows
+        (``K S`` rows); each platform draws the same batch from its copy of the stream and uses
+        its own rows, so a seeded run explores exactly as in process (the draws do not depend on
+        any platform's data)."""
+        config, k, s = self.config, self.config.num_platforms, self.config.members
+        v, v_null = choice_weights(self.choice, self.x, config.num_candidates)
+        greedy = select_slates(config.slate_method, fused, v, v_null, config.slate_size)
+        marker = np.full((k * s, config.slate_size), -1, np.int64)
+        drawn = explore(marker, eps, self.act_rng, config.num_candidates)[
+            self.p * s : (self.p + 1) * s
+        ]
+        self.slate = np.where(drawn[:, :1] >= 0, drawn, greedy)
+        return keys.seal("slate", round_id, SIMULATOR, {"slate": self.slate})
+
+    def _xs(self, idx: np.ndarray, which: str = "x") -> np.ndarray:
+        return self.replay.gather(getattr(self.replay, which), 0, idx)
+
+    def target_values(self, idx: np.ndarray) -> np.ndarray:
+        """Its target network's Q-values of the batch's next states (step 1)."""
+        with torch.no_grad():
+            q = self.target(torch.from_numpy(self._xs(idx, "x_next")))
+        return self._release(q, TARGET)[0].numpy()
+
+    def targets(
+        self, keys: _Keys, idx: np.ndarray, done: np.ndarray, fused: np.ndarray, learn_step: int
+    ) -> dict[str, np.ndarray]:
+        """``Y_p`` and its validity from the target fusion (kept), sealed for every platform
+        without rewards (their team target)."""
+        config = self.config
+        x_next = self._xs(idx, "x_next")
+        nxt = self._xs(idx, "next_slate") if config.target == "sarsa" else None
+        x_val = next_values(config, self.choice, fused, x_next, nxt)
+        fb = self._xs(idx, "feedback")
+        valid = ~np.isnan(fb)
+        y = np.where(valid, fb, 0.0) * config.reward_scale
+        y = (y + config.gamma * x_val * ~done).astype(np.float32)
+        self.work["y"], self.work["valid"] = y, valid
+        return {
+            f"sealed.{q}": keys.seal("targets", learn_step, q + 1, {"y": y, "valid": valid})
+            for q, f in enumerate(config.feedback)
+            if not f
+        }
+
+    def learn_rows(self, idx: np.ndarray, updating: int, select: bool) -> dict[str, np.ndarray]:
+        """Its Q-values of the batch's states for ``updating``'s exchange: ``select`` (for the
+        greedy-slate fusion of a platform without rewards) and ``learn``; the updating platform
+        also asks for its clicked positions in the clear when no DP hides them."""
+        with torch.no_grad():
+            q = self.local(torch.from_numpy(self._xs(idx)))
+        out = {}
+        if select:
+            out["select"] = self._release(q, SELECT)[0].numpy()
+        released, factors = self._release(q, LEARN)
+        out["learn"] = released.numpy()
+        if updating == self.p:
+            self.work["idx"] = idx
+            if factors is not None:
+                self.work["factors"] = factors
+            if self.config.feedback[self.p] and self.dp is None:
+                out["positions"] = self._xs(idx, "clicked")[..., None]
+        return out
+
+    def greedy(self, fused: np.ndarray) -> np.ndarray:
+        """B's greedy slate on its fused values (kept; sent only when no DP hides it)."""
+        config = self.config
+        xs = self._xs(self.work["idx"])
+        v, v_null = choice_weights(self.choice, xs, config.num_candidates)
+        s_, b_ = fused.shape[:2]
+        n = config.num_candidates
+        slates = select_slates(
+            config.slate_method,
+            fused.reshape(s_ * b_, n),
+            v.reshape(s_ * b_, n),
+            v_null.reshape(s_ * b_),
+            config.slate_size,
+        )
+        self.work["positions"] = slates.reshape(s_, b_, config.slate_size)
+        return self.work["positions"]
+
+    def loss_gradient(self, fused: np.ndarray) -> np.ndarray:
+        """``dL/dQf_p`` of its loss at the fused values it received (Algorithm 1 or 2)."""
+        config, delta = self.config, self.config.huber_delta
+        xs = self._xs(self.work["idx"])
+        fused_t = torch.from_numpy(np.array(fused)).requires_grad_(True)
+        private = self.dp is not None
+        if config.feedback[self.p]:
+            positions = torch.from_numpy(self._xs(self.work["idx"], "clicked"))[..., None]
+            loss_of = partial(
+                clicked_loss,
+                y=torch.from_numpy(self.work["y"]),
+                mask=torch.from_numpy(self.work["valid"]),
+                delta=delta,
+            )
+        else:
+            positions = torch.from_numpy(self.work["positions"])
+            with_rewards = [q for q, f in enumerate(config.feedback) if f]
+            stack_y = np.stack([self.work[f"y.{q}"] for q in with_rewards])
+            stack_m = np.stack([self.work[f"valid.{q}"] for q in with_rewards])
+            team_valid = stack_m.any(axis=0)
+            team_y = (stack_y * stack_m).sum(axis=0) / np.maximum(stack_m.sum(axis=0), 1)
+            v, v_null = choice_weights(self.choice, xs, config.num_candidates)
+            loss_of = partial(
+                slate_value_loss,
+                v=torch.from_numpy(v.astype(np.float32)),
+                v_null=torch.from_numpy(v_null.astype(np.float32)),
+                y=torch.from_numpy(team_y.astype(np.float32)),
+                mask=torch.from_numpy(team_valid),
+                delta=delta,
+            )
+        chosen = torch.gather(fused_t, 2, positions) if private else fused_t
+        loss = loss_of(chosen, positions)
+        loss.backward()
+        return self._release(fused_t.grad, LEARN, "grad")[0].numpy()
+
+    def step(self, grads: np.ndarray) -> None:
+        """Its network's step on ``dL/dQ_p`` the server returned (local DP-SGD under DP)."""
+        idx = self.work["idx"]
+        xs = torch.from_numpy(self._xs(idx))
+        g = torch.from_numpy(np.array(grads))
+        if "factors" in self.work:
+            g = scaled_gradient(g, self.work["factors"])
+        if self.sgd is not None:
+            self.sgd.step(self.opt, xs, g, self.work["units"])
+        else:
+            own = self.local(xs)
+            self.opt.zero_grad(set_to_none=True)
+            own.backward(g)
+            self.opt.step()
+        self.updates += 1
+        for key in ("idx", "factors", "positions", "units"):
+            self.work.pop(key, None)
+
+    def sync(self) -> None:
+        self.target.load_state_dict(self.local.state_dict())
+
+    def report(self) -> dict[str, np.ndarray]:
+        out = _module_arrays("local.", self.local) | {"updates": np.array(self.updates)}
+        if self.dp is not None:
+            # Without local DP-SGD the epsilon is not established (one unit moves every later
+            # row through the network trained on raw data): NaN, the fusion rows' figure beside.
+            spent = self.dp.ledger.epsilon(against="server")
+            out["epsilon"] = np.array(spent if self.config.local_dp else np.nan)
+            out["epsilon_fusion_rows_only"] = np.array(spent)
+        return out
+
+
+def _noise_state(source) -> dict:
+    """A seeded noise source's generator state (a secure source keeps none: it draws fresh
+    operating-system entropy)."""
+    generator = getattr(source, "generator", None)
+    return {} if generator is None else _rng_state(generator)
+
+
+def _set_noise_state(source, state: Mapping) -> None:
+    generator = getattr(source, "generator", None)
+    if generator is not None and state:
+        _set_rng(generator, state)
+
+
+# ----------------------------------------------------------------------------- the node's handler
+def _inbox(
+    arrays: Mapping[str, np.ndarray], config: Mapping
+) -> list[tuple[str, int, int, np.ndarray]]:
+    count = int(config.get("inbox", 0))
+    return [
+        (
+            str(config[f"inbox.{i}.kind"]),
+            int(config[f"inbox.{i}.counter"]),
+            int(config[f"inbox.{i}.from"]),
+            arrays[f"inbox.{i}"],
+        )
+        for i in range(count)
+    ]
+
+
+def handle(
+    run: FedSlateFlowerRun,
+    role: int,
+    store: dict,
+    config: Mapping[str, object],
+    arrays: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """One message to the node of ``role``: rebuild the node from ``store`` (its saved arrays
+    and metadata), do what ``config["op"]`` asks, save it back; the reply's arrays and config.
+
+    ``store`` is the node's private state (in Flower its ``Context.state``): ``"arrays"`` and
+    ``"meta"`` (JSON-ready).
+    """
+    cfg = run.config
+    saved = dict(store.get("arrays", {}))
+    meta = dict(store.get("meta", {}))
+    tree = _node_tree(cfg, meta)
+    keys = _keys(role, tree, saved)
+    op = str(config["op"])
+    reply_arrays: dict[str, np.ndarray] = {}
+    reply_config: dict[str, object] = {"role": role}
+    if op == "hello":
+        reply_arrays["public"] = np.frombuffer(keys.pair.public, np.uint8).copy()
+        node = None
+    else:
+        node = SimulatorNode(cfg, tree) if role == SIMULATOR else PlatformNode(cfg, role - 1, tree)
+        if "node" in meta:
+            node.load(saved, meta["node"])
+    if op == "keys":
+        for name, value in arrays.items():
+            if name.startswith("peer."):
+                saved[name] = np.asarray(value, np.uint8)
+                keys.peers[int(name.split(".")[1])] = np.asarray(value, np.uint8).tobytes()
+    elif role == SIMULATOR and op == "reset":
+        reply_arrays = node.reset(keys, int(config["episode"]))
+    elif role == SIMULATOR and op == "step":
+        reply_arrays, done = node.step(keys, int(config["round"]), arrays)
+        reply_config["done"] = bool(done)
+    elif op == "finish":
+        if isinstance(node, PlatformNode):
+            node.absorb(keys, _inbox(arrays, config))
+        _write_result(run, role, node)
+    elif isinstance(node, PlatformNode):
+        node.absorb(keys, _inbox(arrays, config))
+        if op == "act":
+            reply_arrays["q"] = node.act()
+        elif op == "choose":
+            reply_arrays["sealed"] = node.choose(
+                keys, int(config["round"]), arrays["fused"], float(config["eps"])
+            )
+        elif op == "target_values":
+            reply_arrays["q"] = node.target_values(arrays["idx"])
+        elif op == "targets":
+            reply_arrays = node.targets(
+                keys, arrays["idx"], arrays["done"], arrays["fused"], int(config["learn_step"])
+            )
+        elif op == "learn_rows":
+            if "units" in arrays:
+                node.work["units"] = np.array(arrays["units"])
+            reply_arrays = node.learn_rows(
+                arrays["idx"], int(config["updating"]), bool(config["select"])
+            )
+        elif op == "greedy":
+            positions = node.greedy(arrays["fused"])
+            if node.dp is None:
+                reply_arrays["positions"] = positions
+        elif op == "loss":
+            reply_arrays["grad"] = node.loss_gradient(arrays["fused"])
+        elif op == "local_step":
+            node.step(arrays["grad"])
+        elif op == "sync":
+            node.sync()
+        elif op != "deliver":
+            raise ValueError(f"platform {role - 1} got an unknown request {op!r}")
+    elif op not in ("keys", "hello"):
+        raise ValueError(
+            f"node {role} ({'simulator' if role == SIMULATOR else 'platform'}) got an unknown "
+            f"request {op!r}"
+        )
+    if node is not None:
+        node_arrays, node_meta = node.state()
+        saved = {k: v for k, v in saved.items() if k.startswith("peer.")} | node_arrays
+        meta["node"] = node_meta
+    store["arrays"], store["meta"] = saved, json.loads(json.dumps(meta, default=_json_default))
+    return reply_arrays, reply_config
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in a node's state")
+
+
+def _write_result(run: FedSlateFlowerRun, role: int, node) -> None:
+    if not run.output_dir:
+        return
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(node, SimulatorNode):
+        np.savez(out / "fedslate-simulator.npz", rewards=node.rewards)
+    else:
+        np.savez(out / f"fedslate-platform-{node.name}.npz", **node.report())
+
+
+def node_results(out_dir: str | Path, config: FedSlateConfig) -> dict[str, dict[str, np.ndarray]]:
+    """What the nodes wrote after the run: ``"simulator"`` (``rewards`` ``(episodes, S, K)``)
+    and each platform's name (``local.*`` parameters, ``updates``; under DP ``epsilon``, its
+    ledger's epsilon against the server, NaN with ``dp_local_training="none"``, where it is not
+    established, and ``epsilon_fusion_rows_only``)."""
+    out = Path(out_dir)
+    results = {"simulator": dict(np.load(out / "fedslate-simulator.npz", allow_pickle=False))}
+    for name in PLATFORM_NAMES[: config.num_platforms]:
+        results[name] = dict(np.load(out / f"fedslate-platform-{name}.npz", allow_pickle=False))
+    return results
+
+
+# ----------------------------------------------------------------------------- the server half
+Exchange = Callable[[str, Mapping[int, tuple[dict, dict]]], dict[int, tuple[dict, dict]]]
+"""``exchange(op, {role: (arrays, config)}) -> {role: (arrays, config)}``: one message round."""
+
+
+@dataclass
+class FedSlateFlowerOutcome:
+    """What the ServerApp produced.
+
+    Attributes:
+        channel: the server's fusion channel (its ``module`` is the trained server network,
+            its ``view`` what the server saw: the same view as the in-process run's).
+        rounds, learn_steps: counters of the run.
+        message_bytes: array payload bytes down / up in Flower messages.
+        messages: message rounds by request kind.
+        seconds: wall seconds of the server's loop; cpu_seconds: its process CPU seconds.
+        episode_seconds: wall seconds per episode.
+    """
+
+    channel: object = None
+    rounds: int = 0
+    learn_steps: int = 0
+    message_bytes: dict[str, int] = field(default_factory=lambda: {"down": 0, "up": 0})
+    messages: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    episode_seconds: list[float] = field(default_factory=list)
+
+
+class _Server:
+    """The ServerApp's half: the server network behind its channel, the replay's public
+    schedule and sampling stream, the relay of sealed blobs."""
+
+    def __init__(
+        self, run: FedSlateFlowerRun, exchange: Exchange, outcome: FedSlateFlowerOutcome
+    ) -> None:
+        cfg = run.config
+        self.run, self.config, self.exchange, self.outcome = run, cfg, exchange, outcome
+        tree = SeedTree(cfg.seed) if cfg.seed is not None else SeedTree()
+        k = cfg.num_platforms
+        self.names = PLATFORM_NAMES[:k]
+        server = server_network(cfg, torch_generator(tree, "init", "server"))
+        opt = torch.optim.Adam(server.parameters(), lr=cfg.server_lr or cfg.lr, fused=True)
+        self.channel = build_fusion_channel(
+            "plaintext",
+            self.names,
+            server,
+            opt,
+            cfg.fusion_needs(),
+            target=server_network(cfg),
+            cross=cfg.variant != "fedq",
+            keep_payloads=run.keep_payloads,
+            total_rounds=cfg.episodes * cfg.steps_per_platform,
+        )
+        if cfg.dp_epsilon is not None:
+            options, local_sigma, _ = _dp_setup(cfg)
+            self.channel.view.channel = cfg.fusion
+            self.channel.view.public["dp"] = {
+                "placement": "local (each platform's node)",
+                "noise_multiplier": options.sigma(),
+                "clip": options.clip,
+                "grad_clip": options.grad_clip,
+                "unit_releases": options.releases_per_unit,
+                "epsilon_budget": options.epsilon,
+                "delta": options.delta,
+                "local_sgd_noise_multiplier": local_sigma,
+            }
+        self.replay = ReplayBuffer(cfg.buffer_size, cfg.members, [1] * k, cfg.slate_size)
+        self.replay_unit = np.zeros(cfg.buffer_size, np.int64)
+        self.replay_rng = tree.generator("agent", "replay")
+        self.inbox: dict[int, list[tuple[str, int, int, np.ndarray]]] = {p: [] for p in range(k)}
+        self.with_rewards = [p for p, f in enumerate(cfg.feedback) if f]
+        self.without_rewards = [p for p, f in enumerate(cfg.feedback) if not f]
+        self.rounds = self.learn_steps = 0
+        outcome.channel = self.channel
+
+    # -- messaging -----------------------------------------------------------------------
+    def _ask(
+        self, op: str, requests: Mapping[int, tuple[dict, dict]]
+    ) -> dict[int, tuple[dict, dict]]:
+        self.outcome.messages[op] = self.outcome.messages.get(op, 0) + 1
+        return self.exchange(op, requests)
+
+    def platforms(self, op: str, per: Mapping[int, tuple[dict, dict]]) -> dict[int, dict]:
+        """A message round with platforms (by index), each carrying its relayed deliveries."""
+        requests = {}
+        for p, (arrays, config) in per.items():
+            arrays, config = dict(arrays), dict(config) | {"op": op}
+            items = self.inbox[p]
+            config["inbox"] = len(items)
+            for i, (kind, counter, sender, blob) in enumerate(items):
+                arrays[f"inbox.{i}"] = blob
+                config |= {
+                    f"inbox.{i}.kind": kind,
+                    f"inbox.{i}.counter": counter,
+                    f"inbox.{i}.from": sender,
+                }
+            self.inbox[p] = []
+            requests[p + 1] = (arrays, config)
+        return {role - 1: arrays for role, (arrays, _) in self._ask(op, requests).items()}
+
+    def all_platforms(
+        self, op: str, arrays: dict | None = None, config: dict | None = None
+    ) -> dict[int, dict]:
+        return self.platforms(
+            op, {p: (arrays or {}, config or {}) for p in range(self.config.num_platforms)}
+        )
+
+    def simulator(self, op: str, arrays: dict, config: dict) -> tuple[dict, dict]:
+        return self._ask(op, {SIMULATOR: (arrays, dict(config) | {"op": op})})[SIMULATOR]
+
+    def relay(self, sealed: Mapping[str, np.ndarray], kind: str, counter: int, sender: int) -> None:
+        for name, blob in sealed.items():
+            self.inbox[int(name.split(".")[1])].append((kind, counter, sender, blob))
+
+    # -- the run -------------------------------------------------------------------------
+    def keys(self) -> None:
+        roles = range(self.config.num_platforms + 1)
+        hello = self._ask("hello", {r: ({}, {"op": "hello"}) for r in roles})
+        public = {f"peer.{r}": hello[r][0]["public"] for r in roles}
+        self._ask("keys", {r: (public, {"op": "keys"}) for r in roles})
+
+    def episode(self, episode: int) -> None:
+        cfg, names, channel = self.config, self.names, self.channel
+        sealed, _ = self.simulator("reset", {}, {"episode": episode})
+        self.relay(sealed, "reset", episode, SIMULATOR)
+        done = False
+        while not done:
+            channel.open_round(self.rounds)
+            rows = self.all_platforms("act")
+            fused = channel.forward(
+                {names[p]: rows[p]["q"] for p in rows}, outputs=list(names), train=False, tag=ACT
+            )
+            eps = cfg.epsilon(self.rounds)
+            slates = self.platforms(
+                "choose",
+                {
+                    p: (
+                        {"fused": np.asarray(fused[names[p]])[:, 0]},
+                        {"round": self.rounds, "eps": eps},
+                    )
+                    for p in rows
+                },
+            )
+            step_arrays = {f"sealed.{p}": slates[p]["sealed"] for p in slates}
+            outcomes, config = self.simulator("step", step_arrays, {"round": self.rounds})
+            done = bool(config["done"])
+            self.relay(outcomes, "outcome", self.rounds, SIMULATOR)
+            self.replay_unit[self.replay.head] = episode
+            self.replay.commit(done)
+            self.rounds += 1
+            if self.rounds > cfg.burn_in and self.rounds % cfg.learn_every == 0:
+                self.learn()
+                self.learn_steps += 1
+            if self.rounds % cfg.target_sync == 0:
+                self.all_platforms("sync")
+                channel.sync_target()
+
+    def learn(self) -> None:
+        cfg, names, channel = self.config, self.names, self.channel
+        idx = self.replay.sample(self.replay_rng, cfg.batch_size, cfg.target == "sarsa")
+        units = self.replay_unit[idx]
+        done = self.replay.done[idx]
+        # 1. targets, for each platform with rewards (its own Y_p, sealed for the others).
+        for p in self.with_rewards:
+            q_next = self.all_platforms("target_values", {"idx": idx})
+            msgs = {names[q]: torch.from_numpy(q_next[q]["q"]) for q in q_next}
+            fused = channel.forward(
+                msgs, outputs=[names[p]], network="target", train=False, tag=TARGET
+            )
+            sealed = self.platforms(
+                "targets",
+                {
+                    p: (
+                        {"idx": idx, "done": done, "fused": fused[names[p]].numpy()},
+                        {"learn_step": self.learn_steps},
+                    )
+                },
+            )[p]
+            self.relay(sealed, "targets", self.learn_steps, p + 1)
+        # 2. Algorithm 1, then 3. Algorithm 2: one exchange per updating platform.
+        for p in self.with_rewards + self.without_rewards:
+            self.exchange_update(p, idx, units)
+
+    def exchange_update(self, p: int, idx: np.ndarray, units: np.ndarray) -> None:
+        cfg, names, channel = self.config, self.names, self.channel
+        select = p in self.without_rewards
+        arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
+        rows = self.all_platforms("learn_rows", arrays, {"updating": p, "select": select})
+        positions = None
+        if select:
+            msgs = {names[q]: torch.from_numpy(rows[q]["select"]) for q in rows}
+            qf = channel.forward(msgs, outputs=[names[p]], train=False, tag=SELECT)[names[p]]
+            reply = self.platforms("greedy", {p: ({"fused": qf.numpy()}, {})})[p]
+            positions = reply.get("positions")
+        elif "positions" in rows[p]:
+            positions = rows[p]["positions"]
+        msgs = {names[q]: torch.from_numpy(rows[q]["learn"]) for q in rows}
+        asked = None if positions is None else {names[p]: torch.from_numpy(positions)}
+        fused = channel.forward(msgs, outputs=[names[p]], positions=asked, train=True, tag=LEARN)[
+            names[p]
+        ]
+        grad = self.platforms("loss", {p: ({"fused": fused.numpy()}, {})})[p]["grad"]
+        grads = channel.backward({names[p]: torch.from_numpy(grad)}, recipients=[names[p]])
+        self.platforms("local_step", {p: ({"grad": grads[names[p]].numpy()}, {})})
+
+    def finish(self) -> None:
+        self.all_platforms("finish")
+        self.simulator("finish", {}, {})
+
+
+def run_server(
+    run: FedSlateFlowerRun, exchange: Exchange, outcome: FedSlateFlowerOutcome | None = None
+) -> FedSlateFlowerOutcome:
+    """The ServerApp's loop over an ``exchange`` (Flower's grid, or a direct call in tests)."""
+    outcome = outcome if outcome is not None else FedSlateFlowerOutcome()
+    start, cpu = time.perf_counter(), time.process_time()
+    server = _Server(run, exchange, outcome)
+    server.keys()
+    for episode in range(run.config.episodes):
+        tick = time.perf_counter()
+        server.episode(episode)
+        outcome.episode_seconds.append(time.perf_counter() - tick)
+    server.finish()
+    outcome.rounds, outcome.learn_steps = server.rounds, server.learn_steps
+    outcome.seconds, outcome.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    return outcome
+
+
+# ----------------------------------------------------------------------------- Flower apps
+def _flower_exchange(grid: Grid, run: FedSlateFlowerRun, result: FlowerRunResult) -> Exchange:
+    """``exchange`` over Flower messages: roles found by a first ``hello`` (each node answers
+    with its ``partition-id``), then one message round per call; a node that does not answer
+    ends the run (fail closed)."""
+    options = FlowerRunOptions(
+        rounds=0, min_nodes=run.nodes, timeout=run.timeout, poll_interval=run.poll_interval
+    )
+    messenger = _Messenger(grid, options, result)
+    nodes = wait_for_nodes(grid, run.nodes, options.connect_timeout, run.poll_interval)
+    by_role: dict[int, int] = {}
+    counter = [0]
+
+    def exchange(
+        op: str, requests: Mapping[int, tuple[dict, dict]]
+    ) -> dict[int, tuple[dict, dict]]:
+        counter[0] += 1
+        if not by_role:
+            probe = messenger.exchange(
+                MESSAGE_TYPE, {n: rec.content({}, {"op": "role"}) for n in nodes}, counter[0]
+            )
+            for node, reply in probe.items():
+                role = int(rec.message_config(reply)["role"])
+                if role in by_role:
+                    raise ValueError(f"two SuperNodes claim role {role} (check partition-id)")
+                by_role[role] = node
+            missing = sorted(set(range(run.nodes)) - set(by_role))
+            if missing:
+                raise ValueError(f"no SuperNode with partition-id {missing} answered")
+        contents = {by_role[r]: rec.content(a, c) for r, (a, c) in requests.items()}
+        replies = messenger.exchange(MESSAGE_TYPE, contents, counter[0])
+        lost = sorted(r for r in requests if by_role[r] not in replies)
+        if lost:
+            raise RuntimeError(
+                f"FedSlate on Flower: node(s) of role {lost} did not answer {op!r}; the run ends"
+            )
+        return {
+            r: (rec.message_arrays(replies[by_role[r]]), rec.message_config(replies[by_role[r]]))
+            for r in requests
+        }
+
+    return exchange
+
+
+@dataclass
+class FedSlateApps:
+    """A ServerApp and a ClientApp for one run, and where the server's outcome lands."""
+
+    server: ServerApp
+    client: ClientApp
+    outcome: FedSlateFlowerOutcome
+
+
+def _role(context: Context, run: FedSlateFlowerRun) -> int:
+    config = context.node_config
+    if "partition-id" not in config:
+        raise ValueError(
+            "a FedSlate SuperNode needs --node-config 'partition-id=<role>' (0: the user "
+            "simulator, p + 1: platform p)"
+        )
+    role = int(config["partition-id"])
+    if not 0 <= role < run.nodes:
+        raise ValueError(f"partition-id {role} is not a role of this run (0 .. {run.nodes - 1})")
+    return role
+
+
+def build_apps(run: FedSlateFlowerRun) -> FedSlateApps:
+    """Apps bound to ``run`` (for the simulation engine)."""
+    outcome = FedSlateFlowerOutcome()
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        result = FlowerRunResult()
+        run_server(run, _flower_exchange(grid, run, result), outcome)
+        outcome.message_bytes = dict(result.message_bytes)
+
+    client_app = ClientApp()
+
+    @client_app.query("fedslate")
+    def query(message: Message, context: Context) -> Message:
+        role = _role(context, run)
+        config = rec.message_config(message)
+        if config.get("op") == "role":
+            return Message(rec.content({}, {"role": role}), reply_to=message)
+        store = {}
+        if STATE_ARRAYS in context.state:
+            store["arrays"] = rec.record_arrays(context.state[STATE_ARRAYS])
+            store["meta"] = json.loads(str(context.state[STATE_META]["json"]))
+        arrays, reply = handle(run, role, store, config, rec.message_arrays(message))
+        context.state[STATE_ARRAYS] = rec.arrays_record(store["arrays"])
+        context.state[STATE_META] = ConfigRecord({"json": json.dumps(store["meta"])})
+        return Message(rec.content(arrays, reply), reply_to=message)
+
+    return FedSlateApps(server_app, client_app, outcome)
+
+
+def drive_in_process(
+    run: FedSlateFlowerRun,
+    *,
+    stores: dict[int, dict] | None = None,
+    tap: Callable[[str, int, Mapping, Mapping], None] | None = None,
+) -> FedSlateFlowerOutcome:
+    """The same halves without an engine: every message handled by :func:`handle` with the
+    node's state round-tripped through Flower records (as ``Context.state`` holds it).
+
+    Args:
+        run: the run.
+        stores: filled with each role's saved state (tests read the nodes' data from it).
+        tap: called with ``(op, role, request arrays, reply arrays)`` for every message: what
+            crossed the server (tests check what it could read).
+    """
+    stores = {} if stores is None else stores
+    stores.update({r: {} for r in range(run.nodes)})
+
+    def exchange(
+        op: str, requests: Mapping[int, tuple[dict, dict]]
+    ) -> dict[int, tuple[dict, dict]]:
+        replies = {}
+        for role, (arrays, config) in requests.items():
+            body = rec.content(arrays, config)
+            records = body.array_records
+            sent = rec.record_arrays(records[rec.ARRAYS]) if rec.ARRAYS in records else {}
+            store = stores[role]
+            out_arrays, out_config = handle(
+                run, role, store, dict(body.config_records[rec.CONFIG]), sent
+            )
+            store["arrays"] = rec.record_arrays(rec.arrays_record(store["arrays"]))
+            store["meta"] = json.loads(json.dumps(store["meta"]))
+            if tap is not None:
+                tap(op, role, sent, out_arrays)
+            replies[role] = (out_arrays, out_config)
+        return replies
+
+    return run_server(run, exchange)
