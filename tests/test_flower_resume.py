@@ -36,7 +36,7 @@ from securefed.flower import make_client_app
 from securefed.flower import records as rec
 from securefed.flower.client import NODE_STATE
 from securefed.flower.journal import JOURNAL_FILE, STATE_DIR_KEY
-from securefed.flower.server import ADVERTISE, TRAIN, run_federation
+from securefed.flower.server import ADVERTISE, MASK, SHARE, TRAIN, run_federation
 from securefed.privacy.ledger import PrivacyBudget
 
 assert task_identity  # the fixture, imported for the tests that use it
@@ -120,6 +120,52 @@ def test_a_resumed_server_ends_where_the_uninterrupted_run_ends(example, tmp_pat
         assert [r.round_id for r in resumed.transport.view.rounds] == [0, 1, 2]
 
 
+def test_a_round_cut_after_advertising_starts_again_with_the_nodes(example, tmp_path):
+    """The server dies in round 1 after AdvertiseKeys and ShareKeys, before any node masked its
+    input: nothing of round 1 was released, so the resumed server runs round 1 again (fresh
+    keys in secure mode; the same seeded ones here) and ends with the uninterrupted model."""
+    fields = {"transport": "secagg", "rounds": 2}
+    reference, _ = _run(example, _app(example, tmp_path / "whole", **fields), None)
+    app = _app(example, tmp_path, **fields)
+    setup = example.server_setup(app)
+    client = make_client_app(lambda context: example.client_setup(app, context))
+
+    def die_before_masking(message, context):
+        config = rec.message_config(message)
+        if message.metadata.message_type == MASK and int(config["round"]) == 1:
+            raise Crash(1)
+
+    grid = DirectGrid(client, N_NODES, before=die_before_masking)
+    for context in grid.contexts.values():
+        context.node_config[STATE_DIR_KEY] = str(tmp_path / "nodes")
+    with pytest.raises(Crash):
+        run_federation(grid, setup)
+    assert {(kind, int(rec.message_config(m)["round"])) for kind, _, m, _ in grid.log} >= {
+        (ADVERTISE, 1),
+        (SHARE, 1),
+    }
+    resumed, _ = _run(example, app, tmp_path / "nodes")
+    np.testing.assert_array_equal(resumed.algorithm.V, reference.algorithm.V)
+
+
+def test_a_secure_mode_run_resumes_under_its_checkpoint_key_only(example, tmp_path):
+    key = tmp_path / "checkpoint.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    app = _app(example, tmp_path, seed=-1, rounds=2, checkpoint_key_file=str(key))
+    _run(example, app, tmp_path / "nodes", crash_after=0)
+    saved = (tmp_path / "checkpoint/latest/checkpoint.json").read_text()
+    assert "entropy_sealed" in saved and '"entropy":' not in saved
+    other = tmp_path / "other.key"
+    other.write_bytes(os.urandom(32))
+    other.chmod(0o600)
+    with pytest.raises(CheckpointError):
+        _run(example, dataclasses.replace(app, checkpoint_key_file=str(other)), tmp_path / "nodes")
+    resumed, grid = _run(example, app, tmp_path / "nodes")
+    assert len(resumed.transport.view.rounds) == 2
+    assert {int(rec.message_config(m)["resumed_from"]) for _, _, m, _ in grid.log} == {1}
+
+
 def test_a_checkpoint_of_another_run_or_a_damaged_one_is_refused(example, tmp_path):
     app = _app(example, tmp_path, rounds=2)
     _run(example, app, tmp_path / "nodes", crash_after=0)
@@ -173,6 +219,54 @@ def test_a_spent_budget_is_refused_before_any_node_is_asked(example, tmp_path):
     bigger = PrivacyBudget(budget.epsilon * 2, 1e-5)
     with pytest.raises(CheckpointError, match="privacy ledger 0 differs"):
         _run(example, app, tmp_path / "nodes", budget=bigger)
+
+
+@pytest.mark.usefixtures("torch_one_thread")
+def test_fedhpd_resumed_on_flower_equals_the_uninterrupted_run(tmp_path):
+    """FedHPD's server (S_p, the consensus window) and nodes (agents, optimisers, environments'
+    generators, in their journal) continue after a crash between two rounds of an event."""
+    from test_flower_fedhpd import SEED, public_states, small_config
+
+    from securefed.rl.flower_fedhpd import FedHPDFlowerRun, client_setup, server_setup
+
+    config = small_config()  # 8 transport rounds
+    public = public_states(config)
+
+    def run(name, crash_after=None, state_dir=None):
+        fedhpd = FedHPDFlowerRun(
+            config,
+            SEED,
+            min_nodes=2,
+            output_dir=str(tmp_path / name),
+            checkpoint_dir=str(tmp_path / f"{name}-checkpoint"),
+        )
+        setup = server_setup(fedhpd, public_states=public)
+        if crash_after is not None:
+            setup.on_round = lambda round_id, _: _crash_at(round_id, crash_after)
+        grid = DirectGrid(make_client_app(lambda context: client_setup(fedhpd, context)), 2)
+        for context in grid.contexts.values():
+            context.node_config[STATE_DIR_KEY] = str(tmp_path / f"{name}-nodes")
+        with contextlib.suppress(Crash):
+            return run_federation(grid, setup)
+
+    whole = run("whole")
+    assert run("cut", crash_after=4) is None
+    resumed = run("cut")
+    assert resumed.resumed_from == 5 and len(resumed.rounds) == 8
+    np.testing.assert_array_equal(
+        [r["mean_return"] for r in resumed.rounds], [r["mean_return"] for r in whole.rounds]
+    )
+    assert resumed.evaluations[-1] == whole.evaluations[-1]
+    for partition in range(2):
+        cut = np.load(tmp_path / f"cut/node-{partition}.npz")
+        ref = np.load(tmp_path / f"whole/node-{partition}.npz")
+        for name in ref.files:
+            np.testing.assert_array_equal(cut[name], ref[name])
+
+
+def _crash_at(round_id, crash_after):
+    if round_id == crash_after:
+        raise Crash(round_id)
 
 
 # ----------------------------------------------------------------------------- the nodes' side
@@ -268,7 +362,7 @@ def test_a_superlink_killed_between_rounds_resumes_to_the_uninterrupted_model(ex
     result = json.loads((out / "result.json").read_text())
     model, transport, history = example.in_process(app)
     np.testing.assert_allclose(np.load(out / "server.npz")["V"], model.V, rtol=0, atol=1e-9)
-    assert [r["round"] for r in result["rounds"]] == [0, 1, 2]
+    assert [r["round"] for r in result["rounds"]] == [0, 1, 2] and result["resumed_from"] == done
     np.testing.assert_allclose(
         [r["train_rmse"] for r in result["rounds"]], [r["train_rmse"] for r in history], rtol=1e-12
     )

@@ -30,6 +30,12 @@ refuses a weaker round, naming the parameter.
 The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
 message and saved after it, so a node survives Flower starting a fresh ClientApp process per
 message (the deployment engine does).
+
+A node started with a journal (node config ``state-dir``, :mod:`securefed.flower.journal`) also
+writes its state and the round to its own disk after each round it released, continues from
+there in a later run of the same configuration (a server resumed from its checkpoint), and
+refuses any stage of a round at or before the last one it released, whoever asks. A node
+without one refuses a round of a resumed run (``resumed_from`` in the message config).
 """
 
 from __future__ import annotations

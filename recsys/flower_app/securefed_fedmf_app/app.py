@@ -478,6 +478,7 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
                 "message_bytes": result.message_bytes,
                 "nodes": result.nodes,
                 "config": app.run_config(),
+                "resumed_from": result.resumed_from,
             }
             if result.ledger is not None:
                 summary |= {
