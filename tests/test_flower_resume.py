@@ -32,7 +32,7 @@ pytest.importorskip(
 from test_claims_flower import DirectGrid, task_identity
 
 from securefed.errors import AggregationError, CheckpointError, PrivacyBudgetExceeded
-from securefed.flower import make_client_app
+from securefed.flower import FlowerRunOptions, make_client_app
 from securefed.flower import records as rec
 from securefed.flower.client import NODE_STATE
 from securefed.flower.journal import JOURNAL_FILE, STATE_DIR_KEY
@@ -194,6 +194,8 @@ def test_an_unseeded_run_checkpoints_only_with_a_key(example, tmp_path):
     app = _app(example, tmp_path, seed=-1)
     with pytest.raises(ValueError, match="checkpoint key"):
         _run(example, app, tmp_path / "nodes")
+    with pytest.raises(ValueError, match="needs the run's fingerprint"):
+        FlowerRunOptions(rounds=2, checkpoint_dir=str(tmp_path))
 
 
 def test_a_spent_budget_is_refused_before_any_node_is_asked(example, tmp_path):

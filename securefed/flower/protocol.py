@@ -97,8 +97,8 @@ class FlowerRunOptions:
             ``fingerprint``; written beside the last one and swapped in, every file under a
             digest); ``None``: no checkpoint.
         resume: continue from the checkpoint in ``checkpoint_dir`` when there is one.
-        fingerprint: the run's result-bearing configuration; a checkpoint of another one is
-            refused.
+        fingerprint: the run's result-bearing configuration (required with
+            ``checkpoint_dir``); a checkpoint of another one is refused.
         checkpoint_key: the key (at least 16 bytes) the checkpoints' HMAC digests and the
             sealing of a secure-mode run's root entropy derive from; an unseeded run refuses
             a ``checkpoint_dir`` without it.
@@ -118,6 +118,11 @@ class FlowerRunOptions:
 
     def __post_init__(self) -> None:
         check_key(self.checkpoint_key)
+        if self.checkpoint_dir and not self.fingerprint:
+            raise ValueError(
+                "a checkpoint_dir needs the run's fingerprint (its result-bearing configuration): "
+                "without one, a checkpoint of any other run would be resumed"
+            )
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
         if self.min_nodes < 1:
