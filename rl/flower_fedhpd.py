@@ -55,6 +55,8 @@ from securefed.flower import (
 )
 from securefed.flower.identity import NodeIdentity
 from securefed.flower.identity import node_identity as identity_from_config
+from securefed.flower.journal import STATE_DIR_KEY, NodeJournal, lineage_digest
+from securefed.integrity import read_key_file
 from securefed.records import dumps_record
 from securefed.rl.fast import make_public_states
 from securefed.rl.fedhpd import (
@@ -180,6 +182,32 @@ class FedHPDServer:
         self.history[self.round_id] = (self.consensus, np.sort(counted))
         for old in [r for r in self.history if r <= self.round_id - self.window]:
             del self.history[old]
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``S_p``, the last round and the consensus window, for the ServerApp's checkpoint."""
+        state = {"public": self.public, "round_id": np.array(self.round_id, np.int64)}
+        state["history_rounds"] = np.array(sorted(self.history), np.int64)
+        for round_id, (mean, counted) in self.history.items():
+            state[f"consensus.{round_id}"], state[f"counted.{round_id}"] = mean, counted
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint of the same configuration).
+
+        Raises:
+            ValueError: ``S_p`` of another shape.
+        """
+        if state["public"].shape != self.public.shape:
+            raise ValueError(
+                f"the checkpoint's S_p has shape {state['public'].shape}, not {self.public.shape}"
+            )
+        self.public = np.ascontiguousarray(state["public"])
+        self.round_id = int(state["round_id"])
+        self.history = {
+            int(r): (np.array(state[f"consensus.{r}"]), np.array(state[f"counted.{r}"]))
+            for r in state["history_rounds"].tolist()
+        }
+        self.consensus = self.history[self.round_id][0] if self.round_id in self.history else None
 
 
 # ----------------------------------------------------------------------------- agent state
@@ -461,6 +489,11 @@ class FedHPDFlowerRun:
             round).
         rejoin_window: rounds of consensus the broadcast keeps for nodes that rejoin (0: one
             distillation event; :class:`FedHPDServer`).
+        checkpoint_dir: where the server checkpoints every round and from which a ServerApp
+            started again resumes (docs/flower.md, "Resume after a SuperLink crash"; the nodes
+            need their journal, node config ``state-dir``); ``""``: none.
+        checkpoint_key_file: the checkpoint key's file (0600, >= 16 bytes); secure mode with a
+            ``checkpoint_dir`` needs it.
     """
 
     config: FedHPDConfig
@@ -469,6 +502,8 @@ class FedHPDFlowerRun:
     output_dir: str = ""
     timeout: float = 600.0
     rejoin_window: int = 0
+    checkpoint_dir: str = ""
+    checkpoint_key_file: str = ""
 
     def __post_init__(self) -> None:
         Schedule(self.config)
@@ -485,6 +520,11 @@ class FedHPDFlowerRun:
     @property
     def secure(self) -> bool:
         return self.seed == -1
+
+    def fingerprint(self) -> dict[str, object]:
+        """What a checkpoint and a node's journal belong to: the configuration, the seed and
+        the rejoin window (not where files go, nor how long to wait)."""
+        return {"config": repr(self.config), "seed": self.seed, "rejoin_window": self.rejoin_window}
 
     def seeds(self) -> SeedTree:
         """The seed tree of a server or node process (fresh OS entropy in secure mode)."""
@@ -543,7 +583,12 @@ def server_setup(
             (out / "result.json").write_text(dumps_record(summary, indent=1))
 
     options = FlowerRunOptions(
-        rounds=server.schedule.rounds, min_nodes=run.min_nodes, timeout=run.timeout
+        rounds=server.schedule.rounds,
+        min_nodes=run.min_nodes,
+        timeout=run.timeout,
+        checkpoint_dir=run.checkpoint_dir or None,
+        fingerprint=run.fingerprint() | {"transport": transport.name},
+        checkpoint_key=read_key_file(run.checkpoint_key_file) if run.checkpoint_key_file else None,
     )
     return ServerSetup(
         server,
@@ -580,12 +625,16 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
     shape = (len(range(run.config.public_size)[schedule.part_slice(0)]), schedule.width)
     # The agents' long-term identities for malicious-server secure aggregation (seeded runs:
     # derived from the run's seed, securefed.flower.identity).
+    state_dir = str(node_config.get(STATE_DIR_KEY, ""))
     return ClientSetup(
         node,
         node.seeds,
         shape,
         on_evaluate,
         identity=lambda: node_identity(run, context, agents),
+        journal=NodeJournal(state_dir, lineage_digest(run.fingerprint()), partition)
+        if state_dir
+        else None,
     )
 
 
@@ -695,6 +744,8 @@ class FedHPDApp:
             output_dir=str(values.get("output-dir", "")),
             timeout=float(values["timeout"]),
             rejoin_window=int(values.get("rejoin-window", 0)),
+            checkpoint_dir=str(values.get("checkpoint-dir", "")),
+            checkpoint_key_file=str(values.get("checkpoint-key-file", "")),
         )
         transport = str(values["transport"])
         secagg = None

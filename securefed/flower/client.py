@@ -30,6 +30,12 @@ refuses a weaker round, naming the parameter.
 The node's own state (e.g. FedMF's user vectors) is restored from ``Context.state`` before each
 message and saved after it, so a node survives Flower starting a fresh ClientApp process per
 message (the deployment engine does).
+
+A node started with a journal (node config ``state-dir``, :mod:`securefed.flower.journal`) also
+writes its state and the round to its own disk after each round it released, continues from
+there in a later run of the same configuration (a server resumed from its checkpoint), and
+refuses any stage of a round at or before the last one it released, whoever asks. A node
+without one refuses a round of a resumed run (``resumed_from`` in the message config).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
 from securefed.flower.dp import integers_on_client, mechanism_from_config, noise_on_client
 from securefed.flower.floors import NodeFloors
 from securefed.flower.identity import NodeIdentity, members_message
+from securefed.flower.journal import STATE_DIR_KEY, NodeJournal
 from securefed.flower.protocol import ClientNode
 from securefed.randomness import SeedTree
 from securefed.transport.base import RowUpdates
@@ -92,6 +99,10 @@ class ClientSetup:
             called only when a round needs it.
         floors: the node's own privacy floors (:mod:`securefed.flower.floors`): a round whose
             parameters are weaker is refused, naming the parameter.
+        journal: the node's journal on its own disk (:mod:`securefed.flower.journal`; node
+            config ``state-dir``): its state across runs, and the rounds it already released,
+            which it refuses to answer again. ``None``: the state lives in the run's Flower
+            ``Context`` only, and a run the server resumed from a checkpoint is refused.
     """
 
     node: ClientNode
@@ -101,6 +112,7 @@ class ClientSetup:
     ckks: NodeKeys | None = None
     identity: Callable[[], NodeIdentity] | None = None
     floors: NodeFloors = field(default_factory=NodeFloors)
+    journal: NodeJournal | None = None
 
     def node_identity(self) -> NodeIdentity:
         """The hosted users' identities.
@@ -119,9 +131,37 @@ class ClientSetup:
 
 
 # ----------------------------------------------------------------------------- node state
-def _load_node(context: Context, node: ClientNode) -> None:
+def _load_node(context: Context, node: ClientNode, journal: NodeJournal | None = None) -> None:
+    """The node's state: this run's (its ``Context``), else its journal's (a resumed run)."""
     if NODE_STATE in context.state:
         node.load_state_dict(rec.record_arrays(context.state[NODE_STATE]))
+    elif journal is not None and (state := journal.state()) is not None:
+        node.load_state_dict(state)
+
+
+def _check_resumable(setup: ClientSetup, context: Context, config: Mapping, stage: str) -> None:
+    """Before any stage of a round: refuse a round this node already released (its journal),
+    and a resumed run's round on a node that kept no state across runs.
+
+    Raises:
+        RoundReplayError: the journal holds this round or a later one.
+        AggregationError: the server resumed the run and this node has no journal.
+    """
+    round_id = int(config["round"])
+    if setup.journal is not None:
+        setup.journal.check_fresh(round_id, stage)
+        return
+    resumed = int(config.get(RESUMED_FROM, 0))
+    if resumed > 0 and NODE_STATE not in context.state:
+        raise AggregationError(
+            f"the server resumed this run at round {resumed} from its checkpoint, but this node "
+            f"keeps no state across runs: start it with --node-config '{STATE_DIR_KEY}=<dir>' "
+            "(its journal), or the round would start from fresh user state"
+        )
+
+
+RESUMED_FROM = "resumed_from"
+"""The message config entry: the round the server resumed the run from (0: not resumed)."""
 
 
 def _save_node(context: Context, node: ClientNode) -> None:
@@ -149,14 +189,17 @@ def _metric_config(metrics: Mapping[str, float]) -> dict[str, float]:
 def _train(
     setup: ClientSetup, context: Context, arrays: Mapping[str, np.ndarray], round_id: int
 ) -> tuple[RowUpdates, dict[str, float]]:
-    """The node's users compute their updates (state restored before, saved after)."""
+    """The node's users compute their updates (state restored before, saved after, and in
+    the journal with the round: the node releases this round once)."""
     node = setup.node
-    _load_node(context, node)
+    _load_node(context, node, setup.journal)
     clients = _hosted(node, arrays["clients"])
     batches, metrics = (
         node.train(round_id, clients, _broadcast(arrays), setup.seeds) if len(clients) else ([], {})
     )
     _save_node(context, node)
+    if setup.journal is not None:
+        setup.journal.record(round_id, node.state_dict())
     return rec.concat_updates(batches, *setup.update_shape), metrics
 
 
@@ -192,6 +235,7 @@ def _plain_train(setup: ClientSetup, context: Context, message: Message) -> Mess
     distributed DP (after the node checked the DP parameters against its floors)."""
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     setup.floors.check_dp(config, None)
+    _check_resumable(setup, context, config, "train")
     round_id = int(config["round"])
     updates, metrics = _train(setup, context, arrays, round_id)
     updates = _client_dp(updates, config, round_id, setup.seeds)
@@ -317,6 +361,7 @@ def _advertise(setup: ClientSetup, context: Context, message: Message) -> Messag
     round_id = int(config["round"])
     secagg = setup.floors.secagg_config(config)
     _check_not_advertised(context, round_id)
+    _check_resumable(setup, context, config, "AdvertiseKeys")
     users = _hosted(setup.node, arrays["clients"])
     reply = {"users": users, "hosted": np.asarray(setup.node.users, np.int64)}
     if len(users) == 0:
@@ -378,6 +423,7 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
     mechanism = mechanism_from_config(config)
     setup.floors.check_dp(config, mechanism)
     party, client = _restore_party(setup, context, [int(arrays["party"])], round_id, secagg)
+    _check_resumable(setup, context, config, "the masked input")
     updates, metrics = _train(setup, context, arrays, round_id)
     signs = arrays.get("ddp_signs")
     updates = _client_dp(updates, config, round_id, setup.seeds, mechanism, signs)
@@ -545,6 +591,7 @@ def _ckks_train(setup: ClientSetup, context: Context, message: Message) -> Messa
     arrays, config = rec.message_arrays(message), rec.message_config(message)
     setup.floors.check_dp(config, None)
     keys = _ckks_keys(setup, config)
+    _check_resumable(setup, context, config, "train.ckks")
     round_id = int(config["round"])
     updates, metrics = _train(setup, context, arrays, round_id)
     updates = _client_dp(updates, config, round_id, setup.seeds)  # DP around CKKS
@@ -585,7 +632,7 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     def evaluate(message: Message, context: Context) -> Message:
         node_setup = setup(context)
         node = node_setup.node
-        _load_node(context, node)
+        _load_node(context, node, node_setup.journal)
         metrics = node.evaluate(_broadcast(rec.message_arrays(message)))
         if node_setup.on_evaluate is not None:
             node_setup.on_evaluate(node)

@@ -12,12 +12,14 @@ Nothing in this module imports ``flwr``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from securefed.integrity import check_key
 from securefed.randomness import SeedTree
 from securefed.runtime import ClientSampling
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
@@ -89,6 +91,17 @@ class FlowerRunOptions:
         timeout: seconds one message round may take before the missing nodes count as dropped.
         poll_interval: seconds between the server's polls for replies.
         connect_timeout: seconds to wait for ``min_nodes`` nodes.
+        checkpoint_dir: where the ServerApp writes a checkpoint after every completed round
+            (``securefed.runtime.Checkpoints``: the algorithm's arrays, server optimiser
+            included, the server's view, the seeds, the privacy ledgers, the round index and
+            ``fingerprint``; written beside the last one and swapped in, every file under a
+            digest); ``None``: no checkpoint.
+        resume: continue from the checkpoint in ``checkpoint_dir`` when there is one.
+        fingerprint: the run's result-bearing configuration (required with
+            ``checkpoint_dir``); a checkpoint of another one is refused.
+        checkpoint_key: the key (at least 16 bytes) the checkpoints' HMAC digests and the
+            sealing of a secure-mode run's root entropy derive from; an unseeded run refuses
+            a ``checkpoint_dir`` without it.
     """
 
     rounds: int
@@ -98,8 +111,18 @@ class FlowerRunOptions:
     timeout: float = 600.0
     poll_interval: float = 0.05
     connect_timeout: float = 300.0
+    checkpoint_dir: str | os.PathLike | None = None
+    resume: bool = True
+    fingerprint: Mapping[str, object] = field(default_factory=dict)
+    checkpoint_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_key(self.checkpoint_key)
+        if self.checkpoint_dir and not self.fingerprint:
+            raise ValueError(
+                "a checkpoint_dir needs the run's fingerprint (its result-bearing configuration): "
+                "without one, a checkpoint of any other run would be resumed"
+            )
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {self.rounds}")
         if self.min_nodes < 1:
@@ -124,6 +147,8 @@ class FlowerRunResult:
         nodes: the SuperNodes that took part.
         ledger: the privacy ledger the transport's noisy releases were charged to (the
             server's transport's ``ledger``; ``None`` without DP).
+        resumed_from: the round the run started from (a checkpoint's next round, else 0);
+            ``rounds`` holds the checkpoint's rounds before it.
     """
 
     rounds: list[dict[str, float]] = field(default_factory=list)
@@ -131,6 +156,7 @@ class FlowerRunResult:
     message_bytes: dict[str, int] = field(default_factory=lambda: {"down": 0, "up": 0})
     nodes: int = 0
     ledger: PrivacyLedger | None = None
+    resumed_from: int = 0
 
     def last(self) -> dict[str, float]:
         return self.rounds[-1] if self.rounds else {}

@@ -32,6 +32,18 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
 * ``evaluate``: after the last round (and every ``evaluate_every``), the nodes report held-out
   metric sums of their users.
 
+With ``FlowerRunOptions.checkpoint_dir`` the server writes a checkpoint after every completed
+round, in the in-process runtime's format (``securefed.runtime.Checkpoints``: the algorithm's
+arrays with its server optimiser, the server's view, the seeds, the privacy ledgers, the next
+round, the run's fingerprint; atomic, under digests), and a ServerApp started again with the
+same configuration and directory (a SuperLink killed and restarted, the run resubmitted)
+continues from the last complete round, telling the nodes so (``resumed_from``); a checkpoint of
+another configuration or seed, a corrupt or truncated one, or ledgers that differ are refused
+(``CheckpointError``), and a round the restored ledger cannot afford is refused before any node
+is asked (``PrivacyBudgetExceeded``). The nodes' side is their journal
+(:mod:`securefed.flower.journal`): their own state across runs, and a refusal to answer a
+round they already released.
+
 Clients are sampled per round exactly as ``securefed.run_rounds`` samples them, and the
 algorithm's own ``open_round``/``close_round`` run on the server, so a seeded run gives the same
 model as in one process (``tests/test_flower.py``). Everything the server receives goes through
@@ -52,7 +64,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
-from securefed.errors import AggregationError, InsecureParameterError, SecurefedError
+from securefed.errors import (
+    AggregationError,
+    AlgorithmContractError,
+    CheckpointError,
+    InsecureParameterError,
+    SecurefedError,
+)
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std, mechanism_config
@@ -64,6 +82,7 @@ from securefed.flower.protocol import (
     sum_metrics,
 )
 from securefed.randomness import SeedTree
+from securefed.runtime import Checkpoints, RunHistory
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
 from securefed.transport.ckks import CKKSConfig, CKKSRound, CKKSTransport
 from securefed.transport.ddp import INTEGER_MECHANISMS
@@ -458,12 +477,79 @@ class _Run:
         self.messenger = _Messenger(grid, setup.options, self.result)
         self.hosts: dict[int, int] = {}
         self.key_holder_nodes: set[int] = set()
+        self.resumed_from = 0
+
+    def _round_config(self, round_id: int) -> dict[str, object]:
+        """The config entries of every message of a round: its id, and the round the run
+        was resumed from (a node that kept no state across runs refuses a resumed run)."""
+        return {"round": round_id, "resumed_from": self.resumed_from}
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _checkpoints(self) -> Checkpoints | None:
+        """The run's checkpoints, restored into the algorithm, view, seeds and ledgers when
+        there is one to resume.
+
+        Raises:
+            ValueError: an unseeded run without a checkpoint key.
+            AlgorithmContractError: an algorithm without ``state_dict``/``load_state_dict``.
+            CheckpointError: the checkpoint is corrupt, truncated, modified, or another run's.
+        """
+        options = self.options
+        if not options.checkpoint_dir:
+            return None
+        if self.seeds.seed is None and options.checkpoint_key is None:
+            raise ValueError(
+                "an unseeded (secure-mode) run keeps its root entropy secret, and its "
+                "checkpoints store it only encrypted: give a checkpoint key "
+                "(FlowerRunOptions(checkpoint_key=...); the apps' run config "
+                "checkpoint-key-file), or no checkpoint directory"
+            )
+        missing = [
+            name
+            for name in ("state_dict", "load_state_dict")
+            if not callable(getattr(self.algorithm, name, None))
+        ]
+        if missing:
+            raise AlgorithmContractError(
+                f"{type(self.algorithm).__name__} cannot be checkpointed: it needs {missing}"
+            )
+        checkpoints = Checkpoints(options.checkpoint_dir, key=options.checkpoint_key)
+        if options.resume and checkpoints.exists():
+            start, history = checkpoints.restore(
+                self.algorithm,
+                self.transport.view,
+                self.seeds,
+                options.fingerprint,
+                ledgers=self.transport.privacy_ledgers(),
+            )
+            if start > options.rounds:
+                raise CheckpointError(
+                    f"{checkpoints.directory}: its next round {start} lies past this run's "
+                    f"{options.rounds} rounds"
+                )
+            self.resumed_from = start
+            self.result.resumed_from = start
+            self.result.rounds = list(history.rounds)
+            LOG.info("resumed from %s at round %d", checkpoints.directory, start)
+        return checkpoints
+
+    def _save(self, checkpoints: Checkpoints | None, done: int) -> None:
+        if checkpoints is not None:
+            checkpoints.save(
+                done,
+                self.algorithm,
+                self.transport.view,
+                self.seeds,
+                self.options.fingerprint,
+                RunHistory(self.result.rounds),
+                ledgers=self.transport.privacy_ledgers(),
+            )
 
     # -- one training round, plaintext wire (with or without DP) ----------------------
     def plain_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
         rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
         shared = _broadcast_arrays(self.algorithm)
-        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        config = self._round_config(round_id) | self.wire.node_config(len(rnd.clients))
         groups = self._targets(active)
         contents = {
             node: _body(shared, {"clients": np.asarray(users, np.int64)}, config)
@@ -511,7 +597,7 @@ class _Run:
         secagg_config = self.wire.node_config(len(clients))
         # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts, as one party.
         groups = self._targets(clients)
-        base = {"round": round_id} | secagg_config
+        base = self._round_config(round_id) | secagg_config
         replies = self.messenger.exchange(
             ADVERTISE,
             {
@@ -558,7 +644,7 @@ class _Run:
             return {}
         parties = secagg.among_parties(members)
         parties.receive_keys(keys)
-        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        config = self._round_config(round_id) | self.wire.node_config(len(rnd.clients))
         shared = _broadcast_arrays(self.algorithm)
         dp_round = _dp_round(rnd)
         if self.wire.integer_mechanism and dp_round is not None:
@@ -760,7 +846,7 @@ class _Run:
         if not isinstance(rnd, CKKSRound):
             raise TypeError("the ckks wire needs CKKSRound rounds")
         shared = _broadcast_arrays(self.algorithm)
-        config = {"round": round_id} | self.wire.node_config(len(rnd.clients))
+        config = self._round_config(round_id) | self.wire.node_config(len(rnd.clients))
         contents = {
             node: _body(shared, {"clients": np.asarray(users, np.int64)}, config)
             for node, users in self._targets(active).items()
@@ -847,7 +933,7 @@ class _Run:
     def evaluate(self, round_id: int) -> dict[str, float]:
         shared = _broadcast_arrays(self.algorithm)
         nodes = sorted(set(self.hosts.values())) or self.messenger.nodes()
-        contents = {node: _body(shared, {}, {"round": round_id}) for node in nodes}
+        contents = {node: _body(shared, {}, self._round_config(round_id)) for node in nodes}
         replies = self.messenger.exchange(EVALUATE, contents, round_id)
         sums = sum_metrics([_metrics(r) for r in replies.values()])
         fn = self.setup.evaluation_metrics
@@ -856,11 +942,12 @@ class _Run:
 
     def run(self) -> FlowerRunResult:
         options = self.options
+        checkpoints = self._checkpoints()  # a refused checkpoint fails before any node is asked
         nodes = wait_for_nodes(
             self.messenger.grid, options.min_nodes, options.connect_timeout, options.poll_interval
         )
         self.result.nodes = len(nodes)
-        for round_id in range(options.rounds):
+        for round_id in range(self.resumed_from, options.rounds):
             start = time.perf_counter()
             clients = options.sampling.sample(
                 self.algorithm.n_clients, self.seeds.generator("sampling", round_id)
@@ -879,6 +966,7 @@ class _Run:
                 "seconds": time.perf_counter() - start,
             }
             self.result.rounds.append(metrics)
+            self._save(checkpoints, round_id + 1)  # before anything else can fail
             if self.setup.on_round is not None:
                 self.setup.on_round(round_id, metrics)
             last = round_id == options.rounds - 1
@@ -887,6 +975,8 @@ class _Run:
                 self.result.evaluations.append(self.evaluate(round_id))
         if options.rounds == 0:
             self.result.evaluations.append(self.evaluate(-1))
+        elif self.resumed_from == options.rounds:  # every round was done before the crash
+            self.result.evaluations.append(self.evaluate(options.rounds - 1))
         return self.result
 
 

@@ -42,6 +42,8 @@ from securefed.flower.ckks import NodeKeys
 from securefed.flower.floors import NodeFloors
 from securefed.flower.identity import NodeIdentity
 from securefed.flower.identity import node_identity as identity_from_config
+from securefed.flower.journal import STATE_DIR_KEY, NodeJournal, lineage_digest
+from securefed.integrity import read_key_file
 from securefed.privacy.ledger import PrivacyLedger
 from securefed.records import dumps_record
 from securefed.recsys.data import ML100K_SCALE, Split, load_dataset, random_split, synthetic_ratings
@@ -99,6 +101,13 @@ class FedMFApp:
         timeout: seconds a message round may take.
         output_dir: where the server writes ``result.json`` and ``server.npz`` and each node its
             ``node-<partition>.npz`` (``""``: nothing is written).
+        checkpoint_dir: where the server writes a checkpoint after every round, and from which
+            a ServerApp started again with the same configuration resumes (after a SuperLink
+            crash: resubmit the run with ``flwr run``); ``""``: none. The nodes then need their
+            journal (node config ``state-dir``, :mod:`securefed.flower.journal`) to continue.
+        checkpoint_key_file: a key file (mode 0600, at least 16 bytes) on the server's host for
+            the checkpoints' HMAC digests and the sealing of a secure-mode run's root entropy;
+            a secure-mode run (``seed = -1``) with a ``checkpoint-dir`` needs it.
     """
 
     data: str = "synthetic"
@@ -137,6 +146,8 @@ class FedMFApp:
     ckks_key_model: str = "shared"
     ckks_secret_path: str = ""
     ckks_public_path: str = ""
+    checkpoint_dir: str = ""
+    checkpoint_key_file: str = ""
 
     def __post_init__(self) -> None:
         if parse_transport_spec(self.transport).options:  # refuses unknown names, listing them
@@ -175,6 +186,12 @@ class FedMFApp:
     def run_config(self) -> dict[str, object]:
         """The fields as Flower run-config keys and TOML values."""
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def fingerprint(self) -> dict[str, object]:
+        """The result-bearing run config: every key but where files go, how long to wait and
+        how often to evaluate (:data:`NOT_IN_FINGERPRINT`). A checkpoint, and a node's journal,
+        belong to one fingerprint."""
+        return {k: v for k, v in self.run_config().items() if k not in NOT_IN_FINGERPRINT}
 
     def fedmf_config(self) -> FedMFConfig:
         return FedMFConfig(
@@ -241,6 +258,21 @@ class FedMFApp:
         return build_transport(
             self.transport, self.transport_options(remote=remote), total_rounds=self.rounds
         )
+
+
+NOT_IN_FINGERPRINT = frozenset(
+    {
+        "output-dir",
+        "timeout",
+        "min-nodes",
+        "evaluate-every",
+        "checkpoint-dir",
+        "checkpoint-key-file",
+        "ckks-secret-path",
+        "ckks-public-path",
+    }
+)
+"""Run-config keys that do not change the model: a resumed run may differ in them."""
 
 
 @lru_cache(maxsize=4)
@@ -377,6 +409,12 @@ def client_setup(app: FedMFApp, context: Context, floors: NodeFloors | None = No
             str(config.get("ckks-secret-path", app.ckks_secret_path)),
             str(config.get("ckks-public-path", app.ckks_public_path)),
         )
+    state_dir = str(context.node_config.get(STATE_DIR_KEY, ""))
+    journal = (
+        NodeJournal(state_dir, lineage_digest(app.fingerprint()), partition_id)
+        if state_dir
+        else None
+    )
     return ClientSetup(
         node,
         app.seeds(),
@@ -385,6 +423,7 @@ def client_setup(app: FedMFApp, context: Context, floors: NodeFloors | None = No
         ckks,
         identity=lambda: node_identity(app, context, node),
         floors=NodeFloors.from_node_config(context.node_config, floors),
+        journal=journal,
     )
 
 
@@ -439,6 +478,7 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
                 "message_bytes": result.message_bytes,
                 "nodes": result.nodes,
                 "config": app.run_config(),
+                "resumed_from": result.resumed_from,
             }
             if result.ledger is not None:
                 summary |= {
@@ -454,6 +494,9 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
         min_nodes=app.min_nodes,
         evaluate_every=app.evaluate_every,
         timeout=app.timeout,
+        checkpoint_dir=app.checkpoint_dir or None,
+        fingerprint=app.fingerprint(),
+        checkpoint_key=read_key_file(app.checkpoint_key_file) if app.checkpoint_key_file else None,
     )
     return ServerSetup(
         model,
