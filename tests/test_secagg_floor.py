@@ -379,16 +379,13 @@ def test_a_kept_graph_is_recorded_and_the_default_records_as_before():
     assert "secagg_graph_round" not in fresh.view.public
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"server": "honest_but_curious"},
-        {"server": "malicious", "auth": "signatures"},
-    ],
-)
-def test_a_kept_graph_is_refused_where_no_pair_key_is_kept(kwargs):
-    with pytest.raises(InsecureParameterError, match="applies only to server='malicious' with"):
-        SecAggConfig(graph_epoch=2, **kwargs)
+def test_a_kept_graph_is_refused_where_no_pair_key_is_kept():
+    with pytest.raises(InsecureParameterError, match="applies only to server='malicious'"):
+        SecAggConfig(graph_epoch=2, server="honest_but_curious")
+    # With signatures (the default) a kept graph runs signed epoch sessions
+    # (tests/test_secagg_epoch_signed.py).
+    assert SecAggConfig(graph_epoch=2).epoch_signed
+    assert not SecAggConfig(graph_epoch=2, auth="macs").epoch_signed
 
 
 @pytest.mark.parametrize("epoch", [0, -1, 1.5, True, "2"])
@@ -413,3 +410,10 @@ def test_the_multi_round_bench_keeps_one_graph_and_pays_the_set_up_once():
     assert fresh_agreed[0] == agreed[0] < fresh_agreed[1] < fresh_agreed[2]
     assert report["variants"]["honest_but_curious"]["over_hbc_total"] == 1.0
     assert "graph kept (graph_epoch=3)" in epoch_table(report)
+    signed = report["variants"]["malicious_signatures_epoch"]
+    assert signed["distinct_graphs"] == 1
+    # One signed epoch session per client for the run; the default signs every round.
+    assert [row["epoch_sessions"] for row in signed["rounds"]] == [12, 12, 12]
+    default = report["variants"]["malicious_signatures_fresh_graph"]
+    assert default["distinct_graphs"] == 3 and default["rounds"][2]["epoch_sessions"] == 0
+    assert "signed epoch session (graph_epoch=3)" in epoch_table(report)

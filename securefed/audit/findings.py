@@ -122,7 +122,7 @@ AUDITED_KEYS = _words(
 RECORDED_KEYS = _words(
     # secure aggregation
     "bits scale clip failure_target prg aead key_agreement kdf shamir_field secagg_graph_seed "
-    "graph_epoch secagg_graph_round "
+    "graph_epoch secagg_graph_round secagg_graph_redrawn "
     "secagg_parties secagg_users secagg_party_members secagg_party_learns "
     "secagg_scale secagg_error_bound_sum secagg_error_bound_mean out_of_range "
     "secagg_values_clipped signatures auth keep_masked view_keeps_masked "

@@ -263,6 +263,13 @@ def describe_transport(transport: Transport) -> Wire:
                 "(Ed25519, each node signing as its party); auth='macs' would need one tag per "
                 "neighbouring node in every message and is not carried"
             )
+        if base.config.graph_epoch > 1:
+            raise NotImplementedError(
+                f"securefed.flower does not carry graph_epoch={base.config.graph_epoch}: a signed "
+                "epoch session keeps its epoch keys in the client's identity across rounds and "
+                "tags each neighbour in later rounds, which the node's message state does not "
+                "carry; use graph_epoch=1"
+            )
         return Wire("secagg", dp, base.config)
     raise NotImplementedError(
         f"securefed.flower cannot carry the {transport.name!r} transport over Flower messages "

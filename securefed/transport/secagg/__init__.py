@@ -64,13 +64,15 @@ minimum of contributors, that many survivors' signatures). The authentication
 (``SecAggConfig.auth``) is Ed25519 signatures (``"signatures"``, the default) or, as an opt-in,
 HMAC-SHA256 under static pairwise keys agreed once from the registry's long-term X25519 keys
 (``"macs"``), which is *not* resistant to key-compromise impersonation
-(:mod:`~securefed.transport.secagg.signatures`). ``"honest_but_curious"`` runs without them: there
-a server that relays its own keys in place of ``2t - k`` of a victim's neighbours and lies about
-who dropped decodes the victim (tests/test_secagg_malicious.py). Either way a server that tells
-different helpers different survivor sets cannot learn both secrets of a client on its own (each
-helper answers once, and two disjoint groups of ``t > k/2`` helpers do not fit in ``k``
-neighbours), but it can with ``2t - k`` of the client's neighbours colluding (the bound the
-malicious variant assumes).
+(:mod:`~securefed.transport.secagg.signatures`); with ``SecAggConfig.graph_epoch > 1`` either
+keeps its pair keys for an epoch (signatures: one signed epoch session, MACs under epoch pair
+keys in between; opt-in, trade-off in SECURITY.md). ``"honest_but_curious"`` runs without
+them: there a server that relays its own keys in place of ``2t - k`` of a victim's neighbours
+and lies about who dropped decodes the victim (tests/test_secagg_malicious.py). Either way a
+server that tells different helpers different survivor sets cannot learn both secrets of a
+client on its own (each helper answers once, and two disjoint groups of ``t > k/2`` helpers do
+not fit in ``k`` neighbours), but it can with ``2t - k`` of the client's neighbours colluding
+(the bound the malicious variant assumes).
 
 Every client checks the ``k`` and ``t`` it is sent against its own floor, the colluder bound of
 ``SecAggConfig.colluders`` for the round's ``n`` (issue 30). Not covered (see docs/secagg.md):

@@ -250,6 +250,7 @@ class SecAggClient:
         self.signer = signer
         self.registry = registry
         self.min_contributors = int(config.min_contributors)
+        self.random = _ClientRandomness(seeds, round_id, self.id)
         self.auth = (
             ClientAuthentication(
                 config.auth,
@@ -258,6 +259,8 @@ class SecAggClient:
                 signer,
                 registry,
                 min_contributors=self.min_contributors,
+                graph_epoch=config.graph_epoch,
+                epoch_keypair=lambda: self.random.keypair("epoch"),
             )
             if config.malicious
             else None
@@ -265,7 +268,6 @@ class SecAggClient:
         self._order = _ORDER if config.malicious else _ORDER_HONEST_BUT_CURIOUS
         self.peer_s_keys: dict[int, bytes] = {}  # neighbour -> its signed s key (malicious)
         self.survivors: frozenset[int] | None = None  # the set signed at ConsistencyCheck
-        self.random = _ClientRandomness(seeds, round_id, self.id)
         self.share_keys: dict[int, bytes] = {}  # neighbour -> AEAD key (symmetric per pair)
         self.b = b""  # the self-mask seed, drawn at ShareKeys
         self.stage = ""
@@ -386,7 +388,9 @@ class SecAggClient:
         ``auth="macs"`` a MAC for each of ``neighbours`` (``neighbour -> tag``).
 
         Args:
-            neighbours: the neighbours the server announced (public graph); needed by MACs,
+            neighbours: the neighbours the server announced (public graph); needed by MACs and
+                by epoch sessions (``graph_epoch > 1`` with signatures: the first round of a
+                session signs them, :class:`~securefed.transport.secagg.signatures.EpochSession`),
                 unused otherwise.
 
         Raises:
@@ -442,6 +446,7 @@ class SecAggClient:
         ):
             self.auth.check_advertisement(int(v), bytes(c_public), bytes(s_public), signature)
             signed[int(v)] = bytes(s_public)
+        self.auth.confirm_advertisements(neighbours)
         return signed
 
     def _check_share_request(
@@ -766,10 +771,16 @@ class SecAggClient:
             AggregationError: the client masked already (its noise is fixed).
         """
         minimum = int(minimum)
-        if not (self.config.malicious and self.config.auth == "signatures"):
+        if not (
+            self.config.malicious
+            and self.config.auth == "signatures"
+            and self.config.graph_epoch == 1
+        ):
             raise InsecureParameterError(
                 f"client {self.id}: a minimum of contributors needs server='malicious' with "
-                "auth='signatures' (a client counts the contributors' signatures itself)"
+                "auth='signatures' and graph_epoch=1 (a client counts the contributors' "
+                "signatures itself; an epoch session endorses survivor sets with MACs, which "
+                "convince only their recipient)"
             )
         if minimum < self.config.min_contributors:
             raise InsecureParameterError(

@@ -89,9 +89,14 @@ class SecAggConfig:
         graph_epoch: how many rounds one neighbourhood graph is kept (1, the default: a fresh
             graph every round, Bell et al. 2020). With ``E > 1`` the rounds ``r`` with the same
             ``r // E`` and the same clients share the graph of the epoch's first round (its seed
-            binds that round and the clients), so the static pairwise MAC keys agreed in the
-            epoch's first round serve the rest of it: ``server="malicious"`` with
-            ``auth="macs"`` only (nothing else is agreed per pair and kept), refused otherwise.
+            binds that round and the clients), so pair keys agreed in the epoch's first round
+            serve the rest of it: with ``auth="macs"`` the static pairwise MAC keys; with
+            ``auth="signatures"`` a signed epoch session
+            (:class:`~securefed.transport.secagg.signatures.EpochSession`: each client signs
+            once per session a fresh epoch X25519 key bound to the round, the epoch and its
+            neighbourhood, and later rounds authenticate with MACs under the epoch pair keys;
+            ``min_contributors`` is then refused, a MAC convincing only its recipient).
+            ``server="malicious"`` only, refused otherwise.
             The masks and shares stay fresh every round (new ``c`` and ``s`` keys); what
             changes is that a neighbourhood is known for ``E`` rounds ahead, so an adversary
             that corrupts clients *after* seeing the graph can pick a target's neighbours for
@@ -168,18 +173,34 @@ class SecAggConfig:
             raise ValueError(f"graph_epoch must be an int, got {self.graph_epoch!r}")
         if self.graph_epoch < 1:
             raise ValueError(f"graph_epoch must be >= 1 (rounds per graph), got {self.graph_epoch}")
-        if self.graph_epoch > 1 and not (self.malicious and self.auth == "macs"):
+        if self.graph_epoch > 1 and not self.malicious:
             raise InsecureParameterError(
                 f"graph_epoch={self.graph_epoch} keeps a neighbourhood graph for several rounds "
-                "so that the static pairwise MAC keys of its pairs are reused: it applies only "
-                "to server='malicious' with auth='macs' (no other variant keeps a per-pair key), "
-                "and elsewhere it would only make neighbourhoods predictable"
+                "so that pair keys are reused: it applies only to server='malicious' (auth="
+                "'macs': the static pairwise keys; auth='signatures': signed epoch sessions); "
+                "an honest-but-curious round keeps no per-pair key, so it would only make "
+                "neighbourhoods predictable"
+            )
+        if self.graph_epoch > 1 and self.min_contributors:
+            raise InsecureParameterError(
+                f"graph_epoch={self.graph_epoch} with min_contributors={self.min_contributors}: "
+                "an epoch session endorses survivor sets with MACs under its epoch pair keys, "
+                "and a MAC convinces only its recipient, so no client could count the "
+                "contributors; use graph_epoch=1"
             )
 
     def graph_round(self, round_id: int) -> int:
         """The round whose graph ``round_id`` uses: the first of its epoch (itself when
         ``graph_epoch`` is 1)."""
         return int(round_id) - int(round_id) % self.graph_epoch
+
+    @property
+    def epoch_signed(self) -> bool:
+        """Whether rounds run in signed epoch sessions: ``server="malicious"``,
+        ``auth="signatures"`` and ``graph_epoch > 1`` (Ed25519 once per epoch session, MACs
+        under its epoch pair keys in between:
+        :class:`~securefed.transport.secagg.signatures.EpochSession`)."""
+        return self.malicious and self.auth == "signatures" and self.graph_epoch > 1
 
     @property
     def malicious(self) -> bool:
@@ -328,6 +349,12 @@ class SecAggConfig:
     def _authentication(self) -> str:
         if not self.malicious:
             return "none"
+        if self.epoch_signed:
+            return (
+                f"Ed25519 (key registry from set-up) once per epoch session of {self.graph_epoch} "
+                "rounds, on the round's keys, a fresh epoch X25519 key, the epoch and the "
+                "neighbourhood; HMAC-SHA256 under the epoch pair keys in between"
+            )
         if self.auth == "signatures":
             return "Ed25519, key registry from set-up"
         return (

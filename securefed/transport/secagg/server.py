@@ -45,6 +45,7 @@ from securefed.transport.secagg.graph import (
     plan_unmasking,
 )
 from securefed.transport.secagg.signatures import (
+    EPOCH_ADVERT_HEADER,
     MAC_BYTES,
     SIGNATURE_BYTES,
     KeyRegistry,
@@ -116,7 +117,9 @@ class SecAggRound(AggregationRound):
     payloads, the view keeps each masked upload itself (``masked``, in the ring's width);
     otherwise (the default) its SHA-256 (``masked_sha256``): the masked integers are uniform to
     the server and as large as the model per client, so a kept round would cost the dense block
-    once per client (docs/serverview.md, "What a view costs").
+    once per client (docs/serverview.md, "What a view costs"). ``graph_draws``: the
+    transport's ``(graph round, cohort digest) -> redraws`` of signed epoch sessions that broke
+    (:meth:`_check_sessions`); a redrawn cohort's graph seed takes the count.
 
     Malicious-server variant (``config.server == "malicious"``): ``receive_keys`` takes
     ``(c public, s public, signature)``; ``share_request`` relays the neighbours' ``s`` keys and
@@ -140,6 +143,7 @@ class SecAggRound(AggregationRound):
         registry: KeyRegistry | None = None,
         setup_seconds: float = 0.0,
         keep_masked: bool = False,
+        graph_draws: dict[tuple[int, bytes], int] | None = None,
     ) -> None:
         super().__init__(round_id, clients, shape=shape, view=view, seeds=seeds)
         self.config = config.for_round(len(self.clients))
@@ -162,6 +166,9 @@ class SecAggRound(AggregationRound):
         self.timer.seconds["setup"] += float(setup_seconds)
         self.timings = self.timer.seconds
         self._macs = self.config.malicious and self.config.auth == "macs"
+        # Signed epoch sessions (graph_epoch > 1 with signatures): MACs inside an epoch.
+        self._epoch_signed = self.config.epoch_signed
+        self._tagged = self._macs or self._epoch_signed
         self.clipped: dict[int, int] = {}
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.share_store: dict[tuple[int, int], bytes] = {}
@@ -187,7 +194,13 @@ class SecAggRound(AggregationRound):
             raise AggregationError("secure aggregation needs at least 2 clients in a round (got 1)")
         self.neighbours_k, self.threshold = self.config.round_parameters(n)
         graph_round = self.config.graph_round(round_id)
-        seed = graph_seed(graph_round, self.clients, seeds.key("secagg", "graph", graph_round))
+        self._graph_draws = {} if graph_draws is None else graph_draws
+        self._graph_key = (graph_round, hashlib.sha256(self.clients.tobytes()).digest())
+        redrawn = self._graph_draws.get(self._graph_key, 0)
+        beacon = seeds.key("secagg", "graph", graph_round)
+        if redrawn:  # a signed epoch session broke: this cohort's graph is drawn again
+            beacon += redrawn.to_bytes(8, "big")
+        seed = graph_seed(graph_round, self.clients, beacon)
         self._graph = neighbour_graph(n, self.neighbours_k, seed)
         self.view.public.update(
             {
@@ -202,6 +215,8 @@ class SecAggRound(AggregationRound):
         )
         if self.config.graph_epoch > 1:  # the graph of the epoch's first round, kept
             self.view.public["secagg_graph_round"] = graph_round
+        if redrawn:
+            self.view.public["secagg_graph_redrawn"] = redrawn
         if not remote_clients:
             self._advertise_keys(seeds)
             self._share_keys()
@@ -287,7 +302,7 @@ class SecAggRound(AggregationRound):
         self.receive_keys(
             {
                 c: self._clients[c].advertise(
-                    self._neighbours_of(c).tolist() if self._macs else None, self.timer
+                    self._neighbours_of(c).tolist() if self._tagged else None, self.timer
                 )
                 for c in self._ids
             }
@@ -334,7 +349,7 @@ class SecAggRound(AggregationRound):
             )
             if arity == 3:
                 signed[client] = self._advert_authenticator(client, keys[client][2])
-        if self.registry is not None and signed and self.remote_clients and not self._macs:
+        if self.registry is not None and signed and self.remote_clients and not self._tagged:
             start = time.perf_counter()
             for client, signature in signed.items():
                 message = advertisement_message(
@@ -342,14 +357,19 @@ class SecAggRound(AggregationRound):
                 )
                 self.registry.verify(client, message, signature, what="advertisement")
             self.timer.add("signatures", start)
+        if self._epoch_signed:
+            self._check_sessions(signed)
         self.public_keys.update(checked)
         self.advert_signatures.update(signed)
         flat = [key for pair in self.public_keys.values() for key in pair]
         if len(set(flat)) != len(flat):
             raise AggregationError("two advertised public keys coincide; refusing the round")
         k = self.neighbours_k
-        if self._macs:  # k tags up (each with its recipient's id), one tag per neighbour down
+        if self._tagged and not any(isinstance(a, bytes) for a in signed.values()):
+            # k tags up (each with its recipient's id), one tag per neighbour down
             up, down = k * (ID_BYTES + MAC_BYTES), MAC_BYTES
+        elif self._epoch_signed:  # an epoch session's first round: e, signature, k ids
+            up = down = EPOCH_ADVERT_HEADER + k * ID_BYTES
         else:
             up = down = SIGNATURE_BYTES if signed else 0
         self.view.add_bytes_up(self.clients, 2 * kx.PUBLIC_KEY_BYTES + up)
@@ -360,6 +380,37 @@ class SecAggRound(AggregationRound):
                 if client in signed:
                     self._record(client, advert_signature=_u8(_wire(signed[client])))
 
+    def _check_sessions(self, signed: Mapping[int, bytes | dict[int, bytes]]) -> None:
+        """Signed epoch sessions: refuse a round where a client opens a session (a signed
+        advertisement) while a neighbour continues one (MACs), and redraw this cohort's graph.
+
+        That happens when a client missed its session's first ShareKeys (it dropped between
+        AdvertiseKeys and ShareKeys) while its neighbours completed theirs: the pair holds no
+        common key, and would refuse each other every round of the epoch. A new graph gives
+        every client a new neighbourhood, so a new session (liveness only: the clients' checks
+        do not depend on this; a server that skips it gets their refusals).
+
+        Raises:
+            AggregationError: naming a client whose session disagrees with a neighbour's.
+        """
+        opening = {c: isinstance(a, bytes) for c, a in signed.items()}
+        for client, opens in opening.items():
+            for v in self._neighbours_of(client).tolist():
+                if opening.get(v, opens) != opens:
+                    self._graph_draws[self._graph_key] = (
+                        self._graph_draws.get(self._graph_key, 0) + 1
+                    )
+                    self._failure = (
+                        f"round {self.round_id}: client {client} "
+                        f"{'opens' if opens else 'continues'} an epoch session and its "
+                        f"neighbour {v} {'continues' if opens else 'opens'} one (a client "
+                        "missed its session's first ShareKeys): the pair shares no key"
+                    )
+                    raise AggregationError(
+                        f"{self._failure}; refusing the round before any share, and this "
+                        "cohort's next round in the epoch draws a new graph (new sessions)"
+                    )
+
     def _advert_authenticator(self, client: int, authenticator) -> bytes | dict[int, bytes]:
         """A client's advertisement authenticator, checked for shape (its validity is for the
         clients to check): a signature, or (MACs) one tag per neighbour.
@@ -367,7 +418,16 @@ class SecAggRound(AggregationRound):
         Raises:
             AggregationError: MACs that are not one 32-byte tag for each neighbour.
         """
-        if not self._macs:
+        if self._epoch_signed and isinstance(authenticator, bytes):
+            k = len(self._neighbours_of(client))
+            if len(authenticator) != EPOCH_ADVERT_HEADER + k * ID_BYTES:
+                raise AggregationError(
+                    f"round {self.round_id}: client {client}'s signed epoch advertisement must "
+                    f"be {EPOCH_ADVERT_HEADER + k * ID_BYTES} bytes (epoch key, signature, "
+                    f"{k} neighbour ids)"
+                )
+            return bytes(authenticator)
+        if not self._tagged:
             return bytes(authenticator)
         if not isinstance(authenticator, Mapping):
             raise AggregationError(
@@ -665,7 +725,7 @@ class SecAggRound(AggregationRound):
         received = {}
         for v, signature in signatures.items():
             v = int(v)
-            if not self._macs:
+            if not self._tagged:
                 if len(signature) != SIGNATURE_BYTES:
                     raise ValueError(f"client {v}'s signature must be {SIGNATURE_BYTES} bytes")
                 received[v] = bytes(signature)
@@ -717,7 +777,7 @@ class SecAggRound(AggregationRound):
         contributor_set = (
             self.survivors if self.survivors is not None else frozenset(contributors.tolist())
         )
-        wire = MAC_BYTES if self._macs else SIGNATURE_BYTES
+        wire = MAC_BYTES if self._tagged else SIGNATURE_BYTES
         requests = {}
         for p in plan.helpers.tolist():
             v = self._ids[p]

@@ -44,6 +44,29 @@ the masks is kept: the static keys only authenticate; the masks and the shares s
 round's ephemeral ``c`` and ``s`` keys, so a static key stolen later opens no past round (it lets
 its thief impersonate the client in later rounds, as a stolen signing key would).
 
+Signed epoch sessions (``auth="signatures"`` with ``SecAggConfig.graph_epoch = E > 1``, opt-in):
+pair keys kept for an epoch under the default authentication (:class:`EpochSession`). In the
+first round of a session (epoch ``r // E``, the neighbourhood the client is told) client ``u``
+signs one advertisement, :func:`epoch_advertisement_message`: the round, the epoch and ``E``,
+the registry digest, ``u``, SHA-256 of its neighbourhood, its round keys ``c_u``, ``s_u`` and a
+fresh epoch X25519 key ``e_u``. Each neighbour verifies it (``k`` Ed25519 verifications per
+session, as in one default round) and the pair derives ``K_uv`` from ``X25519(e_u, e_v)``
+(:func:`epoch_pair_keys`); every later round of the epoch authenticates the advertisement and
+the survivor set with the MAC messages above under ``K_uv``. What that keeps: a malicious
+server (no client secret) cannot compute ``K_uv`` (CDH on keys the registry's signatures
+vouch for), cannot replay an old epoch (the signature binds round and epoch; a client erases an
+ended epoch's keys and never goes back: :meth:`SigningKey.epoch_session`), cannot relabel the
+graph (the signature binds the signer's neighbourhood; the client pins the neighbourhood it was
+told), cannot reflect a tag (sender and recipient bound in order) and gets nothing by asking
+twice in one round (a client advertises once per round, in increasing rounds). The round's
+``c``, ``s`` and ``b`` stay fresh: ``K_uv`` derives no mask or share, so a mask key the server
+rebuilds after a dropout in round ``t`` says nothing of round ``t + 1``. What it gives up against
+the default: a thief of a client's *epoch state* (its memory during the epoch) tags as any
+neighbour to it until the epoch ends (key-compromise impersonation bounded by the epoch; under
+``auth="macs"`` a thief of the long-term key does so for good), the graph is known ``E`` rounds
+ahead, and a contributor count (``min_contributors``) is impossible (a MAC convinces only its
+recipient): hence opt-in (SECURITY.md, "Signed epoch sessions").
+
 There is no PKI here: :class:`KeyRegistry` is whatever is handed to a client, and the client
 checks it against the digest (:attr:`KeyRegistry.digest`) it pinned at enrolment
 (:meth:`SigningKey.pin_registry`, from the enrolment authority, not the aggregation server), and
@@ -61,7 +84,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
@@ -90,6 +113,9 @@ PURPOSE_CONSISTENCY_MAC = b"consistency-check-mac"
 PURPOSE_STATIC_PAIR = b"static-pairwise"
 PURPOSE_STATIC_KEY = b"static-x25519"
 PURPOSE_REGISTRY = b"key-registry"
+PURPOSE_EPOCH_ADVERTISE = b"epoch-advertise-keys"
+PURPOSE_EPOCH_PAIR = b"epoch-pairwise"
+PURPOSE_NEIGHBOURHOOD = b"neighbourhood"
 
 
 class SignatureError(AggregationError):
@@ -120,6 +146,12 @@ class SigningKey:
         init=False, repr=False, default_factory=dict
     )
     _enrolment: dict[str, bytes] = field(init=False, repr=False, default_factory=dict)
+    _epochs: dict[tuple[int, tuple[int, ...]], EpochSession] = field(
+        init=False, repr=False, default_factory=dict
+    )
+    _epoch_clock: dict[str, int] = field(
+        init=False, repr=False, default_factory=lambda: {"epoch": -1, "round": -1, "opened": 0}
+    )
 
     def __post_init__(self) -> None:
         seed = self.private.private_bytes(
@@ -183,6 +215,62 @@ class SigningKey:
         """Ed25519 signature (RFC 8032, deterministic) of ``message``."""
         return self.private.sign(message)
 
+    @property
+    def epoch_sessions_opened(self) -> int:
+        """How many epoch sessions this identity opened (one Ed25519 signature each, and one
+        verification and one X25519 agreement per neighbour: :class:`EpochSession`)."""
+        return self._epoch_clock["opened"]
+
+    def epoch_session(
+        self,
+        epoch: int,
+        neighbours: tuple[int, ...],
+        round_id: int,
+        keypair: Callable[[], kx.KeyPair],
+    ) -> tuple[EpochSession, bool]:
+        """The session of ``(epoch, neighbours)`` for ``round_id``, and whether it opens now.
+
+        The client's session of the epoch serves again if it has this very neighbourhood and
+        completed its first round; otherwise a new one opens with a fresh epoch key from
+        ``keypair()`` and replaces it (one session at a time: a neighbourhood left and met
+        again is signed afresh). Every session of an earlier epoch is erased when a later
+        epoch begins.
+
+        Raises:
+            SignatureError: ``epoch`` is earlier than one this identity took part in (its keys
+                are erased; going back would let a server replay an old epoch).
+            AggregationError: ``round_id`` is not later than a round this identity advertised
+                in already under epoch sessions (a server asking twice in one round, or
+                going back, gets nothing).
+        """
+        clock = self._epoch_clock
+        epoch, round_id = int(epoch), int(round_id)
+        if epoch < clock["epoch"]:
+            raise SignatureError(
+                f"round {round_id} belongs to epoch {epoch}, but this client is in epoch "
+                f"{clock['epoch']}: an ended epoch's keys are erased and never used again "
+                "(a server replaying an old epoch); refusing"
+            )
+        if round_id <= clock["round"]:
+            raise AggregationError(
+                f"this client advertised in round {clock['round']} already: with pair keys kept "
+                f"for an epoch it advertises once per round, in increasing rounds, so round "
+                f"{round_id} (asked twice, or going back) gets nothing"
+            )
+        if epoch > clock["epoch"]:
+            self._epochs.clear()  # the ended epochs' keys are erased
+            clock["epoch"] = epoch
+        clock["round"] = round_id
+        key = (epoch, tuple(neighbours))
+        session = self._epochs.get(key)
+        if session is not None and session.complete:
+            return session, False
+        session = EpochSession(epoch, tuple(neighbours), round_id, keypair())
+        self._epochs.clear()  # one session at a time (the replaced one's keys are erased)
+        self._epochs[key] = session
+        clock["opened"] += 1
+        return session, True
+
     def pairwise_key(
         self, me: int, peer: int, peer_static: bytes
     ) -> tuple[tuple[kx.MacKey, kx.MacKey], bool]:
@@ -204,6 +292,152 @@ class SigningKey:
         keys = (kx.MacKey(key[: kx.KEY_BYTES]), kx.MacKey(key[kx.KEY_BYTES :]))
         self._pairwise[int(peer)] = (bytes(peer_static), keys)
         return keys, True
+
+
+@dataclass(eq=False)
+class EpochSession:
+    """What a client keeps of one epoch with one neighbourhood (``auth="signatures"`` with
+    ``graph_epoch > 1``; kept in its :class:`SigningKey`, never shown to the server).
+
+    In the session's first round the client signs, with its long-term Ed25519 key, one
+    advertisement binding the round, the epoch, its neighbourhood and, beside its round keys
+    ``c`` and ``s``, a fresh *epoch* X25519 public key ``e_u``
+    (:func:`epoch_advertisement_message`). A neighbour ``v`` that verifies it agrees
+    ``K_uv = HKDF(X25519(e_u, e_v), label, "epoch-pairwise", registry, epoch, graph_epoch,
+    {u, v}, e_low, e_high)`` (:func:`epoch_pair_keys`): ``K^adv || K^cc``. Every later round of
+    the epoch authenticates the advertisement and the survivor set with HMAC-SHA256 under
+    ``K_uv`` (the messages of ``auth="macs"``, which bind the round, the sender and the
+    recipient). The round's ``c``, ``s`` and ``b`` stay fresh each round: ``K_uv`` only
+    authenticates, no mask or share comes from it.
+
+    Attributes:
+        epoch: ``round // graph_epoch``.
+        neighbours: the client's neighbourhood (sorted ids), pinned for the session.
+        first_round: the round that opened it (signed advertisements are due in it only).
+        keypair: the epoch X25519 key pair.
+        keys: ``neighbour -> (K^adv, K^cc)``, once every neighbour's signed advertisement of
+            the first round verified (:attr:`complete`).
+        pending: the keys agreed so far in the first round.
+    """
+
+    epoch: int
+    neighbours: tuple[int, ...]
+    first_round: int
+    keypair: kx.KeyPair
+    keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = field(default_factory=dict)
+    pending: dict[int, tuple[kx.MacKey, kx.MacKey]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every neighbour's signed epoch advertisement verified."""
+        return bool(self.keys)
+
+
+def neighbourhood_digest(neighbours: Iterable[int]) -> bytes:
+    """SHA-256 of a neighbourhood's sorted ids (8-byte big-endian each)."""
+    ids = sorted(int(v) for v in neighbours)
+    return hashlib.sha256(
+        kx.PROTOCOL_LABEL + PURPOSE_NEIGHBOURHOOD + struct.pack(f">{len(ids)}q", *ids)
+    ).digest()
+
+
+def epoch_advertisement_message(
+    round_id: int,
+    epoch: int,
+    graph_epoch: int,
+    sender: int,
+    neighbours: Sequence[int],
+    c_public: bytes,
+    s_public: bytes,
+    epoch_public: bytes,
+    *,
+    registry: bytes,
+) -> bytes:
+    """What a client signs in the first round of an epoch session: the round, the epoch and
+    its length, the registry digest, its id, its neighbourhood (the graph it is told) and its
+    three public keys (round ``c`` and ``s``, epoch ``e``)."""
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            PURPOSE_EPOCH_ADVERTISE,
+            bytes(registry),
+            struct.pack(">qqqq", round_id, epoch, graph_epoch, sender),
+            neighbourhood_digest(neighbours),
+            bytes(c_public),
+            bytes(s_public),
+            bytes(epoch_public),
+        )
+    )
+
+
+EPOCH_ADVERT_HEADER = kx.PUBLIC_KEY_BYTES + SIGNATURE_BYTES
+"""Bytes of a signed epoch advertisement before its neighbour ids (8 bytes each)."""
+
+
+def pack_epoch_advertisement(
+    epoch_public: bytes, signature: bytes, neighbours: Sequence[int]
+) -> bytes:
+    """The authenticator of an epoch session's first round: ``e || signature || ids``."""
+    return (
+        bytes(epoch_public)
+        + bytes(signature)
+        + struct.pack(f">{len(neighbours)}q", *(int(v) for v in neighbours))
+    )
+
+
+def unpack_epoch_advertisement(sender: int, blob: bytes) -> tuple[bytes, bytes, tuple[int, ...]]:
+    """``(e, signature, neighbours)`` of ``sender``'s signed epoch advertisement.
+
+    Raises:
+        SignatureError: not a signed epoch advertisement (e.g. a MAC where the epoch's first
+            round needs a signature).
+    """
+    body = len(blob) - EPOCH_ADVERT_HEADER if isinstance(blob, bytes) else -1
+    if body <= 0 or body % 8:
+        raise SignatureError(
+            f"client {sender}'s advertisement carries no signed epoch advertisement (epoch key, "
+            f"{SIGNATURE_BYTES}-byte Ed25519 signature, neighbourhood), which the first round "
+            "of an epoch session needs; refusing"
+        )
+    ids = struct.unpack(f">{body // 8}q", blob[EPOCH_ADVERT_HEADER:])
+    return (
+        blob[: kx.PUBLIC_KEY_BYTES],
+        blob[kx.PUBLIC_KEY_BYTES : EPOCH_ADVERT_HEADER],
+        tuple(int(v) for v in ids),
+    )
+
+
+def epoch_pair_keys(
+    me: int,
+    peer: int,
+    session: EpochSession,
+    peer_epoch_public: bytes,
+    *,
+    graph_epoch: int,
+    registry: bytes,
+) -> tuple[kx.MacKey, kx.MacKey]:
+    """``(K_uv^adv, K_uv^cc)`` of an epoch session (:class:`EpochSession`), from one X25519 of
+    the two epoch keys and one 64-byte HKDF bound to the registry, the epoch and the pair.
+
+    Raises:
+        InvalidPublicKeyError: ``peer_epoch_public`` is malformed, non-canonical or of low order.
+    """
+    shared = kx.agree(session.keypair.private, peer_epoch_public, peer=f"client {peer}'s epoch key")
+    (low, e_low), (high, e_high) = sorted(
+        ((int(me), session.keypair.public), (int(peer), bytes(peer_epoch_public)))
+    )
+    info = b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            PURPOSE_EPOCH_PAIR,
+            bytes(registry),
+            struct.pack(">qqqq", session.epoch, graph_epoch, low, high),
+            e_low,
+            e_high,
+        )
+    )
+    key = kx.derive_key(shared, info, length=2 * kx.KEY_BYTES)
+    return kx.MacKey(key[: kx.KEY_BYTES]), kx.MacKey(key[kx.KEY_BYTES :])
 
 
 @dataclass(frozen=True)
@@ -476,6 +710,11 @@ class ClientAuthentication:
             it is checked against the pinned digest).
         min_contributors: the client's own minimum of contributors, bound into its
             ConsistencyCheck authenticators (0: none).
+        graph_epoch: ``SecAggConfig.graph_epoch``; above 1 with signatures, the round runs in
+            an epoch session (:class:`EpochSession`): Ed25519 once per session, MACs under the
+            epoch pair keys otherwise.
+        epoch_keypair: where a new epoch session's X25519 key pair comes from (the client's
+            randomness; needed with ``graph_epoch > 1`` and signatures).
 
     Raises:
         SignatureError: no digest pinned at enrolment, or a registry of another digest (forged,
@@ -495,6 +734,8 @@ class ClientAuthentication:
         registry: KeyRegistry,
         *,
         min_contributors: int = 0,
+        graph_epoch: int = 1,
+        epoch_keypair: Callable[[], kx.KeyPair] | None = None,
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {AUTH_MODES}, got {mode!r}")
@@ -529,7 +770,21 @@ class ClientAuthentication:
         self.setup_seconds = 0.0
         self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
         self._bound: tuple[frozenset[int], SurvivorDigest] | None = None  # the set endorsed
+        self.graph_epoch = int(graph_epoch)
+        self.epoch_mode = mode == "signatures" and self.graph_epoch > 1
+        if self.epoch_mode and epoch_keypair is None:
+            raise ValueError(f"client {client}: an epoch session needs epoch_keypair")
+        self.epoch = int(round_id) // self.graph_epoch
+        self._epoch_keypair = epoch_keypair
+        self.session: EpochSession | None = None  # this round's (epoch mode), from advertise()
+        self.session_opened = False  # whether this round is its session's first
         self.wire_bytes = SIGNATURE_BYTES if mode == "signatures" else MAC_BYTES
+
+    def _peer_keys(self, peer: int, what: str) -> tuple[kx.MacKey, kx.MacKey]:
+        """The MAC keys with ``peer``: the epoch session's, or the static pairwise ones."""
+        if self.epoch_mode:
+            return self._session_key(peer, what)
+        return self._key(peer, what)
 
     def _key(self, peer: int, what: str) -> tuple[kx.MacKey, kx.MacKey]:
         keys = self._keys.get(peer)
@@ -553,6 +808,8 @@ class ClientAuthentication:
             ValueError: MACs without the recipients (the neighbours the server announced).
             SignatureError: a recipient outside the registry.
         """
+        if self.epoch_mode:
+            return self._advertise_epoch(c_public, s_public, recipients)
         if self.mode == "signatures":
             return self.identity.sign(
                 advertisement_message(
@@ -573,6 +830,137 @@ class ClientAuthentication:
             for v in recipients
         }
 
+    def _advertise_epoch(
+        self, c_public: bytes, s_public: bytes, recipients: Sequence[int] | None
+    ) -> Authenticator:
+        """Epoch mode: the signed epoch advertisement in a session's first round, else a MAC
+        per neighbour under the session's keys."""
+        if recipients is None:
+            raise ValueError(
+                f"client {self.id}: an epoch session (graph_epoch={self.graph_epoch}) binds the "
+                "neighbourhood, so advertise() needs the neighbours the server announced"
+            )
+        neighbours = tuple(sorted({int(v) for v in recipients}))
+        session, opened = self.identity.epoch_session(
+            self.epoch, neighbours, self.round_id, self._epoch_keypair
+        )
+        self.session, self.session_opened = session, opened
+        if opened:
+            message = epoch_advertisement_message(
+                self.round_id,
+                self.epoch,
+                self.graph_epoch,
+                self.id,
+                neighbours,
+                c_public,
+                s_public,
+                session.keypair.public,
+                registry=self.digest,
+            )
+            return pack_epoch_advertisement(
+                session.keypair.public, self.identity.sign(message), neighbours
+            )
+        return {
+            v: session.keys[v][0].tag(
+                advertisement_tag_message(
+                    self.round_id, self.id, v, c_public, s_public, registry=self.digest
+                )
+            )
+            for v in neighbours
+        }
+
+    def _session_key(self, peer: int, what: str) -> tuple[kx.MacKey, kx.MacKey]:
+        """The epoch session's keys with ``peer`` (epoch mode, after ShareKeys' checks)."""
+        session = self.session
+        keys = None if session is None else session.keys.get(int(peer))
+        if keys is None:
+            raise SignatureError(
+                f"client {self.id} holds no epoch key with client {peer} for round "
+                f"{self.round_id}: its {what} cannot be checked (not a neighbour of this "
+                "epoch session, or the session's signed advertisements were not checked); "
+                "refusing"
+            )
+        return keys
+
+    def _check_epoch_advertisement(
+        self, sender: int, c_public: bytes, s_public: bytes, authenticator: bytes
+    ) -> None:
+        session = self.session
+        if session is None:
+            raise SignatureError(
+                f"client {self.id} checks advertisements only after its own (epoch session)"
+            )
+        if sender not in session.neighbours:
+            raise SignatureError(
+                f"client {sender} is not in the neighbourhood client {self.id} was told at "
+                "AdvertiseKeys for this epoch session; refusing its advertisement"
+            )
+        if not self.session_opened:
+            tag = authenticator if isinstance(authenticator, bytes) else b""
+            message = advertisement_tag_message(
+                self.round_id, sender, self.id, c_public, s_public, registry=self.digest
+            )
+            if not self._session_key(sender, "advertisement")[0].check(message, tag):
+                raise SignatureError(
+                    f"client {sender}'s MAC on its advertisement under the epoch key does not "
+                    "verify (forged, on other content, from another round or epoch, or "
+                    "addressed to another client); refusing"
+                )
+            return
+        epoch_public, signature, theirs = unpack_epoch_advertisement(sender, authenticator)
+        if self.id not in theirs or len(set(theirs)) != len(theirs):
+            raise SignatureError(
+                f"client {sender}'s signed epoch advertisement names a neighbourhood without "
+                f"client {self.id} (the graph relabelled: {sender} agreed to other "
+                "neighbours); refusing"
+            )
+        message = epoch_advertisement_message(
+            self.round_id,
+            self.epoch,
+            self.graph_epoch,
+            sender,
+            theirs,
+            c_public,
+            s_public,
+            epoch_public,
+            registry=self.digest,
+        )
+        self.registry.verify(sender, message, signature, what="epoch advertisement")
+        session.pending[sender] = epoch_pair_keys(
+            self.id,
+            sender,
+            session,
+            epoch_public,
+            graph_epoch=self.graph_epoch,
+            registry=self.digest,
+        )
+
+    def confirm_advertisements(self, neighbours: Sequence[int]) -> None:
+        """After every neighbour's advertisement verified (ShareKeys): in epoch mode, check the
+        neighbours are the session's and, in its first round, keep the keys agreed.
+
+        Raises:
+            SignatureError: other neighbours than those the session pinned at AdvertiseKeys, or
+                a neighbour whose signed epoch advertisement was not checked.
+        """
+        if not self.epoch_mode:
+            return
+        session = self.session
+        if session is None or tuple(sorted(int(v) for v in neighbours)) != session.neighbours:
+            raise SignatureError(
+                f"client {self.id} is asked to share with other neighbours than the ones it was "
+                "told at AdvertiseKeys for this epoch session (a graph changed within the "
+                "round); refusing"
+            )
+        if self.session_opened:
+            if set(session.pending) != set(session.neighbours):
+                raise SignatureError(
+                    f"client {self.id} did not verify every neighbour's signed epoch "
+                    "advertisement; refusing"
+                )
+            session.keys = dict(session.pending)
+            session.pending.clear()
+
     def check_advertisement(
         self, sender: int, c_public: bytes, s_public: bytes, authenticator: bytes
     ) -> None:
@@ -582,6 +970,9 @@ class ClientAuthentication:
         Raises:
             SignatureError: naming the sender.
         """
+        if self.epoch_mode:
+            self._check_epoch_advertisement(int(sender), c_public, s_public, authenticator)
+            return
         if self.mode == "signatures":
             message = advertisement_message(
                 self.round_id, sender, c_public, s_public, registry=self.digest
@@ -601,10 +992,10 @@ class ClientAuthentication:
     def endorse(self, survivors: frozenset[int], recipients: Iterable[int]) -> Authenticator:
         """ConsistencyCheck: the authenticator of ``survivors`` (a signature, or a MAC each)."""
         bound = self._digest(survivors)
-        if self.mode == "signatures":
+        if self.mode == "signatures" and not self.epoch_mode:
             return self.identity.sign(self._consistency(bound))
         return {
-            int(v): self._key(int(v), "survivor set")[1].tag(
+            int(v): self._peer_keys(int(v), "survivor set")[1].tag(
                 self._consistency_tag(self.id, int(v), bound)
             )
             for v in recipients
@@ -645,12 +1036,12 @@ class ClientAuthentication:
             SignatureError: naming the sender.
         """
         bound = self._digest(survivors)
-        if self.mode == "signatures":
+        if self.mode == "signatures" and not self.epoch_mode:
             self.registry.verify(
                 sender, self._consistency(bound), authenticator, what="survivor set"
             )
             return
-        key = self._key(sender, "survivor set")[1]
+        key = self._peer_keys(sender, "survivor set")[1]
         if not key.check(self._consistency_tag(sender, self.id, bound), authenticator):
             raise SignatureError(
                 f"client {sender}'s MAC on its survivor set does not verify (another set, "
@@ -688,6 +1079,12 @@ class SimulatedSigners:
         """Static pairwise keys agreed so far, over every identity (one X25519 per pair and
         side: :attr:`SigningKey.setup_pairs`)."""
         return sum(key.setup_pairs for key in self._keys.values())
+
+    @property
+    def epoch_sessions_opened(self) -> int:
+        """Signed epoch sessions opened so far, over every identity
+        (:attr:`SigningKey.epoch_sessions_opened`)."""
+        return sum(key.epoch_sessions_opened for key in self._keys.values())
 
     def set_up(
         self, clients: Iterable[int], seeds: SeedTree

@@ -69,6 +69,9 @@ class SecAggTransport(Transport):
             )
         self.registry = registry
         self._signers = SimulatedSigners()
+        # (graph round, cohort digest) -> how many times its graph was redrawn (signed epoch
+        # sessions that broke: SecAggRound.receive_keys).
+        self._graph_draws: dict[tuple[int, bytes], int] = {}
         super().__init__(keep_payloads=keep_payloads, total_rounds=total_rounds)
 
     def open_round(
@@ -114,6 +117,7 @@ class SecAggTransport(Transport):
             registry=registry,
             setup_seconds=self._signers.setup_seconds - setup_before,
             keep_masked=self.keep_masked,
+            graph_draws=self._graph_draws,
         )
 
     @property
