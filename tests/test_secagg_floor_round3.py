@@ -267,8 +267,14 @@ def test_a_dense_submission_is_encoded_from_the_callers_values_without_a_copy():
 def test_the_floor_split_by_stage_adds_up_to_the_full_floor_and_the_accumulation():
     """Every operation of the full floor lands in exactly one stage; the server's sum of the
     uploads and its key checks in "untimed" (the accumulation the floor's masks leave out)."""
-    from securefed.bench.bench_secagg import _KEYS, _MASKING, _REST, _SIGNING
-    from securefed.bench.bench_secagg import floor_by_stage, floor_seconds
+    from securefed.bench.bench_secagg import (
+        _KEYS,
+        _MASKING,
+        _REST,
+        _SIGNING,
+        floor_by_stage,
+        floor_seconds,
+    )
 
     n, k, contributors, dangling = 10, 4, 8, 5
     ops = {
