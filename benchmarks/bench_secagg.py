@@ -475,7 +475,9 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     """Seconds per use of each primitive the round must run, measured here and now.
 
     ``mask_expansion``: one PRG expansion of ``length`` ring elements added into a vector (AES-CTR
-    keystream, ``length * bits / 8`` bytes); ``rounding_draw``: one client's stochastic-rounding
+    keystream, ``length * bits / 8`` bytes), of which ``keystream`` is the keystream alone (the
+    rest: its accumulation, one wrapping add); ``ring_add``: one ring vector added into another
+    (the server's sum of an upload); ``rounding_draw``: one client's stochastic-rounding
     uniforms; ``x25519``: one key agreement (exchange only, no HKDF); ``x25519_keygen``: one
     public key from a private one; ``ed25519_sign`` / ``ed25519_verify``: one signature;
     ``hmac``: one HMAC-SHA256 tag of a 120-byte message (made or checked); ``hkdf``: one
@@ -520,8 +522,11 @@ def primitive_costs(length: int, *, bits: int = 32, prg_name: str = "aes-256-ctr
     share = bytes(SHARE_PLAINTEXT_BYTES)
     sealed = kx.seal(aead, key, nonce, share, aad)
     expansion = per_use(lambda: expander.add(acc, key, domain=prg_mod.DOMAIN_PAIR_MASK), 200)
+    upload = np.ones_like(acc)
     costs: dict = {
         "mask_expansion": expansion,
+        "keystream": per_use(lambda: expander.mask(key, domain=prg_mod.DOMAIN_PAIR_MASK), 200),
+        "ring_add": per_use(lambda: np.add(acc, upload, out=acc), 500),
         "keystream_bytes_per_second": length * bits / 8 / expansion,
         "rounding_draw": per_use(lambda: uniform.draw(key), 100),
         "x25519": per_use(lambda: private.exchange(public), 3000),
@@ -583,7 +588,11 @@ def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[
     an HKDF per key agreement; a sealed share per client and neighbour, opened by each helper
     for each neighbour that shared; two Shamir splits per client (``k`` shares each) and one
     reconstruction from ``t`` shares per secret the server needs (each contributor's ``b``, each
-    dropped client's ``s`` with a contributing neighbour).
+    dropped client's ``s`` with a contributing neighbour). Beyond the floor: ``ring_add``, the
+    server's sum of the uploads (one vector add per contributor: the accumulation the floor's
+    mask expansions do not include), and ``key_check``, the server's early check of every
+    advertised key (an X25519 exchange with a probe key each, :func:`~securefed.crypto.keys.
+    check_public_key`; the clients check again as they agree).
     """
     ids = rnd.clients.tolist()
     contributors = set(rnd.submitted)
@@ -610,6 +619,8 @@ def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[
         "aead_open": sum(len(neighbours[h]) for h in helpers),
         "shamir_split": 2 * len(ids),
         "shamir_reconstruct": len(contributors) + rebuilt_mask_keys,
+        "ring_add": len(contributors),
+        "key_check": 0 if rnd.remote_clients else 2 * len(ids),
     }
     quorum = sum(min(rnd.threshold, sum(1 for v in neighbours[h] if v in helpers)) for h in helpers)
     if rnd.config.min_contributors:  # each helper counts the endorsers up to its minimum
@@ -633,6 +644,43 @@ def round_operations(rnd, *, malicious: bool, auth: str = "signatures") -> dict[
 def floor_seconds(ops: dict[str, int], costs: dict[str, float], names) -> float:
     """The floor: each operation count times its measured cost, summed over ``names``."""
     return float(sum(ops[name] * costs[name] for name in names))
+
+
+def floor_by_stage(ops: dict[str, int], costs: dict[str, float], *, clients: int, k: int):
+    """The full floor (:data:`_REST` included) split over the round's timed stages (``STAGES``),
+    plus ``"untimed"``: the server's accumulation and key checks (``ring_add``, ``key_check``),
+    which no stage times. A cost missing from ``costs`` counts as zero.
+
+    Clients: their self and pairwise masks (``mask_expansion``), rounding draws (``encoding``),
+    ``c`` and ``s`` agreements with HKDF and key generation (``key_agreement``), Shamir splits
+    and sealed shares (``sharing``); the server: the masks and agreements it rebuilds, the
+    opened shares and reconstructions, the rebuilt keys' checks (``unmasking``).
+    """
+
+    def cost(name: str) -> float:
+        return costs.get(name, 0.0)
+
+    contributors = ops["rounding_draw"]
+    client_masks = contributors * (1 + k)
+    client_agreements = clients * k + contributors * k
+    server_agreements = ops["x25519"] - client_agreements
+    agreement = cost("x25519") + cost("hkdf")
+    return {
+        "key_agreement": client_agreements * agreement + 2 * clients * cost("x25519_keygen"),
+        "sharing": ops["shamir_split"] * cost("shamir_split")
+        + ops["aead_seal"] * cost("aead_seal"),
+        "encoding": contributors * cost("rounding_draw"),
+        "mask_expansion": client_masks * cost("mask_expansion"),
+        "signatures": floor_seconds(ops, costs, _SIGNING),
+        "unmasking": (ops["mask_expansion"] - client_masks) * cost("mask_expansion")
+        + server_agreements * agreement
+        + (ops["x25519_keygen"] - 2 * clients) * cost("x25519_keygen")
+        + ops["aead_open"] * cost("aead_open")
+        + ops["shamir_reconstruct"] * cost("shamir_reconstruct"),
+        "setup": ops["static_x25519"] * cost("x25519"),
+        "untimed": ops.get("ring_add", 0) * cost("ring_add")
+        + ops.get("key_check", 0) * cost("x25519"),
+    }
 
 
 _MASKING = ("mask_expansion", "rounding_draw")
@@ -741,6 +789,17 @@ def run_malicious_cost(
                     "floor_full_seconds": floor_seconds(
                         ops, full, _MASKING + _KEYS + _SIGNING + _REST
                     ),
+                    "cpu_floor_accumulation_seconds": floor_seconds(
+                        ops, full["cpu"], _MASKING + _KEYS + _SIGNING + _REST
+                    )
+                    + ops["ring_add"] * full["cpu"].get("ring_add", 0.0),
+                    "floor_by_stage": (by_stage := floor_by_stage(ops, full, clients=n, k=case.k)),
+                    "cpu_floor_by_stage": floor_by_stage(ops, full["cpu"], clients=n, k=case.k),
+                    "stage_over_floor": {
+                        stage: case.stages[stage] / floor
+                        for stage, floor in by_stage.items()
+                        if floor > 0 and stage in case.stages
+                    },
                     "shamir_costs": measured_shamir[shamir_key],
                     "bytes_up_per_client": case.bytes_up_per_client,
                     "bytes_down_per_client": case.bytes_down_per_client,
@@ -828,6 +887,7 @@ def malicious_table(report: dict[str, object]) -> str:
         "first round / HbC",
         "CPU: first round / floor",
         "CPU: / floor with HKDF, Shamir, AEAD",
+        "CPU: / that floor + accumulation",
         "CPU: first round / HbC",
         "KiB up/client",
     ]
@@ -851,6 +911,8 @@ def malicious_table(report: dict[str, object]) -> str:
             cpu_floor = v["first_round_cpu_seconds"] / v["cpu_floor_seconds"]
             full = v.get("cpu_floor_full_seconds")
             cpu_full = "-" if full is None else f"{v['first_round_cpu_seconds'] / full:.2f}x"
+            plus = v.get("cpu_floor_accumulation_seconds")
+            cpu_plus = "-" if plus is None else f"{v['first_round_cpu_seconds'] / plus:.2f}x"
             body.append(
                 (
                     row["clients"],
@@ -866,11 +928,12 @@ def malicious_table(report: dict[str, object]) -> str:
                     first,
                     f"{cpu_floor:.2f}x",
                     cpu_full,
+                    cpu_plus,
                     cpu_over,
                     f"{v['bytes_up_per_client'] / 1024:.1f}",
                 )
             )
-    lines = [markdown_table(headers, body)]
+    lines = [markdown_table(headers, body), "", stage_floor_table(report)]
     costs = report["primitive_costs"]
     lines += [
         "",
@@ -891,6 +954,30 @@ def malicious_table(report: dict[str, object]) -> str:
         + ".",
     ]
     return "\n".join(lines)
+
+
+_STAGE_COLUMNS = ("key_agreement", "sharing", "encoding", "mask_expansion", "unmasking")
+
+
+def stage_floor_table(report: dict[str, object]) -> str:
+    """Each timed stage against its share of the full floor (wall seconds, as the stage timer
+    and the primitives' wall costs are): which stage exceeds its floor, and by how much."""
+    headers = ["n", "dropout", "variant"] + [f"{s}: s / floor" for s in _STAGE_COLUMNS]
+    body = []
+    for row in report["rows"]:
+        for key, _, _ in (*_VARIANTS, _COUNTED):
+            v = row.get(key)
+            if v is None or "floor_by_stage" not in v:
+                continue
+            cells = []
+            for stage in _STAGE_COLUMNS:
+                floor = v["floor_by_stage"][stage]
+                seconds = v["stages"][stage]
+                cells.append(
+                    f"{seconds:.2f} / {floor:.2f} = {seconds / floor:.2f}x" if floor else "-"
+                )
+            body.append((row["clients"], f"{row['dropout']:.0%}", key, *cells))
+    return "Stages against their floors (wall):\n\n" + markdown_table(headers, body)
 
 
 def flower_lie_record() -> dict[str, object]:

@@ -355,13 +355,12 @@ class Encoder:
         """:meth:`encode` with the uniforms given block by block, computed block by block.
 
         ``uniform_blocks`` are successive slices of the vector's uniforms (each may be a view
-        that the next one overwrites, :meth:`~securefed.crypto.prg.UniformSource.blocks`). When
-        every value is finite and inside the clip range (the common case) each block is scaled,
-        rounded and written into the ring vector while its buffers are still in cache (a vector
-        of 1e5 values and its scratch vectors overflow a 2 MiB L2; a block's do not): the same
-        arithmetic as :meth:`encode`, so the same ring elements bit for bit (8-15 % less CPU at
-        d = 1e5 and 35,000 on the dev box, benchmarks/results/secagg_floor/round2). Otherwise
-        the blocks are gathered and :meth:`encode` clips, counts or refuses as always.
+        that the next one overwrites, :meth:`~securefed.crypto.prg.UniformSource.blocks`). Each
+        block is range-checked, scaled, rounded and written into the ring vector while its
+        buffers are still in cache (a vector of 1e5 values and its scratch vectors overflow a
+        2 MiB L2; a block's do not): the same arithmetic as :meth:`encode` element by element
+        (clipping and counting only the blocks that need it, refusing NaN or infinities), so
+        the same ring elements and count bit for bit (benchmarks/results/secagg_floor).
 
         Raises:
             ValueError: as :meth:`encode`; blocks that do not add up to ``length`` uniforms.
@@ -370,19 +369,27 @@ class Encoder:
         values = np.asarray(values, dtype=np.float64)
         if values.shape != (self.length,):
             raise ValueError(f"expected {self.length} values, got {values.shape}")
-        if not (self.length and -fp.clip <= values.min() and values.max() <= fp.clip):
-            gathered = [np.array(block, dtype=np.float64) for block in uniform_blocks]
-            uniform = np.concatenate(gathered) if gathered else np.empty(0)
-            return self.encode(values, uniform)
         signed = np.empty(self.length, np.int32 if fp.bits == 32 else np.int64)
-        start = 0
+        start, n_clipped = 0, 0
         for uniform in uniform_blocks:
             stop = start + len(uniform)
             if stop > self.length:
                 raise ValueError(f"the uniform blocks hold more than {self.length} values")
             size = stop - start
+            if size == 0:
+                continue
+            block = values[start:stop]
             z, floor, up = self._scaled[:size], self._floor[:size], self._up[:size]
-            np.multiply(values[start:stop], fp.scale, out=z)
+            # Two reductions in cache decide the common case (finite, nothing to clip: NaN
+            # fails both comparisons); otherwise the block is checked, clipped and counted.
+            if -fp.clip <= block.min() and block.max() <= fp.clip:
+                np.multiply(block, fp.scale, out=z)
+            else:
+                if not np.all(np.isfinite(block)):
+                    raise ValueError("fixed-point encoding refuses NaN or infinite values")
+                np.clip(block, -fp.clip, fp.clip, out=z)
+                n_clipped += int(np.count_nonzero(z != block))
+                np.multiply(z, fp.scale, out=z)
             np.floor(z, out=floor)
             np.subtract(z, floor, out=z)
             np.less(uniform, z, out=up)
@@ -393,4 +400,4 @@ class Encoder:
         if start != self.length:
             raise ValueError(f"the uniform blocks hold {start} values, expected {self.length}")
         ring = signed.view(np.uint32 if fp.bits == 32 else np.uint64)
-        return ring.astype(fp.dtype, copy=False), 0
+        return ring.astype(fp.dtype, copy=False), n_clipped

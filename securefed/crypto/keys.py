@@ -214,6 +214,8 @@ def derive_key(shared_secret: bytes, info: bytes, *, length: int = KEY_BYTES) ->
     if not 1 <= length <= HKDF_MAX_BYTES:
         raise ValueError(f"HKDF-SHA256 gives 1 to {HKDF_MAX_BYTES} bytes, asked for {length}")
     prk = hmac.digest(PROTOCOL_LABEL, shared_secret, "sha256")
+    if length == KEY_BYTES:  # one expand block, T(1) = HMAC(PRK, info || 0x01): every pair key
+        return hmac.digest(prk, info + b"\x01", "sha256")
     blocks, previous = [], b""
     for counter in range(1, -(-length // 32) + 1):
         previous = hmac.digest(prk, previous + info + bytes([counter]), "sha256")

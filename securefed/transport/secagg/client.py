@@ -531,12 +531,15 @@ class SecAggClient:
         b_shares = shamir.split(shamir.secret_to_int(self.b), threshold, xs, self.random.randbytes)
         s_secret = shamir.secret_to_int(self.s.private_bytes())
         s_shares = shamir.split(s_secret, threshold, xs, self.random.randbytes)
-        sealed = []
-        for v, b_share, s_share in zip(neighbours, b_shares, s_shares, strict=True):
+        # Every neighbour's nonce in one draw: the bytes the draws one by one would give (one
+        # keystream continued in seeded mode; fresh OS bytes in secure mode).
+        nonces = self.random.randbytes(kx.NONCE_BYTES * len(neighbours))
+        aead, sealed = self.config.aead, []
+        for i, (v, b_share, s_share) in enumerate(zip(neighbours, b_shares, s_shares, strict=True)):
             plaintext = shamir.encode_share(b_share) + shamir.encode_share(s_share)
             aad = kx.share_aad(self.round_id, self.id, v)
-            nonce = self.random.randbytes(kx.NONCE_BYTES)
-            sealed.append(kx.seal(self.config.aead, self.share_keys[v], nonce, plaintext, aad))
+            nonce = nonces[i * kx.NONCE_BYTES : (i + 1) * kx.NONCE_BYTES]
+            sealed.append(kx.seal(aead, share_keys[v], nonce, plaintext, aad))
         timer.add("sharing", start)
         self.threshold = int(threshold)
         self.stage = "share"
