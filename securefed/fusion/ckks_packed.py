@@ -308,9 +308,9 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         """Each entry's member's coefficients (times ``2^-shift``), ``(b - a, monomials)``."""
         return coefficients[np.arange(a, b) // per_member] / 2.0**self.shift
 
-    def _region_vector(self, layers, exponent, regions: int, factor: float = 1.0):
+    def _region_vector(self, layers, exponent, regions: int):
         """The plain multiplier of ``exponent``: region ``r`` holds each entry's member's
-        coefficient for ``layers[r]`` (:meth:`_rows`; ``None``: zeros), the other regions 0;
+        coefficient in ``layers[r]`` (:meth:`_rows`), the other regions 0;
         ``None`` where it is all below what encodes (no product)."""
         k = self._index.get(tuple(exponent))
         if k is None:
@@ -318,7 +318,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         n = next(rows.shape[0] for rows in layers.values())
         out = np.zeros(regions * n)
         for region, rows in layers.items():
-            out[region * n : (region + 1) * n] = factor * rows[:, k]
+            out[region * n : (region + 1) * n] = rows[:, k]
         if np.abs(out).max() < self.min_weight:
             return None
         return out.tolist()
@@ -470,9 +470,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _hiding_std(self) -> float:
         """The std of the re-randomizing noise on the slots a party does not read:
-        ``2^-13`` of the deepest level's room (``2^-4`` at ``[60, 49, 49, 60]``, 32 std below
-        the room), against at most ``4e-10`` of CKKS rounding (regions 1-2 of a forward) or a
-        fresh error times a derivative (region 3 of a joined input gradient) held there."""
+        ``2^-13`` of the deepest level's room (``2^-4`` at ``[60, 49, 49, 60]``, whose room
+        ``2^9`` is 8192 std away), against at most ``4e-10`` of CKKS rounding (regions 1-2 of
+        a forward) or a fresh error times a derivative (region 3 of a joined input gradient)
+        held there."""
         return self.params.max_abs_value(self.params.levels) * 2.0**-13
 
     def _returned(
