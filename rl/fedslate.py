@@ -1381,6 +1381,15 @@ def learn(run: FedSlateRun) -> None:
     idx = replay.sample(run.replay_rng, config.batch_size, config.target == "sarsa")
     units = run.replay_unit[idx]
     xs = [torch.from_numpy(replay.gather(replay.x, p, idx)) for p in range(k_plat)]
+    if run.with_rewards and getattr(run.channel, "announces", False):
+        # The first Algorithm-1 forward's Q-values, sent ahead of the targets' forward (the
+        # packed CKKS circuit evaluates both in one ciphertext; the DP wrapper has no such hook).
+        first = run.with_rewards[0]
+        with torch.no_grad():
+            msgs = {
+                run.names[q]: run.local[q](seen_by(config, xs, q, first)) for q in range(k_plat)
+            }
+        run.channel.announce(msgs, outputs=[run.names[first]])
     targets_y, valid = td_targets(run, idx, replay.done[idx])
     # 2. Algorithm 1 for each platform with rewards: Huber(Qf_p(s, clicked), Y_p).
     for p in run.with_rewards:

@@ -244,3 +244,79 @@ def test_outputs_beyond_the_deepest_level_are_refused_before_evaluation(torch_on
     with pytest.raises(ValueError, match="raise output_shift_bits"):
         packed.forward(q, outputs=["A"], train=False)
     assert packed.counts["encrypt"] == 0
+
+
+def test_an_announced_training_forward_joins_the_target_forward_in_one_ciphertext(
+    torch_one_thread,
+):
+    """FedSlate's learning step sends A's training Q-values ahead of the targets' forward:
+    both evaluate in one ciphertext (regions 0-2 the training forward, region 3 the target's),
+    the training forward repeats it, and everything stays within the stated bounds of the
+    separate forwards. What the owner does not read of a returned ciphertext (regions 1-2 of
+    a forward: rounding errors; region 3 of the joined input gradient: its own fresh error
+    times the target's derivative) is flooded by the re-randomizing noise's hiding std."""
+    plain, _, packed = _channels()
+    rng = np.random.default_rng(8)
+    grad = torch.from_numpy(rng.uniform(-1, 1, (S, B, 3)).astype(np.float32)) / B
+    q0, positions = _q(rng), {"B": torch.from_numpy(rng.integers(0, N, (S, B, 3)))}
+    for channel in (plain, packed):  # one step, so that online and target differ
+        channel.forward(q0, outputs=["B"], positions=positions)
+        channel.backward({"B": grad}, recipients=["B"])
+    q, q_next = _q(rng), _q(rng)
+    target_bound, online_bound = packed.error_bounds("target"), packed.error_bounds()
+    handed = []
+    to_party = packed._to_party
+    packed._to_party = lambda vector, party: handed.append(vector) or to_party(vector, party)
+    before = dict(packed.counts)
+    packed.announce(q, outputs=["B"])
+    target = packed.forward(q_next, outputs=["B"], network="target", train=False)["B"]
+    clear = plain.forward(q_next, outputs=["B"], network="target", train=False)["B"]
+    gap = np.abs(target.numpy() - clear.numpy()).max(axis=(1, 2))
+    assert np.all(gap <= target_bound["output"])
+    learn = packed.forward(q, outputs=["B"], positions=positions)["B"]
+    clear = plain.forward(q, outputs=["B"], positions=positions)["B"]
+    gap = np.abs(learn.numpy() - clear.numpy()).max(axis=(1, 2))
+    assert np.all(gap <= online_bound["output"])
+    done = {k: packed.counts[k] - before.get(k, 0) for k in packed.counts}
+    assert done["joined"] == 1 and done["repeat"] == 1
+    assert done["encrypt"] == 1 and done["encrypt_own"] == 1 and done["rerandomize"] == 1
+    dx = packed.backward({"B": grad}, recipients=["B"])["B"].numpy()
+    del packed._to_party
+    dx_clear = plain.backward({"B": grad}, recipients=["B"])["B"].numpy()
+    assert np.all(np.abs(dx - dx_clear).max(axis=(1, 2)) <= online_bound["input_gradient"])
+    bound = packed_sum_error_bound(packed.fresh_own, packed.fresh_public, 8.0, 1.0, B * N)
+    assert np.abs(packed.last_sums - _exact_sums(q, positions["B"], grad)).max() <= bound
+    for w_plain, w_packed in zip(
+        plain.module.parameters(), packed.module.parameters(), strict=True
+    ):
+        np.testing.assert_allclose(w_packed.detach().numpy(), w_plain.detach().numpy(), atol=1e-5)
+    # Handed to B: the joined forward, the masked exchange, the input gradient.
+    n, hiding = S * B * N, packed._hiding_std()
+    assert hiding == 2.0**-4
+    forward, _, gradient = (packed.keys["B"]._secret.decrypt_vector(v, 4 * n) for v in handed)
+    for values, unread in ((forward, slice(n, 3 * n)), (gradient, slice(n, 4 * n))):
+        assert 0.9 * hiding < values[unread].std() < 1.1 * hiding
+    np.testing.assert_allclose(gradient[:n] * 2**packed.shift, dx.reshape(-1), rtol=1e-5, atol=1e-9)
+
+
+def test_an_announcement_that_does_not_fit_is_dropped(channels):
+    _, _, packed = channels
+    rng = np.random.default_rng(9)
+    q, other = _q(rng), _q(rng)
+    before = dict(packed.counts)
+    # A training forward next: nothing to join; the announcement is gone afterwards.
+    packed.announce(q, outputs=["B"])
+    packed.forward(q, outputs=["B"])
+    packed.backward({"B": torch.zeros(S, B, N)}, recipients=["B"])
+    packed.forward(q, outputs=["A"], network="target", train=False)
+    assert packed.counts["joined"] == before.get("joined", 0)
+    # Joined, but the training forward brings other vectors: evaluated afresh.
+    packed.announce(q, outputs=["B"])
+    packed.forward(q, outputs=["B"], network="target", train=False)
+    assert packed.counts["joined"] == before.get("joined", 0) + 1
+    encrypted = packed.counts["encrypt"]
+    packed.forward(other, outputs=["B"])
+    assert packed.counts["encrypt"] == encrypted + 1
+    packed.backward({"B": torch.zeros(S, B, N)}, recipients=["B"])
+    with pytest.raises(ValueError, match="outputs must name"):
+        packed.announce(q, outputs=["C"])

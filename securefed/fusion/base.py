@@ -437,6 +437,17 @@ class FusionChannelBase:
         check_tag(tag)
         return self._forward(Inquiry(inputs, outputs, positions, network, train, tag))
 
+    announces = False
+    """Whether :meth:`announce` can save this channel work (a caller skips computing the
+    announced inputs otherwise)."""
+
+    def announce(self, inputs: Mapping[str, Any], *, outputs: Sequence[str]) -> None:
+        """The inputs of the next training forward of the online network, sent ahead of the
+        forward that comes before it: a channel may evaluate both in one go (the packed CKKS
+        circuit); what each party receives is unchanged. Default: nothing (the training
+        forward is evaluated when it comes)."""
+        check_parties_named("outputs", self.parties, outputs)
+
     def backward(
         self, grads: Mapping[str, Any], *, recipients: Sequence[str] | None = None
     ) -> dict[str, Any]:

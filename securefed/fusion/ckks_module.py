@@ -236,7 +236,9 @@ class CKKSModuleConfig:
         output_shift_bits: packed circuit: outputs and input gradients are evaluated times
             ``2^-k`` (so that they fit the deepest level) and multiplied back by the party.
         repeat_inquiries: packed circuit: a training forward that repeats the last forward's
-            vectors and online weights reuses its ciphertexts (the server learns the repeat).
+            vectors and online weights reuses its ciphertexts (the server learns the repeat),
+            and an announced training forward joins the forward before it
+            (:meth:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel.announce`).
     """
 
     value_bound: float = 8.0

@@ -38,10 +38,20 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   ciphertexts: the parties send nothing new, the owner keeps the values it decrypted. The
   server learns that the vectors repeated, which FedSlate's protocol makes public anyway.
 
+* **A joined forward** (:meth:`PackedCKKSModuleFusionChannel.announce`, with
+  ``repeat_inquiries``): the next training forward's vectors sent ahead of a forward without
+  training for the same owner (FedSlate: A's Algorithm-1 forward, ahead of the targets'); when
+  ``4 n <= N / 2`` both evaluate in one ciphertext, ``P = [x_0 | 0 | 0 | x_0']``, ``Q = [x_1 |
+  x_1 | x_1^2 | x_1']``, the coefficient vectors holding the online network's in region 0 and
+  the other's in region 3, and the training forward repeats it.
+
 Every returned ciphertext is re-randomized with a fresh public-key encryption of Gaussian noise
-of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads), as in
-the monomial circuit. :func:`packed_error_bounds` states the error model (every fresh
-encryption, relinearization, rescaling and plaintext encoding adding at most its own bound).
+of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
+the slots the party reads, of std ``2^-13`` of the deepest level's room on the others (they
+hold rounding errors, or a joined input gradient's region 3: the owner's fresh error times the
+other network's derivative), and the polynomial's constant. :func:`packed_error_bounds` states
+the error model (every fresh encryption, relinearization, rescaling and plaintext encoding
+adding at most its own bound).
 """
 
 from __future__ import annotations
@@ -231,6 +241,8 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._own = {name: symmetric_twin(key._secret) for name, key in self.keys.items()}
         self._index = {m: k for k, m in enumerate(self.basis)}
         self._memo: dict[str, dict] = {}
+        self._expansions: dict[str, tuple] = {}
+        self._announced: Inquiry | None = None
         self.view.public.update(
             {
                 "circuit": self.circuit,
@@ -292,17 +304,23 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         per = self.params.slots // REGIONS
         return [(a, min(length, a + per)) for a in range(0, length, per)]
 
-    def _region_vector(self, coefficients: np.ndarray, exponent, a: int, b: int, per_member):
-        """Region 0 holds each entry's member's coefficient of ``exponent`` (times 2^-shift),
-        the other regions 0; ``None`` where it is all below what encodes (no product)."""
+    def _rows(self, coefficients: np.ndarray, a: int, b: int, per_member) -> np.ndarray:
+        """Each entry's member's coefficients (times ``2^-shift``), ``(b - a, monomials)``."""
+        return coefficients[np.arange(a, b) // per_member] / 2.0**self.shift
+
+    def _region_vector(self, layers, exponent, regions: int):
+        """The plain multiplier of ``exponent``: region ``r`` holds each entry's member's
+        coefficient in ``layers[r]`` (:meth:`_rows`), the other regions 0;
+        ``None`` where it is all below what encodes (no product)."""
         k = self._index.get(tuple(exponent))
         if k is None:
             return None
-        values = coefficients[np.arange(a, b) // per_member, k] / 2.0**self.shift
-        if np.abs(values).max() < self.min_weight:
+        n = next(rows.shape[0] for rows in layers.values())
+        out = np.zeros(regions * n)
+        for region, rows in layers.items():
+            out[region * n : (region + 1) * n] = rows[:, k]
+        if np.abs(out).max() < self.min_weight:
             return None
-        out = np.zeros(REGIONS * (b - a))
-        out[: b - a] = values
         return out.tolist()
 
     def _encrypt_own(self, party: str, regions: Sequence[np.ndarray]):
@@ -310,6 +328,39 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self.counts["encrypt_own"] += 1
         values = np.concatenate(regions).tolist()
         return ts.CKKSVector(data=ts._ts_cpp.CKKSVector(self._own[party].data, values))
+
+    def _expanded(self, network: str, *, grad: bool = False):
+        """The per-member coefficients of ``network``'s polynomial (``(members, monomials)``),
+        expanded once per version of its weights: the online network's with its graph (a
+        backward on the same weights reuses it, once), the target's without. A fresh
+        expansion is checked against the deepest level's room (:meth:`_check_magnitude`)."""
+        torch = self._torch
+        module = self.module if network == "online" else self.target
+        versions = tuple(int(t._version) for t in module.parameters())
+        cached = self._expansions.get(network)
+        if cached is not None and cached[0] == versions and (cached[1].requires_grad or not grad):
+            if grad:  # one backward per graph
+                del self._expansions[network]
+            return cached[1]
+        with torch.enable_grad() if network == "online" else torch.no_grad():
+            tensor = self._coefficients(module, grad=network == "online")
+        self._check_magnitude(tensor.detach().numpy())
+        if not grad:
+            self._expansions[network] = (versions, tensor)
+        return tensor
+
+    def announce(self, inputs: Mapping[str, Any], *, outputs: Sequence[str]) -> None:
+        """The next training forward's inputs, sent ahead (``repeat_inquiries``): the forward
+        that follows, if it evaluates without training for the same single output party,
+        evaluates both in one ciphertext (regions 0-2 the announced forward, region 3 its
+        own) and the training forward, when its vectors and weights match, repeats it."""
+        super().announce(inputs, outputs=outputs)
+        if self.announces:
+            self._announced = Inquiry(inputs, tuple(outputs), None, "online", True, "")
+
+    @property
+    def announces(self) -> bool:  # type: ignore[override]
+        return bool(self.config.repeat_inquiries) and self.cross and len(self._parties) == 2
 
     def _check_magnitude(self, coefficients: np.ndarray) -> None:
         room = self.params.max_abs_value(self.params.levels) * 2.0**self.shift
@@ -324,30 +375,43 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 )
 
     # ------------------------------------------------------------------ the circuit
-    def _evaluate(self, p: str, order: list[str], arrays, coefficients, chunks, per_member):
-        """Encrypt and evaluate ``f`` for owner ``p``: per chunk ``(P, Q, L_d, output)``."""
+    def _evaluate(
+        self, p: str, order: list[str], arrays, coefficients, chunks, per_member, joined=None
+    ):
+        """Encrypt and evaluate ``f`` for owner ``p``: per chunk ``(P, Q, dx multiplier,
+        output)``. ``joined``: ``(arrays, coefficients)`` of a second forward for the same
+        owner, evaluated in region 3 of the same ciphertexts (one chunk; its output in region
+        3 of the output)."""
         dims = len(self._parties)
         own = (1,) + (0,) * (dims - 1)
         other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
         context = self.server_contexts[p]
         x0 = arrays[p].reshape(-1)
         x1 = arrays[order[1]].reshape(-1) if self.cross and dims > 1 else None
+        regions = REGIONS + (joined is not None)
         pieces = []
         for a, b in chunks:
             start = time.process_time()
             zero = np.zeros(b - a)
-            enc_p = _context_of(self._encrypt_own(p, [x0[a:b], zero, zero]), context)
+            extra_p, extra_q = [], []
+            if joined is not None:
+                extra_p = [joined[0][p].reshape(-1)[a:b]]
+                extra_q = [joined[0][order[1]].reshape(-1)[a:b]]
+            enc_p = _context_of(self._encrypt_own(p, [x0[a:b], zero, zero, *extra_p]), context)
             enc_q = None
             if x1 is not None:
-                values = np.concatenate([x1[a:b], x1[a:b], x1[a:b] ** 2])
+                values = np.concatenate([x1[a:b], x1[a:b], x1[a:b] ** 2, *extra_q])
                 [enc_q] = self.keys[order[1]].encrypt_for(values, self.keys[p])
                 enc_q = _context_of(enc_q, context)
                 self.counts["encrypt"] += 1
             now = time.process_time()
             self.seconds["encryption"] += now - start
+            layers = {0: self._rows(coefficients, a, b, per_member)}
+            if joined is not None:
+                layers[REGIONS] = self._rows(joined[1], a, b, per_member)
 
-            def vec(exponent, a=a, b=b):
-                return self._region_vector(coefficients, exponent, a, b, per_member)
+            def vec(exponent, layers=layers):
+                return self._region_vector(layers, exponent, regions)
 
             two = tuple(2 * e for e in own)
             t00 = self._plain(enc_p, vec(two))
@@ -363,12 +427,13 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 out = _add(out, self._product(enc_q, l1))
             # Everything encoding to zero: a negligible multiple of P keeps a ciphertext.
             value = out.vector if out is not None else enc_p * self._negligible
+            # The constant c joins the re-randomizing encryption (:meth:`_returned`).
             constant = vec((0,) * dims)
-            if constant is not None:
-                value = value + constant
-            # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P (a plain list if linear).
+            # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P (a plain list if linear;
+            # joined, its region 3 is the other forward's, which the returned gradient's
+            # re-randomization floods: :meth:`_returned`).
             derivative = _add(l0, t00) if isinstance(l0, _Ct) else l0
-            pieces.append((enc_p, enc_q, derivative, value))
+            pieces.append((enc_p, enc_q, derivative, (value, constant)))
             self.seconds["server_evaluation"] += time.process_time() - now
         return pieces
 
@@ -376,7 +441,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         if multiplier is None:
             return None
         self.counts["plain_mul"] += 1
-        return _Ct(vector * multiplier)
+        return _Ct(_mul_plain(vector, multiplier))
 
     def _affine(self, terms, constant):
         """``sum terms + constant``: a ciphertext (:class:`_Ct`), or the plain constant."""
@@ -386,7 +451,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         if acc is None:
             return constant
         if constant is not None:
-            acc = _Ct(acc.vector + constant)
+            acc = _Ct(_add_plain(acc.vector, constant))
         return acc
 
     def _product(self, vector, factor):
@@ -395,47 +460,83 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             return None
         if isinstance(factor, _Ct):
             self.counts["cipher_mul"] += 1
-            return _Ct(vector * factor.vector)
+            return _Ct(_mul(vector, factor.vector))
         self.counts["plain_mul"] += 1
-        return _Ct(vector * factor)
+        return _Ct(_mul_plain(vector, factor))
 
     @property
     def _negligible(self) -> float:
         return 2.0 ** -(self.params.scale_bits - 4)
 
-    def _returned(self, vector, p: str, n: int) -> np.ndarray:
-        """Re-randomize, hand to ``p``, decrypt region 0 (times ``2^shift``)."""
+    def _hiding_std(self) -> float:
+        """The std of the re-randomizing noise on the slots a party does not read:
+        ``2^-13`` of the deepest level's room (``2^-4`` at ``[60, 49, 49, 60]``, whose room
+        ``2^9`` is 8192 std away), against at most ``4e-10`` of CKKS rounding (regions 1-2 of
+        a forward) or a fresh error times a derivative (region 3 of a joined input gradient)
+        held there."""
+        return self.params.max_abs_value(self.params.levels) * 2.0**-13
+
+    def _returned(
+        self, vector, p: str, read: Sequence[tuple[int, int]], constant=None
+    ) -> np.ndarray:
+        """Add the plain ``constant`` (a list, or ``None``), re-randomize, hand to ``p``,
+        decrypt the slot ranges ``read`` (times ``2^shift``).
+
+        The fresh encryption carries Gaussian noise of std ``output_noise_std * 2^-shift`` on
+        the slots read and :meth:`_hiding_std` on the others (what they hold is no output:
+        rounding errors of zero-coefficient regions, a joined forward's other region), and the
+        constant (one encoding fewer than adding it apart; its error is the encryption's)."""
         context = self.server_contexts[p]
         start = time.process_time()
         std = self.config.output_noise_std / 2.0**self.shift
         if std > 0:
-            noise = self._output_noise.normal(std, vector.size())
-            vector = vector + context.encrypt_vector(noise)
+            noise = self._output_noise.normal(self._hiding_std(), vector.size())
+            for a, b in read:
+                noise[a:b] = self._output_noise.normal(std, b - a)
+            if constant is not None:
+                noise += np.asarray(constant)
+            vector = _add(_Ct(vector), _Ct(context.encrypt_vector(noise))).vector
             self.counts["rerandomize"] += 1
+        elif constant is not None:
+            vector = _add_plain(vector, constant)
         self.seconds["server_evaluation"] += time.process_time() - start
         start = time.process_time()
-        values = self.keys[p]._secret.decrypt_vector(self._to_party(vector, p), n)
+        values = self.keys[p]._secret.decrypt_vector(self._to_party(vector, p))
         self.seconds["decryption"] += time.process_time() - start
-        return values * 2.0**self.shift
+        return np.concatenate([values[a:b] for a, b in read]) * 2.0**self.shift
 
     # ------------------------------------------------------------------ forward
     def open_round(self, round_id: int) -> None:
         self._memo.clear()
+        self._announced = None
         super().open_round(round_id)
 
     def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
-        """As :meth:`CKKSModuleFusionChannel.forward`, in the packed circuit."""
+        """As :meth:`CKKSModuleFusionChannel.forward`, in the packed circuit (and joined with
+        an announced training forward: :meth:`announce`)."""
         inputs, outputs, network, train, tag = (
             inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
         )  # fmt: skip
         arrays, shape, dtype, chosen, module = self._inquiry(inquiry)
+        ahead, self._announced = self._announced, None
         numpy_in = all(isinstance(v, np.ndarray) for v in inputs.values())
         length = int(np.prod(shape))
         per_member = shape[1] * shape[2]
         chunks = self._chunks(length)
         versions = tuple(int(t._version) for t in module.parameters())
-        coefficients = None
+        online = tuple(int(t._version) for t in self.module.parameters())
         result, pending, up, down = {}, {}, {}, {}
+        joined = None
+        if (
+            ahead is not None
+            and not train
+            and ahead.outputs == outputs
+            and len(outputs) == 1
+            and (REGIONS + 1) * length <= self.params.slots
+        ):
+            ahead_arrays, ahead_shape, *_ = self._inquiry(ahead)
+            if ahead_shape == shape:
+                joined = ahead_arrays
         for p in outputs:
             order = [p, *[q for q in self._parties if q != p]]
             memo = self._memo.get(p)
@@ -451,18 +552,40 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 self.counts["repeat"] += 1
                 pieces, fused = memo["pieces"], memo["fused"]
             else:
-                if coefficients is None:
+                start = time.process_time()
+                coefficients = self._expanded(network).detach().numpy()
+                self.seconds["server_evaluation"] += time.process_time() - start
+                if joined is not None:
+                    # Regions 0-2: the announced training forward; region 3: this one.
                     start = time.process_time()
-                    coefficients = self._coefficients(module, grad=False).numpy()
-                    self._check_magnitude(coefficients)
+                    ahead_coefficients = self._expanded("online").detach().numpy()
                     self.seconds["server_evaluation"] += time.process_time() - start
-                pieces = self._evaluate(p, order, arrays, coefficients, chunks, per_member)
-                fused = np.concatenate(
-                    [self._returned(out, p, b - a) for (a, b), (*_, out) in zip(chunks, pieces,
-                                                                                strict=True)]
-                ).reshape(shape)  # fmt: skip
-                self._memo[p] = {"network": network, "versions": versions, "pieces": pieces,
-                                 "fused": fused, "arrays": arrays}  # fmt: skip
+                    pieces = self._evaluate(p, order, joined, ahead_coefficients, chunks,
+                                            per_member, joined=(arrays, coefficients))  # fmt: skip
+                    [(_, _, _, (out, constant))] = pieces
+                    both = self._returned(
+                        out,
+                        p,
+                        [(0, length), (REGIONS * length, (REGIONS + 1) * length)],
+                        constant,
+                    )
+                    fused = both[length:].reshape(shape)
+                    self._memo[p] = {
+                        "network": "online",
+                        "versions": online,
+                        "pieces": pieces,
+                        "fused": both[:length].reshape(shape),
+                        "arrays": joined,
+                    }
+                    self.counts["joined"] += 1
+                else:
+                    pieces = self._evaluate(p, order, arrays, coefficients, chunks, per_member)
+                    fused = np.concatenate(
+                        [self._returned(out, p, [(0, b - a)], constant)
+                         for (a, b), (*_, (out, constant)) in zip(chunks, pieces, strict=True)]
+                    ).reshape(shape)  # fmt: skip
+                    self._memo[p] = {"network": network, "versions": versions, "pieces": pieces,
+                                     "fused": fused, "arrays": arrays}  # fmt: skip
                 senders = order if self.cross else [p]
                 for q in senders:
                     up[q] = up.get(q, 0) + len(chunks) * self.ciphertext_bytes
@@ -486,7 +609,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         torch = self._torch
         pending, recipients, full = self._output_gradients(grads, recipients)
         shape, chunks = pending["shape"], pending["bounds"]
-        coefficients_t = self._coefficients(self.module, grad=True)
+        coefficients_t = self._expanded("online", grad=True)
         per_member = shape[1] * shape[2]
         dims = len(self._parties)
         sums = np.zeros((self.members, len(self.basis)))
@@ -497,9 +620,14 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             pieces, _, x_own = pending["parties"][p]
             g_flat, x0 = g.reshape(-1), x_own.reshape(-1)
             dx = []
-            for (a, b), (_, enc_q, derivative, _) in zip(chunks, pieces, strict=True):
+            for (a, b), (enc_p, enc_q, derivative, _) in zip(chunks, pieces, strict=True):
                 start = time.process_time()
-                enc_g = self._encrypt_own(p, [g_flat[a:b], g_flat[a:b] * x0[a:b], g_flat[a:b]])
+                # A joined forward's ciphertexts have a fourth region (the other forward's),
+                # which G leaves at zero.
+                pad = [np.zeros(b - a)] * (enc_p.size() // (b - a) - REGIONS)
+                enc_g = self._encrypt_own(
+                    p, [g_flat[a:b], g_flat[a:b] * x0[a:b], g_flat[a:b], *pad]
+                )
                 enc_g = _context_of(enc_g, self.server_contexts[p])
                 self.seconds["encryption"] += time.process_time() - start
                 segments = _segments(a, b, per_member)
@@ -516,7 +644,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                         )
                 if enc_q is not None:
                     start = time.process_time()
-                    product = enc_g * enc_q
+                    product = _mul(enc_g, enc_q)
                     self.counts["cipher_mul"] += 1
                     self.seconds["server_evaluation"] += time.process_time() - start
                     cross = tuple(i + j for i, j in zip(own, other, strict=True))
@@ -530,7 +658,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                     gradient = self._product(enc_g, derivative)
                     gradient = gradient.vector if gradient is not None else enc_g * self._negligible
                     self.seconds["server_evaluation"] += time.process_time() - start
-                    dx.append(self._returned(gradient, p, n))
+                    dx.append(self._returned(gradient, p, [(0, n)]))
             if p in recipients:
                 result[p] = torch.from_numpy(np.concatenate(dx).reshape(shape)).to(
                     pending["dtype"] or torch.float64
@@ -555,7 +683,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         per-member sums ``(REGIONS, members)``."""
         tick = time.process_time()
         mask = self.masks.draw(product.size())
-        masked = product + mask.tolist()
+        masked = _add_plain(product, mask.tolist())
         local = [
             (r * n + a - start, r * n + b - start) for r in range(REGIONS) for a, b in segments
         ]
@@ -580,9 +708,23 @@ class _Ct:
     vector: Any
 
 
+# TenSEAL's own operators wrap every list operand in a PlainTensor first; the raw methods take
+# the list (the same encoding and evaluation, without the Python round trip).
+def _mul_plain(vector, values):
+    return ts.CKKSVector(data=vector.data.mul_plain(values))
+
+
+def _add_plain(vector, values):
+    return ts.CKKSVector(data=vector.data.add_plain(values))
+
+
+def _mul(left, right):
+    return ts.CKKSVector(data=left.data.mul(right.data))
+
+
 def _add(left, right):
     if left is None:
         return right
     if right is None:
         return left
-    return _Ct(left.vector + right.vector)
+    return _Ct(ts.CKKSVector(data=left.vector.data.add(right.vector.data)))

@@ -184,7 +184,10 @@ def expand(network: PolynomialNetwork, *, zero_inputs: Sequence[int] = ()):
             power = current
             activated = network.activation[0] * constant + network.activation[1] * current
             for c in network.activation[2:]:
-                power = torch.einsum("sui,suj,ijk->suk", power, current, table)
+                # Two operands at a time: a three-operand einsum sends torch to opt_einsum's
+                # path search on every call (milliseconds for these few coefficients).
+                outer = power[..., :, None] * current[..., None, :]
+                power = torch.einsum("suij,ijk->suk", outer, table)
                 activated = activated + c * power
             current = activated
     return current[:, 0, :]
