@@ -21,6 +21,12 @@ networks (spec section 7), so this learner removes overhead without touching the
   that skip a step (a NoFed run while a FedHPD run distils) keep their state untouched.
 * Distillation and DPA queries batch the copies of the runs that distil this round; every run
   still sends its own uploads through its own transport.
+* Categorical policies learn through hand-written passes (``kernels="fast"``, the default):
+  no autograd graph, ``tanh`` by numpy, the logits actions-major so the softmax over a few
+  actions vectorises over states, the loss gradient on the logits written out
+  (:func:`kl_grad_t`), each weight gradient in its faster orientation
+  (:meth:`_Group.backward_t`). Same functions, float32 rounding apart (``kernels="torch"``
+  keeps the autograd path; tests/test_fedhpd_fast_kernels.py compares them).
 
 The public state set ``S_p`` (:mod:`securefed.rl.fedhpd` section 4) is made here,
 :func:`make_public_states`, because its virtual agent trains with this learner; :func:`train` runs
