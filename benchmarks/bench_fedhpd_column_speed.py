@@ -213,6 +213,20 @@ def reward_table(runs, together) -> dict:
     return table
 
 
+def print_projection(projected: dict, speedup: float) -> None:
+    print("full column projected from full-length rounds and a 20-round event cycle (CPU s):")
+    for name, part in projected.items():
+        print(
+            f"  {name}: workers "
+            + ", ".join(
+                f"{w['runs']} runs: round {w['full_length_round_cpu_s']:.3f} s, cycle "
+                f"{w['distillation_cycle_20_rounds_cpu_s']:.2f} s -> {w['projected_cpu_s']:.0f} s"
+                for w in part["workers"]
+            )
+        )
+    print(f"  projected speed-up of the longer worker: {speedup:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m securefed.bench.bench_fedhpd_column_speed")
     parser.add_argument("--base", default="main", help="git revision of the old rl/fast.py")
@@ -239,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=3, help="full-length rounds and event cycles timed"
     )
+    parser.add_argument(
+        "--no-projection",
+        action="store_true",
+        help="skip the projection (only the reduced column; not with --settings worker0)",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="directory of the JSON record")
     args = parser.parse_args(argv)
 
@@ -252,28 +271,22 @@ def main(argv: list[str] | None = None) -> int:
     modules = {"old": base, "new": fast}
     load_start = list(os.getloadavg())
     public = fast.make_public_states(FedHPDConfig(algorithm="fedhpd"))
-    projected = projection(modules, public, args.repeats)
+    if args.no_projection and args.settings == "worker0":
+        parser.error("--no-projection: the worker0 column is checked against the projection")
+    projected = None if args.no_projection else projection(modules, public, args.repeats)
     record = {
         "command": "python -m securefed.bench.bench_fedhpd_column_speed " + " ".join(sys.argv[1:]),
         "base": args.base,
         "torch_threads": torch.get_num_threads(),
         "load_average_start": load_start,
         "projection": projected,
-        "projected_speedup_cpu": projected["old"]["projected_longest_worker_cpu_s"]
-        / projected["new"]["projected_longest_worker_cpu_s"],
     }
-    print("full column projected from full-length rounds and a 20-round event cycle (CPU s):")
-    for name in modules:
-        part = projected[name]
-        print(
-            f"  {name}: workers "
-            + ", ".join(
-                f"{w['runs']} runs: round {w['full_length_round_cpu_s']:.3f} s, cycle "
-                f"{w['distillation_cycle_20_rounds_cpu_s']:.2f} s -> {w['projected_cpu_s']:.0f} s"
-                for w in part["workers"]
-            )
+    if projected is not None:
+        record["projected_speedup_cpu"] = (
+            projected["old"]["projected_longest_worker_cpu_s"]
+            / projected["new"]["projected_longest_worker_cpu_s"]
         )
-    print(f"  projected speed-up of the longer worker: {record['projected_speedup_cpu']:.2f}x")
+        print_projection(projected, record["projected_speedup_cpu"])
     if args.rounds:
         if args.settings == "worker0":
             column = paper_column(public)
@@ -363,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     record["machine"] = machine()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fedhpd_column_speed_{args.rounds}rounds.json"
+    suffix = "_reduced_only" if projected is None else ""
+    path = out / f"fedhpd_column_speed_{args.rounds}rounds{suffix}.json"
     path.write_text(dumps_record(record, indent=1))
     print(f"written to {path}")
     return 0
