@@ -85,7 +85,7 @@ def table(names: list[str], seeds: list[int]) -> None:
     refs = {s: (platform_a(s, "plaintext")[0], platform_a(s, "random")[0]) for s in seeds}
     print(
         "| row | epsilon (ledger, A) | sigma rows / DP-SGD | A mean | A final | kept, mean "
-        "(per member) | kept, final | CPU s / learning step |"
+        "(per member) | kept, final | s / learning step (wall, loaded) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
