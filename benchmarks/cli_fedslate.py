@@ -116,6 +116,15 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         "Q-values, no acting row released (own: joint DP, docs/fedslate.md section 9)",
     )
     parser.add_argument(
+        "--dp-learning",
+        choices=("rows", "sums"),
+        default=None,
+        help="dp with --dp-acting own: what a learning step releases: every drawn round's "
+        "noised Q-value and gradient rows (rows, the default) or one DP-SGD sum per platform "
+        "of its users' clipped gradients in its local and the server network's weights "
+        "(sums: no row leaves; docs/fedslate.md section 9)",
+    )
+    parser.add_argument(
         "--ckks-scale-bits",
         type=int,
         default=None,
@@ -141,6 +150,7 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         "--dp-grad-clip": args.dp_grad_clip is not None,
         "--dp-local-clip": args.dp_local_clip is not None,
         "--dp-acting": args.dp_acting is not None,
+        "--dp-learning": args.dp_learning is not None,
     }
     if args.fusion not in DP_CHANNELS:
         given = [flag for flag, on in dp_given.items() if on]
@@ -158,6 +168,8 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         fields["dp_local_clip"] = args.dp_local_clip
     if args.dp_acting is not None:
         fields["dp_acting"] = args.dp_acting  # the config refuses "own" where it cannot hold
+    if args.dp_learning is not None:
+        fields["dp_learning"] = args.dp_learning  # the config refuses "sums" off joint DP
     return fields | {
         "dp_epsilon": args.epsilon,
         "dp_delta": args.dp_delta,

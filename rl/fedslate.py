@@ -136,6 +136,8 @@ __all__ = [
     "ACT",
     "ALIGNMENTS",
     "DP_ACTINGS",
+    "DP_DIAGNOSTICS",
+    "DP_LEARNINGS",
     "LEARN",
     "LOCAL_TRAININGS",
     "PLATFORM_NAMES",
@@ -156,6 +158,7 @@ __all__ = [
     "exchange_update",
     "greedy_positions",
     "learn",
+    "learn_sums",
     "moving_average",
     "on_candidates_of",
     "optimal_reward",
@@ -175,6 +178,11 @@ __all__ = [
 
 LOCAL_TRAININGS = ("dp-sgd", "none")
 DP_ACTINGS = ("released", "own")
+DP_LEARNINGS = ("rows", "sums")
+"""Under joint DP, what a learning step releases (:attr:`FedSlateConfig.dp_learning`)."""
+DP_DIAGNOSTICS = ("noiseless-rows", "noiseless-local")
+"""Diagnostics that switch one Gaussian mechanism's noise off (not private settings: the run's
+``epsilon_spent`` is ``None``; :attr:`FedSlateConfig.dp_diagnostic`)."""
 """Under a DP transport, what a platform acts on (:attr:`FedSlateConfig.dp_acting`)."""
 """How the platforms train their local networks under a DP transport
 (:attr:`FedSlateConfig.dp_local_training`)."""
@@ -238,6 +246,26 @@ class FedSlateConfig(SlateQConfig):
             user it is computed for, and every output for any other user is post-processing of
             the releases and that user's own data (docs/fedslate.md section 9). Refused under
             the other transports and with ``dp_local_training="none"``.
+        dp_learning: under joint DP (``dp_acting="own"``), what a learning step releases:
+            ``"rows"`` (default): every platform's Q-value and gradient rows of the drawn
+            rounds, each clipped and noised, through the fusion channel (``2K + 1`` rows per
+            drawn round of a unit); ``"sums"``: no row at all. Each platform trains the
+            server network as it acts with it, on its own clean Q-values with the others'
+            inputs at 0 (its TD targets on its own target networks the same way), takes each
+            unit's gradient of the batch loss in *both* networks' weights (its local network's
+            and the server network's), clips it as a whole to ``dp_local_clip``, sums and
+            noises once (:class:`LocalDPSGD`): one Gaussian release per platform and learning
+            step, of which the server gets the server network's part and steps on it, the
+            platform keeps the rest. A unit's releases fall from its rows plus its DP-SGD
+            steps to its DP-SGD steps alone (:func:`dp_unit_releases`); the fusion channel
+            then carries nothing (it charges no row and refuses every exchange). The team
+            target ``Y_A`` still reaches platform B (section 9, "Not covered").
+        dp_diagnostic: a measurement of what each mechanism costs, **not a private setting**:
+            ``"noiseless-rows"`` releases the fusion rows clipped but without noise,
+            ``"noiseless-local"`` the local DP-SGD sums clipped but without noise (everything
+            else, the ledgers' noise multipliers included, as without it). The run's
+            ``epsilon_spent`` is then ``None`` per platform and its record says why. Needs the
+            ``"dp"`` transport with local DP-SGD.
         server_activation: the server network's hidden activation (``None``: ``activation``,
             which the local networks use), e.g. ``"polynomial"`` with SiLU local networks.
         ckks_scale_bits: for the encrypted transports (refused elsewhere): ``log2`` of the CKKS
@@ -264,6 +292,8 @@ class FedSlateConfig(SlateQConfig):
     dp_local_clip: float = 1.0
     dp_local_noise: float | None = None
     dp_acting: str = "released"
+    dp_diagnostic: str | None = None
+    dp_learning: str = "rows"
     ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -330,6 +360,28 @@ class FedSlateConfig(SlateQConfig):
                 f"users' raw data into every slate; got fusion {self.fusion!r}, "
                 f"dp_local_training {self.dp_local_training!r}"
             )
+        if self.dp_diagnostic is not None and (
+            self.dp_diagnostic not in DP_DIAGNOSTICS or self.fusion != "dp" or not self.local_dp
+        ):
+            raise ValueError(
+                f"dp_diagnostic must be one of {DP_DIAGNOSTICS} under the 'dp' transport with "
+                f"local DP-SGD; got {self.dp_diagnostic!r}, fusion {self.fusion!r}, "
+                f"dp_local_training {self.dp_local_training!r}"
+            )
+        if self.dp_learning not in DP_LEARNINGS:
+            raise ValueError(f"dp_learning must be one of {DP_LEARNINGS}, got {self.dp_learning!r}")
+        if self.dp_learning == "sums" and (
+            self.dp_acting != "own"
+            or self.dp_local_noise is not None
+            or self.dp_diagnostic == "noiseless-rows"
+        ):
+            raise ValueError(
+                "dp_learning='sums' needs joint DP (dp_acting='own': the server network is "
+                "trained as the platforms act with it, on their own values) and releases only "
+                "DP-SGD sums (no dp_local_noise to split with fusion rows, no rows to leave "
+                f"noiseless); got dp_acting {self.dp_acting!r}, dp_local_noise "
+                f"{self.dp_local_noise!r}, dp_diagnostic {self.dp_diagnostic!r}"
+            )
         if self.dp_epsilon is not None and self.feedback_prob < 1.0:
             raise ValueError(
                 f"the DP transports need feedback_prob 1, got {self.feedback_prob!r}: the losses "
@@ -338,7 +390,8 @@ class FedSlateConfig(SlateQConfig):
             )
         if self.dp_epsilon is not None:
             # Checked here so that a bad option fails when the run is configured.
-            self.dp_options(releases_per_unit=1, tail_delta=0.0, local_steps=1)
+            rows = 0 if self.dp_learning == "sums" else 1
+            self.dp_options(releases_per_unit=rows, tail_delta=0.0, local_steps=1)
         if self.ckks_scale_bits is not None:
             if self.fusion not in ENCRYPTED_FUSIONS:
                 raise ValueError(
@@ -391,7 +444,9 @@ class FedSlateConfig(SlateQConfig):
             releases_per_unit=int(releases_per_unit),
             tail_delta=float(tail_delta),
             noise_multiplier=sigmas["fusion"],
-            tags=(TARGET, SELECT, LEARN)
+            tags=()
+            if self.dp_learning == "sums"
+            else (TARGET, SELECT, LEARN)
             if self.dp_acting == "own"
             else (ACT, TARGET, SELECT, LEARN),
             clamp_sigmas=CKKS_DP_CLAMP_SIGMAS if self.fusion == "ckks+dp" else None,
@@ -449,7 +504,9 @@ def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
     Under local DP-SGD (:attr:`FedSlateConfig.local_dp`) the platform's network takes one
     step per learning step; a step moves with the unit only if it draws one of the unit's
     rounds, so at most ``min(s, k)`` steps involve the unit (``local_steps``; 0 without local
-    DP-SGD).
+    DP-SGD). Under ``dp_learning="sums"`` no row of a drawn round leaves (``2K + 1`` becomes
+    0): the learning step's one release per platform is its DP-SGD sum, counted in
+    ``local_steps``.
 
     Returns:
         ``{"releases": acting + k * (2K + 1), "acting": ..., "drawn_rounds_bound": k,
@@ -462,7 +519,7 @@ def dp_unit_releases(config: FedSlateConfig) -> dict[str, object]:
     acting = length * (k_plat if config.alignment == "item" else 1)
     if config.dp_acting == "own":
         acting = 0  # joint DP: the acting values never leave the platform
-    per_drawn = 2 * k_plat + 1
+    per_drawn = 0 if config.dp_learning == "sums" else 2 * k_plat + 1  # sums: no row leaves
     smallest = min(config.buffer_size, config.burn_in + 1) - (1 if config.target == "sarsa" else 0)
     probability = min(1.0, length / max(1, smallest))
     steps = math.ceil((config.buffer_size + length) / config.learn_every)
@@ -508,7 +565,7 @@ def dp_noise_multipliers(
         return {"fusion": sigma, "local": None}
     if config.dp_local_noise is None:
         sigma = noise_for_target(budget, delta, 1.0, releases + local_steps, accountant)
-        return {"fusion": sigma, "local": sigma}
+        return {"fusion": sigma, "local": sigma}  # releases 0 (sums): the rows' is unused
     local = float(config.dp_local_noise)
 
     def spent(sigma: float) -> float:
@@ -603,6 +660,57 @@ class LocalDPSGD:
             p.grad = piece.contiguous()
             offset += size
         optimiser.step()
+
+    def step_joint(
+        self,
+        run: FedSlateRun,
+        p: int,
+        row_loss: Callable[..., torch.Tensor],
+        x: torch.Tensor,
+        extras: Sequence[torch.Tensor],
+        units: np.ndarray,
+    ) -> None:
+        """One step of ``dp_learning="sums"``: the per-row gradients of ``row_loss`` (the
+        loss of one row, ``(S, 1, ...)`` tensors, summed over members) in the platform's
+        local weights and the server network's, the network evaluated as the platform acts
+        with it (own Q-values first, the others' at 0); summed by unit, each unit's
+        concatenated gradient clipped to ``clip`` as a whole, summed and noised
+        (:meth:`release`: one Gaussian release, sensitivity ``2 clip``), over the batch size.
+        The platform steps its network on the local part; the server gets the server part
+        and steps its network on it (Abadi et al. 2016, Algorithm 1, user-level clipping)."""
+        from torch.func import functional_call, grad, vmap
+
+        server, k_plat = run.channel.module, run.config.num_platforms
+        local_named = list(self.network.named_parameters())
+        server_named = list(server.named_parameters())
+        local_params = {n: t.detach() for n, t in local_named}
+        server_params = {n: t.detach() for n, t in server_named}
+
+        def one_row(lw, sw, x_row, *extra_rows):  # x_row (S, D); extras (S, ...)
+            q = functional_call(self.network, lw, (x_row[:, None, :],))  # (S, 1, N)
+            ordered = [q] + [torch.zeros_like(q)] * (k_plat - 1)
+            fused = functional_call(server, sw, (ordered,))
+            return row_loss(fused, *[e[:, None] for e in extra_rows])
+
+        in_dims = (None, None, 1, *([1] * len(extras)))
+        g_local, g_server = vmap(grad(one_row, argnums=(0, 1)), in_dims=in_dims)(
+            local_params, server_params, x, *extras
+        )
+        s, b = x.shape[:2]
+        pieces = [g_local[n].reshape(b, s, -1) for n, _ in local_named]
+        pieces += [g_server[n].reshape(b, s, -1) for n, _ in server_named]
+        rows = torch.cat(pieces, dim=-1).transpose(0, 1).double()  # (S, B, P_local + P_server)
+        noised = torch.from_numpy(self.release(unit_sums(rows, units).numpy()) / b)
+        offset = 0
+        for _, param in local_named + server_named:
+            size = param[0].numel()
+            piece = noised[:, offset : offset + size].reshape(param.shape).to(param.dtype)
+            param.grad = piece.contiguous()
+            offset += size
+        run.local_opt[p].step()
+        run.channel.optimiser.step()  # the server, on the release's server part
+        run.updates[f"local_{run.names[p]}"] += 1
+        run.updates["server"] += 1
 
 
 def unit_sums(rows: torch.Tensor, units: np.ndarray) -> torch.Tensor:
@@ -1046,6 +1154,8 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         dp=config.dp_options() if dp_noise else None,
         noise=dp_noise or None,
     )
+    if config.dp_diagnostic == "noiseless-rows":
+        channel.noise_multiplier = 0.0  # a diagnostic: rows clipped, not noised (no epsilon)
     local_dp_noise = (
         {name: tree.generator("local-dp", name) for name in names} if config.local_dp else {}
     )
@@ -1099,10 +1209,11 @@ def start_local_dp(
         tail=bound["tail_delta"],
     )["local"]
     trainers = []
+    released = 0.0 if config.dp_diagnostic == "noiseless-local" else sigma  # diagnostic: no noise
     for p, name in enumerate(channel.parties):
         channel.ledgers[name].charge(sigma, 1.0, steps=bound["local_steps"], server=(sigma, 1.0))
         trainers.append(
-            LocalDPSGD(name, local[p], config.dp_local_clip, sigma, as_noise_source(noise[name]))
+            LocalDPSGD(name, local[p], config.dp_local_clip, released, as_noise_source(noise[name]))
         )
     refresh_dp_public(config, channel, trainers)
     return trainers
@@ -1123,6 +1234,12 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
         bound = dp_unit_releases(config)
         sigma = trainers[0].noise_multiplier if trainers else None
         public["local_training"] = "dp-sgd"
+        public["learning"] = (
+            "sums: one DP-SGD sum per platform and learning step (local and server weights); "
+            "no fusion row released (the rows' noise fields are unused)"
+            if config.dp_learning == "sums"
+            else "rows"
+        )
         # One user's episode is a unit on every platform: against the server, which sees every
         # platform's rows, the user's loss is their composition (one tail event: the replay
         # draws are shared).
@@ -1137,6 +1254,14 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
             "noise_std": None if sigma is None else sigma * 2 * config.dp_local_clip,
             "steps_per_unit": bound["local_steps"],
         }
+    if config.dp_diagnostic is not None:
+        public["diagnostic"] = (
+            f"{config.dp_diagnostic}: one mechanism releases without noise, a measurement of "
+            "what the other costs, not a private run (the epsilon is not established; "
+            "epsilon_if_noised is what the ledger would have spent)"
+        )
+        public["epsilon_if_noised"] = public["epsilon_spent"]
+        public["epsilon_spent"] = {p: None for p in channel.parties}
     channel.view.public["dp"] = public
 
 
@@ -1376,6 +1501,9 @@ def exchange_update(
 def learn(run: FedSlateRun) -> None:
     """One learning step on a replay batch of rounds shared by every platform: the targets,
     Algorithm 1 for the platforms with rewards, Algorithm 2 for the others."""
+    if run.config.dp_learning == "sums":
+        learn_sums(run)
+        return
     config, replay = run.config, run.replay
     k_plat, n_cand, delta = config.num_platforms, config.num_candidates, config.huber_delta
     idx = replay.sample(run.replay_rng, config.batch_size, config.target == "sarsa")
@@ -1416,6 +1544,89 @@ def learn(run: FedSlateRun) -> None:
             delta=delta,
         )
         exchange_update(run, p, loss, xs, partial(greedy_positions, run, p, v, v_null), units)
+
+
+def learn_sums(run: FedSlateRun) -> None:
+    """A learning step under ``dp_learning="sums"``: every platform trains the server network
+    as it acts with it (its own clean Q-values first, the others' inputs at 0) and releases one
+    DP-SGD sum of its units' clipped gradients in both networks' weights.
+
+    The steps of :func:`learn`, each computed by the platform on its own data: the TD targets
+    ``Y_p`` of the platforms with rewards on their target networks (the target server network
+    on ``[Q'_p(s'), 0]``), Algorithm 1's loss for them and Algorithm 2's (B's greedy slate on its
+    own fused values, onto the team target) for the others, then
+    :meth:`LocalDPSGD.step_joint` per platform in turn (the server steps on each release's
+    server part, as it steps once per platform's update in :func:`learn`). Nothing goes through
+    the fusion channel; the server receives the noised sums' server parts only.
+    """
+    config, replay = run.config, run.replay
+    k_plat, n_cand, delta = config.num_platforms, config.num_candidates, config.huber_delta
+    sarsa = config.target == "sarsa"
+    idx = replay.sample(run.replay_rng, config.batch_size, sarsa)
+    units = run.replay_unit[idx]
+    done = replay.done[idx]
+    xs = [torch.from_numpy(replay.gather(replay.x, p, idx)) for p in range(k_plat)]
+    server, target = run.channel.module, run.channel.target
+
+    def alone(q: torch.Tensor) -> list[torch.Tensor]:
+        return [q] + [torch.zeros_like(q)] * (k_plat - 1)
+
+    targets_y, valid = {}, {}
+    with torch.no_grad():
+        for p in run.with_rewards:
+            x_next = replay.gather(replay.x_next, p, idx)
+            q_next = run.local_target[p](torch.from_numpy(x_next))
+            qf_next = target(alone(q_next)).numpy()
+            nxt = replay.gather(replay.next_slate, p, idx) if sarsa else None
+            x_val = next_values(config, run.choice, qf_next, x_next, nxt)
+            fb = replay.gather(replay.feedback, p, idx)
+            valid[p] = ~np.isnan(fb)
+            y = np.where(valid[p], fb, 0.0) * config.reward_scale
+            targets_y[p] = (y + config.gamma * x_val * ~done).astype(np.float32)
+    for p in run.with_rewards:
+        clicked = torch.from_numpy(replay.gather(replay.clicked, p, idx))[..., None]
+
+        def loss_a(fused, clicked_row, y_row, m_row):
+            chosen = torch.gather(fused, 2, clicked_row)
+            return clicked_loss(chosen, clicked_row, y=y_row, mask=m_row, delta=delta)
+
+        extras = (clicked, torch.from_numpy(targets_y[p]), torch.from_numpy(valid[p]))
+        run.local_dp[p].step_joint(run, p, loss_a, xs[p], extras, units)
+    if not run.without_rewards:
+        return
+    stack_y = np.stack([targets_y[p] for p in run.with_rewards])
+    stack_m = np.stack([valid[p] for p in run.with_rewards])
+    team_valid = stack_m.any(axis=0)
+    team_y = (stack_y * stack_m).sum(axis=0) / np.maximum(stack_m.sum(axis=0), 1)
+    y_t, m_t = torch.from_numpy(team_y.astype(np.float32)), torch.from_numpy(team_valid)
+    for p in run.without_rewards:
+        v, v_null = choice_weights(run.choice, xs[p].numpy(), n_cand)
+        with torch.no_grad():  # B's greedy slate on its own fused values, chosen locally
+            qf = server(alone(run.local[p](xs[p]))).numpy()
+        s_, b_ = qf.shape[:2]
+        slates = select_slates(
+            config.slate_method,
+            qf.reshape(s_ * b_, n_cand),
+            v.reshape(s_ * b_, n_cand),
+            v_null.reshape(s_ * b_),
+            config.slate_size,
+        )
+        slates_t = torch.from_numpy(slates.reshape(s_, b_, config.slate_size))
+
+        def loss_b(fused, slate_row, v_row, v_null_row, y_row, m_row):
+            chosen = torch.gather(fused, 2, slate_row)
+            return slate_value_loss(
+                chosen, slate_row, v=v_row, v_null=v_null_row, y=y_row, mask=m_row, delta=delta
+            )
+
+        extras = (
+            slates_t,
+            torch.from_numpy(v.astype(np.float32)),
+            torch.from_numpy(v_null.astype(np.float32)),
+            y_t,
+            m_t,
+        )
+        run.local_dp[p].step_joint(run, p, loss_b, xs[p], extras, units)
 
 
 def sync_targets(run: FedSlateRun) -> None:

@@ -145,8 +145,15 @@ def _coupled_pair(monkeypatch, config):
 
 @pytest.mark.parametrize(
     "variant",
-    [{}, {"alignment": "item"}, {"variant": "extended"}, {"dp_acting": "own"}],
-    ids=["paper", "item", "ext", "joint"],
+    [
+        {},
+        {"alignment": "item"},
+        {"variant": "extended"},
+        {"dp_acting": "own"},
+        {"dp_acting": "own", "dp_learning": "sums"},
+        {"dp_acting": "own", "dp_learning": "sums", "variant": "extended"},
+    ],
+    ids=["paper", "item", "ext", "joint", "sums", "sums-ext"],
 )
 def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
     from securefed.rl.fedslate import FedSlateConfig
@@ -192,12 +199,56 @@ def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedsl
             assert norm <= public["local_sgd"]["sensitivity"] * (1 + 1e-4) + 1e-5
             moved_steps[party] = moved_steps.get(party, 0) + int(norm > 0)
     for party in ("A", "B"):
-        assert 0 < moved_rows.get(party, 0) <= options.releases_per_unit, (party, moved_rows)
+        if options.releases_per_unit:
+            assert 0 < moved_rows.get(party, 0) <= options.releases_per_unit, (party, moved_rows)
+        else:  # per-step sums (dp_learning="sums"): no row is released, none is charged
+            assert not moved_rows and not base.fusion_view.exchanges, moved_rows
     # The local networks are charged in the same ledger: its count bounds the steps that moved.
     assert "local_sgd" in public, "the ledger charges the fusion rows only, not the local training"
     for party in ("A", "B"):
         # The unit's rounds were replayed, so some of the platform's DP-SGD steps moved with it.
         assert 0 < moved_steps.get(party, 0) <= public["local_sgd"]["steps_per_unit"], moved_steps
+    # 3. Every network (the local ones and the server's) is a function of the releases only.
+    _assert_same_networks(base, neighbour)
+
+
+def _assert_same_networks(base, neighbour) -> None:
+    """The trained networks of the coupled runs agree weight for weight: post-processing."""
+    assert set(base.networks) == set(neighbour.networks)
+    for name, net in base.networks.items():
+        other = neighbour.networks[name].state_dict()
+        for key, value in net.state_dict().items():
+            assert torch.equal(value, other[key]), f"{name}.{key} moved with one user's episode"
+
+
+def test_the_weights_check_catches_a_server_step_off_the_releases(monkeypatch, fedslate_small):
+    """The control of check 3's power, under per-step sums: a server that also steps on the
+    platforms' clean gradient (here: one more step on the un-noised batch gradient of A's
+    Algorithm-1 loss) ends with weights that move with the unit."""
+    from securefed.rl import fedslate
+
+    config = fedslate.FedSlateConfig(
+        **fedslate_small | {"episodes": 4},
+        fusion="dp",
+        dp_epsilon=8.0,
+        dp_acting="own",
+        dp_learning="sums",
+    )
+    original = fedslate.LocalDPSGD.step_joint
+
+    def leaky(self, run, p, row_loss, x, extras, units):
+        original(self, run, p, row_loss, x, extras, units)
+        server = run.channel.module
+        q = run.local[p](x).detach()
+        fused = server([q] + [torch.zeros_like(q)] * (run.config.num_platforms - 1))
+        run.channel.optimiser.zero_grad(set_to_none=True)
+        row_loss(fused, *extras).backward()  # the batch's raw gradient, no clip, no noise
+        run.channel.optimiser.step()
+
+    monkeypatch.setattr(fedslate.LocalDPSGD, "step_joint", leaky)
+    base, neighbour, _ = _coupled_pair(monkeypatch, config)
+    with pytest.raises(AssertionError, match="server"):
+        _assert_same_networks(base, neighbour)
 
 
 def _coupled_acting_values(monkeypatch, config) -> tuple[np.ndarray, np.ndarray]:
@@ -230,8 +281,9 @@ def _coupled_acting_values(monkeypatch, config) -> tuple[np.ndarray, np.ndarray]
     return runs[0][0], runs[1][0]
 
 
+@pytest.mark.parametrize("learning", ["rows", "sums"])
 def test_joint_dp_acting_sends_nothing_and_other_users_slates_do_not_move(
-    monkeypatch, fedslate_small
+    monkeypatch, fedslate_small, learning
 ):
     """Joint DP (``dp_acting="own"``): a platform acts on its own clean values through the
     server network's weights, so (1) no acting exchange reaches the server and the ledger
@@ -242,14 +294,17 @@ def test_joint_dp_acting_sends_nothing_and_other_users_slates_do_not_move(
     from securefed.rl.fedslate import FedSlateConfig, dp_unit_releases
 
     config = FedSlateConfig(
-        **fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0, dp_acting="own"
+        **fedslate_small | {"episodes": 4},
+        fusion="dp",
+        dp_epsilon=8.0,
+        dp_acting="own",
+        dp_learning=learning,
     )
     released = FedSlateConfig(**fedslate_small | {"episodes": 4}, fusion="dp", dp_epsilon=8.0)
     assert dp_unit_releases(config)["acting"] == 0
-    assert (
-        dp_unit_releases(config)["releases"]
-        == dp_unit_releases(released)["releases"] - config.steps_per_platform
-    )
+    rows = dp_unit_releases(released)["releases"] - config.steps_per_platform
+    assert dp_unit_releases(config)["releases"] == (rows if learning == "rows" else 0)
+    assert dp_unit_releases(config)["local_steps"] == dp_unit_releases(released)["local_steps"]
     base, neighbour = _coupled_acting_values(monkeypatch, config)
     assert base.shape == neighbour.shape and np.isnan(base).any()
     moved = np.argwhere(np.any((base != neighbour) & ~np.isnan(base), axis=-1))
@@ -282,6 +337,73 @@ def test_joint_dp_acting_fails_closed():
         FedSlateConfig(dp_acting="own")
     with pytest.raises(ValueError, match="dp_acting"):
         FedSlateConfig(fusion="dp", dp_epsilon=8.0, dp_acting="clean")
+
+
+def test_per_step_sums_and_diagnostics_fail_closed():
+    """``dp_learning="sums"`` only under joint DP; a channel that charged no row refuses every
+    exchange; the noiseless diagnostics carry no epsilon and are refused where they cannot
+    apply."""
+    from securefed.fusion.dp import DPFusionOptions
+    from securefed.rl.fedslate import FedSlateConfig
+
+    with pytest.raises(ValueError, match="dp_learning='sums' needs joint DP"):
+        FedSlateConfig(fusion="dp", dp_epsilon=8.0, dp_learning="sums")
+    with pytest.raises(ValueError, match="dp_learning='sums'"):
+        FedSlateConfig(
+            fusion="dp", dp_epsilon=8.0, dp_acting="own", dp_learning="sums", dp_local_noise=50.0
+        )
+    with pytest.raises(ValueError, match="dp_learning must be one of"):
+        FedSlateConfig(fusion="dp", dp_epsilon=8.0, dp_acting="own", dp_learning="batch")
+    with pytest.raises(ValueError, match=r"needs tags=\(\)"):
+        DPFusionOptions(epsilon=8.0, releases_per_unit=0)
+    with pytest.raises(ValueError, match="non-empty"):
+        DPFusionOptions(epsilon=8.0, releases_per_unit=5, tags=())
+    with pytest.raises(ValueError, match="dp_diagnostic"):
+        FedSlateConfig(dp_diagnostic="noiseless-rows")
+    with pytest.raises(ValueError, match="dp_diagnostic"):
+        FedSlateConfig(
+            fusion="dp", dp_epsilon=8.0, dp_local_training="none", dp_diagnostic="noiseless-rows"
+        )
+    with pytest.raises(ValueError, match="dp_learning='sums'"):
+        FedSlateConfig(
+            fusion="dp",
+            dp_epsilon=8.0,
+            dp_acting="own",
+            dp_learning="sums",
+            dp_diagnostic="noiseless-rows",
+        )
+
+
+def test_per_step_sums_channel_refuses_every_exchange(fedslate_small):
+    """Under ``dp_learning="sums"`` the fusion channel charged no row, so a row sent through it
+    (an exchange the accounting did not count) is refused before it leaves."""
+    from securefed.rl.fedslate import LEARN, FedSlateConfig, start_run
+
+    config = FedSlateConfig(
+        **fedslate_small, fusion="dp", dp_epsilon=8.0, dp_acting="own", dp_learning="sums"
+    )
+    run = start_run(config)
+    assert run.channel.options.releases_per_unit == 0
+    rows = {name: np.zeros((config.members, 1, config.num_candidates)) for name in run.names}
+    with pytest.raises(ValueError, match="counted no exchange"):
+        run.channel.forward(rows, outputs=["A"], train=False, tag=LEARN)
+
+
+def test_noiseless_diagnostic_records_no_epsilon(fedslate_small):
+    """A diagnostic run (one mechanism without noise) is flagged: no epsilon in its record."""
+    from securefed.rl.fedslate import FedSlateConfig, start_run
+
+    for diagnostic in ("noiseless-rows", "noiseless-local"):
+        config = FedSlateConfig(
+            **fedslate_small,
+            fusion="dp",
+            dp_epsilon=8.0,
+            dp_acting="own",
+            dp_diagnostic=diagnostic,
+        )
+        public = start_run(config).channel.view.public["dp"]
+        assert public["epsilon_spent"] == {"A": None, "B": None}
+        assert diagnostic in public["diagnostic"] and public["epsilon_if_noised"]["A"] > 7
 
 
 def test_the_attack_catches_non_private_local_training(monkeypatch, fedslate_small):

@@ -246,6 +246,11 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
         (["--dp-clip", "3"], "--dp-clip apply only to the DP transports"),
         (["--dp-acting", "own"], "--dp-acting apply only to the DP transports"),
         (["--dp-local-clip", "0.1"], "--dp-local-clip apply only to the DP transports"),
+        (["--dp-learning", "sums"], "--dp-learning apply only to the DP transports"),
+        (
+            ["--transport", "dp", "--epsilon", "4", "--dp-learning", "sums"],
+            "dp_learning='sums' needs joint DP",
+        ),
         (
             [
                 "--transport",
@@ -297,6 +302,9 @@ def test_cli_dp_local_options_reach_the_config():
     assert (config.dp_acting, config.dp_local_clip, config.dp_epsilon) == ("own", 0.1, 8.0)
     defaults = _config(parser.parse_args(argv[:5]))
     assert (defaults.dp_acting, defaults.dp_local_clip) == ("released", 1.0)
+    assert defaults.dp_learning == "rows"
+    sums = _config(parser.parse_args([*argv, "--dp-learning", "sums"]))
+    assert (sums.dp_acting, sums.dp_learning) == ("own", "sums")
 
 
 def test_bench_fedslate_takes_the_transport_and_names_its_cells(tmp_path):

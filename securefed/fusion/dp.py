@@ -101,14 +101,16 @@ class DPFusionOptions:
         clip: L2 bound on each row of a party's input message (> 0).
         grad_clip: L2 bound on each row of an output gradient a party sends (> 0).
         releases_per_unit: the most rows of one unit that one party releases over the run
-            (inputs and gradients together; >= 1).
+            (inputs and gradients together; >= 0: 0 with ``tags=()``, a channel that releases
+            nothing, as under FedSlate's per-step sums, where the caller's DP-SGD releases are
+            the only ones, charged to the same ledgers).
         tail_delta: the probability that ``releases_per_unit`` is exceeded (0 for a bound that
             always holds), in ``[0, delta)``.
         accountant: ``"rdp"`` or ``"prv"`` (:mod:`securefed.privacy.ledger`).
         noise_multiplier: ``sigma``; ``None`` (default): the smallest that keeps
             ``releases_per_unit`` releases within ``(epsilon, delta - tail_delta)``.
         tags: the exchange tags the caller's accounting counted; an exchange with another tag
-            is refused (``None``: any tag).
+            is refused (``None``: any tag; ``()``: none, with ``releases_per_unit`` 0).
         clamp_sigmas: ``c``; ``None`` (default): the noised rows are released as they are.
             Else every noised entry is clamped to ``[-B, B]`` with ``B = clip + c * std`` (the
             noise's standard deviation ``std = sigma * 2 clip``) and divided by ``B``, so that
@@ -139,8 +141,13 @@ class DPFusionOptions:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"DP {name} must be finite and > 0, got {value!r}")
         releases = self.releases_per_unit
-        if isinstance(releases, bool) or int(releases) != releases or releases < 1:
-            raise ValueError(f"releases_per_unit must be an integer >= 1, got {releases!r}")
+        if isinstance(releases, bool) or int(releases) != releases or releases < 0:
+            raise ValueError(f"releases_per_unit must be an integer >= 0, got {releases!r}")
+        if releases == 0 and self.tags != ():
+            raise ValueError(
+                "releases_per_unit 0 (no row charged) needs tags=(): a channel that charged no "
+                f"row must refuse every exchange, got tags {self.tags!r}"
+            )
         if not (0 <= self.tail_delta < self.delta):
             raise ValueError(
                 f"tail_delta must lie in [0, delta={self.delta:g}), got {self.tail_delta!r}"
@@ -152,7 +159,7 @@ class DPFusionOptions:
             raise ValueError(f"noise_multiplier must be finite and > 0, got {sigma!r}")
         if self.tags is not None:
             tags = tuple(self.tags)
-            if not tags or not all(isinstance(t, str) for t in tags):
+            if (not tags and releases) or not all(isinstance(t, str) for t in tags):
                 raise ValueError(f"tags must be a non-empty tuple of strings, got {self.tags!r}")
             object.__setattr__(self, "tags", tags)
         clamp = self.clamp_sigmas
@@ -258,7 +265,8 @@ def unit_ledger(options: DPFusionOptions, sigma: float) -> PrivacyLedger:
         options.epsilon, options.mechanism_delta, against=("released_model", "server")
     )
     ledger = PrivacyLedger(options.accountant, budget=budget)
-    ledger.charge(sigma, 1.0, steps=options.releases_per_unit, server=(sigma, 1.0))
+    if options.releases_per_unit:  # 0: a channel that releases no row (it refuses every tag)
+        ledger.charge(sigma, 1.0, steps=options.releases_per_unit, server=(sigma, 1.0))
     return ledger
 
 

@@ -1,0 +1,136 @@
+"""The runs of issue 34's "DP fusion that keeps the gain" record, and their table.
+
+``python cells.py run NAME... [--seeds 0,1] [--jobs 2]`` runs (or reads from the cache under
+``work/seed<S>/runs/``) the named cells at each seed; ``python cells.py table NAME...`` prints
+A's mean, final (last 50 episodes) and the kept share of its gain over random (pooled over
+the seeds' members; per member against its own seed's plaintext and random runs), with the
+ledger's epsilon. Every cell is the reduced schedule of ``../fedslate_dp_joint``: 250 episodes,
+burn-in 2000, exploration x0.9997 per round, (10, 3), 3 members per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SCHEDULE = {
+    "num_candidates": 10,
+    "slate_size": 3,
+    "episodes": 250,
+    "members": 3,
+    "burn_in": 2000,
+    "eps_decay": 0.9997,
+}
+JOINT = {"fusion": "dp", "dp_epsilon": 8.0, "dp_acting": "own", "dp_local_clip": 0.1}
+
+
+def cells() -> dict[str, tuple[str, dict[str, object]]]:
+    """``{name: (kind, FedSlateConfig fields beyond the schedule)}``."""
+    out: dict[str, tuple[str, dict[str, object]]] = {
+        "plaintext": ("fedslate", {}),
+        "random": ("random", {}),
+        # The previous record's best private row (joint acting, local clip 0.1): "both".
+        "joint_clip0.1": ("fedslate", JOINT),
+        # Diagnostics (not private): one mechanism's noise off.
+        "diag_noiseless_rows": ("fedslate", JOINT | {"dp_diagnostic": "noiseless-rows"}),
+        "diag_noiseless_local": ("fedslate", JOINT | {"dp_diagnostic": "noiseless-local"}),
+    }
+    for eps in (1.0, 4.0, 8.0, 16.0):
+        out[f"sums_eps{eps:g}"] = ("fedslate", JOINT | {"dp_epsilon": eps, "dp_learning": "sums"})
+    return out
+
+
+def cell(name: str, seed: int):
+    from securefed.bench.bench_fedslate import Cell
+    from securefed.rl.fedslate import FedSlateConfig
+    from securefed.rl.slateq import SlateQConfig
+
+    kind, fields = cells()[name]
+    base = SCHEDULE | {"seed": seed}
+    config = SlateQConfig(**base) if kind == "random" else FedSlateConfig(**base, **fields)
+    return Cell(f"N10_n3_{name}", kind, config)
+
+
+def run(names: list[str], seeds: list[int], jobs: int) -> None:
+    from securefed.bench.bench_fedslate import run_missing
+
+    for seed in seeds:
+        out = HERE / "work" / f"seed{seed}"
+        started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        ran = run_missing([cell(n, seed) for n in names], out, jobs)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(
+            f"seed {seed}: {ran} runs, {time.perf_counter() - started:.0f} s wall, children "
+            f"{after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime:.0f} CPU s",
+            flush=True,
+        )
+
+
+def platform_a(seed: int, name: str) -> tuple[np.ndarray, dict[str, object]]:
+    from securefed.bench.bench_fedslate import cached_record
+
+    record = cached_record(cell(name, seed), HERE / "work" / f"seed{seed}")
+    if record is None:
+        raise FileNotFoundError(f"{name} at seed {seed} has not run")
+    return np.asarray(record["rewards"])[:, :, 0], record
+
+
+def table(names: list[str], seeds: list[int]) -> None:
+    refs = {s: (platform_a(s, "plaintext")[0], platform_a(s, "random")[0]) for s in seeds}
+    print(
+        "| row | epsilon (ledger, A) | sigma rows / DP-SGD | A mean | A final | kept, mean "
+        "(per member) | kept, final | s / learning step (wall, loaded) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        a = np.concatenate([platform_a(s, name)[0] for s in seeds], axis=1)
+        plain = np.concatenate([refs[s][0] for s in seeds], axis=1)
+        rand = np.concatenate([refs[s][1] for s in seeds], axis=1)
+        per = (a.mean(0) - rand.mean(0)) / (plain.mean(0) - rand.mean(0))
+        kept = (a.mean() - rand.mean()) / (plain.mean() - rand.mean())
+        final = (a[-50:].mean() - rand[-50:].mean()) / (plain[-50:].mean() - rand[-50:].mean())
+        _, record = platform_a(seeds[0], name)
+        dp = record.get("dp") or {}
+        eps = (dp.get("epsilon_spent") or {}).get("A") if dp else None
+        if dp and eps is None:
+            eps_text = "none (diagnostic)" if "diagnostic" in dp else "not established"
+        else:
+            eps_text = "-" if eps is None else f"{eps:.2f}"
+        sig = "-"
+        if dp:
+            rows = dp.get("noise_multiplier")
+            local = (dp.get("local_sgd") or {}).get("noise_multiplier")
+            sig = " / ".join("-" if v is None else f"{v:.2f}" for v in (rows, local))
+        steps = record.get("learn_steps") or 0
+        learning = record.get("timings", {}).get("learning", 0.0)
+        per_step = f"{learning / steps:.4f}" if steps and record.get("kind") == "fedslate" else "-"
+        se = per.std(ddof=1) / np.sqrt(per.size) if per.size > 1 else float("nan")
+        print(
+            f"| {name} | {eps_text} | {sig} | {a.mean():.1f} ± {a.mean(0).std(ddof=1):.1f} | "
+            f"{a[-50:].mean():.1f} | {kept:.2f} ± {se:.2f} ({', '.join(f'{v:.2f}' for v in per)}) "
+            f"| {final:.2f} | {per_step} |"
+        )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("what", choices=("run", "table"))
+    parser.add_argument("names", nargs="+", help="cells (see cells())")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.what == "run":
+        run(args.names, seeds, args.jobs)
+    else:
+        table(args.names, seeds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
