@@ -133,12 +133,13 @@ class LogClock:
         return {"idle": middle(idle), "launch": middle(launch), "run": middle(run)}
 
 
-def _case(example, args, case: tuple, fast: bool, root: Path):
+def _case(example, args, case: tuple, fast: bool, root: Path, run: int):
     from securefed.flower.loopback import FAST_TASK_POLL, LoopbackFederation
     from securefed.recsys.fedmf_flower import write_fedmf_app
 
     label, transport, merge, ahead, server = case
-    name = f"{label.replace(' ', '-').replace('+', 'and')}{'-fast' if fast else ''}"
+    # its own directory per run: a repeated case must not find the last one's result.json
+    name = f"{run}-{label.replace(' ', '-').replace('+', 'and')}{'-fast' if fast else ''}"
     out = root / name / "out"
     app = example.FedMFApp(
         seed=args.seed,
@@ -215,7 +216,7 @@ def deployment_rows(example, args: argparse.Namespace) -> tuple[list[dict], list
     with tempfile.TemporaryDirectory(prefix="securefed-deploy-") as tmp:
         for fast in polls:
             for k, case in enumerate((*CASES, CASES[0])):
-                row = _case(example, args, case, fast, Path(tmp))
+                row = _case(example, args, case, fast, Path(tmp), len(rows))
                 if k == len(CASES):
                     row["case"] = "plaintext (again)"
                 rows.append(row)
