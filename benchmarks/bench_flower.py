@@ -26,7 +26,11 @@ one process (``securefed.run_rounds``), in the same run, and reports:
    platform a SuperNode, the server network in the ServerApp) in plaintext and under ``dp``
    against ``run_fedslate`` in one process (same rewards, max parameter difference, message
    rounds, bytes; ``--fedslate-episodes``, ``--fedslate-steps``);
-7. ``node-curve``: the plaintext round time on ``--curve-nodes`` SuperNodes (one user each).
+7. ``node-curve``: the plaintext round time on ``--curve-nodes`` SuperNodes (one user each);
+8. ``deployment``: a round on Flower's deployment engine (a SuperLink and ``--deploy-nodes``
+   SuperNodes as processes), plaintext against secure aggregation with five message rounds and
+   with ShareKeys + MaskedInput merged (four), under Flower's defaults and a faster SuperExec
+   poll, and where a node's message round goes (``benchmarks/bench_flower_deploy.py``).
 
 5. ``--parts threat-models`` (issue 33): the synthetic federation on ``--clients`` nodes with
    secure aggregation against an honest-but-curious server (four message rounds: what Flower
@@ -443,11 +447,12 @@ IDLE = (":wait", ":select", ":sleep", ":_worker", ":run", ":_bootstrap", ":_boot
 """Frames that only wait (thread bootstraps, sleeps, selects), left out of the self-time list."""
 
 
-def _node_curve_row(example, args: argparse.Namespace, nodes: int) -> dict:
-    """Plaintext FedMF on ``nodes`` simulated SuperNodes, one user each: the round time, and
-    where this process's threads spend it (:class:`StackSampler`)."""
+def _node_curve_row(example, args: argparse.Namespace, nodes: int, max_poll: float) -> dict:
+    """Plaintext FedMF on ``nodes`` simulated SuperNodes, one user each, the server polling for
+    replies with backoff up to ``max_poll`` s (0.05: the fixed poll): the round time, and where
+    this process's threads spend it (:class:`StackSampler`)."""
     point = argparse.Namespace(**vars(args) | {"clients": nodes, "rounds": args.curve_rounds})
-    app = example.FedMFApp(**_synthetic(point))
+    app = example.FedMFApp(**_synthetic(point), max_poll_interval=max_poll)
     with StackSampler() as sampler:
         outcome, wall = _on_flower(example, app, nodes)
     seconds = [r["seconds"] for r in outcome.result.rounds]
@@ -455,6 +460,7 @@ def _node_curve_row(example, args: argparse.Namespace, nodes: int) -> dict:
         "profile_self_s": sampler.top(sampler.self_time, skip=IDLE),
         "profile_inclusive_s": sampler.top(sampler.inclusive, n=25),
         "nodes": nodes,
+        "max_poll_interval": max_poll,
         "rounds": app.rounds,
         "flower_round_s": _steady(seconds),
         "per_node_ms": 1000 * _steady(seconds) / nodes,
@@ -468,7 +474,14 @@ def _node_curve_row(example, args: argparse.Namespace, nodes: int) -> dict:
     return row
 
 
-CURVE_COLUMNS = ["nodes", "rounds", "flower_round_s", "per_node_ms", "flower_first_round_s"]
+CURVE_COLUMNS = [
+    "nodes",
+    "max_poll_interval",
+    "rounds",
+    "flower_round_s",
+    "per_node_ms",
+    "flower_first_round_s",
+]
 
 
 def _synthetic(args: argparse.Namespace) -> dict[str, object]:
@@ -516,6 +529,7 @@ PARTS = (
     "fedhpd",
     "fedslate",
     "node-curve",
+    "deployment",
 )
 DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "fedhpd", "fedslate")
 COLUMNS = [
@@ -581,7 +595,12 @@ def flower(args: argparse.Namespace) -> int:
                     seed=args.seed,
                 )
                 rows.append(_compare(example, app, nodes, f"{args.data} {args.split}"))
-    fedhpd_rows, curve_rows = [], []
+    fedhpd_rows, curve_rows, deploy_rows = [], [], []
+    if "deployment" in parts:
+        from securefed.bench import bench_flower_deploy
+
+        deploy_rows, deploy_notes = bench_flower_deploy.deployment_rows(example, args)
+        notes.extend(deploy_notes)
     if "fedhpd" in parts:
         from securefed.rl.fast import make_public_states
 
@@ -610,7 +629,8 @@ def flower(args: argparse.Namespace) -> int:
         )
     if "node-curve" in parts:
         for nodes in (int(n) for n in args.curve_nodes.split(",")):
-            curve_rows.append(_node_curve_row(example, args, nodes))
+            for max_poll in (float(p) for p in args.curve_max_poll.split(",")):
+                curve_rows.append(_node_curve_row(example, args, nodes, max_poll))
     notes.append(
         "Round times: median of the rounds after the first; the first includes starting "
         f"Flower's Ray workers. Load average at the end: {os.getloadavg()[0]:.2f} on "
@@ -623,6 +643,10 @@ def flower(args: argparse.Namespace) -> int:
         table += "\n\n" + markdown_table(fedslate_rows, FEDSLATE_COLUMNS)
     if curve_rows:
         table += "\n\n" + markdown_table(curve_rows, CURVE_COLUMNS)
+    if deploy_rows:
+        from securefed.bench.bench_flower_deploy import COLUMNS as DEPLOY_COLUMNS
+
+        table += "\n\n" + markdown_table(deploy_rows, DEPLOY_COLUMNS)
     table += "\n" + "".join(f"\n{note}\n" for note in notes)
     write_outputs(
         "flower",
@@ -631,6 +655,7 @@ def flower(args: argparse.Namespace) -> int:
             "fedhpd_rows": fedhpd_rows,
             "fedslate_rows": fedslate_rows,
             "node_curve_rows": curve_rows,
+            "deployment_rows": deploy_rows,
             "notes": notes,
             "backend": BACKEND,
             "loadavg": os.getloadavg(),
@@ -666,6 +691,14 @@ def register(benches) -> None:
         "--curve-nodes", default="10,30,100,300", help="node counts of the node-count curve"
     )
     parser.add_argument("--curve-rounds", type=int, default=3, help="rounds per curve point")
+    parser.add_argument(
+        "--curve-max-poll",
+        default="0.05",
+        help="the server's longest wait between polls, one curve per value (0.05: fixed poll)",
+    )
+    from securefed.bench.bench_flower_deploy import add_arguments
+
+    add_arguments(parser)
     parser.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),

@@ -404,3 +404,13 @@ def _restart(federation) -> None:
         command = federation.supernode_command(partition, root_certificates=None, private_key=None)
         node, node_log = federation._popen(f"supernode-{partition}-restarted", command)
         federation.processes[1 + partition], federation.logs[1 + partition] = node, node_log
+
+
+@pytest.mark.parametrize("merged", ["merge_share_mask", "advertise_ahead"])
+def test_checkpoints_refuse_merged_message_rounds(merged, tmp_path):
+    from securefed.flower.protocol import FlowerRunOptions
+
+    with pytest.raises(ValueError, match=f"checkpoint_dir with {merged}"):
+        FlowerRunOptions(
+            rounds=2, checkpoint_dir=tmp_path, fingerprint={"seed": 0}, **{merged: True}
+        )

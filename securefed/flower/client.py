@@ -358,6 +358,13 @@ def _advertise(setup: ClientSetup, context: Context, message: Message) -> Messag
     variant the advertisement is signed with the party user's long-term key.
     """
     arrays, config = rec.message_arrays(message), rec.message_config(message)
+    return _reply(message, _advertisement(setup, context, arrays, config), {})
+
+
+def _advertisement(
+    setup: ClientSetup, context: Context, arrays: Mapping[str, np.ndarray], config: Mapping
+) -> dict[str, np.ndarray]:
+    """The arrays of :func:`_advertise`'s reply (also carried ahead with an Unmasking reply)."""
     round_id = int(config["round"])
     secagg = setup.floors.secagg_config(config)
     _check_not_advertised(context, round_id)
@@ -365,7 +372,7 @@ def _advertise(setup: ClientSetup, context: Context, message: Message) -> Messag
     users = _hosted(setup.node, arrays["clients"])
     reply = {"users": users, "hosted": np.asarray(setup.node.users, np.int64)}
     if len(users) == 0:
-        return _reply(message, reply, {})
+        return reply
     party = int(users[0])
     client = _party_client(setup, party, round_id, secagg)
     advert = client.advertise()
@@ -377,7 +384,7 @@ def _advertise(setup: ClientSetup, context: Context, message: Message) -> Messag
     }
     if secagg.malicious:
         reply["signature"] = rec.bytes_rows([advert[2]], SIGNATURE_BYTES)
-    return _reply(message, reply, {})
+    return reply
 
 
 def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
@@ -389,6 +396,15 @@ def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
     threshold = int(config["threshold"])
     setup.floors.check_threshold(threshold)
     party, client = _restore_party(setup, context, arrays["users"], round_id, secagg)
+    sealed = _seal_shares(client, arrays, config, secagg)
+    _save_secrets(context, round_id, {party: client})
+    return _reply(message, {"users": arrays["users"], "sealed": sealed}, {})
+
+
+def _seal_shares(
+    client: SecAggClient, arrays: Mapping[str, np.ndarray], config: Mapping, secagg: SecAggConfig
+) -> np.ndarray:
+    """``client.share`` on a ShareKeys request's arrays: the sealed shares as one array."""
     signed = {}
     if secagg.malicious:
         signed = {
@@ -399,13 +415,11 @@ def _share(setup: ClientSetup, context: Context, message: Message) -> Message:
         arrays["neighbours"][0].tolist(),
         arrays["xs"][0].tolist(),
         rec.rows_bytes(arrays["c_publics"][0]),
-        threshold,
+        int(config["threshold"]),
         n_clients=int(config.get("n_clients", 0)),
         **signed,
     )
-    sealed = np.frombuffer(b"".join(blobs), np.uint8).reshape(1, len(blobs), -1)
-    _save_secrets(context, round_id, {party: client})
-    return _reply(message, {"users": arrays["users"], "sealed": sealed}, {})
+    return np.frombuffer(b"".join(blobs), np.uint8).reshape(1, len(blobs), -1)
 
 
 def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
@@ -424,6 +438,23 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
     setup.floors.check_dp(config, mechanism)
     party, client = _restore_party(setup, context, [int(arrays["party"])], round_id, secagg)
     _check_resumable(setup, context, config, "the masked input")
+    reply, metrics = _masked_sum(setup, context, arrays, config, party, client, secagg)
+    return _reply(message, reply, _metric_config(metrics))
+
+
+def _masked_sum(
+    setup: ClientSetup,
+    context: Context,
+    arrays: Mapping[str, np.ndarray],
+    config: Mapping,
+    party: int,
+    client: SecAggClient,
+    secagg: SecAggConfig,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Train the asked users, encode, sum and mask once (saving the secrets: it masks once);
+    the reply's arrays and the metric sums."""
+    round_id = int(config["round"])
+    mechanism = mechanism_from_config(config)
     updates, metrics = _train(setup, context, arrays, round_id)
     signs = arrays.get("ddp_signs")
     updates = _client_dp(updates, config, round_id, setup.seeds, mechanism, signs)
@@ -458,6 +489,47 @@ def _mask(setup: ClientSetup, context: Context, message: Message) -> Message:
         reply["members_signature"] = rec.bytes_rows(
             [identity.signer(party).sign(statement)], SIGNATURE_BYTES
         )
+    return reply, metrics
+
+
+def _share_mask(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """ShareKeys and MaskedInputCollection in one message (the server's ``merge_share_mask``).
+
+    Every check of both stages runs first (the threshold and DP parameters against the node's
+    floors, the party being its own), then exactly what the two separate stages do: the party
+    checks its neighbours' advertisements (signed, in the malicious-server variant) and seals
+    its shares, and, if any of its users compute, masks their sum with the ``s`` keys of the
+    SAME neighbours: it never takes a second neighbour list from the server, so in the
+    malicious-server variant it masks only with keys whose signatures it verified (a key the
+    server substituted is refused at sharing, before anything is masked). The masked sum goes
+    out with the sealed shares; the client's stages still forbid a second sharing or masking
+    in the round (a separate ShareKeys or MaskedInput message after this one is refused).
+    """
+    arrays, config = rec.message_arrays(message), rec.message_config(message)
+    round_id = int(config["round"])
+    secagg = setup.floors.secagg_config(config)
+    setup.floors.check_threshold(int(config["threshold"]))
+    setup.floors.check_dp(config, mechanism_from_config(config))
+    asked = arrays["users"].tolist()
+    if [int(arrays["party"])] != [int(p) for p in asked]:
+        raise AggregationError(
+            f"round {round_id}: the ShareKeys+MaskedInput message names party {asked[:5]} for "
+            f"sharing and party {int(arrays['party'])} for masking"
+        )
+    party, client = _restore_party(setup, context, asked, round_id, secagg)
+    if not secagg.malicious:
+        s_publics = rec.rows_bytes(arrays["s_publics"][0])
+        if len(s_publics) != arrays["neighbours"].shape[1]:
+            raise AggregationError(f"round {round_id}: one s key per neighbour is needed")
+    sealed = _seal_shares(client, arrays, config, secagg)
+    reply: dict[str, np.ndarray] = {"party": np.array(party, np.int64), "sealed": sealed}
+    metrics: dict[str, float] = {}
+    if len(arrays["clients"]):
+        masked, metrics = _masked_sum(setup, context, arrays, config, party, client, secagg)
+        reply |= masked
+    else:
+        _save_secrets(context, round_id, {party: client})
+        reply["users"] = np.zeros(0, np.int64)
     return _reply(message, reply, _metric_config(metrics))
 
 
@@ -546,17 +618,23 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
         kinds.append(0 if kind == "b" else 1)
         shares.append(shamir.encode_share(value))
     del context.state[SECAGG_STATE]  # the round is over: its secrets are no longer needed
-    return _reply(
-        message,
-        {
-            "helpers": arrays["helpers"],
-            "indptr": np.asarray([0, len(owners)], np.int64),
-            "owners": np.asarray(owners, np.int64),
-            "kinds": np.asarray(kinds, np.uint8),
-            "shares": rec.bytes_rows(shares, shamir.SHARE_BYTES),
-        },
-        {},
-    )
+    reply = {
+        "helpers": arrays["helpers"],
+        "indptr": np.asarray([0, len(owners)], np.int64),
+        "owners": np.asarray(owners, np.int64),
+        "kinds": np.asarray(kinds, np.uint8),
+        "shares": rec.bytes_rows(shares, shamir.SHARE_BYTES),
+    }
+    if "next.clients" in arrays:  # the server's advertise_ahead: the next round's AdvertiseKeys
+        following = {k[len("next.") :]: v for k, v in config.items() if k.startswith("next.")}
+        if int(following.get("round", -1)) != round_id + 1:
+            raise AggregationError(
+                f"round {round_id}: the AdvertiseKeys carried with Unmasking must be for round "
+                f"{round_id + 1}, got {following.get('round')}"
+            )
+        ahead = _advertisement(setup, context, {"clients": arrays["next.clients"]}, following)
+        reply |= {f"next.{k}": v for k, v in ahead.items()}
+    return _reply(message, reply, {})
 
 
 def _refusal(context: Context, message: Message, error: SecurefedError) -> Message:
@@ -649,6 +727,10 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     @app.train("secagg_mask")
     def mask(message: Message, context: Context) -> Message:
         return _refusing(lambda: _mask(setup(context), context, message), context, message)
+
+    @app.train("secagg_share_mask")
+    def share_mask(message: Message, context: Context) -> Message:
+        return _refusing(lambda: _share_mask(setup(context), context, message), context, message)
 
     @app.query("secagg_consistency")
     def consistency(message: Message, context: Context) -> Message:

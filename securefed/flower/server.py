@@ -107,6 +107,8 @@ EVALUATE = "evaluate"
 ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
 MASK = "train.secagg_mask"
+SHARE_MASK = "train.secagg_share_mask"
+"""ShareKeys and MaskedInputCollection in one message round (``merge_share_mask``)."""
 CONSISTENCY = "query.secagg_consistency"
 UNMASK = "query.secagg_unmask"
 CKKS_TRAIN = "train.ckks"
@@ -303,12 +305,15 @@ class _Messenger:
             for node, body in contents.items()
         ]
         self.result.message_bytes["down"] += sum(rec.message_nbytes(m) for m in messages)
+        started = time.perf_counter()
         pending = {mid for mid in self.grid.push_messages(messages) if mid}
         replies: dict[int, Message] = {}
         refusals: dict[int, tuple[str, str]] = {}
         deadline = time.monotonic() + self.options.timeout
+        wait = self.options.poll_interval
         while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
+            pulled = self.grid.pull_messages(list(pending))
+            for reply in pulled:
                 pending.discard(reply.metadata.reply_to_message_id)
                 node = int(reply.metadata.src_node_id)
                 if reply.has_error():
@@ -325,8 +330,12 @@ class _Messenger:
                 refusal = rec.message_config(reply).get(rec.REFUSAL)
                 if refusal is not None:
                     refusals[node] = (str(rec.message_config(reply).get(rec.REFUSAL_KIND)), refusal)
-            if pending:
-                time.sleep(self.options.poll_interval)
+            if pending:  # back off while nothing arrives (FlowerRunOptions.max_poll_interval)
+                wait = self.options.poll_interval if pulled else 2 * wait
+                wait = min(wait, self.options.max_poll_interval)
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        seconds = self.result.message_seconds
+        seconds[message_type] = seconds.get(message_type, 0.0) + time.perf_counter() - started
         if pending:
             LOG.warning(
                 "round %d: %d node(s) did not answer %s within %.0f s",
@@ -410,6 +419,28 @@ def _body(
     return RecordDict({rec.ARRAYS: record, rec.CONFIG: ConfigRecord(dict(config))})
 
 
+def _share_arrays(
+    parties: SecAggRound, party: int, config: Mapping[str, object], *, with_s_keys: bool = False
+) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """``party``'s ShareKeys request as message arrays and config: its neighbours, their Shamir
+    points and ``c`` keys; their ``s`` keys and advertisement signatures in the malicious-server
+    variant, or (``with_s_keys``, the merged ShareKeys+MaskedInput message) their ``s`` keys
+    in either variant."""
+    request = parties.share_request(party)
+    arrays = {
+        "users": np.array([party], np.int64),
+        "neighbours": np.array([request.neighbours], np.int64),
+        "xs": np.array([request.xs], np.int64),
+        "c_publics": rec.bytes_rows(request.c_publics, kx.PUBLIC_KEY_BYTES)[None],
+    }
+    s_publics = request.s_publics or (parties.mask_request(party).s_publics if with_s_keys else ())
+    if s_publics:
+        arrays["s_publics"] = rec.bytes_rows(s_publics, kx.PUBLIC_KEY_BYTES)[None]
+    if request.signatures:  # malicious-server variant: the signed advertisements
+        arrays["signatures"] = rec.bytes_rows(request.signatures, SIGNATURE_BYTES)[None]
+    return arrays, dict(config) | {"threshold": parties.threshold, "n_clients": request.n_clients}
+
+
 def _broadcast_arrays(algorithm: ServerAlgorithm) -> dict[str, Array]:
     return _shared_arrays({f"broadcast.{k}": v for k, v in algorithm.broadcast_state().items()})
 
@@ -480,11 +511,24 @@ class _Run:
         self.seeds = setup.seeds
         self.options = setup.options
         self.wire = describe_transport(setup.transport)
+        if setup.options.merge_share_mask and self.wire.kind != "secagg":
+            raise ValueError(
+                "merge_share_mask merges secure aggregation's message rounds; the "
+                f"{self.wire.kind} wire has none"
+            )
         self.result = FlowerRunResult(ledger=setup.transport.ledger)
         self.messenger = _Messenger(grid, setup.options, self.result)
         self.hosts: dict[int, int] = {}
         self.key_holder_nodes: set[int] = set()
         self.resumed_from = 0
+        self._sampled: dict[int, np.ndarray] = {}
+        self._ahead: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+        self._asked_ahead: dict[int, set[int]] = {}
+        if setup.options.advertise_ahead and self.wire.kind != "secagg":
+            raise ValueError(
+                "advertise_ahead carries secure aggregation's next AdvertiseKeys; the "
+                f"{self.wire.kind} wire has none"
+            )
 
     def _round_config(self, round_id: int) -> dict[str, object]:
         """The config entries of every message of a round: its id, and the round the run
@@ -552,6 +596,30 @@ class _Run:
                 ledgers=self.transport.privacy_ledgers(),
             )
 
+    def clients_of(self, round_id: int) -> np.ndarray:
+        """Round ``round_id``'s sampled clients, drawn once from ``("sampling", round)`` (the
+        next round's are needed early under ``advertise_ahead``; in secure mode a second draw
+        would differ)."""
+        if round_id not in self._sampled:
+            self._sampled[round_id] = self.options.sampling.sample(
+                self.algorithm.n_clients, self.seeds.generator("sampling", round_id)
+            )
+        return self._sampled[round_id]
+
+    def _ahead_targets(self, round_id: int) -> tuple[dict[int, list[int]], dict[str, object]]:
+        """Under ``advertise_ahead``: the nodes asked to advertise for round ``round_id + 1``
+        with their Unmasking reply of ``round_id``, their users, and that request's config
+        (``next.``-prefixed keys); nothing after the last round or while a client's host is
+        unknown."""
+        following = round_id + 1
+        if not self.options.advertise_ahead or following >= self.options.rounds:
+            return {}, {}
+        clients = self.clients_of(following)
+        if not all(int(c) in self.hosts for c in clients):
+            return {}, {}
+        config = {"round": following} | self.wire.node_config(len(clients))
+        return _by_node(clients, self.hosts), {f"next.{k}": v for k, v in config.items()}
+
     # -- one training round, plaintext wire (with or without DP) ----------------------
     def plain_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
         rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
@@ -602,23 +670,30 @@ class _Run:
         nodes (the total minus its own), which with two nodes is the other node's sum.
         """
         secagg_config = self.wire.node_config(len(clients))
-        # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts, as one party.
+        # Stage 1, AdvertiseKeys: every node answers for the round's users it hosts, as one party
+        # (``advertise_ahead``: most nodes already did, with their Unmasking reply of the round
+        # before; a node asked ahead whose reply was lost sits this round out).
         groups = self._targets(clients)
         base = self._round_config(round_id) | secagg_config
-        replies = self.messenger.exchange(
-            ADVERTISE,
-            {
-                node: rec.content({"clients": np.asarray(users, np.int64)}, base)
-                for node, users in groups.items()
-            },
-            round_id,
-        )
+        ahead = self._ahead.pop(round_id, {})
+        asked_ahead = self._asked_ahead.pop(round_id, set())
+        replies = {
+            node: rec.message_arrays(reply)
+            for node, reply in self.messenger.exchange(
+                ADVERTISE,
+                {
+                    node: rec.content({"clients": np.asarray(users, np.int64)}, base)
+                    for node, users in groups.items()
+                    if node not in asked_ahead
+                },
+                round_id,
+            ).items()
+        } | {node: arrays for node, arrays in ahead.items() if node in groups}
         asked = {int(c) for c in clients}
         keys: dict[int, tuple[bytes, bytes]] = {}
         members: dict[int, list[int]] = {}
         party_node: dict[int, int] = {}
-        for node, reply in sorted(replies.items()):
-            arrays = rec.message_arrays(reply)
+        for node, arrays in sorted(replies.items()):
             _learn_hosts(self.hosts, node, arrays["hosted"])
             users = sorted(int(u) for u in arrays["users"].tolist())
             if not users:
@@ -657,10 +732,15 @@ class _Run:
         if self.wire.integer_mechanism and dp_round is not None:
             config |= mechanism_config(dp_round.mechanism)
             shared |= _shared_arrays({"ddp_signs": dp_round._signs})
-        self._share(round_id, parties, party_node, config)
-        parts, statements = self._mask(
-            round_id, rnd, secagg, parties, party_node, active, shared, config
-        )
+        if self.options.merge_share_mask:
+            parts, statements = self._share_mask(
+                round_id, rnd, secagg, parties, party_node, active, shared, config
+            )
+        else:
+            self._share(round_id, parties, party_node, config)
+            parts, statements = self._mask(
+                round_id, rnd, secagg, parties, party_node, active, shared, config
+            )
         if self.wire.secagg.malicious:
             self._consistency(round_id, parties, party_node, config)
         self._unmask(round_id, parties, party_node, config, statements)
@@ -676,28 +756,73 @@ class _Run:
     def _share(
         self, round_id: int, parties: SecAggRound, party_node: Mapping[int, int], config: dict
     ) -> None:
-        contents = {}
-        for party in parties.clients.tolist():
-            request = parties.share_request(party)
-            arrays = {
-                "users": np.array([party], np.int64),
-                "neighbours": np.array([request.neighbours], np.int64),
-                "xs": np.array([request.xs], np.int64),
-                "c_publics": rec.bytes_rows(request.c_publics, kx.PUBLIC_KEY_BYTES)[None],
-            }
-            if request.signatures:  # malicious-server variant: the signed advertisements
-                arrays |= {
-                    "s_publics": rec.bytes_rows(request.s_publics, kx.PUBLIC_KEY_BYTES)[None],
-                    "signatures": rec.bytes_rows(request.signatures, SIGNATURE_BYTES)[None],
-                }
-            contents[party_node[party]] = rec.content(
-                arrays,
-                config | {"threshold": parties.threshold, "n_clients": request.n_clients},
-            )
+        contents = {
+            party_node[party]: rec.content(*_share_arrays(parties, party, config))
+            for party in parties.clients.tolist()
+        }
         for node, reply in sorted(self.messenger.exchange(SHARE, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
             party = self._check_party(node, party_node, arrays["users"].tolist())
             parties.receive_shares(party, rec.rows_bytes(arrays["sealed"][0]))
+
+    def _share_mask(
+        self,
+        round_id: int,
+        rnd: AggregationRound,
+        secagg: SecAggRound,
+        parties: SecAggRound,
+        party_node: Mapping[int, int],
+        active: np.ndarray,
+        shared: dict[str, Array],
+        config: dict,
+    ) -> tuple[list[dict[str, float]], dict[int, tuple[int, bytes]]]:
+        """ShareKeys and MaskedInputCollection in ONE message round (``merge_share_mask``).
+
+        Each node gets its ShareKeys request (neighbours, Shamir points, their ``c`` keys, and
+        their ``s`` keys: signed in the malicious-server variant) with the broadcast and its
+        computing users, and answers with its sealed shares and its masked sum at once, masked
+        with every neighbour it shared with (the ``s`` keys it checked; a separate mask request
+        would name the same neighbours, :meth:`SecAggRound.mask_request`). Why Bonawitz et al.
+        (2017)'s argument still holds is in docs/flower.md ("Fewer message rounds"). The price:
+        a node lost in this message round sent no shares, yet its neighbours masked with it,
+        so the round is refused (with separate rounds a node lost before masking is a dropout
+        the others recover from).
+
+        Raises:
+            AggregationError: a node with users in the round did not answer.
+        """
+        active_set = {int(c) for c in active}
+        contents = {}
+        for party in parties.clients.tolist():
+            users = [u for u in sorted(secagg.party_members[party]) if u in active_set]
+            arrays, share_config = _share_arrays(parties, party, config, with_s_keys=True)
+            arrays |= {"clients": np.asarray(users, np.int64), "party": np.array(party, np.int64)}
+            contents[party_node[party]] = _body(shared, arrays, share_config)
+        replies = self.messenger.exchange(SHARE_MASK, contents, round_id)
+        lost = sorted(party for party, node in party_node.items() if node not in replies)
+        if lost:
+            raise AggregationError(
+                f"round {round_id}: party/parties {lost[:5]} (node(s) "
+                f"{[party_node[p] for p in lost[:5]]}) did not answer ShareKeys+MaskedInput: "
+                "their neighbours masked with them, and without their shares those masks "
+                "cannot be removed; the round is refused (merge_share_mask trades this dropout "
+                "for one message round)"
+            )
+        masked_replies = {}
+        for node, reply in sorted(replies.items()):
+            arrays = rec.message_arrays(reply)
+            party = self._check_party(node, party_node, [int(arrays.get("party", -1))])
+            with _malformed_refuses(round_id, node, SHARE_MASK):
+                parties.receive_shares(party, rec.rows_bytes(arrays["sealed"][0]))
+            if "masked" in arrays:
+                masked_replies[node] = reply
+        computing = {
+            party: [u for u in sorted(secagg.party_members[party]) if u in active_set]
+            for party in parties.shared_clients
+        }
+        return self._receive_masked(
+            round_id, rnd, secagg, parties, party_node, active, computing, masked_replies
+        )
 
     def _mask(
         self,
@@ -732,10 +857,27 @@ class _Run:
                 },
                 config,
             )
+        replies = self.messenger.exchange(MASK, contents, round_id)
+        return self._receive_masked(
+            round_id, rnd, secagg, parties, party_node, active, computing, replies
+        )
+
+    def _receive_masked(
+        self,
+        round_id: int,
+        rnd: AggregationRound,
+        secagg: SecAggRound,
+        parties: SecAggRound,
+        party_node: Mapping[int, int],
+        active: np.ndarray,
+        computing: Mapping[int, list[int]],
+        replies: Mapping[int, Message],
+    ) -> tuple[list[dict[str, float]], dict[int, tuple[int, bytes]]]:
+        """The nodes' masked sums into the party round; the parties that sent none drop."""
         arrived: set[int] = set()
         parts = []
         statements: dict[int, tuple[int, bytes]] = {}
-        for node, reply in sorted(self.messenger.exchange(MASK, contents, round_id).items()):
+        for node, reply in sorted(replies.items()):
             arrays = rec.message_arrays(reply)
             party = self._check_party(node, party_node, [int(arrays["party"])])
             users = arrays["users"]
@@ -802,6 +944,7 @@ class _Run:
     ) -> None:
         _check_two_uploads(round_id, parties)
         requests = parties.unmask_requests()
+        next_groups, next_config = self._ahead_targets(round_id)
         contents = {}
         for helper, request in requests.items():
             if helper in parties.dropped:
@@ -827,10 +970,21 @@ class _Run:
                         [statements[p][1] for p in told], SIGNATURE_BYTES
                     ),
                 }
-            contents[party_node[helper]] = rec.content(arrays, config)
+            node = party_node[helper]
+            if node in next_groups:  # advertise_ahead: the next round's AdvertiseKeys too
+                arrays["next.clients"] = np.asarray(next_groups[node], np.int64)
+                contents[node] = rec.content(arrays, config | next_config)
+            else:
+                contents[node] = rec.content(arrays, config)
+        asked_ahead = {node for node in contents if node in next_groups}
+        if asked_ahead:
+            self._asked_ahead[round_id + 1] = asked_ahead
         responses: dict[int, dict[int, tuple[str, int]]] = {}
         for node, reply in sorted(self.messenger.exchange(UNMASK, contents, round_id).items()):
             arrays = rec.message_arrays(reply)
+            following = {k[5:]: v for k, v in arrays.items() if k.startswith("next.")}
+            if node in asked_ahead and following:
+                self._ahead.setdefault(round_id + 1, {})[node] = following
             helper = self._check_party(node, party_node, arrays["helpers"].tolist())
             shares = rec.rows_bytes(arrays["shares"])
             responses[helper] = {
@@ -956,9 +1110,7 @@ class _Run:
         self.result.nodes = len(nodes)
         for round_id in range(self.resumed_from, options.rounds):
             start = time.perf_counter()
-            clients = options.sampling.sample(
-                self.algorithm.n_clients, self.seeds.generator("sampling", round_id)
-            )
+            clients = self.clients_of(round_id)
             if self.wire.kind == "secagg":
                 sums = self.secagg_round(round_id, clients)
             elif self.wire.kind == "ckks":

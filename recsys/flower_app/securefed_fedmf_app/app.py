@@ -90,6 +90,12 @@ class FedMFApp:
             checked against the key registry each node pinned, ConsistencyCheck) or
             ``"honest_but_curious"``, which a node takes part in only when its own node config
             says ``secagg-server="honest_but_curious"`` (:mod:`securefed.flower.floors`).
+        secagg_merge: ShareKeys and MaskedInputCollection in one message round
+            (``FlowerRunOptions.merge_share_mask``; one message round fewer per training round;
+            a node lost in it refuses the round); secure-aggregation transports only.
+        secagg_advertise_ahead: the next round's AdvertiseKeys with this round's Unmasking
+            (``FlowerRunOptions.advertise_ahead``: one message round fewer per training round
+            after the first); secure-aggregation transports only.
         dp_clip, dp_noise_multiplier, dp_delta: DP parameters (epsilon is reported at
             ``dp_delta``).
         dp_mechanism: the DP noise (``""``: the transport's default; ``secagg+dp``'s is the
@@ -99,6 +105,8 @@ class FedMFApp:
         min_nodes: SuperNodes the server waits for.
         evaluate_every: held-out evaluation every this many rounds (0: after the last).
         timeout: seconds a message round may take.
+        max_poll_interval: the server's longest wait between two polls for replies
+            (``FlowerRunOptions.max_poll_interval``; 0.05, the default: a fixed poll).
         output_dir: where the server writes ``result.json`` and ``server.npz`` and each node its
             ``node-<partition>.npz`` (``""``: nothing is written).
         checkpoint_dir: where the server writes a checkpoint after every round, and from which
@@ -134,6 +142,8 @@ class FedMFApp:
     secagg_clip: float = 1048576.0
     secagg_neighbours: int = 0
     secagg_server: str = "malicious"
+    secagg_merge: bool = False
+    secagg_advertise_ahead: bool = False
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
@@ -142,6 +152,7 @@ class FedMFApp:
     min_nodes: int = 2
     evaluate_every: int = 0
     timeout: float = 600.0
+    max_poll_interval: float = 0.05
     output_dir: str = ""
     ckks_key_model: str = "shared"
     ckks_secret_path: str = ""
@@ -164,6 +175,15 @@ class FedMFApp:
                 "transport 'ckks' needs ckks-public-path (the server's public context; write it "
                 "with securefed.flower.ckks.provision_keys)"
             )
+        for key, value in (
+            ("secagg-merge", self.secagg_merge),
+            ("secagg-advertise-ahead", self.secagg_advertise_ahead),
+        ):
+            if value and "secagg" not in option_groups(self.transport):
+                raise ValueError(
+                    f"{key} merges secure aggregation's message rounds; transport "
+                    f"{self.transport!r} has none"
+                )
         if self.seed < -1:
             raise ValueError(f"seed must be >= 0, or -1 for secure mode; got {self.seed}")
         if self.clients_per_round < 0 or self.min_nodes < 1:
@@ -476,6 +496,7 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
                 "rounds": result.rounds,
                 "evaluations": result.evaluations,
                 "message_bytes": result.message_bytes,
+                "message_seconds": result.message_seconds,
                 "nodes": result.nodes,
                 "config": app.run_config(),
                 "resumed_from": result.resumed_from,
@@ -497,6 +518,9 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
         checkpoint_dir=app.checkpoint_dir or None,
         fingerprint=app.fingerprint(),
         checkpoint_key=read_key_file(app.checkpoint_key_file) if app.checkpoint_key_file else None,
+        max_poll_interval=app.max_poll_interval,
+        merge_share_mask=app.secagg_merge,
+        advertise_ahead=app.secagg_advertise_ahead,
     )
     return ServerSetup(
         model,

@@ -13,8 +13,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 from securefed.crypto import keys as kx
 
@@ -96,6 +94,9 @@ def plan_unmasking(
         keep = contributed[sub]
         rows = np.repeat(np.arange(len(members)), sub.shape[1])[keep.ravel()]
         cols = index[sub[keep]]
+        from scipy.sparse import csr_matrix  # here: SciPy's import costs each ClientApp
+        from scipy.sparse.csgraph import connected_components  # process seconds
+
         adjacency = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(members),) * 2)
         components = int(connected_components(adjacency, directed=False)[0])
     return UnmaskingPlan(

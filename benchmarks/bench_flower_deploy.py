@@ -1,0 +1,263 @@
+"""``securefed bench flower --parts deployment``: a round on Flower's deployment engine.
+
+A SuperLink and ``--deploy-nodes`` SuperNodes as real processes on 127.0.0.1
+(:class:`~securefed.flower.loopback.LoopbackFederation`), the FedMF example app submitted with
+``flwr run`` (synthetic, seeded), ``--deploy-rounds`` rounds of each case, in one run:
+
+* plaintext; secure aggregation against a malicious server (five message rounds a training
+  round: AdvertiseKeys, ShareKeys, MaskedInputCollection, ConsistencyCheck, Unmasking); the same
+  with ShareKeys and MaskedInputCollection merged (``secagg-merge``: four);
+* with both merges (``secagg-advertise-ahead`` too: the next round's AdvertiseKeys with this
+  round's Unmasking): three after the first round; the honest-but-curious protocol with both:
+  two (its nodes started with ``secagg-server="honest_but_curious"``);
+* each under Flower 1.42's defaults and with the SuperExec's task poll at 0.05 s
+  (:data:`~securefed.flower.loopback.FAST_TASK_POLL`, the one node-side poll Flower exposes).
+
+The plaintext case runs first and again last in each group (the shared machine's load drifts
+during a group); the ratios divide by the mean of the two. Reported per case: the round time
+(median of the rounds after the first), the ratio to plaintext, the federation's CPU seconds
+(every process it started, reaped: ``RUSAGE_CHILDREN``) and their ratio, the server's seconds
+per message type
+(``result.json``'s ``message_seconds``) and, from the SuperNodes' logs read as they are
+written, where a node's message round goes: ``idle`` (its last reply sent to its next message
+pulled: the other nodes, the server's work, the SuperNode's 3 s wait between empty pulls),
+``launch`` (pulled to the new ClientApp process's first log line: the SuperExec's task poll,
+the interpreter's start and Flower's imports) and ``run`` (from there to the reply sent: the
+app's imports, the handler, the SuperNode's 0.5 s push poll). The merged runs must end with
+the separate run's model (``max_abs_V_diff_to_separate``, the same seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+EVENTS = re.compile(r"(Receiving|Sending): (\S+) message|Start `flwr-clientapp` process")
+CASES = (  # label, transport, secagg-merge, secagg-advertise-ahead, secagg-server
+    ("plaintext", "plaintext", False, False, "malicious"),
+    ("secagg", "secagg", False, False, "malicious"),
+    ("secagg merged", "secagg", True, False, "malicious"),
+    ("secagg merged + ahead", "secagg", True, True, "malicious"),
+    ("secagg HbC merged + ahead", "secagg", True, True, "honest_but_curious"),
+)
+"""Against a malicious server: five message rounds, four (ShareKeys + MaskedInput merged),
+three (and the next AdvertiseKeys with Unmasking); the honest-but-curious protocol with both
+merges: two (its nodes started with ``secagg-server="honest_but_curious"``)."""
+COLUMNS = [
+    "case",
+    "flower_poll",
+    "message_rounds",
+    "round_s",
+    "ratio_to_plaintext",
+    "per_message_round_s",
+    "node_idle_s",
+    "node_launch_s",
+    "node_run_s",
+    "first_round_s",
+    "cpu_s",
+    "cpu_ratio",
+]
+
+
+class LogClock:
+    """Stamps the SuperNodes' log lines as they appear (a thread polling the files)."""
+
+    def __init__(self, logs: list[Path], interval: float = 0.05) -> None:
+        self.logs, self.interval = logs, interval
+        self.events: dict[str, list[tuple[float, str, str]]] = {log.stem: [] for log in logs}
+        self._offsets = dict.fromkeys(self.events, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        for log in self.logs:
+            try:
+                with log.open("rb") as handle:
+                    handle.seek(self._offsets[log.stem])
+                    chunk = handle.read()
+            except FileNotFoundError:
+                continue
+            text = chunk.decode(errors="replace")
+            complete = text.rfind("\n") + 1  # a partial last line waits for the next poll
+            self._offsets[log.stem] += len(text[:complete].encode())
+            for match in EVENTS.finditer(text[:complete]):
+                kind = match.group(1) or "Start"
+                self.events[log.stem].append((now, kind, match.group(2) or ""))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._poll()
+
+    def __enter__(self) -> LogClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+    def phases(self, skip_first: int) -> dict[str, float]:
+        """Median ``idle``, ``launch`` and ``run`` seconds over the nodes' message rounds after
+        the first ``skip_first`` of each node (the first includes the nodes' start)."""
+        idle, launch, run = [], [], []
+        for events in self.events.values():
+            last_sent = received = started = None
+            count = 0
+            for stamp, kind, _ in events:
+                if kind == "Receiving":
+                    count += 1
+                    received = stamp
+                    if last_sent is not None and count > skip_first:
+                        idle.append(stamp - last_sent)
+                elif kind == "Start" and received is not None:
+                    started = stamp
+                    if count > skip_first:
+                        launch.append(stamp - received)
+                elif kind == "Sending":
+                    if started is not None and count > skip_first:
+                        run.append(stamp - started)
+                    last_sent, started = stamp, None
+        middle = lambda values: statistics.median(values) if values else float("nan")  # noqa: E731
+        return {"idle": middle(idle), "launch": middle(launch), "run": middle(run)}
+
+
+def _case(example, args, case: tuple, fast: bool, root: Path, run: int):
+    from securefed.flower.loopback import FAST_TASK_POLL, LoopbackFederation
+    from securefed.recsys.fedmf_flower import write_fedmf_app
+
+    label, transport, merge, ahead, server = case
+    # its own directory per run: a repeated case must not find the last one's result.json
+    name = f"{run}-{label.replace(' ', '-').replace('+', 'and')}{'-fast' if fast else ''}"
+    out = root / name / "out"
+    app = example.FedMFApp(
+        seed=args.seed,
+        rounds=args.deploy_rounds,
+        transport=transport,
+        secagg_merge=merge,
+        secagg_advertise_ahead=ahead,
+        secagg_server=server,
+        min_nodes=args.deploy_nodes,
+        output_dir=str(out),
+        timeout=300.0,
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    floors = {"secagg-server": server} if server != "malicious" else {}
+    federation = LoopbackFederation(
+        root / name / "federation",
+        args.deploy_nodes,
+        node_config=dict.fromkeys(range(args.deploy_nodes), floors),
+        env=FAST_TASK_POLL if fast else None,
+    )
+    with federation:
+        nodes = [log for log in federation.logs if log.stem.startswith("supernode")]
+        with LogClock(nodes) as clock:
+            federation.submit(write_fedmf_app(root / name / "app", app.run_config()))
+            federation.wait_for(out / "result.json", timeout=args.deploy_timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads((out / "result.json").read_text())
+    seconds = [r["seconds"] for r in result["rounds"]]
+    kinds = [k for k in result["message_seconds"] if k != "evaluate"]
+    rounds = len(kinds) - int(ahead)  # after the first round AdvertiseKeys rides on Unmasking
+    steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
+    phases = clock.phases(skip_first=len(kinds))  # every node's first training round
+    row = {
+        "case": label,
+        "transport": transport,
+        "merge_share_mask": merge,
+        "advertise_ahead": ahead,
+        "secagg_server": server,
+        "flower_poll": "SuperExec 0.05 s" if fast else "defaults",
+        "nodes": args.deploy_nodes,
+        "rounds": app.rounds,
+        "message_rounds": rounds,
+        "round_s": steady,
+        "per_message_round_s": steady / rounds,
+        "first_round_s": seconds[0],
+        "node_idle_s": phases["idle"],
+        "node_launch_s": phases["launch"],
+        "node_run_s": phases["run"],
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "wall_s": time.perf_counter() - start,
+        "round_seconds": seconds,
+        "message_seconds": result["message_seconds"],
+        "loadavg": os.getloadavg(),
+        "V": np.load(out / "server.npz")["V"],
+    }
+    brief = {k: v for k, v in row.items() if k not in ("V", "message_seconds", "round_seconds")}
+    print(brief, flush=True)
+    return row
+
+
+def deployment_rows(example, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """Every case under both poll settings; the rows and the notes (ratios)."""
+    from securefed.flower.loopback import missing_commands
+
+    missing = missing_commands()
+    if missing:
+        return [], [f"deployment part not run: {missing} not installed"]
+    rows = []
+    names = args.deploy_polls.split(",")
+    if not names or set(names) - {"defaults", "fast"}:
+        raise ValueError(f"--deploy-polls takes defaults and/or fast, got {args.deploy_polls!r}")
+    polls = [poll == "fast" for poll in names]
+    with tempfile.TemporaryDirectory(prefix="securefed-deploy-") as tmp:
+        for fast in polls:
+            for k, case in enumerate((*CASES, CASES[0])):
+                row = _case(example, args, case, fast, Path(tmp), len(rows))
+                if k == len(CASES):
+                    row["case"] = "plaintext (again)"
+                rows.append(row)
+    notes = []
+    for fast in polls:
+        group = [r for r in rows if (r["flower_poll"] != "defaults") == fast]
+        plain, separate = group[0], group[1]
+        plain_round = (group[0]["round_s"] + group[-1]["round_s"]) / 2
+        plain_cpu = (group[0]["cpu_s"] + group[-1]["cpu_s"]) / 2
+        parts = []
+        for row in group:
+            row["ratio_to_plaintext"] = row["round_s"] / plain_round
+            row["cpu_ratio"] = row["cpu_s"] / plain_cpu
+            if row["transport"] == "secagg":
+                row["max_abs_V_diff_to_separate"] = float(np.abs(row["V"] - separate["V"]).max())
+                parts.append(
+                    f"{row['case']} {row['ratio_to_plaintext']:.2f}x ({row['message_rounds']} "
+                    f"message rounds, V within {row['max_abs_V_diff_to_separate']:.0e} of the "
+                    "separate rounds' model)"
+                )
+        notes.append(f"{plain['flower_poll']}: against plaintext: " + "; ".join(parts) + ".")
+    for row in rows:
+        del row["V"]
+    return rows, notes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--deploy-polls",
+        default="defaults,fast",
+        help="Flower poll settings of the deployment part: defaults, fast (SuperExec 0.05 s)",
+    )
+    parser.add_argument(
+        "--deploy-nodes", type=int, default=2, help="SuperNode processes of the deployment part"
+    )
+    parser.add_argument(
+        "--deploy-rounds", type=int, default=3, help="training rounds per deployment case"
+    )
+    parser.add_argument(
+        "--deploy-timeout",
+        type=float,
+        default=1200.0,
+        help="seconds one deployment case may take before it fails",
+    )
