@@ -17,6 +17,16 @@ the ledger's epsilon per observer (fixture ``securefed_privacy_audit``, marker
 ``privacy_audit``).
 """
 
+from securefed.audit.empirical import (
+    EmpiricalAuditConfig,
+    EmpiricalAuditFailed,
+    EmpiricalAuditResult,
+    Scorer,
+    audit_scores,
+    check_against_ledger,
+    epsilon_lower_bound,
+    run_empirical_audit,
+)
 from securefed.audit.findings import (
     CHECKS,
     CKKS_MAX_COEFF_BITS_128,
@@ -33,31 +43,6 @@ from securefed.audit.findings import (
     register_known_keys,
     server_sees_clear_updates,
 )
-
-_EMPIRICAL = frozenset(
-    {
-        "EmpiricalAuditConfig",
-        "EmpiricalAuditFailed",
-        "EmpiricalAuditResult",
-        "Scorer",
-        "audit_scores",
-        "check_against_ledger",
-        "epsilon_lower_bound",
-        "run_empirical_audit",
-    }
-)
-"""The empirical audit's names, imported from :mod:`securefed.audit.empirical` on first use:
-it needs SciPy's optimize and stats (seconds of imports), which a process that only records
-findings (e.g. every Flower ClientApp process, one per message) never uses."""
-
-
-def __getattr__(name: str) -> object:
-    if name in _EMPIRICAL:
-        from securefed.audit import empirical
-
-        return getattr(empirical, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "CHECKS",
