@@ -391,6 +391,17 @@ def _malformed_refuses(round_id: int, node: int, message_type: str):
         ) from error
 
 
+def _computing_users(
+    secagg: SecAggRound, parties: SecAggRound, active: set[int]
+) -> dict[int, list[int]]:
+    """Each party that shared its keys -> its users still active, in order (the users whose
+    updates its masked sum holds; a party with none counts as dropped)."""
+    return {
+        party: [u for u in sorted(secagg.party_members[party]) if u in active]
+        for party in parties.shared_clients
+    }
+
+
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.1) -> list[int]:
     """The connected SuperNodes once at least ``count`` are there.
 
@@ -816,10 +827,7 @@ class _Run:
                 parties.receive_shares(party, rec.rows_bytes(arrays["sealed"][0]))
             if "masked" in arrays:
                 masked_replies[node] = reply
-        computing = {
-            party: [u for u in sorted(secagg.party_members[party]) if u in active_set]
-            for party in parties.shared_clients
-        }
+        computing = _computing_users(secagg, parties, active_set)
         return self._receive_masked(
             round_id, rnd, secagg, parties, party_node, active, computing, masked_replies
         )
@@ -837,11 +845,7 @@ class _Run:
     ) -> tuple[list[dict[str, float]], dict[int, tuple[int, bytes]]]:
         """MaskedInputCollection; returns the metric sums and, in the malicious-server variant,
         each party's signed member count ``party -> (count, signature)``."""
-        active_set = {int(c) for c in active}
-        computing = {
-            party: [u for u in sorted(secagg.party_members[party]) if u in active_set]
-            for party in parties.shared_clients
-        }
+        computing = _computing_users(secagg, parties, {int(c) for c in active})
         contents = {}
         for party, users in sorted(computing.items()):
             if not users:
