@@ -129,8 +129,8 @@ def _round_bytes(variant: dict) -> tuple[dict, np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
 def test_a_round_gives_the_bytes_and_the_sum_of_the_old_paths(monkeypatch, variant):
     """Keys, sealed shares, masked uploads, revealed secrets and the ring sum, bit for bit,
-    against the same round through main's paths (several encoding blocks a client)."""
-    monkeypatch.setattr(client_mod, "ENCODING_BLOCK", 1000)
+    against the same round through main's paths (main's block by block encoding: see
+    test_secagg_floor_round4)."""
     new_payloads, new_sum, new_total = _round_bytes(variant)
     _patch_old_paths(monkeypatch)
     old_payloads, old_sum, old_total = _round_bytes(variant)

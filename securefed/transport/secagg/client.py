@@ -88,11 +88,6 @@ class _Timer:
         self.seconds[target] += seconds
 
 
-ENCODING_BLOCK = 16_384
-"""Values per block of the encoding's fused pass (:meth:`Encoder.encode_blocks`): a block's
-values, uniforms, scratch and output (about 0.75 MiB) stay in a core's L2 cache."""
-
-
 class _Workspace:
     """Scratch buffers of a round's masking (the simulated clients run one after another)."""
 
@@ -900,9 +895,11 @@ def encode_input(
     Raises:
         ValueError: values outside the clip range under ``out_of_range="refuse"``.
     """
-    ring, n_clipped = workspace.encoder.encode_blocks(
-        values, workspace.uniform.blocks(key, ENCODING_BLOCK)
-    )
+    # The whole vector's uniforms in one keystream call, then whole-vector passes: the same
+    # arithmetic as the block by block pass (:meth:`Encoder.encode_blocks`, bit for bit), with
+    # 11 numpy calls a vector instead of about 12 a block of 16,384 values; the calls' overhead
+    # outweighed the cache they saved (benchmarks/results/secagg_floor/round4).
+    ring, n_clipped = workspace.encoder.encode(values, workspace.uniform.draw(key))
     if n_clipped and workspace.out_of_range == "refuse":
         raise ValueError(
             f"client {owner}'s update has {n_clipped} value(s) outside [-clip, clip] = "
