@@ -57,14 +57,18 @@ def fedslate_config(args: argparse.Namespace, fusion: str, **overrides):
     return FedSlateConfig(**(fields | overrides))
 
 
-def ckks_overrides(args: argparse.Namespace, circuit: str | None = None):
+def ckks_overrides(
+    args: argparse.Namespace, circuit: str | None = None, *, serialized: bool = False
+):
     """The CKKS channel's parameters the command line (and ``circuit``: ``"packed"`` or
-    ``"monomials"``, each at its own default scale) changes; ``None``: FedSlate's own."""
+    ``"monomials"``, each at its own default scale; ``serialized``: every ciphertext crossing
+    as bytes) changes; ``None``: FedSlate's own."""
     if (
         args.flooding_bits is None
         and args.poly_degree is None
         and args.scale_bits is None
         and circuit is None
+        and not serialized
     ):
         return None
     from securefed.crypto.ckks import Flooding
@@ -81,6 +85,8 @@ def ckks_overrides(args: argparse.Namespace, circuit: str | None = None):
         changes["poly_modulus_degree"] = args.poly_degree
     if args.scale_bits is not None:
         changes["scale_bits"] = args.scale_bits
+    if serialized:
+        changes["serialize_handovers"] = True
     return replace(base, **changes)
 
 
@@ -141,22 +147,30 @@ def _time(function, repeats: int, clocks: dict | None) -> dict[str, object]:
     return out
 
 
-def measure(args: argparse.Namespace, fusion: str, circuit: str | None = None) -> dict[str, object]:
-    """Median learning step and acting inquiry of one channel (``circuit``: the CKKS one's)."""
+def measure(
+    args: argparse.Namespace, fusion: str, circuit: str | None = None, *, serialized: bool = False
+) -> dict[str, object]:
+    """Median learning step and acting inquiry of one channel (``circuit``: the CKKS one's;
+    ``serialized``: its ciphertexts crossing as bytes, whose count per step is recorded)."""
     import torch
 
     from securefed.rl.fedslate import acting_inquiry, learn
 
     torch.set_num_threads(1)
     config = fedslate_config(args, fusion)
-    run, x = _filled_run(config, max(args.batch + 2, args.fill), ckks_overrides(args, circuit))
+    overrides = ckks_overrides(args, circuit, serialized=serialized)
+    run, x = _filled_run(config, max(args.batch + 2, args.fill), overrides)
     clocks = getattr(run.channel, "seconds", None)
     learn(run)  # warm-up (lazy imports, first expansions)
     counts = dict(getattr(run.channel, "counts", {}))
+    handed = dict(getattr(run.channel, "handed_bytes", {}))
     step = _time(lambda: learn(run), args.repeats, clocks)
     if fusion == "ckks":
         after = run.channel.counts
         step["operations"] = {k: (after[k] - counts.get(k, 0)) / args.repeats for k in after}
+        step["handed_bytes"] = {
+            k: (v - handed.get(k, 0)) / args.repeats for k, v in run.channel.handed_bytes.items()
+        }
     acting = _time(lambda: acting_inquiry(run, x), args.repeats, clocks)
     record = {"fusion": fusion, "learning_step": step, "acting_inquiry": acting}
     if fusion == "ckks":
@@ -193,6 +207,8 @@ def step(args: argparse.Namespace) -> int:
     records = {"plaintext": measure(args, "plaintext")}
     for circuit in circuits:
         records[f"ckks {circuit}"] = measure(args, "ckks", circuit)
+        if args.serialize_handovers:
+            records[f"ckks {circuit} serialized"] = measure(args, "ckks", circuit, serialized=True)
     plain = records["plaintext"]
     ratios = {
         name: r["learning_step"]["cpu_s"] / plain["learning_step"]["cpu_s"]
@@ -200,6 +216,21 @@ def step(args: argparse.Namespace) -> int:
         if name != "plaintext"
     }
     ckks = records[f"ckks {circuits[-1]}"]
+    overhead: dict[str, float] = {}
+    if args.serialize_handovers:
+        overhead = {
+            c: records[f"ckks {c} serialized"]["learning_step"]["cpu_s"]
+            / records[f"ckks {c}"]["learning_step"]["cpu_s"]
+            for c in circuits
+        }
+        handed = {c: records[f"ckks {c} serialized"]["learning_step"]["handed_bytes"]
+                  for c in circuits}  # fmt: skip
+        table_bytes = "; ".join(
+            f"{c}: serialized / in memory {overhead[c]:.2f}x (CPU), "
+            f"{handed[c].get('to_server', 0) / 2**20:.2f} MiB to the server and "
+            f"{handed[c].get('to_parties', 0) / 2**20:.2f} MiB to the parties a step"
+            for c in circuits
+        )
     ratio = ratios[f"ckks {circuits[-1]}"]
     projection = {f: project(r, args.project, config) for f, r in records.items()}
     rows = []
@@ -224,6 +255,8 @@ def step(args: argparse.Namespace) -> int:
         f"({projection[f'ckks {circuits[-1]}']['learning_steps']} learning steps, "
         f"{projection[f'ckks {circuits[-1]}']['rounds']} acting inquiries)."
     )
+    if args.serialize_handovers:
+        table += f" Serialized handovers (every ciphertext as bytes): {table_bytes}."
     bound, std = ckks["flooding_bound_std"]
     public = ckks["public"]
     table += (
@@ -237,11 +270,14 @@ def step(args: argparse.Namespace) -> int:
         "records": records,
         "ratio_cpu": ratio,
         "ratios_cpu": ratios,
+        "serialized_over_memory_cpu": overhead,
         "projection": projection,
     }
     name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
     if len(circuits) > 1 or circuits != ["monomials"]:
         name += "_" + "_".join(circuits)
+    if args.serialize_handovers:
+        name += "_serialized"
     for flag, value in (("f", args.flooding_bits), ("d", args.poly_degree), ("s", args.scale_bits)):
         if value is not None:
             name += f"_{flag}{value}"
@@ -462,6 +498,12 @@ def register(benches) -> None:
         default="monomials,packed",
         help="step: the CKKS circuits to time, each at its own default scale (monomials: "
         "2^55, packed: 2^49; --scale-bits overrides both)",
+    )
+    parser.add_argument(
+        "--serialize-handovers",
+        action="store_true",
+        help="step: also time each circuit with every ciphertext crossing as bytes (what a "
+        "Flower message carries) and record the bytes a learning step hands over",
     )
     parser.add_argument(
         "--scale-bits",

@@ -124,8 +124,11 @@ def flower_refusal(config: FedSlateConfig) -> str | None:
     if config.fusion not in FLOWER_FUSIONS:
         return (
             f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)}): "
-            "the CKKS channels' platform halves (keys, encryption, decryption) are not split "
-            "onto the nodes yet"
+            "the CKKS channels are split into platform halves (ModuleKeyParty, PackedKeyParty: "
+            "keys, encryption, decryption) and a server half on public contexts, and their "
+            "ciphertexts can cross as bytes (serialize_handovers), but no node or ServerApp "
+            "message carries them yet: the server channel still takes the Q-value rows as its "
+            "inputs"
         )
     if config.alignment != "position":
         return (

@@ -15,6 +15,14 @@ ciphertext by that party), and ``p`` gets its output back under its key. So the 
 never receive anything computed from another party's vector but their own outputs, and the
 server never decrypts.
 
+Halves. Every operation that needs a secret key, and everything a party computes from its own
+values, is :class:`ModuleKeyParty`'s (the platform half); the channel is the server half: the
+:class:`~securefed.crypto.ckks.PublicContext` it builds from each party's
+:meth:`ModuleKeyParty.public_bytes` (:func:`server_context`, which refuses bytes holding a secret
+key), the evaluation, the masks and the optimiser. Ciphertexts cross through
+:meth:`CKKSModuleFusionChannel._to_server` and :meth:`CKKSModuleFusionChannel._to_party`: linked
+in memory, or serialized as a message carries them (``serialize_handovers``).
+
 Packing: the ``(members, batch, positions)`` entries of a party's vector, flattened, fill the
 slots (``N / 2 = 4096`` at degree 8192; larger vectors are split into chunks): one ciphertext
 per party per chunk whatever the network's width.
@@ -67,6 +75,7 @@ from securefed.crypto.ckks import (
     ckks_context,
     decryption_error_bound,
     error_tail_factor,
+    symmetric_twin,
 )
 from securefed.fusion.base import (
     Inquiry,
@@ -100,6 +109,7 @@ __all__ = [
     "input_gradient_error_bound",
     "masked_sum_error_bound",
     "polynomial_error_bound",
+    "server_context",
 ]
 
 STEP_STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
@@ -239,6 +249,11 @@ class CKKSModuleConfig:
             vectors and online weights reuses its ciphertexts (the server learns the repeat),
             and an announced training forward joins the forward before it
             (:meth:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel.announce`).
+        serialize_handovers: every ciphertext crossing between a party
+            (:class:`ModuleKeyParty`) and the server is serialized and deserialized by the
+            receiver, as a message carries it (``channel.handed_bytes`` counts them); ``False``
+            (default) links it to the receiver's context in memory (the same ciphertext, no
+            copy).
     """
 
     value_bound: float = 8.0
@@ -251,6 +266,7 @@ class CKKSModuleConfig:
     circuit: str = "monomials"
     output_shift_bits: int = 8
     repeat_inquiries: bool = True
+    serialize_handovers: bool = False
 
     def __post_init__(self) -> None:
         if self.circuit not in CIRCUITS:
@@ -272,21 +288,36 @@ class CKKSModuleConfig:
 
 # ----------------------------------------------------------------------------- a party
 class ModuleKeyParty:
-    """One party: its own secret key, encryption for any party, decryption of its own results.
+    """The platform half of the CKKS channels: one party's secret key and every operation that
+    needs it (:class:`CKKSModuleFusionChannel` and the packed circuit call only these).
+
+    What leaves the party: its public context's bytes (:meth:`public_bytes`, no secret key: the
+    server builds its :class:`~securefed.crypto.ckks.PublicContext` from them, which refuses a
+    context holding one), ciphertexts (:meth:`encrypt_for`, :meth:`encrypt_own`) and released
+    numbers (:meth:`release_sums`, :meth:`release_own`). What reaches it: ciphertexts under its
+    key, in memory or as the serialized bytes a message carries (:meth:`receive`).
 
     Args:
         name: the party.
         secret: its key pair (never leaves it).
+        own_encryption: also keep the secret-key (symmetric) twin of the context
+            (:func:`~securefed.crypto.ckks.symmetric_twin`) for :meth:`encrypt_own`.
     """
 
-    def __init__(self, name: str, secret: SecretContext) -> None:
+    def __init__(self, name: str, secret: SecretContext, *, own_encryption: bool = False) -> None:
         self.name = name
         self._secret = secret
         self.public = secret.public()
+        self._own = symmetric_twin(secret) if own_encryption else None
 
     @property
     def slots(self) -> int:
         return self._secret.params.slots
+
+    def public_bytes(self) -> bytes:
+        """What the server receives of this party's keys: the serialized public context
+        (public and relinearization keys, ``save_secret_key=False``)."""
+        return self.public.serialized
 
     def encrypt_for(self, values: np.ndarray, recipient: ModuleKeyParty | PublicContext):
         """Encrypt a flat vector's chunks under ``recipient``'s key (its own: the secret
@@ -301,18 +332,60 @@ class ModuleKeyParty:
             for start in range(0, len(values), slots)
         ]
 
-    def decrypt(self, vectors: Sequence[ts.CKKSVector], length: int) -> np.ndarray:
+    def encrypt_own(self, values: np.ndarray) -> ts.CKKSVector:
+        """Encrypt its own values with its secret key (the packed circuit's owner encryption:
+        half the cost of a public-key one, a fresh error about 40 times smaller)."""
+        if self._own is None:
+            raise RuntimeError(f"party {self.name!r} was built without own_encryption")
+        values = np.asarray(values, dtype=np.float64).tolist()
+        return ts.CKKSVector(data=ts._ts_cpp.CKKSVector(self._own.data, values))
+
+    def receive(self, message: ts.CKKSVector | bytes) -> ts.CKKSVector:
+        """A ciphertext under this party's key handed to it: linked to its context in memory,
+        or deserialized from a message's bytes."""
+        if isinstance(message, (bytes, bytearray, memoryview)):
+            return ts.ckks_vector_from(self._secret.tenseal, bytes(message))
+        message.link_context(self._secret.tenseal)
+        return message
+
+    def decrypt_vector(self, message: ts.CKKSVector | bytes) -> np.ndarray:
+        """Decrypt one ciphertext handed to it (every slot)."""
+        return self._secret.decrypt_vector(self.receive(message))
+
+    def decrypt(self, vectors: Sequence[ts.CKKSVector | bytes], length: int) -> np.ndarray:
         """Decrypt chunks made or evaluated under this party's key into one flat vector."""
-        parts = [self._secret.decrypt_vector(v) for v in vectors]
+        parts = [self.decrypt_vector(v) for v in vectors]
         return np.concatenate(parts)[:length]
 
     def release_sums(
-        self, masked: ts.CKKSVector, segments: Sequence[tuple[int, int]], flooding, std, noise
+        self, masked, segments: Sequence[tuple[int, int]], flooding, std, noise
     ) -> np.ndarray:
         """The key holder's step: decrypt a masked vector, sum each segment, flood and round."""
-        values = self._secret.decrypt_vector(masked)
+        values = self.decrypt_vector(masked)
+        return self.release_own(values, segments, flooding, std, noise)
+
+    @staticmethod
+    def release_own(
+        values, segments: Sequence[tuple[int, int]], flooding, std, noise
+    ) -> np.ndarray:
+        """Sums of segments of values the party holds in the clear, flooded and rounded as a
+        decrypted masked sum is (the packed circuit's sums of the owner's own monomials)."""
         sums = np.array([values[a:b].sum() for a, b in segments])
         return flooding._release(sums, std, noise)
+
+
+def server_context(party: ModuleKeyParty) -> PublicContext:
+    """The server half's context for ``party``: built from the bytes the party sends
+    (:meth:`ModuleKeyParty.public_bytes`), as a message would carry them.
+
+    Raises:
+        InsecureParameterError: the bytes hold a secret key (the server refuses it).
+    """
+    public = party.public
+    return PublicContext(
+        party.public_bytes(), key_id=public.key_id, params=public.params,
+        check_slot=public.check_slot,
+    )  # fmt: skip
 
 
 def _context_of(vector: ts.CKKSVector, context) -> ts.CKKSVector:
@@ -381,10 +454,14 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.degree = network.degree
         self.basis = monomials(len(names), self.degree)
         self.levels = circuit_levels(self.degree)
-        self.keys = {name: ModuleKeyParty(name, self._new_key()) for name in names}
+        self.keys = {name: self._new_party(name) for name in names}
         self.params = self.keys[names[0]].public.params
-        # The server: public contexts only (a test tries to decrypt with them).
-        self.server_contexts: dict[str, PublicContext] = {n: k.public for n, k in self.keys.items()}
+        # The server half: public contexts built from the bytes each party sends (a test tries
+        # to decrypt with them; one holding a secret key is refused).
+        self.server_contexts: dict[str, PublicContext] = {
+            n: server_context(k) for n, k in self.keys.items()
+        }
+        self.handed_bytes: Counter = Counter()
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
         mask_bits = (
             self.config.mask_bits if self.config.mask_bits is not None else self._mask_bits()
@@ -425,6 +502,10 @@ class CKKSModuleFusionChannel(TorchServerChannel):
 
     def _setup_circuit(self) -> None:
         """What a circuit adds to the channel once its keys and view exist (nothing here)."""
+
+    def _new_party(self, name: str) -> ModuleKeyParty:
+        """One party's half, with a fresh key pair (:meth:`_new_key`)."""
+        return ModuleKeyParty(name, self._new_key())
 
     def _new_key(self) -> SecretContext:
         """One party's key pair for this circuit's levels (public-key encryption)."""
@@ -567,8 +648,24 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             vector = vector + context.encrypt_vector(noise)
         return vector
 
-    def _to_party(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector:
-        return _context_of(vector, self.keys[party]._secret)
+    def _to_party(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector | bytes:
+        """A ciphertext the server hands to ``party`` (the party's :meth:`ModuleKeyParty.receive`
+        takes it): the vector itself, or its serialized bytes (``serialize_handovers``)."""
+        if not self.config.serialize_handovers:
+            return vector
+        blob = vector.serialize()
+        self.handed_bytes["to_parties"] += len(blob)
+        return blob
+
+    def _to_server(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector:
+        """A ciphertext under ``party``'s key handed to the server: linked to, or deserialized
+        under (``serialize_handovers``), the server's public context for that key."""
+        context = self.server_contexts[party]
+        if not self.config.serialize_handovers:
+            return _context_of(vector, context)
+        blob = vector.serialize()
+        self.handed_bytes["to_server"] += len(blob)
+        return ts.ckks_vector_from(context.tenseal, blob)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, inquiry: Inquiry) -> dict[str, Any]:
@@ -602,10 +699,9 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             now = time.process_time()
             self.seconds["encryption"] += now - start
             start = now
-            context = self.server_contexts[p]
             chunk_monomials, returned = [], []
             for c, (a, b) in enumerate(bounds):
-                variables = [_context_of(encrypted[q][c], context) for q in ordered]
+                variables = [self._to_server(encrypted[q][c], p) for q in ordered]
                 if len(variables) < len(order):  # cross=False: the others are not sent
                     variables += [variables[0]] * (len(order) - len(variables))
                 powers = self._monomials(variables, self.degree)
@@ -677,7 +773,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             returned = []
             for c, (a, b) in enumerate(bounds):
                 start = time.process_time()
-                g_c = _context_of(encrypted[c], self.server_contexts[p])
+                g_c = self._to_server(encrypted[c], p)
                 powers = chunk_monomials[c]
                 segments = _segments(a, b, per_member)
                 for k, m in enumerate(self.basis):

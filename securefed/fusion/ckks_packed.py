@@ -67,16 +67,16 @@ import tenseal as ts
 
 from securefed.crypto.ckks import (
     FusionCircuit,
+    PublicContext,
     SecretContext,
     ckks_context,
     decryption_error_bound,
     error_tail_factor,
-    symmetric_twin,
 )
 from securefed.fusion.base import Inquiry
 from securefed.fusion.ckks_module import (
     CKKSModuleFusionChannel,
-    _context_of,
+    ModuleKeyParty,
     _segments,
 )
 
@@ -84,6 +84,7 @@ __all__ = [
     "PACKED_SCALE_BITS",
     "REGIONS",
     "PackedCKKSModuleFusionChannel",
+    "PackedKeyParty",
     "named_coefficients",
     "packed_error_bounds",
     "packed_sum_error_bound",
@@ -203,6 +204,47 @@ def packed_error_bounds(
     )
 
 
+class PackedKeyParty(ModuleKeyParty):
+    """The platform half of the packed circuit: what a party computes from its own values in
+    the clear and encrypts (the regions of the module docstring), on top of
+    :class:`~securefed.fusion.ckks_module.ModuleKeyParty`'s keys and decryptions.
+
+    Args:
+        name: the party.
+        secret: its key pair (the owner's regions are encrypted with its secret key).
+    """
+
+    def __init__(self, name: str, secret: SecretContext) -> None:
+        super().__init__(name, secret, own_encryption=True)
+
+    def encrypt_owner_regions(self, x0: np.ndarray, *joined: np.ndarray) -> ts.CKKSVector:
+        """``P = [x_0 | 0 | 0 (| x_0')]`` under its own key, encrypted with the secret key."""
+        zero = np.zeros(len(x0))
+        return self.encrypt_own(np.concatenate([x0, zero, zero, *joined]))
+
+    def encrypt_other_regions(
+        self, x1: np.ndarray, owner: PublicContext, *joined: np.ndarray
+    ) -> ts.CKKSVector:
+        """``Q = [x_1 | x_1 | x_1^2 (| x_1')]`` under the owner's public key (its powers computed
+        in the clear: no ciphertext product builds them)."""
+        [vector] = self.encrypt_for(np.concatenate([x1, x1, x1**2, *joined]), owner)
+        return vector
+
+    def encrypt_gradient_regions(
+        self, g: np.ndarray, x0: np.ndarray, regions: int
+    ) -> ts.CKKSVector:
+        """``G = [g | g x_0 | g (| 0)]`` (``regions`` of them: a joined forward's fourth is 0)
+        under its own key, with the secret key."""
+        pad = [np.zeros(len(g))] * (regions - REGIONS)
+        return self.encrypt_own(np.concatenate([g, g * x0, g, *pad]))
+
+    @staticmethod
+    def own_monomials(g: np.ndarray, x0: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``g x_0^k`` for ``k = 0, 1, 2``: the terms of the batch sums the owner releases from
+        its own values (:meth:`ModuleKeyParty.release_own`)."""
+        return g, g * x0, g * x0**2
+
+
 class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
     """The per-position polynomial server module under CKKS in the packed circuit (module
     docstring); arguments, seam and view as :class:`CKKSModuleFusionChannel`.
@@ -238,7 +280,6 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             ),
             1,
         )
-        self._own = {name: symmetric_twin(key._secret) for name, key in self.keys.items()}
         self._index = {m: k for k, m in enumerate(self.basis)}
         self._memo: dict[str, dict] = {}
         self._expansions: dict[str, tuple] = {}
@@ -255,6 +296,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         )
 
     # ------------------------------------------------------------------ parameters
+    def _new_party(self, name: str) -> PackedKeyParty:
+        """A party that builds and encrypts the packed regions of its own values."""
+        return PackedKeyParty(name, self._new_key())
+
     def _new_key(self) -> SecretContext:
         scale = PACKED_SCALE_BITS if self.config.scale_bits is None else self.config.scale_bits
         key = ckks_context(
@@ -323,12 +368,6 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             return None
         return out.tolist()
 
-    def _encrypt_own(self, party: str, regions: Sequence[np.ndarray]):
-        """The owner encrypts its own regions with its secret key (symmetric twin)."""
-        self.counts["encrypt_own"] += 1
-        values = np.concatenate(regions).tolist()
-        return ts.CKKSVector(data=ts._ts_cpp.CKKSVector(self._own[party].data, values))
-
     def _expanded(self, network: str, *, grad: bool = False):
         """The per-member coefficients of ``network``'s polynomial (``(members, monomials)``),
         expanded once per version of its weights: the online network's with its graph (a
@@ -385,24 +424,24 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         dims = len(self._parties)
         own = (1,) + (0,) * (dims - 1)
         other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
-        context = self.server_contexts[p]
         x0 = arrays[p].reshape(-1)
         x1 = arrays[order[1]].reshape(-1) if self.cross and dims > 1 else None
         regions = REGIONS + (joined is not None)
         pieces = []
         for a, b in chunks:
             start = time.process_time()
-            zero = np.zeros(b - a)
             extra_p, extra_q = [], []
             if joined is not None:
                 extra_p = [joined[0][p].reshape(-1)[a:b]]
                 extra_q = [joined[0][order[1]].reshape(-1)[a:b]]
-            enc_p = _context_of(self._encrypt_own(p, [x0[a:b], zero, zero, *extra_p]), context)
+            enc_p = self._to_server(self.keys[p].encrypt_owner_regions(x0[a:b], *extra_p), p)
+            self.counts["encrypt_own"] += 1
             enc_q = None
             if x1 is not None:
-                values = np.concatenate([x1[a:b], x1[a:b], x1[a:b] ** 2, *extra_q])
-                [enc_q] = self.keys[order[1]].encrypt_for(values, self.keys[p])
-                enc_q = _context_of(enc_q, context)
+                enc_q = self.keys[order[1]].encrypt_other_regions(
+                    x1[a:b], self.keys[p].public, *extra_q
+                )
+                enc_q = self._to_server(enc_q, p)
                 self.counts["encrypt"] += 1
             now = time.process_time()
             self.seconds["encryption"] += now - start
@@ -501,7 +540,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             vector = _add_plain(vector, constant)
         self.seconds["server_evaluation"] += time.process_time() - start
         start = time.process_time()
-        values = self.keys[p]._secret.decrypt_vector(self._to_party(vector, p))
+        values = self.keys[p].decrypt_vector(self._to_party(vector, p))
         self.seconds["decryption"] += time.process_time() - start
         return np.concatenate([values[a:b] for a, b in read]) * 2.0**self.shift
 
@@ -624,20 +663,18 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 start = time.process_time()
                 # A joined forward's ciphertexts have a fourth region (the other forward's),
                 # which G leaves at zero.
-                pad = [np.zeros(b - a)] * (enc_p.size() // (b - a) - REGIONS)
-                enc_g = self._encrypt_own(
-                    p, [g_flat[a:b], g_flat[a:b] * x0[a:b], g_flat[a:b], *pad]
+                owner = self.keys[p]
+                enc_g = owner.encrypt_gradient_regions(
+                    g_flat[a:b], x0[a:b], enc_p.size() // (b - a)
                 )
-                enc_g = _context_of(enc_g, self.server_contexts[p])
+                self.counts["encrypt_own"] += 1
+                enc_g = self._to_server(enc_g, p)
                 self.seconds["encryption"] += time.process_time() - start
                 segments = _segments(a, b, per_member)
                 n = b - a
                 # The owner's own sums: sum g, sum g x0, sum g x0^2 (flooded like the others).
-                for exponent, values in (
-                    ((0,) * dims, g_flat[a:b]),
-                    (own, g_flat[a:b] * x0[a:b]),
-                    (tuple(2 * e for e in own), g_flat[a:b] * x0[a:b] ** 2),
-                ):
+                for power, values in enumerate(owner.own_monomials(g_flat[a:b], x0[a:b])):
+                    exponent = tuple(power * e for e in own)
                     if exponent in self._index:
                         sums[:, self._index[exponent]] += self._release_own(
                             p, values, segments, a, per_member
@@ -671,8 +708,9 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         """A sum the owner computes from its own values, released like a decrypted one."""
         local = [(a - start, b - start) for a, b in segments]
         _, std = self.flooding_std(max(b - a for a, b in segments))
-        sums = np.array([values[a:b].sum() for a, b in local])
-        released = self.config.flooding._release(sums, std, self._flood_noise)
+        released = self.keys[party].release_own(
+            values, local, self.config.flooding, std, self._flood_noise
+        )
         out = np.zeros(self.members)
         for (a, _), value in zip(segments, released, strict=True):
             out[a // per_member] += value
