@@ -9,7 +9,11 @@ Roles, by the node's ``partition-id`` (``num-partitions`` = ``K + 1``):
   random streams. It receives each platform's slate and returns to that platform its outcome
   (the clicked candidate, the feedback it may see, its next observation) sealed with an AEAD
   key only the two of them hold (X25519 between the nodes, HKDF-SHA256, ChaCha20-Poly1305:
-  :mod:`securefed.crypto.keys`). The server relays the sealed blobs and cannot read them; it
+  :mod:`securefed.crypto.keys`). Each node signs its X25519 key with its role's long-term
+  Ed25519 identity, provisioned out of band (:func:`provision_relay_identities`, the registry
+  of every role's verification key pinned by digest in the node config), and takes a peer's
+  key only with that role's signature (:func:`relay_identity`): a server that substitutes or
+  relabels keys is refused. The server relays the sealed blobs and cannot read them; it
   learns only that a round was played and when the episode ends (``done``, public: the budget
   is fixed). The episode rewards are the simulator's evaluation record, written to the node's
   ``output_dir``, never sent.
@@ -59,8 +63,10 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed import NO_PAYLOADS, RoundSelection, SeedTree
 from securefed.crypto import keys as kx
+from securefed.errors import InsecureParameterError
 from securefed.flower import FlowerRunOptions, FlowerRunResult
 from securefed.flower import records as rec
+from securefed.flower.identity import NodeIdentity, load_identity, provision_identities
 from securefed.flower.server import _Messenger, wait_for_nodes
 from securefed.fusion import build_fusion_channel
 from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
@@ -91,6 +97,7 @@ from securefed.rl.slateq import (
     select_slates,
     torch_generator,
 )
+from securefed.transport.secagg.signatures import KeyRegistry, SignatureError, SigningKey
 
 __all__ = [
     "FLOWER_FUSIONS",
@@ -105,6 +112,9 @@ __all__ = [
     "flower_refusal",
     "handle",
     "node_results",
+    "provision_relay_identities",
+    "relay_identity",
+    "relay_key_message",
     "run_server",
 ]
 
@@ -116,6 +126,11 @@ MESSAGE_TYPE = "query.fedslate"
 AEAD = "chacha20-poly1305"
 PURPOSE = b"fedslate-relay"
 STATE_ARRAYS, STATE_META = "fedslate.arrays", "fedslate.meta"
+PURPOSE_RELAY_KEY = b"fedslate-relay-key"
+IDENTITY_PATH = "fedslate-identity-path"
+REGISTRY_PATH = "fedslate-registry-path"
+REGISTRY_DIGEST = "fedslate-registry-digest"
+"""The node-config keys naming a node's provisioned relay identity (:func:`relay_identity`)."""
 _KINDS = {"reset": 1, "outcome": 2, "slate": 3, "targets": 4}
 
 
@@ -150,8 +165,10 @@ class FedSlateFlowerRun:
     Attributes:
         config: the run's configuration; ``config.seed`` ``None`` is secure mode (every node
             and the server draw from their own operating-system entropy, and the nodes'
-            X25519 keys too); an int gives all of them ``SeedTree(seed)``: reproducible, equal
-            to the in-process run, and not private (the server can derive every key).
+            X25519 keys too; every node needs its provisioned relay identity in its node
+            config, :func:`relay_identity`); an int gives all of them ``SeedTree(seed)``:
+            reproducible, equal to the in-process run, and not private (the server can derive
+            every key and every relay identity).
         output_dir: where the nodes write ``fedslate-<role>.npz`` after the run (the
             simulator its episode rewards, each platform its networks and ledger).
         keep_payloads: the rounds whose vectors the server's view keeps.
@@ -297,6 +314,163 @@ def _keys(role: int, tree: SeedTree, arrays: Mapping) -> _Keys:
         if k.startswith("peer.")
     }
     return _Keys(role, pair, peers)
+
+
+# ----------------------------------------------------------------------------- pinned relay keys
+def provision_relay_identities(directory: str | Path, num_platforms: int) -> str:
+    """Make every role's long-term relay identity (OS entropy) and write the enrolment's files.
+
+    Runs once where the enrolment authority runs (never on the server): the roles are the
+    "users" of :func:`securefed.flower.identity.provision_identities`, one per node (role ``r``
+    in ``identity-<r>.bin``, mode 0600; every role's Ed25519 verification key in
+    ``registry.bin``).
+
+    Args:
+        directory: where the files go.
+        num_platforms: ``K``; the roles are ``0 .. K`` (the simulator, then the platforms).
+
+    Returns:
+        The registry's digest (hex): what every node pins (``fedslate-registry-digest``).
+    """
+    if num_platforms < 1:
+        raise ValueError(f"FedSlate needs at least one platform, got {num_platforms}")
+    return provision_identities(directory, {role: [role] for role in range(num_platforms + 1)})
+
+
+def relay_key_message(registry_digest: bytes, role: int, public: bytes) -> bytes:
+    """What a node signs with its identity: its role's X25519 relay key under the pinned
+    registry (label, purpose, the registry digest, the role, the key)."""
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            PURPOSE_RELAY_KEY,
+            bytes(registry_digest),
+            struct.pack(">q", int(role)),
+            bytes(public),
+        )
+    )
+
+
+@lru_cache(maxsize=8)
+def _seeded_relay_keys(seed: int, roles: int) -> tuple[tuple[SigningKey, ...], KeyRegistry]:
+    tree = SeedTree(seed)
+    keys = tuple(
+        SigningKey.from_seed(tree.key("flower-fedslate", "signing", r)) for r in range(roles)
+    )
+    registry = KeyRegistry({r: key.public for r, key in enumerate(keys)})
+    for key in keys:
+        key.pin_registry(registry.digest)
+    return keys, registry
+
+
+def relay_identity(
+    run: FedSlateFlowerRun, role: int, node_config: Mapping[str, object]
+) -> NodeIdentity:
+    """The node's long-term relay identity and the registry of every role, checked against the
+    digest pinned at enrolment.
+
+    Provisioned (:func:`provision_relay_identities`) when the node config names the files
+    (``fedslate-identity-path``, ``fedslate-registry-path``, ``fedslate-registry-digest``),
+    which secure mode needs; a seeded run without them derives every role's identity from
+    ``SeedTree(seed).key("flower-fedslate", "signing", role)``: the server knows the seed, so
+    there it can sign as any role (seeded mode is never private).
+
+    Raises:
+        InsecureParameterError: secure mode without a provisioned identity.
+        SignatureError: a registry of another digest, of other roles, or an identity file of
+            another role.
+        ValueError: a missing or malformed file, or an incomplete node config.
+    """
+    if IDENTITY_PATH in node_config:
+        missing = [k for k in (REGISTRY_PATH, REGISTRY_DIGEST) if not node_config.get(k)]
+        if missing:
+            raise ValueError(
+                f"a FedSlate node given {IDENTITY_PATH} also needs {missing} in its node "
+                "config: without the digest pinned at enrolment it cannot tell an authentic "
+                "registry from one the server forged"
+            )
+        try:
+            identity = load_identity(
+                str(node_config[IDENTITY_PATH]),
+                str(node_config[REGISTRY_PATH]),
+                str(node_config[REGISTRY_DIGEST]),
+            )
+        except SignatureError as error:
+            raise SignatureError(f"FedSlate relay identity of role {role}: {error}") from error
+    elif run.config.seed is None:
+        raise InsecureParameterError(
+            "in secure mode a FedSlate node's relay identity is provisioned out of band "
+            "(securefed.rl.flower_fedslate.provision_relay_identities): start the node with "
+            f"--node-config '{IDENTITY_PATH}=... {REGISTRY_PATH}=... {REGISTRY_DIGEST}=<hex>'; "
+            "without a pinned registry the server could substitute its own X25519 keys and "
+            "read every sealed blob"
+        )
+    else:
+        keys, registry = _seeded_relay_keys(int(run.config.seed), run.nodes)
+        identity = NodeIdentity({role: keys[role]}, registry)
+    roles = sorted(identity.registry.keys)
+    if roles != list(range(run.nodes)):
+        raise SignatureError(
+            f"the relay registry holds roles {roles}, this run has roles 0 .. {run.nodes - 1}: "
+            "an enrolment of another run; refusing"
+        )
+    if role not in identity.signers:
+        raise SignatureError(
+            f"the identity file of this node holds no relay identity for role {role} (its "
+            f"partition-id) but for {sorted(identity.signers)}: another node's file; refusing"
+        )
+    return identity
+
+
+def _sign_relay_key(identity: NodeIdentity, role: int, public: bytes) -> np.ndarray:
+    message = relay_key_message(identity.registry.digest, role, public)
+    return np.frombuffer(identity.signer(role).sign(message), np.uint8).copy()
+
+
+def _verify_relay_key(
+    registry: KeyRegistry, me: int, role: int, public: bytes, signature: bytes
+) -> None:
+    """Refuse a relay key not signed by ``role``'s identity in the pinned registry."""
+    try:
+        registry.verify(
+            role,
+            relay_key_message(registry.digest, role, public),
+            signature,
+            what=f"relay key (role {role})",
+        )
+    except SignatureError as error:
+        raise SignatureError(
+            f"node {me} refuses the X25519 relay key the server handed it as role {role}'s: it "
+            f"is not signed by role {role}'s identity in the pinned registry (a key substituted "
+            "by the server, or another role's key relabelled); refusing"
+        ) from error
+
+
+def _pinned_peers(
+    identity: NodeIdentity, me: int, roles: int, arrays: Mapping[str, np.ndarray]
+) -> dict[int, bytes]:
+    """The peers' X25519 keys the server relayed, each checked against the pinned registry."""
+    relayed = sorted(int(k.split(".")[1]) for k in arrays if k.startswith("peer."))
+    if relayed != list(range(roles)):
+        raise SignatureError(
+            f"node {me} was handed relay keys of roles {relayed}, the run has 0 .. {roles - 1}; "
+            "refusing"
+        )
+    peers = {}
+    for role in range(roles):
+        if role == me:
+            continue
+        if f"sig.{role}" not in arrays:
+            raise SignatureError(
+                f"node {me} was handed role {role}'s relay key without its signature; refusing"
+            )
+        public = kx.check_public_key(
+            np.asarray(arrays[f"peer.{role}"], np.uint8).tobytes(), owner=f"role {role}"
+        )
+        signature = np.asarray(arrays[f"sig.{role}"], np.uint8).tobytes()
+        _verify_relay_key(identity.registry, me, role, public, signature)
+        peers[role] = public
+    return peers
 
 
 @lru_cache(maxsize=8)
@@ -705,12 +879,17 @@ def handle(
     store: dict,
     config: Mapping[str, object],
     arrays: Mapping[str, np.ndarray],
+    *,
+    node_config: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     """One message to the node of ``role``: rebuild the node from ``store`` (its saved arrays
     and metadata), do what ``config["op"]`` asks, save it back; the reply's arrays and config.
 
     ``store`` is the node's private state (in Flower its ``Context.state``): ``"arrays"`` and
-    ``"meta"`` (JSON-ready).
+    ``"meta"`` (JSON-ready). ``node_config`` is the node's own configuration (in Flower its
+    ``Context.node_config``): where its provisioned relay identity is (:func:`relay_identity`).
+    ``hello`` answers the node's X25519 relay key signed by its identity; ``keys`` takes the
+    peers' keys only when each is signed by its role's identity in the pinned registry.
     """
     cfg = run.config
     saved = dict(store.get("arrays", {}))
@@ -721,17 +900,24 @@ def handle(
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
     if op == "hello":
+        identity = relay_identity(run, role, node_config or {})
         reply_arrays["public"] = np.frombuffer(keys.pair.public, np.uint8).copy()
+        reply_arrays["signature"] = _sign_relay_key(identity, role, keys.pair.public)
         node = None
     else:
         node = SimulatorNode(cfg, tree) if role == SIMULATOR else PlatformNode(cfg, role - 1, tree)
         if "node" in meta:
             node.load(saved, meta["node"])
     if op == "keys":
-        for name, value in arrays.items():
-            if name.startswith("peer."):
-                saved[name] = np.asarray(value, np.uint8)
-                keys.peers[int(name.split(".")[1])] = np.asarray(value, np.uint8).tobytes()
+        identity = relay_identity(run, role, node_config or {})
+        peers = _pinned_peers(identity, role, run.nodes, arrays)
+        if keys.peers and keys.peers != peers:
+            raise SignatureError(
+                f"node {role} already holds its peers' relay keys and was handed others; refusing"
+            )
+        for peer, public in peers.items():
+            saved[f"peer.{peer}"] = np.frombuffer(public, np.uint8).copy()
+            keys.peers[peer] = public
     elif role == SIMULATOR and op == "reset":
         reply_arrays = node.reset(keys, int(config["episode"]))
     elif role == SIMULATOR and op == "step":
@@ -935,6 +1121,7 @@ class _Server:
         roles = range(self.config.num_platforms + 1)
         hello = self._ask("hello", {r: ({}, {"op": "hello"}) for r in roles})
         public = {f"peer.{r}": hello[r][0]["public"] for r in roles}
+        public |= {f"sig.{r}": hello[r][0]["signature"] for r in roles}
         self._ask("keys", {r: (public, {"op": "keys"}) for r in roles})
 
     def episode(self, episode: int) -> None:
@@ -1110,8 +1297,19 @@ def _role(context: Context, run: FedSlateFlowerRun) -> int:
     return role
 
 
-def build_apps(run: FedSlateFlowerRun) -> FedSlateApps:
-    """Apps bound to ``run`` (for the simulation engine)."""
+def build_apps(
+    run: FedSlateFlowerRun, node_configs: Mapping[int, Mapping[str, object]] | None = None
+) -> FedSlateApps:
+    """Apps bound to ``run`` (for the simulation engine).
+
+    Args:
+        run: the run.
+        node_configs: role -> node config the ClientApp adds to the node's own (Flower's
+            simulation engine gives a node only its ``partition-id``): where a node's
+            provisioned relay identity is (:func:`relay_identity`). Real SuperNodes take it from
+            ``--node-config`` instead.
+    """
+    extra = {} if node_configs is None else node_configs
     outcome = FedSlateFlowerOutcome()
     server_app = ServerApp()
 
@@ -1133,7 +1331,10 @@ def build_apps(run: FedSlateFlowerRun) -> FedSlateApps:
         if STATE_ARRAYS in context.state:
             store["arrays"] = rec.record_arrays(context.state[STATE_ARRAYS])
             store["meta"] = json.loads(str(context.state[STATE_META]["json"]))
-        arrays, reply = handle(run, role, store, config, rec.message_arrays(message))
+        node_config = dict(extra.get(role, {})) | dict(context.node_config)
+        arrays, reply = handle(
+            run, role, store, config, rec.message_arrays(message), node_config=node_config
+        )
         context.state[STATE_ARRAYS] = rec.arrays_record(store["arrays"])
         context.state[STATE_META] = ConfigRecord({"json": json.dumps(store["meta"])})
         return Message(rec.content(arrays, reply), reply_to=message)
@@ -1146,6 +1347,7 @@ def drive_in_process(
     *,
     stores: dict[int, dict] | None = None,
     tap: Callable[[str, int, Mapping, Mapping], None] | None = None,
+    node_configs: Mapping[int, Mapping[str, object]] | None = None,
 ) -> FedSlateFlowerOutcome:
     """The same halves without an engine: every message handled by :func:`handle` with the
     node's state round-tripped through Flower records (as ``Context.state`` holds it).
@@ -1155,7 +1357,10 @@ def drive_in_process(
         stores: filled with each role's saved state (tests read the nodes' data from it).
         tap: called with ``(op, role, request arrays, reply arrays)`` for every message: what
             crossed the server (tests check what it could read).
+        node_configs: role -> that node's config (its provisioned relay identity,
+            :func:`relay_identity`; secure mode needs them).
     """
+    node_configs = {} if node_configs is None else node_configs
     stores = {} if stores is None else stores
     stores.update({r: {} for r in range(run.nodes)})
 
@@ -1169,7 +1374,12 @@ def drive_in_process(
             sent = rec.record_arrays(records[rec.ARRAYS]) if rec.ARRAYS in records else {}
             store = stores[role]
             out_arrays, out_config = handle(
-                run, role, store, dict(body.config_records[rec.CONFIG]), sent
+                run,
+                role,
+                store,
+                dict(body.config_records[rec.CONFIG]),
+                sent,
+                node_config=node_configs.get(role, {}),
             )
             store["arrays"] = rec.record_arrays(rec.arrays_record(store["arrays"]))
             store["meta"] = json.loads(json.dumps(store["meta"]))

@@ -199,10 +199,25 @@ def test_fedslate_on_the_simulation_engine_equals_in_process(tmp_path, changes):
     assert outcome.message_bytes["down"] > 0 and outcome.message_bytes["up"] > 0
 
 
-def test_secure_mode_draws_each_nodes_keys_and_streams_from_its_own_entropy():
+def relay_node_configs(directory, num_platforms: int) -> dict[int, dict[str, str]]:
+    """Every role's provisioned relay identity (secure mode needs them), as node configs."""
+    digest = ffs.provision_relay_identities(directory, num_platforms)
+    return {
+        role: {
+            ffs.IDENTITY_PATH: str(directory / f"identity-{role}.bin"),
+            ffs.REGISTRY_PATH: str(directory / "registry.bin"),
+            ffs.REGISTRY_DIGEST: digest,
+        }
+        for role in range(num_platforms + 1)
+    }
+
+
+def test_secure_mode_draws_each_nodes_keys_and_streams_from_its_own_entropy(tmp_path):
     """``seed=None``: every node keeps its own OS entropy in its state; two runs differ in their
-    keys and their rewards, and neither uses the seeded keys."""
+    keys and their rewards, and neither uses the seeded keys. The nodes' relay identities are
+    provisioned (secure mode refuses to run without them: tests/test_flower_fedslate_pinning.py)."""
     config = tiny(seed=None, episodes=1)
+    node_configs = relay_node_configs(tmp_path, config.num_platforms)
     keys, rewards = [], []
     for _ in range(2):
         public = {}
@@ -212,7 +227,9 @@ def test_secure_mode_draws_each_nodes_keys_and_streams_from_its_own_entropy():
                 public[role] = reply["public"].tobytes()
 
         stores = {}
-        drive_in_process(FedSlateFlowerRun(config), stores=stores, tap=tap)
+        drive_in_process(
+            FedSlateFlowerRun(config), stores=stores, tap=tap, node_configs=node_configs
+        )
         keys.append(public)
         assert all("entropy" in stores[role]["meta"] for role in range(3))
         rewards.append(stores[0]["arrays"]["rewards"])
