@@ -320,3 +320,39 @@ def test_an_announcement_that_does_not_fit_is_dropped(channels):
     packed.backward({"B": torch.zeros(S, B, N)}, recipients=["B"])
     with pytest.raises(ValueError, match="outputs must name"):
         packed.announce(q, outputs=["C"])
+
+
+def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it_whole(
+    torch_one_thread,
+):
+    """Attack on circuit privacy: a size-3 product's third component (the inputs' ``c1``
+    components times the server's coefficients) is not touched by adding a fresh size-2
+    re-randomizer, so the key holder, who knows its own encryption randomness, would receive
+    it as the server computed it. Every ciphertext the server hands a party must have two
+    components; a server context that skips relinearization is refused at the handover."""
+    _, _, packed = _channels()
+    handed = []
+    to_party = packed._to_party
+
+    def watch(vector, party):
+        handed.append(vector.data.ciphertext()[0].size())
+        return to_party(vector, party)
+
+    packed._to_party = watch
+    rng = np.random.default_rng(5)
+    q = _q(rng)
+    packed.forward(q, outputs=["A", "B"], train=False)
+    assert handed and set(handed) == {2}
+
+    new_key = PackedCKKSModuleFusionChannel._new_key
+
+    def unrelinearized(self):  # what the circuit did before: products left of size 3
+        key = new_key(self)
+        key.tenseal.auto_relin = False
+        return key
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PackedCKKSModuleFusionChannel, "_new_key", unrelinearized)
+        _, _, skipping = _channels()
+    with pytest.raises(RuntimeError, match="3 components"):
+        skipping.forward(_q(rng), outputs=["A", "B"], train=False)

@@ -650,7 +650,19 @@ class CKKSModuleFusionChannel(TorchServerChannel):
 
     def _to_party(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector | bytes:
         """A ciphertext the server hands to ``party`` (the party's :meth:`ModuleKeyParty.receive`
-        takes it): the vector itself, or its serialized bytes (``serialize_handovers``)."""
+        takes it): the vector itself, or its serialized bytes (``serialize_handovers``).
+
+        Raises:
+            RuntimeError: the ciphertext has more than two components (an unrelinearized
+                product): its re-randomization would leave the third one as the server
+                computed it, a function of the server's coefficients beyond the values.
+        """
+        components = vector.data.ciphertext()[0].size()
+        if components != 2:
+            raise RuntimeError(
+                f"a ciphertext handed to {party!r} has {components} components: only a "
+                "relinearized (size-2) ciphertext is re-randomized whole (circuit privacy)"
+            )
         if not self.config.serialize_handovers:
             return vector
         blob = vector.serialize()

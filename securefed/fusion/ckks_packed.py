@@ -309,10 +309,11 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             scale_bits=scale,
             encryption="public-key",
         )
-        # No ciphertext product is ever multiplied again: the key holder decrypts the size-3
-        # results directly, so the server never relinearizes (the flag travels with the
-        # public context, which cannot change it).
-        key.tenseal.auto_relin = False
+        # Products are relinearized although none is multiplied again: re-randomization adds a
+        # fresh size-2 encryption, so a size-3 result would reach its key holder with its third
+        # component exactly as the server computed it (the product of the inputs' ``c1``
+        # components with the server's coefficients): no circuit privacy for the server's
+        # weights. :meth:`CKKSModuleFusionChannel._to_party` refuses such a ciphertext.
         return key
 
     def _mask_bits(self) -> int:
