@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -325,3 +326,21 @@ def test_the_app_submitted_with_flwr_run_to_real_processes(tmp_path):
     _assert_agents_equal(_node_parameters(out), reference, range(config.n_agents))
     assert len(result["rounds"]) == config.aggregation_rounds() == 2
     assert result["secure_mode"] is False and result["nodes"] == 2
+
+
+@pytest.mark.parametrize("key", ["secagg-merge", "secagg-advertise-ahead"])
+def test_the_merge_keys_are_read_as_booleans_and_need_secure_aggregation(key):
+    """The app's merge keys reach ``FlowerRunOptions``; a non-boolean value, or a merge without
+    secure aggregation, is refused naming the key."""
+    from securefed.rl.flower_fedhpd import app_server_setup
+
+    values = app_run_config(transport="secagg", seed=0, **{key: True})
+    app = FedHPDApp.from_run_config(values)
+    options = app_server_setup(SimpleNamespace(run_config=values)).options
+    name = {"secagg-merge": "merge_share_mask", "secagg-advertise-ahead": "advertise_ahead"}[key]
+    assert getattr(app.run, name) and getattr(options, name)
+    assert not FedHPDApp.from_run_config(app_run_config()).run.merge_share_mask
+    with pytest.raises(ValueError, match=f"{key} must be true or false"):
+        FedHPDApp.from_run_config(values | {key: "yes"})
+    with pytest.raises(ValueError, match=f"{key} merges secure aggregation"):
+        FedHPDApp.from_run_config(app_run_config(seed=0, **{key: True}))
