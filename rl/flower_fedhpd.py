@@ -600,6 +600,8 @@ def server_setup(
                 "rounds": result.rounds,
                 "evaluations": result.evaluations,
                 "message_bytes": result.message_bytes,
+                "message_rounds": result.message_rounds,
+                "message_seconds": result.message_seconds,
                 "nodes": result.nodes,
                 "secure_mode": run.secure,
                 "transport": transport.name,
