@@ -21,7 +21,8 @@ one process (``securefed.run_rounds``), in the same run, and reports:
    grows with the square of the number of nodes, and hosting many users per node avoids it;
 5. ``fedhpd``: FedHPD (``securefed.rl.flower_fedhpd``, one agent per node) in plaintext and
    under secure aggregation against the in-process reference learner (same returns, max
-   parameter difference, bytes);
+   parameter difference, bytes, message rounds per round); ``--fedhpd-secagg`` adds the
+   secure-aggregation runs with ``secagg-merge`` and ``secagg-advertise-ahead``;
 6. ``fedslate``: FedSlate (``securefed.rl.flower_fedslate``: the user simulator and each
    platform a SuperNode, the server network in the ServerApp) in plaintext and under ``dp``
    against ``run_fedslate`` in one process (same rewards, max parameter difference, message
@@ -198,8 +199,32 @@ def _fedhpd_config(args: argparse.Namespace):
     )
 
 
-def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dict:
-    """FedHPD on the simulation engine (one agent per node) against ``ReferenceRun``."""
+FEDHPD_SECAGG = {  # --fedhpd-secagg case -> (merge_share_mask, advertise_ahead)
+    "separate": (False, False),
+    "merge": (True, False),
+    "merge+ahead": (True, True),
+}
+
+
+def _message_rounds(result) -> float:
+    """Message rounds the server pushed per training round (the final evaluation left out)."""
+    from securefed.flower.server import EVALUATE
+
+    counts = {k: n for k, n in result.message_rounds.items() if k != EVALUATE}
+    return sum(counts.values()) / max(1, len(result.rounds))
+
+
+def _fedhpd_row(
+    args: argparse.Namespace,
+    transport: str,
+    config,
+    public,
+    merge: str = "separate",
+    references: dict | None = None,
+) -> dict:
+    """FedHPD on the simulation engine (one agent per node) against ``ReferenceRun``;
+    ``merge``: a :data:`FEDHPD_SECAGG` case (secure aggregation only); ``references``: the
+    reference runs by transport, filled and reused (the merges change no result)."""
     import tempfile
 
     import torch
@@ -214,28 +239,44 @@ def _fedhpd_row(args: argparse.Namespace, transport: str, config, public) -> dic
     if transport == "secagg":
         remote = lambda: SecAggTransport(secagg, remote_clients=True)  # noqa: E731
     nodes = config.n_agents
+    merge_share_mask, advertise_ahead = FEDHPD_SECAGG[merge]
     with tempfile.TemporaryDirectory(prefix="bench-flower-fedhpd-") as out:
-        run = FedHPDFlowerRun(config, args.seed, min_nodes=nodes, output_dir=out)
-        start = time.perf_counter()
+        run = FedHPDFlowerRun(
+            config,
+            args.seed,
+            min_nodes=nodes,
+            output_dir=out,
+            merge_share_mask=merge_share_mask,
+            advertise_ahead=advertise_ahead,
+        )
+        start, cpu = time.perf_counter(), time.process_time()
         outcome = run_in_simulation(
             build_apps(run, remote, public_states=public), nodes, FEDHPD_BACKEND
         )
-        wall = time.perf_counter() - start
+        wall, server_cpu = time.perf_counter() - start, time.process_time() - cpu
         returns, params = node_results(out, nodes, config.n_agents)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        local = SecAggTransport(secagg) if transport == "secagg" else None
-        reference = ReferenceRun(RunSpec(config, args.seed, local, public_states=public)).run()
-    finally:
-        torch.set_num_threads(threads)
+    references = {} if references is None else references
+    if transport not in references:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            local = SecAggTransport(secagg) if transport == "secagg" else None
+            spec = RunSpec(config, args.seed, local, public_states=public)
+            references[transport] = ReferenceRun(spec).run()
+        finally:
+            torch.set_num_threads(threads)
+    reference = references[transport]
     flower_seconds = [r["seconds"] for r in outcome.result.rounds]
     n_rounds = len(flower_seconds)
     flower_round = float(np.mean(flower_seconds[1:])) if n_rounds > 1 else flower_seconds[0]
     local_round = reference.seconds / n_rounds
+    label = transport if merge == "separate" else f"{transport} {merge}"
     row = {
         "case": f"FedHPD cartpole, {config.n_agents} agents, {config.rounds} rounds",
-        "transport": transport,
+        "transport": label,
+        "message_rounds_per_round": _message_rounds(outcome.result),
+        "message_rounds": dict(outcome.result.message_rounds),
+        "server_cpu_s": server_cpu,
         "users": config.n_agents,
         "nodes": nodes,
         "rounds": n_rounds,
@@ -376,7 +417,9 @@ FEDHPD_COLUMNS = [
     "transport",
     "nodes",
     "rounds",
+    "message_rounds_per_round",
     *TIMES,
+    "server_cpu_s",
     "same_returns",
     "max_abs_param_diff",
     "message_MB_down",
@@ -606,8 +649,30 @@ def flower(args: argparse.Namespace) -> int:
 
         config = _fedhpd_config(args)
         public = make_public_states(config)
-        for transport in ("plaintext", "secagg"):
-            fedhpd_rows.append(_fedhpd_row(args, transport, config, public))
+        cases = [c.strip() for c in args.fedhpd_secagg.split(",") if c.strip()]
+        unknown = set(cases) - set(FEDHPD_SECAGG)
+        if unknown or not cases:
+            raise ValueError(
+                f"--fedhpd-secagg {sorted(unknown) or cases}: known {', '.join(FEDHPD_SECAGG)}"
+            )
+        references: dict = {}
+        fedhpd_rows.append(_fedhpd_row(args, "plaintext", config, public, references=references))
+        for case in cases:
+            fedhpd_rows.append(_fedhpd_row(args, "secagg", config, public, case, references))
+        if len(cases) > 1:
+            first = fedhpd_rows[1]
+            for row in fedhpd_rows[1:]:
+                row["x_first_secagg"] = row["flower_round_s"] / first["flower_round_s"]
+            notes.append(
+                "FedHPD secure aggregation: "
+                + "; ".join(
+                    f"{r['transport']}: {r['message_rounds_per_round']:.2f} message rounds a "
+                    f"round, {r['flower_round_s']:.2f} s a round "
+                    f"({r['x_first_secagg']:.2f}x {first['transport']})"
+                    for r in fedhpd_rows[1:]
+                )
+                + " (same run; every merged run's returns equal the reference's)."
+            )
         notes.append(
             "FedHPD: one agent per node; a round is one transport round of the run (one part "
             "of S_p); round times are the mean of the rounds after the first on Flower and "
@@ -681,6 +746,13 @@ def register(benches) -> None:
     parser.add_argument("--ml-grouped-nodes", type=int, default=50, help="users grouped on nodes")
     parser.add_argument("--fedhpd-agents", type=int, default=3, help="FedHPD agents (= nodes)")
     parser.add_argument("--fedhpd-rounds", type=int, default=5, help="FedHPD training rounds")
+    parser.add_argument(
+        "--fedhpd-secagg",
+        default="separate",
+        help="FedHPD secure-aggregation cases, comma-separated, each a run beside plaintext: "
+        "separate (five message rounds), merge (secagg-merge), merge+ahead (and "
+        "secagg-advertise-ahead)",
+    )
     parser.add_argument(
         "--fedslate-episodes", type=int, default=3, help="FedSlate episodes (the first: burn-in)"
     )

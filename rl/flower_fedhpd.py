@@ -53,6 +53,7 @@ from securefed.flower import (
     make_server_app,
     partition_users,
 )
+from securefed.flower.floors import NodeFloors
 from securefed.flower.identity import NodeIdentity
 from securefed.flower.identity import node_identity as identity_from_config
 from securefed.flower.journal import STATE_DIR_KEY, NodeJournal, lineage_digest
@@ -494,6 +495,15 @@ class FedHPDFlowerRun:
             need their journal, node config ``state-dir``); ``""``: none.
         checkpoint_key_file: the checkpoint key's file (0600, >= 16 bytes); secure mode with a
             ``checkpoint_dir`` needs it.
+        merge_share_mask: secure aggregation's ShareKeys and MaskedInputCollection in one
+            message round (``FlowerRunOptions.merge_share_mask``, run-config key
+            ``secagg-merge``): one message round fewer per transport round; a node lost in it
+            refuses the round instead of counting as dropped (docs/flower.md, "Fewer message
+            rounds"). Secure aggregation only; not with ``checkpoint_dir``.
+        advertise_ahead: the next round's AdvertiseKeys with this round's Unmasking
+            (``FlowerRunOptions.advertise_ahead``, ``secagg-advertise-ahead``): one message
+            round fewer per transport round after the first (a node whose reply is lost sits
+            the next round out). Secure aggregation only; not with ``checkpoint_dir``.
     """
 
     config: FedHPDConfig
@@ -504,9 +514,25 @@ class FedHPDFlowerRun:
     rejoin_window: int = 0
     checkpoint_dir: str = ""
     checkpoint_key_file: str = ""
+    merge_share_mask: bool = False
+    advertise_ahead: bool = False
 
     def __post_init__(self) -> None:
         Schedule(self.config)
+        merged = [
+            key
+            for key, value in (
+                ("secagg-merge", self.merge_share_mask),
+                ("secagg-advertise-ahead", self.advertise_ahead),
+            )
+            if value
+        ]
+        if self.checkpoint_dir and merged:
+            raise ValueError(
+                f"checkpoint-dir with {' and '.join(merged)}: a resumed run's merged message "
+                "rounds are not covered by the nodes' journals (each node answers a round once); "
+                "use one or the other"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < -1:
             raise ValueError(
                 f"seed must be an int >= 0 (seeded: tests and benchmarks), or -1 for secure "
@@ -574,6 +600,8 @@ def server_setup(
                 "rounds": result.rounds,
                 "evaluations": result.evaluations,
                 "message_bytes": result.message_bytes,
+                "message_rounds": result.message_rounds,
+                "message_seconds": result.message_seconds,
                 "nodes": result.nodes,
                 "secure_mode": run.secure,
                 "transport": transport.name,
@@ -589,6 +617,8 @@ def server_setup(
         checkpoint_dir=run.checkpoint_dir or None,
         fingerprint=run.fingerprint() | {"transport": transport.name},
         checkpoint_key=read_key_file(run.checkpoint_key_file) if run.checkpoint_key_file else None,
+        merge_share_mask=run.merge_share_mask,
+        advertise_ahead=run.advertise_ahead,
     )
     return ServerSetup(
         server,
@@ -601,8 +631,12 @@ def server_setup(
     )
 
 
-def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
-    """The node's setup for one message: its agents from its ``partition-id``."""
+def client_setup(
+    run: FedHPDFlowerRun, context: Context, floors: NodeFloors | None = None
+) -> ClientSetup:
+    """The node's setup for one message: its agents from its ``partition-id``; its privacy
+    floors from its node config (``floors`` where a key is absent, else :class:`NodeFloors`'
+    defaults), as the FedMF app's nodes."""
     node_config = context.node_config
     if "partition-id" not in node_config or "num-partitions" not in node_config:
         raise ValueError(
@@ -632,6 +666,7 @@ def client_setup(run: FedHPDFlowerRun, context: Context) -> ClientSetup:
         shape,
         on_evaluate,
         identity=lambda: node_identity(run, context, agents),
+        floors=NodeFloors.from_node_config(node_config, floors),
         journal=NodeJournal(state_dir, lineage_digest(run.fingerprint()), partition)
         if state_dir
         else None,
@@ -706,6 +741,15 @@ class FedHPDApp:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if (self.transport == "secagg") != (self.secagg is not None):
             raise ValueError("secagg parameters go with transport='secagg' and with no other")
+        for key, value in (
+            ("secagg-merge", self.run.merge_share_mask),
+            ("secagg-advertise-ahead", self.run.advertise_ahead),
+        ):
+            if value and self.transport != "secagg":
+                raise ValueError(
+                    f"{key} merges secure aggregation's message rounds; transport "
+                    f"{self.transport!r} has none"
+                )
 
     def make_transport(self) -> Transport:
         if self.secagg is None:
@@ -746,6 +790,8 @@ class FedHPDApp:
             rejoin_window=int(values.get("rejoin-window", 0)),
             checkpoint_dir=str(values.get("checkpoint-dir", "")),
             checkpoint_key_file=str(values.get("checkpoint-key-file", "")),
+            merge_share_mask=_flag(values, "secagg-merge"),
+            advertise_ahead=_flag(values, "secagg-advertise-ahead"),
         )
         transport = str(values["transport"])
         secagg = None
@@ -757,6 +803,14 @@ class FedHPDApp:
                 server=str(values["secagg-server"]),
             )
         return cls(run, transport, secagg)
+
+
+def _flag(values: Mapping[str, object], key: str) -> bool:
+    """A boolean run-config key (absent: ``False``); anything but ``true``/``false`` is refused."""
+    value = values.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def app_server_setup(context: Context) -> ServerSetup:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -280,7 +281,9 @@ def test_the_app_runs_from_its_run_config_in_secure_mode_by_default(tmp_path):
     assert result.evaluations[-1]["nodes"] == 3.0
     # Secure mode: nothing reproducible; a second run starts from other weights.
     *_, second = _run_app(values, 3, tmp_path / "second", identities)
-    assert json.loads((tmp_path / "first" / "result.json").read_text())["secure_mode"] is True
+    summary = json.loads((tmp_path / "first" / "result.json").read_text())
+    assert summary["secure_mode"] is True
+    assert summary["message_rounds"][ADVERTISE] == 8  # five message rounds a round, counted
     assert sorted(first) == sorted(second) == [0, 1, 2]
     assert all(np.abs(first[k] - second[k]).max() > 0 for k in first)
     with pytest.raises(ValueError, match="secure mode"):
@@ -325,3 +328,39 @@ def test_the_app_submitted_with_flwr_run_to_real_processes(tmp_path):
     _assert_agents_equal(_node_parameters(out), reference, range(config.n_agents))
     assert len(result["rounds"]) == config.aggregation_rounds() == 2
     assert result["secure_mode"] is False and result["nodes"] == 2
+
+
+@pytest.mark.parametrize("key", ["secagg-merge", "secagg-advertise-ahead"])
+def test_the_merge_keys_are_read_as_booleans_and_need_secure_aggregation(key):
+    """The app's merge keys reach ``FlowerRunOptions``; a non-boolean value, or a merge without
+    secure aggregation, is refused naming the key."""
+    from securefed.rl.flower_fedhpd import app_server_setup
+
+    values = app_run_config(transport="secagg", seed=0, **{key: True})
+    app = FedHPDApp.from_run_config(values)
+    options = app_server_setup(SimpleNamespace(run_config=values)).options
+    name = {"secagg-merge": "merge_share_mask", "secagg-advertise-ahead": "advertise_ahead"}[key]
+    assert getattr(app.run, name) and getattr(options, name)
+    assert not FedHPDApp.from_run_config(app_run_config()).run.merge_share_mask
+    with pytest.raises(ValueError, match=f"{key} must be true or false"):
+        FedHPDApp.from_run_config(values | {key: "yes"})
+    with pytest.raises(ValueError, match=f"{key} merges secure aggregation"):
+        FedHPDApp.from_run_config(app_run_config(seed=0, **{key: True}))
+
+
+def test_a_fedhpd_node_takes_its_floors_from_its_node_config():
+    """A FedHPD node's operator raises its floors in ``--node-config`` as a FedMF node's does
+    (before, a FedHPD node took the defaults whatever its node config said)."""
+    from securefed.errors import InsecureParameterError
+    from securefed.flower.floors import NodeFloors
+    from securefed.rl.flower_fedhpd import FedHPDFlowerRun, client_setup
+
+    run = FedHPDFlowerRun(small_config(), seed=SEED)
+    node_config = {"partition-id": 0, "num-partitions": 2, "secagg-min-threshold": 3}
+    setup = client_setup(run, SimpleNamespace(node_config=node_config))
+    assert setup.floors.min_threshold == 3
+    with pytest.raises(InsecureParameterError, match="threshold"):
+        setup.floors.check_threshold(2)
+    hbc = "honest_but_curious"
+    default = client_setup(run, SimpleNamespace(node_config=node_config), NodeFloors(hbc))
+    assert default.floors.secagg_server == hbc and default.floors.min_threshold == 3

@@ -414,3 +414,18 @@ def test_checkpoints_refuse_merged_message_rounds(merged, tmp_path):
         FlowerRunOptions(
             rounds=2, checkpoint_dir=tmp_path, fingerprint={"seed": 0}, **{merged: True}
         )
+
+
+@pytest.mark.parametrize("key", ["secagg-merge", "secagg-advertise-ahead"])
+def test_fedhpd_checkpoints_refuse_merged_message_rounds(key, tmp_path):
+    """FedHPD on Flower checkpoints too (``checkpoint-dir``): its run refuses a merge with a
+    checkpoint directory by the run-config key, before a server or node is built."""
+    from test_flower_fedhpd_recovery import app_run_config
+
+    from securefed.rl.flower_fedhpd import FedHPDApp
+
+    values = app_run_config(transport="secagg", seed=0, **{"checkpoint-dir": str(tmp_path)})
+    assert FedHPDApp.from_run_config(values).run.checkpoint_dir == str(tmp_path)
+    with pytest.raises(ValueError, match=f"checkpoint-dir with {key}"):
+        FedHPDApp.from_run_config(values | {key: True})
+    assert FedHPDApp.from_run_config(values | {"checkpoint-dir": "", key: True})

@@ -59,7 +59,8 @@ RUNTIMES = ["in-process", pytest.param("simulation", marks=pytest.mark.slow)]
 # ----------------------------------------------------------------------------- the two runtimes
 def _run(runtime, example, app, n_nodes, *, wrap=None, floors=None):
     """``run_federation`` of ``app`` over ``wrap(grid)`` in ``runtime``; what the server ended
-    with: ``grid`` (the wrapper), ``setup`` and ``error`` (what the run raised, if anything)."""
+    with: ``grid`` (the wrapper), ``setup``, ``result`` (``FlowerRunResult``, when the run
+    finished) and ``error`` (what the run raised, if anything)."""
     client_app = make_client_app(lambda context: example.client_setup(app, context, floors))
     state: dict[str, object] = {}
 
@@ -67,7 +68,7 @@ def _run(runtime, example, app, n_nodes, *, wrap=None, floors=None):
         wrapped = grid if wrap is None else wrap(grid)
         state["grid"], state["setup"] = wrapped, example.server_setup(app)
         try:
-            run_federation(wrapped, state["setup"])
+            state["result"] = run_federation(wrapped, state["setup"])
         except Exception as error:  # the attack reads the wire whatever the run did
             state["error"] = error
 

@@ -455,6 +455,7 @@ def _masked_sum(
     the reply's arrays and the metric sums."""
     round_id = int(config["round"])
     mechanism = mechanism_from_config(config)
+    client.check_stage("mask")  # before the users train: a second ask changes nothing
     updates, metrics = _train(setup, context, arrays, round_id)
     signs = arrays.get("ddp_signs")
     updates = _client_dp(updates, config, round_id, setup.seeds, mechanism, signs)

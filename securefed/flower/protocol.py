@@ -182,6 +182,9 @@ class FlowerRunResult:
             ``rounds`` holds the checkpoint's rounds before it.
         message_seconds: message type -> the server's seconds from pushing a message round
             of that type to its last reply (or the timeout), all rounds together.
+        message_rounds: message type -> how many message rounds of that type the server
+            pushed, all rounds together (what ``merge_share_mask`` and ``advertise_ahead``
+            save is read here).
     """
 
     rounds: list[dict[str, float]] = field(default_factory=list)
@@ -191,6 +194,7 @@ class FlowerRunResult:
     ledger: PrivacyLedger | None = None
     resumed_from: int = 0
     message_seconds: dict[str, float] = field(default_factory=dict)
+    message_rounds: dict[str, int] = field(default_factory=dict)
 
     def last(self) -> dict[str, float]:
         return self.rounds[-1] if self.rounds else {}

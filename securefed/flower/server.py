@@ -336,6 +336,8 @@ class _Messenger:
                 time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
         seconds = self.result.message_seconds
         seconds[message_type] = seconds.get(message_type, 0.0) + time.perf_counter() - started
+        counts = self.result.message_rounds
+        counts[message_type] = counts.get(message_type, 0) + 1
         if pending:
             LOG.warning(
                 "round %d: %d node(s) did not answer %s within %.0f s",

@@ -343,6 +343,16 @@ class SecAggClient:
             "min_contributors": self.min_contributors.to_bytes(8, "big"),
         }
 
+    def check_stage(self, stage: str) -> None:
+        """Refuse ``stage`` (a key of ``STAGE_NAMES``) now, as answering it would: before the
+        caller computes anything for it (``securefed.flower`` checks ``"mask"`` before its
+        users train, so a server asking twice gets a refusal and the node's state stays).
+
+        Raises:
+            AggregationError: naming the stage.
+        """
+        self._check_stage(stage)
+
     def _check_stage(self, stage: str) -> None:
         """Refuse a stage that this client answered already, or whose predecessor it has not.
 
