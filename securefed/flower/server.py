@@ -28,7 +28,11 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
   summed ciphertexts go to one key-holder node, which decrypts, floods and rounds them as
-  ``KeyHolder`` does in one process; ``CKKSRound.receive_decryption``).
+  ``KeyHolder`` does in one process; ``CKKSRound.receive_decryption``). Under an encrypted
+  server state (FedMF's ``server_state="encrypted"``, shared key model) a key-holder node first
+  encrypts the initial state (``query.ckks_encrypt_state``); each round the broadcast carries
+  the ciphertexts, the nodes decrypt them, and the server folds the summed ciphertexts into the
+  state (the algorithm's ``close_round``) instead of asking for a decryption.
 * ``evaluate``: after the last round (and every ``evaluate_every``), the nodes report held-out
   metric sums of their users.
 
