@@ -39,7 +39,13 @@ one process (``securefed.run_rounds``), in the same run, and reports:
    signed member counts; the default now) and ``secagg+dp`` with the exact discrete Gaussian
    encoded on the nodes, each against its in-process twin.
 
-``--parts`` picks the comparisons (default: all but ``threat-models``).
+9. ``--parts ckks-state`` (issue 33): FedMF with ``server_state="encrypted"`` (Chai et al.'s
+   ``[[V]]``: the server folds the nodes' encrypted steps into the encrypted item matrix and
+   sends it to the nodes, which decrypt it) on the synthetic federation, against Flower
+   plaintext and Flower CKKS with a decrypted sum of the same ``aggregation="sum"``
+   configuration, each against its in-process twin.
+
+``--parts`` picks the comparisons (default: all but ``threat-models`` and ``ckks-state``).
 
 Flower's first round includes starting the simulation's Ray workers and importing the app in
 them; round times are the median of the later rounds. The model of each Flower run is compared
@@ -121,6 +127,18 @@ def _steady(seconds: list[float]) -> float:
     return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
 
 
+def _server_V(app, outcome) -> np.ndarray:
+    """The server's ``V``; under ``server_state="encrypted"`` the server holds ``[[V]]`` only,
+    which the benchmark (holding the key file) decrypts to compare."""
+    if app.server_state != "encrypted":
+        return outcome.model.V
+    from securefed.crypto.ckks import load_secret_context
+    from securefed.transport.ckks import state_from_arrays
+
+    arrays = outcome.model.encrypted_state.to_arrays("V")
+    return state_from_arrays(arrays, "V", load_secret_context(app.ckks_secret_path))
+
+
 def _compare(example, app, nodes: int, label: str, floors=None) -> dict:
     outcome, wall = _on_flower(example, app, nodes, floors)
     reference, local_seconds = _in_process(example, app)
@@ -138,7 +156,7 @@ def _compare(example, app, nodes: int, label: str, floors=None) -> dict:
         "flower_wall_s": wall,
         "flower_rmse": outcome.result.evaluations[-1]["rmse"],
         "in_process_rmse": _test_rmse(example, app, reference),
-        "max_abs_V_diff": float(np.abs(outcome.model.V - reference.V).max()),
+        "max_abs_V_diff": float(np.abs(_server_V(app, outcome) - reference.V).max()),
         "message_MB_down": outcome.result.message_bytes["down"] / 2**20,
         "message_MB_up": outcome.result.message_bytes["up"] / 2**20,
         "flower_round_seconds": flower_seconds,
@@ -171,6 +189,38 @@ def _ckks_row(example, args: argparse.Namespace) -> dict:
             ckks_public_path=str(public),
         )
         return _compare(example, app, args.clients, "synthetic")
+
+
+def _ckks_state_rows(example, args: argparse.Namespace) -> tuple[list[dict], str]:
+    """FedMF's encrypted server state over Flower against plaintext and decrypted-sum CKKS, all
+    with ``aggregation="sum"`` (``server_lr`` 0.02: the sum of every user's step)."""
+    import tempfile
+
+    from securefed.flower.ckks import provision_keys
+    from securefed.transport.ckks import CKKSConfig
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-flower-ckks-state-") as keys:
+        secret, public = provision_keys(keys, CKKSConfig())
+        base = _synthetic(args) | {"seed": args.seed, "aggregation": "sum", "server_lr": 0.02}
+        keys_of = {"ckks_secret_path": str(secret), "ckks_public_path": str(public)}
+        for label, fields in (
+            ("sum, plaintext", {}),
+            ("sum, CKKS decrypted sum", {"transport": "ckks", **keys_of}),
+            (
+                "sum, CKKS encrypted state",
+                {"transport": "ckks", "server_state": "encrypted", **keys_of},
+            ),
+        ):
+            app = example.FedMFApp(**base, **fields)
+            rows.append(_compare(example, app, args.clients, f"synthetic {label}"))
+    plain, decrypted, state = (r["flower_round_s"] for r in rows)
+    note = (
+        f"Encrypted server state over Flower: {state / plain:.2f}x Flower plaintext per round, "
+        f"{state / decrypted:.2f}x Flower CKKS with a decrypted sum (no decryption message "
+        "round; every node downloads [[V]] and decrypts it)."
+    )
+    return rows, note
 
 
 FEDHPD_BACKEND = {
@@ -569,6 +619,7 @@ PARTS = (
     "ml-100k",
     "ml-100k-grouped",
     "threat-models",
+    "ckks-state",
     "fedhpd",
     "fedslate",
     "node-curve",
@@ -616,6 +667,10 @@ def flower(args: argparse.Namespace) -> int:
         )
     if "ckks" in parts:
         rows.append(_ckks_row(example, args))
+    if "ckks-state" in parts:
+        state_rows, note = _ckks_state_rows(example, args)
+        rows.extend(state_rows)
+        notes.append(note)
     if "threat-models" in parts:
         threat, note = _threat_rows(example, args)
         rows.extend(threat)

@@ -835,17 +835,29 @@ class FedMF:
         and :meth:`close_round` (server); ``securefed.flower`` runs the same three parts with
         the client step on the nodes that hold the users.
         """
-        cfg = self.config
         if self.needs_rating_mean:
             self.rating_mean_round(transport, seeds)
         rnd, clients = self.open_round(round_id, clients, transport, seeds)
-        if cfg.server_state == "encrypted":
-            submit = lambda uploads: rnd.submit_batch(_item_steps(uploads, cfg.server_lr))  # noqa: E731
-        else:
-            submit = rnd.submit_batch
+        submit = lambda uploads: rnd.submit_batch(self.client_uploads(uploads))  # noqa: E731
         squared_error, n_ratings = self.client_step(round_id, clients, seeds, submit)
         self.close_round(rnd)
         return {"train_rmse": np.sqrt(squared_error / n_ratings) if n_ratings else float("nan")}
+
+    def client_uploads(self, uploads: RowUpdates) -> RowUpdates:
+        """What a group of clients hands the transport: its uploads, or under
+        ``server_state="encrypted"`` the item rows times ``-server_lr`` (Chai et al. 2020,
+        Sec. 3.2: each user applies the step size and the server adds ``[[-eta g]]`` into
+        ``[[V]]``). The same on a node of ``securefed.flower`` as in :meth:`run_round`."""
+        if self.config.server_state == "encrypted":
+            return _item_steps(uploads, self.config.server_lr)
+        return uploads
+
+    @property
+    def update_shape(self) -> tuple[int, int]:
+        """The shape of one client's dense upload block (:meth:`client_uploads`)."""
+        if self.config.server_state == "encrypted":
+            return (self.n_items, self.config.dim)
+        return (self.n_items + 2, self.config.width + 1)
 
     @property
     def needs_rating_mean(self) -> bool:
@@ -938,7 +950,11 @@ class FedMF:
                 "stride": cfg.item_blocks,
             }
         if encrypted:
-            self.V = self._encrypted_state(transport).download(rnd)  # users decrypt [[V]]
+            state = self._encrypted_state(transport)
+            if state.can_reveal:
+                self.V = state.download(rnd)  # users decrypt [[V]]
+            else:  # a federation's server: broadcast_state() carries [[V]], the nodes decrypt
+                state.send(rnd)
         else:
             rnd.broadcast("V", self.V)
         if cfg.biases:  # every client needs b_i for its errors; the server holds it anyway
@@ -955,8 +971,16 @@ class FedMF:
 
     def broadcast_state(self) -> dict[str, np.ndarray]:
         """What :meth:`open_round` sends every client: ``V``, the item biases (with ``biases``) and
-        FedRec+'s global statistics."""
-        state = {"V": self.V}
+        FedRec+'s global statistics.
+
+        Under ``server_state="encrypted"`` on a server without the key (``securefed.flower``)
+        ``V`` goes as its ciphertexts, ``V.ct_*`` (:meth:`EncryptedState.to_arrays`), which the
+        nodes decrypt with the users' shared key before :meth:`load_broadcast`.
+        """
+        if self._state is not None and not self._state.can_reveal:
+            state = self._state.to_arrays("V")
+        else:
+            state = {"V": self.V}
         if self.config.biases:
             state["item_bias"] = self.item_bias
         if self.global_mean is not None and self.config.client_weighting == "wasserstein":
@@ -965,6 +989,16 @@ class FedMF:
 
     def load_broadcast(self, state: Mapping[str, np.ndarray]) -> None:
         """Client side: take what :meth:`broadcast_state` sent (on a node holding some users)."""
+        if "V" not in state:
+            raise ValueError(
+                "the broadcast lacks V"
+                + (
+                    ": it holds the encrypted [[V]], which the node decrypts with the users' "
+                    "shared key first (securefed.flower: ckks-secret-path)"
+                    if "V.ct_bytes" in state
+                    else ""
+                )
+            )
         V = np.asarray(state["V"], dtype=np.float64)
         if V.shape != self.V.shape:
             raise ValueError(f"the broadcast V has shape {V.shape}, expected {self.V.shape}")
@@ -1005,7 +1039,8 @@ class FedMF:
         """Server side, second half: read the aggregate and step ``V`` (or fold ``[[V]]``)."""
         if self.config.server_state == "encrypted":
             rnd.fold_into(self._state)  # [[V]] += sum of [[-eta g]]: nothing is decrypted
-            self.V = self._state.reveal()  # the users' view, for evaluation and checkpoints
+            if self._state.can_reveal:  # in one process: the users' view, for evaluation
+                self.V = self._state.reveal()
         else:
             aggregate = rnd.result()
             total, block_rows = aggregate.total, self.block_rows(rnd.round_id)
@@ -1023,10 +1058,38 @@ class FedMF:
         return np.concatenate([items, [self.n_items, self.n_items + 1]])
 
     def _encrypted_state(self, transport: Transport):
-        """``[[V]]`` on the server, encrypted by a key holder when first needed."""
+        """``[[V]]`` on the server, encrypted by a key holder when first needed (in one process;
+        a federation's server is given it with :meth:`load_encrypted_state`)."""
         if self._state is None:
             self._state = transport.encrypted_state(self.V)
         return self._state
+
+    @property
+    def encrypted_state(self):
+        """``[[V]]`` under ``server_state="encrypted"`` once made or loaded, else ``None``."""
+        return self._state
+
+    def initial_state(self) -> np.ndarray:
+        """The matrix a key holder encrypts into the initial ``[[V]]``: FedMF's initial ``V``
+        (on a ``securefed.flower`` node, whose model is built afresh for every message)."""
+        return self.V
+
+    def load_encrypted_state(self, state) -> None:
+        """Server side: hold ``state``, a key holder's ``[[V]]`` (``securefed.flower``).
+
+        On a server without the key the plaintext ``V`` is then forgotten (set to NaN, so a
+        stray use fails visibly): from here on the server holds ``[[V]]`` only.
+
+        Raises:
+            ValueError: plaintext server state, or a state of another shape than ``V``.
+        """
+        if self.config.server_state != "encrypted":
+            raise ValueError("load_encrypted_state needs server_state='encrypted'")
+        if tuple(state.shape) != tuple(self.V.shape):
+            raise ValueError(f"the encrypted state has shape {state.shape}, V {self.V.shape}")
+        self._state = state
+        if not state.can_reveal:
+            self.V = np.full(self.V.shape, np.nan)
 
     def _client_groups(self, clients: np.ndarray) -> list[np.ndarray]:
         """Split the round's clients into groups of about ``chunk_ratings`` ratings."""

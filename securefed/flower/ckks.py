@@ -54,9 +54,24 @@ from securefed.transport.ckks import (
     FLOOD_STREAM,
     CKKSConfig,
     KeyHolder,
+    arrays_to_ciphertexts,
     check_batch_bound,
+    ciphertexts_to_arrays,
+    encrypt_state,
+    encrypted_names,
     pack_update,
+    state_from_arrays,
 )
+
+__all__ = [
+    "PUBLIC_FILE",
+    "SECRET_FILE",
+    "NodeKeys",
+    "arrays_to_ciphertexts",
+    "ciphertexts_to_arrays",
+    "load_cached_secret",
+    "provision_keys",
+]
 
 SECRET_FILE = "ckks-secret.bin"
 PUBLIC_FILE = "ckks-public.bin"
@@ -159,6 +174,45 @@ class NodeKeys:
             **ciphertexts_to_arrays(per_client),
         }
 
+    def _shared_secret(self, what: str) -> SecretContext:
+        if self.secret is None:
+            raise ContextMismatchError(
+                f"{what} needs the users' shared secret key on every node hosting users "
+                "(server_state='encrypted', shared key model): give the node ckks-secret-path"
+            )
+        return self.secret
+
+    def encrypt_state(self, initial: np.ndarray) -> dict[str, np.ndarray]:
+        """The initial encrypted server state, encrypted here (``[[V_0]]``, Chai et al. 2020,
+        Sec. 3.2), as message arrays with its ``shape``
+        (:func:`~securefed.transport.ckks.encrypt_state`, as a key holder in one process).
+
+        Raises:
+            ContextMismatchError: this node holds no secret key.
+        """
+        secret = self._shared_secret("encrypting the server's state")
+        initial = np.asarray(initial, np.float64)
+        arrays = ciphertexts_to_arrays([encrypt_state(secret, initial)])
+        return arrays | {"shape": np.array(initial.shape, np.int64)}
+
+    def open_broadcast(self, broadcast: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``broadcast`` with every encrypted matrix (``name.ct_*``, e.g. FedMF's ``[[V]]``)
+        decrypted here with the users' shared key; the values never leave the node.
+
+        Raises:
+            ContextMismatchError: an encrypted matrix and no secret key, or another key's.
+        """
+        names = encrypted_names(broadcast)
+        if not names:
+            return dict(broadcast)
+        secret = self._shared_secret("decrypting the broadcast state")
+        opened = {
+            k: v for k, v in broadcast.items() if not any(k.startswith(f"{n}.") for n in names)
+        }
+        for name in names:
+            opened[name] = state_from_arrays(broadcast, name, secret)
+        return opened
+
     def decrypt_sum(
         self,
         summed: Sequence[Ciphertext],
@@ -204,56 +258,3 @@ def load_cached_secret(path: str) -> SecretContext:
         _SECRETS.clear()
         _SECRETS[key] = load_secret_context(path)
     return _SECRETS[key]
-
-
-# ----------------------------------------------------------------------------- wire format
-def ciphertexts_to_arrays(per_client: Sequence[Sequence[Ciphertext]]) -> dict[str, np.ndarray]:
-    """Every client's ciphertexts as ``ct_bytes`` (uint8), ``ct_offsets``, ``ct_lengths``,
-    ``ct_counts`` (ciphertexts per client) and ``ct_key`` (the key id, as bytes)."""
-    flat = [c for cts in per_client for c in cts]
-    sizes = [c.nbytes for c in flat]
-    key_ids = {c.key_id for c in flat}
-    if len(key_ids) > 1:
-        raise ContextMismatchError(f"ciphertexts of several keys in one message: {key_ids}")
-    key_id = key_ids.pop() if key_ids else ""
-    return {
-        "ct_bytes": np.frombuffer(b"".join(c.data for c in flat), np.uint8).copy(),
-        "ct_offsets": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
-        "ct_lengths": np.array([c.length for c in flat], np.int64),
-        "ct_counts": np.array([len(cts) for cts in per_client], np.int64),
-        "ct_key": np.frombuffer(key_id.encode(), np.uint8).copy(),
-    }
-
-
-def arrays_to_ciphertexts(arrays: Mapping[str, np.ndarray]) -> list[list[Ciphertext]]:
-    """Rebuild :func:`ciphertexts_to_arrays` (one list per client).
-
-    Raises:
-        ValueError: a field is missing or the offsets and counts do not fit the bytes.
-    """
-    missing = [
-        name
-        for name in ("ct_bytes", "ct_offsets", "ct_lengths", "ct_counts", "ct_key")
-        if name not in arrays
-    ]
-    if missing:
-        raise ValueError(f"a CKKS message lacks {missing}")
-    data = np.asarray(arrays["ct_bytes"], np.uint8).tobytes()
-    offsets = np.asarray(arrays["ct_offsets"], np.int64)
-    lengths = np.asarray(arrays["ct_lengths"], np.int64)
-    counts = np.asarray(arrays["ct_counts"], np.int64)
-    key_id = np.asarray(arrays["ct_key"], np.uint8).tobytes().decode()
-    if (
-        len(offsets) != len(lengths) + 1
-        or counts.sum() != len(lengths)
-        or offsets[0] != 0
-        or offsets[-1] != len(data)
-        or np.any(np.diff(offsets) <= 0)
-    ):
-        raise ValueError("the ciphertext offsets, lengths and counts do not fit the bytes")
-    flat = [
-        Ciphertext(key_id, data[int(offsets[j]) : int(offsets[j + 1])], int(lengths[j]))
-        for j in range(len(lengths))
-    ]
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    return [flat[int(starts[k]) : int(starts[k + 1])] for k in range(len(counts))]

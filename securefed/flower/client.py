@@ -49,8 +49,8 @@ from flwr.clientapp import ClientApp
 
 from securefed.crypto import keys as kx
 from securefed.crypto import shamir
-from securefed.crypto.ckks import Flooding
-from securefed.errors import AggregationError, SecurefedError
+from securefed.crypto.ckks import ContextMismatchError, Flooding
+from securefed.errors import AggregationError, AlgorithmContractError, SecurefedError
 from securefed.flower import records as rec
 from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
 from securefed.flower.dp import integers_on_client, mechanism_from_config, noise_on_client
@@ -60,6 +60,7 @@ from securefed.flower.journal import STATE_DIR_KEY, NodeJournal
 from securefed.flower.protocol import ClientNode
 from securefed.randomness import SeedTree
 from securefed.transport.base import RowUpdates
+from securefed.transport.ckks import encrypted_names
 from securefed.transport.ddp import DistributedIntegerMechanism
 from securefed.transport.dp import clip_row_updates
 from securefed.transport.secagg import (
@@ -168,9 +169,25 @@ def _save_node(context: Context, node: ClientNode) -> None:
     context.state[NODE_STATE] = rec.arrays_record(node.state_dict())
 
 
-def _broadcast(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _broadcast(
+    arrays: Mapping[str, np.ndarray], keys: NodeKeys | None = None
+) -> dict[str, np.ndarray]:
+    """The broadcast of a message; an encrypted server state in it (``name.ct_*``: FedMF's
+    ``[[V]]`` under ``server_state="encrypted"``) decrypted here with the node's secret key.
+
+    Raises:
+        ContextMismatchError: an encrypted state and no secret key on this node.
+    """
     prefix = "broadcast."
-    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+    broadcast = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+    if encrypted_names(broadcast):
+        if keys is None:
+            raise ContextMismatchError(
+                "the broadcast holds an encrypted server state, and this node has no CKKS keys: "
+                "give it ckks-secret-path (the users' shared key)"
+            )
+        return keys.open_broadcast(broadcast)
+    return broadcast
 
 
 def _hosted(node: ClientNode, clients: np.ndarray) -> np.ndarray:
@@ -195,7 +212,9 @@ def _train(
     _load_node(context, node, setup.journal)
     clients = _hosted(node, arrays["clients"])
     batches, metrics = (
-        node.train(round_id, clients, _broadcast(arrays), setup.seeds) if len(clients) else ([], {})
+        node.train(round_id, clients, _broadcast(arrays, setup.ckks), setup.seeds)
+        if len(clients)
+        else ([], {})
     )
     _save_node(context, node)
     if setup.journal is not None:
@@ -698,6 +717,24 @@ def _ckks_decrypt(setup: ClientSetup, message: Message) -> Message:
     return _reply(message, {"values": values}, {})
 
 
+def _ckks_encrypt_state(setup: ClientSetup, message: Message) -> Message:
+    """A key holder encrypts the node's initial server state (``initial_state``: FedMF's
+    initial ``V``) for the server, which keeps only the ciphertexts."""
+    config = rec.message_config(message)
+    keys = _ckks_keys(setup, config)
+    if config.get("ckks_key_model") != "shared":
+        raise ContextMismatchError(
+            "an encrypted server state needs the shared key model: every node decrypts it"
+        )
+    initial = getattr(setup.node, "initial_state", None)
+    if not callable(initial):
+        raise AlgorithmContractError(
+            f"{type(setup.node).__name__} has no initial_state(): it cannot seed an encrypted "
+            "server state"
+        )
+    return _reply(message, keys.encrypt_state(initial()), {})
+
+
 # ----------------------------------------------------------------------------- the app
 def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     """A Flower ``ClientApp`` whose handlers run the node returned by ``setup(context)``."""
@@ -712,7 +749,7 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
         node_setup = setup(context)
         node = node_setup.node
         _load_node(context, node, node_setup.journal)
-        metrics = node.evaluate(_broadcast(rec.message_arrays(message)))
+        metrics = node.evaluate(_broadcast(rec.message_arrays(message), node_setup.ckks))
         if node_setup.on_evaluate is not None:
             node_setup.on_evaluate(node)
         return _reply(message, {}, _metric_config(metrics))
@@ -744,6 +781,10 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
     @app.train("ckks")
     def ckks_train(message: Message, context: Context) -> Message:
         return _refusing(lambda: _ckks_train(setup(context), context, message), context, message)
+
+    @app.query("ckks_encrypt_state")
+    def ckks_encrypt_state(message: Message, context: Context) -> Message:
+        return _refusing(lambda: _ckks_encrypt_state(setup(context), message), context, message)
 
     @app.query("ckks_decrypt")
     def ckks_decrypt(message: Message, context: Context) -> Message:

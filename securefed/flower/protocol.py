@@ -33,6 +33,12 @@ class ServerAlgorithm(Protocol):
 
     ``open_round`` + (clients compute and submit) + ``close_round`` must be what the algorithm's
     own ``run_round`` does in one process, so that both runtimes give the same model.
+
+    An encrypted server state (``transport_needs.encrypted_state`` set: FedMF's
+    ``server_state="encrypted"``) also needs ``encrypted_state`` (``None`` until given) and
+    ``load_encrypted_state(state)``: the server asks a key-holder node to encrypt the initial
+    state (the node's ``initial_state()``) and hands the ciphertexts to the algorithm, whose
+    ``broadcast_state`` then carries them (``name.ct_*``, decrypted on the nodes).
     """
 
     n_clients: int

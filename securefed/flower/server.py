@@ -28,7 +28,11 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   message rounds. ``train.ckks`` (the nodes compute and encrypt their users' updates; the server
   adds the ciphertexts with ``CKKSRound.receive_ciphertexts``) and ``query.ckks_decrypt`` (the
   summed ciphertexts go to one key-holder node, which decrypts, floods and rounds them as
-  ``KeyHolder`` does in one process; ``CKKSRound.receive_decryption``).
+  ``KeyHolder`` does in one process; ``CKKSRound.receive_decryption``). Under an encrypted
+  server state (FedMF's ``server_state="encrypted"``, shared key model) a key-holder node first
+  encrypts the initial state (``query.ckks_encrypt_state``); each round the broadcast carries
+  the ciphertexts, the nodes decrypt them, and the server folds the summed ciphertexts into the
+  state (the algorithm's ``close_round``) instead of asking for a decryption.
 * ``evaluate``: after the last round (and every ``evaluate_every``), the nodes report held-out
   metric sums of their users.
 
@@ -83,6 +87,7 @@ from securefed.flower.protocol import (
 )
 from securefed.randomness import SeedTree
 from securefed.runtime import Checkpoints, RunHistory
+from securefed.transport import require_capabilities
 from securefed.transport.base import AggregationRound, RowUpdates, Transport
 from securefed.transport.ckks import CKKSConfig, CKKSRound, CKKSTransport
 from securefed.transport.ddp import INTEGER_MECHANISMS
@@ -113,6 +118,8 @@ CONSISTENCY = "query.secagg_consistency"
 UNMASK = "query.secagg_unmask"
 CKKS_TRAIN = "train.ckks"
 CKKS_DECRYPT = "query.ckks_decrypt"
+CKKS_ENCRYPT_STATE = "query.ckks_encrypt_state"
+"""A key-holder node encrypts the initial encrypted server state (FedMF's ``[[V]]``)."""
 
 
 @dataclass
@@ -529,6 +536,11 @@ class _Run:
                 "merge_share_mask merges secure aggregation's message rounds; the "
                 f"{self.wire.kind} wire has none"
             )
+        needs = getattr(self.algorithm, "transport_needs", None)
+        self.encrypted_state: str | None = None if needs is None else needs.encrypted_state
+        """What needs the server's state kept encrypted (``"server_state='encrypted'"``)."""
+        if self.encrypted_state is not None:
+            require_capabilities(self.transport, needs)  # refuses as in one process, by name
         self.result = FlowerRunResult(ledger=setup.transport.ledger)
         self.messenger = _Messenger(grid, setup.options, self.result)
         self.hosts: dict[int, int] = {}
@@ -561,6 +573,12 @@ class _Run:
         options = self.options
         if not options.checkpoint_dir:
             return None
+        if self.encrypted_state is not None:
+            raise CheckpointError(
+                f"{self.encrypted_state} with a checkpoint directory: the server's checkpoint "
+                "does not carry the encrypted state ([[V]], which the server cannot re-encrypt) "
+                "yet; run without checkpoint_dir"
+            )
         if self.seeds.seed is None and options.checkpoint_key is None:
             raise ValueError(
                 "an unseeded (secure-mode) run keeps its root entropy secret, and its "
@@ -1044,9 +1062,43 @@ class _Run:
         dp_round = _dp_round(outer)
         if dp_round is not None and self.wire.dp.placement == "distributed":
             dp_round.charge_release()  # before the key holder decrypts: the release
-        self._ckks_decrypt(round_id, rnd, config)
-        self.algorithm.close_round(outer)
+        if self.encrypted_state is None:
+            self._ckks_decrypt(round_id, rnd, config)
+        self.algorithm.close_round(outer)  # under an encrypted state: folds the sum, decrypts none
         return sum_metrics(parts)
+
+    def _encrypt_initial_state(self, nodes: list[int]) -> None:
+        """Before the first round: a key-holder node encrypts the initial state, one message
+        round (``query.ckks_encrypt_state``); the server keeps the ciphertexts only.
+
+        In the shared key model the server cannot encrypt (symmetric encryption), and holding
+        the initial matrix would let it follow ``[[V]]``'s plaintext from public seeds; the
+        node encrypts its own initial draw (``initial_state``), as a key holder does in one
+        process (:func:`~securefed.transport.ckks.encrypt_state`). The nodes are asked lowest id
+        first until one answers.
+
+        Raises:
+            AggregationError: no node answered.
+        """
+        if self.algorithm.encrypted_state is not None:
+            return
+        config = self._round_config(self.resumed_from) | self.wire.node_config(0)
+        for node in sorted(nodes):
+            replies = self.messenger.exchange(
+                CKKS_ENCRYPT_STATE, {node: rec.content({}, config)}, self.resumed_from
+            )
+            if node in replies:
+                with _malformed_refuses(self.resumed_from, node, CKKS_ENCRYPT_STATE):
+                    arrays = rec.message_arrays(replies[node])
+                    [ciphertexts] = arrays_to_ciphertexts(arrays)
+                    shape = tuple(int(n) for n in arrays["shape"])
+                    state = self.transport.encrypted_state_from(ciphertexts, shape)
+                self.algorithm.load_encrypted_state(state)
+                return
+        raise AggregationError(
+            f"no CKKS key-holder node encrypted the initial state (asked nodes {sorted(nodes)}); "
+            "the server cannot encrypt it itself"
+        )
 
     def _ckks_decrypt(self, round_id: int, rnd: CKKSRound, config: dict) -> None:
         """Stage 3 over one more message round: a key-holder node decrypts the summed ciphertexts.
@@ -1114,6 +1166,8 @@ class _Run:
             self.messenger.grid, options.min_nodes, options.connect_timeout, options.poll_interval
         )
         self.result.nodes = len(nodes)
+        if self.encrypted_state is not None:
+            self._encrypt_initial_state(nodes)
         for round_id in range(self.resumed_from, options.rounds):
             start = time.perf_counter()
             clients = self.clients_of(round_id)

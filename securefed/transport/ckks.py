@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -58,6 +58,7 @@ from securefed.crypto.ckks import (
     AggregationCircuit,
     Ciphertext,
     CKKSParameters,
+    ContextMismatchError,
     Flooding,
     PublicContext,
     SecretContext,
@@ -285,6 +286,10 @@ class KeyHolder:
     @property
     def key_id(self) -> str:
         return self._secret.key_id
+
+    @property
+    def params(self) -> CKKSParameters:
+        return self._secret.params
 
     def encrypt(self, values: np.ndarray) -> list[Ciphertext]:
         """Encrypt as a client of the shared-key model (every user is a key holder)."""
@@ -603,6 +608,21 @@ class CKKSRound(AggregationRound):
 
 
 # ----------------------------------------------------------------------------- encrypted state
+def encrypt_state(keys: KeyHolder | SecretContext, initial: np.ndarray) -> list[Ciphertext]:
+    """A key holder's encryption of the initial matrix of an :class:`EncryptedState`: checked
+    to lie within half the parameters' largest value (room for the summed updates), packed
+    row-major, ``slots`` values per ciphertext. The same in one process as on a Flower node.
+
+    Raises:
+        ValueError: not a matrix, or a value beyond the bound.
+    """
+    initial = np.asarray(initial, dtype=np.float64)
+    if initial.ndim != 2:
+        raise ValueError(f"the state must be a matrix, got shape {initial.shape}")
+    check_bound(-1, initial.ravel(), keys.params.max_abs_value(0) / 2)
+    return keys.encrypt(initial.ravel())
+
+
 class EncryptedState:
     """A matrix that stays encrypted at the server: Chai et al.'s FedMF item matrix ``[[V]]``.
 
@@ -630,22 +650,59 @@ class EncryptedState:
             )
         if transport.key_holder is None:
             raise ValueError(
-                "an encrypted state is encrypted and revealed by key holders; this transport "
-                "holds only the public context (server_state='encrypted' is not carried to "
-                "remote key holders)"
+                "an encrypted state is encrypted by a key holder; this transport holds only the "
+                "public context: take the key holder's ciphertexts with "
+                "EncryptedState.from_ciphertexts (securefed.flower asks a key-holder node)"
             )
         initial = np.asarray(initial, dtype=np.float64)
-        if initial.ndim != 2:
-            raise ValueError(f"the state must be a matrix, got shape {initial.shape}")
-        check_bound(-1, initial.ravel(), transport.params.max_abs_value(0) / 2)
-        self.shape = initial.shape
+        self._start(transport, initial.shape)
+        self._server.receive(encrypt_state(transport.key_holder, initial))
+
+    def _start(self, transport: CKKSTransport, shape: tuple[int, int]) -> None:
+        self.shape = (int(shape[0]), int(shape[1]))
         self._transport = transport
         self._server = AggregatingServer(
             transport.server_context,
-            chunk_count(initial.size, transport.server_context.data_slots),
+            chunk_count(self.shape[0] * self.shape[1], transport.server_context.data_slots),
         )
-        self._server.receive(transport.key_holder.encrypt(initial.ravel()))
         self.updates = 0
+
+    @classmethod
+    def from_ciphertexts(
+        cls, transport: CKKSTransport, ciphertexts: Sequence[Ciphertext], shape: tuple[int, int]
+    ) -> EncryptedState:
+        """``[[initial]]`` as a key holder encrypted it elsewhere (a node, on Flower).
+
+        The server of a federation holds only the public context, and in the shared key model
+        (symmetric encryption) it cannot encrypt: a key holder encrypts the initial matrix
+        (packed row-major as :class:`EncryptedState` packs it) and the server keeps the
+        ciphertexts. Nothing is decrypted here.
+
+        Raises:
+            ValueError: the committee key model, a shape that is not a matrix's, or a number of
+                ciphertexts other than the packing of ``shape`` needs.
+            ContextMismatchError: ciphertexts of another key.
+        """
+        if transport.config.key_model != "shared":
+            raise ValueError(
+                "an encrypted state needs the shared key model: every client decrypts it"
+            )
+        if len(shape) != 2 or min(shape) < 1:
+            raise ValueError(f"the state must be a matrix, got shape {tuple(shape)}")
+        state = cls.__new__(cls)
+        state._start(transport, shape)
+        if len(ciphertexts) != state._server.n_blocks:
+            raise ValueError(
+                f"a state of shape {state.shape} packs into {state._server.n_blocks} "
+                f"ciphertexts, the key holder sent {len(ciphertexts)}"
+            )
+        state._server.receive(list(ciphertexts))
+        return state
+
+    @property
+    def can_reveal(self) -> bool:
+        """Whether this process holds the key (in one process); a federation's server does not."""
+        return self._transport.key_holder is not None
 
     def ciphertexts(self) -> list[Ciphertext]:
         """What the server holds and sends: the serialized state."""
@@ -657,10 +714,23 @@ class EncryptedState:
         Returns the matrix as the clients see it. The view records the ciphertexts' digests in
         the round's broadcast (when the round keeps payloads), never the values.
         """
+        self.send(rnd)
+        return self.reveal()
+
+    def send(self, rnd: CKKSRound) -> list[Ciphertext]:
+        """The ciphertexts every client of ``rnd`` downloads, recorded in the round's view
+        (bytes down; their digests in the broadcast when the round keeps payloads)."""
         envelopes = self.ciphertexts()
         rnd.view.add_bytes_down(rnd.clients, sum(c.nbytes for c in envelopes))
         rnd.view.record_broadcast("encrypted_state_sha256", digests(envelopes))
-        return self.reveal()
+        return envelopes
+
+    def to_arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The state as message arrays ``{name}.ct_*`` (:func:`ciphertexts_to_arrays`) and
+        ``{name}.ct_shape``: what a federation's server broadcasts (:func:`state_from_arrays`)."""
+        arrays = ciphertexts_to_arrays([self.ciphertexts()])
+        arrays["ct_shape"] = np.array(self.shape, np.int64)
+        return {f"{name}.{key}": value for key, value in arrays.items()}
 
     def add(self, server: AggregatingServer, shape: tuple[int, int]) -> None:
         """Add a round's summed ciphertexts (same shape, same packing) to the state."""
@@ -670,9 +740,107 @@ class EncryptedState:
         self.updates += 1
 
     def reveal(self) -> np.ndarray:
-        """The key holders' decryption of the state (what a client sees; evaluation at the end)."""
+        """The key holders' decryption of the state (what a client sees; evaluation at the end).
+
+        Raises:
+            AggregationError: this process holds only the public context (a federation's
+                server: the nodes decrypt what it sends them).
+        """
+        if not self.can_reveal:
+            raise AggregationError(
+                "the encrypted state cannot be revealed here: this transport holds only the "
+                "public context (the key holders decrypt [[V]] on their own machines)"
+            )
         values = self._transport.key_holder.decrypt_for_clients(self.ciphertexts())
         return values[: self.shape[0] * self.shape[1]].reshape(self.shape)
+
+
+# ----------------------------------------------------------------------------- wire format
+# Ciphertexts as arrays (Flower records, an encrypted state in a broadcast): one uint8 array of
+# concatenated TenSEAL serializations with int64 offsets (sizes vary: SEAL compresses them).
+def ciphertexts_to_arrays(per_client: Sequence[Sequence[Ciphertext]]) -> dict[str, np.ndarray]:
+    """Every client's ciphertexts as ``ct_bytes`` (uint8), ``ct_offsets``, ``ct_lengths``,
+    ``ct_counts`` (ciphertexts per client) and ``ct_key`` (the key id, as bytes)."""
+    flat = [c for cts in per_client for c in cts]
+    sizes = [c.nbytes for c in flat]
+    key_ids = {c.key_id for c in flat}
+    if len(key_ids) > 1:
+        raise ContextMismatchError(f"ciphertexts of several keys in one message: {key_ids}")
+    key_id = key_ids.pop() if key_ids else ""
+    return {
+        "ct_bytes": np.frombuffer(b"".join(c.data for c in flat), np.uint8).copy(),
+        "ct_offsets": np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
+        "ct_lengths": np.array([c.length for c in flat], np.int64),
+        "ct_counts": np.array([len(cts) for cts in per_client], np.int64),
+        "ct_key": np.frombuffer(key_id.encode(), np.uint8).copy(),
+    }
+
+
+def arrays_to_ciphertexts(arrays: Mapping[str, np.ndarray]) -> list[list[Ciphertext]]:
+    """Rebuild :func:`ciphertexts_to_arrays` (one list per client).
+
+    Raises:
+        ValueError: a field is missing or the offsets and counts do not fit the bytes.
+    """
+    missing = [
+        name
+        for name in ("ct_bytes", "ct_offsets", "ct_lengths", "ct_counts", "ct_key")
+        if name not in arrays
+    ]
+    if missing:
+        raise ValueError(f"a CKKS message lacks {missing}")
+    data = np.asarray(arrays["ct_bytes"], np.uint8).tobytes()
+    offsets = np.asarray(arrays["ct_offsets"], np.int64)
+    lengths = np.asarray(arrays["ct_lengths"], np.int64)
+    counts = np.asarray(arrays["ct_counts"], np.int64)
+    key_id = np.asarray(arrays["ct_key"], np.uint8).tobytes().decode()
+    if (
+        len(offsets) != len(lengths) + 1
+        or counts.sum() != len(lengths)
+        or offsets[0] != 0
+        or offsets[-1] != len(data)
+        or np.any(np.diff(offsets) <= 0)
+    ):
+        raise ValueError("the ciphertext offsets, lengths and counts do not fit the bytes")
+    flat = [
+        Ciphertext(key_id, data[int(offsets[j]) : int(offsets[j + 1])], int(lengths[j]))
+        for j in range(len(lengths))
+    ]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [flat[int(starts[k]) : int(starts[k + 1])] for k in range(len(counts))]
+
+
+def encrypted_names(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """The names of the encrypted matrices among ``arrays`` (:meth:`EncryptedState.to_arrays`)."""
+    return sorted(key[: -len(".ct_bytes")] for key in arrays if key.endswith(".ct_bytes"))
+
+
+def state_from_arrays(
+    arrays: Mapping[str, np.ndarray], name: str, secret: SecretContext
+) -> np.ndarray:
+    """A key holder's decryption of the matrix ``name`` of :meth:`EncryptedState.to_arrays`.
+
+    What a client does with the downloaded ``[[V]]`` (Chai et al. 2020, Sec. 3.2): the values
+    stay with the key holder.
+
+    Raises:
+        ValueError: missing fields, or ciphertexts that do not hold ``ct_shape``'s values.
+        ContextMismatchError: ciphertexts of another key than ``secret``'s.
+    """
+    prefix = f"{name}."
+    fields = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+    if "ct_shape" not in fields:
+        raise ValueError(f"the encrypted {name} lacks its ct_shape")
+    shape = tuple(int(n) for n in np.asarray(fields["ct_shape"], np.int64))
+    [ciphertexts] = arrays_to_ciphertexts(fields)
+    if any(c.key_id != secret.key_id for c in ciphertexts):
+        raise ContextMismatchError(
+            f"the encrypted {name} is under another key than this key holder's ({secret.key_id})"
+        )
+    values = secret.decrypt(ciphertexts)
+    if len(shape) != 2 or len(values) < shape[0] * shape[1]:
+        raise ValueError(f"the encrypted {name} does not hold a matrix of shape {shape}")
+    return values[: shape[0] * shape[1]].reshape(shape)
 
 
 # ----------------------------------------------------------------------------- the transport
@@ -804,13 +972,16 @@ class CKKSTransport(Transport):
         """Dense ciphertexts on the wire; an encrypted state in the shared key model.
 
         Without the secret key (built from the public context: the server of a federation) the
-        clients encrypt and a key holder decrypts elsewhere, so no in-process client can submit
-        and no encrypted state can be made here.
+        clients encrypt and a key holder decrypts elsewhere, so no in-process client can submit;
+        an encrypted state (shared model) is then held from a key holder's ciphertexts
+        (:meth:`encrypted_state_from`), never encrypted or revealed here.
         """
         here = self.key_holder is not None
         return TransportCapabilities(
             in_process_clients=here,
-            encrypted_state=here and self.config.key_model == "shared",
+            # Without the key the state comes from a key holder's ciphertexts
+            # (EncryptedState.from_ciphertexts): the server of a federation can still hold it.
+            encrypted_state=self.config.key_model == "shared",
             dense_wire=True,
             server_sees="ciphertexts",
         )
@@ -822,6 +993,12 @@ class CKKSTransport(Transport):
             ValueError: the committee key model, or a transport without the secret key.
         """
         return EncryptedState(self, initial)
+
+    def encrypted_state_from(
+        self, ciphertexts: Sequence[Ciphertext], shape: tuple[int, int]
+    ) -> EncryptedState:
+        """``[[V]]`` from a key holder's ciphertexts (:meth:`EncryptedState.from_ciphertexts`)."""
+        return EncryptedState.from_ciphertexts(self, ciphertexts, shape)
 
     def public_parameters(self) -> dict[str, object]:
         context = self.server_context

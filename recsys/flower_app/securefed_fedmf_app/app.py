@@ -69,8 +69,12 @@ class FedMFApp:
         split: the data set's split (``"u1"``.. for ML-100K; ``""``: the loader's default).
         synthetic_users, synthetic_items, synthetic_ratings, synthetic_seed: the synthetic set.
         test_fraction, split_seed: the random split of non-ML-100K data.
-        variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload: FedMF's
-            :class:`~securefed.recsys.fedmf.FedMFConfig`.
+        variant, dim, rounds, lr, server_lr, reg_user, reg_item, init_std, upload, aggregation,
+            server_state: FedMF's :class:`~securefed.recsys.fedmf.FedMFConfig` (refused there
+            as in one process). ``server-state = "encrypted"`` (Chai et al.'s ``[[V]]``, with
+            ``aggregation = "sum"``, transport ``ckks``, shared key model): the server keeps
+            the item matrix as ciphertexts only, a key-holder node encrypts the initial one,
+            every node decrypts it with the users' shared key (``ckks-secret-path``).
         seed: ``-1`` (the default) is secure mode (OS randomness, nothing reproducible); a
             seed makes every node's keys, masks and noise reproducible: seeded, not private.
         transport: a name of :mod:`securefed.transport.registry`, built there with the options
@@ -135,6 +139,8 @@ class FedMFApp:
     reg_item: float = 0.12
     init_std: float = 0.3
     upload: str = "part"
+    aggregation: str = "mean"
+    server_state: str = "plain"
     seed: int = -1
     transport: str = "plaintext"
     secagg_bits: int = 64
@@ -224,6 +230,8 @@ class FedMFApp:
             reg_item=self.reg_item,
             init_std=self.init_std,
             upload=self.upload,
+            aggregation=self.aggregation,
+            server_state=self.server_state,
         )
 
     def seeds(self) -> SeedTree:
@@ -350,13 +358,22 @@ class FedMFNode:
         self.users, train, self.test = _partition(_data_key(app), num_partitions, partition_id)
         self.partition_id = partition_id
         self.model = FedMF(train, app.fedmf_config(), app.seeds())
-        self.update_shape = (self.model.n_items + 2, app.dim + 1)
+        self.update_shape = self.model.update_shape
 
     def train(self, round_id, clients, broadcast, seeds):
         self.model.load_broadcast(broadcast)
         batches = []
-        squared_error, n_ratings = self.model.client_step(round_id, clients, seeds, batches.append)
+        squared_error, n_ratings = self.model.client_step(
+            round_id,
+            clients,
+            seeds,
+            lambda uploads: batches.append(self.model.client_uploads(uploads)),
+        )
         return batches, {"squared_error": squared_error, "ratings": n_ratings}
+
+    def initial_state(self) -> np.ndarray:
+        """FedMF's initial ``V`` (this message's fresh model), for the initial ``[[V]]``."""
+        return self.model.initial_state()
 
     def evaluate(self, broadcast) -> dict[str, float]:
         self.model.load_broadcast(broadcast)
@@ -491,7 +508,8 @@ def server_setup(app: FedMFApp, outcome: FedMFOutcome | None = None) -> ServerSe
         if app.output_dir:
             out = Path(app.output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            np.savez(out / "server.npz", V=model.V)
+            if app.server_state != "encrypted":  # else the server holds [[V]] only
+                np.savez(out / "server.npz", V=model.V)
             summary = {
                 "rounds": result.rounds,
                 "evaluations": result.evaluations,
