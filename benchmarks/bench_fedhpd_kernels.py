@@ -90,7 +90,7 @@ def permutation_p(a: np.ndarray, b: np.ndarray, n: int = PERMUTATIONS, seed: int
     for _ in range(n):
         perm = rng.permutation(pooled)
         hits += abs(perm[: len(a)].mean() - perm[len(a) :].mean()) >= observed - 1e-12
-    return (hits + 1) / (n + 1)
+    return float((hits + 1) / (n + 1))
 
 
 def compare(fast: dict[int, float], slow: dict[int, float]) -> dict:
@@ -114,8 +114,11 @@ def compare(fast: dict[int, float], slow: dict[int, float]) -> dict:
         out["paired_difference_sd"] = float((a - b).std(ddof=1))
         out["welch_p"] = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
         out["permutation_p"] = permutation_p(a, b)
-        out["paired_t_p"] = float(stats.ttest_rel(a, b).pvalue)
-        out["wilcoxon_p"] = float(stats.wilcoxon(a, b).pvalue)
+        if np.array_equal(a, b):  # no run parted: both paired tests are undefined (0 / 0)
+            out["paired_t_p"] = out["wilcoxon_p"] = 1.0
+        else:
+            out["paired_t_p"] = float(stats.ttest_rel(a, b).pvalue)
+            out["wilcoxon_p"] = float(stats.wilcoxon(a, b).pvalue)
     return out
 
 

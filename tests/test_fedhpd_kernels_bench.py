@@ -53,4 +53,5 @@ def test_a_tiny_run_of_both_kernel_sets(tmp_path, capsys):
     assert row["seeds"] == [1, 2]
     # Three rounds from the same initial policies: the draws cannot have parted yet.
     assert row["fast"] == row["torch"]
+    assert row["paired_t_p"] == row["wilcoxon_p"] == 1.0
     assert "fast" in capsys.readouterr().out
