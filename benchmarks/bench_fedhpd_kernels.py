@@ -210,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(sys.argv[1:] if argv is None else argv),
         "rounds": partials["fast"]["rounds"],
         "load_average_start": load_start,
-        "chunks": {k: r["chunks"] for k, r in partials.items()},
+        "chunks": {  # without per-round returns (a partial record may hold them)
+            k: [{x: v for x, v in c.items() if x != "returns"} for c in r["chunks"]]
+            for k, r in partials.items()
+        },
         "cpu_seconds": {k: sum(c["cpu_s"] for c in r["chunks"]) for k, r in partials.items()},
         "summary": summary,
         "machine": machine(),
