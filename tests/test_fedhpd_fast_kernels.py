@@ -1,7 +1,11 @@
 """The fast learner's hand-written kernels (rl/fast.py, ``kernels="fast"``) against torch's:
 gradients of the distillation and REINFORCE losses against autograd through ``torch.tanh`` and
 the last-axis softmax (float32 rounding apart), the two-action sampler bit for bit against the
-general one, and a short run of each kernel set."""
+general one, a short run of each kernel set, and the whole passes of a ``Population`` that NoFed
+and FedHPD run (REINFORCE on the discounted, normalised returns; the distillation event's
+uploads and KD loss), each kernel set's gradient handed to Adam against float64, block by block,
+with the same rows, schedule and learning rates (issue 32: the fast kernels are no learning-rate,
+loss or gradient-scale change)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,13 @@ from securefed.rl.fast import (
     sample_two_actions,
     softmax_actions,
 )
-from securefed.rl.fedhpd import TASKS, FedHPDConfig, RunSpec, kl_categorical
+from securefed.rl.fedhpd import (
+    TASKS,
+    FedHPDConfig,
+    RunSpec,
+    discounted_returns,
+    kl_categorical,
+)
 from securefed.rl.policies import AGENTS, make_policy, sample_categorical, softmax_np
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -152,3 +162,178 @@ def test_unknown_kernels_are_refused():
     with pytest.raises(ValueError, match="unknown KL direction"):
         t = torch.full((1, 2, 3), 0.5)
         kl_grad_t(t, t, t, ["sideways"])
+
+
+# -- whole passes of Population: what each kernel set feeds the optimiser ---------------------
+def blocks_close(group: _Group, fast: torch.Tensor, slow: torch.Tensor, exact: torch.Tensor):
+    """The float32 gradients ``fast`` and ``slow`` (torch kernels) against ``exact`` (the same
+    loss in float64), block by block (each weight and bias of each copy): Adam normalises every
+    parameter's step, so a block of small gradients matters as much as a large one.
+
+    A block passes when the fast kernels' error is within ``4 RTOL`` of the block's largest
+    entry or within 8x the torch kernels' own float32 error: a gradient is a sum over states
+    with cancellation (the normalised returns sum to zero, a KL gradient nearly so at the
+    consensus), so its rounding is relative to the terms, not to the sum (measured: up to
+    1.1e-5 of a small block's largest entry, 4.6x the torch kernels' error). A scale, learning
+    rate or loss-term bug is off by 1e-3 or more."""
+    for c in range(exact.shape[0]):
+        for w, b, _, _ in [*group.layers, group.head]:
+            for part in (w, b):
+                truth = exact[c, part]
+                err_fast = float((fast[c, part].double() - truth).abs().max())
+                err_slow = float((slow[c, part].double() - truth).abs().max())
+                scale = float(truth.abs().max())
+                assert err_fast <= max(4 * RTOL * scale, 8 * err_slow), (
+                    c,
+                    part,
+                    err_fast,
+                    err_slow,
+                )
+
+
+def recording(population: Population) -> list:
+    """Record every ``adam_step`` of ``population``: group, rows, parameters before the step,
+    gradient, schedule flag."""
+    calls = []
+    for group in population.groups:
+        step = group.adam_step
+
+        def record(rows, grad, *, schedule, group=group, step=step):
+            before = group.flat[torch.as_tensor(rows, dtype=torch.long)].clone()
+            calls.append((group, np.array(rows), before, grad.detach().clone(), schedule))
+            step(rows, grad, schedule=schedule)
+
+        group.adam_step = record
+    return calls
+
+
+def twin_populations(runs, rounds_before: int):
+    """A fast and a torch population in the same state: the fast one trained ``rounds_before``
+    rounds, its parameters, Adam moments and schedules copied into the torch one."""
+    fast, slow = Population(runs, kernels="fast"), Population(runs, kernels="torch")
+    for round_id in range(rounds_before):
+        _, lengths = fast.play(round_id)
+        fast.learn(lengths)
+    for a, b in zip(fast.groups, slow.groups, strict=True):
+        b.flat.copy_(a.flat)
+        b.exp_avg.copy_(a.exp_avg)
+        b.exp_avg_sq.copy_(a.exp_avg_sq)
+        b.steps, b.lr, b.schedule_steps = list(a.steps), list(a.lr), list(a.schedule_steps)
+        b.refresh()
+    return fast, slow
+
+
+def float64_gradient(group: _Group, params: torch.Tensor, x: torch.Tensor, loss_of) -> torch.Tensor:
+    """The gradient of ``loss_of(log_p)`` at ``params`` in float64, by autograd through
+    ``torch.tanh`` and the last-axis log-softmax (the reference: no float32 rounding to speak
+    of, no hand-written pass)."""
+    reference = params.double().requires_grad_(True)
+    out, _ = group.forward(reference, x.double(), "torch")
+    (grad,) = torch.autograd.grad(loss_of(F.log_softmax(out, -1)), reference)
+    return grad
+
+
+@pytest.mark.parametrize("rounds_before", [0, 12])
+def test_the_reinforce_step_feeds_the_optimiser_what_the_torch_kernels_do(rounds_before):
+    """Population.learn (NoFed's and FedHPD's every round: discounted, normalised returns as the
+    weights, zero-padded to the group's longest episode) with ``kernels="fast"`` gives Adam the
+    gradient of the REINFORCE loss as the autograd path does (both against float64), block by
+    block, with the same rows, schedule and learning rates."""
+    runs = [RunSpec(FedHPDConfig(rounds=20, algorithm="nofed"), s) for s in (3, 4)]
+    fast, slow = twin_populations(runs, rounds_before)
+    _, lengths = fast.play(rounds_before)
+    assert len(set(lengths.tolist())) > 1  # padding is exercised
+    for name in ("obs_buf", "act_buf", "rew_buf"):
+        setattr(slow, name, getattr(fast, name).copy())
+    calls_fast, calls_slow = recording(fast), recording(slow)
+    fast.learn(lengths)
+    slow.learn(lengths)
+    assert len(calls_fast) == len(calls_slow) == len(fast.groups)
+    for call_fast, call_slow, (s, e), members in zip(
+        calls_fast, calls_slow, fast.bounds, fast.members, strict=True
+    ):
+        group, rows, before, g_fast, s_fast = call_fast
+        _, rows_slow, before_slow, g_slow, s_slow = call_slow
+        np.testing.assert_array_equal(rows, rows_slow)
+        assert torch.equal(before, before_slow)
+        assert s_fast is s_slow is True
+        horizon = int(lengths[s:e].max())
+        weights = np.zeros((e - s, horizon))
+        for c, (r, _) in enumerate(members):
+            n = int(lengths[s + c])
+            weights[c, :n] = discounted_returns(
+                fast.rew_buf[s + c, :n], fast.configs[r].gamma, fast.spec.normalise_returns
+            )
+        actions = torch.from_numpy(fast.act_buf[s:e, :horizon]).unsqueeze(-1)
+        exact = float64_gradient(
+            group,
+            before,
+            torch.from_numpy(fast.obs_buf[s:e, :horizon]),
+            lambda log_p, a=actions, w=weights: (
+                -(log_p.gather(-1, a)[..., 0] * torch.from_numpy(w)).sum()
+            ),
+        )
+        blocks_close(group, g_fast, g_slow, exact)
+    for a, b in zip(fast.groups, slow.groups, strict=True):
+        assert (a.steps, a.lr, a.schedule_steps) == (b.steps, b.lr, b.schedule_steps)
+
+
+@pytest.mark.parametrize("direction", ["mean_to_local", "local_to_mean"])
+@pytest.mark.parametrize("rounds_before", [0, 12])
+def test_the_distillation_event_uploads_and_steps_as_the_torch_kernels_do(direction, rounds_before):
+    """Population.distill (FedHPD's every d rounds: uploads, consensus, the KD loss, Adam
+    without the schedule) with ``kernels="fast"``: the same uploads, and the gradient of the KD
+    loss on each kernel set's own consensus as the autograd path gives it (against float64)."""
+    public = np.random.default_rng(1).normal(size=(100, 4)).astype(np.float32) * 0.1
+    config = FedHPDConfig(
+        algorithm="fedhpd",
+        d=2,
+        rounds=20,
+        public_size=100,
+        part_size=100,
+        distill_loops=1,
+        kl_direction=direction,
+    )
+    runs = [RunSpec(config, 7, None, public), RunSpec(config, 8, None, public)]
+    fast, slow = twin_populations(runs, rounds_before)
+    uploads = {"fast": {}, "torch": {}}
+    targets = {"fast": {}, "torch": {}}
+    for name, population in (("fast", fast), ("torch", slow)):
+        consensus_of = population._consensus
+
+        def spy(r, up, consensus_of=consensus_of, name=name):
+            uploads[name][r] = up.copy()
+            targets[name][r] = consensus_of(r, up)
+            return targets[name][r]
+
+        population._consensus = spy
+    calls = {"fast": recording(fast), "torch": recording(slow)}
+    fast.distill([0, 1])
+    slow.distill([0, 1])
+    for r in (0, 1):  # (10 agents, 100 states, 2 actions) each
+        np.testing.assert_allclose(uploads["fast"][r], uploads["torch"][r], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(uploads["fast"][r].sum(-1), 1.0, atol=1e-5)
+    assert len(calls["fast"]) == len(calls["torch"]) == len(fast.groups)
+    x = torch.from_numpy(public)
+    for call_fast, call_slow, members in zip(
+        calls["fast"], calls["torch"], fast.members, strict=True
+    ):
+        group, rows, before, g_fast, s_fast = call_fast
+        _, rows_slow, before_slow, g_slow, s_slow = call_slow
+        np.testing.assert_array_equal(rows, rows_slow)
+        assert torch.equal(before, before_slow)
+        assert s_fast is s_slow is False
+        owners = [members[c][0] for c in rows.tolist()]
+        inputs = x.expand(len(owners), *x.shape)
+        exact = {}
+        for name in ("fast", "torch"):
+            target = torch.from_numpy(np.stack([targets[name][r] for r in owners]))
+            exact[name] = float64_gradient(
+                group,
+                before,
+                inputs,
+                lambda log_p, t=target: kl_categorical(log_p, t, direction).sum(),
+            )
+        # Each kernel set against the float64 gradient at its own consensus; the two
+        # consensuses differ by upload rounding, which moves both exact gradients alike.
+        blocks_close(group, g_fast, g_slow + (exact["fast"] - exact["torch"]), exact["fast"])
