@@ -587,7 +587,8 @@ def dp_noise_multipliers(
     """The noise multipliers of the fusion rows and of the local DP-SGD, one ledger per platform.
 
     A unit's ``releases`` fusion rows and ``local_steps`` DP-SGD steps are Gaussian releases
-    about it, composed in Rényi DP in the platform's ledger (no amplification claimed). With
+    about it, composed in Rényi DP in the platform's ledger (no amplification claimed, except
+    under ``dp_sampling``: :func:`sampled_noise_multiplier` for the sampled sums). With
     ``dp_local_noise`` unset both share the smallest multiplier that keeps all
     ``releases + local_steps`` within ``(dp_epsilon, dp_delta - tail)``; with it set, the
     fusion rows get the smallest multiplier that fits beside the given local one.
