@@ -125,6 +125,20 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         "(sums: no row leaves; docs/fedslate.md section 9)",
     )
     parser.add_argument(
+        "--dp-sampling",
+        choices=("poisson",),
+        default=None,
+        help="dp with --dp-learning sums: each platform keeps each user of a step's batch in "
+        "its DP-SGD sum with probability --dp-sample-rate, drawn in secret (poisson), and its "
+        "ledger charges the sampled Gaussian under replacement (default: every user enters)",
+    )
+    parser.add_argument(
+        "--dp-sample-rate",
+        type=float,
+        default=None,
+        help="dp with --dp-sampling poisson: the inclusion probability q, in (0, 1)",
+    )
+    parser.add_argument(
         "--ckks-scale-bits",
         type=int,
         default=None,
@@ -151,6 +165,8 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         "--dp-local-clip": args.dp_local_clip is not None,
         "--dp-acting": args.dp_acting is not None,
         "--dp-learning": args.dp_learning is not None,
+        "--dp-sampling": args.dp_sampling is not None,
+        "--dp-sample-rate": args.dp_sample_rate is not None,
     }
     if args.fusion not in DP_CHANNELS:
         given = [flag for flag, on in dp_given.items() if on]
@@ -170,6 +186,9 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         fields["dp_acting"] = args.dp_acting  # the config refuses "own" where it cannot hold
     if args.dp_learning is not None:
         fields["dp_learning"] = args.dp_learning  # the config refuses "sums" off joint DP
+    if args.dp_sampling is not None or args.dp_sample_rate is not None:
+        fields["dp_sampling"] = args.dp_sampling  # the config refuses it off sums, or unpaired
+        fields["dp_sample_rate"] = args.dp_sample_rate
     return fields | {
         "dp_epsilon": args.epsilon,
         "dp_delta": args.dp_delta,

@@ -106,7 +106,8 @@ from securefed.fusion import (
 )
 from securefed.fusion import dp as fusion_dp
 from securefed.fusion.expansion import PolynomialNetwork
-from securefed.privacy import epsilon_of_history, noise_for_target
+from securefed.privacy import accounting, epsilon_of_history, noise_for_target
+from securefed.privacy.ledger import epsilon_with_discrete
 from securefed.privacy.noise import NoiseSource, as_noise_source
 from securefed.ranking import top_n
 from securefed.rl.checkpoint import EpisodeCheckpoints, FusionViewState, TrainingState
@@ -180,6 +181,8 @@ LOCAL_TRAININGS = ("dp-sgd", "none")
 DP_ACTINGS = ("released", "own")
 DP_LEARNINGS = ("rows", "sums")
 """Under joint DP, what a learning step releases (:attr:`FedSlateConfig.dp_learning`)."""
+DP_SAMPLINGS = ("poisson",)
+"""How a platform samples the units of its DP-SGD sums (:attr:`FedSlateConfig.dp_sampling`)."""
 DP_DIAGNOSTICS = ("noiseless-rows", "noiseless-local")
 """Diagnostics that switch one Gaussian mechanism's noise off (not private settings: the run's
 ``epsilon_spent`` is ``None``; :attr:`FedSlateConfig.dp_diagnostic`)."""
@@ -260,6 +263,19 @@ class FedSlateConfig(SlateQConfig):
             steps to its DP-SGD steps alone (:func:`dp_unit_releases`); the fusion channel
             then carries nothing (it charges no row and refuses every exchange). The team
             target ``Y_A`` still reaches platform B (section 9, "Not covered").
+        dp_sampling: under ``dp_learning="sums"`` only: ``None`` (default): every unit of the
+            batch enters the platform's DP-SGD sum; ``"poisson"``: in every learning step the
+            platform keeps each unit of its batch independently with probability
+            ``dp_sample_rate``, drawn from its own secret generator and never revealed (the
+            release's shape and count do not depend on it, its scale is the fixed
+            ``q * batch_size``), and its ledger charges each of the unit's steps as a
+            Poisson-subsampled Gaussian under replacement adjacency
+            (:func:`securefed.privacy.accounting.replace_sampled_rdp`), so the same epsilon
+            needs a smaller sigma (privacy amplification by sampling; docs/fedslate.md section
+            9). Refused under ``dp_learning="rows"``, where the fusion rows of the drawn rounds
+            tell the server which units the step used, and with a diagnostic.
+        dp_sample_rate: ``q`` in (0, 1) for ``dp_sampling="poisson"`` (required there, refused
+            elsewhere).
         dp_diagnostic: a measurement of what each mechanism costs, **not a private setting**:
             ``"noiseless-rows"`` releases the fusion rows clipped but without noise,
             ``"noiseless-local"`` the local DP-SGD sums clipped but without noise (everything
@@ -294,6 +310,8 @@ class FedSlateConfig(SlateQConfig):
     dp_acting: str = "released"
     dp_diagnostic: str | None = None
     dp_learning: str = "rows"
+    dp_sampling: str | None = None
+    dp_sample_rate: float | None = None
     ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -381,6 +399,29 @@ class FedSlateConfig(SlateQConfig):
                 "DP-SGD sums (no dp_local_noise to split with fusion rows, no rows to leave "
                 f"noiseless); got dp_acting {self.dp_acting!r}, dp_local_noise "
                 f"{self.dp_local_noise!r}, dp_diagnostic {self.dp_diagnostic!r}"
+            )
+        if self.dp_sampling is not None and self.dp_sampling not in DP_SAMPLINGS:
+            raise ValueError(f"dp_sampling must be one of {DP_SAMPLINGS}, got {self.dp_sampling!r}")
+        if self.dp_sampling is not None and (
+            self.dp_learning != "sums" or self.dp_diagnostic is not None
+        ):
+            raise ValueError(
+                "dp_sampling needs dp_learning='sums' without a diagnostic: amplification by "
+                "sampling holds only while the sample stays secret, and under 'rows' the "
+                "fusion rows of the drawn rounds show the server which units a step used "
+                f"(got dp_learning {self.dp_learning!r}, dp_diagnostic {self.dp_diagnostic!r})"
+            )
+        if (self.dp_sampling is None) != (self.dp_sample_rate is None):
+            raise ValueError(
+                "dp_sample_rate is required by dp_sampling='poisson' and applies to nothing "
+                f"else: dp_sampling {self.dp_sampling!r}, dp_sample_rate {self.dp_sample_rate!r}"
+            )
+        rate = self.dp_sample_rate
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1
+        ):
+            raise ValueError(
+                f"dp_sample_rate must lie in (0, 1) (1 is dp_sampling=None), got {rate!r}"
             )
         if self.dp_epsilon is not None and self.feedback_prob < 1.0:
             raise ValueError(
@@ -546,7 +587,8 @@ def dp_noise_multipliers(
     """The noise multipliers of the fusion rows and of the local DP-SGD, one ledger per platform.
 
     A unit's ``releases`` fusion rows and ``local_steps`` DP-SGD steps are Gaussian releases
-    about it, composed in Rényi DP in the platform's ledger (no amplification claimed). With
+    about it, composed in Rényi DP in the platform's ledger (no amplification claimed, except
+    under ``dp_sampling``: :func:`sampled_noise_multiplier` for the sampled sums). With
     ``dp_local_noise`` unset both share the smallest multiplier that keeps all
     ``releases + local_steps`` within ``(dp_epsilon, dp_delta - tail)``; with it set, the
     fusion rows get the smallest multiplier that fits beside the given local one.
@@ -560,6 +602,9 @@ def dp_noise_multipliers(
     """
     budget, delta = float(config.dp_epsilon), float(config.dp_delta) - tail
     accountant = "rdp"
+    if config.dp_sampling is not None and config.local_dp and local_steps >= 1:
+        sigma = sampled_noise_multiplier(budget, delta, float(config.dp_sample_rate), local_steps)
+        return {"fusion": sigma, "local": sigma}  # releases 0 (sums): the rows' is unused
     if not config.local_dp or local_steps < 1:
         sigma = noise_for_target(budget, delta, 1.0, releases, accountant)
         return {"fusion": sigma, "local": None}
@@ -587,6 +632,45 @@ def dp_noise_multipliers(
     return {"fusion": high, "local": local}
 
 
+def sampled_epsilon(sigma: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Epsilon at ``delta`` of ``steps`` Poisson-subsampled Gaussian releases under
+    replacement adjacency (:class:`~securefed.privacy.accounting.SampledReplaceGaussian`, the
+    ledger's charge under ``dp_sampling="poisson"``)."""
+    release = accounting.SampledReplaceGaussian(float(sigma), float(sample_rate))
+    return epsilon_with_discrete([], [(release, int(steps))], delta)
+
+
+def sampled_noise_multiplier(
+    epsilon: float, delta: float, sample_rate: float, steps: int, tolerance: float = 0.01
+) -> float:
+    """The smallest sigma (to ``tolerance`` in epsilon) whose :func:`sampled_epsilon` over
+    ``steps`` stays within ``epsilon``: a doubling search, then a bisection that only moves
+    its upper end to a sigma within the budget.
+
+    Raises:
+        ValueError: no sigma up to 1e6 fits.
+    """
+    high = 1.0
+    while sampled_epsilon(high, sample_rate, steps, delta) > epsilon:
+        high *= 2
+        if high > 1e6:
+            raise ValueError(
+                f"no noise multiplier up to 1e6 keeps {steps} sampled steps at rate "
+                f"{sample_rate:g} within epsilon {epsilon:g}"
+            )
+    low = 0.0
+    while epsilon - sampled_epsilon(high, sample_rate, steps, delta) > tolerance:
+        mid = (low + high) / 2
+        if high - low < 1e-6 * high:
+            break
+        low, high = (
+            (low, mid)
+            if sampled_epsilon(mid, sample_rate, steps, delta) <= epsilon
+            else (mid, high)
+        )
+    return high
+
+
 # --------------------------------------------------------------------------------------------
 # Local DP-SGD: each platform's network trained under user-level DP
 
@@ -611,6 +695,10 @@ class LocalDPSGD:
         clip: the L2 bound per unit and step.
         noise_multiplier: sigma.
         noise: the platform's noise source for these releases.
+        sample_rate: under ``dp_sampling="poisson"`` (``step_joint`` only), each unit's
+            probability of entering a step's sum; ``None``: every unit enters.
+        sampler: the platform's secret generator of those inclusions (required with
+            ``sample_rate``; never shared with the server or another platform).
     """
 
     party: str
@@ -618,6 +706,21 @@ class LocalDPSGD:
     clip: float
     noise_multiplier: float
     noise: NoiseSource
+    sample_rate: float | None = None
+    sampler: np.random.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if (self.sample_rate is None) != (self.sampler is None):
+            raise ValueError("a sampled DP-SGD needs both sample_rate and its secret sampler")
+
+    def sampled_units(self, unit_gradients: np.ndarray) -> np.ndarray:
+        """The unit slots ``(S, U, P)`` with each slot kept independently with probability
+        ``sample_rate`` (others zeroed; Poisson sampling, one draw per slot whatever the slot
+        holds, so the generator's state never depends on the data); unchanged without it."""
+        if self.sample_rate is None:
+            return unit_gradients
+        keep = self.sampler.random(unit_gradients.shape[:-1]) < self.sample_rate
+        return unit_gradients * keep[..., None]
 
     def row_gradients(self, x: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
         """``(S, B, P)`` per-row parameter gradients ``J_b^T g_b`` (``torch.func``)."""
@@ -639,6 +742,11 @@ class LocalDPSGD:
     def release(self, unit_gradients: np.ndarray) -> np.ndarray:
         """``(S, P)`` the noised sum of the clipped unit gradients ``(S, U, P)``."""
         return fusion_dp.gaussian_sum(unit_gradients, self.clip, self.noise_multiplier, self.noise)
+
+    def release_sampled(self, unit_gradients: np.ndarray) -> np.ndarray:
+        """``(S, P)`` the released sum under this platform's sampling: :meth:`release` of
+        :meth:`sampled_units` (the sum's shape never depends on the sample)."""
+        return self.release(self.sampled_units(unit_gradients))
 
     def step(
         self,
@@ -700,7 +808,8 @@ class LocalDPSGD:
         pieces = [g_local[n].reshape(b, s, -1) for n, _ in local_named]
         pieces += [g_server[n].reshape(b, s, -1) for n, _ in server_named]
         rows = torch.cat(pieces, dim=-1).transpose(0, 1).double()  # (S, B, P_local + P_server)
-        noised = torch.from_numpy(self.release(unit_sums(rows, units).numpy()) / b)
+        scale = b * (self.sample_rate or 1.0)  # fixed: the sample's size is never revealed
+        noised = torch.from_numpy(self.release_sampled(unit_sums(rows, units).numpy()) / scale)
         offset = 0
         for _, param in local_named + server_named:
             size = param[0].numel()
@@ -1015,6 +1124,7 @@ class FedSlateRun:
     dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
     local_dp: list[LocalDPSGD] = field(default_factory=list)
     local_dp_noise: dict[str, np.random.Generator] = field(default_factory=dict)
+    local_dp_sample: dict[str, np.random.Generator] = field(default_factory=dict)
     replay_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     platform_tap: list | None = None
 
@@ -1041,7 +1151,8 @@ class FedSlateRun:
             generators={"explore": self.act_rng, "replay": self.replay_rng}
             | {f"env.{k}": g for k, g in self.env.streams.named().items()}
             | {f"dp_noise.{k}": g for k, g in self.dp_noise.items()}
-            | {f"local_dp_noise.{k}": g for k, g in self.local_dp_noise.items()},
+            | {f"local_dp_noise.{k}": g for k, g in self.local_dp_noise.items()}
+            | {f"local_dp_sample.{k}": g for k, g in self.local_dp_sample.items()},
             arrays={"rewards": self.rewards, "replay_unit": self.replay_unit},
         )
 
@@ -1159,7 +1270,14 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
     local_dp_noise = (
         {name: tree.generator("local-dp", name) for name in names} if config.local_dp else {}
     )
-    local_dp = start_local_dp(config, channel, local, local_dp_noise)
+    # Under dp_sampling each platform draws its sample from its own secret stream (seeded:
+    # benchmarks only, like the noise).
+    samplers = (
+        {name: tree.generator("local-dp-sample", name) for name in names}
+        if config.dp_sampling is not None
+        else None
+    )
+    local_dp = start_local_dp(config, channel, local, local_dp_noise, samplers)
     return FedSlateRun(
         config=config,
         names=names,
@@ -1178,6 +1296,7 @@ def start_run(config: FedSlateConfig, keep_payloads: RoundSelection = NO_PAYLOAD
         dp_noise=dp_noise,
         local_dp=local_dp,
         local_dp_noise=local_dp_noise,
+        local_dp_sample=samplers or {},
         replay_unit=np.zeros(config.buffer_size, np.int64),
     )
 
@@ -1187,6 +1306,7 @@ def start_local_dp(
     channel,
     local: list[nn.Module],
     noise: dict[str, np.random.Generator],
+    samplers: dict[str, np.random.Generator] | None = None,
 ) -> list[LocalDPSGD]:
     """Each platform's :class:`LocalDPSGD`, its whole schedule charged to the platform's ledger
     (beside the fusion rows the channel charged) before anything is released; records the
@@ -1210,10 +1330,27 @@ def start_local_dp(
     )["local"]
     trainers = []
     released = 0.0 if config.dp_diagnostic == "noiseless-local" else sigma  # diagnostic: no noise
+    rate = config.dp_sample_rate
     for p, name in enumerate(channel.parties):
-        channel.ledgers[name].charge(sigma, 1.0, steps=bound["local_steps"], server=(sigma, 1.0))
+        if rate is None:
+            channel.ledgers[name].charge(
+                sigma, 1.0, steps=bound["local_steps"], server=(sigma, 1.0)
+            )
+        else:  # the sample is secret from the server and from the other platforms
+            release = accounting.SampledReplaceGaussian(sigma, rate)
+            channel.ledgers[name].charge_discrete(
+                release, server=release, steps=bound["local_steps"]
+            )
         trainers.append(
-            LocalDPSGD(name, local[p], config.dp_local_clip, released, as_noise_source(noise[name]))
+            LocalDPSGD(
+                name,
+                local[p],
+                config.dp_local_clip,
+                released,
+                as_noise_source(noise[name]),
+                sample_rate=rate,
+                sampler=None if rate is None else samplers[name],
+            )
         )
     refresh_dp_public(config, channel, trainers)
     return trainers
@@ -1244,8 +1381,9 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
         # platform's rows, the user's loss is their composition (one tail event: the replay
         # draws are shared).
         every = [t for p in channel.parties for t in channel.ledgers[p].server_history]
-        public["epsilon_user_all_platforms"] = epsilon_of_history(
-            every, config.dp_delta - bound["tail_delta"]
+        curves = [r for p in channel.parties for r in channel.ledgers[p].server_discrete_history]
+        public["epsilon_user_all_platforms"] = epsilon_with_discrete(
+            every, curves, config.dp_delta - bound["tail_delta"]
         )
         public["local_sgd"] = {
             "noise_multiplier": sigma,
@@ -1253,6 +1391,8 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
             "sensitivity": fusion_dp.REPLACEMENT_SENSITIVITY * config.dp_local_clip,
             "noise_std": None if sigma is None else sigma * 2 * config.dp_local_clip,
             "steps_per_unit": bound["local_steps"],
+            "sampling": config.dp_sampling,
+            "sample_rate": config.dp_sample_rate,
         }
     if config.dp_diagnostic is not None:
         public["diagnostic"] = (

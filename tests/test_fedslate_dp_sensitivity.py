@@ -152,8 +152,14 @@ def _coupled_pair(monkeypatch, config):
         {"dp_acting": "own"},
         {"dp_acting": "own", "dp_learning": "sums"},
         {"dp_acting": "own", "dp_learning": "sums", "variant": "extended"},
+        {
+            "dp_acting": "own",
+            "dp_learning": "sums",
+            "dp_sampling": "poisson",
+            "dp_sample_rate": 0.5,
+        },
     ],
-    ids=["paper", "item", "ext", "joint", "sums", "sums-ext"],
+    ids=["paper", "item", "ext", "joint", "sums", "sums-ext", "sums-sampled"],
 )
 def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
     from securefed.rl.fedslate import FedSlateConfig

@@ -247,6 +247,29 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
         (["--dp-acting", "own"], "--dp-acting apply only to the DP transports"),
         (["--dp-local-clip", "0.1"], "--dp-local-clip apply only to the DP transports"),
         (["--dp-learning", "sums"], "--dp-learning apply only to the DP transports"),
+        (["--dp-sample-rate", "0.5"], "--dp-sample-rate apply only to the DP transports"),
+        (
+            [
+                "--transport",
+                "dp",
+                "--epsilon",
+                "4",
+                "--dp-acting",
+                "own",
+                "--dp-learning",
+                "sums",
+                "--dp-sampling",
+                "poisson",
+            ],
+            "dp_sample_rate is required",
+        ),
+        (
+            [
+                *["--transport", "dp", "--epsilon", "4", "--dp-acting", "own"],
+                *["--dp-sampling", "poisson", "--dp-sample-rate", "0.5"],
+            ],
+            "fusion rows of the drawn rounds show the server",
+        ),
         (
             ["--transport", "dp", "--epsilon", "4", "--dp-learning", "sums"],
             "dp_learning='sums' needs joint DP",
@@ -305,6 +328,10 @@ def test_cli_dp_local_options_reach_the_config():
     assert defaults.dp_learning == "rows"
     sums = _config(parser.parse_args([*argv, "--dp-learning", "sums"]))
     assert (sums.dp_acting, sums.dp_learning) == ("own", "sums")
+    sampled = ["--dp-learning", "sums", "--dp-sampling", "poisson", "--dp-sample-rate", "0.25"]
+    sampled = _config(parser.parse_args([*argv, *sampled]))
+    assert (sampled.dp_sampling, sampled.dp_sample_rate) == ("poisson", 0.25)
+    assert defaults.dp_sampling is None and defaults.dp_sample_rate is None
 
 
 def test_bench_fedslate_takes_the_transport_and_names_its_cells(tmp_path):

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
 
@@ -113,3 +115,90 @@ class StepHistory:
             self.history[-1] = (noise_multiplier, sample_rate, self.history[-1][2] + 1)
         else:
             self.history.append((noise_multiplier, sample_rate, 1))
+
+
+def _poisson_gaussian_rdp(noise_multiplier: float, sample_rate: float, orders) -> np.ndarray:
+    """dp-accounting's add/remove RDP of the Poisson-subsampled Gaussian at any ``orders``."""
+    accounting = dp_accounting()
+    accountant = accounting.rdp.RdpAccountant([float(a) for a in orders])
+    event = accounting.PoissonSampledDpEvent(
+        float(sample_rate), accounting.GaussianDpEvent(float(noise_multiplier))
+    )
+    quiet = logging.getLogger("absl")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        accountant.compose(event)
+    finally:
+        quiet.setLevel(level)
+    return np.array(accountant._rdp, dtype=np.float64)
+
+
+@lru_cache(maxsize=512)
+def replace_sampled_rdp(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """RDP at :data:`RDP_ORDERS` of one Poisson-subsampled Gaussian step under *replacement*
+    adjacency (one subject's data changed; read-only).
+
+    The release is ``sum_{i sampled} g_i + N(0, (sigma * 2 C)^2 I)`` with ``||g_i|| <= C`` and
+    every subject sampled independently with probability ``q``, the sample independent of the
+    data and unseen by the observer. Replacing subject ``x`` by ``x'`` (runs ``D``, ``D'``) passes
+    through the run ``R`` without ``x``: ``D ~ R`` and ``R ~ D'`` are add/remove neighbours, at
+    which the release is the sampled Gaussian mechanism of sensitivity ``C`` and noise
+    multiplier ``z = 2 sigma`` (Mironov, Talwar and Zhang 2019; dp-accounting's add/remove curve
+    ``r``, which holds in both directions). Mironov 2017, Proposition 11 (the weak triangle
+    inequality, ``p = q = 2``) gives ``D_a(D || D') <= (a - 1/2) / (a - 1) r(2a) + r(2a - 1)``.
+    dp-accounting refuses Poisson sampling under its ``REPLACE_ONE`` relation, which is why the
+    add/remove curve at ``2 sigma`` is not simply charged. At ``q = 1`` the bound is within
+    about 1.5% of the exact unsampled replacement epsilon (the Gaussian at ``sigma``).
+    """
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+    alphas = np.asarray(RDP_ORDERS)
+    z = 2.0 * float(noise_multiplier)
+    curve = (alphas - 0.5) / (alphas - 1.0) * _poisson_gaussian_rdp(
+        z, sample_rate, 2.0 * alphas
+    ) + _poisson_gaussian_rdp(z, sample_rate, 2.0 * alphas - 1.0)
+    curve = np.where(np.isnan(curve), np.inf, curve)
+    curve.setflags(write=False)
+    return curve
+
+
+@dataclass(frozen=True)
+class SampledReplaceGaussian:
+    """One Poisson-subsampled Gaussian release under replacement adjacency, as the ledger
+    charges it (:func:`replace_sampled_rdp`; JSON-ready).
+
+    Attributes:
+        noise_multiplier: ``sigma``, the noise std over the replacement sensitivity ``2 C``.
+        sample_rate: ``q``, each subject's (secret) inclusion probability, in (0, 1].
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    mechanism: str = "poisson_gaussian_replace"
+
+    def __post_init__(self) -> None:
+        if self.mechanism != "poisson_gaussian_replace":
+            raise ValueError(
+                f"mechanism must be 'poisson_gaussian_replace', got {self.mechanism!r}"
+            )
+        replace_sampled_rdp(float(self.noise_multiplier), float(self.sample_rate))  # validates
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """Its Rényi DP at ``orders`` (only :data:`RDP_ORDERS`, the ledger's)."""
+        if tuple(float(a) for a in orders) != RDP_ORDERS:
+            raise ValueError("a sampled replacement release is accounted at RDP_ORDERS only")
+        return replace_sampled_rdp(float(self.noise_multiplier), float(self.sample_rate))
+
+    def as_list(self) -> list[object]:
+        """``[mechanism, sigma, q]`` (the ledger's JSON form)."""
+        return [self.mechanism, float(self.noise_multiplier), float(self.sample_rate)]
+
+    @classmethod
+    def from_list(cls, entry: object) -> SampledReplaceGaussian:
+        """Parse :meth:`as_list` (raises ``ValueError`` naming the entry)."""
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError(f"a sampled replacement release is [mechanism, sigma, q]: {entry!r}")
+        return cls(float(entry[1]), float(entry[2]), entry[0])

@@ -338,10 +338,11 @@ class PrivacyLedger:
     def _discrete_trial(
         self, release: DiscreteRelease, server: DiscreteRelease | None, steps: int
     ) -> _Trial:
-        if not isinstance(release, DiscreteRelease) or not (
-            server is None or isinstance(server, DiscreteRelease)
-        ):
-            raise TypeError("an integer-noise charge takes DiscreteRelease objects")
+        kinds = (DiscreteRelease, accounting.SampledReplaceGaussian)
+        if not isinstance(release, kinds) or not (server is None or isinstance(server, kinds)):
+            raise TypeError(
+                "a charge by RDP curve takes DiscreteRelease or SampledReplaceGaussian objects"
+            )
         if isinstance(steps, bool) or int(steps) != steps or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         if self.accountant != "rdp":
@@ -809,12 +810,15 @@ def _parse_discrete(entries: object, name: str) -> tuple[tuple[DiscreteRelease, 
         )
     parsed = []
     for entry in entries:
-        if not isinstance(entry, (list, tuple)) or len(entry) != 7:
-            raise ValueError(f"ledger {name} entries have 7 fields, got {entry!r}")
-        steps = entry[6]
+        sampled = isinstance(entry, (list, tuple)) and entry[:1] == ["poisson_gaussian_replace"]
+        fields = 4 if sampled else 7
+        if not isinstance(entry, (list, tuple)) or len(entry) != fields:
+            raise ValueError(f"ledger {name} entries have {fields} fields, got {entry!r}")
+        steps = entry[-1]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"ledger {name} steps must be an integer >= 1, got {steps!r}")
-        parsed.append((DiscreteRelease.from_list(list(entry[:6])), steps))
+        kind = accounting.SampledReplaceGaussian if sampled else DiscreteRelease
+        parsed.append((kind.from_list(list(entry[:-1])), steps))
     return tuple(parsed)
 
 

@@ -43,6 +43,10 @@ def cells() -> dict[str, tuple[str, dict[str, object]]]:
     }
     for eps in (1.0, 4.0, 8.0, 16.0):
         out[f"sums_eps{eps:g}"] = ("fedslate", JOINT | {"dp_epsilon": eps, "dp_learning": "sums"})
+    # Issue 34, secret sampling: each platform Poisson-samples its own units per step.
+    for q in (0.1, 0.25, 0.5):
+        sampled = {"dp_learning": "sums", "dp_sampling": "poisson", "dp_sample_rate": q}
+        out[f"sums_eps8_q{q:g}"] = ("fedslate", JOINT | sampled)
     return out
 
 
