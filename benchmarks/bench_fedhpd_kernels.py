@@ -24,7 +24,6 @@ signed-rank test. ``--from-partials`` summarises partial records already written
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from securefed.bench.bench_fedhpd import RESULTS, machine, parse_seeds, parse_settings
-from securefed.records import dumps_record
+from securefed.records import dumps_record, loads_record
 
 PERMUTATIONS = 100_000
 """Relabellings of the permutation test (a fixed generator: the p-value is reproducible)."""
@@ -76,7 +75,7 @@ def train_chunks(kernels: str, settings: str, rounds: int, chunks: list[list[int
                 "mean_return_last_100": [float(r.returns[-100:].mean()) for r in results],
             }
         )
-        out.write_text(json.dumps(record))
+        out.write_text(dumps_record(record))
     return record
 
 
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         for worker in workers:
             if worker.wait():
                 raise SystemExit(f"a worker failed (exit {worker.returncode})")
-    partials = {k: json.loads(p.read_text()) for k, p in paths.items()}
+    partials = {k: loads_record(p.read_text()) for k, p in paths.items()}
     summary = summarise(partials)
     print_summary(summary)
     record = {
