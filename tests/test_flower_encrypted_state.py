@@ -208,6 +208,7 @@ def _holds_secret_key(root) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # 70 s on 2 cores (Ray and CKKS); the unit tests above cover the server side
 def test_encrypted_state_over_flower_equals_in_process_and_the_server_never_holds_v(
     example, keys, tmp_path, monkeypatch
 ):
