@@ -44,9 +44,10 @@ same configuration and directory (a SuperLink killed and restarted, the run resu
 continues from the last complete round, telling the nodes so (``resumed_from``); a checkpoint of
 another configuration or seed, a corrupt or truncated one, or ledgers that differ are refused
 (``CheckpointError``), and a round the restored ledger cannot afford is refused before any node
-is asked (``PrivacyBudgetExceeded``). The nodes' side is their journal
-(:mod:`securefed.flower.journal`): their own state across runs, and a refusal to answer a
-round they already released.
+is asked (``PrivacyBudgetExceeded``). Under an encrypted server state the checkpoint carries
+the ciphertexts of ``[[V]]`` (:mod:`securefed.flower.state_checkpoint`). The nodes' side is
+their journal (:mod:`securefed.flower.journal`): their own state across runs, and a refusal to
+answer a round they already released.
 
 Clients are sampled per round exactly as ``securefed.run_rounds`` samples them, and the
 algorithm's own ``open_round``/``close_round`` run on the server, so a seeded run gives the same
@@ -85,6 +86,7 @@ from securefed.flower.protocol import (
     ServerAlgorithm,
     sum_metrics,
 )
+from securefed.flower.state_checkpoint import EncryptedStateCheckpoint, run_binding
 from securefed.randomness import SeedTree
 from securefed.runtime import Checkpoints, RunHistory
 from securefed.transport import require_capabilities
@@ -546,6 +548,9 @@ class _Run:
         self.hosts: dict[int, int] = {}
         self.key_holder_nodes: set[int] = set()
         self.resumed_from = 0
+        self._checkpointed = self.algorithm
+        """What the checkpoints save and restore: the algorithm, with its ``[[V]]`` under an
+        encrypted state (:class:`~securefed.flower.state_checkpoint.EncryptedStateCheckpoint`)."""
         self._sampled: dict[int, np.ndarray] = {}
         self._ahead: dict[int, dict[int, dict[str, np.ndarray]]] = {}
         self._asked_ahead: dict[int, set[int]] = {}
@@ -573,12 +578,6 @@ class _Run:
         options = self.options
         if not options.checkpoint_dir:
             return None
-        if self.encrypted_state is not None:
-            raise CheckpointError(
-                f"{self.encrypted_state} with a checkpoint directory: the server's checkpoint "
-                "does not carry the encrypted state ([[V]], which the server cannot re-encrypt) "
-                "yet; run without checkpoint_dir"
-            )
         if self.seeds.seed is None and options.checkpoint_key is None:
             raise ValueError(
                 "an unseeded (secure-mode) run keeps its root entropy secret, and its "
@@ -596,9 +595,16 @@ class _Run:
                 f"{type(self.algorithm).__name__} cannot be checkpointed: it needs {missing}"
             )
         checkpoints = Checkpoints(options.checkpoint_dir, key=options.checkpoint_key)
+        if self.encrypted_state is not None:  # [[V]] travels in the checkpoint, as ciphertexts
+            self._checkpointed = EncryptedStateCheckpoint(
+                self.algorithm,
+                self.transport,
+                checkpoints.directory,
+                lambda: run_binding(options.fingerprint, self.seeds, self.result.rounds),
+            )
         if options.resume and checkpoints.exists():
             start, history = checkpoints.restore(
-                self.algorithm,
+                self._checkpointed,
                 self.transport.view,
                 self.seeds,
                 options.fingerprint,
@@ -608,6 +614,10 @@ class _Run:
                 raise CheckpointError(
                     f"{checkpoints.directory}: its next round {start} lies past this run's "
                     f"{options.rounds} rounds"
+                )
+            if self.encrypted_state is not None:  # [[V]] bound to this checkpoint's history
+                self._checkpointed.install(
+                    run_binding(options.fingerprint, self.seeds, history.rounds)
                 )
             self.resumed_from = start
             self.result.resumed_from = start
@@ -619,7 +629,7 @@ class _Run:
         if checkpoints is not None:
             checkpoints.save(
                 done,
-                self.algorithm,
+                self._checkpointed,
                 self.transport.view,
                 self.seeds,
                 self.options.fingerprint,
