@@ -12,11 +12,12 @@ Roles, by the node's ``partition-id`` (``num-partitions`` = ``K + 1``):
   :mod:`securefed.crypto.keys`). Each node signs its X25519 key with its role's long-term
   Ed25519 identity, provisioned out of band (:func:`provision_relay_identities`, the registry
   of every role's verification key pinned by digest in the node config), and takes a peer's
-  key only with that role's signature (:func:`relay_identity`): a server that substitutes or
-  relabels keys is refused. The server relays the sealed blobs and cannot read them; it
-  learns only that a round was played and when the episode ends (``done``, public: the budget
-  is fixed). The episode rewards are the simulator's evaluation record, written to the node's
-  ``output_dir``, never sent.
+  key only with that role's signature (:func:`relay_identity`) over the digest of every node's
+  fresh nonce of this run (:func:`relay_nonce`): a server that substitutes or relabels keys, or
+  replays a signed key of another run, is refused. The server relays the sealed blobs and
+  cannot read them; it learns only that a round was played and when the episode ends
+  (``done``, public: the budget is fixed). The episode rewards are the simulator's evaluation
+  record, written to the node's ``output_dir``, never sent.
 * ``1 .. K``: **platform** ``p - 1`` (:class:`PlatformNode`): its local Q-network, the target
   copy and Adam, its column of the round-aligned replay, its current observation, its copy of
   the exploration stream, and under ``dp`` its half of the DP channel
@@ -46,8 +47,10 @@ transports (``ckks``, ``ckks+dp``), ``alignment="item"``, ``dp_acting="own"``
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,9 +115,11 @@ __all__ = [
     "flower_refusal",
     "handle",
     "node_results",
+    "nonce_transcript",
     "provision_relay_identities",
     "relay_identity",
     "relay_key_message",
+    "relay_nonce",
     "run_server",
 ]
 
@@ -127,6 +132,9 @@ AEAD = "chacha20-poly1305"
 PURPOSE = b"fedslate-relay"
 STATE_ARRAYS, STATE_META = "fedslate.arrays", "fedslate.meta"
 PURPOSE_RELAY_KEY = b"fedslate-relay-key"
+PURPOSE_RELAY_NONCES = b"fedslate-relay-nonces"
+NONCE_BYTES = 32
+"""Each node's contribution to the run's set-up transcript (:func:`relay_nonce`)."""
 IDENTITY_PATH = "fedslate-identity-path"
 REGISTRY_PATH = "fedslate-registry-path"
 REGISTRY_DIGEST = "fedslate-registry-digest"
@@ -337,9 +345,29 @@ def provision_relay_identities(directory: str | Path, num_platforms: int) -> str
     return provision_identities(directory, {role: [role] for role in range(num_platforms + 1)})
 
 
-def relay_key_message(registry_digest: bytes, role: int, public: bytes) -> bytes:
+def relay_nonce(config: FedSlateConfig, role: int, tree: SeedTree) -> bytes:
+    """The node's fresh contribution to this run's set-up (``NONCE_BYTES``): operating-system
+    entropy in secure mode (drawn when the server asks, never derived from the node's stored
+    entropy), ``tree.key("flower-fedslate", "nonce", role)`` in seeded mode (reproducible; a
+    path no other stream draws from, so a seeded run still equals the in-process run)."""
+    if config.seed is None:
+        return os.urandom(NONCE_BYTES)
+    return tree.key("flower-fedslate", "nonce", role, nbytes=NONCE_BYTES)
+
+
+def nonce_transcript(nonces: Mapping[int, bytes]) -> bytes:
+    """SHA-256 of every role's nonce in role order (label, purpose, then each role and its
+    nonce): what each node's relay-key signature covers (:func:`relay_key_message`)."""
+    digest = hashlib.sha256(kx.PROTOCOL_LABEL + PURPOSE_RELAY_NONCES)
+    for role in sorted(nonces):
+        digest.update(struct.pack(">q", int(role)) + bytes(nonces[role]))
+    return digest.digest()
+
+
+def relay_key_message(registry_digest: bytes, role: int, public: bytes, transcript: bytes) -> bytes:
     """What a node signs with its identity: its role's X25519 relay key under the pinned
-    registry (label, purpose, the registry digest, the role, the key)."""
+    registry, for this run (label, purpose, the registry digest, the role, the key, the digest
+    of every node's nonce, :func:`nonce_transcript`)."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
@@ -347,6 +375,7 @@ def relay_key_message(registry_digest: bytes, role: int, public: bytes) -> bytes
             bytes(registry_digest),
             struct.pack(">q", int(role)),
             bytes(public),
+            bytes(transcript),
         )
     )
 
@@ -422,34 +451,73 @@ def relay_identity(
     return identity
 
 
-def _sign_relay_key(identity: NodeIdentity, role: int, public: bytes) -> np.ndarray:
-    message = relay_key_message(identity.registry.digest, role, public)
+def _sign_relay_key(
+    identity: NodeIdentity, role: int, public: bytes, transcript: bytes
+) -> np.ndarray:
+    message = relay_key_message(identity.registry.digest, role, public, transcript)
     return np.frombuffer(identity.signer(role).sign(message), np.uint8).copy()
 
 
+def _checked_transcript(me: int, roles: int, own: bytes, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The digest of the nonces the server relayed (``nonce.<role>``), once this node checked
+    that they are one per role of the run, distinct, and that its own nonce is in its place."""
+    relayed = sorted(int(k.split(".")[1]) for k in arrays if k.startswith("nonce."))
+    if relayed != list(range(roles)):
+        raise SignatureError(
+            f"node {me} was handed set-up nonces of roles {relayed}, the run has 0 .. "
+            f"{roles - 1}: a nonce dropped or added by the server; refusing"
+        )
+    nonces = {r: np.asarray(arrays[f"nonce.{r}"], np.uint8).tobytes() for r in range(roles)}
+    short = sorted(r for r, nonce in nonces.items() if len(nonce) != NONCE_BYTES)
+    if short:
+        raise SignatureError(
+            f"node {me} was handed set-up nonces of roles {short} that are not {NONCE_BYTES} "
+            "bytes; refusing"
+        )
+    if nonces[me] != own:
+        raise SignatureError(
+            f"node {me} does not find its own set-up nonce in its place (role {me}) in the "
+            "nonces the server relayed (a nonce substituted, or the nonces reordered); refusing"
+        )
+    if len(set(nonces.values())) != roles:
+        raise SignatureError(
+            f"node {me} was handed set-up nonces that repeat (one role's nonce copied into "
+            "another's place); refusing"
+        )
+    return nonce_transcript(nonces)
+
+
 def _verify_relay_key(
-    registry: KeyRegistry, me: int, role: int, public: bytes, signature: bytes
+    registry: KeyRegistry, me: int, role: int, public: bytes, signature: bytes, transcript: bytes
 ) -> None:
-    """Refuse a relay key not signed by ``role``'s identity in the pinned registry."""
+    """Refuse a relay key not signed by ``role``'s identity in the pinned registry over this
+    run's nonces (``transcript``: the digest holding this node's own nonce)."""
     try:
         registry.verify(
             role,
-            relay_key_message(registry.digest, role, public),
+            relay_key_message(registry.digest, role, public, transcript),
             signature,
             what=f"relay key (role {role})",
         )
     except SignatureError as error:
         raise SignatureError(
             f"node {me} refuses the X25519 relay key the server handed it as role {role}'s: it "
-            f"is not signed by role {role}'s identity in the pinned registry (a key substituted "
-            "by the server, or another role's key relabelled); refusing"
+            f"is not signed by role {role}'s identity in the pinned registry over this run's "
+            "nonces, which hold this node's own (a key substituted by the server, another "
+            "role's key relabelled, a signed key replayed from another run, or other nonces "
+            f"handed to role {role}); refusing"
         ) from error
 
 
 def _pinned_peers(
-    identity: NodeIdentity, me: int, roles: int, arrays: Mapping[str, np.ndarray]
+    identity: NodeIdentity,
+    me: int,
+    roles: int,
+    arrays: Mapping[str, np.ndarray],
+    transcript: bytes,
 ) -> dict[int, bytes]:
-    """The peers' X25519 keys the server relayed, each checked against the pinned registry."""
+    """The peers' X25519 keys the server relayed, each checked against the pinned registry and
+    this run's nonce transcript."""
     relayed = sorted(int(k.split(".")[1]) for k in arrays if k.startswith("peer."))
     if relayed != list(range(roles)):
         raise SignatureError(
@@ -468,7 +536,7 @@ def _pinned_peers(
             np.asarray(arrays[f"peer.{role}"], np.uint8).tobytes(), owner=f"role {role}"
         )
         signature = np.asarray(arrays[f"sig.{role}"], np.uint8).tobytes()
-        _verify_relay_key(identity.registry, me, role, public, signature)
+        _verify_relay_key(identity.registry, me, role, public, signature, transcript)
         peers[role] = public
     return peers
 
@@ -888,8 +956,13 @@ def handle(
     ``store`` is the node's private state (in Flower its ``Context.state``): ``"arrays"`` and
     ``"meta"`` (JSON-ready). ``node_config`` is the node's own configuration (in Flower its
     ``Context.node_config``): where its provisioned relay identity is (:func:`relay_identity`).
-    ``hello`` answers the node's X25519 relay key signed by its identity; ``keys`` takes the
-    peers' keys only when each is signed by its role's identity in the pinned registry.
+    The set-up is three message rounds: ``nonce`` answers the node's fresh nonce
+    (:func:`relay_nonce`); ``hello`` takes every role's nonce (``nonce.<role>``), checks its own
+    is in its place, and answers the node's X25519 relay key signed by its identity over the
+    nonces' digest (:func:`relay_key_message`); ``keys`` takes the peers' keys only when each is
+    signed by its role's identity in the pinned registry over that same digest (so no signed
+    key of another run, or of a run whose nonces the server showed this node differently,
+    verifies).
     """
     cfg = run.config
     saved = dict(store.get("arrays", {}))
@@ -899,18 +972,45 @@ def handle(
     op = str(config["op"])
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
-    if op == "hello":
+    if op == "nonce":
+        if "nonce" in meta:
+            raise SignatureError(
+                f"node {role} already gave this run's set-up its nonce and was asked again; "
+                "refusing"
+            )
+        nonce = relay_nonce(cfg, role, tree)
+        meta["nonce"] = nonce.hex()
+        reply_arrays["nonce"] = np.frombuffer(nonce, np.uint8).copy()
+        node = None
+    elif op == "hello":
+        if "nonce" not in meta:
+            raise SignatureError(
+                f"node {role} was asked for its signed relay key before giving its set-up nonce "
+                "(the key is signed over every node's nonce); refusing"
+            )
+        transcript = _checked_transcript(role, run.nodes, bytes.fromhex(meta["nonce"]), arrays)
+        if meta.get("transcript", transcript.hex()) != transcript.hex():
+            raise SignatureError(
+                f"node {role} already signed its relay key over other set-up nonces; refusing"
+            )
+        meta["transcript"] = transcript.hex()
         identity = relay_identity(run, role, node_config or {})
         reply_arrays["public"] = np.frombuffer(keys.pair.public, np.uint8).copy()
-        reply_arrays["signature"] = _sign_relay_key(identity, role, keys.pair.public)
+        reply_arrays["signature"] = _sign_relay_key(identity, role, keys.pair.public, transcript)
         node = None
     else:
         node = SimulatorNode(cfg, tree) if role == SIMULATOR else PlatformNode(cfg, role - 1, tree)
         if "node" in meta:
             node.load(saved, meta["node"])
     if op == "keys":
+        if "transcript" not in meta:
+            raise SignatureError(
+                f"node {role} was handed its peers' relay keys before signing its own over "
+                "the run's set-up nonces; refusing"
+            )
         identity = relay_identity(run, role, node_config or {})
-        peers = _pinned_peers(identity, role, run.nodes, arrays)
+        transcript = bytes.fromhex(meta["transcript"])
+        peers = _pinned_peers(identity, role, run.nodes, arrays, transcript)
         if keys.peers and keys.peers != peers:
             raise SignatureError(
                 f"node {role} already holds its peers' relay keys and was handed others; refusing"
@@ -959,7 +1059,7 @@ def handle(
             node.sync()
         elif op != "deliver":
             raise ValueError(f"platform {role - 1} got an unknown request {op!r}")
-    elif op not in ("keys", "hello"):
+    elif op not in ("keys", "hello", "nonce"):
         raise ValueError(
             f"node {role} ({'simulator' if role == SIMULATOR else 'platform'}) got an unknown "
             f"request {op!r}"
@@ -1119,7 +1219,9 @@ class _Server:
     # -- the run -------------------------------------------------------------------------
     def keys(self) -> None:
         roles = range(self.config.num_platforms + 1)
-        hello = self._ask("hello", {r: ({}, {"op": "hello"}) for r in roles})
+        contributed = self._ask("nonce", {r: ({}, {"op": "nonce"}) for r in roles})
+        nonces = {f"nonce.{r}": contributed[r][0]["nonce"] for r in roles}
+        hello = self._ask("hello", {r: (nonces, {"op": "hello"}) for r in roles})
         public = {f"peer.{r}": hello[r][0]["public"] for r in roles}
         public |= {f"sig.{r}": hello[r][0]["signature"] for r in roles}
         self._ask("keys", {r: (public, {"op": "keys"}) for r in roles})

@@ -102,8 +102,9 @@ class KeySubstitutingServer:
     """The man in the middle: every relayed public key replaced by the server's own; every
     sealed blob opened (kept in ``read``) and sealed again for its recipient.
 
-    ``forge(recipient, role, public)``: a signature of ``public`` as ``role`` for the node
-    ``recipient`` (None: the honest signatures are relayed beside the substituted keys).
+    ``forge(recipient, role, public, transcript)``: a signature of ``public`` as ``role`` for
+    the node ``recipient`` over the run's nonces (their digest ``transcript``, which the server
+    relayed); None: the honest signatures are relayed beside the substituted keys.
     """
 
     def __init__(self, run, node_configs, forge=None):
@@ -112,11 +113,17 @@ class KeySubstitutingServer:
         self.mine = kx.keypair_from_seed(b"the server's own key, 32 bytes!!")
         self.public: dict[int, bytes] = {}
         self.forge = forge
+        self.transcript = b""
 
     def _as(self, role: int, peer: int) -> ffs._Keys:
         return ffs._Keys(role, self.mine, {peer: self.public[peer]})
 
     def exchange(self, op, requests):
+        if op == "hello":
+            arrays = next(iter(requests.values()))[0]
+            self.transcript = ffs.nonce_transcript(
+                {int(k.split(".")[1]): v.tobytes() for k, v in arrays.items() if "nonce." in k}
+            )
         if op == "keys":
             mine = np.frombuffer(self.mine.public, np.uint8).copy()
             forged = {}
@@ -124,7 +131,7 @@ class KeySubstitutingServer:
                 arrays = dict(arrays) | {f"peer.{q}": mine for q in range(self.run.nodes)}
                 if self.forge is not None:
                     arrays |= {
-                        f"sig.{q}": self.forge(r, q, self.mine.public)
+                        f"sig.{q}": self.forge(r, q, self.mine.public, self.transcript)
                         for q in range(self.run.nodes)
                     }
                 forged[r] = (arrays, config)
@@ -198,8 +205,8 @@ def _forged_registries(enrolment, directory):
         configs[node] = enrolment[node] | {ffs.REGISTRY_PATH: str(path)}
         digests[node] = KeyRegistry(keys).digest
 
-    def forge(recipient, role, public):
-        message = ffs.relay_key_message(digests[recipient], role, public)
+    def forge(recipient, role, public, transcript):
+        message = ffs.relay_key_message(digests[recipient], role, public, transcript)
         return np.frombuffer(attacker[role].sign(message), np.uint8).copy()
 
     return configs, forge
@@ -223,10 +230,10 @@ def test_a_forged_registry_is_refused(enrolment, tmp_path, monkeypatch):
     _reads_every_row(server)
 
 
-def _any_role(registry, me, role, public, signature):
+def _any_role(registry, me, role, public, signature, transcript):
     """A check without the role binding: a key any registered role signed passes."""
     for other in registry.keys:
-        message = ffs.relay_key_message(registry.digest, other, public)
+        message = ffs.relay_key_message(registry.digest, other, public, transcript)
         try:
             return registry.verify(other, message, signature, what="relay key")
         except SignatureError:
