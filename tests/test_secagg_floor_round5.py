@@ -195,3 +195,19 @@ def test_the_comparison_sees_other_pair_keys(monkeypatch):
     differ = {key[1] for key in new_payloads if new_payloads[key] != old_payloads[key]}
     assert {"masked", "shares_sent"} <= differ
     np.testing.assert_array_equal(old_sum, new_sum)
+
+
+def test_the_raw_encodings_are_the_serialization_apis_bytes():
+    """``public_bytes_raw`` / ``private_bytes_raw`` (used now) against main's
+    ``public_bytes(Raw, Raw)`` / ``private_bytes(Raw, Raw, NoEncryption())``."""
+    from cryptography.hazmat.primitives import serialization as ser
+
+    for pair in [*_keypairs(20, 6), kx.generate_keypair()]:
+        assert pair.public == pair.private.public_key().public_bytes(
+            ser.Encoding.Raw, ser.PublicFormat.Raw
+        )
+        assert pair.private_bytes() == pair.private.private_bytes(
+            ser.Encoding.Raw, ser.PrivateFormat.Raw, ser.NoEncryption()
+        )
+    seed = bytes(range(32))
+    assert kx.keypair_from_seed(seed).private_bytes() == seed
