@@ -33,11 +33,11 @@ import functools
 import hashlib
 import hmac
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
@@ -80,18 +80,13 @@ class KeyPair:
 
     def private_bytes(self) -> bytes:
         """The raw 32-byte private key (what a client Shamir-shares for its ``s`` key)."""
-        return self.private.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
+        return self.private.private_bytes_raw()
 
 
 def _from_private(private: X25519PrivateKey) -> KeyPair:
-    public = private.public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw
-    )
-    return KeyPair(private, public)
+    # The raw encodings' own calls: the bytes of public_bytes(Raw, Raw) / private_bytes(Raw,
+    # Raw, NoEncryption()), without building the three serialization arguments per key.
+    return KeyPair(private, private.public_key().public_bytes_raw())
 
 
 def generate_keypair() -> KeyPair:
@@ -286,6 +281,44 @@ def pair_key(
     """
     shared = agree(private, peer_public, peer=f"client {peer}")
     return derive_key(shared, pair_info(purpose, round_id, me, peer))
+
+
+_PAIR_IDS = struct.Struct(">qqq")
+
+
+def pair_keys(
+    private: X25519PrivateKey,
+    peer_publics: Sequence[bytes],
+    purpose: bytes,
+    round_id: int,
+    me: int,
+    peers: Sequence[int],
+) -> list[bytes]:
+    """:func:`pair_key` for each ``(peer_publics[i], peers[i])``, in one loop: the same keys.
+
+    One X25519 exchange and one HKDF (two one-shot HMACs) per peer, as :func:`pair_key`; what the
+    loop saves is the per-pair Python around them (three calls, an owner string made for the
+    error message of every pair, the ``info`` built by a call), and it lets a client agree all
+    its keys before it expands any mask. A key is checked exactly as :func:`agree` checks it,
+    and the first bad one raises, naming its peer.
+
+    Raises:
+        InvalidPublicKeyError: a public key that is malformed, non-canonical or of low order.
+        ValueError: ``peer_publics`` and ``peers`` of different lengths.
+    """
+    exchange, digest, pack = private.exchange, hmac.digest, _PAIR_IDS.pack
+    head, label, keys = PROTOCOL_LABEL + purpose + b"/", PROTOCOL_LABEL, []
+    for public, peer in zip(peer_publics, peers, strict=True):
+        public = bytes(public)
+        if len(public) != PUBLIC_KEY_BYTES or int.from_bytes(public, "little") >= CURVE25519_PRIME:
+            _check_encoding(public, f"client {peer}")  # raises, naming the peer
+        try:
+            shared = exchange(_decoded(public))
+        except ValueError:  # an all-zero secret: _exchange raises the named error
+            shared = _exchange(private, public, f"client {peer}")
+        ids = pack(round_id, me, peer) if me <= peer else pack(round_id, peer, me)
+        keys.append(digest(digest(label, shared, "sha256"), head + ids + b"\x01", "sha256"))
+    return keys
 
 
 def share_aad(round_id: int, sender: int, recipient: int) -> bytes:

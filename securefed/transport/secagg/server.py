@@ -179,6 +179,7 @@ class SecAggRound(AggregationRound):
         self._epoch_signed = self.config.epoch_signed
         self._tagged = self._macs or self._epoch_signed
         self.clipped: dict[int, int] = {}
+        self._clipped_total = 0
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.share_store: dict[tuple[int, int], bytes] = {}
         self._ids = self.clients.tolist()
@@ -583,9 +584,10 @@ class SecAggRound(AggregationRound):
                 self._failure = str(error)
                 raise
             self.clipped[client] = n_clipped
+            self._clipped_total += n_clipped
             self._add_masked(client, masked)
-        if self.config.out_of_range == "clip":
-            self.view.public["secagg_values_clipped"] = sum(self.clipped.values())
+        if self.config.out_of_range == "clip":  # a running count, not a sum per submit (O(n^2))
+            self.view.public["secagg_values_clipped"] = self._clipped_total
         if len(updates.clients) == 1:  # one submit (the simulation's): no position search
             self._add_bytes(int(updates.clients[0]), up=length * self.config.bits // 8)
         else:
@@ -867,12 +869,10 @@ class SecAggRound(AggregationRound):
         for position in plan.dropped_with_masks.tolist():
             u = self._ids[position]
             private = kx.keypair_from_seed(secrets[(u, "s")]).private
-            for v in self.clients[self._graph[position]].tolist():
-                if v not in contributor_set:
-                    continue
-                seed = kx.pair_key(
-                    private, self.public_keys[v][1], kx.PURPOSE_PAIR_MASK, self.round_id, u, v
-                )
+            near = [v for v in self.clients[self._graph[position]].tolist() if v in contributor_set]
+            publics = [self.public_keys[v][1] for v in near]
+            seeds = kx.pair_keys(private, publics, kx.PURPOSE_PAIR_MASK, self.round_id, u, near)
+            for v, seed in zip(near, seeds, strict=True):
                 # v added +PRG(s_uv) if u > v, else -PRG(s_uv): take it back out.
                 expander.add(total, seed, domain=prg_mod.DOMAIN_PAIR_MASK, sign=-1 if u > v else 1)
         self._check_range(total, len(contributors), gathered, needed)
