@@ -924,6 +924,27 @@ def _public_from_state(
     return PublicContext(serialized, key_id=key_id, params=params, check_slot=check_slot)
 
 
+def secret_context_from_bytes(
+    serialized: bytes, *, key_id: str, params: CKKSParameters, check_slot: bool = False
+) -> SecretContext:
+    """A key holder's :class:`SecretContext` rebuilt from its own
+    :meth:`SecretContext.serialize_secret` bytes (a node keeping its key in its private state
+    between messages; never bytes a server handed it).
+
+    Raises:
+        InsecureParameterError: the bytes hold no secret key.
+    """
+    context = ts.context_from(bytes(serialized), n_threads=1)
+    if not context.has_secret_key():
+        raise InsecureParameterError(
+            "the serialized context holds no secret key: a key holder's state is its own "
+            "serialize_secret() bytes"
+        )
+    return _secret_from_state(
+        bytes(serialized), key_id, params, True, False, check_slot, context=context
+    )
+
+
 def _secret_from_state(
     serialized: bytes,
     key_id: str,
