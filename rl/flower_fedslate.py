@@ -57,6 +57,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
+import tenseal as ts
 import torch
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -572,26 +573,46 @@ class CKKSPlatform:
     def __init__(self, config: FedSlateConfig, p: int, tree: SeedTree, arrays, meta) -> None:
         self.config, self.p, self.name = config, p, PLATFORM_NAMES[p]
         self.channel_config, self.degree, kwargs, self.params = _ckks_setup(config)
-        if "ckks.secret" in arrays:
-            secret = secret_context_from_bytes(
-                _bytes(arrays["ckks.secret"]), key_id=meta["ckks.key_id"], params=self.params
-            )
-        else:
+        self._arrays, self._meta = arrays, meta
+        self._party: ModuleKeyParty | None = None
+        self._peers: dict[int, object] | None = None
+        if "ckks.secret" not in arrays:
             secret = ckks_context(**kwargs)
-            arrays["ckks.secret"] = _blob(secret.serialize_secret())
+            arrays["ckks.secret"] = _blob(secret.serialize_secret(evaluation_keys=False))
             meta["ckks.key_id"] = secret.key_id
             # The id the others name this key by: of the public bytes it sends (once, in hello).
             meta["ckks.public_id"] = public_key_id(secret.public().serialized)
-        self.party = ModuleKeyParty(self.name, secret)
+            self._party = ModuleKeyParty(self.name, secret)
         self.key_id = str(meta["ckks.public_id"])
-        self.peers = {
-            int(k.rsplit(".", 1)[1]) - 1: server_context_from_bytes(_bytes(v), self.params)
-            for k, v in arrays.items()
-            if k.startswith("ckks.peer.")
-        }
         self.noise = noise_source(tree, "flower-fedslate", "ckks-flood", self.name)
         if "ckks.flood" in meta:
             _set_noise_state(self.noise, meta["ckks.flood"])
+
+    @property
+    def party(self) -> ModuleKeyParty:
+        """Its key party, rebuilt from the node's state when a request needs it (a context at
+        ring 16384 takes a noticeable time to deserialize)."""
+        if self._party is None:
+            secret = secret_context_from_bytes(
+                _bytes(self._arrays["ckks.secret"]),
+                key_id=self._meta["ckks.key_id"],
+                params=self.params,
+                evaluation_keys=False,
+            )
+            self._party = ModuleKeyParty(self.name, secret)
+        return self._party
+
+    @property
+    def peers(self) -> dict[int, object]:
+        """The other platforms' public contexts it took (public keys only: it encrypts with
+        them)."""
+        if self._peers is None:
+            self._peers = {
+                int(k.rsplit(".", 1)[1]) - 1: server_context_from_bytes(_bytes(v), self.params)
+                for k, v in self._arrays.items()
+                if k.startswith("ckks.peer.")
+            }
+        return self._peers
 
     def save(self, meta: dict) -> None:
         meta["ckks.flood"] = _noise_state(self.noise)
@@ -1221,7 +1242,12 @@ def _pinned_ckks_contexts(
                 "refusing"
             ) from error
         server_context_from_bytes(public, ckks.params)  # refuses bytes holding a secret key
-        out[f"ckks.peer.{role}"] = _blob(public)
+        # Kept with its public key only: this platform encrypts with it, nothing more.
+        encrypting = ts.context_from(public, n_threads=1).serialize(
+            save_public_key=True, save_secret_key=False, save_galois_keys=False,
+            save_relin_keys=False,
+        )  # fmt: skip
+        out[f"ckks.peer.{role}"] = _blob(encrypting)
     return out
 
 

@@ -312,8 +312,13 @@ class ModuleKeyParty:
     def __init__(self, name: str, secret: SecretContext, *, own_encryption: bool = False) -> None:
         self.name = name
         self._secret = secret
-        self.public = secret.public()
         self._own = symmetric_twin(secret) if own_encryption else None
+
+    @property
+    def public(self) -> PublicContext:
+        """Its public context (built on first use: a party rebuilt for every message of a node
+        does not pay for it when the message needs none)."""
+        return self._secret.public()
 
     @property
     def slots(self) -> int:
