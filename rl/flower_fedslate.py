@@ -37,9 +37,19 @@ tagged as there) and the target syncs. A seeded run gives every node and the ser
 in-process run (tests/test_flower_fedslate.py). Each node's state travels in its Flower
 ``Context.state`` as arrays (no pickle) and is rebuilt for every message.
 
-Carried: ``fusion`` ``"plaintext"`` and ``"dp"`` (``dp_acting="released"``), position alignment,
-every variant, any number of platforms and members. Refused, naming the option: the encrypted
-transports (``ckks``, ``ckks+dp``), ``alignment="item"``, ``dp_acting="own"``
+Under ``ckks`` (the monomial circuit) each platform node also holds its CKKS half
+(:class:`CKKSPlatform`: its key pair, made on the node and kept in its ``Context.state``, the
+other platforms' public contexts, each taken only signed by its owner's relay identity, its
+flooding stream); the ServerApp's channel is
+:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` built from the public contexts
+the platforms sent (``public_contexts``: no key party), and every row, fused value, gradient and
+masked product crosses as serialized ciphertexts in the same messages (:func:`_encrypted_op`,
+``_Server._serve``, ``_Server.exchange_encrypted``).
+
+Carried: ``fusion`` ``"plaintext"``, ``"dp"`` (``dp_acting="released"``) and ``"ckks"`` (two or
+more hidden server layers), position alignment, every variant, any number of platforms and
+members. Refused, naming the option: ``ckks`` on the packed circuit (one hidden server layer,
+the linear variant), ``ckks+dp``, ``alignment="item"``, ``dp_acting="own"``
 (:func:`flower_refusal`). This module is the app layer: it imports ``rl`` and
 ``securefed.flower``; ``securefed`` knows nothing of FedSlate.
 """
@@ -122,12 +132,14 @@ from securefed.transport.secagg.signatures import KeyRegistry, SignatureError, S
 __all__ = [
     "FLOWER_FUSIONS",
     "SIMULATOR",
+    "CKKSPlatform",
     "FedSlateApps",
     "FedSlateFlowerOutcome",
     "FedSlateFlowerRun",
     "PlatformNode",
     "SimulatorNode",
     "build_apps",
+    "ckks_key_message",
     "drive_in_process",
     "flower_refusal",
     "handle",
