@@ -174,6 +174,31 @@ def test_a_substituted_or_relabelled_public_context_is_refused(hellos, torch_one
     assert "ckks.peer.2" in store["arrays"]
 
 
+def test_without_the_signature_check_the_substituted_context_is_taken(
+    hellos, monkeypatch, torch_one_thread
+):
+    """Control: with the registry's verification disabled, the server's own context is taken
+    as B's, so platform A would encrypt its rows for B under the server's key."""
+    from securefed.transport.secagg.signatures import KeyRegistry
+
+    run, stores, hello = hellos
+    _, _, kwargs, _ = ffs._ckks_setup(run.config)
+    from securefed.crypto.ckks import ckks_context
+
+    attacker = ckks_context(**kwargs)
+    message = _keys_message(hello) | {
+        "ckks.2": np.frombuffer(attacker.serialize_public(), np.uint8).copy()
+    }
+    monkeypatch.setattr(KeyRegistry, "verify", lambda *args, **kwargs: None)
+    store = {k: dict(v) for k, v in stores[1].items()}
+    handle(run, 1, store, {"op": "keys"}, message)
+    party = ffs.CKKSPlatform(run.config, 0, SeedTree(0), store["arrays"], store["meta"])
+    shape = (run.config.members, 1, run.config.num_candidates)
+    rows = party.encrypt_rows("act", np.full(shape, 0.5), [1])
+    stolen = ts.ckks_vector_from(attacker.tenseal, rows["act.1.0"].tobytes())
+    np.testing.assert_allclose(np.array(stolen.decrypt())[: int(np.prod(shape))], 0.5, atol=1e-3)
+
+
 def test_ciphertexts_labelled_for_another_key_and_extra_releases_are_refused(hellos):
     """Attack: the server hands A ciphertexts labelled for B's key (misrouted), or asks A to
     release more masked sums than the circuit's monomials (each would decrypt one more sum of
