@@ -350,11 +350,15 @@ def _fedhpd_row(
 def _fedslate_config(args: argparse.Namespace, fusion: str):
     """The FedSlate run of the bench: two platforms (A with rewards), (10, 3), 2 members,
     ``--fedslate-episodes`` episodes of ``--fedslate-steps`` rounds, learning from the second
-    episode on (every 3 rounds, batch 16), small networks; ``dp`` at epsilon 8."""
+    episode on (every 3 rounds, batch 16), small networks; ``dp`` at epsilon 8; ``ckks`` with
+    two hidden server layers and the quadratic activation (the monomial circuit, the one Flower
+    carries)."""
     from securefed.rl.fedslate import FedSlateConfig
 
     steps = args.fedslate_steps
-    dp = {"dp_epsilon": 8.0} if fusion == "dp" else {}
+    extra = {"dp_epsilon": 8.0} if fusion == "dp" else {}
+    if fusion == "ckks":
+        extra = {"server_hidden": (16, 16), "activation": "polynomial"}
     return FedSlateConfig(
         steps_per_platform=steps,
         episodes=args.fedslate_episodes,
@@ -365,10 +369,9 @@ def _fedslate_config(args: argparse.Namespace, fusion: str):
         buffer_size=4 * steps,
         batch_size=16,
         local_hidden=(32,),
-        server_hidden=(16,),
         seed=args.seed,
         fusion=fusion,
-        **dp,
+        **({"server_hidden": (16,)} | extra),
     )
 
 
@@ -436,6 +439,7 @@ def _fedslate_row(args: argparse.Namespace, fusion: str) -> dict:
         "message_rounds": int(sum(outcome.messages.values())),
         "message_MB_down": outcome.message_bytes["down"] / 2**20,
         "message_MB_up": outcome.message_bytes["up"] / 2**20,
+        "ciphertext_MB": sum(getattr(outcome.channel, "handed_bytes", {}).values()) / 2**20,
         "messages": outcome.messages,
         "flower_episode_seconds": episodes,
     }
@@ -737,7 +741,7 @@ def flower(args: argparse.Namespace) -> int:
         )
     fedslate_rows = []
     if "fedslate" in parts:
-        for fusion in ("plaintext", "dp"):
+        for fusion in args.fedslate_transports.split(","):
             fedslate_rows.append(_fedslate_row(args, fusion))
         notes.append(
             "FedSlate: the user simulator and each platform a SuperNode, the server network in "
@@ -813,6 +817,12 @@ def register(benches) -> None:
     )
     parser.add_argument(
         "--fedslate-steps", type=int, default=20, help="FedSlate rounds per episode (61: paper)"
+    )
+    parser.add_argument(
+        "--fedslate-transports",
+        default="plaintext,dp",
+        help="FedSlate fusion channels, comma-separated, one row each: plaintext, dp, ckks "
+        "(the monomial circuit: server (16, 16) with the quadratic activation)",
     )
     parser.add_argument(
         "--curve-nodes", default="10,30,100,300", help="node counts of the node-count curve"

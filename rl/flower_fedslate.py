@@ -38,9 +38,19 @@ tagged as there) and the target syncs. A seeded run gives every node and the ser
 in-process run (tests/test_flower_fedslate.py). Each node's state travels in its Flower
 ``Context.state`` as arrays (no pickle) and is rebuilt for every message.
 
-Carried: ``fusion`` ``"plaintext"`` and ``"dp"`` (``dp_acting="released"``), position alignment,
-every variant, any number of platforms and members. Refused, naming the option: the encrypted
-transports (``ckks``, ``ckks+dp``), ``alignment="item"``, ``dp_acting="own"``
+Under ``ckks`` (the monomial circuit) each platform node also holds its CKKS half
+(:class:`CKKSPlatform`: its key pair, made on the node and kept in its ``Context.state``, the
+other platforms' public contexts, each taken only signed by its owner's relay identity, its
+flooding stream); the ServerApp's channel is
+:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` built from the public contexts
+the platforms sent (``public_contexts``: no key party), and every row, fused value, gradient and
+masked product crosses as serialized ciphertexts in the same messages (:func:`_encrypted_op`,
+``_Server._serve``, ``_Server.exchange_encrypted``).
+
+Carried: ``fusion`` ``"plaintext"``, ``"dp"`` (``dp_acting="released"``) and ``"ckks"`` (two or
+more hidden server layers), position alignment, every variant, any number of platforms and
+members. Refused, naming the option: ``ckks`` on the packed circuit (one hidden server layer,
+the linear variant), ``ckks+dp``, ``alignment="item"``, ``dp_acting="own"``
 (:func:`flower_refusal`). This module is the app layer: it imports ``rl`` and
 ``securefed.flower``; ``securefed`` knows nothing of FedSlate.
 """
@@ -59,6 +69,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
+import tenseal as ts
 import torch
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -66,14 +77,31 @@ from flwr.serverapp import Grid, ServerApp
 
 from securefed import NO_PAYLOADS, RoundSelection, SeedTree
 from securefed.crypto import keys as kx
+from securefed.crypto.ckks import (
+    ckks_context,
+    decryption_error_bound,
+    parameters_for,
+    secret_context_from_bytes,
+)
 from securefed.errors import InsecureParameterError
 from securefed.flower import FlowerRunOptions, FlowerRunResult
 from securefed.flower import records as rec
 from securefed.flower.identity import NodeIdentity, load_identity, provision_identities
 from securefed.flower.server import _Messenger, wait_for_nodes
 from securefed.fusion import build_fusion_channel
+from securefed.fusion.base import pick, scatter_positions
+from securefed.fusion.ckks_module import (
+    CKKSModuleFusionChannel,
+    ModuleKeyParty,
+    _segments,
+    masked_sum_error_bound,
+    module_key_circuit,
+    public_key_id,
+    server_context_from_bytes,
+)
 from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
-from securefed.privacy.noise import as_noise_source
+from securefed.fusion.expansion import monomials
+from securefed.privacy.noise import as_noise_source, noise_source
 from securefed.rl.choices import PLATFORM_NAMES
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.fedslate import (
@@ -83,6 +111,7 @@ from securefed.rl.fedslate import (
     TARGET,
     FedSlateConfig,
     LocalDPSGD,
+    ckks_config,
     clicked_loss,
     dp_noise_multipliers,
     dp_unit_releases,
@@ -105,12 +134,14 @@ from securefed.transport.secagg.signatures import KeyRegistry, SignatureError, S
 __all__ = [
     "FLOWER_FUSIONS",
     "SIMULATOR",
+    "CKKSPlatform",
     "FedSlateApps",
     "FedSlateFlowerOutcome",
     "FedSlateFlowerRun",
     "PlatformNode",
     "SimulatorNode",
     "build_apps",
+    "ckks_key_message",
     "drive_in_process",
     "flower_refusal",
     "handle",
@@ -123,8 +154,9 @@ __all__ = [
     "run_server",
 ]
 
-FLOWER_FUSIONS = ("plaintext", "dp")
-"""The fusion channels FedSlate runs over Flower (the encrypted ones are refused, by name)."""
+FLOWER_FUSIONS = ("plaintext", "dp", "ckks")
+"""The fusion channels FedSlate runs over Flower (``ckks+dp`` is refused, by name; ``ckks`` on
+the monomial circuit only)."""
 SIMULATOR = 0
 """The ``partition-id`` of the user simulator's node; platform ``p`` is node ``p + 1``."""
 MESSAGE_TYPE = "query.fedslate"
@@ -135,6 +167,7 @@ PURPOSE_RELAY_KEY = b"fedslate-relay-key"
 PURPOSE_RELAY_NONCES = b"fedslate-relay-nonces"
 NONCE_BYTES = 32
 """Each node's contribution to the run's set-up transcript (:func:`relay_nonce`)."""
+PURPOSE_CKKS_KEY = b"fedslate-ckks-public-context"
 IDENTITY_PATH = "fedslate-identity-path"
 REGISTRY_PATH = "fedslate-registry-path"
 REGISTRY_DIGEST = "fedslate-registry-digest"
@@ -147,11 +180,15 @@ def flower_refusal(config: FedSlateConfig) -> str | None:
     if config.fusion not in FLOWER_FUSIONS:
         return (
             f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)}): "
-            "the CKKS channels are split into platform halves (ModuleKeyParty, PackedKeyParty: "
-            "keys, encryption, decryption) and a server half on public contexts, and their "
-            "ciphertexts can cross as bytes (serialize_handovers), but no node or ServerApp "
-            "message carries them yet: the server channel still takes the Q-value rows as its "
-            "inputs"
+            "ckks+dp would noise and clamp each row on its platform before it is encrypted; "
+            "no node does that yet (the ckks channel's nodes encrypt their rows as computed)"
+        )
+    if config.fusion == "ckks" and ckks_config(config).circuit != "monomials":
+        return (
+            "fusion 'ckks' with one hidden server layer (or the linear variant) uses the packed "
+            "circuit, which is not carried on Flower: its owner regions and clear releases have "
+            "no message API (CKKSModuleFusionChannel.serve_forward is the monomial circuit's); "
+            "give server_hidden two or more layers (the monomial circuit), or run in process"
         )
     if config.alignment != "position":
         return (
@@ -556,6 +593,206 @@ def _dp_setup(config: FedSlateConfig):
             tail=bound["tail_delta"],
         )["local"]
     return options, local, bound["local_steps"]
+
+
+# ----------------------------------------------------------------------------- the CKKS halves
+@lru_cache(maxsize=8)
+def _ckks_setup(config: FedSlateConfig):
+    """``(channel config, degree, key arguments, parameters)`` of the monomial circuit for
+    ``config``: a pure function of the public configuration (cached)."""
+    channel = ckks_config(config)
+    degree = server_network(config).polynomial_network().degree
+    kwargs = module_key_circuit(channel, degree)
+    return channel, degree, kwargs, parameters_for(**kwargs)
+
+
+def _blob(data: bytes) -> np.ndarray:
+    return np.frombuffer(bytes(data), np.uint8).copy()
+
+
+def _bytes(array: np.ndarray) -> bytes:
+    return np.asarray(array, np.uint8).tobytes()
+
+
+def ckks_key_message(registry_digest: bytes, role: int, public: bytes, transcript: bytes) -> bytes:
+    """What a platform signs with its relay identity: the SHA-256 of its CKKS public context
+    under the pinned registry and this run's set-up nonces (label, purpose, registry digest,
+    role, digest, the nonces' digest :func:`nonce_transcript`), so that a context signed in
+    another run does not verify, as for the relay key."""
+    return b"".join(
+        (
+            kx.PROTOCOL_LABEL,
+            PURPOSE_CKKS_KEY,
+            bytes(registry_digest),
+            struct.pack(">q", int(role)),
+            bytes.fromhex(public_key_id(public)) + hashlib.sha256(bytes(public)).digest(),
+            bytes(transcript),
+        )
+    )
+
+
+def _chunked(arrays: Mapping[str, np.ndarray], prefix: str) -> list[bytes]:
+    """The serialized ciphertexts ``prefix.0``, ``prefix.1``, ... of a message, in order."""
+    out = []
+    while f"{prefix}.{len(out)}" in arrays:
+        out.append(_bytes(arrays[f"{prefix}.{len(out)}"]))
+    return out
+
+
+class CKKSPlatform:
+    """A platform's CKKS half on its node: its :class:`ModuleKeyParty` (the secret key, kept
+    in the node's ``Context.state`` as its own serialized context, never sent), the other
+    platforms' public contexts (each taken only with its owner's signature), its flooding
+    stream.
+
+    Args:
+        config: the run's configuration.
+        p: the platform.
+        tree: the node's seed tree (the flooding stream; secure mode: the node's entropy).
+        arrays, meta: the node's saved state (``ckks.*``); a first call makes the key.
+    """
+
+    def __init__(self, config: FedSlateConfig, p: int, tree: SeedTree, arrays, meta) -> None:
+        self.config, self.p, self.name = config, p, PLATFORM_NAMES[p]
+        self.channel_config, self.degree, kwargs, self.params = _ckks_setup(config)
+        self._arrays, self._meta = arrays, meta
+        self._party: ModuleKeyParty | None = None
+        self._peers: dict[int, object] | None = None
+        if "ckks.secret" not in arrays:
+            secret = ckks_context(**kwargs)
+            arrays["ckks.secret"] = _blob(secret.serialize_secret(evaluation_keys=False))
+            meta["ckks.key_id"] = secret.key_id
+            # The id the others name this key by: of the public bytes it sends (once, in hello).
+            meta["ckks.public_id"] = public_key_id(secret.public().serialized)
+            self._party = ModuleKeyParty(self.name, secret)
+        self.key_id = str(meta["ckks.public_id"])
+        self.noise = noise_source(tree, "flower-fedslate", "ckks-flood", self.name)
+        if "ckks.flood" in meta:
+            _set_noise_state(self.noise, meta["ckks.flood"])
+
+    @property
+    def party(self) -> ModuleKeyParty:
+        """Its key party, rebuilt from the node's state when a request needs it (a context at
+        ring 16384 takes a noticeable time to deserialize)."""
+        if self._party is None:
+            secret = secret_context_from_bytes(
+                _bytes(self._arrays["ckks.secret"]),
+                key_id=self._meta["ckks.key_id"],
+                params=self.params,
+                evaluation_keys=False,
+            )
+            self._party = ModuleKeyParty(self.name, secret)
+        return self._party
+
+    @property
+    def peers(self) -> dict[int, object]:
+        """The other platforms' public contexts it took (public keys only: it encrypts with
+        them)."""
+        if self._peers is None:
+            self._peers = {
+                int(k.rsplit(".", 1)[1]) - 1: server_context_from_bytes(_bytes(v), self.params)
+                for k, v in self._arrays.items()
+                if k.startswith("ckks.peer.")
+            }
+        return self._peers
+
+    def save(self, meta: dict) -> None:
+        meta["ckks.flood"] = _noise_state(self.noise)
+
+    def _recipient(self, q: int):
+        if q == self.p:
+            return self.party
+        if q not in self.peers:
+            raise ValueError(f"platform {self.p} holds no public context of platform {q}")
+        return self.peers[q]
+
+    def encrypt_rows(self, prefix: str, values, outputs: Sequence[int]) -> dict[str, np.ndarray]:
+        """Its ``(members, batch, width)`` rows, checked within the public bound, encrypted for
+        each output platform (under that platform's key): ``prefix.<q>.<chunk>``."""
+        array = np.asarray(values.detach().numpy() if hasattr(values, "detach") else values)
+        array = array.astype(np.float64)
+        _check_bound(array, self.channel_config.value_bound, f"platform {self.p}'s {prefix} rows")
+        out = {f"{prefix}.shape": np.array(array.shape, np.int64)}
+        flat = array.reshape(-1)
+        for q in outputs:
+            for c, vector in enumerate(self.party.encrypt_for(flat, self._recipient(int(q)))):
+                out[f"{prefix}.{q}.{c}"] = _blob(vector.serialize())
+        return out
+
+    def decrypt(self, arrays, config, prefix: str, shape) -> np.ndarray:
+        """Its output under its key from a message: ``(members, batch, width)`` float64.
+
+        Raises:
+            ValueError: the message names another key (misrouted), or lacks chunks.
+        """
+        self._check_key(config)
+        blobs = _chunked(arrays, prefix)
+        length = int(np.prod(shape))
+        due = -(-length // self.params.slots)
+        if len(blobs) != due:
+            raise ValueError(f"platform {self.p} got {len(blobs)} chunk(s) of {prefix}, {due} due")
+        return self.party.decrypt(blobs, length).reshape(tuple(int(v) for v in shape))
+
+    def _check_key(self, config) -> None:
+        named = str(config.get("ckks.key", ""))
+        if named != self.key_id:
+            raise ValueError(
+                f"platform {self.p} was handed ciphertexts labelled for key {named!r}; its key "
+                f"is {self.key_id!r}: misrouted (another platform's); refusing"
+            )
+
+    def encrypt_gradient(self, grad: np.ndarray) -> dict[str, np.ndarray]:
+        """``[[dL/dy_p]]`` (the full gradient), checked within the public bound."""
+        _check_bound(grad, self.channel_config.grad_bound, f"platform {self.p}'s output gradient")
+        chunks = self.party.encrypt_for(np.asarray(grad, np.float64).reshape(-1), self.party)
+        return {f"grad.{c}": _blob(v.serialize()) for c, v in enumerate(chunks)}
+
+    def release(self, arrays, config, shape) -> dict[str, np.ndarray]:
+        """The masked exchange's key-holder step: for every chunk and monomial, decrypt the
+        masked product, sum each member's slots (segments it computes itself from the public
+        shape: the server cannot ask for finer sums), flood at the floor of the stated bound
+        (computed here, not taken from the server) and round."""
+        self._check_key(config)
+        shape = tuple(int(v) for v in shape)
+        length, per_member = int(np.prod(shape)), shape[1] * shape[2]
+        slots = self.params.slots
+        base = decryption_error_bound(self.params, 1)
+        flooding, out = self.channel_config.flooding, {}
+        for c, start in enumerate(range(0, length, slots)):
+            segments = _segments(start, min(length, start + slots), per_member)
+            local = [(a - start, b - start) for a, b in segments]
+            bound = masked_sum_error_bound(
+                base,
+                self.degree,
+                self.channel_config.value_bound,
+                self.channel_config.grad_bound,
+                max(b - a for a, b in segments),
+            )
+            std = flooding.std_for(bound)
+            masked = _chunked(arrays, f"masked.{c}")
+            due = len(monomials(self.config.num_platforms, self.degree))
+            if len(masked) != due:
+                raise ValueError(
+                    f"platform {self.p} got {len(masked)} masked product(s) of chunk {c} to "
+                    f"release, the circuit has {due} monomials: refusing (every extra release "
+                    "would decrypt one more sum the server chose)"
+                )
+            for k, blob in enumerate(masked):
+                out[f"released.{c}.{k}"] = self.party.release_sums(
+                    blob, local, flooding, std, self.noise
+                )
+        return out
+
+
+def _check_bound(array: np.ndarray, bound: float, what: str) -> None:
+    if not np.isfinite(array).all():
+        raise ValueError(f"{what} contain NaN or infinity")
+    peak = float(np.abs(array).max()) if array.size else 0.0
+    if peak > bound:
+        raise ValueError(
+            f"{what} reach |{peak:.4g}|, above the CKKS channel's public bound {bound:g}; "
+            "refusing to encrypt (the flooding's error bound rests on it)"
+        )
 
 
 # ----------------------------------------------------------------------------- the simulator
@@ -972,6 +1209,9 @@ def handle(
     op = str(config["op"])
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
+    ckks = None
+    if cfg.fusion == "ckks" and role != SIMULATOR:
+        ckks = CKKSPlatform(cfg, role - 1, tree, saved, meta)
     if op == "nonce":
         if "nonce" in meta:
             raise SignatureError(
@@ -997,6 +1237,11 @@ def handle(
         identity = relay_identity(run, role, node_config or {})
         reply_arrays["public"] = np.frombuffer(keys.pair.public, np.uint8).copy()
         reply_arrays["signature"] = _sign_relay_key(identity, role, keys.pair.public, transcript)
+        if ckks is not None:
+            public = ckks.party.public_bytes()
+            message = ckks_key_message(identity.registry.digest, role, public, transcript)
+            reply_arrays["ckks.public"] = _blob(public)
+            reply_arrays["ckks.signature"] = _blob(identity.signer(role).sign(message))
         node = None
     else:
         node = SimulatorNode(cfg, tree) if role == SIMULATOR else PlatformNode(cfg, role - 1, tree)
@@ -1018,6 +1263,8 @@ def handle(
         for peer, public in peers.items():
             saved[f"peer.{peer}"] = np.frombuffer(public, np.uint8).copy()
             keys.peers[peer] = public
+        if ckks is not None:
+            saved |= _pinned_ckks_contexts(identity, role, run.nodes, arrays, ckks, transcript)
     elif role == SIMULATOR and op == "reset":
         reply_arrays = node.reset(keys, int(config["episode"]))
     elif role == SIMULATOR and op == "step":
@@ -1027,6 +1274,9 @@ def handle(
         if isinstance(node, PlatformNode):
             node.absorb(keys, _inbox(arrays, config))
         _write_result(run, role, node)
+    elif isinstance(node, PlatformNode) and ckks is not None:
+        node.absorb(keys, _inbox(arrays, config))
+        reply_arrays = _encrypted_op(node, ckks, keys, op, arrays, config)
     elif isinstance(node, PlatformNode):
         node.absorb(keys, _inbox(arrays, config))
         if op == "act":
@@ -1064,12 +1314,118 @@ def handle(
             f"node {role} ({'simulator' if role == SIMULATOR else 'platform'}) got an unknown "
             f"request {op!r}"
         )
+    if ckks is not None:
+        ckks.save(meta)
     if node is not None:
         node_arrays, node_meta = node.state()
-        saved = {k: v for k, v in saved.items() if k.startswith("peer.")} | node_arrays
+        saved = {k: v for k, v in saved.items() if k.startswith(("peer.", "ckks."))} | node_arrays
         meta["node"] = node_meta
     store["arrays"], store["meta"] = saved, json.loads(json.dumps(meta, default=_json_default))
     return reply_arrays, reply_config
+
+
+def _pinned_ckks_contexts(
+    identity: NodeIdentity,
+    me: int,
+    roles: int,
+    arrays: Mapping[str, np.ndarray],
+    ckks,
+    transcript: bytes,
+) -> dict[str, np.ndarray]:
+    """The other platforms' CKKS public contexts the server relayed, each taken only with its
+    owner's signature in the pinned registry (a context the server substituted, under a key it
+    holds, would have this platform encrypt its rows for the server) and only without a secret
+    key in it."""
+    out = {}
+    for role in range(1, roles):
+        if role == me:
+            continue
+        if f"ckks.{role}" not in arrays or f"ckks.sig.{role}" not in arrays:
+            raise SignatureError(
+                f"node {me} was handed no signed CKKS public context of platform {role - 1}; "
+                "refusing"
+            )
+        public = _bytes(arrays[f"ckks.{role}"])
+        try:
+            identity.registry.verify(
+                role,
+                ckks_key_message(identity.registry.digest, role, public, transcript),
+                _bytes(arrays[f"ckks.sig.{role}"]),
+                what=f"CKKS public context (role {role})",
+            )
+        except SignatureError as error:
+            raise SignatureError(
+                f"node {me} refuses the CKKS public context the server handed it as platform "
+                f"{role - 1}'s: it is not signed by role {role}'s identity in the pinned "
+                "registry (a key substituted by the server, or another platform's relabelled); "
+                "refusing"
+            ) from error
+        server_context_from_bytes(public, ckks.params)  # refuses bytes holding a secret key
+        # Kept with its public key only: this platform encrypts with it, nothing more.
+        encrypting = ts.context_from(public, n_threads=1).serialize(
+            save_public_key=True, save_secret_key=False, save_galois_keys=False,
+            save_relin_keys=False,
+        )  # fmt: skip
+        out[f"ckks.peer.{role}"] = _blob(encrypting)
+    return out
+
+
+def _outputs(config: Mapping, node: PlatformNode) -> list[int]:
+    """The output platforms a node encrypts its rows for (itself alone without cross terms)."""
+    asked = [int(v) for v in str(config.get("outputs", "")).split(",") if v != ""]
+    if node.config.variant == "fedq":
+        return [q for q in asked if q == node.p]
+    return asked
+
+
+def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays, config):
+    """A platform's request under ``ckks``: the plaintext flow's steps, its rows leaving
+    encrypted under the output platforms' keys and its fused values arriving under its own key
+    (decrypted, positions picked, here). The shapes it decrypts and releases by are its own."""
+    cfg = node.config
+    n = cfg.num_candidates
+    if op == "act":
+        return ckks.encrypt_rows("act", node.act(), _outputs(config, node))
+    if op == "choose":
+        row = node.act()
+        fused = ckks.decrypt(arrays, config, "fused", row.shape)[:, 0].astype(row.dtype)
+        return {"sealed": node.choose(keys, int(config["round"]), fused, float(config["eps"]))}
+    if op == "target_values":
+        return ckks.encrypt_rows("q", node.target_values(arrays["idx"]), _outputs(config, node))
+    idx = arrays["idx"] if "idx" in arrays else node.work.get("idx")
+    shape = None if idx is None else (cfg.members, np.shape(idx)[-1], n)
+    if op == "targets":
+        fused = ckks.decrypt(arrays, config, "fused", shape).astype(np.float32)
+        return node.targets(keys, arrays["idx"], arrays["done"], fused, int(config["learn_step"]))
+    if op == "learn_rows":
+        rows = node.learn_rows(arrays["idx"], int(config["updating"]), bool(config["select"]))
+        outputs = _outputs(config, node)
+        out = ckks.encrypt_rows("learn", rows["learn"], outputs)
+        if "select" in rows:
+            out |= ckks.encrypt_rows("select", rows["select"], outputs)
+        return out  # the clicked positions stay here: picked after decryption
+    if op == "greedy":
+        node.greedy(ckks.decrypt(arrays, config, "fused", shape).astype(np.float32))
+        return {}
+    if op == "loss":
+        full = ckks.decrypt(arrays, config, "fused", shape)
+        if cfg.feedback[node.p]:
+            positions = node._xs(node.work["idx"], "clicked")[..., None]
+        else:
+            positions = node.work["positions"]
+        grad = node.loss_gradient(pick(full, positions).astype(np.float32))
+        return ckks.encrypt_gradient(scatter_positions(grad, positions, n))
+    if op == "local_step":
+        dx = ckks.decrypt(arrays, config, "dx", shape)
+        released = ckks.release(arrays, config, shape)
+        node.step(dx.astype(np.float32))
+        return released
+    if op == "sync":
+        node.sync()
+        return {}
+    if op == "deliver":
+        return {}
+    raise ValueError(f"platform {node.p} got an unknown request {op!r}")
 
 
 def _json_default(value):
@@ -1144,16 +1500,25 @@ class _Server:
         self.names = PLATFORM_NAMES[:k]
         server = server_network(cfg, torch_generator(tree, "init", "server"))
         opt = torch.optim.Adam(server.parameters(), lr=cfg.server_lr or cfg.lr, fused=True)
-        self.channel = build_fusion_channel(
-            "plaintext",
-            self.names,
-            server,
-            opt,
-            cfg.fusion_needs(),
-            target=server_network(cfg),
-            cross=cfg.variant != "fedq",
-            keep_payloads=run.keep_payloads,
-            total_rounds=cfg.episodes * cfg.steps_per_platform,
+        self.encrypted = cfg.fusion == "ckks"
+        # Under ckks the channel is the server half alone, built from the platforms' public
+        # contexts once they sent them (keys()).
+        self._unbuilt = (server, opt, tree) if self.encrypted else None
+        self.key_ids: dict[int, str] = {}
+        self.channel = (
+            None
+            if self.encrypted
+            else build_fusion_channel(
+                "plaintext",
+                self.names,
+                server,
+                opt,
+                cfg.fusion_needs(),
+                target=server_network(cfg),
+                cross=cfg.variant != "fedq",
+                keep_payloads=run.keep_payloads,
+                total_rounds=cfg.episodes * cfg.steps_per_platform,
+            )
         )
         if cfg.dp_epsilon is not None:
             options, local_sigma, _ = _dp_setup(cfg)
@@ -1176,6 +1541,7 @@ class _Server:
         self.without_rewards = [p for p, f in enumerate(cfg.feedback) if not f]
         self.rounds = self.learn_steps = 0
         outcome.channel = self.channel
+        self.everyone = ",".join(str(p) for p in range(k))
 
     # -- messaging -----------------------------------------------------------------------
     def _ask(
@@ -1224,7 +1590,60 @@ class _Server:
         hello = self._ask("hello", {r: (nonces, {"op": "hello"}) for r in roles})
         public = {f"peer.{r}": hello[r][0]["public"] for r in roles}
         public |= {f"sig.{r}": hello[r][0]["signature"] for r in roles}
+        if self.encrypted:
+            platforms = range(1, self.config.num_platforms + 1)
+            public |= {f"ckks.{r}": hello[r][0]["ckks.public"] for r in platforms}
+            public |= {f"ckks.sig.{r}": hello[r][0]["ckks.signature"] for r in platforms}
+            self._build_ckks({r - 1: _bytes(hello[r][0]["ckks.public"]) for r in platforms})
         self._ask("keys", {r: (public, {"op": "keys"}) for r in roles})
+
+    def _build_ckks(self, publics: Mapping[int, bytes]) -> None:
+        """The server half of the CKKS channel on the platforms' public contexts (refusing
+        bytes that hold a secret key): no key party, no value, only ciphertexts."""
+        cfg = self.config
+        server, opt, tree = self._unbuilt
+        self.channel = CKKSModuleFusionChannel(
+            self.names,
+            server,
+            opt,
+            target=server_network(cfg),
+            members=cfg.members,
+            cross=cfg.variant != "fedq",
+            seeds=tree,
+            config=ckks_config(cfg),
+            keep_payloads=self.run.keep_payloads,
+            total_rounds=cfg.episodes * cfg.steps_per_platform,
+            public_contexts={self.names[p]: publics[p] for p in publics},
+        )
+        self.key_ids = {p: public_key_id(publics[p]) for p in publics}
+        self.outcome.channel = self.channel
+
+    def _serve(self, rows, prefix: str, outputs: Sequence[int], shape, **inquiry):
+        """The server half's forward on the rows' ciphertexts: ``p`` -> (arrays, config) of
+        its output's message (``fused.<chunk>`` under its key, labelled with its key's id)."""
+        names = self.names
+        ciphertexts = {
+            names[p]: {
+                names[q]: _chunked(rows[q], f"{prefix}.{p}")
+                for q in rows
+                if f"{prefix}.{p}.0" in rows[q]
+            }
+            for p in outputs
+        }
+        served = self.channel.serve_forward(
+            ciphertexts, shape=shape, outputs=[names[p] for p in outputs], **inquiry
+        )
+        return {p: self._down(p, {"fused": served[names[p]]}) for p in outputs}
+
+    def _down(self, p: int, blobs: Mapping[str, Sequence]) -> tuple[dict, dict]:
+        arrays = {}
+        for prefix, chunks in blobs.items():
+            for c, chunk in enumerate(chunks):
+                if isinstance(chunk, (list, tuple)):
+                    arrays |= {f"{prefix}.{c}.{k}": _blob(b) for k, b in enumerate(chunk)}
+                else:
+                    arrays[f"{prefix}.{c}"] = _blob(chunk)
+        return arrays, {"ckks.key": self.key_ids[p]}
 
     def episode(self, episode: int) -> None:
         cfg, names, channel = self.config, self.names, self.channel
@@ -1232,22 +1651,25 @@ class _Server:
         self.relay(sealed, "reset", episode, SIMULATOR)
         done = False
         while not done:
+            channel = self.channel
             channel.open_round(self.rounds)
-            rows = self.all_platforms("act")
-            fused = channel.forward(
-                {names[p]: rows[p]["q"] for p in rows}, outputs=list(names), train=False, tag=ACT
-            )
             eps = cfg.epsilon(self.rounds)
-            slates = self.platforms(
-                "choose",
-                {
-                    p: (
-                        {"fused": np.asarray(fused[names[p]])[:, 0]},
-                        {"round": self.rounds, "eps": eps},
-                    )
-                    for p in rows
-                },
-            )
+            step = {"round": self.rounds, "eps": eps}
+            if self.encrypted:
+                rows = self.all_platforms("act", config={"outputs": self.everyone})
+                shape = (cfg.members, 1, cfg.num_candidates)
+                down = self._serve(rows, "act", list(rows), shape, train=False, tag=ACT)
+                per = {p: (a, c | step) for p, (a, c) in down.items()}
+            else:
+                rows = self.all_platforms("act")
+                fused = channel.forward(
+                    {names[p]: rows[p]["q"] for p in rows},
+                    outputs=list(names),
+                    train=False,
+                    tag=ACT,
+                )
+                per = {p: ({"fused": np.asarray(fused[names[p]])[:, 0]}, step) for p in rows}
+            slates = self.platforms("choose", per)
             step_arrays = {f"sealed.{p}": slates[p]["sealed"] for p in slates}
             outcomes, config = self.simulator("step", step_arrays, {"round": self.rounds})
             done = bool(config["done"])
@@ -1268,21 +1690,23 @@ class _Server:
         units = self.replay_unit[idx]
         done = self.replay.done[idx]
         # 1. targets, for each platform with rewards (its own Y_p, sealed for the others).
+        shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
         for p in self.with_rewards:
-            q_next = self.all_platforms("target_values", {"idx": idx})
-            msgs = {names[q]: torch.from_numpy(q_next[q]["q"]) for q in q_next}
-            fused = channel.forward(
-                msgs, outputs=[names[p]], network="target", train=False, tag=TARGET
-            )
-            sealed = self.platforms(
-                "targets",
-                {
-                    p: (
-                        {"idx": idx, "done": done, "fused": fused[names[p]].numpy()},
-                        {"learn_step": self.learn_steps},
-                    )
-                },
-            )[p]
+            step = {"learn_step": self.learn_steps}
+            if self.encrypted:
+                q_next = self.all_platforms("target_values", {"idx": idx}, {"outputs": str(p)})
+                a, c = self._serve(
+                    q_next, "q", [p], shape, network="target", train=False, tag=TARGET
+                )[p]
+                request = ({"idx": idx, "done": done} | a, c | step)
+            else:
+                q_next = self.all_platforms("target_values", {"idx": idx})
+                msgs = {names[q]: torch.from_numpy(q_next[q]["q"]) for q in q_next}
+                fused = channel.forward(
+                    msgs, outputs=[names[p]], network="target", train=False, tag=TARGET
+                )
+                request = ({"idx": idx, "done": done, "fused": fused[names[p]].numpy()}, step)
+            sealed = self.platforms("targets", {p: request})[p]
             self.relay(sealed, "targets", self.learn_steps, p + 1)
         # 2. Algorithm 1, then 3. Algorithm 2: one exchange per updating platform.
         for p in self.with_rewards + self.without_rewards:
@@ -1292,6 +1716,9 @@ class _Server:
         cfg, names, channel = self.config, self.names, self.channel
         select = p in self.without_rewards
         arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
+        if self.encrypted:
+            self.exchange_encrypted(p, idx, select)
+            return
         rows = self.all_platforms("learn_rows", arrays, {"updating": p, "select": select})
         positions = None
         if select:
@@ -1309,6 +1736,32 @@ class _Server:
         grad = self.platforms("loss", {p: ({"fused": fused.numpy()}, {})})[p]["grad"]
         grads = channel.backward({names[p]: torch.from_numpy(grad)}, recipients=[names[p]])
         self.platforms("local_step", {p: ({"grad": grads[names[p]].numpy()}, {})})
+
+    def exchange_encrypted(self, p: int, idx: np.ndarray, select: bool) -> None:
+        """``exchange_update`` under ckks: the same messages, every row and fused value a
+        ciphertext; the backward's masked exchange rides on ``local_step``."""
+        cfg, name = self.config, self.names[p]
+        shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
+        rows = self.all_platforms(
+            "learn_rows", {"idx": idx}, {"updating": p, "select": select, "outputs": str(p)}
+        )
+        if select:
+            request = self._serve(rows, "select", [p], shape, train=False, tag=SELECT)[p]
+            self.platforms("greedy", {p: request})
+        request = self._serve(rows, "learn", [p], shape, train=True, tag=LEARN)[p]
+        grad = self.platforms("loss", {p: request})[p]
+        served = self.channel.serve_backward({name: _chunked(grad, "grad")})[name]
+        down = self._down(p, {"masked": served["masked"], "dx": served["input_gradient"]})
+        released = self.platforms("local_step", {p: down})[p]
+        due = len(self.channel.basis)
+        self.channel.finish_backward(
+            {
+                name: [
+                    [released.get(f"released.{c}.{k}", np.zeros(0)) for k in range(due)]
+                    for c in range(len(served["masked"]))
+                ]
+            }
+        )
 
     def finish(self) -> None:
         self.all_platforms("finish")

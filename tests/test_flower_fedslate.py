@@ -169,7 +169,9 @@ def test_a_tampered_or_replayed_outcome_is_refused():
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"fusion": "ckks", "server_activation": "polynomial"}, "fusion 'ckks'"),
+        # One hidden server layer: the packed circuit, not carried (the monomial one is:
+        # tests/test_flower_fedslate_ckks.py).
+        ({"fusion": "ckks", "server_activation": "polynomial"}, "packed circuit"),
         ({"fusion": "ckks+dp", "server_activation": "polynomial", "dp_epsilon": 4.0}, "ckks"),
         ({"alignment": "item"}, "alignment 'item'"),
         ({"fusion": "dp", "dp_epsilon": 4.0, "dp_acting": "own"}, "dp_acting 'own'"),

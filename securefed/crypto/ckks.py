@@ -808,17 +808,19 @@ class SecretContext(_ContextBase):
             (state, self.key_id, self.params, self._relin, self._galois, self.check_slot),
         )
 
-    def serialize_secret(self) -> bytes:
+    def serialize_secret(self, *, evaluation_keys: bool = True) -> bytes:
         """TenSEAL's own serialization *with* the secret key (``save_secret_key=True``).
 
         For provisioning the key holders out of band (:func:`save_secret_context`); never send
-        these bytes to a server.
+        these bytes to a server. ``evaluation_keys=False`` leaves out the relinearization and
+        Galois keys (what a key holder that only encrypts and decrypts keeps: smaller, faster to
+        load; :func:`secret_context_from_bytes` with ``evaluation_keys=False``).
         """
         return self._context.serialize(
             save_public_key=self.params.encryption == "public-key",
             save_secret_key=True,
-            save_galois_keys=self._galois,
-            save_relin_keys=True,
+            save_galois_keys=self._galois and evaluation_keys,
+            save_relin_keys=evaluation_keys,
         )
 
     def serialize_public(self) -> bytes:
@@ -922,6 +924,33 @@ def _public_from_state(
     serialized: bytes, key_id: str, params: CKKSParameters, check_slot: bool = True
 ) -> PublicContext:
     return PublicContext(serialized, key_id=key_id, params=params, check_slot=check_slot)
+
+
+def secret_context_from_bytes(
+    serialized: bytes,
+    *,
+    key_id: str,
+    params: CKKSParameters,
+    check_slot: bool = False,
+    evaluation_keys: bool = True,
+) -> SecretContext:
+    """A key holder's :class:`SecretContext` rebuilt from its own
+    :meth:`SecretContext.serialize_secret` bytes (a node keeping its key in its private state
+    between messages; never bytes a server handed it). ``evaluation_keys``: as they were
+    serialized (without them the context encrypts and decrypts only).
+
+    Raises:
+        InsecureParameterError: the bytes hold no secret key.
+    """
+    context = ts.context_from(bytes(serialized), n_threads=1)
+    if not context.has_secret_key():
+        raise InsecureParameterError(
+            "the serialized context holds no secret key: a key holder's state is its own "
+            "serialize_secret() bytes"
+        )
+    return _secret_from_state(
+        bytes(serialized), key_id, params, evaluation_keys, False, check_slot, context=context
+    )
 
 
 def _secret_from_state(

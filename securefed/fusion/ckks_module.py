@@ -57,6 +57,7 @@ server colluding with ``p`` decrypts the other parties' vectors encrypted under 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import Counter
@@ -75,6 +76,7 @@ from securefed.crypto.ckks import (
     ckks_context,
     decryption_error_bound,
     error_tail_factor,
+    parameters_for,
     symmetric_twin,
 )
 from securefed.fusion.base import (
@@ -108,8 +110,11 @@ __all__ = [
     "circuit_levels",
     "input_gradient_error_bound",
     "masked_sum_error_bound",
+    "module_key_circuit",
     "polynomial_error_bound",
+    "public_key_id",
     "server_context",
+    "server_context_from_bytes",
 ]
 
 STEP_STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
@@ -307,8 +312,13 @@ class ModuleKeyParty:
     def __init__(self, name: str, secret: SecretContext, *, own_encryption: bool = False) -> None:
         self.name = name
         self._secret = secret
-        self.public = secret.public()
         self._own = symmetric_twin(secret) if own_encryption else None
+
+    @property
+    def public(self) -> PublicContext:
+        """Its public context (built on first use: a party rebuilt for every message of a node
+        does not pay for it when the message needs none)."""
+        return self._secret.public()
 
     @property
     def slots(self) -> int:
@@ -388,6 +398,38 @@ def server_context(party: ModuleKeyParty) -> PublicContext:
     )  # fmt: skip
 
 
+def public_key_id(public_bytes: bytes) -> str:
+    """The id of a party's key as the server half and the other parties name it: the SHA-256 of
+    its public context's bytes (16 hex digits)."""
+    return hashlib.sha256(bytes(public_bytes)).hexdigest()[:16]
+
+
+def server_context_from_bytes(public_bytes: bytes, params) -> PublicContext:
+    """The server half's context for a party on another machine: built from the bytes its
+    message carried (:meth:`ModuleKeyParty.public_bytes`), under the parameters the server
+    derives itself from the public configuration (:func:`module_key_circuit`).
+
+    Raises:
+        InsecureParameterError: the bytes hold a secret key (the server refuses it).
+    """
+    return PublicContext(
+        bytes(public_bytes), key_id=public_key_id(public_bytes), params=params, check_slot=False
+    )
+
+
+def module_key_circuit(config: CKKSModuleConfig, degree: int) -> dict[str, Any]:
+    """The arguments of :func:`~securefed.crypto.ckks.ckks_context` (and
+    :func:`~securefed.crypto.ckks.parameters_for`) of one party's key for the monomial circuit
+    of a degree-``degree`` network: what a party on another machine generates its key with, and
+    what the server derives the parameters from (both from the public configuration)."""
+    return {
+        "circuit": FusionCircuit(depth=circuit_levels(degree), activation_degree=1, training=False),
+        "poly_modulus_degree": config.poly_modulus_degree,
+        "scale_bits": config.scale_bits,
+        "encryption": "public-key",
+    }
+
+
 def _context_of(vector: ts.CKKSVector, context) -> ts.CKKSVector:
     """Hand a ciphertext over in memory: link it to the receiver's context (no copy, no bytes)."""
     vector.link_context(context.tenseal)
@@ -415,6 +457,13 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         config: channel parameters.
         keep_payloads, total_rounds: as for every fusion channel's view.
         public: extra public parameters for the view.
+        public_contexts: party -> the bytes of its public context, for the server half alone
+            (its parties on other machines, each holding its own :class:`ModuleKeyParty`):
+            the channel then holds no key party (``keys`` is empty), builds its contexts from
+            these bytes (:func:`server_context_from_bytes`, refusing a secret key) and is
+            driven by :meth:`serve_forward`, :meth:`serve_backward` and
+            :meth:`finish_backward` on serialized ciphertexts; ``forward``/``backward`` on
+            values are refused (the server has none).
 
     Raises:
         ValueError: bad parties or members, a module without a polynomial form, a chain too
@@ -437,6 +486,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         keep_payloads: RoundSelection = NO_PAYLOADS,
         total_rounds: int | None = None,
         public: Mapping[str, object] | None = None,
+        public_contexts: Mapping[str, bytes] | None = None,
     ) -> None:
         import torch
 
@@ -454,13 +504,26 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self.degree = network.degree
         self.basis = monomials(len(names), self.degree)
         self.levels = circuit_levels(self.degree)
-        self.keys = {name: self._new_party(name) for name in names}
-        self.params = self.keys[names[0]].public.params
-        # The server half: public contexts built from the bytes each party sends (a test tries
-        # to decrypt with them; one holding a secret key is refused).
-        self.server_contexts: dict[str, PublicContext] = {
-            n: server_context(k) for n, k in self.keys.items()
-        }
+        self.remote = public_contexts is not None
+        if not self.remote:
+            self.keys = {name: self._new_party(name) for name in names}
+            self.params = self.keys[names[0]].public.params
+            # The server half: public contexts built from the bytes each party sends (a test
+            # tries to decrypt with them; one holding a secret key is refused).
+            self.server_contexts: dict[str, PublicContext] = {
+                n: server_context(k) for n, k in self.keys.items()
+            }
+        else:
+            if sorted(public_contexts) != sorted(names):
+                raise ValueError(
+                    f"public contexts of parties {sorted(public_contexts)}, the channel has "
+                    f"{sorted(names)}"
+                )
+            self.keys = {}
+            self.params = self._remote_params()
+            self.server_contexts = {
+                n: server_context_from_bytes(public_contexts[n], self.params) for n in names
+            }
         self.handed_bytes: Counter = Counter()
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)
         mask_bits = (
@@ -474,8 +537,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self._flood_std: dict[int, tuple[float, float]] = {}
         self.seconds = dict.fromkeys(STEP_STAGES, 0.0)
         self.counts: Counter = Counter()
-        first = self.keys[names[0]]
-        self.ciphertext_bytes = len(first.encrypt_for(np.zeros(1), first)[0].serialize())
+        first = self.server_contexts[names[0]]
+        self.ciphertext_bytes = len(first.encrypt_vector(np.zeros(1)).serialize())
         self.view = FusionView(
             self.name,
             names,
@@ -509,12 +572,12 @@ class CKKSModuleFusionChannel(TorchServerChannel):
 
     def _new_key(self) -> SecretContext:
         """One party's key pair for this circuit's levels (public-key encryption)."""
-        return ckks_context(
-            FusionCircuit(depth=self.levels, activation_degree=1, training=False),
-            poly_modulus_degree=self.config.poly_modulus_degree,
-            scale_bits=self.config.scale_bits,
-            encryption="public-key",
-        )
+        return ckks_context(**module_key_circuit(self.config, self.degree))
+
+    def _remote_params(self):
+        """The parameters of the parties' keys, derived from the public configuration (the
+        server half of parties on other machines)."""
+        return parameters_for(**module_key_circuit(self.config, self.degree))
 
     def _mask_bits(self) -> int:
         """The default mask size: what the level of the masked exchange holds."""
@@ -663,7 +726,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                 f"a ciphertext handed to {party!r} has {components} components: only a "
                 "relinearized (size-2) ciphertext is re-randomized whole (circuit privacy)"
             )
-        if not self.config.serialize_handovers:
+        if not (self.config.serialize_handovers or self.remote):
             return vector
         blob = vector.serialize()
         self.handed_bytes["to_parties"] += len(blob)
@@ -673,9 +736,12 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         """A ciphertext under ``party``'s key handed to the server: linked to, or deserialized
         under (``serialize_handovers``), the server's public context for that key."""
         context = self.server_contexts[party]
-        if not self.config.serialize_handovers:
+        if isinstance(vector, (bytes, bytearray, memoryview)):  # what a message carried
+            blob = bytes(vector)
+        elif not self.config.serialize_handovers:
             return _context_of(vector, context)
-        blob = vector.serialize()
+        else:
+            blob = vector.serialize()
         self.handed_bytes["to_server"] += len(blob)
         return ts.ckks_vector_from(context.tenseal, blob)
 
@@ -686,6 +752,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         Arguments and return types as :meth:`securefed.fusion.module.ModuleFusionChannel.forward`
         (positions are picked by the party after decryption: the server does not see them).
         """
+        self._refuse_remote("forward")
         inputs, outputs, network, train, tag = (
             inquiry.inputs, inquiry.outputs, inquiry.network, inquiry.train, inquiry.tag
         )  # fmt: skip
@@ -711,17 +778,9 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             now = time.process_time()
             self.seconds["encryption"] += now - start
             start = now
-            chunk_monomials, returned = [], []
-            for c, (a, b) in enumerate(bounds):
-                variables = [self._to_server(encrypted[q][c], p) for q in ordered]
-                if len(variables) < len(order):  # cross=False: the others are not sent
-                    variables += [variables[0]] * (len(order) - len(variables))
-                powers = self._monomials(variables, self.degree)
-                multipliers = self._coefficient_vectors(coefficients, a, b, per_member)
-                terms = [(powers[m], multipliers[k]) for k, m in enumerate(self.basis) if k]
-                value = self._combine(terms, multipliers[0])
-                returned.append(self._to_party(self._return(value, p), p))
-                chunk_monomials.append(powers)
+            returned, chunk_monomials = self._evaluate_for(
+                p, encrypted, coefficients, bounds, per_member
+            )
             now = time.process_time()
             self.seconds["server_evaluation"] += now - start
             start = now
@@ -748,6 +807,30 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         )
         return result
 
+    def _order(self, p: str) -> tuple[list[str], list[str]]:
+        """``(order, sent)``: the parties in ``p``'s evaluation (``p`` first) and those whose
+        vectors are sent (all of them, or ``p`` alone with ``cross=False``)."""
+        order = [p, *[q for q in self._parties if q != p]]
+        return order, (order if self.cross else [p])
+
+    def _evaluate_for(self, p, encrypted, coefficients, bounds, per_member):
+        """The server's evaluation of ``p``'s output on its parties' chunks (ciphertexts or
+        the bytes a message carried, under ``p``'s key): ``(returned, chunk_monomials)``, the
+        re-randomized outputs handed to ``p`` and the monomials kept for the backward."""
+        order, sent = self._order(p)
+        chunk_monomials, returned = [], []
+        for c, (a, b) in enumerate(bounds):
+            variables = [self._to_server(encrypted[q][c], p) for q in sent]
+            if len(variables) < len(order):  # cross=False: the others are not sent
+                variables += [variables[0]] * (len(order) - len(variables))
+            powers = self._monomials(variables, self.degree)
+            multipliers = self._coefficient_vectors(coefficients, a, b, per_member)
+            terms = [(powers[m], multipliers[k]) for k, m in enumerate(self.basis) if k]
+            value = self._combine(terms, multipliers[0])
+            returned.append(self._to_party(self._return(value, p), p))
+            chunk_monomials.append(powers)
+        return returned, chunk_monomials
+
     # ------------------------------------------------------------------ backward
     def _backward(
         self, grads: Mapping[str, Any], recipients: Sequence[str] | None
@@ -763,6 +846,7 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             ValueError: a gradient of a party without output, of the wrong shape, above
                 ``grad_bound``, or a recipient without an output in that forward.
         """
+        self._refuse_remote("backward")
         torch = self._torch
         pending, recipients, full = self._output_gradients(grads, recipients)
         shape, bounds = pending["shape"], pending["bounds"]
@@ -795,19 +879,9 @@ class CKKSModuleFusionChannel(TorchServerChannel):
                     self.seconds["server_evaluation"] += time.process_time() - start
                     sums[:, k] += self._masked_sums(product, p, segments, a, per_member)
                     start = time.process_time()
-                multipliers = self._coefficient_vectors(derivative_coefficients, a, b, per_member)
-                acc = None
-                for k, m in enumerate(smaller):
-                    if multipliers[k] is None:
-                        continue
-                    term = g_c * multipliers[k]
-                    self.counts["plain_mul"] += 1
-                    if k:
-                        term = term * powers[m]
-                        self.counts["cipher_mul"] += 1
-                    acc = term if acc is None else acc.add_(term)
-                if acc is None:
-                    acc = g_c * 2.0 ** -(self.params.scale_bits - 4)
+                acc = self._input_gradient(
+                    g_c, powers, derivative_coefficients, smaller, a, b, per_member
+                )
                 returned.append(self._to_party(self._return(acc, p), p))
                 self.seconds["server_evaluation"] += time.process_time() - start
             if p in recipients:
@@ -818,6 +892,209 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         self._step(coefficients_t, sums, pending, result, tuple(full), len(bounds),
                    1 + len(self.basis))  # fmt: skip
         return result
+
+    # ------------------------------------------------------------------ the server half alone
+    def _refuse_remote(self, what: str) -> None:
+        if self.remote:
+            raise RuntimeError(
+                f"{what}() on values needs the parties' keys; this is the server half alone "
+                "(built from public contexts): it serves ciphertexts (serve_forward, "
+                "serve_backward, finish_backward)"
+            )
+
+    def chunk_bounds(self, length: int) -> list[tuple[int, int]]:
+        """The flat ranges each ciphertext of a ``length``-entry vector holds (public: what a
+        party on another machine encrypts and decrypts by)."""
+        slots = self.params.slots
+        return [(a, min(length, a + slots)) for a in range(0, length, slots)]
+
+    def serve_forward(
+        self,
+        ciphertexts: Mapping[str, Mapping[str, Sequence[bytes]]],
+        *,
+        shape: Sequence[int],
+        outputs: Sequence[str],
+        network: str = "online",
+        train: bool = False,
+        tag: str | None = None,
+    ) -> dict[str, list[bytes]]:
+        """A forward on ciphertexts its parties sent (the server half alone, ``remote``).
+
+        Args:
+            ciphertexts: output party ``p`` -> sending party ``q`` -> the serialized chunks of
+                ``q``'s flattened ``(members, batch, width)`` vector under ``p``'s key (every
+                party with ``cross``, ``p`` alone without).
+            shape: the vectors' ``(members, batch, width)`` (public).
+            outputs, network, train, tag: as :meth:`forward` (no positions: a party picks its
+                entries after decryption).
+
+        Returns:
+            ``p`` -> its output's serialized chunks under its key (re-randomized).
+
+        Raises:
+            RuntimeError: the channel holds key parties (use :meth:`forward`).
+            ValueError: ciphertexts of the wrong parties or chunk counts, a bad shape.
+        """
+        if not self.remote:
+            raise RuntimeError("serve_forward is the server half's; this channel holds the keys")
+        shape = tuple(int(v) for v in shape)
+        if len(shape) != 3 or shape[0] != self.members:
+            raise ValueError(f"shape must be ({self.members}, batch, width), got {shape}")
+        check_network(network, train)
+        if network == "target" and self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        module = self.module if network == "online" else self.target
+        length, per_member = int(np.prod(shape)), shape[1] * shape[2]
+        bounds = self.chunk_bounds(length)
+        if sorted(ciphertexts) != sorted(outputs):
+            raise ValueError(f"ciphertexts for outputs {sorted(ciphertexts)}, asked {outputs}")
+        start = time.process_time()
+        coefficients = self._coefficients(module, grad=False).numpy()
+        result, pending = {}, {}
+        for p in outputs:
+            _, sent = self._order(p)
+            got = ciphertexts[p]
+            if sorted(got) != sorted(sent) or any(len(got[q]) != len(bounds) for q in sent):
+                raise ValueError(
+                    f"{p!r}'s forward needs {len(bounds)} chunk(s) from each of {sent}, got "
+                    f"{ {q: len(v) for q, v in got.items()} }"
+                )
+            result[p], chunk_monomials = self._evaluate_for(
+                p, got, coefficients, bounds, per_member
+            )
+            pending[p] = (chunk_monomials, None)
+        self.seconds["server_evaluation"] += time.process_time() - start
+        if train:
+            self._pending = {"shape": shape, "bounds": bounds, "parties": pending, "tag": tag,
+                             "dtype": None}  # fmt: skip
+        n_up = len(bounds) * (len(self._parties) if self.cross else 1)
+        self._record(
+            "forward",
+            network=network,
+            tag=tag,
+            train=train,
+            outputs=list(outputs),
+            up={
+                q: n_up * self.ciphertext_bytes for q in (self._parties if self.cross else outputs)
+            },
+            down={p: len(bounds) * self.ciphertext_bytes for p in outputs},
+        )
+        return result
+
+    def serve_backward(self, gradients: Mapping[str, Sequence[bytes]]) -> dict[str, dict]:
+        """The first half of a backward on the output gradients its parties sent (``remote``):
+        ``p`` -> ``{"masked": [[bytes per monomial] per chunk], "input_gradient": [bytes per
+        chunk]}``, what ``p`` receives: the masked products ``[[g x^m + R]]`` to release (it
+        sums each member's slots of a chunk, floods and rounds) and ``[[dL/dx_p]]``. The
+        released sums go to :meth:`finish_backward`.
+
+        Args:
+            gradients: ``p`` -> the serialized chunks of ``[[dL/dy_p]]`` under its key, the full
+                ``(members, batch, width)`` gradient (zeros where it did not ask).
+
+        Raises:
+            RuntimeError: without a training :meth:`serve_forward` since the last backward.
+            ValueError: a gradient of a party without output there, or the wrong chunk count.
+        """
+        if self._pending is None or "masks" in self._pending:
+            raise RuntimeError("serve_backward needs a serve_forward(train=True) first (once)")
+        pending = self._pending
+        unknown = sorted(set(gradients) - set(pending["parties"]))
+        if unknown:
+            raise ValueError(f"no forward output for parties {unknown}")
+        shape, bounds = pending["shape"], pending["bounds"]
+        start = time.process_time()
+        coefficients_t = self._coefficients(self.module, grad=True)
+        coefficients = coefficients_t.detach().numpy()
+        per_member = shape[1] * shape[2]
+        source, factor = derivative(len(self._parties), self.degree, 0)
+        smaller = monomials(len(self._parties), max(self.degree - 1, 0))
+        derivative_coefficients = coefficients[:, source] * factor
+        out, masks = {}, {}
+        for p, chunks in gradients.items():
+            if len(chunks) != len(bounds):
+                raise ValueError(f"{p!r} sent {len(chunks)} gradient chunk(s), {len(bounds)} due")
+            masked, returned, kept = [], [], []
+            for c, (a, b) in enumerate(bounds):
+                g_c = self._to_server(chunks[c], p)
+                powers = pending["parties"][p][0][c]
+                row, row_masks = [], []
+                for k, m in enumerate(self.basis):
+                    product = g_c if k == 0 else g_c * powers[m]
+                    if k:
+                        self.counts["cipher_mul"] += 1
+                    blob, mask = self._mask(product, p)
+                    row.append(blob)
+                    row_masks.append(mask)
+                masked.append(row)
+                kept.append(row_masks)
+                returned.append(
+                    self._to_party(
+                        self._return(
+                            self._input_gradient(g_c, powers, derivative_coefficients, smaller,
+                                                 a, b, per_member),
+                            p,
+                        ),
+                        p,
+                    )
+                )  # fmt: skip
+            out[p] = {"masked": masked, "input_gradient": returned}
+            masks[p] = kept
+        self.seconds["server_evaluation"] += time.process_time() - start
+        pending["masks"], pending["coefficients_t"] = masks, coefficients_t
+        return out
+
+    def finish_backward(self, released: Mapping[str, Sequence[Sequence[np.ndarray]]]) -> None:
+        """The second half (``remote``): each party's released sums ``[chunk][monomial]`` (one
+        number per member segment of the chunk), unmasked into the batch sums; the optimiser
+        steps.
+
+        Raises:
+            RuntimeError: without :meth:`serve_backward` first.
+            ValueError: releases of other parties, or of the wrong shape.
+        """
+        if self._pending is None or "masks" not in self._pending:
+            raise RuntimeError("finish_backward needs serve_backward first")
+        pending = self._pending
+        masks = pending["masks"]
+        if sorted(released) != sorted(masks):
+            raise ValueError(f"releases of {sorted(released)}, due from {sorted(masks)}")
+        shape, bounds = pending["shape"], pending["bounds"]
+        per_member = shape[1] * shape[2]
+        sums = np.zeros((self.members, len(self.basis)))
+        for p, rows in released.items():
+            if len(rows) != len(bounds):
+                raise ValueError(f"{p!r} released {len(rows)} chunk(s), {len(bounds)} due")
+            for c, (a, b) in enumerate(bounds):
+                segments = _segments(a, b, per_member)
+                for k in range(len(self.basis)):
+                    values = np.asarray(rows[c][k], dtype=np.float64).reshape(-1)
+                    if values.shape != (len(segments),) or not np.isfinite(values).all():
+                        raise ValueError(
+                            f"{p!r}'s release of chunk {c}, monomial {k}: {values.shape[0]} "
+                            f"finite number(s) due per member segment ({len(segments)})"
+                        )
+                    sums[:, k] += self._unmask(values, masks[p][c][k], segments, a, per_member)
+        chunks = len(bounds)
+        self._step(pending["coefficients_t"], sums, pending, dict.fromkeys(released),
+                   tuple(released), chunks, 1 + len(self.basis))  # fmt: skip
+
+    def _input_gradient(self, g_c, powers, derivative_coefficients, smaller, a, b, per_member):
+        """``[[g * df/dx_p]]`` of one chunk, as ``sum_k (g d_k) x^k``."""
+        multipliers = self._coefficient_vectors(derivative_coefficients, a, b, per_member)
+        acc = None
+        for k, m in enumerate(smaller):
+            if multipliers[k] is None:
+                continue
+            term = g_c * multipliers[k]
+            self.counts["plain_mul"] += 1
+            if k:
+                term = term * powers[m]
+                self.counts["cipher_mul"] += 1
+            acc = term if acc is None else acc.add_(term)
+        if acc is None:
+            acc = g_c * 2.0 ** -(self.params.scale_bits - 4)
+        return acc
 
     # ------------------------------------------------------------------ shared checks
     def _inquiry(self, inquiry: Inquiry):
@@ -905,18 +1182,27 @@ class CKKSModuleFusionChannel(TorchServerChannel):
     def _masked_sums(self, product, party: str, segments, start: int, per_member) -> np.ndarray:
         """The masked exchange for one ciphertext: per-member sums (zeros for absent members)."""
         tick = time.process_time()
-        mask = self.masks.draw(product.size())
-        masked = product + mask.tolist()
+        masked, mask = self._mask(product, party)
         local = [(a - start, b - start) for a, b in segments]
         _, std = self.flooding_std(max(b - a for a, b in segments))
         released = self.keys[party].release_sums(
-            self._to_party(masked, party), local, self.config.flooding, std, self._flood_noise
+            masked, local, self.config.flooding, std, self._flood_noise
         )
+        out = self._unmask(released, mask, segments, start, per_member)
+        self.seconds["exchange"] += time.process_time() - tick
+        return out
+
+    def _mask(self, product, party: str):
+        """``(masked, mask)``: the masked ciphertext as handed to ``party``, and the mask."""
+        mask = self.masks.draw(product.size())
+        return self._to_party(product + mask.tolist(), party), mask
+
+    def _unmask(self, released, mask, segments, start: int, per_member) -> np.ndarray:
+        """The per-member sums of one masked exchange, its mask's sums subtracted."""
         out = np.zeros(self.members)
         for (a, b), value in zip(segments, released, strict=True):
             out[a // per_member] += value - mask[a - start : b - start].sum()
         self.counts["exchange"] += 1
-        self.seconds["exchange"] += time.process_time() - tick
         return out
 
     def _record(self, kind, *, network, tag, train, outputs, up, down, aggregate=None) -> None:

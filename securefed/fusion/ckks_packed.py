@@ -258,6 +258,12 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _setup_circuit(self) -> None:
         """Refuse what the packed circuit cannot serve; the owner's secret-key contexts."""
+        if self.remote:
+            raise ValueError(
+                "the packed circuit's server half alone (public_contexts) is not built: its "
+                "owner regions and clear releases have no message API yet; use the monomial "
+                "circuit (circuit='monomials')"
+            )
         if self.degree > 2:
             raise ValueError(
                 f"the packed circuit evaluates networks of degree <= 2 (one hidden layer with "
