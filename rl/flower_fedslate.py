@@ -1210,7 +1210,8 @@ def handle(
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
     ckks = None
-    if cfg.fusion == "ckks" and role != SIMULATOR:
+    if cfg.fusion == "ckks" and role != SIMULATOR and op != "nonce":
+        # Made at hello, where its public bytes (with the evaluation keys) are sent once.
         ckks = CKKSPlatform(cfg, role - 1, tree, saved, meta)
     if op == "nonce":
         if "nonce" in meta:
@@ -1384,6 +1385,13 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
     (decrypted, positions picked, here). The shapes it decrypts and releases by are its own."""
     cfg = node.config
     n = cfg.num_candidates
+    if "idx" in arrays and np.shape(arrays["idx"]) != (cfg.members, cfg.batch_size):
+        # The released sums are over a batch of the run's size: a smaller one would be finer.
+        raise InsecureParameterError(
+            f"platform {node.p} was asked for a batch of shape {np.shape(arrays['idx'])} under "
+            f"ckks, not the run's (members, batch_size) = {(cfg.members, cfg.batch_size)}; "
+            "refusing"
+        )
     if op == "act":
         return ckks.encrypt_rows("act", node.act(), _outputs(config, node))
     if op == "choose":

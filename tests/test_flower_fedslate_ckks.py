@@ -283,3 +283,64 @@ def test_ckks_on_the_simulation_engine_decides_as_in_process(tmp_path):
     outcome = run_in_simulation(build_apps(run), run.nodes, SIMULATION_BACKEND)
     _assert_equal_within_ckks(node_results(tmp_path, config), outcome, reference)
     assert outcome.message_bytes["down"] > 0 and outcome.message_bytes["up"] > 0
+
+
+def _earlier_hellos(run, monkeypatch):
+    """The set-up of an earlier run under the same enrolment: other nonces, other keys."""
+    with monkeypatch.context() as patch:
+        patch.setattr(ffs, "relay_nonce", lambda config, role, tree: bytes([role + 1]) * 32)
+        return _hellos(run, {r: {} for r in range(run.nodes)})
+
+
+def test_a_ckks_public_context_signed_in_an_earlier_run_is_refused(
+    hellos, monkeypatch, torch_one_thread
+):
+    """Attack: the server kept platform B's signed CKKS public context (and, by a leaked
+    ``Context.state``, its secret key) from an earlier run and hands it to A in a new run, so
+    that A would encrypt for a key the server can open: refused, since each context is signed
+    over the run's set-up nonces. Control: with the nonces left out of the signed message, the
+    earlier run's context is taken."""
+    run, stores, hello = hellos
+    earlier = _earlier_hellos(run, monkeypatch)
+    replayed = _keys_message(hello) | {
+        "ckks.2": earlier[2]["ckks.public"],
+        "ckks.sig.2": earlier[2]["ckks.signature"],
+    }
+    store = {k: dict(v) for k, v in stores[1].items()}
+    with pytest.raises(SignatureError, match="CKKS public context"):
+        handle(run, 1, store, {"op": "keys"}, replayed)
+    assert not any(k.startswith("ckks.peer.") for k in store.get("arrays", {}))
+
+    unbound = ffs.ckks_key_message
+    monkeypatch.setattr(
+        ffs, "ckks_key_message", lambda digest, role, public, transcript: unbound(
+            digest, role, public, b""
+        )
+    )  # fmt: skip
+    earlier = _earlier_hellos(run, monkeypatch)
+    current = {r: {k: dict(v) for k, v in stores[r].items()} for r in stores}
+    for r in current:  # this run's set-up signed again without the nonces
+        current[r]["meta"].pop("transcript", None)
+    nonces = {f"nonce.{r}": np.frombuffer(bytes.fromhex(current[r]["meta"]["nonce"]), np.uint8)
+              for r in current}  # fmt: skip
+    now = {r: handle(run, r, current[r], {"op": "hello"}, nonces)[0] for r in current}
+    replayed = _keys_message(now) | {
+        "ckks.2": earlier[2]["ckks.public"],
+        "ckks.sig.2": earlier[2]["ckks.signature"],
+    }
+    handle(run, 1, current[1], {"op": "keys"}, replayed)
+    assert "ckks.peer.2" in current[1]["arrays"]
+
+
+def test_a_batch_other_than_the_runs_is_refused(hellos, torch_one_thread):
+    """Attack: the server asks a platform for its rows of a one-state batch (its released sums
+    would then be single rows): refused before any row is computed, naming the run's shape."""
+    run, stores, hello = hellos
+    store = {k: dict(v) for k, v in stores[1].items()}
+    handle(run, 1, store, {"op": "keys"}, _keys_message(hello))
+    cfg = run.config
+    for shape in ((cfg.members, 1), (1, cfg.batch_size)):
+        idx = np.zeros(shape, np.int64)
+        request = {"op": "learn_rows", "updating": 0, "select": False}
+        with pytest.raises(InsecureParameterError, match="not the run's"):
+            handle(run, 1, {k: dict(v) for k, v in store.items()}, request, {"idx": idx})
