@@ -12,6 +12,10 @@ A SuperLink and ``--deploy-nodes`` SuperNodes as real processes on 127.0.0.1
   two (its nodes started with ``secagg-server="honest_but_curious"``);
 * each under Flower 1.42's defaults and with the SuperExec's task poll at 0.05 s
   (:data:`~securefed.flower.loopback.FAST_TASK_POLL`, the one node-side poll Flower exposes).
+* each with Flower's SuperExec launching a ``flwr-clientapp`` process per message (the default)
+  and/or (``--deploy-clientapp warm``) with the SuperNodes in ``--isolation process`` beside a
+  :mod:`securefed.flower.warm` executor (one pre-imported process, a child forked per message),
+  case by case one after the other; ``--deploy-cases`` picks the cases.
 
 The plaintext case runs first and again last in each group (the shared machine's load drifts
 during a group); the ratios divide by the mean of the two. Reported per case: the round time

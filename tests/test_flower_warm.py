@@ -5,9 +5,10 @@ Fast: a forked task's exit status; what one message's child does in memory never
 next; two children of one warm parent draw different secure-aggregation secrets (and the check
 catches a generator that the parent made, which every child would repeat); the executor refuses a
 bad poll or a missing preload module, naming it; the loopback federation's commands for both
-modes. ``-m slow``: two SuperNodes in warm mode run two rounds of FedMF with the malicious-server
-secure aggregation and both merges, every message answered by a forked child, equal to the
-in-process model; a node's floor refuses a weaker round there as it does with Flower's SuperExec.
+modes. ``-m slow``: another process on the node's host acquires a node's tasks in Flower's
+default mode, and not from a warm node without its executor's secret; two warm SuperNodes run two
+rounds of FedMF with the malicious-server secure aggregation and both merges, every message
+answered by a forked child, equal to the in-process model.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def test_the_loopback_commands_of_both_modes(tmp_path):
     assert command[command.index("--parent-pid") + 1] == "4242"
     assert command[command.index("--poll") + 1] == "0.05"
     assert command[command.index("--preload") + 1].split(",") == list(PRELOAD)
+    secret = str(new.superexec_secret)  # both hold it: only the executor acquires tasks
+    assert node[node.index("--superexec-auth-secret-file") + 1] == secret
+    assert command[command.index("--superexec-auth-secret-file") + 1] == secret
 
 
 @pytest.mark.slow
@@ -157,3 +161,83 @@ def test_warm_nodes_carry_the_malicious_protocol_and_their_floors(example, tmp_p
         received = node_log.count("Receiving: ")
         assert received >= 5 and warm_log.count(warm.START_LINE) == received
         assert "flower-superexec" not in node_log
+
+
+def _acquire(runtime_port: int, secret: bytes | None) -> str:
+    """A process on the node's host asks its Runtime API for a task: "accepted" or the error."""
+    import httpx
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if secret is not None:
+        interceptors.append(
+            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=warm.ACQUIRE_TASK)
+        )
+    client = RuntimeHttpClient.from_server_address(
+        server_address=f"127.0.0.1:{runtime_port}",
+        insecure=True,
+        root_certificates=None,
+        interceptors=interceptors,
+    )
+    try:
+        client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+        return "accepted"
+    except httpx.HTTPStatusError as error:
+        return str(error.response.status_code)
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["subprocess", "warm"])
+def test_only_the_warm_executor_acquires_a_warm_nodes_tasks(tmp_path, mode):
+    """The attack: another process on a SuperNode's host asks its Runtime API for the node's
+    next task (its token opens the message and the node's ``Context``: secure aggregation's
+    secrets between stages). Flower's default mode accepts it (no SuperExec authentication in
+    ``subprocess`` isolation: the old behaviour, asserted here); a warm node accepts it only
+    signed with the secret its executor holds."""
+    import signal
+    import socket
+    import time
+
+    from securefed.flower.credentials import write_private
+    from securefed.flower.loopback import free_port, missing_commands
+
+    if missing := missing_commands():
+        pytest.skip(f"{missing} not installed (pip install securefed[flower])")
+    federation = LoopbackFederation(tmp_path, 1, warm_clientapp=PRELOAD if mode == "warm" else None)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_private(federation.superexec_secret, os.urandom(32))
+    federation.port = free_port()  # no SuperLink: the Runtime API serves before it connects
+    runtime_port = free_port()
+    node, _ = federation._popen(
+        "supernode-0",
+        federation.supernode_command(
+            0, root_certificates=None, private_key=None, runtime_port=runtime_port
+        ),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", runtime_port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and node.poll() is None
+                time.sleep(0.2)
+        stranger = _acquire(runtime_port, None)
+        holder = _acquire(runtime_port, federation.superexec_secret.read_bytes())
+        wrong = _acquire(runtime_port, os.urandom(32))
+    finally:
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait(timeout=30)
+    if mode == "subprocess":
+        assert stranger == wrong == "accepted"  # Flower's default: any local process
+    else:
+        assert stranger == wrong == "401" and holder == "accepted"

@@ -12,7 +12,8 @@ How Flower 1.42 submits a run: ``flwr run`` builds a FAB (a zip of the app direc
 a ``pyproject.toml`` with ``[tool.flwr.app]``) and sends it to the SuperLink named by a
 connection in ``$FLWR_HOME/config.toml`` (``[superlink.<name>] address = "host:port"``,
 ``insecure = true``). The SuperLink starts the ServerApp in a subprocess; each SuperNode pulls
-its messages and starts a ClientApp process per message.
+its messages and starts a ClientApp process per message (with ``warm_clientapp``: forked from a
+:mod:`securefed.flower.warm` executor beside each SuperNode, ``--isolation process``).
 
 :func:`write_app` copies an app directory (e.g. FedMF's example app,
 :data:`securefed.recsys.fedmf_flower.APP_DIR`) and sets its run config.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from securefed.flower.credentials import NodeKeyFiles, TLSFiles
+from securefed.flower.credentials import NodeKeyFiles, TLSFiles, write_private
 
 CONNECTION = "loopback"
 
@@ -191,7 +192,10 @@ class LoopbackFederation:
             new ``flwr-clientapp`` process per message. A tuple of module names: each SuperNode
             runs ``--isolation process`` beside a :mod:`securefed.flower.warm` executor that
             imports Flower's ClientApp runtime and these modules once and forks a child per
-            message (its log and its children's: ``warm-<partition>.log``).
+            message (its log and its children's: ``warm-<partition>.log``). Both are given a
+            fresh SuperExec secret (``superexec.secret``, mode 0600): the SuperNode accepts
+            ``AcquireTask`` only signed with it (Flower's default mode accepts it from any
+            process on the host).
 
     Raises:
         ValueError: ``n_nodes < 1``; credentials without a key pair for some node.
@@ -227,6 +231,7 @@ class LoopbackFederation:
         self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
         self.startup_timeout = startup_timeout
         self.warm_clientapp = None if warm_clientapp is None else tuple(warm_clientapp)
+        self.superexec_secret = self.workdir / "superexec.secret"
         self.home = self.workdir / "flwr_home"
         self.port = 0
         self.processes: list[subprocess.Popen] = []
@@ -313,6 +318,7 @@ class LoopbackFederation:
             command += ["--max-retries", str(max_retries)]
         if self.warm_clientapp is not None:
             command += ["--isolation", "process"]
+            command += ["--superexec-auth-secret-file", str(self.superexec_secret)]
         return [
             *command,
             "--superlink",
@@ -340,6 +346,8 @@ class LoopbackFederation:
             poll,
             "--parent-pid",
             str(supernode_pid),
+            "--superexec-auth-secret-file",
+            str(self.superexec_secret),
             "--preload",
             ",".join(self.warm_clientapp),
         ]
@@ -383,6 +391,8 @@ class LoopbackFederation:
         credentials), then start the SuperNodes."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        if self.warm_clientapp is not None:
+            write_private(self.superexec_secret, os.urandom(32))
         self.port = free_port()
         transport = (
             "insecure = true"

@@ -26,9 +26,11 @@ secrets differ).
 
 Run it beside each SuperNode (the same host; the Runtime API listens on 127.0.0.1 by default)::
 
-    flower-supernode --isolation process --port 9094 ... &
+    flower-supernode --isolation process --port 9094 \\
+        --superexec-auth-secret-file /etc/securefed/superexec.secret ... &
     python -m securefed.flower.warm --runtime-api-address 127.0.0.1:9094 --insecure \\
-        --preload securefed.flower.client,recsys.fedmf_flower
+        --superexec-auth-secret-file /etc/securefed/superexec.secret \\
+        --preload securefed.flower.client,securefed.recsys.fedmf
 
 Restart it after upgrading securefed or the app's dependencies: children run the code the
 parent imported.
@@ -49,6 +51,9 @@ from collections.abc import Callable, Sequence
 
 DEFAULT_POLL = 0.05
 """Seconds between two ``AcquireTask`` calls (Flower's SuperExec: 1 s by default)."""
+
+ACQUIRE_TASK = frozenset({"/flwr.proto.Runtime/AcquireTask"})
+"""The Runtime API method Flower's SuperExec authentication protects."""
 
 START_LINE = "Start `flwr-clientapp` process (forked from securefed.flower.warm)"
 """What a child logs first (the same start as ``flwr-clientapp``'s, for log readers)."""
@@ -128,6 +133,7 @@ def serve(
     poll_interval: float = DEFAULT_POLL,
     parent_pid: int | None = None,
     max_tasks: int | None = None,
+    superexec_auth_secret: bytes | None = None,
 ) -> int:
     """Ask the SuperNode's Runtime API for ClientApp tasks and run each in a forked child.
 
@@ -139,6 +145,10 @@ def serve(
         poll_interval: seconds between two ``AcquireTask`` calls (0.01-60).
         parent_pid: stop when this process (the SuperNode) is gone.
         max_tasks: stop after launching this many tasks (``None``: run until stopped).
+        superexec_auth_secret: the secret of the SuperNode's ``--superexec-auth-secret-file``
+            (Flower's HMAC on ``AcquireTask``, honoured in ``process`` isolation only): without
+            it any process on the host that reaches the Runtime API acquires the node's tasks,
+            their ``Context`` included.
 
     Returns:
         The number of tasks launched.
@@ -153,7 +163,10 @@ def serve(
     import flwr.supernode.runtime.run_clientapp  # noqa: F401
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
@@ -164,11 +177,18 @@ def serve(
         except ImportError as error:
             raise ImportError(f"securefed.flower.warm: cannot preload {name!r}: {error}") from error
     certificates = validate_and_resolve_root_certificates(root_certificates_path, insecure)
+    interceptors: list = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    if superexec_auth_secret is not None:
+        interceptors.append(
+            SuperExecAuthHttpInterceptor(
+                master_secret=superexec_auth_secret, protected_methods=ACQUIRE_TASK
+            )
+        )
     client = RuntimeHttpClient.from_server_address(
         server_address=runtime_api_address,
         insecure=insecure,
         root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        interceptors=interceptors,
         retry_invoker=make_simple_http_retry_invoker(),
     )
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
@@ -209,7 +229,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preload", default="", help="comma-separated modules to import once")
     parser.add_argument("--poll", type=float, default=DEFAULT_POLL, help="AcquireTask interval, s")
     parser.add_argument("--parent-pid", type=int, default=None, help="stop when it is gone")
+    parser.add_argument(
+        "--superexec-auth-secret-file",
+        default=None,
+        help="the SuperNode's --superexec-auth-secret-file (sign AcquireTask with it)",
+    )
     args = parser.parse_args(argv)
+    secret = None
+    if args.superexec_auth_secret_file is not None:
+        from flwr.supercore.auth.superexec_secret import load_superexec_auth_secret
+
+        secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
     serve(
         args.runtime_api_address,
         insecure=args.insecure,
@@ -217,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         preload=[name for name in args.preload.split(",") if name],
         poll_interval=args.poll,
         parent_pid=args.parent_pid,
+        superexec_auth_secret=secret,
     )
     return 0
 
