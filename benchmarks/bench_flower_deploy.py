@@ -12,6 +12,10 @@ A SuperLink and ``--deploy-nodes`` SuperNodes as real processes on 127.0.0.1
   two (its nodes started with ``secagg-server="honest_but_curious"``);
 * each under Flower 1.42's defaults and with the SuperExec's task poll at 0.05 s
   (:data:`~securefed.flower.loopback.FAST_TASK_POLL`, the one node-side poll Flower exposes).
+* each with Flower's SuperExec launching a ``flwr-clientapp`` process per message (the default)
+  and/or (``--deploy-clientapp warm``) with the SuperNodes in ``--isolation process`` beside a
+  :mod:`securefed.flower.warm` executor (one pre-imported process, a child forked per message),
+  case by case one after the other; ``--deploy-cases`` picks the cases.
 
 The plaintext case runs first and again last in each group (the shared machine's load drifts
 during a group); the ratios divide by the mean of the two. Reported per case: the round time
@@ -53,8 +57,15 @@ CASES = (  # label, transport, secagg-merge, secagg-advertise-ahead, secagg-serv
 """Against a malicious server: five message rounds, four (ShareKeys + MaskedInput merged),
 three (and the next AdvertiseKeys with Unmasking); the honest-but-curious protocol with both
 merges: two (its nodes started with ``secagg-server="honest_but_curious"``)."""
+CASE_KEYS = dict(zip(("plaintext", "secagg", "merged", "ahead", "hbc"), CASES, strict=True))
+"""``--deploy-cases`` names of :data:`CASES`."""
+CLIENTAPPS = {"subprocess": "flwr-clientapp per message", "warm": "warm fork"}
+"""``--deploy-clientapp``: Flower's SuperExec launching ``flwr-clientapp`` per message, or
+``--isolation process`` with :mod:`securefed.flower.warm` (one pre-imported parent, a child
+forked per message)."""
 COLUMNS = [
     "case",
+    "clientapp",
     "flower_poll",
     "message_rounds",
     "round_s",
@@ -74,10 +85,15 @@ class LogClock:
 
     def __init__(self, logs: list[Path], interval: float = 0.05) -> None:
         self.logs, self.interval = logs, interval
-        self.events: dict[str, list[tuple[float, str, str]]] = {log.stem: [] for log in logs}
-        self._offsets = dict.fromkeys(self.events, 0)
+        self.events: dict[str, list[tuple[float, str, str]]] = {self.node(log): [] for log in logs}
+        self._offsets = {log.stem: 0 for log in logs}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def node(log: Path) -> str:
+        """The node a log belongs to: ``warm-<i>`` (its warm executor's) is ``supernode-<i>``."""
+        return log.stem.replace("warm-", "supernode-", 1)
 
     def _poll(self) -> None:
         now = time.monotonic()
@@ -93,7 +109,7 @@ class LogClock:
             self._offsets[log.stem] += len(text[:complete].encode())
             for match in EVENTS.finditer(text[:complete]):
                 kind = match.group(1) or "Start"
-                self.events[log.stem].append((now, kind, match.group(2) or ""))
+                self.events[self.node(log)].append((now, kind, match.group(2) or ""))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -112,7 +128,9 @@ class LogClock:
         """Median ``idle``, ``launch`` and ``run`` seconds over the nodes' message rounds after
         the first ``skip_first`` of each node (the first includes the nodes' start)."""
         idle, launch, run = [], [], []
+        order = {"Receiving": 0, "Start": 1, "Sending": 2}  # two logs seen in one poll
         for events in self.events.values():
+            events = sorted(events, key=lambda event: (event[0], order[event[1]]))
             last_sent = received = started = None
             count = 0
             for stamp, kind, _ in events:
@@ -133,13 +151,14 @@ class LogClock:
         return {"idle": middle(idle), "launch": middle(launch), "run": middle(run)}
 
 
-def _case(example, args, case: tuple, fast: bool, root: Path, run: int):
+def _case(example, args, case: tuple, fast: bool, root: Path, run: int, clientapp: str):
     from securefed.flower.loopback import FAST_TASK_POLL, LoopbackFederation
-    from securefed.recsys.fedmf_flower import write_fedmf_app
+    from securefed.recsys.fedmf_flower import PRELOAD, write_fedmf_app
 
     label, transport, merge, ahead, server = case
     # its own directory per run: a repeated case must not find the last one's result.json
     name = f"{run}-{label.replace(' ', '-').replace('+', 'and')}{'-fast' if fast else ''}"
+    name += f"-{clientapp}"
     out = root / name / "out"
     app = example.FedMFApp(
         seed=args.seed,
@@ -160,9 +179,11 @@ def _case(example, args, case: tuple, fast: bool, root: Path, run: int):
         args.deploy_nodes,
         node_config=dict.fromkeys(range(args.deploy_nodes), floors),
         env=FAST_TASK_POLL if fast else None,
+        warm_clientapp=PRELOAD if clientapp == "warm" else None,
     )
     with federation:
-        nodes = [log for log in federation.logs if log.stem.startswith("supernode")]
+        # a warm executor's ClientApps log to warm-<i>.log: node i's events too
+        nodes = [log for log in federation.logs if log.stem.startswith(("supernode", "warm"))]
         with LogClock(nodes) as clock:
             federation.submit(write_fedmf_app(root / name / "app", app.run_config()))
             federation.wait_for(out / "result.json", timeout=args.deploy_timeout)
@@ -179,6 +200,7 @@ def _case(example, args, case: tuple, fast: bool, root: Path, run: int):
         "merge_share_mask": merge,
         "advertise_ahead": ahead,
         "secagg_server": server,
+        "clientapp": CLIENTAPPS[clientapp],
         "flower_poll": "SuperExec 0.05 s" if fast else "defaults",
         "nodes": args.deploy_nodes,
         "rounds": app.rounds,
@@ -213,31 +235,58 @@ def deployment_rows(example, args: argparse.Namespace) -> tuple[list[dict], list
     if not names or set(names) - {"defaults", "fast"}:
         raise ValueError(f"--deploy-polls takes defaults and/or fast, got {args.deploy_polls!r}")
     polls = [poll == "fast" for poll in names]
+    clientapps = args.deploy_clientapp.split(",")
+    if not clientapps or set(clientapps) - set(CLIENTAPPS):
+        raise ValueError(f"--deploy-clientapp takes {sorted(CLIENTAPPS)}, got {clientapps!r}")
+    keys = list(CASE_KEYS) if args.deploy_cases == "all" else args.deploy_cases.split(",")
+    if set(keys) - set(CASE_KEYS) or keys[0] != "plaintext" or len(keys) < 2:
+        raise ValueError(
+            f"--deploy-cases: plaintext first, then some of {list(CASE_KEYS)[1:]}, got "
+            f"{args.deploy_cases!r}"
+        )
+    cases = [CASE_KEYS[key] for key in keys]
+    repeat = (cases[0],) if args.deploy_repeat_plaintext else ()
     with tempfile.TemporaryDirectory(prefix="securefed-deploy-") as tmp:
         for fast in polls:
-            for k, case in enumerate((*CASES, CASES[0])):
-                row = _case(example, args, case, fast, Path(tmp), len(rows))
-                if k == len(CASES):
-                    row["case"] = "plaintext (again)"
-                rows.append(row)
+            # old beside new: each case under every ClientApp mode before the next case
+            for k, case in enumerate((*cases, *repeat)):
+                for clientapp in clientapps:
+                    row = _case(example, args, case, fast, Path(tmp), len(rows), clientapp)
+                    if k == len(cases):
+                        row["case"] = "plaintext (again)"
+                    rows.append(row)
     notes = []
-    for fast in polls:
-        group = [r for r in rows if (r["flower_poll"] != "defaults") == fast]
-        plain, separate = group[0], group[1]
-        plain_round = (group[0]["round_s"] + group[-1]["round_s"]) / 2
-        plain_cpu = (group[0]["cpu_s"] + group[-1]["cpu_s"]) / 2
+    for fast, clientapp in [(f, c) for f in polls for c in clientapps]:
+        group = [
+            r
+            for r in rows
+            if (r["flower_poll"] != "defaults") == fast and r["clientapp"] == CLIENTAPPS[clientapp]
+        ]
+        plain = group[0]
+        # the separate rounds the merged ones must equal (when that case ran)
+        separate = next((r for r in group if r["case"] == "secagg"), None)
+        plains = [r for r in group if r["transport"] == "plaintext"]
+        plain_round = statistics.mean(r["round_s"] for r in plains)
+        plain_cpu = statistics.mean(r["cpu_s"] for r in plains)
         parts = []
         for row in group:
             row["ratio_to_plaintext"] = row["round_s"] / plain_round
             row["cpu_ratio"] = row["cpu_s"] / plain_cpu
             if row["transport"] == "secagg":
-                row["max_abs_V_diff_to_separate"] = float(np.abs(row["V"] - separate["V"]).max())
+                same = ""
+                if separate is not None:
+                    diff = float(np.abs(row["V"] - separate["V"]).max())
+                    row["max_abs_V_diff_to_separate"] = diff
+                    same = f", V within {diff:.0e} of the separate rounds' model"
                 parts.append(
                     f"{row['case']} {row['ratio_to_plaintext']:.2f}x ({row['message_rounds']} "
-                    f"message rounds, V within {row['max_abs_V_diff_to_separate']:.0e} of the "
-                    "separate rounds' model)"
+                    f"message rounds{same})"
                 )
-        notes.append(f"{plain['flower_poll']}: against plaintext: " + "; ".join(parts) + ".")
+        notes.append(
+            f"{plain['flower_poll']}, {plain['clientapp']}: against plaintext: "
+            + "; ".join(parts)
+            + "."
+        )
     for row in rows:
         del row["V"]
     return rows, notes
@@ -248,6 +297,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--deploy-polls",
         default="defaults,fast",
         help="Flower poll settings of the deployment part: defaults, fast (SuperExec 0.05 s)",
+    )
+    parser.add_argument(
+        "--deploy-clientapp",
+        default="subprocess",
+        help="ClientApp modes of the deployment part, comma-separated: subprocess (Flower's "
+        "SuperExec, a flwr-clientapp process per message), warm (--isolation process with "
+        "securefed.flower.warm); both run each case one after the other",
+    )
+    parser.add_argument(
+        "--deploy-cases",
+        default="all",
+        help="cases of the deployment part: all, or some of plaintext,secagg,merged,ahead,hbc "
+        "(plaintext first, secagg second)",
+    )
+    parser.add_argument(
+        "--deploy-repeat-plaintext",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the plaintext case again last (the ratios divide by the mean of both)",
     )
     parser.add_argument(
         "--deploy-nodes", type=int, default=2, help="SuperNode processes of the deployment part"

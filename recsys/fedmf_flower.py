@@ -14,6 +14,20 @@ from pathlib import Path
 APP_DIR = Path(__file__).resolve().parent / "flower_app"
 """The FedMF example app: ``pyproject.toml`` and the package ``securefed_fedmf_app``."""
 
+PRELOAD = (
+    "securefed.flower",
+    "securefed.flower.client",
+    "securefed.integrity",
+    "securefed.privacy.ledger",
+    "securefed.recsys.data",
+    "securefed.recsys.fedmf",
+    "securefed.runtime",
+    "securefed.transport",
+    "securefed.transport.registry",
+)
+"""What the app's module imports (not the app itself, which each ClientApp loads from its FAB):
+the modules a :mod:`securefed.flower.warm` executor imports once for every message."""
+
 
 def write_fedmf_app(
     dest: str | os.PathLike, run_config: Mapping[str, object] | None = None

@@ -12,7 +12,8 @@ How Flower 1.42 submits a run: ``flwr run`` builds a FAB (a zip of the app direc
 a ``pyproject.toml`` with ``[tool.flwr.app]``) and sends it to the SuperLink named by a
 connection in ``$FLWR_HOME/config.toml`` (``[superlink.<name>] address = "host:port"``,
 ``insecure = true``). The SuperLink starts the ServerApp in a subprocess; each SuperNode pulls
-its messages and starts a ClientApp process per message.
+its messages and starts a ClientApp process per message (with ``warm_clientapp``: forked from a
+:mod:`securefed.flower.warm` executor beside each SuperNode, ``--isolation process``).
 
 :func:`write_app` copies an app directory (e.g. FedMF's example app,
 :data:`securefed.recsys.fedmf_flower.APP_DIR`) and sets its run config.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from securefed.flower.credentials import NodeKeyFiles, TLSFiles
+from securefed.flower.credentials import NodeKeyFiles, TLSFiles, write_private
 
 CONNECTION = "loopback"
 
@@ -187,6 +188,14 @@ class LoopbackFederation:
             ``{"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}`` (:data:`FAST_TASK_POLL`): how
             often each SuperNode's SuperExec asks for a ClientApp to start (Flower 1.42's
             default 1 s).
+        warm_clientapp: ``None`` (default): each SuperNode starts its SuperExec, which launches a
+            new ``flwr-clientapp`` process per message. A tuple of module names: each SuperNode
+            runs ``--isolation process`` beside a :mod:`securefed.flower.warm` executor that
+            imports Flower's ClientApp runtime and these modules once and forks a child per
+            message (its log and its children's: ``warm-<partition>.log``). Both are given a
+            fresh SuperExec secret (``superexec.secret``, mode 0600): the SuperNode accepts
+            ``AcquireTask`` only signed with it (Flower's default mode accepts it from any
+            process on the host).
 
     Raises:
         ValueError: ``n_nodes < 1``; credentials without a key pair for some node.
@@ -206,6 +215,7 @@ class LoopbackFederation:
         node_config: Mapping[int, Mapping[str, object]] | None = None,
         credentials: FederationCredentials | None = None,
         env: Mapping[str, str] | None = None,
+        warm_clientapp: tuple[str, ...] | None = None,
     ) -> None:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
@@ -220,6 +230,8 @@ class LoopbackFederation:
         self.n_nodes = n_nodes
         self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
         self.startup_timeout = startup_timeout
+        self.warm_clientapp = None if warm_clientapp is None else tuple(warm_clientapp)
+        self.superexec_secret = self.workdir / "superexec.secret"
         self.home = self.workdir / "flwr_home"
         self.port = 0
         self.processes: list[subprocess.Popen] = []
@@ -276,6 +288,7 @@ class LoopbackFederation:
         root_certificates: str | os.PathLike | None,
         private_key: str | os.PathLike | None,
         max_retries: int | None = None,
+        runtime_port: int | None = None,
     ) -> list[str]:
         """The ``flower-supernode`` command of node ``partition``.
 
@@ -285,6 +298,10 @@ class LoopbackFederation:
                 ``--insecure`` if the federation is, else the system's certificates).
             private_key: its authentication key (``None``: none).
             max_retries: ``--max-retries`` (``None``: Flower's default, retry forever).
+            runtime_port: its Runtime API's ``--port`` (``None``: a free one).
+
+        With :attr:`warm_clientapp` set it runs ``--isolation process`` (no SuperExec of its
+        own: :meth:`warm_command` runs its ClientApps).
         """
         extra = "".join(
             f" {key}={toml_value(value)}"
@@ -299,14 +316,40 @@ class LoopbackFederation:
             command += ["--auth-supernode-private-key", str(private_key)]
         if max_retries is not None:
             command += ["--max-retries", str(max_retries)]
+        if self.warm_clientapp is not None:
+            command += ["--isolation", "process"]
+            command += ["--superexec-auth-secret-file", str(self.superexec_secret)]
         return [
             *command,
             "--superlink",
             f"127.0.0.1:{self.port}",
             "--port",
-            str(free_port()),
+            str(free_port() if runtime_port is None else runtime_port),
             "--node-config",
             f"partition-id={partition} num-partitions={self.n_nodes}{extra}",
+        ]
+
+    def warm_command(self, runtime_port: int, supernode_pid: int) -> list[str]:
+        """The :mod:`securefed.flower.warm` executor beside a SuperNode (its Runtime API on
+        ``127.0.0.1:runtime_port``, plain HTTP as Flower's own SuperExec uses it there)."""
+        if self.warm_clientapp is None:
+            raise ValueError("this federation runs Flower's SuperExec (warm_clientapp=None)")
+        poll = self.env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0")
+        return [
+            sys.executable,
+            "-m",
+            "securefed.flower.warm",
+            "--runtime-api-address",
+            f"127.0.0.1:{runtime_port}",
+            "--insecure",
+            "--poll",
+            poll,
+            "--parent-pid",
+            str(supernode_pid),
+            "--superexec-auth-secret-file",
+            str(self.superexec_secret),
+            "--preload",
+            ",".join(self.warm_clientapp),
         ]
 
     def _flwr(self, *arguments: str, timeout: float) -> subprocess.CompletedProcess:
@@ -348,6 +391,8 @@ class LoopbackFederation:
         credentials), then start the SuperNodes."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        if self.warm_clientapp is not None:
+            write_private(self.superexec_secret, os.urandom(32))
         self.port = free_port()
         transport = (
             "insecure = true"
@@ -375,9 +420,11 @@ class LoopbackFederation:
         for partition in range(self.n_nodes):
             if partition in node_keys:
                 self.register_node(node_keys[partition].public_key)
+        warm = []
         for partition in range(self.n_nodes):
             keys = node_keys.get(partition)
-            self._start(
+            runtime_port = free_port()
+            supernode = self._start(
                 f"supernode-{partition}",
                 self.supernode_command(
                     partition,
@@ -385,9 +432,29 @@ class LoopbackFederation:
                     if self.credentials is None
                     else self.credentials.tls.ca_certificate,
                     private_key=None if keys is None else keys.private_key,
+                    runtime_port=runtime_port,
                 ),
             )
+            if self.warm_clientapp is not None:
+                warm.append((partition, self.warm_command(runtime_port, supernode.pid)))
+        for partition, command in warm:  # after the nodes: processes[1 + i] is node i
+            self._start_warm(partition, command)
         return self
+
+    def _start_warm(self, partition: int, command: list[str]) -> None:
+        """The warm executor of node ``partition`` (its log: ``warm-<partition>.log``)."""
+        log = self.workdir / f"warm-{partition}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        self.processes.append(process)
+        self.logs.append(log)
 
     def probe_supernode(
         self, name: str, command: list[str], timeout: float = 120.0
