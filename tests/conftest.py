@@ -71,3 +71,20 @@ def fedslate_small() -> dict:
         "members": 2, "burn_in": 7, "learn_every": 2, "buffer_size": 12, "batch_size": 4,
         "local_hidden": (8,), "server_hidden": (4,), "seed": 0, "target_sync": 8,
     }  # fmt: skip
+
+
+@pytest.fixture
+def enrolment(tmp_path):
+    """Every role's FedSlate relay identity provisioned (two platforms), as the nodes'
+    configs (the relay-key tests)."""
+    from securefed.rl import flower_fedslate as ffs
+
+    digest = ffs.provision_relay_identities(tmp_path, 2)
+    return {
+        role: {
+            ffs.IDENTITY_PATH: str(tmp_path / f"identity-{role}.bin"),
+            ffs.REGISTRY_PATH: str(tmp_path / "registry.bin"),
+            ffs.REGISTRY_DIGEST: digest,
+        }
+        for role in range(3)
+    }

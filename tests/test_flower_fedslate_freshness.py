@@ -20,7 +20,8 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
-from securefed.flower import records as rec
+from fedslate_relay_helpers import honest_exchange
+
 from securefed.rl import flower_fedslate as ffs
 from securefed.rl.fedslate import FedSlateConfig
 from securefed.rl.flower_fedslate import FedSlateFlowerRun
@@ -38,49 +39,12 @@ TINY = {
 X = 1  # the node whose earlier state leaked: platform A
 
 
-@pytest.fixture
-def enrolment(tmp_path):
-    """Every role's relay identity provisioned (two platforms), as the nodes' configs."""
-    digest = ffs.provision_relay_identities(tmp_path, 2)
-    return {
-        role: {
-            ffs.IDENTITY_PATH: str(tmp_path / f"identity-{role}.bin"),
-            ffs.REGISTRY_PATH: str(tmp_path / "registry.bin"),
-            ffs.REGISTRY_DIGEST: digest,
-        }
-        for role in range(3)
-    }
-
-
-def _honest(run, stores, node_configs):
-    """One message round handled by the nodes (their state round-tripped as Flower keeps it)."""
-
-    def exchange(op, requests):
-        replies = {}
-        for role, (arrays, config) in requests.items():
-            body = rec.content(arrays, config)
-            records = body.array_records
-            sent = rec.record_arrays(records[rec.ARRAYS]) if rec.ARRAYS in records else {}
-            store = stores.setdefault(role, {})
-            replies[role] = ffs.handle(
-                run,
-                role,
-                store,
-                dict(body.config_records[rec.CONFIG]),
-                sent,
-                node_config=node_configs.get(role, {}),
-            )
-        return replies
-
-    return exchange
-
-
 def _earlier_run(run, enrolment, nonces=None):
     """An honest earlier run; what the server keeps of it: X's signed relay key (it relayed it)
     and X's X25519 key pair (X's leaked ``Context.state``: its secret entropy); in ``nonces``
     the set-up nonces it relayed."""
     stores, signed = {}, {}
-    honest = _honest(run, stores, enrolment)
+    honest = honest_exchange(run, stores, enrolment)
 
     def keeping(op, requests):
         if op == "hello" and nonces is not None:
@@ -105,7 +69,7 @@ class ReplayingServer:
 
     def __init__(self, run, enrolment, signed, leaked, old_nonces=None):
         self.run, self.stores, self.signed, self.leaked = run, {}, signed, leaked
-        self.honest = _honest(run, self.stores, enrolment)
+        self.honest = honest_exchange(run, self.stores, enrolment)
         self.simulator_public = b""
         self.read: list[dict] = []
         self.old_nonces = old_nonces
@@ -209,7 +173,7 @@ TAMPERED = {
 def test_dropped_reordered_or_substituted_nonces_are_refused(enrolment, case):
     nodes, tamper, refusal = TAMPERED[case]
     run = FedSlateFlowerRun(FedSlateConfig(**TINY))
-    honest = _honest(run, {}, enrolment)
+    honest = honest_exchange(run, {}, enrolment)
     ops = []
 
     def tampering(op, requests):

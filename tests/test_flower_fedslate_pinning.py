@@ -21,11 +21,12 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
+from fedslate_relay_helpers import honest_exchange
+
 from securefed.crypto import keys as kx
 from securefed.crypto.keys import ShareDecryptionError
 from securefed.errors import InsecureParameterError
 from securefed.flower import identity as ident
-from securefed.flower import records as rec
 from securefed.rl import flower_fedslate as ffs
 from securefed.rl.fedslate import FedSlateConfig
 from securefed.rl.flower_fedslate import FedSlateFlowerRun
@@ -44,43 +45,6 @@ TINY = {
 
 def tiny(**changes) -> FedSlateConfig:
     return FedSlateConfig(**(TINY | changes))
-
-
-@pytest.fixture
-def enrolment(tmp_path):
-    """Every role's relay identity provisioned (two platforms), as the nodes' configs."""
-    digest = ffs.provision_relay_identities(tmp_path, 2)
-    return {
-        role: {
-            ffs.IDENTITY_PATH: str(tmp_path / f"identity-{role}.bin"),
-            ffs.REGISTRY_PATH: str(tmp_path / "registry.bin"),
-            ffs.REGISTRY_DIGEST: digest,
-        }
-        for role in range(3)
-    }
-
-
-def _honest(run, stores, node_configs):
-    """One message round handled by the nodes (their state round-tripped as Flower keeps it)."""
-
-    def exchange(op, requests):
-        replies = {}
-        for role, (arrays, config) in requests.items():
-            body = rec.content(arrays, config)
-            records = body.array_records
-            sent = rec.record_arrays(records[rec.ARRAYS]) if rec.ARRAYS in records else {}
-            store = stores.setdefault(role, {})
-            replies[role] = ffs.handle(
-                run,
-                role,
-                store,
-                dict(body.config_records[rec.CONFIG]),
-                sent,
-                node_config=node_configs.get(role, {}),
-            )
-        return replies
-
-    return exchange
 
 
 def _sealed_in(op, role, request_config, arrays):
@@ -109,7 +73,7 @@ class KeySubstitutingServer:
 
     def __init__(self, run, node_configs, forge=None):
         self.run, self.stores, self.read = run, {}, []
-        self.honest = _honest(run, self.stores, node_configs)
+        self.honest = honest_exchange(run, self.stores, node_configs)
         self.mine = kx.keypair_from_seed(b"the server's own key, 32 bytes!!")
         self.public: dict[int, bytes] = {}
         self.forge = forge
@@ -246,7 +210,7 @@ def test_a_key_relabelled_to_another_role_is_refused(enrolment, monkeypatch):
     simulator would seal B's observations for A (a platform colluding with the server)."""
     run = FedSlateFlowerRun(tiny())
     stores, captured = {}, {}
-    honest = _honest(run, stores, enrolment)
+    honest = honest_exchange(run, stores, enrolment)
 
     def relabelling(op, requests):
         if op == "keys":
@@ -278,7 +242,7 @@ def test_a_key_relabelled_to_another_role_is_refused(enrolment, monkeypatch):
 
 def _reflecting(run, stores, enrolment):
     """An exchange relaying A's team targets for B back to A, as if B had sealed them."""
-    honest, pending = _honest(run, stores, enrolment), []
+    honest, pending = honest_exchange(run, stores, enrolment), []
 
     def exchange(op, requests):
         if pending and 1 in requests:
@@ -308,7 +272,7 @@ def test_a_blob_relayed_to_the_wrong_recipient_is_refused(enrolment, monkeypatch
     run = FedSlateFlowerRun(tiny())
     with pytest.raises(ShareDecryptionError):
         ffs.run_server(run, _reflecting(run, {}, enrolment))
-    honest = _honest(run, {}, enrolment)
+    honest = honest_exchange(run, {}, enrolment)
 
     def misrouting(op, requests):
         replies = honest(op, requests)
@@ -336,7 +300,7 @@ def test_a_blob_relayed_to_the_wrong_recipient_is_refused(enrolment, monkeypatch
 def test_secure_mode_without_a_provisioned_identity_is_refused(enrolment):
     run = FedSlateFlowerRun(tiny())
     with pytest.raises(InsecureParameterError, match=ffs.IDENTITY_PATH):
-        ffs.run_server(run, _honest(run, {}, {}))
+        ffs.run_server(run, honest_exchange(run, {}, {}))
     with pytest.raises(ValueError, match=ffs.REGISTRY_DIGEST):  # no digest pinned
         ffs.relay_identity(run, 1, enrolment[1] | {ffs.REGISTRY_DIGEST: ""})
     with pytest.raises(SignatureError, match="another node's file"):

@@ -443,16 +443,7 @@ class LoopbackFederation:
 
     def _start_warm(self, partition: int, command: list[str]) -> None:
         """The warm executor of node ``partition`` (its log: ``warm-<partition>.log``)."""
-        log = self.workdir / f"warm-{partition}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
+        process, log = self._popen(f"warm-{partition}", command)
         self.processes.append(process)
         self.logs.append(log)
 
