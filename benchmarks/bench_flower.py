@@ -31,7 +31,10 @@ one process (``securefed.run_rounds``), in the same run, and reports:
 8. ``deployment``: a round on Flower's deployment engine (a SuperLink and ``--deploy-nodes``
    SuperNodes as processes), plaintext against secure aggregation with five message rounds and
    with ShareKeys + MaskedInput merged (four), under Flower's defaults and a faster SuperExec
-   poll, and where a node's message round goes (``benchmarks/bench_flower_deploy.py``).
+   poll, and where a node's message round goes (``benchmarks/bench_flower_deploy.py``);
+   ``deployment-apps``: FedHPD (plaintext, secure aggregation, both merges) and FedSlate
+   (plaintext, ``dp``, secure mode with provisioned relay identities) the same way, each against
+   its in-process run (``benchmarks/bench_flower_deploy_apps.py``).
 
 5. ``--parts threat-models`` (issue 33): the synthetic federation on ``--clients`` nodes with
    secure aggregation against an honest-but-curious server (four message rounds: what Flower
@@ -628,6 +631,7 @@ PARTS = (
     "fedslate",
     "node-curve",
     "deployment",
+    "deployment-apps",
 )
 DEFAULT_PARTS = ("synthetic", "ckks", "ml-100k", "ml-100k-grouped", "fedhpd", "fedslate")
 COLUMNS = [
@@ -697,11 +701,16 @@ def flower(args: argparse.Namespace) -> int:
                     seed=args.seed,
                 )
                 rows.append(_compare(example, app, nodes, f"{args.data} {args.split}"))
-    fedhpd_rows, curve_rows, deploy_rows = [], [], []
+    fedhpd_rows, curve_rows, deploy_rows, deploy_app_rows = [], [], [], []
     if "deployment" in parts:
         from securefed.bench import bench_flower_deploy
 
         deploy_rows, deploy_notes = bench_flower_deploy.deployment_rows(example, args)
+        notes.extend(deploy_notes)
+    if "deployment-apps" in parts:
+        from securefed.bench import bench_flower_deploy_apps
+
+        deploy_app_rows, deploy_notes = bench_flower_deploy_apps.deployment_app_rows(args)
         notes.extend(deploy_notes)
     if "fedhpd" in parts:
         from securefed.rl.fast import make_public_states
@@ -771,6 +780,10 @@ def flower(args: argparse.Namespace) -> int:
         from securefed.bench.bench_flower_deploy import COLUMNS as DEPLOY_COLUMNS
 
         table += "\n\n" + markdown_table(deploy_rows, DEPLOY_COLUMNS)
+    if deploy_app_rows:
+        from securefed.bench.bench_flower_deploy_apps import COLUMNS as DEPLOY_APP_COLUMNS
+
+        table += "\n\n" + markdown_table(deploy_app_rows, DEPLOY_APP_COLUMNS)
     table += "\n" + "".join(f"\n{note}\n" for note in notes)
     write_outputs(
         "flower",
@@ -780,6 +793,7 @@ def flower(args: argparse.Namespace) -> int:
             "fedslate_rows": fedslate_rows,
             "node_curve_rows": curve_rows,
             "deployment_rows": deploy_rows,
+            "deployment_app_rows": deploy_app_rows,
             "notes": notes,
             "backend": BACKEND,
             "loadavg": os.getloadavg(),
@@ -834,8 +848,10 @@ def register(benches) -> None:
         help="the server's longest wait between polls, one curve per value (0.05: fixed poll)",
     )
     from securefed.bench.bench_flower_deploy import add_arguments
+    from securefed.bench.bench_flower_deploy_apps import add_arguments as add_app_arguments
 
     add_arguments(parser)
+    add_app_arguments(parser)
     parser.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),

@@ -102,6 +102,7 @@ from securefed.fusion.ckks_module import (
 from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
 from securefed.fusion.expansion import monomials
 from securefed.privacy.noise import as_noise_source, noise_source
+from securefed.records import dumps_record
 from securefed.rl.choices import PLATFORM_NAMES
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.fedslate import (
@@ -132,6 +133,7 @@ from securefed.rl.slateq import (
 from securefed.transport.secagg.signatures import KeyRegistry, SignatureError, SigningKey
 
 __all__ = [
+    "APP_DIR",
     "FLOWER_FUSIONS",
     "SIMULATOR",
     "CKKSPlatform",
@@ -140,6 +142,8 @@ __all__ = [
     "FedSlateFlowerRun",
     "PlatformNode",
     "SimulatorNode",
+    "app_components",
+    "app_run",
     "build_apps",
     "ckks_key_message",
     "drive_in_process",
@@ -151,7 +155,10 @@ __all__ = [
     "relay_identity",
     "relay_key_message",
     "relay_nonce",
+    "run_from_config",
     "run_server",
+    "server_results",
+    "write_fedslate_app",
 ]
 
 FLOWER_FUSIONS = ("plaintext", "dp", "ckks")
@@ -1453,6 +1460,49 @@ def _write_result(run: FedSlateFlowerRun, role: int, node) -> None:
         np.savez(out / f"fedslate-platform-{node.name}.npz", **node.report())
 
 
+def _write_server_result(
+    run: FedSlateFlowerRun, outcome: FedSlateFlowerOutcome, result: FlowerRunResult
+) -> None:
+    """The ServerApp's record in ``output_dir`` (``""``: none): ``result.json`` (counters,
+    message rounds and bytes, seconds, ``secure_mode``) and ``server.npz`` (the server network's
+    parameters, ``server.<name>``), so that a run on real processes can be compared with one in
+    process (:func:`server_results`)."""
+    if not run.output_dir:
+        return
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "fusion": run.config.fusion,
+        "secure_mode": run.config.seed is None,
+        "nodes": run.nodes,
+        "rounds": outcome.rounds,
+        "learn_steps": outcome.learn_steps,
+        "messages": dict(outcome.messages),
+        "message_rounds": int(sum(outcome.messages.values())),
+        "message_bytes": dict(outcome.message_bytes),
+        "seconds": outcome.seconds,
+        "cpu_seconds": outcome.cpu_seconds,
+        "episode_seconds": list(outcome.episode_seconds),
+        "message_seconds": dict(result.message_seconds),
+    }
+    arrays = {
+        f"server.{name}": value.detach().cpu().numpy()
+        for name, value in outcome.channel.module.state_dict().items()
+    }
+    np.savez(out / "server.npz", **arrays)
+    (out / "result.json").write_text(dumps_record(summary, indent=1))
+
+
+def server_results(out_dir: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """What the ServerApp wrote (:func:`_write_server_result`): the summary and the server
+    network's parameters by name."""
+    out = Path(out_dir)
+    summary = json.loads((out / "result.json").read_text())
+    with np.load(out / "server.npz", allow_pickle=False) as saved:
+        params = {name.removeprefix("server."): saved[name] for name in saved.files}
+    return summary, params
+
+
 def node_results(out_dir: str | Path, config: FedSlateConfig) -> dict[str, dict[str, np.ndarray]]:
     """What the nodes wrote after the run: ``"simulator"`` (``rewards`` ``(episodes, S, K)``)
     and each platform's name (``local.*`` parameters, ``updates``; under DP ``epsilon``, its
@@ -1872,20 +1922,32 @@ def build_apps(
             provisioned relay identity is (:func:`relay_identity`). Real SuperNodes take it from
             ``--node-config`` instead.
     """
+    return _apps(lambda context: run, node_configs)
+
+
+def _apps(
+    run_of: Callable[[Context], FedSlateFlowerRun],
+    node_configs: Mapping[int, Mapping[str, object]] | None = None,
+) -> FedSlateApps:
+    """The ServerApp and ClientApp, each taking its run from its ``Context`` (``run_of``: the
+    bound run for the simulation engine, the run config for ``flwr run``)."""
     extra = {} if node_configs is None else node_configs
     outcome = FedSlateFlowerOutcome()
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
+        run = run_of(context)
         result = FlowerRunResult()
         run_server(run, _flower_exchange(grid, run, result), outcome)
         outcome.message_bytes = dict(result.message_bytes)
+        _write_server_result(run, outcome, result)
 
     client_app = ClientApp()
 
     @client_app.query("fedslate")
     def query(message: Message, context: Context) -> Message:
+        run = run_of(context)
         role = _role(context, run)
         config = rec.message_config(message)
         if config.get("op") == "role":
@@ -1952,3 +2014,86 @@ def drive_in_process(
         return replies
 
     return run_server(run, exchange)
+
+
+# ----------------------------------------------------------------------------- `flwr run`
+APP_DIR = Path(__file__).resolve().parent / "flower_fedslate_app"
+"""The FedSlate app that ``flwr run`` submits: ``pyproject.toml`` (its ``[tool.flwr.app.config]``
+is read by :func:`run_from_config`) and the package ``securefed_fedslate_app``."""
+
+
+def _widths(value: object, key: str) -> tuple[int, ...]:
+    """A run-config list of hidden widths: ``"64,64"`` (Flower's run config has no lists)."""
+    text = str(value).strip()
+    try:
+        widths = tuple(int(w) for w in text.split(",")) if text else ()
+    except ValueError:
+        message = f'{key} takes comma-separated widths, e.g. "64,64"; got {value!r}'
+        raise ValueError(message) from None
+    if not widths or min(widths) < 1:
+        raise ValueError(f"{key} needs at least one width >= 1, got {value!r}")
+    return widths
+
+
+def run_from_config(values: Mapping[str, object]) -> FedSlateFlowerRun:
+    """A FedSlate run as the app's ``[tool.flwr.app.config]`` describes it
+    (``rl/flower_fedslate_app/pyproject.toml``; ``flwr run ... -c 'key=value'``).
+
+    ``seed = -1`` (the template's default) is secure mode (``FedSlateConfig.seed=None``: every
+    node needs its provisioned relay identity in its ``--node-config``); ``dp-epsilon`` goes
+    with ``fusion = "dp"`` (``0``: none).
+
+    Raises:
+        ValueError: a bad value (by :class:`FedSlateConfig` and :class:`FedSlateFlowerRun`,
+            which refuse what Flower does not carry, naming it).
+    """
+    seed = int(values["seed"])
+    if seed < -1:
+        raise ValueError(f"seed must be >= 0 (seeded: not private) or -1 (secure mode), got {seed}")
+    fusion = str(values["fusion"])
+    epsilon = float(values.get("dp-epsilon", 0.0))
+    config = FedSlateConfig(
+        num_platforms=int(values["platforms"]),
+        num_candidates=int(values["candidates"]),
+        slate_size=int(values["slate-size"]),
+        members=int(values["members"]),
+        episodes=int(values["episodes"]),
+        steps_per_platform=int(values["steps"]),
+        burn_in=int(values["burn-in"]),
+        learn_every=int(values["learn-every"]),
+        target_sync=int(values["target-sync"]),
+        buffer_size=int(values["buffer-size"]),
+        batch_size=int(values["batch-size"]),
+        local_hidden=_widths(values["local-hidden"], "local-hidden"),
+        server_hidden=_widths(values["server-hidden"], "server-hidden"),
+        fusion=fusion,
+        dp_epsilon=epsilon if epsilon > 0 else None,
+        seed=None if seed == -1 else seed,
+    )
+    return FedSlateFlowerRun(
+        config, output_dir=str(values.get("output-dir", "")), timeout=float(values["timeout"])
+    )
+
+
+def app_run(context: Context) -> FedSlateFlowerRun:
+    """The run of a ServerApp or ClientApp process that ``flwr run`` started, from its run
+    config (:func:`run_from_config`)."""
+    return run_from_config(context.run_config)
+
+
+def app_components(
+    run_of: Callable[[Context], FedSlateFlowerRun] = app_run,
+) -> FedSlateApps:
+    """What ``securefed_fedslate_app.app`` exports (``serverapp``, ``clientapp``): the apps
+    taking their run from the run config (``run_of``, default :func:`app_run`); the relay
+    identities come from each SuperNode's ``--node-config``. Library code sets no process-wide
+    state: start the processes with ``OMP_NUM_THREADS=1`` (torch on one thread, as the
+    in-process run) for a seeded run bit-identical to :func:`securefed.rl.fedslate.run_fedslate`."""
+    return _apps(run_of)
+
+
+def write_fedslate_app(dest: str | Path, run_config: Mapping[str, object] | None = None) -> Path:
+    """Copy the FedSlate app to ``dest`` with ``run_config`` in its ``[tool.flwr.app.config]``."""
+    from securefed.flower.loopback import write_app
+
+    return write_app(APP_DIR, dest, run_config)

@@ -52,6 +52,10 @@ DATA_PACKAGES = {
     "securefed.recsys.flower_app.securefed_fedmf_app": "recsys/flower_app/securefed_fedmf_app",
     "securefed.rl.flower_app": "rl/flower_app",
     "securefed.rl.flower_app.securefed_fedhpd_app": "rl/flower_app/securefed_fedhpd_app",
+    "securefed.rl.flower_fedslate_app": "rl/flower_fedslate_app",
+    "securefed.rl.flower_fedslate_app.securefed_fedslate_app": (
+        "rl/flower_fedslate_app/securefed_fedslate_app"
+    ),
 }
 """Folders of package data, listed as packages so that setuptools ships them without warning
 (the embedded data set and the Flower app, which ``flwr run`` builds rather than imports)."""
@@ -127,7 +131,11 @@ def test_every_module_lands_under_its_mapped_name(wheel):
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{path.name}" for path in folder.glob("*.py")}
     assert expected <= names
-    apps = ("securefed/recsys/flower_app/", "securefed/rl/flower_app/")
+    apps = (
+        "securefed/recsys/flower_app/",
+        "securefed/rl/flower_app/",
+        "securefed/rl/flower_fedslate_app/",
+    )
     assert {n for n in names if n.endswith(".py")} - expected == {
         n for n in names if n.startswith(apps) and n.endswith(".py")
     }
@@ -138,15 +146,16 @@ def test_the_embedded_data_set_and_the_flower_app_are_inside(wheel):
     data = REPO_ROOT / "recsys" / "datasets" / "ml-latest-small"
     assert {f"securefed/recsys/datasets/ml-latest-small/{p.name}" for p in data.iterdir()} <= names
     assert "securefed/recsys/datasets/ml-latest-small/ratings.csv" in names
-    for layer in ("recsys", "rl"):  # FedMF's and FedHPD's Flower apps
-        app = REPO_ROOT / layer / "flower_app"
+    # FedMF's, FedHPD's and FedSlate's Flower apps
+    for folder in ("recsys/flower_app", "rl/flower_app", "rl/flower_fedslate_app"):
+        app = REPO_ROOT / folder
         shipped = {
-            f"securefed/{layer}/flower_app/" + p.relative_to(app).as_posix()
+            f"securefed/{folder}/" + p.relative_to(app).as_posix()
             for p in app.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts
         }
         assert shipped and shipped <= names
-        assert f"securefed/{layer}/flower_app/pyproject.toml" in names
+        assert f"securefed/{folder}/pyproject.toml" in names
 
 
 def test_the_wheel_declares_the_console_script(wheel):
