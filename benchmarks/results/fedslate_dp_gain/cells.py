@@ -4,9 +4,10 @@
 ``work/seed<S>/runs/``) the named cells at each seed; ``python cells.py table NAME...`` prints
 A's mean, final (last 50 episodes) and the kept share of its gain over random (pooled over
 the seeds' members; per member against its own seed's plaintext and random runs), with the
-ledger's epsilon; ``python cells.py partial NAME... --seeds S`` the same share over the episodes
-every named run has done, unfinished runs read from their checkpoints. Every cell is the reduced schedule of ``../fedslate_dp_joint``: 250 episodes,
-burn-in 2000, exploration x0.9997 per round, (10, 3), 3 members per seed.
+ledger's epsilon; ``python cells.py partial NAME... --seeds S`` the same share over the
+episodes every named run has done, unfinished runs read from their checkpoints. Every cell is
+the reduced schedule of ``../fedslate_dp_joint``: 250 episodes, burn-in 2000, exploration
+x0.9997 per round, (10, 3), 3 members per seed.
 """
 
 from __future__ import annotations
