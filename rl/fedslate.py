@@ -276,6 +276,14 @@ class FedSlateConfig(SlateQConfig):
             tell the server which units the step used, and with a diagnostic.
         dp_sample_rate: ``q`` in (0, 1) for ``dp_sampling="poisson"`` (required there, refused
             elsewhere).
+        dp_server_clip: under ``dp_learning="sums"`` only: ``None`` (default): each unit's
+            concatenated gradient (local and server weights) is clipped to ``dp_local_clip`` as
+            a whole; a value ``C_s`` in ``(0, dp_local_clip)``: its server part is clipped to
+            ``C_s`` and its local part to ``sqrt(dp_local_clip^2 - C_s^2)`` (per-part
+            clipping, McMahan et al. 2018), so the whole still has norm at most
+            ``dp_local_clip`` and the release, its noise and the ledger are unchanged; only how
+            the clip's budget is shared between the two networks moves (the server part holds
+            most of a unit's gradient norm, the local part most of the coordinates).
         dp_diagnostic: a measurement of what each mechanism costs, **not a private setting**:
             ``"noiseless-rows"`` releases the fusion rows clipped but without noise,
             ``"noiseless-local"`` the local DP-SGD sums clipped but without noise (everything
@@ -312,6 +320,7 @@ class FedSlateConfig(SlateQConfig):
     dp_learning: str = "rows"
     dp_sampling: str | None = None
     dp_sample_rate: float | None = None
+    dp_server_clip: float | None = None
     ckks_scale_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -422,6 +431,19 @@ class FedSlateConfig(SlateQConfig):
         ):
             raise ValueError(
                 f"dp_sample_rate must lie in (0, 1) (1 is dp_sampling=None), got {rate!r}"
+            )
+        server_clip = self.dp_server_clip
+        if server_clip is not None and (
+            self.dp_learning != "sums"
+            or isinstance(server_clip, bool)
+            or not isinstance(server_clip, (int, float))
+            or not (math.isfinite(server_clip) and 0 < server_clip < self.dp_local_clip)
+        ):
+            raise ValueError(
+                "dp_server_clip needs dp_learning='sums' (the only release with a server part) "
+                "and a value in (0, dp_local_clip), the local part taking the rest of the clip: "
+                f"got dp_server_clip {server_clip!r}, dp_learning {self.dp_learning!r}, "
+                f"dp_local_clip {self.dp_local_clip!r}"
             )
         if self.dp_epsilon is not None and self.feedback_prob < 1.0:
             raise ValueError(
@@ -699,6 +721,8 @@ class LocalDPSGD:
             probability of entering a step's sum; ``None``: every unit enters.
         sampler: the platform's secret generator of those inclusions (required with
             ``sample_rate``; never shared with the server or another platform).
+        server_clip: (``step_joint`` only) the bound on a unit's server part, its local part
+            taking ``sqrt(clip^2 - server_clip^2)``; ``None``: the whole clipped to ``clip``.
     """
 
     party: str
@@ -708,10 +732,30 @@ class LocalDPSGD:
     noise: NoiseSource
     sample_rate: float | None = None
     sampler: np.random.Generator | None = None
+    server_clip: float | None = None
 
     def __post_init__(self) -> None:
         if (self.sample_rate is None) != (self.sampler is None):
             raise ValueError("a sampled DP-SGD needs both sample_rate and its secret sampler")
+        if self.server_clip is not None and not 0 < self.server_clip < self.clip:
+            raise ValueError(
+                f"server_clip must lie in (0, clip {self.clip}), got {self.server_clip!r}"
+            )
+
+    def split_clipped(self, unit_gradients: np.ndarray, local_size: int) -> np.ndarray:
+        """``(S, U, P)`` unit gradients with the first ``local_size`` entries (the local part)
+        clipped to ``sqrt(clip^2 - server_clip^2)`` and the rest (the server part) to
+        ``server_clip``, so every unit's whole has norm at most ``clip`` (per-part clipping);
+        unchanged without ``server_clip``. The release then clips the whole to ``clip`` again,
+        which leaves such a unit as it is: its sensitivity is ``2 clip`` either way."""
+        if self.server_clip is None:
+            return unit_gradients
+        local_clip = math.sqrt(self.clip**2 - self.server_clip**2)
+        local, _ = fusion_dp.clip_rows_last_axis(unit_gradients[..., :local_size], local_clip)
+        server, _ = fusion_dp.clip_rows_last_axis(
+            unit_gradients[..., local_size:], self.server_clip
+        )
+        return np.concatenate([local, server], axis=-1)
 
     def sampled_units(self, unit_gradients: np.ndarray) -> np.ndarray:
         """The unit slots ``(S, U, P)`` with each slot kept independently with probability
@@ -809,7 +853,9 @@ class LocalDPSGD:
         pieces += [g_server[n].reshape(b, s, -1) for n, _ in server_named]
         rows = torch.cat(pieces, dim=-1).transpose(0, 1).double()  # (S, B, P_local + P_server)
         scale = b * (self.sample_rate or 1.0)  # fixed: the sample's size is never revealed
-        noised = torch.from_numpy(self.release_sampled(unit_sums(rows, units).numpy()) / scale)
+        local_size = sum(param[0].numel() for _, param in local_named)
+        per_unit = self.split_clipped(unit_sums(rows, units).numpy(), local_size)
+        noised = torch.from_numpy(self.release_sampled(per_unit) / scale)
         offset = 0
         for _, param in local_named + server_named:
             size = param[0].numel()
@@ -1350,6 +1396,7 @@ def start_local_dp(
                 as_noise_source(noise[name]),
                 sample_rate=rate,
                 sampler=None if rate is None else samplers[name],
+                server_clip=config.dp_server_clip,
             )
         )
     refresh_dp_public(config, channel, trainers)
@@ -1393,6 +1440,12 @@ def refresh_dp_public(config: FedSlateConfig, channel, trainers: list[LocalDPSGD
             "steps_per_unit": bound["local_steps"],
             "sampling": config.dp_sampling,
             "sample_rate": config.dp_sample_rate,
+            "server_clip": config.dp_server_clip,
+            "local_part_clip": (
+                None
+                if config.dp_server_clip is None
+                else math.sqrt(config.dp_local_clip**2 - config.dp_server_clip**2)
+            ),
         }
     if config.dp_diagnostic is not None:
         public["diagnostic"] = (

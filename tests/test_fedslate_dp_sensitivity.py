@@ -158,8 +158,9 @@ def _coupled_pair(monkeypatch, config):
             "dp_sampling": "poisson",
             "dp_sample_rate": 0.5,
         },
+        {"dp_acting": "own", "dp_learning": "sums", "dp_server_clip": 0.7},
     ],
-    ids=["paper", "item", "ext", "joint", "sums", "sums-ext", "sums-sampled"],
+    ids=["paper", "item", "ext", "joint", "sums", "sums-ext", "sums-sampled", "sums-split"],
 )
 def test_one_user_episode_moves_only_what_the_ledgers_charged(monkeypatch, fedslate_small, variant):
     from securefed.rl.fedslate import FedSlateConfig
@@ -429,3 +430,109 @@ def test_the_attack_catches_non_private_local_training(monkeypatch, fedslate_sma
         if key.startswith("act:") and round_id >= unit_end and np.abs(diff).max() > 0
     ]
     assert later, "no later user's row moved: the control found nothing to catch"
+
+
+# -- per-part clipping of the sums (dp_server_clip, issue 34) ---------------------------------
+
+
+def _split_config(fedslate_small):
+    """Per-step sums with a clip small enough to bind, nearly all of it the server part's: in
+    this small run a unit's local part is the larger one, so its small share binds."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    return FedSlateConfig(
+        **fedslate_small | {"episodes": 4},
+        fusion="dp",
+        dp_epsilon=8.0,
+        dp_acting="own",
+        dp_learning="sums",
+        dp_local_clip=2e-5,
+        dp_server_clip=1.98e-5,
+    )
+
+
+def _part_moves(monkeypatch, config) -> tuple[list[tuple[float, float]], object]:
+    """The coupled pair's moved DP-SGD sums, as ``(local part's norm, server part's norm)``
+    (the local part: the platform's local weights, first in the release), and the
+    neighbour's result."""
+    from securefed.rl import fedslate
+
+    sizes: dict[str, int] = {}
+    original = fedslate.LocalDPSGD.step_joint
+
+    def recording(self, run, p, *args):
+        sizes[self.party] = sum(w[0].numel() for w in self.network.parameters())
+        return original(self, run, p, *args)
+
+    monkeypatch.setattr(fedslate.LocalDPSGD, "step_joint", recording)
+    base, neighbour, coupling = _coupled_pair(monkeypatch, config)
+    assert base.learn_steps > 10 and set(sizes) == {"A", "B"}
+    moves = []
+    for mechanism, party, _key, _round, diff in coupling.differences:
+        assert mechanism == "local_sgd" and not base.fusion_view.exchanges
+        if np.linalg.norm(diff) > 0:
+            width = sizes[party]
+            local, server = diff[..., :width], diff[..., width:]
+            moves.append((float(np.linalg.norm(local)), float(np.linalg.norm(server))))
+    _assert_same_networks(base, neighbour)
+    return moves, neighbour
+
+
+def test_per_part_clip_moves_each_part_within_its_share(monkeypatch, fedslate_small):
+    """Under ``dp_server_clip`` one user's episode moves a released sum's server part by at
+    most ``2 C_s`` and its local part by at most ``2 sqrt(C^2 - C_s^2)`` (so the whole by at
+    most ``2 C``, the ledger's sensitivity, unchanged), in at most the ledger's steps, and every
+    network stays a function of the releases (coupled runs, as above)."""
+    config = _split_config(fedslate_small)
+    moves, neighbour = _part_moves(monkeypatch, config)
+    local_sgd = neighbour.fusion_view.public["dp"]["local_sgd"]
+    clip, server_clip = config.dp_local_clip, config.dp_server_clip
+    local_clip = np.sqrt(clip**2 - server_clip**2)
+    assert local_sgd["server_clip"] == server_clip
+    assert local_sgd["local_part_clip"] == pytest.approx(local_clip)
+    assert local_sgd["sensitivity"] == pytest.approx(2 * clip)  # the ledger's, unchanged
+    assert 0 < len(moves) <= 2 * local_sgd["steps_per_unit"]
+    slack = 1 + 1e-6
+    for local, server in moves:
+        assert local <= 2 * local_clip * slack and server <= 2 * server_clip * slack, (
+            local,
+            server,
+        )
+    # The local part's clip is exercised: some moved sum's local part is of the order of its
+    # bound (half of it at least; the control below shows it leaves the bound without the split).
+    assert max(local for local, _ in moves) > 0.5 * local_clip
+
+
+def test_the_part_check_catches_a_split_that_overspends(monkeypatch, fedslate_small):
+    """The control: a split that clips the local part to the whole clip ``C`` (not the rest of
+    it) lets the release's final clip to ``C`` rescale both parts, and the local part of some
+    moved sum leaves its share ``2 sqrt(C^2 - C_s^2)``: the check above would see it."""
+    from securefed.rl import fedslate
+
+    config = _split_config(fedslate_small)
+
+    def overspending(self, unit_gradients, local_size):
+        local, _ = fusion_dp.clip_rows_last_axis(unit_gradients[..., :local_size], self.clip)
+        server, _ = fusion_dp.clip_rows_last_axis(
+            unit_gradients[..., local_size:], self.server_clip
+        )
+        return np.concatenate([local, server], axis=-1)
+
+    monkeypatch.setattr(fedslate.LocalDPSGD, "split_clipped", overspending)
+    moves, _ = _part_moves(monkeypatch, config)
+    local_clip = np.sqrt(config.dp_local_clip**2 - config.dp_server_clip**2)
+    assert max(local for local, _ in moves) > 2 * local_clip * (1 + 1e-6)
+
+
+def test_per_part_clip_fails_closed():
+    """``dp_server_clip`` only under per-step sums, strictly inside the whole clip."""
+    from securefed.rl.fedslate import FedSlateConfig
+
+    joint = {"fusion": "dp", "dp_epsilon": 8.0, "dp_acting": "own", "dp_local_clip": 0.1}
+    with pytest.raises(ValueError, match="dp_server_clip needs dp_learning='sums'"):
+        FedSlateConfig(**joint, dp_server_clip=0.05)
+    for bad in (0.0, 0.1, 0.2, -0.01, float("nan"), True):
+        with pytest.raises(ValueError, match="dp_server_clip"):
+            FedSlateConfig(**joint, dp_learning="sums", dp_server_clip=bad)
+    with pytest.raises(ValueError, match="dp_server_clip"):
+        FedSlateConfig(dp_server_clip=0.05)

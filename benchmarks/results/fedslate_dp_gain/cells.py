@@ -4,8 +4,10 @@
 ``work/seed<S>/runs/``) the named cells at each seed; ``python cells.py table NAME...`` prints
 A's mean, final (last 50 episodes) and the kept share of its gain over random (pooled over
 the seeds' members; per member against its own seed's plaintext and random runs), with the
-ledger's epsilon. Every cell is the reduced schedule of ``../fedslate_dp_joint``: 250 episodes,
-burn-in 2000, exploration x0.9997 per round, (10, 3), 3 members per seed.
+ledger's epsilon; ``python cells.py partial NAME... --seeds S`` the same share over the
+episodes every named run has done, unfinished runs read from their checkpoints. Every cell is
+the reduced schedule of ``../fedslate_dp_joint``: 250 episodes, burn-in 2000, exploration
+x0.9997 per round, (10, 3), 3 members per seed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ def cells() -> dict[str, tuple[str, dict[str, object]]]:
     }
     for eps in (1.0, 4.0, 8.0, 16.0):
         out[f"sums_eps{eps:g}"] = ("fedslate", JOINT | {"dp_epsilon": eps, "dp_learning": "sums"})
+    # Issue 34, the noiseless ceiling of sums (diagnostics, not private): the DP-SGD noise off
+    # with the clip kept, and with the clip off too (a clip of 1e6 never binds).
+    sums8 = JOINT | {"dp_learning": "sums"}
+    out["diag_sums_noiseless"] = ("fedslate", sums8 | {"dp_diagnostic": "noiseless-local"})
+    out["diag_sums_noiseless_noclip"] = (
+        "fedslate",
+        sums8 | {"dp_diagnostic": "noiseless-local", "dp_local_clip": 1e6},
+    )
+    # Issue 34, per-part clipping: the server part of a unit's gradient clipped to C_s, the
+    # local part to sqrt(C^2 - C_s^2) (the whole within C: same release, same ledger).
+    for server_clip in (0.05, 0.07):
+        split = sums8 | {"dp_server_clip": server_clip}
+        out[f"sums_eps8_split{server_clip:g}"] = ("fedslate", split)
     # Issue 34, secret sampling: each platform Poisson-samples its own units per step.
     for q in (0.1, 0.25, 0.5):
         sampled = {"dp_learning": "sums", "dp_sampling": "poisson", "dp_sample_rate": q}
@@ -85,6 +100,42 @@ def platform_a(seed: int, name: str) -> tuple[np.ndarray, dict[str, object]]:
     return np.asarray(record["rewards"])[:, :, 0], record
 
 
+def partial_a(seed: int, name: str) -> tuple[np.ndarray, int]:
+    """Platform A's rewards ``(episodes done, members)`` of a finished run, or of an unfinished
+    one from its last checkpoint (``work/seed<S>/runs/partial/``), and how many episodes."""
+    import json
+
+    import torch
+
+    try:
+        rewards, _ = platform_a(seed, name)
+        return rewards, rewards.shape[0]
+    except FileNotFoundError:
+        pass
+    path = HERE / "work" / f"seed{seed}" / "runs" / "partial" / f"{cell(name, seed).name}.pt"
+    state = torch.load(path, weights_only=False)
+    done = int(json.loads(state["meta"])["counters"]["episodes"])
+    return np.asarray(state["arrays"]["rewards"])[:done, :, 0], done
+
+
+def partial_table(names: list[str], seed: int) -> None:
+    """The kept share of A's mean gain over the episodes every named run has done (the common
+    prefix; unfinished runs from their checkpoints), against plaintext's and random's same
+    episodes: a comparison of equal prefixes, not of whole runs."""
+    got = {n: partial_a(seed, n) for n in names}
+    upto = min(done for _, done in got.values())
+    plain, rand = (platform_a(seed, n)[0][:upto] for n in ("plaintext", "random"))
+    done = ", ".join(f"{n} {d}" for n, (_, d) in got.items())
+    print(f"seed {seed}, episodes 1-{upto} of 250 (done: {done})")
+    print("| row | A mean, episodes 1-E | kept, mean (per member) |")
+    print("|---|---|---|")
+    for name, (rewards, _) in got.items():
+        a = rewards[:upto]
+        per = (a.mean(0) - rand.mean(0)) / (plain.mean(0) - rand.mean(0))
+        kept = (a.mean() - rand.mean()) / (plain.mean() - rand.mean())
+        print(f"| {name} | {a.mean():.1f} | {kept:.2f} ({', '.join(f'{v:.2f}' for v in per)}) |")
+
+
 def table(names: list[str], seeds: list[int]) -> None:
     refs = {s: (platform_a(s, "plaintext")[0], platform_a(s, "random")[0]) for s in seeds}
     print(
@@ -124,7 +175,7 @@ def table(names: list[str], seeds: list[int]) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("run", "table"))
+    parser.add_argument("what", choices=("run", "table", "partial"))
     parser.add_argument("names", nargs="+", help="cells (see cells())")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -132,6 +183,8 @@ def main(argv: list[str]) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "run":
         run(args.names, seeds, args.jobs)
+    elif args.what == "partial":
+        partial_table(args.names, seeds[0])
     else:
         table(args.names, seeds)
 
