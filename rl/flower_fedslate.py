@@ -149,6 +149,7 @@ __all__ = [
     "drive_in_process",
     "flower_refusal",
     "handle",
+    "in_process_exchange",
     "node_results",
     "nonce_transcript",
     "provision_relay_identities",
@@ -1985,9 +1986,20 @@ def drive_in_process(
         node_configs: role -> that node's config (its provisioned relay identity,
             :func:`relay_identity`; secure mode needs them).
     """
-    node_configs = {} if node_configs is None else node_configs
     stores = {} if stores is None else stores
     stores.update({r: {} for r in range(run.nodes)})
+    return run_server(run, in_process_exchange(run, stores, node_configs or {}, tap))
+
+
+def in_process_exchange(
+    run: FedSlateFlowerRun,
+    stores: dict[int, dict],
+    node_configs: Mapping[int, Mapping[str, object]],
+    tap: Callable[[str, int, Mapping, Mapping], None] | None = None,
+) -> Exchange:
+    """An honest relay of each message round through the nodes' :func:`handle`, each node's
+    state (``stores[role]``, made when missing) round-tripped through Flower records as
+    ``Context.state`` holds it: :func:`drive_in_process`'s, and the tests' honest server."""
 
     def exchange(
         op: str, requests: Mapping[int, tuple[dict, dict]]
@@ -1997,7 +2009,7 @@ def drive_in_process(
             body = rec.content(arrays, config)
             records = body.array_records
             sent = rec.record_arrays(records[rec.ARRAYS]) if rec.ARRAYS in records else {}
-            store = stores[role]
+            store = stores.setdefault(role, {})
             out_arrays, out_config = handle(
                 run,
                 role,
@@ -2013,7 +2025,7 @@ def drive_in_process(
             replies[role] = (out_arrays, out_config)
         return replies
 
-    return run_server(run, exchange)
+    return exchange
 
 
 # ----------------------------------------------------------------------------- `flwr run`

@@ -76,7 +76,8 @@ def fedslate_small() -> dict:
 @pytest.fixture
 def enrolment(tmp_path):
     """Every role's FedSlate relay identity provisioned (two platforms), as the nodes'
-    configs (the relay-key tests)."""
+    configs (the relay-key tests, with ``flower_fedslate.in_process_exchange`` as the honest
+    server)."""
     from securefed.rl import flower_fedslate as ffs
 
     digest = ffs.provision_relay_identities(tmp_path, 2)

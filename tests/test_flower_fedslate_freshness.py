@@ -20,7 +20,6 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
-from fedslate_relay_helpers import honest_exchange
 
 from securefed.rl import flower_fedslate as ffs
 from securefed.rl.fedslate import FedSlateConfig
@@ -44,7 +43,7 @@ def _earlier_run(run, enrolment, nonces=None):
     and X's X25519 key pair (X's leaked ``Context.state``: its secret entropy); in ``nonces``
     the set-up nonces it relayed."""
     stores, signed = {}, {}
-    honest = honest_exchange(run, stores, enrolment)
+    honest = ffs.in_process_exchange(run, stores, enrolment)
 
     def keeping(op, requests):
         if op == "hello" and nonces is not None:
@@ -69,7 +68,7 @@ class ReplayingServer:
 
     def __init__(self, run, enrolment, signed, leaked, old_nonces=None):
         self.run, self.stores, self.signed, self.leaked = run, {}, signed, leaked
-        self.honest = honest_exchange(run, self.stores, enrolment)
+        self.honest = ffs.in_process_exchange(run, self.stores, enrolment)
         self.simulator_public = b""
         self.read: list[dict] = []
         self.old_nonces = old_nonces
@@ -173,7 +172,7 @@ TAMPERED = {
 def test_dropped_reordered_or_substituted_nonces_are_refused(enrolment, case):
     nodes, tamper, refusal = TAMPERED[case]
     run = FedSlateFlowerRun(FedSlateConfig(**TINY))
-    honest = honest_exchange(run, {}, enrolment)
+    honest = ffs.in_process_exchange(run, {}, enrolment)
     ops = []
 
     def tampering(op, requests):

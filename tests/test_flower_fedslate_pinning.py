@@ -21,7 +21,6 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
-from fedslate_relay_helpers import honest_exchange
 
 from securefed.crypto import keys as kx
 from securefed.crypto.keys import ShareDecryptionError
@@ -73,7 +72,7 @@ class KeySubstitutingServer:
 
     def __init__(self, run, node_configs, forge=None):
         self.run, self.stores, self.read = run, {}, []
-        self.honest = honest_exchange(run, self.stores, node_configs)
+        self.honest = ffs.in_process_exchange(run, self.stores, node_configs)
         self.mine = kx.keypair_from_seed(b"the server's own key, 32 bytes!!")
         self.public: dict[int, bytes] = {}
         self.forge = forge
@@ -210,7 +209,7 @@ def test_a_key_relabelled_to_another_role_is_refused(enrolment, monkeypatch):
     simulator would seal B's observations for A (a platform colluding with the server)."""
     run = FedSlateFlowerRun(tiny())
     stores, captured = {}, {}
-    honest = honest_exchange(run, stores, enrolment)
+    honest = ffs.in_process_exchange(run, stores, enrolment)
 
     def relabelling(op, requests):
         if op == "keys":
@@ -242,7 +241,7 @@ def test_a_key_relabelled_to_another_role_is_refused(enrolment, monkeypatch):
 
 def _reflecting(run, stores, enrolment):
     """An exchange relaying A's team targets for B back to A, as if B had sealed them."""
-    honest, pending = honest_exchange(run, stores, enrolment), []
+    honest, pending = ffs.in_process_exchange(run, stores, enrolment), []
 
     def exchange(op, requests):
         if pending and 1 in requests:
@@ -272,7 +271,7 @@ def test_a_blob_relayed_to_the_wrong_recipient_is_refused(enrolment, monkeypatch
     run = FedSlateFlowerRun(tiny())
     with pytest.raises(ShareDecryptionError):
         ffs.run_server(run, _reflecting(run, {}, enrolment))
-    honest = honest_exchange(run, {}, enrolment)
+    honest = ffs.in_process_exchange(run, {}, enrolment)
 
     def misrouting(op, requests):
         replies = honest(op, requests)
@@ -300,7 +299,7 @@ def test_a_blob_relayed_to_the_wrong_recipient_is_refused(enrolment, monkeypatch
 def test_secure_mode_without_a_provisioned_identity_is_refused(enrolment):
     run = FedSlateFlowerRun(tiny())
     with pytest.raises(InsecureParameterError, match=ffs.IDENTITY_PATH):
-        ffs.run_server(run, honest_exchange(run, {}, {}))
+        ffs.run_server(run, ffs.in_process_exchange(run, {}, {}))
     with pytest.raises(ValueError, match=ffs.REGISTRY_DIGEST):  # no digest pinned
         ffs.relay_identity(run, 1, enrolment[1] | {ffs.REGISTRY_DIGEST: ""})
     with pytest.raises(SignatureError, match="another node's file"):
