@@ -138,6 +138,11 @@ def test_a_nofed_run_batched_with_fedhpd_trains_as_it_does_alone(kernels, other_
         hpd_returns, _ = one_round(hpd_alone, round_id)
         events += event
         where = f"round {round_id} ({'after' if event else 'no'} distillation)"
+        # Returns are CartPole episode lengths (integers from seeded draws), so they are exact on
+        # any CPU until an action draw flips; the populations part by float32 rounding only (the
+        # summation order of a run's own gradient), and the first flip came at rounds 93-136 here
+        # (benchmarks/results/fedhpd/README.md), far past these 20. The weights are compared
+        # within RTOL, the rounding that parting allows.
         np.testing.assert_array_equal(
             returns_of(mixed, 0, mixed_returns), returns_of(alone, 0, alone_returns), where
         )
