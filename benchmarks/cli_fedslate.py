@@ -139,6 +139,15 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         help="dp with --dp-sampling poisson: the inclusion probability q, in (0, 1)",
     )
     parser.add_argument(
+        "--dp-server-clip",
+        type=float,
+        default=None,
+        help="dp with --dp-learning sums: per-part clipping: each user's gradient in the server "
+        "network's weights clipped to this C_s, in its local network's to sqrt(C^2 - C_s^2), "
+        "C = --dp-local-clip, so the whole stays within C (same noise, same ledger); C_s in "
+        "(0, C); default: the whole clipped to C",
+    )
+    parser.add_argument(
         "--ckks-scale-bits",
         type=int,
         default=None,
@@ -167,6 +176,7 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
         "--dp-learning": args.dp_learning is not None,
         "--dp-sampling": args.dp_sampling is not None,
         "--dp-sample-rate": args.dp_sample_rate is not None,
+        "--dp-server-clip": args.dp_server_clip is not None,
     }
     if args.fusion not in DP_CHANNELS:
         given = [flag for flag, on in dp_given.items() if on]
@@ -189,6 +199,21 @@ def transport_fields(args: argparse.Namespace) -> dict[str, object]:
     if args.dp_sampling is not None or args.dp_sample_rate is not None:
         fields["dp_sampling"] = args.dp_sampling  # the config refuses it off sums, or unpaired
         fields["dp_sample_rate"] = args.dp_sample_rate
+    if args.dp_server_clip is not None:
+        # Named as the command line spells it; the config checks the same again.
+        clip = 1.0 if args.dp_local_clip is None else args.dp_local_clip
+        if args.dp_learning != "sums":
+            raise ValueError(
+                "--dp-server-clip needs --dp-learning sums (with --dp-acting own): only the "
+                "per-step sums hold a server part to clip; got --dp-learning "
+                f"{args.dp_learning or 'rows'}"
+            )
+        if not 0 < args.dp_server_clip < clip:  # NaN fails too
+            raise ValueError(
+                f"--dp-server-clip must lie in (0, --dp-local-clip {clip:g}): the local part "
+                f"takes sqrt(C^2 - C_s^2) of the clip; got {args.dp_server_clip:g}"
+            )
+        fields["dp_server_clip"] = args.dp_server_clip
     return fields | {
         "dp_epsilon": args.epsilon,
         "dp_delta": args.dp_delta,

@@ -408,6 +408,9 @@ def _produced(capsys, monkeypatch, tmp_path) -> list[str]:
     with pytest.raises(SystemExit):
         main(["fedslate", "--transport", "secagg"])
     messages.append(capsys.readouterr().err.strip().splitlines()[-1])
+    joint = ["fedslate", "--transport", "dp", "--epsilon", "8", "--dp-acting", "own"]
+    assert main([*joint, "--dp-server-clip", "0.07", "--episodes", "1"]) == 2
+    messages.append(capsys.readouterr().err.strip().splitlines()[-1])
     return [" ".join(message.split()) for message in messages]
 
 

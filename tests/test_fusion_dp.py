@@ -238,6 +238,10 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
 
 
 # ----------------------------------------------------------------------------- command lines
+JOINT_ARGV = ["--transport", "dp", "--epsilon", "8", "--dp-acting", "own"]
+SUMS_CLIP = ["--dp-learning", "sums", "--dp-local-clip", "0.1"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -248,6 +252,29 @@ def test_the_ranking_attack_beats_chance_in_the_clear_and_not_under_strong_dp():
         (["--dp-local-clip", "0.1"], "--dp-local-clip apply only to the DP transports"),
         (["--dp-learning", "sums"], "--dp-learning apply only to the DP transports"),
         (["--dp-sample-rate", "0.5"], "--dp-sample-rate apply only to the DP transports"),
+        (["--dp-server-clip", "0.07"], "--dp-server-clip apply only to the DP transports"),
+        (
+            [*JOINT_ARGV, "--dp-server-clip", "0.07"],
+            "--dp-server-clip needs --dp-learning sums (with --dp-acting own): only the per-step "
+            "sums hold a server part to clip; got --dp-learning rows",
+        ),
+        (
+            [*JOINT_ARGV, *SUMS_CLIP, "--dp-server-clip", "0.1"],
+            "--dp-server-clip must lie in (0, --dp-local-clip 0.1)",
+        ),
+        (
+            [*JOINT_ARGV, "--dp-learning", "sums", "--dp-server-clip", "1"],
+            "--dp-server-clip must lie in (0, --dp-local-clip 1)",  # the default local clip
+        ),
+        ([*JOINT_ARGV, *SUMS_CLIP, "--dp-server-clip", "nan"], "--dp-server-clip must lie in"),
+        (
+            [*JOINT_ARGV, *SUMS_CLIP, "--dp-server-clip", "0,07"],
+            "argument --dp-server-clip: invalid float value: '0,07'",
+        ),
+        (
+            [*JOINT_ARGV, *SUMS_CLIP, "--dp-servr-clip", "0.07"],  # misspelt: never ignored
+            "unrecognized arguments: --dp-servr-clip 0.07",
+        ),
         (
             [
                 "--transport",
@@ -332,6 +359,10 @@ def test_cli_dp_local_options_reach_the_config():
     sampled = _config(parser.parse_args([*argv, *sampled]))
     assert (sampled.dp_sampling, sampled.dp_sample_rate) == ("poisson", 0.25)
     assert defaults.dp_sampling is None and defaults.dp_sample_rate is None
+    split = [*SUMS_CLIP, "--dp-server-clip", "0.07"]
+    split = _config(parser.parse_args([*argv, *split]))
+    assert (split.dp_learning, split.dp_local_clip, split.dp_server_clip) == ("sums", 0.1, 0.07)
+    assert sums.dp_server_clip is None and defaults.dp_server_clip is None
 
 
 def test_bench_fedslate_takes_the_transport_and_names_its_cells(tmp_path):
