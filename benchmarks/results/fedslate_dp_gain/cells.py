@@ -58,6 +58,20 @@ def cells() -> dict[str, tuple[str, dict[str, object]]]:
     for server_clip in (0.05, 0.07):
         split = sums8 | {"dp_server_clip": server_clip}
         out[f"sums_eps8_split{server_clip:g}"] = ("fedslate", split)
+    # Issue 34, levers on the DP-SGD's noise-to-signal ratio at per-part clip C_s 0.07
+    # (README section 6; levers_sigma.py prints each one's sigma first): (a) with secret
+    # Poisson sampling, (b) a smaller server network (fewer noised weights), (c) more rows per
+    # learning step with the steps per unit scaled down (learn_every), and (b) with (c).
+    split7 = sums8 | {"dp_server_clip": 0.07}
+    poisson = {"dp_sampling": "poisson"}
+    out["split0.07_q0.5"] = ("fedslate", split7 | poisson | {"dp_sample_rate": 0.5})
+    for hidden in ((8,), (4,), (8, 8)):
+        tag = "x".join(str(w) for w in hidden)
+        out[f"split0.07_h{tag}"] = ("fedslate", split7 | {"server_hidden": hidden})
+    for batch, every in ((64, 6), (128, 12)):
+        larger = {"batch_size": batch, "learn_every": every}
+        out[f"split0.07_b{batch}"] = ("fedslate", split7 | larger)
+        out[f"split0.07_b{batch}_h8"] = ("fedslate", split7 | larger | {"server_hidden": (8,)})
     # Issue 34, secret sampling: each platform Poisson-samples its own units per step.
     for q in (0.1, 0.25, 0.5):
         sampled = {"dp_learning": "sums", "dp_sampling": "poisson", "dp_sample_rate": q}
