@@ -293,7 +293,7 @@ def test_an_announced_training_forward_joins_the_target_forward_in_one_ciphertex
     # Handed to B: the joined forward, the masked exchange, the input gradient.
     n, hiding = S * B * N, packed._hiding_std()
     assert hiding == 2.0**-4
-    forward, _, gradient = (packed.keys["B"]._secret.decrypt_vector(v, 4 * n) for v in handed)
+    forward, _, gradient = (packed.keys["B"].decrypt_returned(v)[: 4 * n] for v in handed)
     for values, unread in ((forward, slice(n, 3 * n)), (gradient, slice(n, 4 * n))):
         assert 0.9 * hiding < values[unread].std() < 1.1 * hiding
     np.testing.assert_allclose(gradient[:n] * 2**packed.shift, dx.reshape(-1), rtol=1e-5, atol=1e-9)
@@ -335,7 +335,7 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
     to_party = packed._to_party
 
     def watch(vector, party):
-        handed.append(vector.data.ciphertext()[0].size())
+        handed.append(_components(vector))
         return to_party(vector, party)
 
     packed._to_party = watch
@@ -343,10 +343,21 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
     q = _q(rng)
     packed.forward(q, outputs=["A", "B"], train=False)
     assert handed and set(handed) == {2}
+    # One relinearization per output: the two products are summed first.
+    assert packed.counts["relinearize"] == 2 and packed.counts["cipher_mul"] == 4
+
+    def skipped(self, seal, ct):  # what the circuit did before 2026-12-02: no relinearization
+        return None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PackedCKKSModuleFusionChannel, "_relinearize", skipped)
+        _, _, skipping = _channels()
+        with pytest.raises(RuntimeError, match="3 components"):
+            skipping.forward(_q(rng), outputs=["A", "B"], train=False)
 
     new_key = PackedCKKSModuleFusionChannel._new_key
 
-    def unrelinearized(self):  # what the circuit did before: products left of size 3
+    def unrelinearized(self):  # a server context that skips TenSEAL's relinearization
         key = new_key(self)
         key.tenseal.auto_relin = False
         return key
@@ -354,5 +365,14 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(PackedCKKSModuleFusionChannel, "_new_key", unrelinearized)
         _, _, skipping = _channels()
-    with pytest.raises(RuntimeError, match="3 components"):
-        skipping.forward(_q(rng), outputs=["A", "B"], train=False)
+    positions = {"B": torch.from_numpy(rng.integers(0, N, (S, B, 3)))}
+    skipping.forward(_q(rng), outputs=["B"], positions=positions)
+    with pytest.raises(RuntimeError, match="3 components"):  # the masked exchange's product
+        skipping.backward({"B": torch.zeros(S, B, 3)}, recipients=["B"])
+
+
+def _components(handed) -> int:
+    """The component count of a ciphertext the server hands a party (TenSEAL's or SEAL's)."""
+    if isinstance(handed, ts.CKKSVector):
+        return handed.data.ciphertext()[0].size()
+    return handed.ciphertext.size()
