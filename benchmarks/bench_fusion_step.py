@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -222,6 +224,9 @@ def project(record: dict, episodes: int, config) -> dict[str, float]:
 
 
 def step(args: argparse.Namespace) -> int:
+    import securefed.fusion.ckks_packed as packed_module
+
+    load_start = os.getloadavg()
     config = fedslate_config(args, "ckks")
     circuits = [c for c in args.circuits.split(",") if c]
     records = {"plaintext": measure(args, "plaintext")}
@@ -293,6 +298,9 @@ def step(args: argparse.Namespace) -> int:
         "ratios_cpu": ratios,
         "serialized_over_memory_cpu": overhead,
         "projection": projection,
+        "command": "securefed " + " ".join(sys.argv[1:]),
+        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
+        "ckks_packed_module": packed_module.__file__,
     }
     name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
     if len(circuits) > 1 or circuits != ["monomials"]:

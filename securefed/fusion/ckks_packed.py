@@ -19,7 +19,11 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   the clear: no ciphertext product builds them.
 * **Forward** (region 0): ``L_0 = a_0 + b_00 P + b_01 Q``, ``L_1 = a_1 + b_11 Q``,
   ``f = c + P L_0 + Q L_1``: three plaintext and two ciphertext products, two levels, one
-  output ciphertext (the other regions decrypt to zero). The coefficient vectors hold each
+  output ciphertext (the other regions decrypt to zero). Evaluated on SEAL's own objects
+  (:class:`_SealEvaluator`): ``L_0`` and ``L_1`` are each rescaled once after their sums,
+  the two ciphertext products are summed, rescaled and relinearized once, and the server's
+  coefficient vectors are encoded once per content (so once per weight version: the acting
+  inquiries between two learning steps reuse them). The coefficient vectors hold each
   slot's member's coefficient times ``2^-shift`` (``output_shift_bits``): the deepest level of
   the chain ``[60, s, s, 60]`` decrypts values below ``2^(58 - s)``, so the outputs are scaled
   into it and the party multiplies them back; the server refuses (before evaluating) weights
@@ -45,8 +49,8 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   x_1 | x_1^2 | x_1']``, the coefficient vectors holding the online network's in region 0 and
   the other's in region 3, and the training forward repeats it.
 
-Every returned ciphertext is re-randomized with a fresh public-key encryption of Gaussian noise
-of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
+Every returned ciphertext is relinearized (two components) and re-randomized with a fresh
+public-key encryption, made at the returned ciphertext's own level, of Gaussian noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
 the slots the party reads, of std ``2^-13`` of the deepest level's room on the others (they
 hold rounding errors, or a joined input gradient's region 3: the owner's fresh error times the
 other network's derivative), and the polynomial's constant. :func:`packed_error_bounds` states
