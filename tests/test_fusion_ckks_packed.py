@@ -354,21 +354,23 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
         _, _, skipping = _channels()
         with pytest.raises(RuntimeError, match="3 components"):
             skipping.forward(_q(rng), outputs=["A", "B"], train=False)
+        # The masked exchange's product E = G Q is refused the same way.
+        with pytest.raises(RuntimeError, match="3 components"):
+            skipping._masked_regions(
+                _returned_product(skipping, _q(rng)), "B", [(0, B * N)], 0, S * B * N, B * N
+            )
 
-    new_key = PackedCKKSModuleFusionChannel._new_key
 
-    def unrelinearized(self):  # a server context that skips TenSEAL's relinearization
-        key = new_key(self)
-        key.tenseal.auto_relin = False
-        return key
+def _returned_product(channel, q):
+    """``E = G Q`` for owner B as the backward computes it, not relinearized."""
+    from securefed.fusion.ckks_packed import _Returned
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(PackedCKKSModuleFusionChannel, "_new_key", unrelinearized)
-        _, _, skipping = _channels()
-    positions = {"B": torch.from_numpy(rng.integers(0, N, (S, B, 3)))}
-    skipping.forward(_q(rng), outputs=["B"], positions=positions)
-    with pytest.raises(RuntimeError, match="3 components"):  # the masked exchange's product
-        skipping.backward({"B": torch.zeros(S, B, 3)}, recipients=["B"])
+    seal = channel._seal("B")
+    x = {p: v.numpy().astype(np.float64).reshape(-1) for p, v in q.items()}
+    g = channel.keys["B"].encrypt_gradient_regions(np.ones_like(x["B"]), x["B"], 3)
+    other = channel.keys["A"].encrypt_other_regions(x["A"], channel.keys["B"].public)
+    product = seal.rescaled(seal.times(g.data.ciphertext()[0], other.data.ciphertext()[0]))
+    return _Returned(product, g.size())
 
 
 def _components(handed) -> int:

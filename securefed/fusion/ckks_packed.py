@@ -49,11 +49,13 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   x_1 | x_1^2 | x_1']``, the coefficient vectors holding the online network's in region 0 and
   the other's in region 3, and the training forward repeats it.
 
-Every returned ciphertext is relinearized (two components) and re-randomized with a fresh
-public-key encryption, made at the returned ciphertext's own level, of Gaussian noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
-the slots the party reads, of std ``2^-13`` of the deepest level's room on the others (they
-hold rounding errors, or a joined input gradient's region 3: the owner's fresh error times the
-other network's derivative), and the polynomial's constant. :func:`packed_error_bounds` states
+Every returned output and input gradient is relinearized (two components) and re-randomized
+with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
+noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party
+reads) on the slots the party reads, of std ``2^-13`` of the deepest level's room on the others
+(they hold rounding errors, or a joined input gradient's region 3: the owner's fresh error
+times the other network's derivative), and the polynomial's constant; the masked exchange's
+product is relinearized and masked (not re-randomized). :func:`packed_error_bounds` states
 the error model (every fresh encryption, relinearization, rescaling and plaintext encoding
 adding at most its own bound).
 """
@@ -783,7 +785,13 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                         )
                 if enc_q is not None:
                     start = time.process_time()
-                    product = _mul(enc_g, enc_q)
+                    seal = self._seal(p)
+                    # E = G Q, rescaled, then relinearized at level 1 (cheaper than at level 0).
+                    product = seal.rescaled(
+                        seal.times(enc_g.data.ciphertext()[0], enc_q.data.ciphertext()[0])
+                    )
+                    self._relinearize(seal, product)
+                    product = _Returned(product, enc_g.size())
                     self.counts["cipher_mul"] += 1
                     self.seconds["server_evaluation"] += time.process_time() - start
                     cross = tuple(i + j for i, j in zip(own, other, strict=True))
@@ -825,15 +833,15 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         """The masked exchange of one ciphertext of ``REGIONS`` regions: per region, the
         per-member sums ``(REGIONS, members)``."""
         tick = time.process_time()
-        mask = self.masks.draw(product.size())
-        masked = _add_plain(product, mask.tolist())
+        mask = self.masks.draw(product.size)
+        masked = self._seal(party).plus_plain(product.ciphertext, mask, keep=False)
         local = [
             (r * n + a - start, r * n + b - start) for r in range(REGIONS) for a, b in segments
         ]
         _, std = self.flooding_std(max(b - a for a, b in segments))
-        released = self.keys[party].release_sums(
-            self._to_party(masked, party), local, self.config.flooding, std, self._flood_noise
-        )
+        owner = self.keys[party]
+        values = owner.decrypt_returned(self._to_party(_Returned(masked, product.size), party))
+        released = owner.release_own(values, local, self.config.flooding, std, self._flood_noise)
         out = np.zeros((REGIONS, self.members))
         owners = [a // per_member for a, _ in segments] * REGIONS
         regions = [r for r in range(REGIONS) for _ in segments]
@@ -876,16 +884,6 @@ def _tenseal_message(returned: _Returned) -> bytes:
     size = _varint(returned.size)
     return (b"\x0a" + _varint(len(size)) + size + b"\x12" + _varint(len(body)) + body
             + b"\x19" + struct.pack("<d", ct.scale))  # fmt: skip
-
-
-# TenSEAL's own operators wrap every list operand in a PlainTensor first; the raw methods take
-# the list (the same encoding and evaluation, without the Python round trip).
-def _add_plain(vector, values):
-    return ts.CKKSVector(data=vector.data.add_plain(values))
-
-
-def _mul(left, right):
-    return ts.CKKSVector(data=left.data.mul(right.data))
 
 
 class _SealEvaluator:
@@ -946,10 +944,10 @@ class _SealEvaluator:
         self.evaluator.multiply_plain(ct, plain, out)
         return out
 
-    def plus_plain(self, ct, values: np.ndarray):
-        """``ct + values`` (encoded at ``ct``'s level and scale)."""
+    def plus_plain(self, ct, values: np.ndarray, *, keep: bool = True):
+        """``ct + values`` (encoded at ``ct``'s level and scale; kept if ``keep``)."""
         out = sealapi.Ciphertext()
-        self.evaluator.add_plain(ct, self.plain(values, ct, ct.scale), out)
+        self.evaluator.add_plain(ct, self.plain(values, ct, ct.scale, keep=keep), out)
         return out
 
     def at_level_of(self, ct, other):
