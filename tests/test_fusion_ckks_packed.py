@@ -378,3 +378,39 @@ def _components(handed) -> int:
     if isinstance(handed, ts.CKKSVector):
         return handed.data.ciphertext()[0].size()
     return handed.ciphertext.size()
+
+
+def test_kept_encodings_follow_the_weights(torch_one_thread):
+    """The server keeps its coefficient encodings between inquiries (issue 34, acting): a
+    second acting inquiry on the same weights encodes only its re-randomizers' noise; after the
+    weights move, the next one encodes anew and still equals plaintext on the new weights
+    within the stated bound (a stale encoding would give the old weights' outputs)."""
+    plain, _, packed = _channels()
+    rng = np.random.default_rng(11)
+
+    def acting(q):
+        return {p: v.numpy()[:, :1] for p, v in q.items()}
+
+    def encodings():
+        return sum(e.encodings for e in packed._evaluators.values())
+
+    packed.forward(acting(_q(rng)), train=False)
+    before = encodings()
+    packed.forward(acting(_q(rng)), train=False)
+    assert encodings() - before == 2  # the two re-randomizers' noise, nothing else
+    q = acting(_q(rng))
+    old = {p: np.asarray(v) for p, v in plain.forward(q, train=False).items()}
+    with torch.no_grad():
+        for channel in (plain, packed):
+            for parameter in channel.module.parameters():
+                parameter.mul_(0.5)
+    before = encodings()
+    encrypted = packed.forward(q, train=False)
+    assert encodings() - before > 2
+    clear = plain.forward(q, train=False)
+    bounds = packed.error_bounds()["output"]
+    for p in "AB":
+        new, fused = np.asarray(clear[p]), np.asarray(encrypted[p])
+        assert np.all(np.abs(fused - new).max(axis=(1, 2)) <= bounds)
+        # What stale encodings would give (the old weights' outputs) is far outside the bound.
+        assert np.all(np.abs(old[p] - new).max(axis=(1, 2)) > 100 * bounds)
