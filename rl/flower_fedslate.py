@@ -110,12 +110,14 @@ from securefed.fusion.ckks_packed import (
 )
 from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
 from securefed.fusion.expansion import monomials
+from securefed.fusion.registry import _clamped_ckks_config
 from securefed.privacy.noise import as_noise_source, noise_source
 from securefed.records import dumps_record
 from securefed.rl.choices import PLATFORM_NAMES
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.fedslate import (
     ACT,
+    ENCRYPTED_FUSIONS,
     LEARN,
     SELECT,
     TARGET,
@@ -171,7 +173,7 @@ __all__ = [
     "write_fedslate_app",
 ]
 
-FLOWER_FUSIONS = ("plaintext", "dp", "ckks")
+FLOWER_FUSIONS = ("plaintext", "dp", "ckks", "ckks+dp")
 """The fusion channels FedSlate runs over Flower (``ckks+dp`` is refused, by name; ``ckks`` on
 the monomial circuit only)."""
 SIMULATOR = 0
@@ -612,6 +614,9 @@ def _ckks_setup(config: FedSlateConfig):
     ``config`` (the monomial one, :func:`module_key_circuit`, or the packed one,
     :func:`packed_key_circuit`): a pure function of the public configuration (cached)."""
     channel = ckks_config(config)
+    if config.fusion == "ckks+dp":
+        # The clamp's bounds (value 1: the released entries divided by theirs), as in process.
+        channel = _clamped_ckks_config(config.dp_options(), channel)
     degree = server_network(config).polynomial_network().degree
     if channel.circuit == "packed":
         kwargs = packed_key_circuit(channel)
@@ -1310,7 +1315,7 @@ def handle(
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
     ckks = None
-    if cfg.fusion == "ckks" and role != SIMULATOR and op != "nonce":
+    if cfg.fusion in ENCRYPTED_FUSIONS and role != SIMULATOR and op != "nonce":
         # Made at hello, where its public bytes (with the evaluation keys) are sent once.
         ckks = CKKSPlatform(cfg, role - 1, tree, saved, meta)
     if op == "nonce":
@@ -1496,7 +1501,8 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
     if op == "act":
         return ckks.encrypt_rows("act", node.act(), _outputs(config, node))
     if op == "choose":
-        row = node.act()
+        # The acting row's shape and dtype (not released again: under DP a release counts).
+        row = node.local.numpy_forward(node.x[:, None, :])
         fused = ckks.decrypt(arrays, config, "fused", row.shape)[:, 0].astype(row.dtype)
         return {"sealed": node.choose(keys, int(config["round"]), fused, float(config["eps"]))}
     if op == "target_values":
@@ -1507,6 +1513,8 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
         fused = ckks.decrypt(arrays, config, "fused", shape).astype(np.float32)
         return node.targets(keys, arrays["idx"], arrays["done"], fused, int(config["learn_step"]))
     if op == "learn_rows":
+        if "units" in arrays:
+            node.work["units"] = np.array(arrays["units"])
         rows = node.learn_rows(arrays["idx"], int(config["updating"]), bool(config["select"]))
         if ckks.packed and int(config["updating"]) == node.p:
             node.work["x0"] = rows["learn"]  # its own vector of the training forward (G's)
@@ -1525,8 +1533,11 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
             positions = node._xs(node.work["idx"], "clicked")[..., None]
         else:
             positions = node.work["positions"]
-        grad = node.loss_gradient(pick(full, positions).astype(np.float32))
-        full_grad = scatter_positions(grad, positions, n)
+        if node.dp is None:
+            grad = node.loss_gradient(pick(full, positions).astype(np.float32))
+            full_grad = scatter_positions(grad, positions, n)
+        else:  # every entry's gradient, clipped, noised and clamped on the node (as in process)
+            full_grad = node.loss_gradient(full.astype(np.float32)).astype(np.float64)
         if not ckks.packed:
             return ckks.encrypt_gradient(full_grad)
         node.work["g"] = full_grad  # released (its own sums, the masked exchange) at local_step
@@ -1668,7 +1679,7 @@ class _Server:
         self.names = PLATFORM_NAMES[:k]
         server = server_network(cfg, torch_generator(tree, "init", "server"))
         opt = torch.optim.Adam(server.parameters(), lr=cfg.server_lr or cfg.lr, fused=True)
-        self.encrypted = cfg.fusion == "ckks"
+        self.encrypted = cfg.fusion in ENCRYPTED_FUSIONS
         self.packed = False  # the packed CKKS circuit (set with the channel, _build_ckks)
         # Under ckks the channel is the server half alone, built from the platforms' public
         # contexts once they sent them (keys()).
@@ -1689,10 +1700,10 @@ class _Server:
                 total_rounds=cfg.episodes * cfg.steps_per_platform,
             )
         )
+        self._dp_public = None
         if cfg.dp_epsilon is not None:
             options, local_sigma, _ = _dp_setup(cfg)
-            self.channel.view.channel = cfg.fusion
-            self.channel.view.public["dp"] = {
+            self._dp_public = {
                 "placement": "local (each platform's node)",
                 "noise_multiplier": options.sigma(),
                 "clip": options.clip,
@@ -1702,6 +1713,8 @@ class _Server:
                 "delta": options.delta,
                 "local_sgd_noise_multiplier": local_sigma,
             }
+            if not self.encrypted:  # under ckks+dp: with the channel (_build_ckks)
+                self._record_dp(self.channel)
         self.replay = ReplayBuffer(cfg.buffer_size, cfg.members, [1] * k, cfg.slate_size)
         self.replay_unit = np.zeros(cfg.buffer_size, np.int64)
         self.replay_rng = tree.generator("agent", "replay")
@@ -1711,6 +1724,12 @@ class _Server:
         self.rounds = self.learn_steps = 0
         outcome.channel = self.channel
         self.everyone = ",".join(str(p) for p in range(k))
+
+    def _record_dp(self, channel) -> None:
+        """The DP mechanism's public parameters in the channel's view (the rows it receives
+        were clipped and noised, under ckks+dp also clamped and scaled, on the nodes)."""
+        channel.view.channel = self.config.fusion
+        channel.view.public["dp"] = dict(self._dp_public)
 
     # -- messaging -----------------------------------------------------------------------
     def _ask(
@@ -1771,7 +1790,9 @@ class _Server:
         bytes that hold a secret key): no key party, no value, only ciphertexts."""
         cfg = self.config
         server, opt, tree = self._unbuilt
-        packed = ckks_config(cfg).circuit == "packed"
+        # Under ckks+dp the channel's bounds are the clamp's (_ckks_setup), as in process.
+        channel_config = _ckks_setup(cfg)[0]
+        packed = channel_config.circuit == "packed"
         self.packed = packed
         channel_class = PackedCKKSModuleFusionChannel if packed else CKKSModuleFusionChannel
         self.channel = channel_class(
@@ -1782,13 +1803,15 @@ class _Server:
             members=cfg.members,
             cross=cfg.variant != "fedq",
             seeds=tree,
-            config=ckks_config(cfg),
+            config=channel_config,
             keep_payloads=self.run.keep_payloads,
             total_rounds=cfg.episodes * cfg.steps_per_platform,
             public_contexts={self.names[p]: publics[p] for p in publics},
         )
         self.key_ids = {p: public_key_id(publics[p]) for p in publics}
         self.outcome.channel = self.channel
+        if self._dp_public is not None:
+            self._record_dp(self.channel)
 
     def _serve(self, rows, prefix: str, outputs: Sequence[int], shape, **inquiry):
         """The server half's forward on the rows' ciphertexts: ``p`` -> (arrays, config) of
@@ -1889,7 +1912,7 @@ class _Server:
         select = p in self.without_rewards
         arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
         if self.encrypted:
-            self.exchange_encrypted(p, idx, select)
+            self.exchange_encrypted(p, idx, select, units)
             return
         rows = self.all_platforms("learn_rows", arrays, {"updating": p, "select": select})
         positions = None
@@ -1909,13 +1932,16 @@ class _Server:
         grads = channel.backward({names[p]: torch.from_numpy(grad)}, recipients=[names[p]])
         self.platforms("local_step", {p: ({"grad": grads[names[p]].numpy()}, {})})
 
-    def exchange_encrypted(self, p: int, idx: np.ndarray, select: bool) -> None:
+    def exchange_encrypted(
+        self, p: int, idx: np.ndarray, select: bool, units: np.ndarray | None = None
+    ) -> None:
         """``exchange_update`` under ckks: the same messages, every row and fused value a
         ciphertext; the backward's masked exchange rides on ``local_step``."""
         cfg, name = self.config, self.names[p]
         shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
+        arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
         rows = self.all_platforms(
-            "learn_rows", {"idx": idx}, {"updating": p, "select": select, "outputs": str(p)}
+            "learn_rows", arrays, {"updating": p, "select": select, "outputs": str(p)}
         )
         if select:
             request = self._serve(rows, "select", [p], shape, train=False, tag=SELECT)[p]

@@ -68,12 +68,21 @@ WEAK = {
 }
 
 
-def test_the_packed_circuit_is_carried_on_flower():
-    for changes in ({}, {"variant": "linear", "server_hidden": (2, 2)}, {"variant": "fedq"}):
+DP = {"fusion": "ckks+dp", "dp_epsilon": 8.0}
+
+
+def test_the_packed_circuit_and_ckks_dp_are_carried_on_flower():
+    for changes in (
+        {},
+        {"variant": "linear", "server_hidden": (2, 2)},
+        {"variant": "fedq"},
+        DP,
+        DP | {"server_hidden": (2, 2)},
+    ):
         config = FedSlateConfig(**(SMALL | changes))
-        assert ckks_config(config).circuit == "packed"
         assert flower_refusal(config) is None
         FedSlateFlowerRun(config)
+    assert ckks_config(FedSlateConfig(**SMALL)).circuit == "packed"
 
 
 @pytest.mark.parametrize("what", sorted(WEAK))
@@ -292,3 +301,57 @@ def test_packed_ckks_on_the_simulation_engine_decides_as_in_process(tmp_path):
     }
     outcome = run_in_simulation(ffs.build_apps(run), run.nodes, backend)
     _assert_equal_within_ckks(node_results(tmp_path, config), outcome, reference)
+
+
+def test_under_ckks_dp_every_row_is_noised_and_clamped_before_it_is_encrypted(
+    monkeypatch, torch_one_thread
+):
+    """Attack (what the server could decrypt if it held a key): under ckks+dp every value a
+    platform encrypts is its released row (clipped and noised, every entry clamped to the
+    public bound and divided by it: within [-1, 1]), counted in its ledger, never the raw
+    Q-values; the server's channel is built with the clamp's bounds, as in process."""
+    config = FedSlateConfig(**(SMALL | DP | {"steps_per_platform": 2, "burn_in": 50}))
+    encrypted, raw = [], []
+    encrypt = ffs.CKKSPlatform.encrypt_rows
+    act = ffs.PlatformNode.act
+
+    def spy(self, prefix, values, outputs):
+        encrypted.append(np.array(values, np.float64))
+        return encrypt(self, prefix, values, outputs)
+
+    def raw_act(self):
+        raw.append(self.local.numpy_forward(self.x[:, None, :]))
+        return act(self)
+
+    monkeypatch.setattr(ffs.CKKSPlatform, "encrypt_rows", spy)
+    monkeypatch.setattr(ffs.PlatformNode, "act", raw_act)
+    stores = {}
+    outcome = drive_in_process(FedSlateFlowerRun(config), stores=stores)
+    rounds = config.episodes * config.steps_per_platform
+    assert len(encrypted) == len(raw) == rounds * config.num_platforms
+    for value, clean in zip(encrypted, raw, strict=True):
+        assert np.abs(value).max() <= 1.0
+        assert not np.allclose(value, clean / np.abs(clean).max(), atol=1e-3)
+    for role in (1, 2):
+        released = stores[role]["meta"]["node"]["released"]
+        assert released == {"act:input": config.members * rounds}
+    channel = outcome.channel
+    assert channel.config.value_bound == 1.0 and channel.view.channel == "ckks+dp"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [(2,), (2, 2)], ids=["packed", "monomials"])
+def test_ckks_dp_on_flower_decides_and_spends_as_in_process(hidden, tmp_path):
+    """ckks+dp through the message flow against the in-process run, both circuits (about
+    25 s each): the same rewards, the weights within the CKKS error, and each platform's
+    ledger (on its node) spent what the in-process ledger spent."""
+    config = FedSlateConfig(**(SMALL | DP | {"server_hidden": hidden}))
+    reference = run_fedslate(config)
+    outcome, _ = _run(config, tmp_path)
+    results = node_results(tmp_path, config)
+    _assert_equal_within_ckks(results, outcome, reference)
+    spent = reference.fusion_view.public["dp"]["epsilon_spent"]
+    for platform in ("A", "B"):
+        assert float(results[platform]["epsilon"]) == pytest.approx(spent[platform])
+        assert float(results[platform]["epsilon"]) <= DP["dp_epsilon"]
+    assert outcome.channel.view.channel == "ckks+dp"
