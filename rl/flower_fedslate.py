@@ -38,19 +38,26 @@ tagged as there) and the target syncs. A seeded run gives every node and the ser
 in-process run (tests/test_flower_fedslate.py). Each node's state travels in its Flower
 ``Context.state`` as arrays (no pickle) and is rebuilt for every message.
 
-Under ``ckks`` (the monomial circuit) each platform node also holds its CKKS half
-(:class:`CKKSPlatform`: its key pair, made on the node and kept in its ``Context.state``, the
-other platforms' public contexts, each taken only signed by its owner's relay identity, its
+Under ``ckks`` each platform node also holds its CKKS half (:class:`CKKSPlatform`: its key
+pair, made on the node and kept in its ``Context.state``, the other platforms' public contexts,
+each taken only signed by its owner's relay identity and of the configured parameters, its
 flooding stream); the ServerApp's channel is
-:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` built from the public contexts
-the platforms sent (``public_contexts``: no key party), and every row, fused value, gradient and
-masked product crosses as serialized ciphertexts in the same messages (:func:`_encrypted_op`,
-``_Server._serve``, ``_Server.exchange_encrypted``).
+:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` (two or more hidden server
+layers: the monomial circuit) or
+:class:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel` (one hidden layer or the
+linear variant: the packed circuit, its owner regions and clear releases on the platform's node)
+built from the public contexts the platforms sent (``public_contexts``: no key party, each
+context checked against the configured ring, chain and scale), and every row, fused value,
+gradient and masked product crosses as serialized ciphertexts in the same messages
+(:func:`_encrypted_op`, ``_Server._serve``, ``_Server.exchange_encrypted``). Under
+``ckks+dp`` each platform releases every row on its node as under ``dp`` (clipped, noised,
+every entry clamped to the public bound and divided by it: its
+:class:`~securefed.fusion.dp.DPParty`, its ledger) before it encrypts it, and the channel takes
+the clamp's bounds (``securefed.fusion.registry._clamped_ckks_config``), as in process.
 
-Carried: ``fusion`` ``"plaintext"``, ``"dp"`` (``dp_acting="released"``) and ``"ckks"`` (two or
-more hidden server layers), position alignment, every variant, any number of platforms and
-members. Refused, naming the option: ``ckks`` on the packed circuit (one hidden server layer,
-the linear variant), ``ckks+dp``, ``alignment="item"``, ``dp_acting="own"``
+Carried: ``fusion`` ``"plaintext"``, ``"dp"``, ``"ckks"`` and ``"ckks+dp"`` (``dp_acting=
+"released"``; both CKKS circuits), position alignment, every variant, any number of platforms
+and members. Refused, naming the option: ``alignment="item"``, ``dp_acting="own"``
 (:func:`flower_refusal`). This module is the app layer: it imports ``rl`` and
 ``securefed.flower``; ``securefed`` knows nothing of FedSlate.
 """
@@ -174,8 +181,7 @@ __all__ = [
 ]
 
 FLOWER_FUSIONS = ("plaintext", "dp", "ckks", "ckks+dp")
-"""The fusion channels FedSlate runs over Flower (``ckks+dp`` is refused, by name; ``ckks`` on
-the monomial circuit only)."""
+"""The fusion channels FedSlate runs over Flower (every one FedSlate has; both CKKS circuits)."""
 SIMULATOR = 0
 """The ``partition-id`` of the user simulator's node; platform ``p`` is node ``p + 1``."""
 MESSAGE_TYPE = "query.fedslate"
@@ -198,9 +204,7 @@ def flower_refusal(config: FedSlateConfig) -> str | None:
     """Why ``config`` does not run on Flower (``None``: it does)."""
     if config.fusion not in FLOWER_FUSIONS:
         return (
-            f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)}): "
-            "ckks+dp would noise and clamp each row on its platform before it is encrypted; "
-            "no node does that yet (the ckks channel's nodes encrypt their rows as computed)"
+            f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)})"
         )
     if config.alignment != "position":
         return (
