@@ -45,6 +45,14 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   x_1 | x_1^2 | x_1']``, the coefficient vectors holding the online network's in region 0 and
   the other's in region 3, and the training forward repeats it.
 
+* **The server half alone** (``public_contexts``, parties on other machines: FedSlate on
+  Flower): ``serve_forward``, ``serve_backward`` and ``finish_backward`` of
+  :class:`PackedCKKSModuleFusionChannel` run the same evaluation,
+  re-randomization, masking and unmasking on the serialized ``P``, ``Q`` and ``G`` the parties
+  sent (:class:`PackedKeyParty` builds, decrypts and releases them from the public shapes:
+  :func:`packed_chunks`, :func:`region_segments`, :func:`packed_flooding_std`), without joining
+  or repeating a forward. The parties' keys follow :func:`packed_key_circuit`.
+
 Every returned ciphertext is re-randomized with a fresh public-key encryption of Gaussian noise
 of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
 the slots the party reads, of std ``2^-13`` of the deepest level's room on the others (they
