@@ -354,14 +354,18 @@ def _fedslate_config(args: argparse.Namespace, fusion: str):
     """The FedSlate run of the bench: two platforms (A with rewards), (10, 3), 2 members,
     ``--fedslate-episodes`` episodes of ``--fedslate-steps`` rounds, learning from the second
     episode on (every 3 rounds, batch 16), small networks; ``dp`` at epsilon 8; ``ckks`` with
-    two hidden server layers and the quadratic activation (the monomial circuit, the one Flower
-    carries)."""
+    two hidden server layers and the quadratic activation (the monomial circuit);
+    ``ckks-packed`` with one (the packed circuit); ``ckks+dp`` with one, at epsilon 8."""
     from securefed.rl.fedslate import FedSlateConfig
 
     steps = args.fedslate_steps
     extra = {"dp_epsilon": 8.0} if fusion == "dp" else {}
     if fusion == "ckks":
         extra = {"server_hidden": (16, 16), "activation": "polynomial"}
+    if fusion == "ckks-packed":
+        fusion, extra = "ckks", {"activation": "polynomial"}
+    if fusion == "ckks+dp":
+        extra = {"activation": "polynomial", "dp_epsilon": 8.0}
     return FedSlateConfig(
         steps_per_platform=steps,
         episodes=args.fedslate_episodes,
@@ -836,7 +840,8 @@ def register(benches) -> None:
         "--fedslate-transports",
         default="plaintext,dp",
         help="FedSlate fusion channels, comma-separated, one row each: plaintext, dp, ckks "
-        "(the monomial circuit: server (16, 16) with the quadratic activation)",
+        "(the monomial circuit: server (16, 16) with the quadratic activation), ckks-packed "
+        "(the packed circuit: server (16,)), ckks+dp (server (16,), epsilon 8)",
     )
     parser.add_argument(
         "--curve-nodes", default="10,30,100,300", help="node counts of the node-count curve"

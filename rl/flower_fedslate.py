@@ -38,19 +38,26 @@ tagged as there) and the target syncs. A seeded run gives every node and the ser
 in-process run (tests/test_flower_fedslate.py). Each node's state travels in its Flower
 ``Context.state`` as arrays (no pickle) and is rebuilt for every message.
 
-Under ``ckks`` (the monomial circuit) each platform node also holds its CKKS half
-(:class:`CKKSPlatform`: its key pair, made on the node and kept in its ``Context.state``, the
-other platforms' public contexts, each taken only signed by its owner's relay identity, its
+Under ``ckks`` each platform node also holds its CKKS half (:class:`CKKSPlatform`: its key
+pair, made on the node and kept in its ``Context.state``, the other platforms' public contexts,
+each taken only signed by its owner's relay identity and of the configured parameters, its
 flooding stream); the ServerApp's channel is
-:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` built from the public contexts
-the platforms sent (``public_contexts``: no key party), and every row, fused value, gradient and
-masked product crosses as serialized ciphertexts in the same messages (:func:`_encrypted_op`,
-``_Server._serve``, ``_Server.exchange_encrypted``).
+:class:`~securefed.fusion.ckks_module.CKKSModuleFusionChannel` (two or more hidden server
+layers: the monomial circuit) or
+:class:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel` (one hidden layer or the
+linear variant: the packed circuit, its owner regions and clear releases on the platform's node)
+built from the public contexts the platforms sent (``public_contexts``: no key party, each
+context checked against the configured ring, chain and scale), and every row, fused value,
+gradient and masked product crosses as serialized ciphertexts in the same messages
+(:func:`_encrypted_op`, ``_Server._serve``, ``_Server.exchange_encrypted``). Under
+``ckks+dp`` each platform releases every row on its node as under ``dp`` (clipped, noised,
+every entry clamped to the public bound and divided by it: its
+:class:`~securefed.fusion.dp.DPParty`, its ledger) before it encrypts it, and the channel takes
+the clamp's bounds (``securefed.fusion.registry._clamped_ckks_config``), as in process.
 
-Carried: ``fusion`` ``"plaintext"``, ``"dp"`` (``dp_acting="released"``) and ``"ckks"`` (two or
-more hidden server layers), position alignment, every variant, any number of platforms and
-members. Refused, naming the option: ``ckks`` on the packed circuit (one hidden server layer,
-the linear variant), ``ckks+dp``, ``alignment="item"``, ``dp_acting="own"``
+Carried: ``fusion`` ``"plaintext"``, ``"dp"``, ``"ckks"`` and ``"ckks+dp"`` (``dp_acting=
+"released"``; both CKKS circuits), position alignment, every variant, any number of platforms
+and members. Refused, naming the option: ``alignment="item"``, ``dp_acting="own"``
 (:func:`flower_refusal`). This module is the app layer: it imports ``rl`` and
 ``securefed.flower``; ``securefed`` knows nothing of FedSlate.
 """
@@ -99,14 +106,25 @@ from securefed.fusion.ckks_module import (
     public_key_id,
     server_context_from_bytes,
 )
+from securefed.fusion.ckks_packed import (
+    REGIONS,
+    PackedCKKSModuleFusionChannel,
+    PackedKeyParty,
+    own_exponents,
+    packed_chunks,
+    packed_flooding_std,
+    packed_key_circuit,
+)
 from securefed.fusion.dp import DPParty, check_counted_tag, scaled_gradient
 from securefed.fusion.expansion import monomials
+from securefed.fusion.registry import _clamped_ckks_config
 from securefed.privacy.noise import as_noise_source, noise_source
 from securefed.records import dumps_record
 from securefed.rl.choices import PLATFORM_NAMES
 from securefed.rl.envs.choc_kale import ChocKaleBatch, EnvStreams
 from securefed.rl.fedslate import (
     ACT,
+    ENCRYPTED_FUSIONS,
     LEARN,
     SELECT,
     TARGET,
@@ -162,9 +180,8 @@ __all__ = [
     "write_fedslate_app",
 ]
 
-FLOWER_FUSIONS = ("plaintext", "dp", "ckks")
-"""The fusion channels FedSlate runs over Flower (``ckks+dp`` is refused, by name; ``ckks`` on
-the monomial circuit only)."""
+FLOWER_FUSIONS = ("plaintext", "dp", "ckks", "ckks+dp")
+"""The fusion channels FedSlate runs over Flower (every one FedSlate has; both CKKS circuits)."""
 SIMULATOR = 0
 """The ``partition-id`` of the user simulator's node; platform ``p`` is node ``p + 1``."""
 MESSAGE_TYPE = "query.fedslate"
@@ -187,16 +204,7 @@ def flower_refusal(config: FedSlateConfig) -> str | None:
     """Why ``config`` does not run on Flower (``None``: it does)."""
     if config.fusion not in FLOWER_FUSIONS:
         return (
-            f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)}): "
-            "ckks+dp would noise and clamp each row on its platform before it is encrypted; "
-            "no node does that yet (the ckks channel's nodes encrypt their rows as computed)"
-        )
-    if config.fusion == "ckks" and ckks_config(config).circuit != "monomials":
-        return (
-            "fusion 'ckks' with one hidden server layer (or the linear variant) uses the packed "
-            "circuit, which is not carried on Flower: its owner regions and clear releases have "
-            "no message API (CKKSModuleFusionChannel.serve_forward is the monomial circuit's); "
-            "give server_hidden two or more layers (the monomial circuit), or run in process"
+            f"fusion {config.fusion!r} is not carried on Flower (carried: {list(FLOWER_FUSIONS)})"
         )
     if config.alignment != "position":
         return (
@@ -606,11 +614,18 @@ def _dp_setup(config: FedSlateConfig):
 # ----------------------------------------------------------------------------- the CKKS halves
 @lru_cache(maxsize=8)
 def _ckks_setup(config: FedSlateConfig):
-    """``(channel config, degree, key arguments, parameters)`` of the monomial circuit for
-    ``config``: a pure function of the public configuration (cached)."""
+    """``(channel config, degree, key arguments, parameters)`` of the CKKS circuit for
+    ``config`` (the monomial one, :func:`module_key_circuit`, or the packed one,
+    :func:`packed_key_circuit`): a pure function of the public configuration (cached)."""
     channel = ckks_config(config)
+    if config.fusion == "ckks+dp":
+        # The clamp's bounds (value 1: the released entries divided by theirs), as in process.
+        channel = _clamped_ckks_config(config.dp_options(), channel)
     degree = server_network(config).polynomial_network().degree
-    kwargs = module_key_circuit(channel, degree)
+    if channel.circuit == "packed":
+        kwargs = packed_key_circuit(channel)
+    else:
+        kwargs = module_key_circuit(channel, degree)
     return channel, degree, kwargs, parameters_for(**kwargs)
 
 
@@ -663,6 +678,10 @@ class CKKSPlatform:
     def __init__(self, config: FedSlateConfig, p: int, tree: SeedTree, arrays, meta) -> None:
         self.config, self.p, self.name = config, p, PLATFORM_NAMES[p]
         self.channel_config, self.degree, kwargs, self.params = _ckks_setup(config)
+        # The packed circuit (one hidden server layer, or the linear variant): regions, the
+        # owner's encryptions with its secret key, one masked exchange a backward.
+        self.packed = self.channel_config.circuit == "packed"
+        self._party_of = PackedKeyParty if self.packed else ModuleKeyParty
         self._arrays, self._meta = arrays, meta
         self._party: ModuleKeyParty | None = None
         self._peers: dict[int, object] | None = None
@@ -672,7 +691,7 @@ class CKKSPlatform:
             meta["ckks.key_id"] = secret.key_id
             # The id the others name this key by: of the public bytes it sends (once, in hello).
             meta["ckks.public_id"] = public_key_id(secret.public().serialized)
-            self._party = ModuleKeyParty(self.name, secret)
+            self._party = self._party_of(self.name, secret)
         self.key_id = str(meta["ckks.public_id"])
         self.noise = noise_source(tree, "flower-fedslate", "ckks-flood", self.name)
         if "ckks.flood" in meta:
@@ -689,7 +708,7 @@ class CKKSPlatform:
                 params=self.params,
                 evaluation_keys=False,
             )
-            self._party = ModuleKeyParty(self.name, secret)
+            self._party = self._party_of(self.name, secret)
         return self._party
 
     @property
@@ -698,7 +717,12 @@ class CKKSPlatform:
         them)."""
         if self._peers is None:
             self._peers = {
-                int(k.rsplit(".", 1)[1]) - 1: server_context_from_bytes(_bytes(v), self.params)
+                int(k.rsplit(".", 1)[1]) - 1: server_context_from_bytes(
+                    _bytes(v),
+                    self.params,
+                    f"platform {int(k.rsplit('.', 1)[1]) - 1}",
+                    evaluation_keys=False,
+                )
                 for k, v in self._arrays.items()
                 if k.startswith("ckks.peer.")
             }
@@ -723,9 +747,24 @@ class CKKSPlatform:
         out = {f"{prefix}.shape": np.array(array.shape, np.int64)}
         flat = array.reshape(-1)
         for q in outputs:
-            for c, vector in enumerate(self.party.encrypt_for(flat, self._recipient(int(q)))):
+            if self.packed:
+                vectors = self._regions(flat, int(q))
+            else:
+                vectors = self.party.encrypt_for(flat, self._recipient(int(q)))
+            for c, vector in enumerate(vectors):
                 out[f"{prefix}.{q}.{c}"] = _blob(vector.serialize())
         return out
+
+    def _regions(self, flat: np.ndarray, q: int) -> list:
+        """The packed circuit's ciphertexts of its vector for output platform ``q``, chunk by
+        chunk (:func:`~securefed.fusion.ckks_packed.packed_chunks`): its own ``P = [x_0 | 0 |
+        0]`` with its secret key when ``q`` is itself, else ``Q = [x_1 | x_1 | x_1^2]`` under
+        ``q``'s public key."""
+        chunks = packed_chunks(len(flat), self.params.slots)
+        if q == self.p:
+            return [self.party.encrypt_owner_regions(flat[a:b]) for a, b in chunks]
+        owner = self._recipient(q)
+        return [self.party.encrypt_other_regions(flat[a:b], owner) for a, b in chunks]
 
     def decrypt(self, arrays, config, prefix: str, shape) -> np.ndarray:
         """Its output under its key from a message: ``(members, batch, width)`` float64.
@@ -736,10 +775,19 @@ class CKKSPlatform:
         self._check_key(config)
         blobs = _chunked(arrays, prefix)
         length = int(np.prod(shape))
-        due = -(-length // self.params.slots)
+        chunks = packed_chunks(length, self.params.slots) if self.packed else None
+        due = len(chunks) if self.packed else -(-length // self.params.slots)
         if len(blobs) != due:
             raise ValueError(f"platform {self.p} got {len(blobs)} chunk(s) of {prefix}, {due} due")
-        return self.party.decrypt(blobs, length).reshape(tuple(int(v) for v in shape))
+        shape = tuple(int(v) for v in shape)
+        if self.packed:
+            shift = self.channel_config.output_shift_bits
+            parts = [
+                self.party.read(blob, b - a, shift)
+                for blob, (a, b) in zip(blobs, chunks, strict=True)
+            ]
+            return np.concatenate(parts).reshape(shape)
+        return self.party.decrypt(blobs, length).reshape(shape)
 
     def _check_key(self, config) -> None:
         named = str(config.get("ckks.key", ""))
@@ -749,10 +797,20 @@ class CKKSPlatform:
                 f"is {self.key_id!r}: misrouted (another platform's); refusing"
             )
 
-    def encrypt_gradient(self, grad: np.ndarray) -> dict[str, np.ndarray]:
-        """``[[dL/dy_p]]`` (the full gradient), checked within the public bound."""
+    def encrypt_gradient(self, grad: np.ndarray, x0: np.ndarray | None = None):
+        """``[[dL/dy_p]]`` (the full gradient), checked within the public bound; in the packed
+        circuit ``G = [g | g x_0 | g]`` per chunk, with ``x0`` its own vector of the training
+        forward, encrypted with its secret key."""
         _check_bound(grad, self.channel_config.grad_bound, f"platform {self.p}'s output gradient")
-        chunks = self.party.encrypt_for(np.asarray(grad, np.float64).reshape(-1), self.party)
+        flat = np.asarray(grad, np.float64).reshape(-1)
+        if self.packed:
+            x0 = np.asarray(x0, np.float64).reshape(-1)
+            chunks = [
+                self.party.encrypt_gradient_regions(flat[a:b], x0[a:b], REGIONS)
+                for a, b in packed_chunks(len(flat), self.params.slots)
+            ]
+        else:
+            chunks = self.party.encrypt_for(flat, self.party)
         return {f"grad.{c}": _blob(v.serialize()) for c, v in enumerate(chunks)}
 
     def release(self, arrays, config, shape) -> dict[str, np.ndarray]:
@@ -762,6 +820,8 @@ class CKKSPlatform:
         (computed here, not taken from the server) and round."""
         self._check_key(config)
         shape = tuple(int(v) for v in shape)
+        if self.packed:
+            raise ValueError("the packed circuit releases by release_packed")
         length, per_member = int(np.prod(shape)), shape[1] * shape[2]
         slots = self.params.slots
         base = decryption_error_bound(self.params, 1)
@@ -788,6 +848,47 @@ class CKKSPlatform:
             for k, blob in enumerate(masked):
                 out[f"released.{c}.{k}"] = self.party.release_sums(
                     blob, local, flooding, std, self.noise
+                )
+        return out
+
+    def release_packed(self, arrays, config, g: np.ndarray, x0: np.ndarray):
+        """The packed circuit's releases of one backward (the owner's step of
+        :meth:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel.finish_backward`):
+        per chunk, the sums ``sum g x_0^k`` of its own values the basis has (``own.<c>.<k>``)
+        and the masked exchange's ``[[G Q + R]]`` (``released.<c>.0``), each member's slots
+        summed per region (segments it computes itself from the public shape), flooded at the
+        floor of the packed bound (computed here, not taken from the server) and rounded."""
+        self._check_key(config)
+        shape = tuple(int(v) for v in np.shape(g))
+        flat_g, flat_x = np.asarray(g, np.float64).reshape(-1), np.asarray(x0).reshape(-1)
+        length, per_member = int(np.prod(shape)), shape[1] * shape[2]
+        flat_x = flat_x.astype(np.float64)
+        basis = monomials(self.config.num_platforms, self.degree)
+        owned = own_exponents(basis)
+        # One masked product a chunk when another party's vector is in the circuit.
+        due = int(self.config.variant != "fedq" and self.config.num_platforms > 1)
+        flooding, out = self.channel_config.flooding, {}
+        for c, (start, stop) in enumerate(packed_chunks(length, self.params.slots)):
+            segments = _segments(start, stop, per_member)
+            local = [(a - start, b - start) for a, b in segments]
+            std = packed_flooding_std(
+                self.channel_config, self.params, max(b - a for a, b in segments)
+            )
+            masked = _chunked(arrays, f"masked.{c}")
+            if len(masked) != due:
+                raise ValueError(
+                    f"platform {self.p} got {len(masked)} masked product(s) of chunk {c} to "
+                    f"release, the packed circuit has {due}: refusing (every extra release "
+                    "would decrypt one more sum the server chose)"
+                )
+            terms = self.party.own_monomials(flat_g[start:stop], flat_x[start:stop])
+            for k, (power, _) in enumerate(owned):
+                out[f"own.{c}.{k}"] = self.party.release_own(
+                    terms[power], local, flooding, std, self.noise
+                )
+            for k, blob in enumerate(masked):
+                out[f"released.{c}.{k}"] = self.party.release_regions(
+                    blob, segments, start, stop - start, flooding, std, self.noise
                 )
         return out
 
@@ -1218,7 +1319,7 @@ def handle(
     reply_arrays: dict[str, np.ndarray] = {}
     reply_config: dict[str, object] = {"role": role}
     ckks = None
-    if cfg.fusion == "ckks" and role != SIMULATOR and op != "nonce":
+    if cfg.fusion in ENCRYPTED_FUSIONS and role != SIMULATOR and op != "nonce":
         # Made at hello, where its public bytes (with the evaluation keys) are sent once.
         ckks = CKKSPlatform(cfg, role - 1, tree, saved, meta)
     if op == "nonce":
@@ -1369,7 +1470,8 @@ def _pinned_ckks_contexts(
                 "registry (a key substituted by the server, or another platform's relabelled); "
                 "refusing"
             ) from error
-        server_context_from_bytes(public, ckks.params)  # refuses bytes holding a secret key
+        # Refuses bytes holding a secret key, or of other parameters than the configured ones.
+        server_context_from_bytes(public, ckks.params, f"platform {role - 1}")
         # Kept with its public key only: this platform encrypts with it, nothing more.
         encrypting = ts.context_from(public, n_threads=1).serialize(
             save_public_key=True, save_secret_key=False, save_galois_keys=False,
@@ -1403,7 +1505,8 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
     if op == "act":
         return ckks.encrypt_rows("act", node.act(), _outputs(config, node))
     if op == "choose":
-        row = node.act()
+        # The acting row's shape and dtype (not released again: under DP a release counts).
+        row = node.local.numpy_forward(node.x[:, None, :])
         fused = ckks.decrypt(arrays, config, "fused", row.shape)[:, 0].astype(row.dtype)
         return {"sealed": node.choose(keys, int(config["round"]), fused, float(config["eps"]))}
     if op == "target_values":
@@ -1414,7 +1517,12 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
         fused = ckks.decrypt(arrays, config, "fused", shape).astype(np.float32)
         return node.targets(keys, arrays["idx"], arrays["done"], fused, int(config["learn_step"]))
     if op == "learn_rows":
+        if "units" in arrays:
+            node.work["units"] = np.array(arrays["units"])
         rows = node.learn_rows(arrays["idx"], int(config["updating"]), bool(config["select"]))
+        if ckks.packed and int(config["updating"]) == node.p:
+            node.work["x0"] = rows["learn"]  # its own vector of the training forward (G's)
+            node.work.pop("g", None)
         outputs = _outputs(config, node)
         out = ckks.encrypt_rows("learn", rows["learn"], outputs)
         if "select" in rows:
@@ -1429,11 +1537,27 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
             positions = node._xs(node.work["idx"], "clicked")[..., None]
         else:
             positions = node.work["positions"]
-        grad = node.loss_gradient(pick(full, positions).astype(np.float32))
-        return ckks.encrypt_gradient(scatter_positions(grad, positions, n))
+        if node.dp is None:
+            grad = node.loss_gradient(pick(full, positions).astype(np.float32))
+            full_grad = scatter_positions(grad, positions, n)
+        else:  # every entry's gradient, clipped, noised and clamped on the node (as in process)
+            full_grad = node.loss_gradient(full.astype(np.float32)).astype(np.float64)
+        if not ckks.packed:
+            return ckks.encrypt_gradient(full_grad)
+        node.work["g"] = full_grad  # released (its own sums, the masked exchange) at local_step
+        return ckks.encrypt_gradient(full_grad, node.work["x0"])
     if op == "local_step":
+        if ckks.packed and ("g" not in node.work or "x0" not in node.work):
+            raise ValueError(
+                f"platform {node.p} was asked to release a packed backward without a loss of "
+                "its own training forward since the last one: refusing (one release a step)"
+            )
         dx = ckks.decrypt(arrays, config, "dx", shape)
-        released = ckks.release(arrays, config, shape)
+        if ckks.packed:
+            released = ckks.release_packed(arrays, config, node.work.pop("g"), node.work["x0"])
+            node.work.pop("x0")
+        else:
+            released = ckks.release(arrays, config, shape)
         node.step(dx.astype(np.float32))
         return released
     if op == "sync":
@@ -1559,7 +1683,8 @@ class _Server:
         self.names = PLATFORM_NAMES[:k]
         server = server_network(cfg, torch_generator(tree, "init", "server"))
         opt = torch.optim.Adam(server.parameters(), lr=cfg.server_lr or cfg.lr, fused=True)
-        self.encrypted = cfg.fusion == "ckks"
+        self.encrypted = cfg.fusion in ENCRYPTED_FUSIONS
+        self.packed = False  # the packed CKKS circuit (set with the channel, _build_ckks)
         # Under ckks the channel is the server half alone, built from the platforms' public
         # contexts once they sent them (keys()).
         self._unbuilt = (server, opt, tree) if self.encrypted else None
@@ -1579,10 +1704,10 @@ class _Server:
                 total_rounds=cfg.episodes * cfg.steps_per_platform,
             )
         )
+        self._dp_public = None
         if cfg.dp_epsilon is not None:
             options, local_sigma, _ = _dp_setup(cfg)
-            self.channel.view.channel = cfg.fusion
-            self.channel.view.public["dp"] = {
+            self._dp_public = {
                 "placement": "local (each platform's node)",
                 "noise_multiplier": options.sigma(),
                 "clip": options.clip,
@@ -1592,6 +1717,8 @@ class _Server:
                 "delta": options.delta,
                 "local_sgd_noise_multiplier": local_sigma,
             }
+            if not self.encrypted:  # under ckks+dp: with the channel (_build_ckks)
+                self._record_dp(self.channel)
         self.replay = ReplayBuffer(cfg.buffer_size, cfg.members, [1] * k, cfg.slate_size)
         self.replay_unit = np.zeros(cfg.buffer_size, np.int64)
         self.replay_rng = tree.generator("agent", "replay")
@@ -1601,6 +1728,12 @@ class _Server:
         self.rounds = self.learn_steps = 0
         outcome.channel = self.channel
         self.everyone = ",".join(str(p) for p in range(k))
+
+    def _record_dp(self, channel) -> None:
+        """The DP mechanism's public parameters in the channel's view (the rows it receives
+        were clipped and noised, under ckks+dp also clamped and scaled, on the nodes)."""
+        channel.view.channel = self.config.fusion
+        channel.view.public["dp"] = dict(self._dp_public)
 
     # -- messaging -----------------------------------------------------------------------
     def _ask(
@@ -1661,7 +1794,12 @@ class _Server:
         bytes that hold a secret key): no key party, no value, only ciphertexts."""
         cfg = self.config
         server, opt, tree = self._unbuilt
-        self.channel = CKKSModuleFusionChannel(
+        # Under ckks+dp the channel's bounds are the clamp's (_ckks_setup), as in process.
+        channel_config = _ckks_setup(cfg)[0]
+        packed = channel_config.circuit == "packed"
+        self.packed = packed
+        channel_class = PackedCKKSModuleFusionChannel if packed else CKKSModuleFusionChannel
+        self.channel = channel_class(
             self.names,
             server,
             opt,
@@ -1669,13 +1807,15 @@ class _Server:
             members=cfg.members,
             cross=cfg.variant != "fedq",
             seeds=tree,
-            config=ckks_config(cfg),
+            config=channel_config,
             keep_payloads=self.run.keep_payloads,
             total_rounds=cfg.episodes * cfg.steps_per_platform,
             public_contexts={self.names[p]: publics[p] for p in publics},
         )
         self.key_ids = {p: public_key_id(publics[p]) for p in publics}
         self.outcome.channel = self.channel
+        if self._dp_public is not None:
+            self._record_dp(self.channel)
 
     def _serve(self, rows, prefix: str, outputs: Sequence[int], shape, **inquiry):
         """The server half's forward on the rows' ciphertexts: ``p`` -> (arrays, config) of
@@ -1776,7 +1916,7 @@ class _Server:
         select = p in self.without_rewards
         arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
         if self.encrypted:
-            self.exchange_encrypted(p, idx, select)
+            self.exchange_encrypted(p, idx, select, units)
             return
         rows = self.all_platforms("learn_rows", arrays, {"updating": p, "select": select})
         positions = None
@@ -1796,13 +1936,16 @@ class _Server:
         grads = channel.backward({names[p]: torch.from_numpy(grad)}, recipients=[names[p]])
         self.platforms("local_step", {p: ({"grad": grads[names[p]].numpy()}, {})})
 
-    def exchange_encrypted(self, p: int, idx: np.ndarray, select: bool) -> None:
+    def exchange_encrypted(
+        self, p: int, idx: np.ndarray, select: bool, units: np.ndarray | None = None
+    ) -> None:
         """``exchange_update`` under ckks: the same messages, every row and fused value a
         ciphertext; the backward's masked exchange rides on ``local_step``."""
         cfg, name = self.config, self.names[p]
         shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
+        arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
         rows = self.all_platforms(
-            "learn_rows", {"idx": idx}, {"updating": p, "select": select, "outputs": str(p)}
+            "learn_rows", arrays, {"updating": p, "select": select, "outputs": str(p)}
         )
         if select:
             request = self._serve(rows, "select", [p], shape, train=False, tag=SELECT)[p]
@@ -1812,6 +1955,9 @@ class _Server:
         served = self.channel.serve_backward({name: _chunked(grad, "grad")})[name]
         down = self._down(p, {"masked": served["masked"], "dx": served["input_gradient"]})
         released = self.platforms("local_step", {p: down})[p]
+        if self.packed:
+            self.channel.finish_backward({name: _packed_releases(released, len(served["masked"]))})
+            return
         due = len(self.channel.basis)
         self.channel.finish_backward(
             {
@@ -1825,6 +1971,22 @@ class _Server:
     def finish(self) -> None:
         self.all_platforms("finish")
         self.simulator("finish", {}, {})
+
+
+def _packed_releases(released: Mapping[str, np.ndarray], chunks: int) -> list[dict]:
+    """A platform's packed releases (:meth:`CKKSPlatform.release_packed`) as
+    :meth:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel.finish_backward` takes
+    them: per chunk its own sums in order and the masked exchange's release (if any)."""
+    out = []
+    for c in range(chunks):
+        own = []
+        while f"own.{c}.{len(own)}" in released:
+            own.append(released[f"own.{c}.{len(own)}"])
+        row = {"own": own}
+        if f"released.{c}.0" in released:
+            row["regions"] = released[f"released.{c}.0"]
+        out.append(row)
+    return out
 
 
 def run_server(

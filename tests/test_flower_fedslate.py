@@ -169,10 +169,8 @@ def test_a_tampered_or_replayed_outcome_is_refused():
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        # One hidden server layer: the packed circuit, not carried (the monomial one is:
-        # tests/test_flower_fedslate_ckks.py).
-        ({"fusion": "ckks", "server_activation": "polynomial"}, "packed circuit"),
-        ({"fusion": "ckks+dp", "server_activation": "polynomial", "dp_epsilon": 4.0}, "ckks"),
+        # Every fusion channel is carried (ckks and ckks+dp, both circuits:
+        # tests/test_flower_fedslate_ckks.py, tests/test_flower_fedslate_packed.py).
         ({"alignment": "item"}, "alignment 'item'"),
         ({"fusion": "dp", "dp_epsilon": 4.0, "dp_acting": "own"}, "dp_acting 'own'"),
     ],

@@ -233,9 +233,6 @@ def test_ciphertexts_labelled_for_another_key_and_extra_releases_are_refused(hel
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"server_hidden": (4,)}, "packed circuit"),
-        ({"variant": "linear"}, "packed circuit"),
-        ({"fusion": "ckks+dp", "dp_epsilon": 4.0}, "ckks+dp"),
         ({"alignment": "item"}, "alignment 'item'"),
     ],
 )

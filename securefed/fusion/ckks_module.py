@@ -58,6 +58,7 @@ server colluding with ``p`` decrypts the other parties' vectors encrypted under 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from collections import Counter
@@ -79,6 +80,7 @@ from securefed.crypto.ckks import (
     parameters_for,
     symmetric_twin,
 )
+from securefed.errors import InsecureParameterError
 from securefed.fusion.base import (
     Inquiry,
     as_numpy,
@@ -107,7 +109,9 @@ __all__ = [
     "CKKSModuleConfig",
     "CKKSModuleFusionChannel",
     "ModuleKeyParty",
+    "check_public_context",
     "circuit_levels",
+    "context_chain_bits",
     "input_gradient_error_bound",
     "masked_sum_error_bound",
     "module_key_circuit",
@@ -404,14 +408,89 @@ def public_key_id(public_bytes: bytes) -> str:
     return hashlib.sha256(bytes(public_bytes)).hexdigest()[:16]
 
 
-def server_context_from_bytes(public_bytes: bytes, params) -> PublicContext:
-    """The server half's context for a party on another machine: built from the bytes its
-    message carried (:meth:`ModuleKeyParty.public_bytes`), under the parameters the server
-    derives itself from the public configuration (:func:`module_key_circuit`).
+def context_chain_bits(context: ts.Context) -> tuple[int, ...]:
+    """The bit sizes of a TenSEAL CKKS context's coefficient modulus chain ``[q_0 .. q_L, p]``
+    as its bytes set it (SEAL's key level holds every prime, each level below one fewer)."""
+    seal = context.seal_context().data
+    totals = [seal.key_context_data().total_coeff_modulus_bit_count()]
+    level = seal.first_context_data()
+    while level is not None:
+        totals.append(level.total_coeff_modulus_bit_count())
+        level = level.next_context_data()
+    # key level - first level = the special prime; each step down drops the last data prime.
+    dropped = [a - b for a, b in itertools.pairwise(totals[1:])]
+    return (totals[-1], *reversed(dropped), totals[0] - totals[1])
+
+
+def check_public_context(
+    context: ts.Context, params, owner: str, *, evaluation_keys: bool = True
+) -> None:
+    """Refuse a party's public context that is not the one the public configuration fixes.
+
+    The receiver derives ``params`` itself (:func:`module_key_circuit`,
+    :func:`~securefed.fusion.ckks_packed.packed_key_circuit`) and takes the bytes only when
+    they hold no secret key, a public key, the relinearization keys (``evaluation_keys``), and
+    exactly the configured ring degree, modulus chain and scale: a smaller ring or chain is a
+    weaker key (fewer bits of security, or a flooding bound that no longer holds), a larger one
+    breaks the chunking every party computes from the public shape.
 
     Raises:
-        InsecureParameterError: the bytes hold a secret key (the server refuses it).
+        InsecureParameterError: naming ``owner`` and the parameter that differs.
     """
+
+    def refuse(what: str) -> None:
+        raise InsecureParameterError(
+            f"{owner}'s CKKS public context {what}; refusing it before any use (a weaker key "
+            "than the run's public configuration, or not a public context)"
+        )
+
+    if context.has_secret_key() or context.is_private():
+        refuse("holds a secret key")
+    if not context.has_public_key():
+        refuse("holds no public key")
+    if evaluation_keys and not context.has_relin_keys():
+        refuse("holds no relinearization keys")
+    key_level = context.seal_context().data.key_context_data().parms()
+    if str(key_level.scheme()) != "SCHEME_TYPE.CKKS":
+        refuse(f"is of scheme {key_level.scheme()}, not CKKS")
+    degree = int(key_level.poly_modulus_degree())
+    if degree != params.poly_modulus_degree:
+        refuse(
+            f"has poly modulus degree {degree}, the configured parameters "
+            f"{params.poly_modulus_degree}"
+        )
+    chain = context_chain_bits(context)
+    if chain != tuple(params.coeff_mod_bit_sizes):
+        refuse(
+            f"has coefficient moduli of {list(chain)} bits, the configured parameters "
+            f"{list(params.coeff_mod_bit_sizes)}"
+        )
+    try:
+        scale = float(context.global_scale)
+    except ValueError:
+        scale = float("nan")
+    if scale != params.scale:
+        refuse(f"has scale {scale:.6g}, the configured parameters 2^{params.scale_bits}")
+
+
+def server_context_from_bytes(
+    public_bytes: bytes, params, owner: str = "a party", *, evaluation_keys: bool = True
+) -> PublicContext:
+    """The server half's context for a party on another machine: built from the bytes its
+    message carried (:meth:`ModuleKeyParty.public_bytes`), under the parameters the server
+    derives itself from the public configuration (:func:`module_key_circuit`), once they are
+    checked to be those parameters (:func:`check_public_context`).
+
+    Raises:
+        InsecureParameterError: the bytes hold a secret key, or their parameters are not the
+            configured ones (a smaller ring, chain or scale), naming ``owner``.
+    """
+    check_public_context(
+        ts.context_from(bytes(public_bytes), n_threads=1),
+        params,
+        owner,
+        evaluation_keys=evaluation_keys,
+    )
     return PublicContext(
         bytes(public_bytes), key_id=public_key_id(public_bytes), params=params, check_slot=False
     )
@@ -522,7 +601,8 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             self.keys = {}
             self.params = self._remote_params()
             self.server_contexts = {
-                n: server_context_from_bytes(public_contexts[n], self.params) for n in names
+                n: server_context_from_bytes(public_contexts[n], self.params, f"party {n!r}")
+                for n in names
             }
         self.handed_bytes: Counter = Counter()
         self.min_weight = 2.0 ** -(self.params.scale_bits - 1)

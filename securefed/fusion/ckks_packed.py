@@ -49,6 +49,14 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   x_1 | x_1^2 | x_1']``, the coefficient vectors holding the online network's in region 0 and
   the other's in region 3, and the training forward repeats it.
 
+* **The server half alone** (``public_contexts``, parties on other machines: FedSlate on
+  Flower): ``serve_forward``, ``serve_backward`` and ``finish_backward`` of
+  :class:`PackedCKKSModuleFusionChannel` run the same evaluation,
+  re-randomization, masking and unmasking on the serialized ``P``, ``Q`` and ``G`` the parties
+  sent (:class:`PackedKeyParty` builds, decrypts and releases them from the public shapes:
+  :func:`packed_chunks`, :func:`region_segments`, :func:`packed_flooding_std`), without joining
+  or repeating a forward. The parties' keys follow :func:`packed_key_circuit`.
+
 Every returned output and input gradient is relinearized (two components) and re-randomized
 with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
 noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party
@@ -82,8 +90,9 @@ from securefed.crypto.ckks import (
     ckks_context,
     decryption_error_bound,
     error_tail_factor,
+    parameters_for,
 )
-from securefed.fusion.base import Inquiry
+from securefed.fusion.base import Inquiry, check_network
 from securefed.fusion.ckks_module import (
     CKKSModuleFusionChannel,
     ModuleKeyParty,
@@ -96,8 +105,14 @@ __all__ = [
     "PackedCKKSModuleFusionChannel",
     "PackedKeyParty",
     "named_coefficients",
+    "own_exponents",
+    "packed_chunks",
     "packed_error_bounds",
+    "packed_flooding_std",
+    "packed_fresh_errors",
+    "packed_key_circuit",
     "packed_sum_error_bound",
+    "region_segments",
 ]
 
 REGIONS = 3
@@ -214,6 +229,69 @@ def packed_error_bounds(
     )
 
 
+def packed_key_circuit(config) -> dict[str, Any]:
+    """The arguments of :func:`~securefed.crypto.ckks.ckks_context` (and
+    :func:`~securefed.crypto.ckks.parameters_for`) of one party's key in the packed circuit:
+    ring 8192 by default, chain ``[60, s, s, 60]`` at the scale ``s`` of ``config``
+    (:data:`PACKED_SCALE_BITS` when ``None``), public-key encryption. What a party on another
+    machine generates its key with and what the server derives the parameters from, both from
+    the public configuration (as :func:`~securefed.fusion.ckks_module.module_key_circuit`)."""
+    scale = PACKED_SCALE_BITS if config.scale_bits is None else config.scale_bits
+    return {
+        "circuit": FusionCircuit(depth=2, activation_degree=1, training=False),
+        "poly_modulus_degree": config.poly_modulus_degree,
+        "coeff_mod_bit_sizes": [PACKED_EDGE_BITS, scale, scale, PACKED_EDGE_BITS],
+        "scale_bits": scale,
+        "encryption": "public-key",
+    }
+
+
+def packed_fresh_errors(params) -> tuple[float, float]:
+    """``(fresh_own, fresh_public)``: the fresh-encryption error bounds of the owner's
+    secret-key encryption and of a public-key one under ``params``
+    (:func:`~securefed.crypto.ckks.decryption_error_bound`), the inputs of
+    :func:`packed_sum_error_bound` and :func:`packed_error_bounds`."""
+    symmetric = type(params)(
+        params.poly_modulus_degree, params.coeff_mod_bit_sizes, params.scale_bits, "symmetric"
+    )
+    return decryption_error_bound(symmetric, 1), decryption_error_bound(params, 1)
+
+
+def packed_flooding_std(config, params, n_slots: int) -> float:
+    """The flooding std of one released sum of ``n_slots`` slots in the packed circuit: the
+    floor (``config.flooding``) of :func:`packed_sum_error_bound` under ``params``. The key
+    holder computes it itself from the public configuration (never takes it from the server)."""
+    fresh_own, fresh_public = packed_fresh_errors(params)
+    bound = packed_sum_error_bound(
+        fresh_own, fresh_public, config.value_bound, config.grad_bound, n_slots
+    )
+    return config.flooding.std_for(bound)
+
+
+def packed_chunks(length: int, slots: int) -> list[tuple[int, int]]:
+    """The flat ranges of a ``length``-entry vector that one packed ciphertext holds
+    (``slots // REGIONS`` entries each: public, both sides compute them from the shape)."""
+    per = slots // REGIONS
+    return [(a, min(length, a + per)) for a in range(0, length, per)]
+
+
+def region_segments(
+    segments: Sequence[tuple[int, int]], start: int, n: int
+) -> list[tuple[int, int]]:
+    """The slot ranges of a ``REGIONS``-region ciphertext of a chunk of ``n`` entries from
+    ``start`` that one masked exchange releases: each member segment in every region, region
+    by region (what the key holder sums and the server unmasks by)."""
+    return [(r * n + a - start, r * n + b - start) for r in range(REGIONS) for a, b in segments]
+
+
+def own_exponents(basis: Sequence[tuple[int, ...]]) -> list[tuple[int, tuple[int, ...]]]:
+    """``(power, exponent)`` of the owner's own monomials ``x_0^power`` (``power`` 0, 1, 2) in
+    ``basis``: the batch sums ``sum g x_0^power`` the owner releases from its own values."""
+    dims = len(basis[0])
+    own = (1,) + (0,) * (dims - 1)
+    return [(k, tuple(k * e for e in own)) for k in range(3) if tuple(k * e for e in own) in basis]
+
+
 class PackedKeyParty(ModuleKeyParty):
     """The platform half of the packed circuit: what a party computes from its own values in
     the clear and encrypts (the regions of the module docstring), on top of
@@ -269,6 +347,26 @@ class PackedKeyParty(ModuleKeyParty):
         its own values (:meth:`ModuleKeyParty.release_own`)."""
         return g, g * x0, g * x0**2
 
+    def release_regions(
+        self,
+        masked,
+        segments: Sequence[tuple[int, int]],
+        start: int,
+        n: int,
+        flooding,
+        std,
+        noise,
+    ) -> np.ndarray:
+        """The key holder's step of the packed masked exchange: decrypt ``[[G Q + R]]``, sum
+        each member segment of every region (:func:`region_segments`), flood and round."""
+        local = region_segments(segments, start, n)
+        return self.release_own(self.decrypt_returned(masked), local, flooding, std, noise)
+
+    def read(self, message, n: int, shift: int) -> np.ndarray:
+        """The first ``n`` slots of a returned ciphertext (an output or input gradient,
+        evaluated times ``2^-shift``), times ``2^shift``."""
+        return self.decrypt_returned(message)[:n] * 2.0**shift
+
 
 class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
     """The per-position polynomial server module under CKKS in the packed circuit (module
@@ -283,12 +381,6 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _setup_circuit(self) -> None:
         """Refuse what the packed circuit cannot serve; the owner's secret-key contexts."""
-        if self.remote:
-            raise ValueError(
-                "the packed circuit's server half alone (public_contexts) is not built: its "
-                "owner regions and clear releases have no message API yet; use the monomial "
-                "circuit (circuit='monomials')"
-            )
         if self.degree > 2:
             raise ValueError(
                 f"the packed circuit evaluates networks of degree <= 2 (one hidden layer with "
@@ -301,16 +393,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 "cross=True): use CKKSModuleConfig(circuit='monomials')"
             )
         self.shift = int(self.config.output_shift_bits)
-        self.fresh_public = self.base_error
-        self.fresh_own = decryption_error_bound(
-            type(self.params)(
-                self.params.poly_modulus_degree,
-                self.params.coeff_mod_bit_sizes,
-                self.params.scale_bits,
-                "symmetric",
-            ),
-            1,
-        )
+        self.fresh_own, self.fresh_public = packed_fresh_errors(self.params)
         self._index = {m: k for k, m in enumerate(self.basis)}
         self._memo: dict[str, dict] = {}
         self._expansions: dict[str, tuple] = {}
@@ -333,20 +416,18 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         return PackedKeyParty(name, self._new_key())
 
     def _new_key(self) -> SecretContext:
-        scale = PACKED_SCALE_BITS if self.config.scale_bits is None else self.config.scale_bits
-        key = ckks_context(
-            FusionCircuit(depth=2, activation_degree=1, training=False),
-            poly_modulus_degree=self.config.poly_modulus_degree,
-            coeff_mod_bit_sizes=[PACKED_EDGE_BITS, scale, scale, PACKED_EDGE_BITS],
-            scale_bits=scale,
-            encryption="public-key",
-        )
+        key = ckks_context(**packed_key_circuit(self.config))
         # Products are relinearized although none is multiplied again: re-randomization adds a
         # fresh size-2 encryption, so a size-3 result would reach its key holder with its third
         # component exactly as the server computed it (the product of the inputs' ``c1``
         # components with the server's coefficients): no circuit privacy for the server's
         # weights. :meth:`CKKSModuleFusionChannel._to_party` refuses such a ciphertext.
         return key
+
+    def _remote_params(self):
+        """The parameters of the parties' keys (:func:`packed_key_circuit`), derived from the
+        public configuration (the server half of parties on other machines)."""
+        return parameters_for(**packed_key_circuit(self.config))
 
     def _mask_bits(self) -> int:
         """Masks for the exchange at level 1 (two bits below its room, at most 2^16)."""
@@ -379,8 +460,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     # ------------------------------------------------------------------ layout
     def _chunks(self, length: int) -> list[tuple[int, int]]:
-        per = self.params.slots // REGIONS
-        return [(a, min(length, a + per)) for a in range(0, length, per)]
+        return packed_chunks(length, self.params.slots)
 
     def _rows(self, coefficients: np.ndarray, a: int, b: int, per_member) -> np.ndarray:
         """Each entry's member's coefficients (times ``2^-shift``), ``(b - a, monomials)``."""
@@ -455,8 +535,6 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         owner, evaluated in region 3 of the same ciphertexts (one chunk; its output in region
         3 of the output)."""
         dims = len(self._parties)
-        own = (1,) + (0,) * (dims - 1)
-        other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
         x0 = arrays[p].reshape(-1)
         x1 = arrays[order[1]].reshape(-1) if self.cross and dims > 1 else None
         regions = REGIONS + (joined is not None)
@@ -481,48 +559,55 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             layers = {0: self._rows(coefficients, a, b, per_member)}
             if joined is not None:
                 layers[REGIONS] = self._rows(joined[1], a, b, per_member)
-
-            def vec(exponent, layers=layers):
-                return self._region_vector(layers, exponent, regions)
-
-            two = tuple(2 * e for e in own)
-            seal = self._seal(p)
-            P = enc_p.data.ciphertext()[0]
-            Q = enc_q.data.ciphertext()[0] if enc_q is not None else None
-            # L_0 = a_0 + b_00 P + b_01 Q and L_1 = a_1 + b_11 Q, each rescaled once.
-            t00 = self._times_plain(seal, P, vec(two))
-            l0_sum = t00
-            if Q is not None:
-                cross = tuple(i + j for i, j in zip(own, other, strict=True))
-                l0_sum = seal.plus(l0_sum, self._times_plain(seal, Q, vec(cross)))
-            l0_sum = self._plus_constant(seal, l0_sum, vec(own))
-            l0 = self._rescaled(seal, l0_sum)
-            l1 = None
-            if Q is not None:
-                square = tuple(2 * e for e in other)
-                l1_sum = self._plus_constant(
-                    seal, self._times_plain(seal, Q, vec(square)), vec(other)
-                )
-                l1 = self._rescaled(seal, l1_sum)
-            # f - c = P L_0 + Q L_1: both products summed, rescaled and (in :meth:`_returned`)
-            # relinearized once.
-            out = self._terms(seal, [(P, l0), (Q, l1)])
-            # Everything encoding to zero: a negligible multiple of P keeps a ciphertext.
-            value = out if out is not None else self._negligible_multiple(seal, P)
-            # The constant c joins the re-randomizing encryption (:meth:`_returned`).
-            constant = vec((0,) * dims)
-            # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P, kept before its
-            # rescaling (only a backward rescales it; a plain array if linear; joined, its
-            # region 3 is the other forward's, which the returned gradient's
-            # re-randomization floods: :meth:`_returned`).
-            if isinstance(l0_sum, np.ndarray) or l0_sum is None:
-                derivative = l0_sum
-            else:
-                derivative = seal.plus(l0_sum, t00)
-            size = enc_p.size()
-            pieces.append((enc_p, enc_q, derivative, (_Returned(value, size), constant)))
+            pieces.append(self._evaluate_chunk(enc_p, enc_q, layers, regions, p))
             self.seconds["server_evaluation"] += time.process_time() - now
         return pieces
+
+    def _evaluate_chunk(self, enc_p, enc_q, layers, regions: int, party: str):
+        """The server's evaluation of one chunk on the owner's ``P`` and the other party's
+        ``Q`` (``None`` without one): ``(P, Q, dx multiplier, (output, constant))``, ``layers``
+        region -> the coefficients of the network evaluated there (:meth:`_rows`), on SEAL's
+        objects (:class:`_SealEvaluator`: the output a :class:`_Returned`, relinearized by
+        :meth:`_rerandomize`)."""
+        dims = len(self._parties)
+        own = (1,) + (0,) * (dims - 1)
+        other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
+
+        def vec(exponent):
+            return self._region_vector(layers, exponent, regions)
+
+        seal = self._seal(party)
+        P = enc_p.data.ciphertext()[0]
+        Q = enc_q.data.ciphertext()[0] if enc_q is not None else None
+        # L_0 = a_0 + b_00 P + b_01 Q and L_1 = a_1 + b_11 Q, each rescaled once.
+        two = tuple(2 * e for e in own)
+        t00 = self._times_plain(seal, P, vec(two))
+        l0_sum = t00
+        if Q is not None:
+            cross = tuple(i + j for i, j in zip(own, other, strict=True))
+            l0_sum = seal.plus(l0_sum, self._times_plain(seal, Q, vec(cross)))
+        l0_sum = self._plus_constant(seal, l0_sum, vec(own))
+        l0 = self._rescaled(seal, l0_sum)
+        l1 = None
+        if Q is not None:
+            square = tuple(2 * e for e in other)
+            l1_sum = self._plus_constant(seal, self._times_plain(seal, Q, vec(square)), vec(other))
+            l1 = self._rescaled(seal, l1_sum)
+        # f - c = P L_0 + Q L_1: both products summed, rescaled and (in :meth:`_rerandomize`)
+        # relinearized once.
+        out = self._terms(seal, [(P, l0), (Q, l1)])
+        # Everything encoding to zero: a negligible multiple of P keeps a ciphertext.
+        value = out if out is not None else self._negligible_multiple(seal, P)
+        # The constant c joins the re-randomizing encryption (:meth:`_rerandomize`).
+        constant = vec((0,) * dims)
+        # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P, kept before its rescaling
+        # (only a backward rescales it; a plain array if linear; joined, its region 3 is the
+        # other forward's, which the returned gradient's re-randomization floods).
+        if isinstance(l0_sum, np.ndarray) or l0_sum is None:
+            derivative = l0_sum
+        else:
+            derivative = seal.plus(l0_sum, t00)
+        return enc_p, enc_q, derivative, (_Returned(value, enc_p.size()), constant)
 
     def _seal(self, party: str) -> _SealEvaluator:
         """The server's SEAL evaluator under ``party``'s public context (built once)."""
@@ -601,6 +686,19 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         the others (what they hold is no output: rounding errors of zero-coefficient regions, a
         joined forward's other region), and the constant (one encoding fewer than adding it
         apart; its error is the encryption's)."""
+        vector = self._rerandomize(returned, p, read, constant)
+        start = time.process_time()
+        values = self.keys[p].decrypt_returned(self._to_party(vector, p))
+        self.seconds["decryption"] += time.process_time() - start
+        return np.concatenate([values[a:b] for a, b in read]) * 2.0**self.shift
+
+    def _rerandomize(
+        self, returned: _Returned, p: str, read: Sequence[tuple[int, int]], constant=None
+    ) -> _Returned:
+        """The server's part of :meth:`_returned`: the product relinearized, the constant
+        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level (std
+        ``output_noise_std * 2^-shift`` on the slots ``read``, :meth:`_hiding_std` on the
+        others) added."""
         seal = self._seal(p)
         start = time.process_time()
         ct = returned.ciphertext
@@ -618,10 +716,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         elif constant is not None:
             ct = seal.plus_plain(ct, constant)
         self.seconds["server_evaluation"] += time.process_time() - start
-        start = time.process_time()
-        values = self.keys[p].decrypt_returned(self._to_party(_Returned(ct, returned.size), p))
-        self.seconds["decryption"] += time.process_time() - start
-        return np.concatenate([values[a:b] for a, b in read]) * 2.0**self.shift
+        return _Returned(ct, returned.size)
 
     def _relinearize(self, seal: _SealEvaluator, ct) -> None:
         self.counts["relinearize"] += 1
@@ -629,7 +724,8 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _to_party(self, vector, party: str):
         """As :meth:`CKKSModuleFusionChannel._to_party`, also for a :class:`_Returned` SEAL
-        ciphertext (itself in memory; TenSEAL's ``CKKSVector`` bytes when serialized).
+        ciphertext (itself in memory; TenSEAL's ``CKKSVector`` bytes when serialized or
+        remote).
 
         Raises:
             RuntimeError: the ciphertext has more than two components (module docstring).
@@ -642,11 +738,21 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 f"a ciphertext handed to {party!r} has {components} components: only a "
                 "relinearized (size-2) ciphertext is re-randomized whole (circuit privacy)"
             )
-        if not self.config.serialize_handovers:
+        if not (self.config.serialize_handovers or self.remote):
             return vector
         blob = _tenseal_message(vector)
         self.handed_bytes["to_parties"] += len(blob)
         return blob
+
+    def _exchange_product(self, enc_g, enc_q, p: str) -> _Returned:
+        """``E = G Q`` of the masked exchange: rescaled, then relinearized at level 1 (cheaper
+        than TenSEAL's relinearization at level 0, before rescaling)."""
+        seal = self._seal(p)
+        product = seal.times(enc_g.data.ciphertext()[0], enc_q.data.ciphertext()[0])
+        product = seal.rescaled(product)
+        self._relinearize(seal, product)
+        self.counts["cipher_mul"] += 1
+        return _Returned(product, enc_g.size())
 
     # ------------------------------------------------------------------ forward
     def open_round(self, round_id: int) -> None:
@@ -754,10 +860,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         shape, chunks = pending["shape"], pending["bounds"]
         coefficients_t = self._expanded("online", grad=True)
         per_member = shape[1] * shape[2]
-        dims = len(self._parties)
         sums = np.zeros((self.members, len(self.basis)))
-        own = (1,) + (0,) * (dims - 1)
-        other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
         result = {}
         for p, g in full.items():
             pieces, _, x_own = pending["parties"][p]
@@ -777,38 +880,21 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 segments = _segments(a, b, per_member)
                 n = b - a
                 # The owner's own sums: sum g, sum g x0, sum g x0^2 (flooded like the others).
-                for power, values in enumerate(owner.own_monomials(g_flat[a:b], x0[a:b])):
-                    exponent = tuple(power * e for e in own)
-                    if exponent in self._index:
-                        sums[:, self._index[exponent]] += self._release_own(
-                            p, values, segments, a, per_member
-                        )
+                terms = owner.own_monomials(g_flat[a:b], x0[a:b])
+                for power, exponent in own_exponents(self.basis):
+                    sums[:, self._index[exponent]] += self._release_own(
+                        p, terms[power], segments, a, per_member
+                    )
                 if enc_q is not None:
                     start = time.process_time()
-                    seal = self._seal(p)
-                    # E = G Q, rescaled, then relinearized at level 1 (cheaper than at level 0).
-                    product = seal.rescaled(
-                        seal.times(enc_g.data.ciphertext()[0], enc_q.data.ciphertext()[0])
-                    )
-                    self._relinearize(seal, product)
-                    product = _Returned(product, enc_g.size())
-                    self.counts["cipher_mul"] += 1
+                    product = self._exchange_product(enc_g, enc_q, p)
                     self.seconds["server_evaluation"] += time.process_time() - start
-                    cross = tuple(i + j for i, j in zip(own, other, strict=True))
-                    square = tuple(2 * e for e in other)
                     released = self._masked_regions(product, p, segments, a, n, per_member)
-                    for region, exponent in enumerate((other, cross, square)):
-                        if exponent in self._index:
-                            sums[:, self._index[exponent]] += released[region]
+                    for region, exponent in self._region_exponents():
+                        sums[:, self._index[exponent]] += released[region]
                 if p in recipients:
-                    start = time.process_time()
-                    seal = self._seal(p)
-                    g_ct = enc_g.data.ciphertext()[0]
-                    gradient = self._terms(seal, [(g_ct, self._rescaled(seal, derivative))])
-                    if gradient is None:
-                        gradient = self._negligible_multiple(seal, g_ct)
-                    self.seconds["server_evaluation"] += time.process_time() - start
-                    dx.append(self._returned(_Returned(gradient, enc_g.size()), p, [(0, n)]))
+                    dx.append(self._returned(self._gradient_product(enc_g, derivative, p), p,
+                                             [(0, n)]))  # fmt: skip
             if p in recipients:
                 result[p] = torch.from_numpy(np.concatenate(dx).reshape(shape)).to(
                     pending["dtype"] or torch.float64
@@ -817,6 +903,212 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._step(coefficients_t, sums, pending, result, tuple(full), len(chunks), 2)
         return result
 
+    def _region_exponents(self) -> list[tuple[int, tuple[int, ...]]]:
+        """``(region, exponent)`` of the batch sums one masked exchange releases, region by
+        region (``x_1``, ``x_0 x_1``, ``x_1^2``), where the basis has them."""
+        dims = len(self._parties)
+        if dims < 2:
+            return []
+        other = (0, 1) + (0,) * (dims - 2)
+        cross = (1, 1) + (0,) * (dims - 2)
+        square = (0, 2) + (0,) * (dims - 2)
+        return [(r, e) for r, e in enumerate((other, cross, square)) if e in self._index]
+
+    # ------------------------------------------------------------------ the server half alone
+    def serve_forward(
+        self,
+        ciphertexts: Mapping[str, Mapping[str, Sequence[bytes]]],
+        *,
+        shape: Sequence[int],
+        outputs: Sequence[str],
+        network: str = "online",
+        train: bool = False,
+        tag: str | None = None,
+    ) -> dict[str, list[bytes]]:
+        """A forward on the regions its parties sent (the server half alone, ``remote``), as
+        :meth:`CKKSModuleFusionChannel.serve_forward`: output party ``p`` -> sending party
+        ``q`` -> the serialized chunks (:func:`packed_chunks`), ``p``'s own ``P = [x_0 | 0 |
+        0]`` (encrypted with its secret key) and the other party's ``Q = [x_1 | x_1 | x_1^2]``
+        under ``p``'s public key (none with ``cross=False``). Returns ``p`` -> its output's
+        chunks under its key (times ``2^-shift``, re-randomized, the constant in it: ``p``
+        reads the first ``n`` slots of each, :meth:`PackedKeyParty.read`). No joined or
+        repeated forward here (each forward is served from its own ciphertexts).
+
+        Raises:
+            RuntimeError: the channel holds key parties (use :meth:`forward`).
+            ValueError: ciphertexts of the wrong parties, chunk counts or sizes, a bad shape,
+                weights whose outputs would not fit the deepest level.
+        """
+        if not self.remote:
+            raise RuntimeError("serve_forward is the server half's; this channel holds the keys")
+        shape = tuple(int(v) for v in shape)
+        if len(shape) != 3 or shape[0] != self.members:
+            raise ValueError(f"shape must be ({self.members}, batch, width), got {shape}")
+        check_network(network, train)
+        if network == "target" and self.target is None:
+            raise RuntimeError("this channel has no target network (built with target=None)")
+        if sorted(ciphertexts) != sorted(outputs):
+            raise ValueError(f"ciphertexts for outputs {sorted(ciphertexts)}, asked {outputs}")
+        length, per_member = int(np.prod(shape)), shape[1] * shape[2]
+        chunks = self._chunks(length)
+        start = time.process_time()
+        coefficients = self._expanded(network).detach().numpy()
+        self.seconds["server_evaluation"] += time.process_time() - start
+        result, pending, up, down = {}, {}, {}, {}
+        for p in outputs:
+            _, sent = self._order(p)
+            got = ciphertexts[p]
+            if sorted(got) != sorted(sent) or any(len(got[q]) != len(chunks) for q in sent):
+                raise ValueError(
+                    f"{p!r}'s packed forward needs {len(chunks)} chunk(s) from each of {sent}, "
+                    f"got { {q: len(v) for q, v in got.items()} }"
+                )
+            pieces, returned = [], []
+            for c, (a, b) in enumerate(chunks):
+                tick = time.process_time()
+                enc = [self._to_server(got[q][c], p) for q in sent]
+                self._check_regions(enc, sent, REGIONS * (b - a), c)
+                layers = {0: self._rows(coefficients, a, b, per_member)}
+                piece = self._evaluate_chunk(enc[0], enc[1] if len(enc) > 1 else None, layers,
+                                             REGIONS, p)  # fmt: skip
+                self.seconds["server_evaluation"] += time.process_time() - tick
+                value, constant = piece[3]
+                vector = self._rerandomize(value, p, [(0, b - a)], constant)
+                returned.append(self._to_party(vector, p))
+                pieces.append(piece)
+            result[p] = returned
+            pending[p] = (pieces, None, None)
+            for q in sent:
+                up[q] = up.get(q, 0) + len(chunks) * self.ciphertext_bytes
+            down[p] = len(chunks) * self.ciphertext_bytes
+        if train:
+            self._pending = {"shape": shape, "bounds": chunks, "parties": pending, "tag": tag,
+                             "dtype": None}  # fmt: skip
+        self._record("forward", network=network, tag=tag, train=train, outputs=list(outputs),
+                     up=up, down=down)  # fmt: skip
+        return result
+
+    @staticmethod
+    def _check_regions(vectors, senders, size: int, chunk: int) -> None:
+        """Refuse a sent ciphertext that does not hold the ``REGIONS`` regions of its chunk."""
+        for q, vector in zip(senders, vectors, strict=True):
+            if vector.size() != size:
+                raise ValueError(
+                    f"{q!r}'s ciphertext of chunk {chunk} holds {vector.size()} slot(s), the "
+                    f"packed circuit's regions {size}: refusing"
+                )
+
+    def serve_backward(self, gradients: Mapping[str, Sequence[bytes]]) -> dict[str, dict]:
+        """The first half of a backward on the owners' ``G = [g | g x_0 | g]`` (``remote``):
+        ``p`` -> ``{"masked": [[bytes] per chunk], "input_gradient": [bytes per chunk]}``, the
+        masked product ``[[G Q + R]]`` of each chunk to release (none without another party)
+        and ``[[dL/dx_p]]`` (times ``2^-shift``). The released sums, with the owner's own
+        (:meth:`PackedKeyParty.release_own`), go to :meth:`finish_backward`.
+
+        Args:
+            gradients: ``p`` -> the serialized chunks of ``G`` under its key (encrypted with its
+                secret key, :meth:`PackedKeyParty.encrypt_gradient_regions`, from the full
+                gradient, zeros where it did not ask, and its own forward vector).
+
+        Raises:
+            RuntimeError: without a training :meth:`serve_forward` since the last backward.
+            ValueError: a gradient of a party without output there, the wrong chunk count or
+                size.
+        """
+        if self._pending is None or "masks" in self._pending:
+            raise RuntimeError("serve_backward needs a serve_forward(train=True) first (once)")
+        pending = self._pending
+        unknown = sorted(set(gradients) - set(pending["parties"]))
+        if unknown:
+            raise ValueError(f"no forward output for parties {unknown}")
+        chunks = pending["bounds"]
+        coefficients_t = self._expanded("online", grad=True)
+        out, masks = {}, {}
+        for p, blobs in gradients.items():
+            if len(blobs) != len(chunks):
+                raise ValueError(f"{p!r} sent {len(blobs)} gradient chunk(s), {len(chunks)} due")
+            masked, returned, kept = [], [], []
+            pieces = pending["parties"][p][0]
+            for c, ((a, b), (_, enc_q, derivative, _)) in enumerate(
+                zip(chunks, pieces, strict=True)
+            ):
+                enc_g = self._to_server(blobs[c], p)
+                self._check_regions([enc_g], [p], REGIONS * (b - a), c)
+                row, row_masks = [], []
+                if enc_q is not None:
+                    start = time.process_time()
+                    product = self._exchange_product(enc_g, enc_q, p)
+                    blob, mask = self._mask_regions(product, p)
+                    self.seconds["exchange"] += time.process_time() - start
+                    row.append(blob)
+                    row_masks.append(mask)
+                masked.append(row)
+                kept.append(row_masks)
+                gradient = self._gradient_product(enc_g, derivative, p)
+                returned.append(self._to_party(self._rerandomize(gradient, p, [(0, b - a)]), p))
+            out[p] = {"masked": masked, "input_gradient": returned}
+            masks[p] = kept
+        pending["masks"], pending["coefficients_t"] = masks, coefficients_t
+        return out
+
+    def finish_backward(self, released: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """The second half (``remote``): per party and chunk ``{"own": [one number per member
+        segment, per power of :func:`own_exponents`], "regions": the masked exchange's release
+        (:func:`region_segments`; absent without another party)}``, unmasked into the batch
+        sums; the optimiser steps.
+
+        Raises:
+            RuntimeError: without :meth:`serve_backward` first.
+            ValueError: releases of other parties, or of the wrong count or shape.
+        """
+        if self._pending is None or "masks" not in self._pending:
+            raise RuntimeError("finish_backward needs serve_backward first")
+        pending = self._pending
+        masks = pending["masks"]
+        if sorted(released) != sorted(masks):
+            raise ValueError(f"releases of {sorted(released)}, due from {sorted(masks)}")
+        shape, chunks = pending["shape"], pending["bounds"]
+        per_member = shape[1] * shape[2]
+        sums = np.zeros((self.members, len(self.basis)))
+        owned = own_exponents(self.basis)
+        for p, rows in released.items():
+            if len(rows) != len(chunks):
+                raise ValueError(f"{p!r} released {len(rows)} chunk(s), {len(chunks)} due")
+            for c, (a, b) in enumerate(chunks):
+                segments = _segments(a, b, per_member)
+                own = list(rows[c].get("own", ()))
+                if len(own) != len(owned):
+                    raise ValueError(
+                        f"{p!r} released {len(own)} own sum(s) of chunk {c}, {len(owned)} due"
+                    )
+                for (_, exponent), values in zip(owned, own, strict=True):
+                    values = _finite(values, len(segments), f"{p!r}'s own sums of chunk {c}")
+                    sums[:, self._index[exponent]] += self._own_sums(values, segments, per_member)
+                for mask in masks[p][c]:
+                    values = _finite(
+                        rows[c].get("regions", np.zeros(0)),
+                        REGIONS * len(segments),
+                        f"{p!r}'s masked release of chunk {c}",
+                    )
+                    regions = self._unmask_regions(values, mask, segments, a, b - a, per_member)
+                    for region, exponent in self._region_exponents():
+                        sums[:, self._index[exponent]] += regions[region]
+        self._memo.clear()
+        self._step(pending["coefficients_t"], sums, pending, dict.fromkeys(released),
+                   tuple(released), len(chunks), 2)  # fmt: skip
+
+    def _gradient_product(self, enc_g, derivative, p: str) -> _Returned:
+        """``[[g df/dx_0]] = G (L_0 + b_00 P)`` of one chunk for owner ``p`` (before
+        re-randomization; the multiplier rescaled here, kept unrescaled by the forward)."""
+        start = time.process_time()
+        seal = self._seal(p)
+        g_ct = enc_g.data.ciphertext()[0]
+        gradient = self._terms(seal, [(g_ct, self._rescaled(seal, derivative))])
+        if gradient is None:
+            gradient = self._negligible_multiple(seal, g_ct)
+        self.seconds["server_evaluation"] += time.process_time() - start
+        return _Returned(gradient, enc_g.size())
+
     def _release_own(self, party, values, segments, start, per_member) -> np.ndarray:
         """A sum the owner computes from its own values, released like a decrypted one."""
         local = [(a - start, b - start) for a, b in segments]
@@ -824,6 +1116,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         released = self.keys[party].release_own(
             values, local, self.config.flooding, std, self._flood_noise
         )
+        return self._own_sums(released, segments, per_member)
+
+    def _own_sums(self, released, segments, per_member) -> np.ndarray:
+        """The per-member sums of an owner's release (one number per member segment)."""
         out = np.zeros(self.members)
         for (a, _), value in zip(segments, released, strict=True):
             out[a // per_member] += value
@@ -833,23 +1129,41 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         """The masked exchange of one ciphertext of ``REGIONS`` regions: per region, the
         per-member sums ``(REGIONS, members)``."""
         tick = time.process_time()
+        masked, mask = self._mask_regions(product, party)
+        _, std = self.flooding_std(max(b - a for a, b in segments))
+        released = self.keys[party].release_regions(
+            masked, segments, start, n, self.config.flooding, std, self._flood_noise
+        )
+        out = self._unmask_regions(released, mask, segments, start, n, per_member)
+        self.seconds["exchange"] += time.process_time() - tick
+        return out
+
+    def _mask_regions(self, product, party: str):
+        """``(masked, mask)``: ``[[G Q + R]]`` as handed to ``party``, and the mask ``R``."""
         mask = self.masks.draw(product.size)
         masked = self._seal(party).plus_plain(product.ciphertext, mask, keep=False)
-        local = [
-            (r * n + a - start, r * n + b - start) for r in range(REGIONS) for a, b in segments
-        ]
-        _, std = self.flooding_std(max(b - a for a, b in segments))
-        owner = self.keys[party]
-        values = owner.decrypt_returned(self._to_party(_Returned(masked, product.size), party))
-        released = owner.release_own(values, local, self.config.flooding, std, self._flood_noise)
+        return self._to_party(_Returned(masked, product.size), party), mask
+
+    def _unmask_regions(self, released, mask, segments, start, n, per_member) -> np.ndarray:
+        """Per region, the per-member sums ``(REGIONS, members)`` of one released masked
+        exchange (:func:`region_segments`), the mask's sums subtracted."""
+        local = region_segments(segments, start, n)
         out = np.zeros((REGIONS, self.members))
         owners = [a // per_member for a, _ in segments] * REGIONS
         regions = [r for r in range(REGIONS) for _ in segments]
         for (a, b), value, region, member in zip(local, released, regions, owners, strict=True):
             out[region, member] += value - mask[a:b].sum()
         self.counts["exchange"] += 1
-        self.seconds["exchange"] += time.process_time() - tick
         return out
+
+
+def _finite(values, count: int, what: str) -> np.ndarray:
+    """``values`` as ``count`` finite float64 numbers (else refused, naming ``what``)."""
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.shape != (count,) or not np.isfinite(array).all():
+        raise ValueError(f"{what}: {count} finite number(s) due (one per member segment), got "
+                         f"{array.shape[0]}")  # fmt: skip
+    return array
 
 
 @dataclass(frozen=True)
