@@ -7,6 +7,9 @@
 * ``train``: compute the updates of the round's clients hosted here from the broadcast; under
   local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
   reply with them as arrays.
+* ``query.secagg_nonce``: once per run (malicious-server variant), the node's fresh nonce; every
+  AdvertiseKeys request relays every node's, the node checks its own is in its place and signs
+  every message of the run over their digest (:mod:`securefed.flower.freshness`).
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
   ``query.secagg_consistency`` / ``query.secagg_unmask``: the client's side of each stage of
   secure aggregation (malicious-server variant: signed with the party user's long-term identity,

@@ -17,9 +17,13 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
   malicious-server variant only: the default) and ``query.secagg_unmask`` (Unmasking). In the
   malicious-server variant the advertisements, the survivor set and each party's member count
-  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is
-  one party of the protocol (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the
-  server's side of each stage is the party round, a
+  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`) over the
+  run's nonce transcript: once per run, before the first AdvertiseKeys, every node gives a
+  fresh nonce (``query.secagg_nonce``) and every AdvertiseKeys request relays them all
+  (:mod:`securefed.flower.freshness`), so no signature of another run verifies in this one.
+  Each node is one party of the protocol
+  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
+  stage is the party round, a
   :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A node's refusal reply
   refuses the round (the error the node raised, naming it), where a node that does not answer
   counts as dropped.
