@@ -43,7 +43,7 @@ from securefed.flower import records as rec
 from securefed.flower.client import SECAGG_STATE
 from securefed.flower.identity import provision_identities
 from securefed.flower.protocol import partition_users
-from securefed.flower.server import ADVERTISE, MASK, SHARE
+from securefed.flower.server import ADVERTISE, MASK, SHARE, UNMASK
 from securefed.transport.secagg.signatures import SIGNATURE_BYTES, SignatureError
 
 NODES, USERS = 5, 40  # _attack_app: k = 4 neighbours, threshold t = 3
@@ -95,6 +95,24 @@ def _earlier_run(example, app, enrolment):
     _, request, _ = tap.first(tap.sent, ADVERTISE)
     nonces = {k: v for k, v in request.items() if k.startswith("nonce.")}
     return adverts, tap.leaked, nonces
+
+
+def _earlier_unmask_requests(example, app, enrolment) -> dict[int, dict]:
+    """An honest earlier run's round-0 Unmasking requests, by helper: the survivor-set
+    endorsements and the signed member counts the server relayed in them."""
+
+    class Keeping(Wiretap):
+        def __init__(self, grid) -> None:
+            super().__init__(grid)
+            _provisioned(grid, enrolment)
+
+    state = _run("in-process", example, app, NODES, wrap=Keeping)
+    assert "error" not in state, state.get("error")
+    return {
+        int(arrays["helpers"][0]): arrays
+        for kind, _, arrays, _ in state["grid"].sent
+        if kind == UNMASK
+    }
 
 
 class Replaying(KeyRelayingServer):
@@ -200,3 +218,53 @@ def test_the_earlier_runs_nonces_relayed_with_its_advertisements_are_refused(exa
     server = state["grid"]
     assert not any(kind == ADVERTISE and "party" in a for kind, _, a, _ in server.replies)
     _victim_sealed_nothing(server)
+
+
+class StatementReplaying(Wiretap):
+    """At Unmasking the server hands every helper the earlier run's signed statements of the
+    same round instead of this run's: the survivor-set endorsements (``signers``,
+    ``signatures``) or the parties' member counts (``member_*``)."""
+
+    def __init__(self, grid, enrolment, earlier, names) -> None:
+        super().__init__(grid)
+        _provisioned(grid, enrolment)
+        self.earlier, self.names, self.replayed = earlier, names, 0
+
+    def rewrite(self, kind, node, arrays, config):
+        old = self.earlier.get(int(arrays["helpers"][0])) if kind == UNMASK else None
+        if old is None:
+            return None
+        self.replayed += 1
+        return arrays | {name: old[name] for name in self.names}
+
+
+@pytest.mark.parametrize(
+    "names, what",
+    [
+        (("signers", "signatures"), "survivor set"),
+        (("member_parties", "member_counts", "member_signatures"), "member count"),
+    ],
+    ids=["survivor-set", "member-count"],
+)
+def test_signed_statements_replayed_from_an_earlier_run_are_refused(example, tmp_path, names, what):
+    """The ConsistencyCheck endorsements and the signed member counts bind the run too: the
+    earlier run's (same round, same parties, same survivors) do not verify in this one, and no
+    helper reveals a share."""
+    enrolment = _enrol(tmp_path)
+    app = _attack_app(example, "malicious")
+    earlier = _earlier_unmask_requests(
+        example, example.FedMFApp(**{**vars(app), "seed": 1}), enrolment
+    )
+    state = _run(
+        "in-process",
+        example,
+        app,
+        NODES,
+        wrap=lambda grid: StatementReplaying(grid, enrolment, earlier, names),
+    )
+    assert state["grid"].replayed, "no Unmasking request to replay into"
+    error = state.get("error")
+    assert isinstance(error, SignatureError), f"the replayed {what} was taken: {error!r}"
+    assert f"refused {UNMASK}" in str(error) and what in str(error)
+    assert "nonce transcript" in str(error)
+    assert not any(kind == UNMASK and "owners" in a for kind, _, a, _ in state["grid"].replies)
