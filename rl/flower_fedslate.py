@@ -67,7 +67,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -91,7 +90,7 @@ from securefed.crypto.ckks import (
     secret_context_from_bytes,
 )
 from securefed.errors import InsecureParameterError
-from securefed.flower import FlowerRunOptions, FlowerRunResult
+from securefed.flower import FlowerRunOptions, FlowerRunResult, freshness
 from securefed.flower import records as rec
 from securefed.flower.identity import NodeIdentity, load_identity, provision_identities
 from securefed.flower.server import _Messenger, wait_for_nodes
@@ -190,7 +189,7 @@ PURPOSE = b"fedslate-relay"
 STATE_ARRAYS, STATE_META = "fedslate.arrays", "fedslate.meta"
 PURPOSE_RELAY_KEY = b"fedslate-relay-key"
 PURPOSE_RELAY_NONCES = b"fedslate-relay-nonces"
-NONCE_BYTES = 32
+NONCE_BYTES = freshness.NONCE_BYTES
 """Each node's contribution to the run's set-up transcript (:func:`relay_nonce`)."""
 PURPOSE_CKKS_KEY = b"fedslate-ckks-public-context"
 IDENTITY_PATH = "fedslate-identity-path"
@@ -402,19 +401,16 @@ def relay_nonce(config: FedSlateConfig, role: int, tree: SeedTree) -> bytes:
     """The node's fresh contribution to this run's set-up (``NONCE_BYTES``): operating-system
     entropy in secure mode (drawn when the server asks, never derived from the node's stored
     entropy), ``tree.key("flower-fedslate", "nonce", role)`` in seeded mode (reproducible; a
-    path no other stream draws from, so a seeded run still equals the in-process run)."""
-    if config.seed is None:
-        return os.urandom(NONCE_BYTES)
-    return tree.key("flower-fedslate", "nonce", role, nbytes=NONCE_BYTES)
+    path no other stream draws from, so a seeded run still equals the in-process run).
+    :func:`securefed.flower.freshness.fresh_nonce`, shared with secure aggregation."""
+    return freshness.fresh_nonce(tree, "flower-fedslate", "nonce", role, secure=config.seed is None)
 
 
 def nonce_transcript(nonces: Mapping[int, bytes]) -> bytes:
     """SHA-256 of every role's nonce in role order (label, purpose, then each role and its
-    nonce): what each node's relay-key signature covers (:func:`relay_key_message`)."""
-    digest = hashlib.sha256(kx.PROTOCOL_LABEL + PURPOSE_RELAY_NONCES)
-    for role in sorted(nonces):
-        digest.update(struct.pack(">q", int(role)) + bytes(nonces[role]))
-    return digest.digest()
+    nonce): what each node's relay-key signature covers (:func:`relay_key_message`;
+    :func:`securefed.flower.freshness.nonce_transcript` under FedSlate's purpose)."""
+    return freshness.nonce_transcript(nonces, PURPOSE_RELAY_NONCES)
 
 
 def relay_key_message(registry_digest: bytes, role: int, public: bytes, transcript: bytes) -> bytes:
@@ -513,31 +509,12 @@ def _sign_relay_key(
 
 def _checked_transcript(me: int, roles: int, own: bytes, arrays: Mapping[str, np.ndarray]) -> bytes:
     """The digest of the nonces the server relayed (``nonce.<role>``), once this node checked
-    that they are one per role of the run, distinct, and that its own nonce is in its place."""
-    relayed = sorted(int(k.split(".")[1]) for k in arrays if k.startswith("nonce."))
-    if relayed != list(range(roles)):
-        raise SignatureError(
-            f"node {me} was handed set-up nonces of roles {relayed}, the run has 0 .. "
-            f"{roles - 1}: a nonce dropped or added by the server; refusing"
-        )
-    nonces = {r: np.asarray(arrays[f"nonce.{r}"], np.uint8).tobytes() for r in range(roles)}
-    short = sorted(r for r, nonce in nonces.items() if len(nonce) != NONCE_BYTES)
-    if short:
-        raise SignatureError(
-            f"node {me} was handed set-up nonces of roles {short} that are not {NONCE_BYTES} "
-            "bytes; refusing"
-        )
-    if nonces[me] != own:
-        raise SignatureError(
-            f"node {me} does not find its own set-up nonce in its place (role {me}) in the "
-            "nonces the server relayed (a nonce substituted, or the nonces reordered); refusing"
-        )
-    if len(set(nonces.values())) != roles:
-        raise SignatureError(
-            f"node {me} was handed set-up nonces that repeat (one role's nonce copied into "
-            "another's place); refusing"
-        )
-    return nonce_transcript(nonces)
+    that they are one per role of the run, distinct, and that its own nonce is in its place
+    (:func:`securefed.flower.freshness.checked_nonces`)."""
+    relayed = freshness.relayed_nonces(arrays)
+    return nonce_transcript(
+        freshness.checked_nonces(me, own, relayed, members=range(roles), member="role")
+    )
 
 
 def _verify_relay_key(

@@ -204,4 +204,5 @@ def test_the_fedhpd_app_with_merged_secure_aggregation_on_real_processes_equals_
     result = json.loads((out / "result.json").read_text())
     assert result["secure_mode"] is False and result["transport"] == "secagg"
     counts = {k: n for k, n in result["message_rounds"].items() if k != "evaluate"}
-    assert sum(counts.values()) == 4 + 3  # merged; the second round's AdvertiseKeys ahead
+    # the run's nonces once; merged; the second round's AdvertiseKeys ahead
+    assert sum(counts.values()) == 1 + 4 + 3

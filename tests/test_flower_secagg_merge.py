@@ -42,6 +42,7 @@ from securefed.flower.server import (
     CONSISTENCY,
     EVALUATE,
     MASK,
+    NONCE,
     SHARE,
     SHARE_MASK,
     UNMASK,
@@ -185,8 +186,9 @@ def test_the_merged_round_gives_the_separate_rounds_model_in_one_message_round_f
     assert "error" not in separate and "error" not in merged, merged.get("error")
     _same_model(algo, merged, separate)
     consistency = [CONSISTENCY] if server == "malicious" else []
-    assert _kinds(separate["grid"]) == [ADVERTISE, SHARE, MASK, *consistency, UNMASK]
-    assert _kinds(merged["grid"]) == [ADVERTISE, SHARE_MASK, *consistency, UNMASK]
+    nonce = [NONCE] if server == "malicious" else []  # once per run: the nonce transcript
+    assert _kinds(separate["grid"]) == [*nonce, ADVERTISE, SHARE, MASK, *consistency, UNMASK]
+    assert _kinds(merged["grid"]) == [*nonce, ADVERTISE, SHARE_MASK, *consistency, UNMASK]
     # Every node still sealed its shares and uploaded one masked sum, in each of the 2 rounds.
     replies = [a for kind, _, a, _ in merged["grid"].replies if kind == SHARE_MASK]
     assert len(replies) == 3 * 2 and all("masked" in a and "sealed" in a for a in replies)
@@ -386,11 +388,12 @@ class Counting(Wiretap):
 def test_advertising_ahead_gives_the_same_model_in_three_message_rounds(algo):
     """Malicious-server protocol, ShareKeys + MaskedInput merged and the next AdvertiseKeys
     with Unmasking: after round 0, three message rounds a round; the same model as the five
-    separate message rounds."""
+    separate message rounds. The run's nonces (``query.secagg_nonce``) are one message round
+    per run, before round 0."""
     separate = _run("in-process", algo.example, algo.app("malicious", False), 3)
     ahead = _run("in-process", algo.example, _ahead_app(algo), 3, wrap=Counting)
     assert "error" not in ahead, ahead.get("error")
-    assert ahead["grid"].by_round[0] == [ADVERTISE, SHARE_MASK, CONSISTENCY, UNMASK]
+    assert ahead["grid"].by_round[0] == [NONCE, ADVERTISE, SHARE_MASK, CONSISTENCY, UNMASK]
     assert ahead["grid"].by_round[1] == [SHARE_MASK, CONSISTENCY, UNMASK, EVALUATE]
     _same_model(algo, ahead, separate)
 

@@ -7,6 +7,9 @@
 * ``train``: compute the updates of the round's clients hosted here from the broadcast; under
   local or distributed DP clip and noise them here (:mod:`securefed.flower.dp`), before they leave;
   reply with them as arrays.
+* ``query.secagg_nonce``: once per run (malicious-server variant), the node's fresh nonce; every
+  AdvertiseKeys request relays every node's, the node checks its own is in its place and signs
+  every message of the run over their digest (:mod:`securefed.flower.freshness`).
 * ``query.secagg_advertise`` / ``query.secagg_share`` / ``train.secagg_mask`` /
   ``query.secagg_consistency`` / ``query.secagg_unmask``: the client's side of each stage of
   secure aggregation (malicious-server variant: signed with the party user's long-term identity,
@@ -51,6 +54,7 @@ from securefed.crypto import keys as kx
 from securefed.crypto import shamir
 from securefed.crypto.ckks import ContextMismatchError, Flooding
 from securefed.errors import AggregationError, AlgorithmContractError, SecurefedError
+from securefed.flower import freshness
 from securefed.flower import records as rec
 from securefed.flower.ckks import NodeKeys, arrays_to_ciphertexts
 from securefed.flower.dp import integers_on_client, mechanism_from_config, noise_on_client
@@ -79,6 +83,11 @@ from securefed.transport.secagg.signatures import (
 
 NODE_STATE = "securefed.node"
 SECAGG_STATE = "securefed.secagg"
+RUN_STATE = "securefed.secagg.run"
+"""The node's part of the run's nonce transcript (its nonce, its member id, the transcript it
+checked): kept for the whole run, unlike the round's secrets (``SECAGG_STATE``)."""
+PURPOSE_SECAGG_NONCES = b"flower-secagg-nonces"
+"""The purpose of secure aggregation's nonce transcript (:func:`run_transcript`)."""
 
 
 @dataclass
@@ -320,16 +329,113 @@ def _party_client(
     round_id: int,
     config: SecAggConfig,
     secrets: dict[str, bytes] | None = None,
+    run: bytes = b"",
 ) -> SecAggClient:
-    """The node's party client: with the party user's identity and the pinned registry in the
-    malicious-server variant."""
+    """The node's party client: with the party user's identity, the pinned registry and the
+    run's nonce transcript (``run``, which every signature binds) in the malicious-server
+    variant."""
     signer = registry = None
     if config.malicious:
         identity = setup.node_identity()
         signer, registry = identity.signer(party), identity.registry
     return SecAggClient(
-        party, round_id, config, setup.seeds, secrets=secrets, signer=signer, registry=registry
+        party,
+        round_id,
+        config,
+        setup.seeds,
+        secrets=secrets,
+        signer=signer,
+        registry=registry,
+        run=run if config.malicious else b"",
     )
+
+
+# ----------------------------------------------------------------------------- the run's nonces
+def _member(setup: ClientSetup) -> int | None:
+    """The node's member id in the run's nonce transcript: its lowest hosted user (``None``:
+    it hosts none, and takes no part)."""
+    users = np.asarray(setup.node.users, np.int64)
+    return int(users.min()) if users.size else None
+
+
+def _nonce(setup: ClientSetup, context: Context, message: Message) -> Message:
+    """The node's fresh nonce for this run (``query.secagg_nonce``, once per run, before the
+    first AdvertiseKeys of the malicious-server variant): every signature the node makes in the
+    run binds the transcript of every node's nonce (:mod:`securefed.flower.freshness`).
+
+    Secure mode draws it from the OS; seeded mode from ``("flower-secagg", "nonce", member,
+    resumed_from)``, so a seeded run resumed from a checkpoint gets another transcript too.
+
+    Raises:
+        SignatureError: the node already gave this run its nonce (a second one would let the
+            server choose which transcript the node signs).
+    """
+    config = rec.message_config(message)
+    hosted = np.asarray(setup.node.users, np.int64)
+    member = _member(setup)
+    if member is None:
+        return _reply(message, {"hosted": hosted}, {})
+    if RUN_STATE in context.state:
+        raise SignatureError(
+            f"node {member} already gave this run's secure aggregation its nonce and was asked "
+            "again; refusing (one nonce per node and run)"
+        )
+    resumed = int(config.get(RESUMED_FROM, 0))
+    nonce = freshness.fresh_nonce(setup.seeds, "flower-secagg", "nonce", member, resumed)
+    context.state[RUN_STATE] = ConfigRecord({"member": member, "nonce": nonce})
+    reply = {"hosted": hosted, "member": np.array(member, np.int64)}
+    return _reply(message, reply | freshness.nonce_arrays({member: nonce}), {})
+
+
+def run_transcript(nonces: Mapping[int, bytes]) -> bytes:
+    """The digest of the run's nonces under secure aggregation's purpose
+    (:func:`securefed.flower.freshness.nonce_transcript`)."""
+    return freshness.nonce_transcript(nonces, PURPOSE_SECAGG_NONCES)
+
+
+def _checked_run(context: Context, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """At AdvertiseKeys: the transcript of the nonces the request relays, once the node checked
+    them (its own in its place, distinct, :func:`~securefed.flower.freshness.checked_nonces`)
+    and that it is the one it advertised under earlier in the run, if any.
+
+    Raises:
+        SignatureError: no nonce given this run, the relayed nonces refused, or another
+            transcript than the one the node already signed over.
+    """
+    run = context.state.get(RUN_STATE)
+    if run is None or "nonce" not in run:
+        raise SignatureError(
+            "this node was asked to advertise keys before giving this run its nonce (its signed "
+            "advertisement binds every node's nonce of the run: query.secagg_nonce); refusing"
+        )
+    member = int(run["member"])
+    checked = freshness.checked_nonces(
+        member, bytes(run["nonce"]), freshness.relayed_nonces(arrays), member="node (lowest user)"
+    )
+    transcript = run_transcript(checked)
+    if "transcript" in run and bytes(run["transcript"]) != transcript:
+        raise SignatureError(
+            f"node {member} already signed this run's advertisements over other nonces than the "
+            "server relays now (two transcripts in one run); refusing"
+        )
+    context.state[RUN_STATE] = ConfigRecord(dict(run) | {"transcript": transcript})
+    return transcript
+
+
+def _stored_run(context: Context, round_id: int) -> bytes:
+    """The run's transcript the node checked at its AdvertiseKeys (later stages sign and check
+    over it).
+
+    Raises:
+        SignatureError: the node checked none (it did not advertise in this run).
+    """
+    run = context.state.get(RUN_STATE)
+    if run is None or "transcript" not in run:
+        raise SignatureError(
+            f"round {round_id}: this node holds no nonce transcript of this run (it did not "
+            "advertise keys in it); refusing"
+        )
+    return bytes(run["transcript"])
 
 
 def _restore_party(
@@ -348,7 +454,8 @@ def _restore_party(
             f"this node is one party of round {round_id} ({own}); the server asked for {asked[:5]}"
         )
     [party] = own
-    return party, _party_client(setup, party, round_id, config, secrets[party])
+    run = _stored_run(context, round_id) if config.malicious else b""
+    return party, _party_client(setup, party, round_id, config, secrets[party], run)
 
 
 def _check_not_advertised(context: Context, round_id: int) -> None:
@@ -393,7 +500,8 @@ def _advertisement(
     if len(users) == 0:
         return reply
     party = int(users[0])
-    client = _party_client(setup, party, round_id, secagg)
+    run = _checked_run(context, arrays) if secagg.malicious else b""
+    client = _party_client(setup, party, round_id, secagg, run=run)
     advert = client.advertise()
     _save_secrets(context, round_id, {party: client})  # with the stage: it advertises once
     reply |= {
@@ -504,7 +612,11 @@ def _masked_sum(
     if secagg.malicious:
         identity = setup.node_identity()
         statement = members_message(
-            round_id, party, len(updates.clients), registry=identity.registry.digest
+            round_id,
+            party,
+            len(updates.clients),
+            registry=identity.registry.digest,
+            run=_stored_run(context, round_id),
         )
         reply["members_signature"] = rec.bytes_rows(
             [identity.signer(party).sign(statement)], SIGNATURE_BYTES
@@ -585,6 +697,7 @@ def _check_members(
     contributors: set[int],
     round_id: int,
     needed: int,
+    run: bytes,
 ) -> None:
     """Before unmasking: the contributing parties' signed member counts add up to ``needed``.
 
@@ -603,8 +716,15 @@ def _check_members(
         )
     digest = identity.registry.digest
     for party, count, signature in zip(parties, counts, signatures, strict=True):
-        statement = members_message(round_id, int(party), int(count), registry=digest)
-        identity.registry.verify(int(party), statement, signature, what="member count")
+        statement = members_message(round_id, int(party), int(count), registry=digest, run=run)
+        try:
+            identity.registry.verify(int(party), statement, signature, what="member count")
+        except SignatureError as error:
+            raise SignatureError(
+                f"round {round_id}: party {party}'s signed member count does not verify over "
+                "this run's nonce transcript (a count replayed from another run, forged or "
+                f"inflated: {error}); refusing to unmask"
+            ) from error
     if needed and sum(counts) < needed:
         raise ConsistencyError(
             f"round {round_id}: the contributing parties hold {sum(counts)} user(s), fewer than "
@@ -622,7 +742,8 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
     contributors = set(arrays["contributors"].tolist())
     signatures = None
     if secagg.malicious:
-        _check_members(setup, arrays, contributors, round_id, needed)
+        run = _stored_run(context, round_id)
+        _check_members(setup, arrays, contributors, round_id, needed, run)
         signatures = dict(
             zip(
                 arrays["signers"].tolist(),
@@ -652,7 +773,8 @@ def _unmask(setup: ClientSetup, context: Context, message: Message) -> Message:
                 f"round {round_id}: the AdvertiseKeys carried with Unmasking must be for round "
                 f"{round_id + 1}, got {following.get('round')}"
             )
-        ahead = _advertisement(setup, context, {"clients": arrays["next.clients"]}, following)
+        relayed = {k[len("next.") :]: v for k, v in arrays.items() if k.startswith("next.")}
+        ahead = _advertisement(setup, context, relayed, following)
         reply |= {f"next.{k}": v for k, v in ahead.items()}
     return _reply(message, reply, {})
 
@@ -753,6 +875,10 @@ def make_client_app(setup: Callable[[Context], ClientSetup]) -> ClientApp:
         if node_setup.on_evaluate is not None:
             node_setup.on_evaluate(node)
         return _reply(message, {}, _metric_config(metrics))
+
+    @app.query("secagg_nonce")
+    def nonce(message: Message, context: Context) -> Message:
+        return _refusing(lambda: _nonce(setup(context), context, message), context, message)
 
     @app.query("secagg_advertise")
     def advertise(message: Message, context: Context) -> Message:

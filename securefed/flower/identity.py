@@ -251,12 +251,16 @@ def node_identity(
 PURPOSE_PARTY_MEMBERS = b"flower-party-members"
 
 
-def members_message(round_id: int, party: int, n_members: int, *, registry: bytes) -> bytes:
+def members_message(
+    round_id: int, party: int, n_members: int, *, registry: bytes, run: bytes = b""
+) -> bytes:
     """What a node signs (as its party) with its masked sum: how many users that sum holds.
 
     Every node checks, before it unmasks, that the parties it endorsed hold together at least
     the contributors its distributed noise share was calibrated for; the count is signed by the
-    party, so the server cannot inflate it (a corrupt node can: the colluder bound).
+    party, so the server cannot inflate it (a corrupt node can: the colluder bound). ``run``:
+    the run's nonce transcript (:mod:`securefed.flower.freshness`), so that a count signed in
+    an earlier run does not verify in this one.
     """
     from securefed.crypto import keys as kx
 
@@ -266,5 +270,6 @@ def members_message(round_id: int, party: int, n_members: int, *, registry: byte
             PURPOSE_PARTY_MEMBERS,
             bytes(registry),
             np.asarray([round_id, party, n_members], ">i8").tobytes(),
+            bytes(run),
         )
     )

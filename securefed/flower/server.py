@@ -17,9 +17,13 @@ server's transport, the seed tree, the loop options) into a ``flwr.serverapp.Ser
   and uploads their masked sum), ``query.secagg_consistency`` (ConsistencyCheck,
   malicious-server variant only: the default) and ``query.secagg_unmask`` (Unmasking). In the
   malicious-server variant the advertisements, the survivor set and each party's member count
-  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`). Each node is
-  one party of the protocol (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the
-  server's side of each stage is the party round, a
+  are signed by the nodes' long-term identities (:mod:`securefed.flower.identity`) over the
+  run's nonce transcript: once per run, before the first AdvertiseKeys, every node gives a
+  fresh nonce (``query.secagg_nonce``) and every AdvertiseKeys request relays them all
+  (:mod:`securefed.flower.freshness`), so no signature of another run verifies in this one.
+  Each node is one party of the protocol
+  (:meth:`~securefed.transport.secagg.SecAggRound.among_parties`): the server's side of each
+  stage is the party round, a
   :class:`~securefed.transport.secagg.SecAggRound` over the nodes. A node's refusal reply
   refuses the round (the error the node raised, naming it), where a node that does not answer
   counts as dropped.
@@ -76,6 +80,7 @@ from securefed.errors import (
     InsecureParameterError,
     SecurefedError,
 )
+from securefed.flower import freshness
 from securefed.flower import records as rec
 from securefed.flower.ckks import arrays_to_ciphertexts, ciphertexts_to_arrays
 from securefed.flower.dp import client_noise_std, mechanism_config
@@ -111,6 +116,9 @@ LOG = logging.getLogger("securefed.flower")
 
 TRAIN = "train"
 EVALUATE = "evaluate"
+NONCE = "query.secagg_nonce"
+"""Once per run, before the first AdvertiseKeys (malicious-server variant): every node's fresh
+nonce, whose transcript every signature of the run binds (:mod:`securefed.flower.freshness`)."""
 ADVERTISE = "query.secagg_advertise"
 SHARE = "query.secagg_share"
 MASK = "train.secagg_mask"
@@ -552,6 +560,10 @@ class _Run:
         """What the checkpoints save and restore: the algorithm, with its ``[[V]]`` under an
         encrypted state (:class:`~securefed.flower.state_checkpoint.EncryptedStateCheckpoint`)."""
         self._sampled: dict[int, np.ndarray] = {}
+        self.nonces: dict[int, bytes] = {}
+        """The run's nonces by member (a node's lowest user), relayed with every AdvertiseKeys."""
+        self.nonce_nodes: set[int] = set()
+        """The nodes that gave the run a nonce: the only ones asked to advertise."""
         self._ahead: dict[int, dict[int, dict[str, np.ndarray]]] = {}
         self._asked_ahead: dict[int, set[int]] = {}
         if setup.options.advertise_ahead and self.wire.kind != "secagg":
@@ -661,6 +673,51 @@ class _Run:
         config = {"round": following} | self.wire.node_config(len(clients))
         return _by_node(clients, self.hosts), {f"next.{k}": v for k, v in config.items()}
 
+    # -- the run's nonces (malicious-server secure aggregation) ---------------------------
+    @property
+    def _signed_rounds(self) -> bool:
+        """Whether the nodes sign the rounds (the malicious-server variant), so that the run
+        needs its nonce transcript."""
+        return self.wire.kind == "secagg" and self.wire.secagg.malicious
+
+    def _collect_nonces(self, nodes: list[int]) -> None:
+        """One message round per run (``query.secagg_nonce``): every node's fresh nonce,
+        relayed to every node with each AdvertiseKeys request (:mod:`securefed.flower.freshness`).
+
+        A federation keeps one registry across runs and every run counts its rounds from 0,
+        so without it a signature of an earlier run's round would verify in this run's round of
+        the same id. A resumed run is a new run: it collects fresh nonces (a fresh transcript).
+        A node that gives none sits the run out (it is never asked to advertise).
+
+        Raises:
+            AggregationError: a malformed reply, or a node naming a member it does not host.
+        """
+        config = self._round_config(self.resumed_from) | {"wire": self.wire.kind}
+        contents = {node: rec.content({}, config) for node in nodes}
+        replies = self.messenger.exchange(NONCE, contents, self.resumed_from)
+        for node, reply in sorted(replies.items()):
+            with _malformed_refuses(self.resumed_from, node, NONCE):
+                arrays = rec.message_arrays(reply)
+                _learn_hosts(self.hosts, node, arrays["hosted"])
+                if "member" not in arrays:
+                    continue  # a node that hosts no user
+                member = int(arrays["member"])
+                relayed = freshness.relayed_nonces(arrays)
+                if member != int(np.min(arrays["hosted"])) or list(relayed) != [member]:
+                    raise AggregationError(
+                        f"node {node} gave the run's nonce as member {sorted(relayed)[:3]} "
+                        f"(named {member}); its member is its lowest hosted user"
+                    )
+                if len(relayed[member]) != freshness.NONCE_BYTES:
+                    raise ValueError(f"a nonce of {len(relayed[member])} bytes")
+            self.nonces[member] = relayed[member]
+            self.nonce_nodes.add(node)
+        LOG.info("run nonces from %d of %d node(s)", len(self.nonce_nodes), len(nodes))
+
+    def _nonce_arrays(self, prefix: str = freshness.NONCE_PREFIX) -> dict[str, np.ndarray]:
+        """The run's nonces for an AdvertiseKeys request (none outside the signed variant)."""
+        return freshness.nonce_arrays(self.nonces, prefix) if self._signed_rounds else {}
+
     # -- one training round, plaintext wire (with or without DP) ----------------------
     def plain_round(self, round_id: int, clients: np.ndarray) -> dict[str, float]:
         rnd, active = self.algorithm.open_round(round_id, clients, self.transport, self.seeds)
@@ -715,7 +772,10 @@ class _Run:
         # (``advertise_ahead``: most nodes already did, with their Unmasking reply of the round
         # before; a node asked ahead whose reply was lost sits this round out).
         groups = self._targets(clients)
+        if self._signed_rounds:  # only the nodes in the run's nonce transcript advertise
+            groups = {node: users for node, users in groups.items() if node in self.nonce_nodes}
         base = self._round_config(round_id) | secagg_config
+        nonces = self._nonce_arrays()
         ahead = self._ahead.pop(round_id, {})
         asked_ahead = self._asked_ahead.pop(round_id, set())
         replies = {
@@ -723,7 +783,7 @@ class _Run:
             for node, reply in self.messenger.exchange(
                 ADVERTISE,
                 {
-                    node: rec.content({"clients": np.asarray(users, np.int64)}, base)
+                    node: rec.content({"clients": np.asarray(users, np.int64)} | nonces, base)
                     for node, users in groups.items()
                     if node not in asked_ahead
                 },
@@ -1007,6 +1067,7 @@ class _Run:
             node = party_node[helper]
             if node in next_groups:  # advertise_ahead: the next round's AdvertiseKeys too
                 arrays["next.clients"] = np.asarray(next_groups[node], np.int64)
+                arrays |= self._nonce_arrays("next." + freshness.NONCE_PREFIX)
                 contents[node] = rec.content(arrays, config | next_config)
             else:
                 contents[node] = rec.content(arrays, config)
@@ -1178,6 +1239,8 @@ class _Run:
         self.result.nodes = len(nodes)
         if self.encrypted_state is not None:
             self._encrypt_initial_state(nodes)
+        if self._signed_rounds and self.resumed_from < options.rounds:
+            self._collect_nonces(nodes)
         for round_id in range(self.resumed_from, options.rounds):
             start = time.perf_counter()
             clients = self.clients_of(round_id)

@@ -213,6 +213,9 @@ class SecAggClient:
         registry: every client's long-term public keys, from set-up, not from the server
             (malicious-server variant only; it must hold ``signer``'s keys under this client's
             id).
+        run: the run's nonce transcript, bound into every signature the client makes and
+            checks (:mod:`securefed.flower.freshness`: on Flower a registry outlives a run);
+            empty in one process, where a registry lives for one run.
 
     In the malicious-server variant (``config.server == "malicious"``, Bonawitz et al. 2017,
     Sec. 6) the client also signs its advertisement, checks its neighbours' signatures before it
@@ -237,6 +240,7 @@ class SecAggClient:
         secrets: dict[str, bytes] | None = None,
         signer: SigningKey | None = None,
         registry: KeyRegistry | None = None,
+        run: bytes = b"",
     ) -> None:
         self.id = int(client)
         self.round_id = round_id
@@ -256,6 +260,7 @@ class SecAggClient:
                 min_contributors=self.min_contributors,
                 graph_epoch=config.graph_epoch,
                 epoch_keypair=lambda: self.random.keypair("epoch"),
+                run=run,
             )
             if config.malicious
             else None

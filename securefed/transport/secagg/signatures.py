@@ -76,15 +76,19 @@ authority. The enrolment authority itself is trusted: it binds ids to keys.
 
 Every signed or tagged message starts with :data:`~securefed.crypto.keys.PROTOCOL_LABEL`, a
 purpose tag and the round, so an authenticator of one purpose or one round is never valid for
-another.
+another. Where one registry outlives a run (Flower: every run counts its rounds from 0), the
+advertisement and ConsistencyCheck signatures also bind the run's nonce transcript
+(``run``: :mod:`securefed.flower.freshness`), which holds every verifier's own fresh nonce, so a
+signature of another run is never valid in this one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
@@ -555,10 +559,19 @@ def registry_digest(keys: Mapping[int, bytes], statics: Mapping[int, bytes]) -> 
 
 
 def advertisement_message(
-    round_id: int, client: int, c_public: bytes, s_public: bytes, *, registry: bytes
+    round_id: int,
+    client: int,
+    c_public: bytes,
+    s_public: bytes,
+    *,
+    registry: bytes,
+    run: bytes = b"",
 ) -> bytes:
     """What a client signs at AdvertiseKeys: the round, the registry digest it pinned, its id
-    and its two public keys."""
+    and its two public keys, and the run's nonce transcript when rounds of several runs share
+    one registry (``run``: :func:`securefed.flower.freshness.nonce_transcript`, 32 bytes, on
+    Flower; empty in one process). Every other field has a fixed length, so a message with a
+    transcript never equals one without."""
     return b"".join(
         (
             kx.PROTOCOL_LABEL,
@@ -567,6 +580,7 @@ def advertisement_message(
             struct.pack(">qq", round_id, client),
             bytes(c_public),
             bytes(s_public),
+            bytes(run),
         )
     )
 
@@ -648,10 +662,12 @@ def consistency_message(
     *,
     registry: bytes,
     min_contributors: int = 0,
+    run: bytes = b"",
 ) -> bytes:
     """What a survivor signs at ConsistencyCheck: the round, the registry digest it pinned, the
-    minimum of contributors it holds (:attr:`SecAggConfig.min_contributors`) and the survivor
-    set ``U_3`` told.
+    minimum of contributors it holds (:attr:`SecAggConfig.min_contributors`), the survivor
+    set ``U_3`` told and the run's nonce transcript (``run``, as in
+    :func:`advertisement_message`).
 
     The set is hashed (SHA-256 of the sorted ids) so the message stays short for large rounds;
     ``survivors`` may be its :class:`SurvivorDigest`, computed once for the set.
@@ -666,6 +682,7 @@ def consistency_message(
             bytes(registry),
             struct.pack(">qqq", round_id, bound.size, min_contributors),
             bound.digest,
+            bytes(run),
         )
     )
 
@@ -736,6 +753,7 @@ class ClientAuthentication:
         min_contributors: int = 0,
         graph_epoch: int = 1,
         epoch_keypair: Callable[[], kx.KeyPair] | None = None,
+        run: bytes = b"",
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {AUTH_MODES}, got {mode!r}")
@@ -767,6 +785,12 @@ class ClientAuthentication:
         self.registry = registry
         self.digest = pinned
         self.min_contributors = int(min_contributors)
+        if run and (mode != "signatures" or graph_epoch > 1):
+            raise ValueError(
+                "a run transcript binds the per-round Ed25519 signatures (auth='signatures', "
+                "graph_epoch=1) only; MACs and epoch sessions do not carry it"
+            )
+        self.run = bytes(run)
         self.setup_seconds = 0.0
         self._keys: dict[int, tuple[kx.MacKey, kx.MacKey]] = {}  # this round's, by peer
         self._bound: tuple[frozenset[int], SurvivorDigest] | None = None  # the set endorsed
@@ -813,7 +837,7 @@ class ClientAuthentication:
         if self.mode == "signatures":
             return self.identity.sign(
                 advertisement_message(
-                    self.round_id, self.id, c_public, s_public, registry=self.digest
+                    self.round_id, self.id, c_public, s_public, registry=self.digest, run=self.run
                 )
             )
         if recipients is None:
@@ -975,9 +999,10 @@ class ClientAuthentication:
             return
         if self.mode == "signatures":
             message = advertisement_message(
-                self.round_id, sender, c_public, s_public, registry=self.digest
+                self.round_id, sender, c_public, s_public, registry=self.digest, run=self.run
             )
-            self.registry.verify(sender, message, authenticator, what="advertisement")
+            with self._run_bound(sender, "advertisement"):
+                self.registry.verify(sender, message, authenticator, what="advertisement")
             return
         key = self._key(sender, "advertisement")[0]
         message = advertisement_tag_message(
@@ -988,6 +1013,23 @@ class ClientAuthentication:
                 f"client {sender}'s MAC on its advertisement does not verify (forged, on other "
                 "content, from another round, or addressed to another client); refusing"
             )
+
+    @contextlib.contextmanager
+    def _run_bound(self, sender: int, what: str) -> Iterator[None]:
+        """Name the cause when a registered sender's signature fails under a run transcript:
+        it is not over this run's nonces, which hold this client's own (a replay from another
+        run is the attack the transcript stops)."""
+        try:
+            yield
+        except SignatureError as error:
+            if not self.run or int(sender) not in self.registry.keys:
+                raise
+            raise SignatureError(
+                f"client {sender}'s signature on its {what} does not verify over this run's "
+                f"nonce transcript, which holds client {self.id}'s own fresh nonce: a signed "
+                f"{what} replayed from another run (or forged, on other content, or from "
+                "another round); refusing"
+            ) from error
 
     def endorse(self, survivors: frozenset[int], recipients: Iterable[int]) -> Authenticator:
         """ConsistencyCheck: the authenticator of ``survivors`` (a signature, or a MAC each)."""
@@ -1027,6 +1069,7 @@ class ClientAuthentication:
             survivors,
             registry=self.digest,
             min_contributors=self.min_contributors,
+            run=self.run,
         )
 
     def check_endorsement(self, sender: int, survivors: frozenset[int], authenticator) -> None:
@@ -1037,9 +1080,10 @@ class ClientAuthentication:
         """
         bound = self._digest(survivors)
         if self.mode == "signatures" and not self.epoch_mode:
-            self.registry.verify(
-                sender, self._consistency(bound), authenticator, what="survivor set"
-            )
+            with self._run_bound(sender, "survivor set"):
+                self.registry.verify(
+                    sender, self._consistency(bound), authenticator, what="survivor set"
+                )
             return
         key = self._peer_keys(sender, "survivor set")[1]
         if not key.check(self._consistency_tag(sender, self.id, bound), authenticator):
