@@ -7,10 +7,12 @@ Two modes (``--mode``):
   behind the ``ckks`` and the ``plaintext`` fusion channel, its replay filled by real acting
   rounds (random slates), then ``--repeats`` learning steps (:func:`securefed.rl.fedslate.learn`:
   the targets, Algorithm 1 for A, Algorithm 2 for B) and ``--repeats`` acting inquiries are
-  timed in each. Prints the CKKS breakdown (encryption, server evaluation, exchange,
-  decryption, from the channel's clocks), wall and process-CPU seconds, the ratio to the
-  plaintext step measured in the same run, and the projection of a full run (``--project``
-  episodes: rounds x acting + learning steps x step). JSON and markdown under ``--out``
+  timed in each, and ``--repeats`` acting inquiries each right after a learning step (the first
+  on new weights: the packed circuit encodes them anew). Prints the CKKS breakdown
+  (encryption, server evaluation, exchange, decryption, from the channel's clocks), wall and
+  process-CPU seconds, the ratio to the plaintext step measured in the same run, and the
+  projection of a full run (``--project`` episodes: learning steps x (step + acting after a
+  step) + the other rounds x acting). JSON and markdown under ``--out``
   (default ``results/fusion_step``).
 * ``curves``: ``--episodes`` FedSlate episodes behind each of ``--transports`` with the same
   seed and activation (acting, targets and learning through the channel), each transport's
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -147,6 +151,18 @@ def _time(function, repeats: int, clocks: dict | None) -> dict[str, object]:
     return out
 
 
+def _time_after(before, function, repeats: int) -> dict[str, object]:
+    """``function`` timed right after an untimed ``before`` each time (the acting inquiry
+    after a learning step: the first on new weights, which encodes them anew)."""
+    cpu = []
+    for _ in range(repeats):
+        before()
+        c = time.process_time()
+        function()
+        cpu.append(time.process_time() - c)
+    return {"cpu_s": float(np.median(cpu)), "cpu_all": cpu}
+
+
 def measure(
     args: argparse.Namespace, fusion: str, circuit: str | None = None, *, serialized: bool = False
 ) -> dict[str, object]:
@@ -172,7 +188,9 @@ def measure(
             k: (v - handed.get(k, 0)) / args.repeats for k, v in run.channel.handed_bytes.items()
         }
     acting = _time(lambda: acting_inquiry(run, x), args.repeats, clocks)
-    record = {"fusion": fusion, "learning_step": step, "acting_inquiry": acting}
+    after = _time_after(lambda: learn(run), lambda: acting_inquiry(run, x), args.repeats)
+    record = {"fusion": fusion, "learning_step": step, "acting_inquiry": acting,
+              "acting_after_step": after}  # fmt: skip
     if fusion == "ckks":
         record["circuit"] = getattr(run.channel, "circuit", "monomials")
         record["public"] = {
@@ -188,7 +206,11 @@ def project(record: dict, episodes: int, config) -> dict[str, float]:
     """A full run's seconds from the measured per-step and per-round costs."""
     rounds = episodes * config.steps_per_platform
     learning = max(0, (rounds - config.burn_in) // config.learn_every)
-    acting_s = rounds * record["acting_inquiry"]["cpu_s"]
+    # One acting inquiry per learning step runs on new weights (acting_after_step, when
+    # measured); the others on the weights of the one before (acting_inquiry).
+    after = record.get("acting_after_step", record["acting_inquiry"])["cpu_s"]
+    fresh = min(learning, rounds)
+    acting_s = fresh * after + (rounds - fresh) * record["acting_inquiry"]["cpu_s"]
     learning_s = learning * record["learning_step"]["cpu_s"]
     return {
         "episodes": episodes,
@@ -202,6 +224,9 @@ def project(record: dict, episodes: int, config) -> dict[str, float]:
 
 
 def step(args: argparse.Namespace) -> int:
+    import securefed.fusion.ckks_packed as packed_module
+
+    load_start = os.getloadavg()
     config = fedslate_config(args, "ckks")
     circuits = [c for c in args.circuits.split(",") if c]
     records = {"plaintext": measure(args, "plaintext")}
@@ -239,6 +264,7 @@ def step(args: argparse.Namespace) -> int:
         for what in ("learning_step", "acting_inquiry"):
             row[f"{what} cpu s"] = record[what]["cpu_s"]
             row[f"{what} wall s"] = record[what]["wall_s"]
+        row["acting after a step cpu s"] = record["acting_after_step"]["cpu_s"]
         for stage in STAGES:
             stages = record["learning_step"].get("stages_s")
             row[f"step {stage} s"] = stages[stage] if stages else ""
@@ -272,6 +298,9 @@ def step(args: argparse.Namespace) -> int:
         "ratios_cpu": ratios,
         "serialized_over_memory_cpu": overhead,
         "projection": projection,
+        "command": "securefed " + " ".join(sys.argv[1:]),
+        "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
+        "ckks_packed_module": packed_module.__file__,
     }
     name = f"step_N{args.candidates}_n{args.slate}_h{args.server_hidden.replace(',', 'x')}"
     if len(circuits) > 1 or circuits != ["monomials"]:

@@ -293,7 +293,7 @@ def test_an_announced_training_forward_joins_the_target_forward_in_one_ciphertex
     # Handed to B: the joined forward, the masked exchange, the input gradient.
     n, hiding = S * B * N, packed._hiding_std()
     assert hiding == 2.0**-4
-    forward, _, gradient = (packed.keys["B"]._secret.decrypt_vector(v, 4 * n) for v in handed)
+    forward, _, gradient = (packed.keys["B"].decrypt_returned(v)[: 4 * n] for v in handed)
     for values, unread in ((forward, slice(n, 3 * n)), (gradient, slice(n, 4 * n))):
         assert 0.9 * hiding < values[unread].std() < 1.1 * hiding
     np.testing.assert_allclose(gradient[:n] * 2**packed.shift, dx.reshape(-1), rtol=1e-5, atol=1e-9)
@@ -335,7 +335,7 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
     to_party = packed._to_party
 
     def watch(vector, party):
-        handed.append(vector.data.ciphertext()[0].size())
+        handed.append(_components(vector))
         return to_party(vector, party)
 
     packed._to_party = watch
@@ -343,16 +343,74 @@ def test_every_returned_ciphertext_is_relinearized_so_re_randomization_covers_it
     q = _q(rng)
     packed.forward(q, outputs=["A", "B"], train=False)
     assert handed and set(handed) == {2}
+    # One relinearization per output: the two products are summed first.
+    assert packed.counts["relinearize"] == 2 and packed.counts["cipher_mul"] == 4
 
-    new_key = PackedCKKSModuleFusionChannel._new_key
-
-    def unrelinearized(self):  # what the circuit did before: products left of size 3
-        key = new_key(self)
-        key.tenseal.auto_relin = False
-        return key
+    def skipped(self, seal, ct):  # what the circuit did before 2026-12-02: no relinearization
+        return None
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(PackedCKKSModuleFusionChannel, "_new_key", unrelinearized)
+        patch.setattr(PackedCKKSModuleFusionChannel, "_relinearize", skipped)
         _, _, skipping = _channels()
-    with pytest.raises(RuntimeError, match="3 components"):
-        skipping.forward(_q(rng), outputs=["A", "B"], train=False)
+        with pytest.raises(RuntimeError, match="3 components"):
+            skipping.forward(_q(rng), outputs=["A", "B"], train=False)
+        # The masked exchange's product E = G Q is refused the same way.
+        with pytest.raises(RuntimeError, match="3 components"):
+            skipping._masked_regions(
+                _returned_product(skipping, _q(rng)), "B", [(0, B * N)], 0, S * B * N, B * N
+            )
+
+
+def _returned_product(channel, q):
+    """``E = G Q`` for owner B as the backward computes it, not relinearized."""
+    from securefed.fusion.ckks_packed import _Returned
+
+    seal = channel._seal("B")
+    x = {p: v.numpy().astype(np.float64).reshape(-1) for p, v in q.items()}
+    g = channel.keys["B"].encrypt_gradient_regions(np.ones_like(x["B"]), x["B"], 3)
+    other = channel.keys["A"].encrypt_other_regions(x["A"], channel.keys["B"].public)
+    product = seal.rescaled(seal.times(g.data.ciphertext()[0], other.data.ciphertext()[0]))
+    return _Returned(product, g.size())
+
+
+def _components(handed) -> int:
+    """The component count of a ciphertext the server hands a party (TenSEAL's or SEAL's)."""
+    if isinstance(handed, ts.CKKSVector):
+        return handed.data.ciphertext()[0].size()
+    return handed.ciphertext.size()
+
+
+def test_kept_encodings_follow_the_weights(torch_one_thread):
+    """The server keeps its coefficient encodings between inquiries (issue 34, acting): a
+    second acting inquiry on the same weights encodes only its re-randomizers' noise; after the
+    weights move, the next one encodes anew and still equals plaintext on the new weights
+    within the stated bound (a stale encoding would give the old weights' outputs)."""
+    plain, _, packed = _channels()
+    rng = np.random.default_rng(11)
+
+    def acting(q):
+        return {p: v.numpy()[:, :1] for p, v in q.items()}
+
+    def encodings():
+        return sum(e.encodings for e in packed._evaluators.values())
+
+    packed.forward(acting(_q(rng)), train=False)
+    before = encodings()
+    packed.forward(acting(_q(rng)), train=False)
+    assert encodings() - before == 2  # the two re-randomizers' noise, nothing else
+    q = acting(_q(rng))
+    old = {p: np.asarray(v) for p, v in plain.forward(q, train=False).items()}
+    with torch.no_grad():
+        for channel in (plain, packed):
+            for parameter in channel.module.parameters():
+                parameter.mul_(0.5)
+    before = encodings()
+    encrypted = packed.forward(q, train=False)
+    assert encodings() - before > 2
+    clear = plain.forward(q, train=False)
+    bounds = packed.error_bounds()["output"]
+    for p in "AB":
+        new, fused = np.asarray(clear[p]), np.asarray(encrypted[p])
+        assert np.all(np.abs(fused - new).max(axis=(1, 2)) <= bounds)
+        # What stale encodings would give (the old weights' outputs) is far outside the bound.
+        assert np.all(np.abs(old[p] - new).max(axis=(1, 2)) > 100 * bounds)

@@ -35,3 +35,23 @@ def test_curves_refuse_the_step_only_ckks_options():
         args = parser.parse_args(["fusion-step", "--mode", "curves", *option])
         with pytest.raises(ValueError, match="apply to --mode step only"):
             bench_fusion_step.run(args)
+
+
+def test_the_projection_charges_one_acting_inquiry_per_learning_step_at_its_after_step_cost():
+    """The acting inquiry right after a learning step runs on new weights (the packed circuit
+    encodes them anew); the projection counts one per learning step at that cost, the other
+    rounds at the cost of an inquiry on unchanged weights, and without the measurement every
+    round at the latter."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(steps_per_platform=10, burn_in=4, learn_every=3)
+    record = {
+        "learning_step": {"cpu_s": 1.0},
+        "acting_inquiry": {"cpu_s": 0.1},
+        "acting_after_step": {"cpu_s": 0.4},
+    }
+    out = bench_fusion_step.project(record, 2, config)
+    assert out["rounds"] == 20 and out["learning_steps"] == 5
+    assert out["acting_s"] == pytest.approx(5 * 0.4 + 15 * 0.1)
+    del record["acting_after_step"]
+    assert bench_fusion_step.project(record, 2, config)["acting_s"] == pytest.approx(2.0)

@@ -19,7 +19,11 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   the clear: no ciphertext product builds them.
 * **Forward** (region 0): ``L_0 = a_0 + b_00 P + b_01 Q``, ``L_1 = a_1 + b_11 Q``,
   ``f = c + P L_0 + Q L_1``: three plaintext and two ciphertext products, two levels, one
-  output ciphertext (the other regions decrypt to zero). The coefficient vectors hold each
+  output ciphertext (the other regions decrypt to zero). Evaluated on SEAL's own objects
+  (:class:`_SealEvaluator`): ``L_0`` and ``L_1`` are each rescaled once after their sums,
+  the two ciphertext products are summed, rescaled and relinearized once, and the server's
+  coefficient vectors are encoded once per content (so once per weight version: the acting
+  inquiries between two learning steps reuse them). The coefficient vectors hold each
   slot's member's coefficient times ``2^-shift`` (``output_shift_bits``): the deepest level of
   the chain ``[60, s, s, 60]`` decrypts values below ``2^(58 - s)``, so the outputs are scaled
   into it and the party multiplies them back; the server refuses (before evaluating) weights
@@ -53,11 +57,13 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   :func:`packed_chunks`, :func:`region_segments`, :func:`packed_flooding_std`), without joining
   or repeating a forward. The parties' keys follow :func:`packed_key_circuit`.
 
-Every returned ciphertext is re-randomized with a fresh public-key encryption of Gaussian noise
-of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party reads) on
-the slots the party reads, of std ``2^-13`` of the deepest level's room on the others (they
-hold rounding errors, or a joined input gradient's region 3: the owner's fresh error times the
-other network's derivative), and the polynomial's constant. :func:`packed_error_bounds` states
+Every returned output and input gradient is relinearized (two components) and re-randomized
+with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
+noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party
+reads) on the slots the party reads, of std ``2^-13`` of the deepest level's room on the others
+(they hold rounding errors, or a joined input gradient's region 3: the owner's fresh error
+times the other network's derivative), and the polynomial's constant; the masked exchange's
+product is relinearized and masked (not re-randomized). :func:`packed_error_bounds` states
 the error model (every fresh encryption, relinearization, rescaling and plaintext encoding
 adding at most its own bound).
 """
@@ -65,6 +71,9 @@ adding at most its own bound).
 from __future__ import annotations
 
 import math
+import os
+import struct
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +81,7 @@ from typing import Any
 
 import numpy as np
 import tenseal as ts
+import tenseal.sealapi as sealapi
 
 from securefed.crypto.ckks import (
     FusionCircuit,
@@ -294,6 +304,7 @@ class PackedKeyParty(ModuleKeyParty):
 
     def __init__(self, name: str, secret: SecretContext) -> None:
         super().__init__(name, secret, own_encryption=True)
+        self._decoder: tuple | None = None
 
     def encrypt_owner_regions(self, x0: np.ndarray, *joined: np.ndarray) -> ts.CKKSVector:
         """``P = [x_0 | 0 | 0 (| x_0')]`` under its own key, encrypted with the secret key."""
@@ -316,6 +327,20 @@ class PackedKeyParty(ModuleKeyParty):
         pad = [np.zeros(len(g))] * (regions - REGIONS)
         return self.encrypt_own(np.concatenate([g, g * x0, g, *pad]))
 
+    def decrypt_returned(self, message: _Returned | bytes) -> np.ndarray:
+        """Decrypt what the server returned (its :class:`_Returned` SEAL ciphertext in memory,
+        or TenSEAL's ``CKKSVector`` bytes): every slot it filled."""
+        if not isinstance(message, _Returned):
+            return self.decrypt_vector(message)
+        if self._decoder is None:
+            data = self._secret.tenseal.data
+            seal = data.seal_context()
+            self._decoder = (sealapi.Decryptor(seal, data.secret_key()), sealapi.CKKSEncoder(seal))
+        decryptor, encoder = self._decoder
+        plain = sealapi.Plaintext()
+        decryptor.decrypt(message.ciphertext, plain)
+        return np.asarray(encoder.decode_double(plain)[: message.size], dtype=np.float64)
+
     @staticmethod
     def own_monomials(g: np.ndarray, x0: np.ndarray) -> tuple[np.ndarray, ...]:
         """``g x_0^k`` for ``k = 0, 1, 2``: the terms of the batch sums the owner releases from
@@ -335,12 +360,12 @@ class PackedKeyParty(ModuleKeyParty):
         """The key holder's step of the packed masked exchange: decrypt ``[[G Q + R]]``, sum
         each member segment of every region (:func:`region_segments`), flood and round."""
         local = region_segments(segments, start, n)
-        return self.release_sums(masked, local, flooding, std, noise)
+        return self.release_own(self.decrypt_returned(masked), local, flooding, std, noise)
 
     def read(self, message, n: int, shift: int) -> np.ndarray:
         """The first ``n`` slots of a returned ciphertext (an output or input gradient,
         evaluated times ``2^-shift``), times ``2^shift``."""
-        return self.decrypt_vector(message)[:n] * 2.0**shift
+        return self.decrypt_returned(message)[:n] * 2.0**shift
 
 
 class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
@@ -373,6 +398,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._memo: dict[str, dict] = {}
         self._expansions: dict[str, tuple] = {}
         self._announced: Inquiry | None = None
+        self._evaluators: dict[str, _SealEvaluator] = {}
         self.view.public.update(
             {
                 "circuit": self.circuit,
@@ -453,7 +479,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             out[region * n : (region + 1) * n] = rows[:, k]
         if np.abs(out).max() < self.min_weight:
             return None
-        return out.tolist()
+        return out
 
     def _expanded(self, network: str, *, grad: bool = False):
         """The per-member coefficients of ``network``'s polynomial (``(members, monomials)``),
@@ -533,14 +559,16 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             layers = {0: self._rows(coefficients, a, b, per_member)}
             if joined is not None:
                 layers[REGIONS] = self._rows(joined[1], a, b, per_member)
-            pieces.append(self._evaluate_chunk(enc_p, enc_q, layers, regions))
+            pieces.append(self._evaluate_chunk(enc_p, enc_q, layers, regions, p))
             self.seconds["server_evaluation"] += time.process_time() - now
         return pieces
 
-    def _evaluate_chunk(self, enc_p, enc_q, layers, regions: int):
+    def _evaluate_chunk(self, enc_p, enc_q, layers, regions: int, party: str):
         """The server's evaluation of one chunk on the owner's ``P`` and the other party's
         ``Q`` (``None`` without one): ``(P, Q, dx multiplier, (output, constant))``, ``layers``
-        region -> the coefficients of the network evaluated there (:meth:`_rows`)."""
+        region -> the coefficients of the network evaluated there (:meth:`_rows`), on SEAL's
+        objects (:class:`_SealEvaluator`: the output a :class:`_Returned`, relinearized by
+        :meth:`_rerandomize`)."""
         dims = len(self._parties)
         own = (1,) + (0,) * (dims - 1)
         other = (0, 1) + (0,) * (dims - 2) if dims > 1 else None
@@ -548,54 +576,92 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         def vec(exponent):
             return self._region_vector(layers, exponent, regions)
 
+        seal = self._seal(party)
+        P = enc_p.data.ciphertext()[0]
+        Q = enc_q.data.ciphertext()[0] if enc_q is not None else None
+        # L_0 = a_0 + b_00 P + b_01 Q and L_1 = a_1 + b_11 Q, each rescaled once.
         two = tuple(2 * e for e in own)
-        t00 = self._plain(enc_p, vec(two))
-        terms = [t00]
-        if enc_q is not None:
+        t00 = self._times_plain(seal, P, vec(two))
+        l0_sum = t00
+        if Q is not None:
             cross = tuple(i + j for i, j in zip(own, other, strict=True))
-            terms.append(self._plain(enc_q, vec(cross)))
-        l0 = self._affine(terms, vec(own))
-        out = self._product(enc_p, l0)
-        if enc_q is not None:
+            l0_sum = seal.plus(l0_sum, self._times_plain(seal, Q, vec(cross)))
+        l0_sum = self._plus_constant(seal, l0_sum, vec(own))
+        l0 = self._rescaled(seal, l0_sum)
+        l1 = None
+        if Q is not None:
             square = tuple(2 * e for e in other)
-            l1 = self._affine([self._plain(enc_q, vec(square))], vec(other))
-            out = _add(out, self._product(enc_q, l1))
+            l1_sum = self._plus_constant(seal, self._times_plain(seal, Q, vec(square)), vec(other))
+            l1 = self._rescaled(seal, l1_sum)
+        # f - c = P L_0 + Q L_1: both products summed, rescaled and (in :meth:`_rerandomize`)
+        # relinearized once.
+        out = self._terms(seal, [(P, l0), (Q, l1)])
         # Everything encoding to zero: a negligible multiple of P keeps a ciphertext.
-        value = out.vector if out is not None else enc_p * self._negligible
-        # The constant c joins the re-randomizing encryption (:meth:`_returned`).
+        value = out if out is not None else self._negligible_multiple(seal, P)
+        # The constant c joins the re-randomizing encryption (:meth:`_rerandomize`).
         constant = vec((0,) * dims)
-        # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P (a plain list if linear;
-        # joined, its region 3 is the other forward's, which the returned gradient's
-        # re-randomization floods: :meth:`_returned`).
-        derivative = _add(l0, t00) if isinstance(l0, _Ct) else l0
-        return enc_p, enc_q, derivative, (value, constant)
+        # d f / d x_0 = a_0 + 2 b_00 x_0 + b_01 x_1 = L_0 + b_00 P, kept before its rescaling
+        # (only a backward rescales it; a plain array if linear; joined, its region 3 is the
+        # other forward's, which the returned gradient's re-randomization floods).
+        if isinstance(l0_sum, np.ndarray) or l0_sum is None:
+            derivative = l0_sum
+        else:
+            derivative = seal.plus(l0_sum, t00)
+        return enc_p, enc_q, derivative, (_Returned(value, enc_p.size()), constant)
 
-    def _plain(self, vector, multiplier):
-        if multiplier is None:
+    def _seal(self, party: str) -> _SealEvaluator:
+        """The server's SEAL evaluator under ``party``'s public context (built once)."""
+        found = self._evaluators.get(party)
+        if found is None:
+            found = _SealEvaluator(self.server_contexts[party].tenseal)
+            self._evaluators[party] = found
+        return found
+
+    def _times_plain(self, seal: _SealEvaluator, ct, multiplier):
+        """``ct * multiplier`` (not rescaled); ``None`` for no multiplier or no ciphertext."""
+        if multiplier is None or ct is None:
             return None
         self.counts["plain_mul"] += 1
-        return _Ct(_mul_plain(vector, multiplier))
+        return seal.times_plain(ct, multiplier)
 
-    def _affine(self, terms, constant):
-        """``sum terms + constant``: a ciphertext (:class:`_Ct`), or the plain constant."""
-        acc = None
-        for term in terms:
-            acc = _add(acc, term)
-        if acc is None:
+    @staticmethod
+    def _plus_constant(seal: _SealEvaluator, ct, constant):
+        """``ct + constant`` before rescaling; the plain constant alone if no ciphertext."""
+        if ct is None:
             return constant
-        if constant is not None:
-            acc = _Ct(_add_plain(acc.vector, constant))
-        return acc
+        return ct if constant is None else seal.plus_plain(ct, constant)
 
-    def _product(self, vector, factor):
-        """``vector * factor`` for a ciphertext factor (one ciphertext product) or a plain one."""
-        if factor is None:
+    @staticmethod
+    def _rescaled(seal: _SealEvaluator, value):
+        """A ciphertext rescaled once; a plain array (or ``None``) as it is."""
+        if value is None or isinstance(value, np.ndarray):
+            return value
+        return seal.rescaled(value)
+
+    def _terms(self, seal: _SealEvaluator, pairs):
+        """``sum_k ct_k * factor_k`` for ciphertext or plain factors, rescaled once; ``None`` if
+        no term. A plain factor is encoded at the scale of a ciphertext factor (so that every
+        term has the same scale) and at its level."""
+        pairs = [(ct, f) for ct, f in pairs if ct is not None and f is not None]
+        if not pairs:
             return None
-        if isinstance(factor, _Ct):
-            self.counts["cipher_mul"] += 1
-            return _Ct(_mul(vector, factor.vector))
-        self.counts["plain_mul"] += 1
-        return _Ct(_mul_plain(vector, factor))
+        cipher = [f for _, f in pairs if not isinstance(f, np.ndarray)]
+        scale = cipher[0].scale if cipher else seal.scale
+        acc = None
+        for ct, factor in pairs:
+            if isinstance(factor, np.ndarray):
+                if cipher:
+                    ct = seal.at_level_of(ct, cipher[0])
+                self.counts["plain_mul"] += 1
+                term = seal.times_plain(ct, factor, scale)
+            else:
+                self.counts["cipher_mul"] += 1
+                term = seal.times(ct, factor)
+            acc = seal.plus(acc, term)
+        return seal.rescaled(acc)
+
+    def _negligible_multiple(self, seal: _SealEvaluator, ct):
+        return seal.rescaled(seal.times_plain(ct, np.array([self._negligible])))
 
     @property
     def _negligible(self) -> float:
@@ -610,40 +676,83 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         return self.params.max_abs_value(self.params.levels) * 2.0**-13
 
     def _returned(
-        self, vector, p: str, read: Sequence[tuple[int, int]], constant=None
+        self, returned: _Returned, p: str, read: Sequence[tuple[int, int]], constant=None
     ) -> np.ndarray:
-        """Add the plain ``constant`` (a list, or ``None``), re-randomize, hand to ``p``,
-        decrypt the slot ranges ``read`` (times ``2^shift``).
+        """Relinearize, add the plain ``constant`` (an array, or ``None``), re-randomize, hand
+        to ``p``, decrypt the slot ranges ``read`` (times ``2^shift``).
 
-        The fresh encryption carries Gaussian noise of std ``output_noise_std * 2^-shift`` on
-        the slots read and :meth:`_hiding_std` on the others (what they hold is no output:
-        rounding errors of zero-coefficient regions, a joined forward's other region), and the
-        constant (one encoding fewer than adding it apart; its error is the encryption's)."""
-        vector = self._rerandomize(vector, p, read, constant)
+        The fresh public-key encryption (at the ciphertext's own level) carries Gaussian noise
+        of std ``output_noise_std * 2^-shift`` on the slots read and :meth:`_hiding_std` on
+        the others (what they hold is no output: rounding errors of zero-coefficient regions, a
+        joined forward's other region), and the constant (one encoding fewer than adding it
+        apart; its error is the encryption's)."""
+        vector = self._rerandomize(returned, p, read, constant)
         start = time.process_time()
-        values = self.keys[p].decrypt_vector(self._to_party(vector, p))
+        values = self.keys[p].decrypt_returned(self._to_party(vector, p))
         self.seconds["decryption"] += time.process_time() - start
         return np.concatenate([values[a:b] for a, b in read]) * 2.0**self.shift
 
-    def _rerandomize(self, vector, p: str, read: Sequence[tuple[int, int]], constant=None):
-        """The server's part of :meth:`_returned`: the constant added, the fresh encryption of
-        noise under ``p``'s key (std ``output_noise_std * 2^-shift`` on the slots ``read``,
-        :meth:`_hiding_std` on the others) added."""
-        context = self.server_contexts[p]
+    def _rerandomize(
+        self, returned: _Returned, p: str, read: Sequence[tuple[int, int]], constant=None
+    ) -> _Returned:
+        """The server's part of :meth:`_returned`: the product relinearized, the constant
+        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level (std
+        ``output_noise_std * 2^-shift`` on the slots ``read``, :meth:`_hiding_std` on the
+        others) added."""
+        seal = self._seal(p)
         start = time.process_time()
+        ct = returned.ciphertext
+        if ct.size() > 2:
+            self._relinearize(seal, ct)
         std = self.config.output_noise_std / 2.0**self.shift
         if std > 0:
-            noise = self._output_noise.normal(self._hiding_std(), vector.size())
+            noise = self._output_noise.normal(self._hiding_std(), returned.size)
             for a, b in read:
                 noise[a:b] = self._output_noise.normal(std, b - a)
             if constant is not None:
                 noise += np.asarray(constant)
-            vector = _add(_Ct(vector), _Ct(context.encrypt_vector(noise))).vector
+            seal.add_inplace(ct, seal.encrypt_like(noise, ct))
             self.counts["rerandomize"] += 1
         elif constant is not None:
-            vector = _add_plain(vector, constant)
+            ct = seal.plus_plain(ct, constant)
         self.seconds["server_evaluation"] += time.process_time() - start
-        return vector
+        return _Returned(ct, returned.size)
+
+    def _relinearize(self, seal: _SealEvaluator, ct) -> None:
+        self.counts["relinearize"] += 1
+        seal.relinearize(ct)
+
+    def _to_party(self, vector, party: str):
+        """As :meth:`CKKSModuleFusionChannel._to_party`, also for a :class:`_Returned` SEAL
+        ciphertext (itself in memory; TenSEAL's ``CKKSVector`` bytes when serialized or
+        remote).
+
+        Raises:
+            RuntimeError: the ciphertext has more than two components (module docstring).
+        """
+        if not isinstance(vector, _Returned):
+            return super()._to_party(vector, party)
+        components = vector.ciphertext.size()
+        if components != 2:
+            raise RuntimeError(
+                f"a ciphertext handed to {party!r} has {components} components: only a "
+                "relinearized (size-2) ciphertext is re-randomized whole (circuit privacy)"
+            )
+        if not (self.config.serialize_handovers or self.remote):
+            return vector
+        blob = _tenseal_message(vector)
+        self.handed_bytes["to_parties"] += len(blob)
+        return blob
+
+    def _exchange_product(self, enc_g, enc_q, p: str) -> _Returned:
+        """``E = G Q`` of the masked exchange: rescaled, then relinearized at level 1 (cheaper
+        than TenSEAL's relinearization at level 0, before rescaling)."""
+        seal = self._seal(p)
+        product = seal.times(enc_g.data.ciphertext()[0], enc_q.data.ciphertext()[0])
+        product = seal.rescaled(product)
+        self._relinearize(seal, product)
+        self.counts["cipher_mul"] += 1
+        return _Returned(product, enc_g.size())
 
     # ------------------------------------------------------------------ forward
     def open_round(self, round_id: int) -> None:
@@ -778,14 +887,13 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                     )
                 if enc_q is not None:
                     start = time.process_time()
-                    product = _mul(enc_g, enc_q)
-                    self.counts["cipher_mul"] += 1
+                    product = self._exchange_product(enc_g, enc_q, p)
                     self.seconds["server_evaluation"] += time.process_time() - start
                     released = self._masked_regions(product, p, segments, a, n, per_member)
                     for region, exponent in self._region_exponents():
                         sums[:, self._index[exponent]] += released[region]
                 if p in recipients:
-                    dx.append(self._returned(self._gradient_product(enc_g, derivative), p,
+                    dx.append(self._returned(self._gradient_product(enc_g, derivative, p), p,
                                              [(0, n)]))  # fmt: skip
             if p in recipients:
                 result[p] = torch.from_numpy(np.concatenate(dx).reshape(shape)).to(
@@ -862,7 +970,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 self._check_regions(enc, sent, REGIONS * (b - a), c)
                 layers = {0: self._rows(coefficients, a, b, per_member)}
                 piece = self._evaluate_chunk(enc[0], enc[1] if len(enc) > 1 else None, layers,
-                                             REGIONS)  # fmt: skip
+                                             REGIONS, p)  # fmt: skip
                 self.seconds["server_evaluation"] += time.process_time() - tick
                 value, constant = piece[3]
                 vector = self._rerandomize(value, p, [(0, b - a)], constant)
@@ -929,15 +1037,14 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 row, row_masks = [], []
                 if enc_q is not None:
                     start = time.process_time()
-                    product = _mul(enc_g, enc_q)
-                    self.counts["cipher_mul"] += 1
+                    product = self._exchange_product(enc_g, enc_q, p)
                     blob, mask = self._mask_regions(product, p)
                     self.seconds["exchange"] += time.process_time() - start
                     row.append(blob)
                     row_masks.append(mask)
                 masked.append(row)
                 kept.append(row_masks)
-                gradient = self._gradient_product(enc_g, derivative)
+                gradient = self._gradient_product(enc_g, derivative, p)
                 returned.append(self._to_party(self._rerandomize(gradient, p, [(0, b - a)]), p))
             out[p] = {"masked": masked, "input_gradient": returned}
             masks[p] = kept
@@ -990,13 +1097,17 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._step(pending["coefficients_t"], sums, pending, dict.fromkeys(released),
                    tuple(released), len(chunks), 2)  # fmt: skip
 
-    def _gradient_product(self, enc_g, derivative):
-        """``[[g df/dx_0]] = G (L_0 + b_00 P)`` of one chunk (before re-randomization)."""
+    def _gradient_product(self, enc_g, derivative, p: str) -> _Returned:
+        """``[[g df/dx_0]] = G (L_0 + b_00 P)`` of one chunk for owner ``p`` (before
+        re-randomization; the multiplier rescaled here, kept unrescaled by the forward)."""
         start = time.process_time()
-        gradient = self._product(enc_g, derivative)
-        gradient = gradient.vector if gradient is not None else enc_g * self._negligible
+        seal = self._seal(p)
+        g_ct = enc_g.data.ciphertext()[0]
+        gradient = self._terms(seal, [(g_ct, self._rescaled(seal, derivative))])
+        if gradient is None:
+            gradient = self._negligible_multiple(seal, g_ct)
         self.seconds["server_evaluation"] += time.process_time() - start
-        return gradient
+        return _Returned(gradient, enc_g.size())
 
     def _release_own(self, party, values, segments, start, per_member) -> np.ndarray:
         """A sum the owner computes from its own values, released like a decrypted one."""
@@ -1029,8 +1140,9 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _mask_regions(self, product, party: str):
         """``(masked, mask)``: ``[[G Q + R]]`` as handed to ``party``, and the mask ``R``."""
-        mask = self.masks.draw(product.size())
-        return self._to_party(_add_plain(product, mask.tolist()), party), mask
+        mask = self.masks.draw(product.size)
+        masked = self._seal(party).plus_plain(product.ciphertext, mask, keep=False)
+        return self._to_party(_Returned(masked, product.size), party), mask
 
     def _unmask_regions(self, released, mask, segments, start, n, per_member) -> np.ndarray:
         """Per region, the per-member sums ``(REGIONS, members)`` of one released masked
@@ -1055,29 +1167,148 @@ def _finite(values, count: int, what: str) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Ct:
-    """A ciphertext term (apart from a plain list constant)."""
+class _Returned:
+    """A SEAL ciphertext the server returns to a party, with its ``CKKSVector`` length (the
+    slots the fresh encryptions filled)."""
 
-    vector: Any
-
-
-# TenSEAL's own operators wrap every list operand in a PlainTensor first; the raw methods take
-# the list (the same encoding and evaluation, without the Python round trip).
-def _mul_plain(vector, values):
-    return ts.CKKSVector(data=vector.data.mul_plain(values))
+    ciphertext: Any
+    size: int
 
 
-def _add_plain(vector, values):
-    return ts.CKKSVector(data=vector.data.add_plain(values))
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
-def _mul(left, right):
-    return ts.CKKSVector(data=left.data.mul(right.data))
+def _tenseal_message(returned: _Returned) -> bytes:
+    """The bytes of TenSEAL's ``CKKSVector`` message for a SEAL ciphertext (its protobuf
+    ``CKKSVectorProto``: field 1 the packed length, field 2 SEAL's own serialization, field 3
+    the scale), what :meth:`ModuleKeyParty.receive` parses: the wire format is TenSEAL's.
+    SEAL's Python binding saves to a file only."""
+    ct = returned.ciphertext
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "ciphertext")
+        ct.save(path)
+        with open(path, "rb") as handle:
+            body = handle.read()
+    size = _varint(returned.size)
+    return (b"\x0a" + _varint(len(size)) + size + b"\x12" + _varint(len(body)) + body
+            + b"\x19" + struct.pack("<d", ct.scale))  # fmt: skip
 
 
-def _add(left, right):
-    if left is None:
-        return right
-    if right is None:
-        return left
-    return _Ct(ts.CKKSVector(data=left.vector.data.add(right.vector.data)))
+class _SealEvaluator:
+    """The server's evaluation under one party's public context on SEAL's own objects
+    (``tenseal.sealapi``): what TenSEAL's ``CKKSVector`` does only at fixed points (a product
+    relinearizes and rescales at once, a fresh encryption is made at the top level, a list
+    operand is encoded on every call), here one operation at a time.
+
+    * **Encodings kept**: a coefficient vector is encoded once per content, level and scale
+      (:meth:`plain`); the server network's weights change once a learning step, so the
+      acting inquiries between two steps reuse them. The server encodes its own numbers: no
+      one sees an encoding, and the encoding is deterministic, so keeping it changes nothing
+      of any view.
+    * **Lazy rescaling, one relinearization**: plaintext products are summed before one
+      rescaling, and the forward's two ciphertext products before one relinearization
+      (:meth:`relinearize`, before a party is handed the result).
+    * **Re-randomizers at the level they are added** (:meth:`encrypt_like`): a public-key
+      encryption at the deepest level (SEAL encrypts one level above and divides, a fresh
+      encryption of zero all the same) costs about half of one at the top.
+
+    Args:
+        context: the server's TenSEAL context for the party (public key, relinearization keys).
+        cache: coefficient encodings kept (the oldest dropped beyond it).
+    """
+
+    def __init__(self, context: ts.Context, cache: int = 64) -> None:
+        data = context.data
+        self.seal = data.seal_context()
+        self.evaluator = sealapi.Evaluator(self.seal)
+        self.encoder = sealapi.CKKSEncoder(self.seal)
+        self.encryptor = sealapi.Encryptor(self.seal, data.public_key())
+        self.relin_keys = data.relin_keys()
+        self.scale = float(context.global_scale)
+        self._plains: dict[tuple, Any] = {}
+        self._cache = cache
+        self.encodings = 0
+
+    def plain(self, values: np.ndarray, like, scale: float, *, keep: bool = True):
+        """``values`` encoded at ``like``'s level with ``scale`` (kept per content if ``keep``)."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        key = (values.tobytes(), tuple(like.parms_id()), scale) if keep else None
+        found = self._plains.get(key) if keep else None
+        if found is not None:
+            return found
+        plain = sealapi.Plaintext()
+        self.encoder.encode(values.tolist(), like.parms_id(), scale, plain)
+        self.encodings += 1
+        if keep:
+            if len(self._plains) >= self._cache:
+                self._plains.pop(next(iter(self._plains)))
+            self._plains[key] = plain
+        return plain
+
+    def times_plain(self, ct, values: np.ndarray, scale: float | None = None):
+        """``ct * values`` without rescaling (the multiplier at the context's scale)."""
+        out = sealapi.Ciphertext()
+        plain = self.plain(values, ct, self.scale if scale is None else scale)
+        self.evaluator.multiply_plain(ct, plain, out)
+        return out
+
+    def plus_plain(self, ct, values: np.ndarray, *, keep: bool = True):
+        """``ct + values`` (encoded at ``ct``'s level and scale; kept if ``keep``)."""
+        out = sealapi.Ciphertext()
+        self.evaluator.add_plain(ct, self.plain(values, ct, ct.scale, keep=keep), out)
+        return out
+
+    def at_level_of(self, ct, other):
+        """``ct`` switched down to ``other``'s level (itself if it is there already)."""
+        if ct.coeff_modulus_size() == other.coeff_modulus_size():
+            return ct
+        out = sealapi.Ciphertext()
+        self.evaluator.mod_switch_to(ct, other.parms_id(), out)
+        return out
+
+    def times(self, left, right):
+        """``left * right`` (the higher one switched down first), not relinearized or rescaled."""
+        if left.coeff_modulus_size() > right.coeff_modulus_size():
+            left = self.at_level_of(left, right)
+        else:
+            right = self.at_level_of(right, left)
+        out = sealapi.Ciphertext()
+        self.evaluator.multiply(left, right, out)
+        return out
+
+    def plus(self, left, right):
+        """``left + right`` (same scale; the higher one switched down first); ``None`` is 0."""
+        if left is None or right is None:
+            return right if left is None else left
+        if left.coeff_modulus_size() > right.coeff_modulus_size():
+            left = self.at_level_of(left, right)
+        else:
+            right = self.at_level_of(right, left)
+        out = sealapi.Ciphertext()
+        self.evaluator.add(left, right, out)
+        return out
+
+    def rescaled(self, ct):
+        out = sealapi.Ciphertext()
+        self.evaluator.rescale_to_next(ct, out)
+        return out
+
+    def relinearize(self, ct) -> None:
+        """Relinearize a size-3 product in place (a size-2 ciphertext is left as it is)."""
+        if ct.size() > 2:
+            self.evaluator.relinearize_inplace(ct, self.relin_keys)
+
+    def encrypt_like(self, values: np.ndarray, like):
+        """A fresh public-key encryption of ``values`` at ``like``'s level and scale."""
+        out = sealapi.Ciphertext()
+        self.encryptor.encrypt(self.plain(values, like, like.scale, keep=False), out)
+        return out
+
+    def add_inplace(self, ct, other) -> None:
+        self.evaluator.add_inplace(ct, other)
