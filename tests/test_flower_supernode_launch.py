@@ -174,3 +174,13 @@ def test_stock_and_launched_supernodes_train_the_same_model(example, tmp_path):
         banners[name] = ["pull wait" in log.read_text(errors="replace") for log in logs]
     np.testing.assert_allclose(models["launched"], models["stock"], atol=1e-12)
     assert banners == {"stock": [False, False], "launched": [True, True]}
+
+
+def test_the_benchmarks_pull_waits_are_the_stock_node_and_validated_seconds():
+    from securefed.bench.bench_flower_deploy import parse_pull_waits, pull_wait_label
+
+    assert parse_pull_waits("flower,0.1") == [None, 0.1]
+    assert [pull_wait_label(w) for w in (None, 0.1)] == ["Flower 3 s", "launcher 0.1 s"]
+    for bad in ("flower,flower", "0", "fast", ""):
+        with pytest.raises(ValueError, match="--deploy-pull-waits"):
+            parse_pull_waits(bad)
