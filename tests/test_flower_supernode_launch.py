@@ -110,6 +110,17 @@ def test_a_second_three_second_sleep_in_the_module_is_refused(tmp_path):
         launch.check_module(twice, launch.FLOWER_VERSION)
 
 
+def test_a_flower_without_its_source_is_refused(monkeypatch):
+    module = pytest.importorskip(launch.MODULE)
+
+    def no_source(_):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(launch.inspect, "getsourcelines", no_source)
+    with pytest.raises(launch.UnsupportedFlower, match=r"cannot read .* source"):
+        launch.check_module(module, launch.FLOWER_VERSION)
+
+
 def test_the_arguments_split_into_the_wait_and_flowers_flags():
     wait, flower = launch.parse_arguments(["--pull-wait", "0.2", "--", "--insecure", "--port", "1"])
     assert wait == launch.PullWait(0.2) and flower == ["--insecure", "--port", "1"]

@@ -119,7 +119,7 @@ def installed_flower_version() -> str:
 
 
 def check_source(lines: Sequence[str], start: int) -> None:
-    """Check a function's source holds :data:`FLOWER_SLEEP` at :data:`LINE` and only there.
+    """Check a function's source holds :data:`FLOWER_SLEEP` at :data:`LINE`.
 
     Args:
         lines: the function's source lines (``inspect.getsourcelines``).
@@ -152,9 +152,15 @@ def check_module(module: types.ModuleType, version: str) -> None:
             f"flwr {version} is installed; this launcher knows flwr {FLOWER_VERSION}'s "
             f"SuperNode pull loop only ({MODULE}:{LINE}); refusing to patch another release"
         )
-    lines, start = inspect.getsourcelines(getattr(module, FUNCTION))
+    try:
+        lines, start = inspect.getsourcelines(getattr(module, FUNCTION))
+        source = inspect.getsource(module)
+    except (OSError, TypeError, AttributeError) as error:
+        raise UnsupportedFlower(
+            f"cannot read {MODULE}.{FUNCTION}'s source to check its pull loop: {error}"
+        ) from error
     check_source(lines, start)
-    calls = inspect.getsource(module).count(f"sleep({FLOWER_PULL_WAIT})")
+    calls = source.count(f"sleep({FLOWER_PULL_WAIT})")
     if calls != 1:
         raise UnsupportedFlower(
             f"{MODULE} sleeps {FLOWER_PULL_WAIT} s in {calls} places, not once: refusing to "
