@@ -15,7 +15,11 @@ A SuperLink and ``--deploy-nodes`` SuperNodes as real processes on 127.0.0.1
 * each with Flower's SuperExec launching a ``flwr-clientapp`` process per message (the default)
   and/or (``--deploy-clientapp warm``) with the SuperNodes in ``--isolation process`` beside a
   :mod:`securefed.flower.warm` executor (one pre-imported process, a child forked per message),
-  case by case one after the other; ``--deploy-cases`` picks the cases.
+  case by case one after the other; ``--deploy-cases`` picks the cases;
+* each with the stock ``flower-supernode`` (``--deploy-pull-waits flower``: Flower's fixed 3 s
+  wait after a pull of the SuperLink that returned no message) and/or with the SuperNodes
+  started through :mod:`securefed.flower.supernode_launch` with that wait cut to the given
+  seconds (default ``flower,0.1``: both, case by case, old beside new).
 
 The plaintext case runs first and again last in each group (the shared machine's load drifts
 during a group); the ratios divide by the mean of the two. Reported per case: the round time
@@ -59,6 +63,40 @@ three (and the next AdvertiseKeys with Unmasking); the honest-but-curious protoc
 merges: two (its nodes started with ``secagg-server="honest_but_curious"``)."""
 CASE_KEYS = dict(zip(("plaintext", "secagg", "merged", "ahead", "hbc"), CASES, strict=True))
 """``--deploy-cases`` names of :data:`CASES`."""
+PULL_WAIT_FLOWER = "flower"
+"""``--deploy-pull-waits`` name of the stock ``flower-supernode`` (its fixed 3 s)."""
+
+
+def parse_pull_waits(text: str) -> list[float | None]:
+    """``--deploy-pull-waits``: ``flower`` (``None``: the stock SuperNode) and/or seconds.
+
+    Raises:
+        ValueError: naming the flag, for an empty list, a repeat or a value that is neither.
+    """
+    from securefed.flower.supernode_launch import PullWait
+
+    waits: list[float | None] = []
+    for name in text.split(","):
+        if name == PULL_WAIT_FLOWER:
+            waits.append(None)
+            continue
+        try:
+            waits.append(PullWait(float(name)).seconds)
+        except ValueError as error:
+            raise ValueError(
+                f"--deploy-pull-waits takes {PULL_WAIT_FLOWER} and/or seconds in [0.01, 3], "
+                f"got {name!r} ({error})"
+            ) from None
+    if len(set(waits)) != len(waits):
+        raise ValueError(f"--deploy-pull-waits repeats a value: {text!r}")
+    return waits
+
+
+def pull_wait_label(wait: float | None) -> str:
+    """A row's ``node_pull_wait``: the stock SuperNode's 3 s or the launcher's seconds."""
+    return "Flower 3 s" if wait is None else f"launcher {wait:g} s"
+
+
 CLIENTAPPS = {"subprocess": "flwr-clientapp per message", "warm": "warm fork"}
 """``--deploy-clientapp``: Flower's SuperExec launching ``flwr-clientapp`` per message, or
 ``--isolation process`` with :mod:`securefed.flower.warm` (one pre-imported parent, a child
@@ -67,6 +105,7 @@ COLUMNS = [
     "case",
     "clientapp",
     "flower_poll",
+    "node_pull_wait",
     "message_rounds",
     "round_s",
     "ratio_to_plaintext",
@@ -151,14 +190,23 @@ class LogClock:
         return {"idle": middle(idle), "launch": middle(launch), "run": middle(run)}
 
 
-def _case(example, args, case: tuple, fast: bool, root: Path, run: int, clientapp: str):
+def _case(
+    example,
+    args,
+    case: tuple,
+    fast: bool,
+    root: Path,
+    run: int,
+    clientapp: str,
+    pull_wait: float | None,
+):
     from securefed.flower.loopback import FAST_TASK_POLL, LoopbackFederation
     from securefed.recsys.fedmf_flower import PRELOAD, write_fedmf_app
 
     label, transport, merge, ahead, server = case
     # its own directory per run: a repeated case must not find the last one's result.json
     name = f"{run}-{label.replace(' ', '-').replace('+', 'and')}{'-fast' if fast else ''}"
-    name += f"-{clientapp}"
+    name += f"-{clientapp}-{'flower' if pull_wait is None else pull_wait}"
     out = root / name / "out"
     app = example.FedMFApp(
         seed=args.seed,
@@ -180,6 +228,7 @@ def _case(example, args, case: tuple, fast: bool, root: Path, run: int, clientap
         node_config=dict.fromkeys(range(args.deploy_nodes), floors),
         env=FAST_TASK_POLL if fast else None,
         warm_clientapp=PRELOAD if clientapp == "warm" else None,
+        supernode_pull_wait=pull_wait,
     )
     with federation:
         # a warm executor's ClientApps log to warm-<i>.log: node i's events too
@@ -202,6 +251,7 @@ def _case(example, args, case: tuple, fast: bool, root: Path, run: int, clientap
         "secagg_server": server,
         "clientapp": CLIENTAPPS[clientapp],
         "flower_poll": "SuperExec 0.05 s" if fast else "defaults",
+        "node_pull_wait": pull_wait_label(pull_wait),
         "nodes": args.deploy_nodes,
         "rounds": app.rounds,
         "message_rounds": rounds,
@@ -245,22 +295,27 @@ def deployment_rows(example, args: argparse.Namespace) -> tuple[list[dict], list
             f"{args.deploy_cases!r}"
         )
     cases = [CASE_KEYS[key] for key in keys]
+    waits = parse_pull_waits(args.deploy_pull_waits)
+    modes = [(clientapp, wait) for clientapp in clientapps for wait in waits]
     repeat = (cases[0],) if args.deploy_repeat_plaintext else ()
     with tempfile.TemporaryDirectory(prefix="securefed-deploy-") as tmp:
         for fast in polls:
-            # old beside new: each case under every ClientApp mode before the next case
+            # old beside new: each case under every ClientApp mode and pull wait before the
+            # next case
             for k, case in enumerate((*cases, *repeat)):
-                for clientapp in clientapps:
-                    row = _case(example, args, case, fast, Path(tmp), len(rows), clientapp)
+                for clientapp, wait in modes:
+                    row = _case(example, args, case, fast, Path(tmp), len(rows), clientapp, wait)
                     if k == len(cases):
                         row["case"] = "plaintext (again)"
                     rows.append(row)
     notes = []
-    for fast, clientapp in [(f, c) for f in polls for c in clientapps]:
+    for fast, (clientapp, wait) in [(f, m) for f in polls for m in modes]:
         group = [
             r
             for r in rows
-            if (r["flower_poll"] != "defaults") == fast and r["clientapp"] == CLIENTAPPS[clientapp]
+            if (r["flower_poll"] != "defaults") == fast
+            and r["clientapp"] == CLIENTAPPS[clientapp]
+            and r["node_pull_wait"] == pull_wait_label(wait)
         ]
         plain = group[0]
         # the separate rounds the merged ones must equal (when that case ran)
@@ -283,9 +338,27 @@ def deployment_rows(example, args: argparse.Namespace) -> tuple[list[dict], list
                     f"message rounds{same})"
                 )
         notes.append(
-            f"{plain['flower_poll']}, {plain['clientapp']}: against plaintext: "
+            f"{plain['flower_poll']}, {plain['clientapp']}, SuperNode pull wait "
+            f"{plain['node_pull_wait']}: against plaintext (round {plain_round:.2f} s): "
             + "; ".join(parts)
             + "."
+        )
+    stock = {
+        (r["case"], r["flower_poll"], r["clientapp"]): r["V"]
+        for r in rows
+        if r["node_pull_wait"] == pull_wait_label(None)
+    }
+    launched = [r for r in rows if r["node_pull_wait"] != pull_wait_label(None)]
+    diffs = []
+    for row in launched:  # the same seed: the launcher must not change the model
+        reference = stock.get((row["case"], row["flower_poll"], row["clientapp"]))
+        if reference is not None:
+            row["max_abs_V_diff_to_stock_supernode"] = float(np.abs(row["V"] - reference).max())
+            diffs.append(row["max_abs_V_diff_to_stock_supernode"])
+    if diffs:
+        notes.append(
+            f"SuperNode launcher against the stock flower-supernode, the same case: max abs V "
+            f"difference {max(diffs):.0e} over {len(diffs)} cases."
         )
     for row in rows:
         del row["V"]
@@ -304,6 +377,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ClientApp modes of the deployment part, comma-separated: subprocess (Flower's "
         "SuperExec, a flwr-clientapp process per message), warm (--isolation process with "
         "securefed.flower.warm); both run each case one after the other",
+    )
+    parser.add_argument(
+        "--deploy-pull-waits",
+        default=f"{PULL_WAIT_FLOWER},0.1",
+        help="SuperNode waits after an empty pull, comma-separated: flower (the stock "
+        "flower-supernode, Flower's fixed 3 s) and/or seconds (securefed.flower.supernode_launch); "
+        "each case runs under every one, one after the other",
     )
     parser.add_argument(
         "--deploy-cases",

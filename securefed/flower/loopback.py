@@ -6,7 +6,9 @@ on ``127.0.0.1`` (``--insecure``, or TLS and Flower's SuperNode authentication w
 installation: everything offline), submits an app with ``flwr run <app-dir> <connection>``, and
 stops every process it started when it leaves its ``with`` block. It is what
 ``tests/test_flower.py`` uses, and the commands it runs are the ones docs/flower.md gives for
-several hosts.
+several hosts, except that by default each SuperNode runs through
+:mod:`securefed.flower.supernode_launch` (Flower's ``flower-supernode`` with its 3 s wait after
+an empty pull cut to ``supernode_pull_wait`` = 0.1 s; ``None``: the stock command).
 
 How Flower 1.42 submits a run: ``flwr run`` builds a FAB (a zip of the app directory, which holds
 a ``pyproject.toml`` with ``[tool.flwr.app]``) and sends it to the SuperLink named by a
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from securefed.flower.credentials import NodeKeyFiles, TLSFiles, write_private
+from securefed.flower.supernode_launch import DEFAULT_PULL_WAIT, PullWait, check_installed
 
 CONNECTION = "loopback"
 
@@ -216,6 +219,7 @@ class LoopbackFederation:
         credentials: FederationCredentials | None = None,
         env: Mapping[str, str] | None = None,
         warm_clientapp: tuple[str, ...] | None = None,
+        supernode_pull_wait: float | None = DEFAULT_PULL_WAIT,
     ) -> None:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
@@ -231,6 +235,7 @@ class LoopbackFederation:
         self.node_config = {int(p): dict(c) for p, c in (node_config or {}).items()}
         self.startup_timeout = startup_timeout
         self.warm_clientapp = None if warm_clientapp is None else tuple(warm_clientapp)
+        self.pull_wait = None if supernode_pull_wait is None else PullWait(supernode_pull_wait)
         self.superexec_secret = self.workdir / "superexec.secret"
         self.home = self.workdir / "flwr_home"
         self.port = 0
@@ -301,13 +306,18 @@ class LoopbackFederation:
             runtime_port: its Runtime API's ``--port`` (``None``: a free one).
 
         With :attr:`warm_clientapp` set it runs ``--isolation process`` (no SuperExec of its
-        own: :meth:`warm_command` runs its ClientApps).
+        own: :meth:`warm_command` runs its ClientApps). With :attr:`pull_wait` set it is
+        ``python -m securefed.flower.supernode_launch --pull-wait S --`` and the same flags.
         """
         extra = "".join(
             f" {key}={toml_value(value)}"
             for key, value in self.node_config.get(partition, {}).items()
         )
-        command = [_executable("flower-supernode")]
+        if self.pull_wait is None:
+            command = [_executable("flower-supernode")]
+        else:
+            launcher = [sys.executable, "-m", "securefed.flower.supernode_launch"]
+            command = [*launcher, "--pull-wait", repr(self.pull_wait.seconds), "--"]
         if self.credentials is None:
             command.append("--insecure")
         elif root_certificates is not None:
@@ -388,7 +398,14 @@ class LoopbackFederation:
 
     def start(self) -> LoopbackFederation:
         """Start the SuperLink, wait until it listens, register the nodes' keys (with
-        credentials), then start the SuperNodes."""
+        credentials), then start the SuperNodes.
+
+        Raises:
+            UnsupportedFlower: a pull wait is set and the installed Flower is not the one
+                :mod:`securefed.flower.supernode_launch` knows (before any process starts).
+        """
+        if self.pull_wait is not None:
+            check_installed()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         if self.warm_clientapp is not None:
