@@ -4,10 +4,11 @@
 ``work/seed<S>/runs/``) the named cells at each seed; ``python cells.py table NAME...`` prints
 A's mean, final (last 50 episodes) and the kept share of its gain over random (pooled over
 the seeds' members; per member against its own seed's plaintext and random runs), with the
-ledger's epsilon; ``python cells.py partial NAME... --seeds S`` the same share over the
-episodes every named run has done, unfinished runs read from their checkpoints. Every cell is
-the reduced schedule of ``../fedslate_dp_joint``: 250 episodes, burn-in 2000, exploration
-x0.9997 per round, (10, 3), 3 members per seed.
+ledger's epsilon (``--plaintext CELL``: the share against that cell instead of plaintext);
+``python cells.py partial NAME... --seeds S`` the same share over the episodes every named
+run has done, unfinished runs read from their checkpoints. Every cell is the reduced schedule
+of ``../fedslate_dp_joint``: 250 episodes, burn-in 2000, exploration x0.9997 per round,
+(10, 3), 3 members per seed.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def cells() -> dict[str, tuple[str, dict[str, object]]]:
         larger = {"batch_size": batch, "learn_every": every}
         out[f"split0.07_b{batch}"] = ("fedslate", split7 | larger)
         out[f"split0.07_b{batch}_h8"] = ("fedslate", split7 | larger | {"server_hidden": (8,)})
+    # Issue 34, the levers' own plaintext (no DP): what the architecture or schedule change
+    # costs or gains without noise, beside the default plaintext the kept share is against.
+    out["plaintext_h8"] = ("fedslate", {"server_hidden": (8,)})
+    out["plaintext_b128_h8"] = (
+        "fedslate",
+        {"batch_size": 128, "learn_every": 12, "server_hidden": (8,)},
+    )
     # Issue 34, secret sampling: each platform Poisson-samples its own units per step.
     for q in (0.1, 0.25, 0.5):
         sampled = {"dp_learning": "sums", "dp_sampling": "poisson", "dp_sample_rate": q}
@@ -150,8 +158,10 @@ def partial_table(names: list[str], seed: int) -> None:
         print(f"| {name} | {a.mean():.1f} | {kept:.2f} ({', '.join(f'{v:.2f}' for v in per)}) |")
 
 
-def table(names: list[str], seeds: list[int]) -> None:
-    refs = {s: (platform_a(s, "plaintext")[0], platform_a(s, "random")[0]) for s in seeds}
+def table(names: list[str], seeds: list[int], plaintext: str = "plaintext") -> None:
+    """The table of the module docstring; ``plaintext`` names the cell the kept share's 1.00
+    is (the default: plaintext FedSlate, the paper's configuration and the issue's share)."""
+    refs = {s: (platform_a(s, plaintext)[0], platform_a(s, "random")[0]) for s in seeds}
     print(
         "| row | epsilon (ledger, A) | sigma rows / DP-SGD | A mean | A final | kept, mean "
         "(per member) | kept, final | s / learning step (wall, loaded) |"
@@ -193,6 +203,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("names", nargs="+", help="cells (see cells())")
     parser.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument(
+        "--plaintext", default="plaintext", help="table: the cell of the kept share's 1.00"
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "run":
@@ -200,7 +213,7 @@ def main(argv: list[str]) -> None:
     elif args.what == "partial":
         partial_table(args.names, seeds[0])
     else:
-        table(args.names, seeds)
+        table(args.names, seeds, args.plaintext)
 
 
 if __name__ == "__main__":
