@@ -69,6 +69,7 @@ import difflib
 import hashlib
 import io
 import json
+import math
 import struct
 import time
 import types
@@ -2253,16 +2254,27 @@ def _none_value(kind: object, key: str) -> object:
 
 
 def _number(value: object, kind: type, key: str) -> int | float:
-    """An int or float run-config value (a bool or a fractional int is refused)."""
+    """A finite int or float run-config value (a bool, a fractional int, ``nan`` or ``inf`` is
+    refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{key} takes a number, got {value!r}")
     try:
-        number = float(value) if kind is float else int(float(value))
+        number = float(value)
     except ValueError:
         raise ValueError(f"{key} takes a number, got {value!r}") from None
-    if kind is int and number != float(value):
+    if not math.isfinite(number):
+        raise ValueError(f"{key} takes a finite number, got {value!r}")
+    if kind is float:
+        return number
+    if isinstance(value, int):
+        return value
+    if not number.is_integer():
         raise ValueError(f"{key} takes an integer, got {value!r}")
-    return number
+    return (
+        int(value)
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+        else int(number)
+    )
 
 
 def _flags(value: object, key: str) -> tuple[bool, ...]:

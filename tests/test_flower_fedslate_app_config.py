@@ -127,6 +127,13 @@ def test_the_kept_keys_keep_their_meaning_and_bad_values_are_named():
         ffs.run_from_config(run_config(**{"local-hidden": "8;8"}))
     with pytest.raises(ValueError, match="episodes takes an integer"):
         ffs.run_from_config(run_config(episodes=2.5))
+    big = 2**60 + 1  # exact: not through a float
+    assert ffs.run_from_config(run_config(seed=big)).config.seed == big
+    assert ffs.run_from_config(run_config(seed="3")).config.seed == 3
+    with pytest.raises(ValueError, match="dp-clip takes a finite number"):
+        ffs.run_from_config(run_config(fusion="dp", **{"dp-epsilon": 8, "dp-clip": float("nan")}))
+    with pytest.raises(ValueError, match="episodes takes a finite number"):
+        ffs.run_from_config(run_config(episodes=float("inf")))
     with pytest.raises(ValueError, match="shared-corpus must be true or false"):
         ffs.run_from_config(run_config(**{"shared-corpus": 1}))
     with pytest.raises(ValueError, match="fusion takes a string"):
