@@ -2217,7 +2217,7 @@ def _field_key(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def app_config_keys() -> dict[str, tuple[str, object]]:
+def app_config_keys() -> Mapping[str, tuple[str, object]]:
     """Every app key of a FedSlateConfig field: ``{key: (field name, annotation)}``, derived
     from the dataclass (all its fields but :data:`APP_NOT_ON_FLOWER`), so a new field is a key.
 
@@ -2234,7 +2234,7 @@ def app_config_keys() -> dict[str, tuple[str, object]]:
         if _base(kind) not in (int, float, bool, str, tuple[int, ...], tuple[bool, ...]):
             raise TypeError(f"FedSlateConfig.{item.name}: no run-config reading of {kind}")
         keys[_field_key(item.name)] = (item.name, kind)
-    return keys
+    return types.MappingProxyType(keys)
 
 
 def _base(kind: object) -> object:
@@ -2270,11 +2270,10 @@ def _number(value: object, kind: type, key: str) -> int | float:
         return value
     if not number.is_integer():
         raise ValueError(f"{key} takes an integer, got {value!r}")
-    return (
-        int(value)
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit()
-        else int(number)
-    )
+    try:
+        return int(value)  # a numeral string, exactly
+    except ValueError:
+        return int(number)  # "1e3"
 
 
 def _flags(value: object, key: str) -> tuple[bool, ...]:
