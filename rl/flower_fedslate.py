@@ -64,11 +64,16 @@ and members. Refused, naming the option: ``alignment="item"``, ``dp_acting="own"
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import io
 import json
+import math
 import struct
 import time
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
@@ -160,9 +165,11 @@ __all__ = [
     "PlatformNode",
     "SimulatorNode",
     "app_components",
+    "app_config_keys",
     "app_run",
     "build_apps",
     "ckks_key_message",
+    "config_from_run_config",
     "drive_in_process",
     "flower_refusal",
     "handle",
@@ -2186,44 +2193,177 @@ def _widths(value: object, key: str) -> tuple[int, ...]:
     return widths
 
 
+APP_RENAMED = {
+    "num_platforms": "platforms",
+    "num_candidates": "candidates",
+    "steps_per_platform": "steps",
+}
+"""The FedSlateConfig fields whose app key is not the field's name in kebab case (the app's
+first keys, kept)."""
+APP_NOT_ON_FLOWER = {
+    "threads": "the app processes take torch's threads from OMP_NUM_THREADS (library code sets "
+    "no process-wide state; app_components)",
+    "log_every": "the progress lines of the in-process loop; the Flower nodes print none",
+}
+"""The FedSlateConfig fields deliberately not in the app's run config, and why."""
+APP_RUN_KEYS = ("timeout", "output-dir")
+"""The app keys of :class:`FedSlateFlowerRun` itself (seconds per message round; where the
+nodes and the ServerApp write their results)."""
+
+
+def _field_key(name: str) -> str:
+    """The app key of FedSlateConfig field ``name``: kebab case, or its kept older name."""
+    return APP_RENAMED.get(name, name.replace("_", "-"))
+
+
+@lru_cache(maxsize=1)
+def app_config_keys() -> Mapping[str, tuple[str, object]]:
+    """Every app key of a FedSlateConfig field: ``{key: (field name, annotation)}``, derived
+    from the dataclass (all its fields but :data:`APP_NOT_ON_FLOWER`), so a new field is a key.
+
+    Raises:
+        TypeError: a field whose annotation no run-config value converts to (decide how the app
+            reads it, or list it in :data:`APP_NOT_ON_FLOWER`).
+    """
+    hints = typing.get_type_hints(FedSlateConfig)
+    keys = {}
+    for item in dataclasses.fields(FedSlateConfig):
+        if not item.init or item.name in APP_NOT_ON_FLOWER:
+            continue
+        kind = hints[item.name]
+        if _base(kind) not in (int, float, bool, str, tuple[int, ...], tuple[bool, ...]):
+            raise TypeError(f"FedSlateConfig.{item.name}: no run-config reading of {kind}")
+        keys[_field_key(item.name)] = (item.name, kind)
+    return types.MappingProxyType(keys)
+
+
+def _base(kind: object) -> object:
+    """``kind`` without its ``| None``."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if isinstance(kind, types.UnionType) and len(args) == 1:
+        return args[0]
+    return kind
+
+
+def _none_value(kind: object, key: str) -> object:
+    """The run-config value that stands for ``None`` in an optional field (``seed``: ``-1``,
+    secure mode; numbers: ``0``, never a valid value there; strings and lists: ``""``)."""
+    if key == "seed":
+        return -1
+    return 0 if _base(kind) in (int, float) else ""
+
+
+def _number(value: object, kind: type, key: str) -> int | float:
+    """A finite int or float run-config value (a bool, a fractional int, ``nan`` or ``inf`` is
+    refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} takes a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{key} takes a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{key} takes a finite number, got {value!r}")
+    if kind is float:
+        return number
+    if isinstance(value, int):
+        return value
+    if not number.is_integer():
+        raise ValueError(f"{key} takes an integer, got {value!r}")
+    try:
+        return int(value)  # a numeral string, exactly
+    except ValueError:
+        return int(number)  # "1e3"
+
+
+def _flags(value: object, key: str) -> tuple[bool, ...]:
+    """A run-config list of per-platform flags: ``"true,false"`` (or ``"1,0"``)."""
+    words = {"true": True, "1": True, "false": False, "0": False}
+    try:
+        return tuple(words[w.strip().lower()] for w in str(value).split(","))
+    except KeyError:
+        message = f'{key} takes comma-separated flags, e.g. "true,false"; got {value!r}'
+        raise ValueError(message) from None
+
+
+def _field_value(value: object, kind: object, key: str) -> object:
+    """One run-config value as FedSlateConfig's field of annotation ``kind`` takes it."""
+    base = _base(kind)
+    if base is not kind and value == _none_value(kind, key) and not isinstance(value, bool):
+        return None
+    if base in (int, float):
+        return _number(value, base, key)
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {value!r}")
+        return value
+    if base is str:
+        if not isinstance(value, str):
+            raise ValueError(f'{key} takes a string (quoted: {key}="..."), got {value!r}')
+        return value
+    if base == tuple[int, ...]:
+        return _widths(value, key)
+    return _flags(value, key)
+
+
+def _refuse_unknown(values: Mapping[str, object]) -> None:
+    """Fail closed: a key the app does not read is refused by name, never ignored."""
+    known = sorted([*app_config_keys(), *APP_RUN_KEYS])
+    for key in sorted(values):
+        if key in known:
+            continue
+        name = key.replace("-", "_")
+        if name in APP_NOT_ON_FLOWER:
+            raise ValueError(f"{key!r} is not an app key: {APP_NOT_ON_FLOWER[name]}")
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"{key!r} is not a key of the FedSlate app{hint}; its keys: {', '.join(known)}"
+        )
+
+
+def config_from_run_config(values: Mapping[str, object]) -> FedSlateConfig:
+    """The FedSlateConfig of the app's ``[tool.flwr.app.config]`` (:func:`run_from_config`):
+    every key of :func:`app_config_keys`, an absent one taking the field's default.
+
+    Raises:
+        ValueError: an unknown key (named, with the nearest known one), a value of the wrong
+            kind (named), or what :class:`FedSlateConfig` refuses.
+    """
+    _refuse_unknown(values)
+    seed = values.get("seed", -1)
+    if not isinstance(seed, bool) and isinstance(seed, int) and seed < -1:
+        raise ValueError(f"seed must be >= 0 (seeded: not private) or -1 (secure mode), got {seed}")
+    fields = {
+        name: _field_value(values[key], kind, key)
+        for key, (name, kind) in app_config_keys().items()
+        if key in values
+    }
+    return FedSlateConfig(**fields)
+
+
 def run_from_config(values: Mapping[str, object]) -> FedSlateFlowerRun:
     """A FedSlate run as the app's ``[tool.flwr.app.config]`` describes it
     (``rl/flower_fedslate_app/pyproject.toml``; ``flwr run ... -c 'key=value'``).
 
-    ``seed = -1`` (the template's default) is secure mode (``FedSlateConfig.seed=None``: every
-    node needs its provisioned relay identity in its ``--node-config``); ``dp-epsilon`` goes
-    with ``fusion = "dp"`` (``0``: none).
+    Every FedSlateConfig field is a key (:func:`app_config_keys`: its name in kebab case, but
+    ``platforms``, ``candidates`` and ``steps``; not :data:`APP_NOT_ON_FLOWER`), plus
+    ``timeout`` and ``output-dir``. Widths are comma-separated (``"64,64"``), the ``feedback``
+    flags too (``"true,false"``); an optional field's ``None`` is ``0`` for a number
+    (``dp-epsilon = 0``: none), ``""`` for a string, and ``seed = -1`` (the template's default)
+    is secure mode (every node needs its provisioned relay identity in its ``--node-config``).
 
     Raises:
-        ValueError: a bad value (by :class:`FedSlateConfig` and :class:`FedSlateFlowerRun`,
+        ValueError: an unknown key, named with the nearest known one (fail closed: never
+            ignored), or a bad value (by :class:`FedSlateConfig` and :class:`FedSlateFlowerRun`,
             which refuse what Flower does not carry, naming it).
     """
-    seed = int(values["seed"])
-    if seed < -1:
-        raise ValueError(f"seed must be >= 0 (seeded: not private) or -1 (secure mode), got {seed}")
-    fusion = str(values["fusion"])
-    epsilon = float(values.get("dp-epsilon", 0.0))
-    config = FedSlateConfig(
-        num_platforms=int(values["platforms"]),
-        num_candidates=int(values["candidates"]),
-        slate_size=int(values["slate-size"]),
-        members=int(values["members"]),
-        episodes=int(values["episodes"]),
-        steps_per_platform=int(values["steps"]),
-        burn_in=int(values["burn-in"]),
-        learn_every=int(values["learn-every"]),
-        target_sync=int(values["target-sync"]),
-        buffer_size=int(values["buffer-size"]),
-        batch_size=int(values["batch-size"]),
-        local_hidden=_widths(values["local-hidden"], "local-hidden"),
-        server_hidden=_widths(values["server-hidden"], "server-hidden"),
-        fusion=fusion,
-        dp_epsilon=epsilon if epsilon > 0 else None,
-        seed=None if seed == -1 else seed,
-    )
-    return FedSlateFlowerRun(
-        config, output_dir=str(values.get("output-dir", "")), timeout=float(values["timeout"])
-    )
+    config = config_from_run_config(values)
+    timeout = _number(values.get("timeout", 600.0), float, "timeout")
+    output_dir = values.get("output-dir", "")
+    if not isinstance(output_dir, str):
+        raise ValueError(f"output-dir takes a string, got {output_dir!r}")
+    return FedSlateFlowerRun(config, output_dir=output_dir, timeout=timeout)
 
 
 def app_run(context: Context) -> FedSlateFlowerRun:

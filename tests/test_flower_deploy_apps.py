@@ -61,7 +61,7 @@ def test_the_fedslate_app_template_is_secure_mode_and_reads_its_keys():
     with pytest.raises(ValueError, match="local-hidden takes comma-separated widths"):
         ffs.run_from_config(fedslate_run_config(**{"local-hidden": "8;8"}))
     with pytest.raises(ValueError, match="not carried on Flower"):
-        ffs.run_from_config(fedslate_run_config(fusion="ckks"))
+        ffs.run_from_config(fedslate_run_config(alignment="item"))
     with pytest.raises(ValueError, match="secure mode"):
         ffs.run_from_config(fedslate_run_config(seed=-2))
 
