@@ -131,7 +131,8 @@ def test_the_fedslate_app_on_real_processes_equals_in_process(tmp_path):
         "rewards": 0.0, "server": 0.0, "local_A": 0.0, "local_B": 0.0
     }  # fmt: skip
     assert summary["learn_steps"] == reference.learn_steps == 1
-    assert summary["secure_mode"] is False and summary["message_rounds"] == 20
+    assert summary["secure_mode"] is False and summary["message_rounds"] == 21
+    assert summary["messages"] == dict(ffs.drive_in_process(run).messages)  # kind by kind
     assert summary["message_bytes"]["down"] > 0 and summary["message_bytes"]["up"] > 0
 
 
