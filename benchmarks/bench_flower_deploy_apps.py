@@ -68,6 +68,8 @@ FEDSLATE_CASES = (  # label, fusion, secure mode
     ("plaintext", "plaintext", False),
     ("dp", "dp", False),
     ("plaintext, secure mode", "plaintext", True),
+    ("ckks, packed", "ckks", False),  # one server width: the packed circuit
+    ("ckks+dp, packed", "ckks+dp", False),
 )
 
 
@@ -251,7 +253,9 @@ def _fedslate_case(args: argparse.Namespace, root: Path, k: int) -> dict:
     label, fusion, secure = FEDSLATE_CASES[k]
     name = f"fedslate-{k}"
     out = root / name / "out"
-    dp = {"dp-epsilon": 8.0} if fusion == "dp" else {}
+    dp = {"dp-epsilon": 8.0} if fusion in ("dp", "ckks+dp") else {}
+    if fusion.startswith("ckks"):
+        dp["activation"] = "polynomial"  # CKKS evaluates the server network's polynomial
     seed = {"seed": -1} if secure else {}
     values = fedslate_run_config(args, fusion=fusion, **dp, **seed, **{"output-dir": str(out)})
     run = ffs.run_from_config(values)
@@ -376,7 +380,7 @@ def deployment_app_rows(args: argparse.Namespace) -> tuple[list[dict], list[str]
             cases += [_fedhpd_case(args, root, labels[c]) for c in chosen]
         if "fedslate" in apps:
             chosen = args.deploy_app_fedslate.split(",")
-            labels = {"plaintext": 0, "dp": 1, "secure": 2}
+            labels = {"plaintext": 0, "dp": 1, "secure": 2, "ckks": 3, "ckks+dp": 4}
             if not chosen or set(chosen) - set(labels):
                 raise ValueError(f"--deploy-app-fedslate takes {', '.join(labels)}; got {chosen}")
             cases += [_fedslate_case(args, root, labels[c]) for c in chosen]
@@ -463,7 +467,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--deploy-app-fedslate",
         default="plaintext,dp,secure",
         help="FedSlate cases of deployment-apps: plaintext, dp, secure (secure mode, provisioned "
-        "relay identities)",
+        "relay identities), ckks, ckks+dp (the packed circuit)",
     )
     parser.add_argument(
         "--deploy-app-workdir",
