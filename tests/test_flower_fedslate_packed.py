@@ -22,6 +22,8 @@ pytest.importorskip(
     "flwr", reason="Flower is not installed: pip install securefed[flower] (flwr[simulation])"
 )
 
+from test_flower_fedslate_ckks import _hellos, _keys_message  # noqa: E402
+
 from securefed import SeedTree  # noqa: E402
 from securefed.crypto.ckks import InsecureParameterError, ckks_context  # noqa: E402
 from securefed.fusion.ckks_module import CKKSModuleFusionChannel  # noqa: E402
@@ -120,24 +122,6 @@ def test_the_monomial_server_half_refuses_a_weaker_context_too(torch_one_thread)
             config=ckks_config(config), public_contexts={"A": honest, "B": weak},
         )  # fmt: skip
     assert params.poly_modulus_degree == 16384
-
-
-def _hellos(run, stores):
-    nonces = {
-        f"nonce.{r}": handle(run, r, stores[r], {"op": "nonce"}, {})[0]["nonce"] for r in stores
-    }
-    return {r: handle(run, r, stores[r], {"op": "hello"}, nonces)[0] for r in stores}
-
-
-def _keys_message(hellos):
-    public = {f"peer.{r}": hellos[r]["public"] for r in hellos}
-    public |= {f"sig.{r}": hellos[r]["signature"] for r in hellos}
-    for r in (1, 2):
-        public |= {
-            f"ckks.{r}": hellos[r]["ckks.public"],
-            f"ckks.sig.{r}": hellos[r]["ckks.signature"],
-        }
-    return public
 
 
 @pytest.fixture(scope="module")
