@@ -198,7 +198,7 @@ def test_a_seeded_round_uploads_the_same_masked_vectors_as_with_the_old_encoder(
     values = np.random.default_rng(9).uniform(-1.5, 1.5, size=(9, 300))
     new_uploads, new_sum = _seeded_round_uploads(values)
 
-    def old_encode(self, vals, uniform):
+    def old_encode(self, vals, uniform, *, bounds=None):  # the bounds ignored: recomputed
         z = np.clip(vals, -self.fixed_point.clip, self.fixed_point.clip)
         ring = _old_encoder_ring(self.fixed_point, vals, uniform)
         return ring.astype(self.fixed_point.dtype, copy=False), int(np.count_nonzero(z != vals))
@@ -297,7 +297,7 @@ def test_a_round_through_the_fused_encoding_uploads_what_the_old_path_uploaded(m
     values = np.random.default_rng(4).uniform(-1, 1, size=(9, 40_000))
     new_uploads, new_sum = _seeded_in_range_round(values)
 
-    def old_encode_input(vals, key, workspace, *, owner):
+    def old_encode_input(vals, key, workspace, *, owner, bounds=None):
         fp = workspace.encoder.fixed_point
         uniform = prg.uniform_floats(key, len(vals), prg=workspace.uniform.prg)
         return _old_encoder_ring(fp, vals, uniform).astype(fp.dtype), 0

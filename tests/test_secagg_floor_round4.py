@@ -23,7 +23,7 @@ from securefed.transport.secagg import client as client_mod
 MAIN_BLOCK = 16_384  # main's ENCODING_BLOCK
 
 
-def _main_encode_input(values, key, workspace, *, owner):
+def _main_encode_input(values, key, workspace, *, owner, bounds=None):
     """main's encode_input: the uniforms block by block, encoded block by block."""
     ring, n_clipped = workspace.encoder.encode_blocks(
         values, workspace.uniform.blocks(key, MAIN_BLOCK)
@@ -135,7 +135,7 @@ def test_a_round_gives_the_bytes_and_the_sum_of_mains_encoding(monkeypatch, vari
     several a client)."""
     new_payloads, new_sum, new_total = _round_bytes(variant)
 
-    def main_path(values, key, workspace, *, owner):
+    def main_path(values, key, workspace, *, owner, bounds=None):
         ring, n_clipped = workspace.encoder.encode_blocks(
             values, workspace.uniform.blocks(key, 1000)
         )

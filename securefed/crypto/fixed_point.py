@@ -312,8 +312,23 @@ class Encoder:
         self._floor = np.empty(length)
         self._up = np.empty(length, dtype=bool)
 
-    def encode(self, values: np.ndarray, uniform: np.ndarray) -> tuple[np.ndarray, int]:
+    def encode(
+        self,
+        values: np.ndarray,
+        uniform: np.ndarray,
+        *,
+        bounds: tuple[float, float] | None = None,
+    ) -> tuple[np.ndarray, int]:
         """A fresh ring vector encoding ``values`` and the number of clipped values.
+
+        Args:
+            values: ``length`` float values.
+            uniform: ``length`` U[0, 1) numbers, the rounding randomness.
+            bounds: ``(values.min(), values.max())`` when the caller computed them already
+                (secure aggregation's submit reads them to refuse NaN and infinities before
+                the round starts): the two reductions are then not repeated here. ``None``:
+                computed here. The decision (nothing to clip, or the checked clipping pass)
+                is this method's either way, so the result is the same bit for bit.
 
         Raises:
             ValueError: for NaN or infinite values, or lengths other than ``length``.
@@ -329,7 +344,9 @@ class Encoder:
         z, floor, up = self._scaled, self._floor, self._up
         # Two reductions decide the common case (finite, nothing to clip: NaN fails both
         # comparisons) without the finiteness, clip and count passes over the vector.
-        if self.length and -fp.clip <= values.min() and values.max() <= fp.clip:
+        if self.length and bounds is None:
+            bounds = (values.min(), values.max())
+        if self.length and -fp.clip <= bounds[0] and bounds[1] <= fp.clip:
             n_clipped = 0
             np.multiply(values, fp.scale, out=z)
         else:

@@ -50,8 +50,19 @@ STAGES = (
 the registry, and the static pairwise MAC keys agreed the first time two clients are neighbours."""
 
 
+_STREAM_CHUNK = 4096
+"""Bytes of a seeded client's keystream read ahead at a time: a round's draws of one client
+(about 70 Shamir candidates of 33 bytes and its nonces at k = 20) in one keystream call."""
+
+
 class _ClientRandomness:
-    """A client's private randomness: the OS in secure mode, the seed tree in seeded mode."""
+    """A client's private randomness: the OS in secure mode, the seed tree in seeded mode.
+
+    Seeded mode reads its keystream ahead in chunks of :data:`_STREAM_CHUNK` bytes and hands
+    them out in order: the draws are the stream's successive bytes, the same bytes as one
+    keystream call per draw (CTR mode; tests/test_secagg_floor_round6.py), with one call to
+    the cipher a few thousand bytes instead of one per 33-byte Shamir candidate.
+    """
 
     def __init__(self, seeds: SeedTree, round_id: int, client: int) -> None:
         self.secure = bool(seeds.secure)
@@ -60,6 +71,8 @@ class _ClientRandomness:
         self._stream = (
             None if self.secure else prg_mod.KeystreamBytes(seeds.key(*self._path, "stream"))
         )
+        self._ahead = b""  # seeded mode: keystream bytes read ahead, not yet handed out
+        self._at = 0
 
     def keypair(self, name: str) -> kx.KeyPair:
         if self.secure:
@@ -70,7 +83,16 @@ class _ClientRandomness:
         return os.urandom(32) if self.secure else self._seeds.key(*self._path, name)
 
     def randbytes(self, n: int) -> bytes:
-        return os.urandom(n) if self.secure else self._stream(n)
+        if self.secure:
+            return os.urandom(n)
+        if n < 0:
+            raise ValueError("nbytes must be >= 0")
+        at, stop = self._at, self._at + n
+        if stop > len(self._ahead):
+            self._ahead = self._ahead[at:] + self._stream(max(n, _STREAM_CHUNK))
+            at, stop = 0, n
+        self._at = stop
+        return self._ahead[at:stop]
 
 
 @dataclass(eq=False)
@@ -594,10 +616,14 @@ class SecAggClient:
         s_publics: Sequence[bytes],
         workspace: _Workspace,
         timer: _Timer | None = None,
+        *,
+        bounds: tuple[float, float] | None = None,
     ) -> tuple[np.ndarray, int]:
         """MaskedInputCollection: ``y_u`` (a fresh ring vector) and the number of values clipped.
 
         ``neighbours`` are those of the ShareKeys neighbours still in the round (at least ``t``).
+        ``bounds``: ``(values.min(), values.max())`` if the caller read them already
+        (:func:`encode_input`).
 
         Raises:
             AggregationError: this client has not shared its keys (no self-mask seed yet) or
@@ -610,7 +636,7 @@ class SecAggClient:
         timer = _Timer() if timer is None else timer
         start = time.perf_counter()
         masked, n_clipped = encode_input(
-            values, self.random.secret("rounding"), workspace, owner=self.id
+            values, self.random.secret("rounding"), workspace, owner=self.id, bounds=bounds
         )
         start = timer.add("encoding", start)
         self._add_masks(masked, neighbours, s_publics, workspace, timer, start)
@@ -896,7 +922,12 @@ def rounding_key(seeds: SeedTree, round_id: int, client: int) -> bytes:
 
 
 def encode_input(
-    values: np.ndarray, key: bytes, workspace: _Workspace, *, owner: int
+    values: np.ndarray,
+    key: bytes,
+    workspace: _Workspace,
+    *,
+    owner: int,
+    bounds: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Scale and round ``values`` stochastically (uniforms from ``key``) into the ring.
 
@@ -905,6 +936,9 @@ def encode_input(
 
     Args:
         owner: the client whose values these are (named in the refusal).
+        bounds: ``(values.min(), values.max())`` if the caller computed them (the round's
+            submit does, to refuse NaN before the round starts): not read twice
+            (:meth:`Encoder.encode`; the same ring vector and count bit for bit).
 
     Returns:
         ``(ring vector, number of values clipped)``; the ring vector is a fresh array.
@@ -916,7 +950,7 @@ def encode_input(
     # arithmetic as the block by block pass (:meth:`Encoder.encode_blocks`, bit for bit), with
     # 11 numpy calls a vector instead of about 12 a block of 16,384 values; the calls' overhead
     # outweighed the cache they saved (benchmarks/results/secagg_floor/round4).
-    ring, n_clipped = workspace.encoder.encode(values, workspace.uniform.draw(key))
+    ring, n_clipped = workspace.encoder.encode(values, workspace.uniform.draw(key), bounds=bounds)
     if n_clipped and workspace.out_of_range == "refuse":
         raise ValueError(
             f"client {owner}'s update has {n_clipped} value(s) outside [-clip, clip] = "

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from securefed._checks import finite_array
 from securefed.crypto import keys as kx
 from securefed.crypto import prg as prg_mod
 from securefed.crypto import shamir
@@ -560,7 +561,45 @@ class SecAggRound(AggregationRound):
         else:
             self._record(client, masked_sha256=masked_digest(masked, self.config.bits))
 
-    def _accept(self, updates: RowUpdates) -> None:
+    def submit(self, client: int, vector: np.ndarray, *, weight: float | None = None) -> None:
+        """One simulated client's update (:meth:`AggregationRound.submit`), read once on entry.
+
+        The generic path wraps the vector in a :class:`RowUpdates`, whose finiteness check (a
+        sum) is the input's first read, and the encoder then reads its minimum and maximum.
+        Here an unweighted vector of the round's length (an int client id) is read once for
+        its minimum and maximum: NaN or an infinity makes one of them non-finite and is
+        refused with the generic path's own error (:func:`finite_array`, naming the first
+        offending position) before anything of the round changes; the encoder takes the two
+        instead of reading them again. The same checks in the same order, the same errors,
+        the same masked upload bit for bit (tests/test_secagg_floor_round6.py). Anything
+        else (a weight, another shape, another kind of id) takes the generic path.
+        """
+        vector = np.asarray(vector, dtype=np.float64)
+        n_values = self.shape[0] * self.shape[1]
+        plain_id = isinstance(client, int | np.integer) and not isinstance(client, bool)
+        if weight is not None or vector.shape != (n_values,) or not plain_id:
+            super().submit(client, vector, weight=weight)
+            return
+        bounds = (vector.min(), vector.max())
+        if not (np.isfinite(bounds[0]) and np.isfinite(bounds[1])):
+            finite_array("update values", vector.reshape(self.shape))  # raises, as RowUpdates
+        client = int(client)
+        # AggregationRound.submit_batch's checks and errors, for one client.
+        self._check_open()
+        self._position_of(client)  # raises for a client outside the round
+        if client in self.submitted:
+            raise AggregationError(f"client(s) [{client}] already submitted in this round")
+        if client in self.dropped:
+            raise AggregationError(f"client(s) [{client}] dropped out and cannot submit")
+        self._check_accepting(weighted=False)
+        length = self._start_masking(False)
+        self._mask_client(client, vector, bounds)
+        self._after_masking()
+        self._add_bytes(client, up=length * self.config.bits // 8)
+        self.submitted.add(client)
+
+    def _check_accepting(self, *, weighted: bool) -> None:
+        """The round may take a plaintext submit of this weighting (simulated clients)."""
         self._check_usable()
         self._check_before_unmasking("masked input")
         if self.remote_clients:
@@ -568,26 +607,43 @@ class SecAggRound(AggregationRound):
                 "this round's clients are remote: they mask their own updates and the server "
                 "takes them with receive_masked(), never a plaintext submit"
             )
-        weighted = updates.weights is not None
         self._check_weighting(weighted)
+
+    def _mask_client(
+        self, client: int, values: np.ndarray, bounds: tuple[float, float] | None = None
+    ) -> None:
+        """``client`` masks ``values`` (its simulated side); the upload joins the running sum."""
+        request = self.mask_request(client)
+        try:
+            masked, n_clipped = self._clients[client].mask(
+                values,
+                request.neighbours,
+                request.s_publics,
+                self._workspace,
+                self.timer,
+                bounds=bounds,
+            )
+        except ValueError as error:  # out of range: the round is refused, not half-summed
+            self._failure = str(error)
+            raise
+        self.clipped[client] = n_clipped
+        self._clipped_total += n_clipped
+        self._add_masked(client, masked)
+
+    def _after_masking(self) -> None:
+        if self.config.out_of_range == "clip":  # a running count, not a sum per submit (O(n^2))
+            self.view.public["secagg_values_clipped"] = self._clipped_total
+
+    def _accept(self, updates: RowUpdates) -> None:
+        weighted = updates.weights is not None
+        self._check_accepting(weighted=weighted)
         check_weights(updates, self.config.clip)
         length = self._start_masking(weighted)
         weights = updates.client_weights()
         for k, client in enumerate(updates.clients.tolist()):
             values = pack_values(_client_block(updates, k), weights[k] if weighted else None)
-            request = self.mask_request(client)
-            try:
-                masked, n_clipped = self._clients[client].mask(
-                    values, request.neighbours, request.s_publics, self._workspace, self.timer
-                )
-            except ValueError as error:  # out of range: the round is refused, not half-summed
-                self._failure = str(error)
-                raise
-            self.clipped[client] = n_clipped
-            self._clipped_total += n_clipped
-            self._add_masked(client, masked)
-        if self.config.out_of_range == "clip":  # a running count, not a sum per submit (O(n^2))
-            self.view.public["secagg_values_clipped"] = self._clipped_total
+            self._mask_client(client, values)
+        self._after_masking()
         if len(updates.clients) == 1:  # one submit (the simulation's): no position search
             self._add_bytes(int(updates.clients[0]), up=length * self.config.bits // 8)
         else:
