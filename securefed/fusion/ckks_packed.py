@@ -71,9 +71,6 @@ adding at most its own bound).
 from __future__ import annotations
 
 import math
-import os
-import struct
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +94,8 @@ from securefed.fusion.ckks_module import (
     CKKSModuleFusionChannel,
     ModuleKeyParty,
     _segments,
+    every_slot_mask,
+    tenseal_vector_bytes,
 )
 
 __all__ = [
@@ -705,16 +704,17 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         if ct.size() > 2:
             self._relinearize(seal, ct)
         std = self.config.output_noise_std / 2.0**self.shift
-        if std > 0:
-            noise = self._output_noise.normal(self._hiding_std(), returned.size)
-            for a, b in read:
-                noise[a:b] = self._output_noise.normal(std, b - a)
-            if constant is not None:
-                noise += np.asarray(constant)
-            seal.add_inplace(ct, seal.encrypt_like(noise, ct))
-            self.counts["rerandomize"] += 1
-        elif constant is not None:
-            ct = seal.plus_plain(ct, constant)
+        slots, hiding = self.params.slots, self._hiding_std()
+        noise = self._output_noise.normal(hiding, slots)
+        for a, b in read:
+            noise[a:b] = self._output_noise.normal(std, b - a)
+        if constant is not None:
+            noise[: returned.size] += np.asarray(constant)
+        # Every slot's imaginary part (never read: noise terms such as the owner's own error
+        # times the other party's values) and every slot beyond the vector (replicas).
+        noise = noise + 1j * self._output_noise.normal(self._imaginary_std(), slots)
+        seal.add_inplace(ct, seal.encrypt_like(noise, ct))
+        self.counts["rerandomize"] += 1
         self.seconds["server_evaluation"] += time.process_time() - start
         return _Returned(ct, returned.size)
 
@@ -1140,8 +1140,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _mask_regions(self, product, party: str):
         """``(masked, mask)``: ``[[G Q + R]]`` as handed to ``party``, and the mask ``R``."""
-        mask = self.masks.draw(product.size)
-        masked = self._seal(party).plus_plain(product.ciphertext, mask, keep=False)
+        mask, both = every_slot_mask(self.masks, self.params.slots)
+        seal = self._seal(party)
+        masked = seal.plus(product.ciphertext, seal.encrypt_like(both, product.ciphertext))
+        self.counts["fresh_mask"] += 1
         return self._to_party(_Returned(masked, product.size), party), mask
 
     def _unmask_regions(self, released, mask, segments, start, n, per_member) -> np.ndarray:
@@ -1175,29 +1177,10 @@ class _Returned:
     size: int
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _tenseal_message(returned: _Returned) -> bytes:
-    """The bytes of TenSEAL's ``CKKSVector`` message for a SEAL ciphertext (its protobuf
-    ``CKKSVectorProto``: field 1 the packed length, field 2 SEAL's own serialization, field 3
-    the scale), what :meth:`ModuleKeyParty.receive` parses: the wire format is TenSEAL's.
-    SEAL's Python binding saves to a file only."""
-    ct = returned.ciphertext
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "ciphertext")
-        ct.save(path)
-        with open(path, "rb") as handle:
-            body = handle.read()
-    size = _varint(returned.size)
-    return (b"\x0a" + _varint(len(size)) + size + b"\x12" + _varint(len(body)) + body
-            + b"\x19" + struct.pack("<d", ct.scale))  # fmt: skip
+    """The bytes of TenSEAL's ``CKKSVector`` message for a returned SEAL ciphertext
+    (:func:`~securefed.fusion.ckks_module.tenseal_vector_bytes`)."""
+    return tenseal_vector_bytes(returned.ciphertext, returned.size)
 
 
 class _SealEvaluator:
@@ -1237,7 +1220,8 @@ class _SealEvaluator:
 
     def plain(self, values: np.ndarray, like, scale: float, *, keep: bool = True):
         """``values`` encoded at ``like``'s level with ``scale`` (kept per content if ``keep``)."""
-        values = np.ascontiguousarray(values, dtype=np.float64)
+        kind = np.complex128 if np.iscomplexobj(values) else np.float64
+        values = np.ascontiguousarray(values, dtype=kind)
         key = (values.tobytes(), tuple(like.parms_id()), scale) if keep else None
         found = self._plains.get(key) if keep else None
         if found is not None:
