@@ -49,9 +49,19 @@ the batch gradients that the server obtains for SGD anyway. ``p``'s input gradie
 
 What each side learns: the server learns the per-member batch sums ``S_m`` (batch gradients; the
 same as SGD through the exchange) and nothing of a single entry; ``p`` sees masked values (hidden
-up to ``|v| / 2^16`` per slot), its own outputs and input gradients. Every ciphertext returned to
-a party is re-randomized with a fresh encryption of Gaussian noise (``output_noise_std``). A
-server colluding with ``p`` decrypts the other parties' vectors encrypted under ``p``'s key
+up to ``|v| / 2^16`` per slot), its own outputs and input gradients. ``p`` decrypts at the slot
+level, every slot a complex number: the mask ``R + i R'`` (:func:`every_slot_mask`) covers the
+real and the imaginary part of **every** slot (TenSEAL replicates a short vector over all slots,
+so a product's slots beyond its length hold ``g x^m`` again; the imaginary parts hold noise terms
+such as ``x_1`` times ``p``'s own error) and is added as a fresh public-key encryption (the
+masked product re-randomized: its ``c1`` is fresh), so each slot's noise terms are hidden up to
+:func:`mask_hiding_distance` (refused above ``2^-20``). Every output and input gradient returned
+to a party is re-randomized with a fresh encryption, at its level, of complex noise on every
+slot: ``output_noise_std`` on the real parts, :data:`IMAGINARY_STD` on the imaginary parts
+(attacks: :mod:`securefed.attacks.ckks_owner`). A malicious ``p`` that encrypts ``g + i T``
+instead of ``g`` reads ``x_1`` from the imaginary parts (``T x_1`` beyond any mask the level
+holds); the server cannot tell such a ciphertext from an honest one: not covered. A server
+colluding with ``p`` decrypts the other parties' vectors encrypted under ``p``'s key
 (non-colluding parties are assumed, as in every two-server vertical FL scheme).
 """
 
@@ -546,13 +556,13 @@ def mask_hiding_distance(slot_error_bound: float, mask_bound: float) -> float:
 
 
 IMAGINARY_STD = 2.0**-4
-"""The std of the Gaussian noise on the imaginary part of every slot of a returned output or
-input gradient (no party reads it; it holds noise terms of the computation, a fresh error
+"""The least std of the Gaussian noise on the imaginary part of every slot of a returned output
+or input gradient (no party reads it; it holds noise terms of the computation, a fresh error
 times the values): the floor (:func:`~securefed.crypto.flooding.flooding_floor`) at 20 bits of
-a per-slot error bound of ``8.6e-5`` (the circuits' bounds at the default chains are below
-``1e-5``), at most ``2^-13`` of the deepest level's room (:meth:`CKKSModuleFusionChannel.
-_imaginary_std`). Its cost on the real parts is the decoder's floating-point error, about
-``2^-43`` of it."""
+a per-slot error bound of ``8.6e-5`` (FedSlate's output bounds at the default chains are below
+``3e-5``); larger where a masked product's per-slot bound needs it, at most ``2^-13`` of the
+deepest level's room (:meth:`CKKSModuleFusionChannel._imaginary_std`). Its cost on the real
+parts is the decoder's floating-point error, about ``2^-43`` of it."""
 
 
 def check_imaginary_flooding(slot_error_bound: float, std: float) -> float:
@@ -937,9 +947,12 @@ class CKKSModuleFusionChannel(TorchServerChannel):
 
     def _imaginary_std(self) -> float:
         """The std of the noise on every imaginary part of a returned ciphertext:
-        :data:`IMAGINARY_STD`, at most ``2^-13`` of the deepest level's room (8192 std within
-        it)."""
-        return min(IMAGINARY_STD, self.params.max_abs_value(self.params.levels) * 2.0**-13)
+        :data:`IMAGINARY_STD`, or the 20-bit floor of a masked product's per-slot error bound
+        where that is larger (``ckks+dp``'s wide gradient bound), at most ``2^-13`` of the
+        deepest level's room (8192 std within it)."""
+        room = self.params.max_abs_value(self.params.levels) * 2.0**-13
+        floor = flooding_floor(self._sum_error_bound(1), MIN_FLOODING_SECURITY_BITS)
+        return min(room, max(IMAGINARY_STD, floor))
 
     def _rerandomized(self, vector: ts.CKKSVector, party: str, values: np.ndarray):
         """``vector + Enc(values)``, a fresh public-key encryption under ``party``'s key at the

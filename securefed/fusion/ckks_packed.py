@@ -30,8 +30,10 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   whose worst-case output over the public value bound would not fit.
 * **Backward.** The owner encrypts ``G = [g | g x_0 | g]`` (its own values); one product
   ``E = G Q = [g x_1 | g x_0 x_1 | g x_1^2]`` holds the three batch sums that involve the other
-  party, released by **one** masked exchange (uniform masks of ``2^16`` on every slot at level
-  1, the owner decrypts, sums each member's slots per region, floods at the floor of
+  party, released by **one** masked exchange (uniform masks of ``2^16`` on the real and the
+  imaginary part of every slot, the vector's replicas beyond its ``3 n`` entries included, added
+  at level 1 as a fresh public-key encryption: :func:`~securefed.fusion.ckks_module.
+  every_slot_mask`; the owner decrypts, sums each member's slots per region, floods at the floor of
   :func:`packed_sum_error_bound` and rounds). The sums of ``g``, ``g x_0`` and ``g x_0^2`` the
   owner computes in the clear and releases flooded and rounded the same way, so the server's
   view is the batch sums of the monomial circuit, at a smaller flooding std. The input gradient
@@ -60,12 +62,13 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
 Every returned output and input gradient is relinearized (two components) and re-randomized
 with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
 noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party
-reads) on the slots the party reads, of std ``2^-13`` of the deepest level's room on the others
-(they hold rounding errors, or a joined input gradient's region 3: the owner's fresh error
-times the other network's derivative), and the polynomial's constant; the masked exchange's
-product is relinearized and masked (not re-randomized). :func:`packed_error_bounds` states
-the error model (every fresh encryption, relinearization, rescaling and plaintext encoding
-adding at most its own bound).
+reads) on the real parts of the slots the party reads, of std ``2^-13`` of the deepest level's
+room on the real parts of all others (they hold rounding errors, a joined input gradient's
+region 3: the owner's fresh error times the other network's derivative, or replicas beyond the
+vector) and :data:`~securefed.fusion.ckks_module.IMAGINARY_STD` on every imaginary part, and
+the polynomial's constant; the masked exchange's product is relinearized and masked in a fresh
+encryption (above). :func:`packed_error_bounds` states the error model (every fresh
+encryption, relinearization, rescaling and plaintext encoding adding at most its own bound).
 """
 
 from __future__ import annotations
