@@ -698,9 +698,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self, returned: _Returned, p: str, read: Sequence[tuple[int, int]], constant=None
     ) -> _Returned:
         """The server's part of :meth:`_returned`: the product relinearized, the constant
-        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level (std
-        ``output_noise_std * 2^-shift`` on the slots ``read``, :meth:`_hiding_std` on the
-        others) added."""
+        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level added:
+        on the real parts std ``output_noise_std * 2^-shift`` on the slots ``read`` and
+        :meth:`_hiding_std` on every other slot (replicas beyond the vector included), on every
+        imaginary part :meth:`_imaginary_std` (always, whatever ``output_noise_std``)."""
         seal = self._seal(p)
         start = time.process_time()
         ct = returned.ciphertext
