@@ -49,9 +49,19 @@ the batch gradients that the server obtains for SGD anyway. ``p``'s input gradie
 
 What each side learns: the server learns the per-member batch sums ``S_m`` (batch gradients; the
 same as SGD through the exchange) and nothing of a single entry; ``p`` sees masked values (hidden
-up to ``|v| / 2^16`` per slot), its own outputs and input gradients. Every ciphertext returned to
-a party is re-randomized with a fresh encryption of Gaussian noise (``output_noise_std``). A
-server colluding with ``p`` decrypts the other parties' vectors encrypted under ``p``'s key
+up to ``|v| / 2^16`` per slot), its own outputs and input gradients. ``p`` decrypts at the slot
+level, every slot a complex number: the mask ``R + i R'`` (:func:`every_slot_mask`) covers the
+real and the imaginary part of **every** slot (TenSEAL replicates a short vector over all slots,
+so a product's slots beyond its length hold ``g x^m`` again; the imaginary parts hold noise terms
+such as ``x_1`` times ``p``'s own error) and is added as a fresh public-key encryption (the
+masked product re-randomized: its ``c1`` is fresh), so each slot's noise terms are hidden up to
+:func:`mask_hiding_distance` (refused above ``2^-20``). Every output and input gradient returned
+to a party is re-randomized with a fresh encryption, at its level, of complex noise on every
+slot: ``output_noise_std`` on the real parts, :data:`IMAGINARY_STD` on the imaginary parts
+(attacks: :mod:`securefed.attacks.ckks_owner`). A malicious ``p`` that encrypts ``g + i T``
+instead of ``g`` reads ``x_1`` from the imaginary parts (``T x_1`` beyond any mask the level
+holds); the server cannot tell such a ciphertext from an honest one: not covered. A server
+colluding with ``p`` decrypts the other parties' vectors encrypted under ``p``'s key
 (non-colluding parties are assumed, as in every two-server vertical FL scheme).
 """
 
@@ -60,6 +70,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
+import struct
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -68,6 +81,7 @@ from typing import Any
 
 import numpy as np
 import tenseal as ts
+import tenseal.sealapi as sealapi
 
 from securefed.crypto.ckks import (
     Flooding,
@@ -80,6 +94,7 @@ from securefed.crypto.ckks import (
     parameters_for,
     symmetric_twin,
 )
+from securefed.crypto.flooding import MIN_FLOODING_SECURITY_BITS, flooding_floor
 from securefed.errors import InsecureParameterError
 from securefed.fusion.base import (
     Inquiry,
@@ -105,20 +120,27 @@ from securefed.randomness import SeedTree
 from securefed.views import NO_PAYLOADS, FusionView, RoundSelection
 
 __all__ = [
+    "IMAGINARY_STD",
     "STEP_STAGES",
     "CKKSModuleConfig",
     "CKKSModuleFusionChannel",
+    "FreshEncryptor",
     "ModuleKeyParty",
+    "check_imaginary_flooding",
+    "check_mask_hiding",
     "check_public_context",
     "circuit_levels",
     "context_chain_bits",
+    "every_slot_mask",
     "input_gradient_error_bound",
+    "mask_hiding_distance",
     "masked_sum_error_bound",
     "module_key_circuit",
     "polynomial_error_bound",
     "public_key_id",
     "server_context",
     "server_context_from_bytes",
+    "tenseal_vector_bytes",
 ]
 
 STEP_STAGES = ("encryption", "server_evaluation", "exchange", "decryption")
@@ -509,6 +531,126 @@ def module_key_circuit(config: CKKSModuleConfig, degree: int) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- re-randomization
+def every_slot_mask(masks: _MaskSource, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(R, R + i R')``: a uniform mask on the real and the imaginary part of every slot.
+
+    Every slot, not only the vector's entries: TenSEAL encrypts a vector shorter than the slot
+    count replicated across all slots, so a product's slots beyond its length hold the same
+    products again (``g x_1`` in the clear at the slots a mask of the vector's length leaves
+    bare). The imaginary part: the masked values are real, so without ``R'`` the imaginary
+    parts of a slot hold only noise terms such as ``x_1 e_G + g e_Q`` (the owner knows its own
+    error ``e_G``). ``R`` (its first entries) is what the server subtracts from the release.
+    """
+    real = masks.draw(slots)
+    return real, real + 1j * masks.draw(slots)
+
+
+def mask_hiding_distance(slot_error_bound: float, mask_bound: float) -> float:
+    """Statistical distance, per slot and part, between a masked product's slot and the same
+    slot without its key-dependent error: ``|e| / (2 M)`` for ``e`` within ``slot_error_bound``
+    and a uniform mask on ``[-M, M]`` (the distance of two shifted uniforms)."""
+    if slot_error_bound <= 0 or mask_bound <= 0:
+        raise ValueError("slot_error_bound and mask_bound must be > 0")
+    return slot_error_bound / (2.0 * mask_bound)
+
+
+IMAGINARY_STD = 2.0**-4
+"""The least std of the Gaussian noise on the imaginary part of every slot of a returned output
+or input gradient (no party reads it; it holds noise terms of the computation, a fresh error
+times the values): the floor (:func:`~securefed.crypto.flooding.flooding_floor`) at 20 bits of
+a per-slot error bound of ``8.6e-5`` (FedSlate's output bounds at the default chains are below
+``3e-5``); larger where a masked product's per-slot bound needs it, at most ``2^-13`` of the
+deepest level's room (:meth:`CKKSModuleFusionChannel._imaginary_std`). Its cost on the real
+parts is the decoder's floating-point error, about ``2^-43`` of it."""
+
+
+def check_imaginary_flooding(slot_error_bound: float, std: float) -> float:
+    """The margin ``std / flooding_floor(slot_error_bound, 20)``, refused below 1: the
+    imaginary noise of a returned ciphertext must flood a masked product's per-slot error
+    bound at the floor level (:data:`~securefed.crypto.flooding.MIN_FLOODING_SECURITY_BITS`).
+
+    Raises:
+        InsecureParameterError: the std is below the floor (a small deepest level).
+    """
+    floor = flooding_floor(slot_error_bound, MIN_FLOODING_SECURITY_BITS)
+    if std < floor:
+        raise InsecureParameterError(
+            f"the imaginary re-randomizing noise std {std:g} is below the floor {floor:g} of a "
+            f"per-slot error bound of {slot_error_bound:g}: the chain's deepest level is too "
+            "small (raise its room or the scale)"
+        )
+    return std / floor
+
+
+def check_mask_hiding(slot_error_bound: float, mask_bound: float, security_bits: float) -> float:
+    """:func:`mask_hiding_distance`, refused above ``2^-security_bits`` (the masks must hide
+    the noise terms of the imaginary parts at least at the floor level).
+
+    Raises:
+        InsecureParameterError: the masks are too small for the circuit's error bound.
+    """
+    distance = mask_hiding_distance(slot_error_bound, mask_bound)
+    if distance > 2.0**-security_bits:
+        raise InsecureParameterError(
+            f"masks of {mask_bound:g} hide a masked product's noise terms (error bound "
+            f"{slot_error_bound:g} per slot) only up to {distance:.3g} per slot, above "
+            f"2^-{security_bits:g}: raise mask_bits or the scale"
+        )
+    return distance
+
+
+def tenseal_vector_bytes(ciphertext, size: int) -> bytes:
+    """The bytes of TenSEAL's ``CKKSVector`` message for a SEAL ciphertext (its protobuf
+    ``CKKSVectorProto``: field 1 the packed length, field 2 SEAL's own serialization, field 3
+    the scale), what :meth:`ModuleKeyParty.receive` parses: the wire format is TenSEAL's.
+    SEAL's Python binding saves to a file only."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "ciphertext")
+        ciphertext.save(path)
+        with open(path, "rb") as handle:
+            body = handle.read()
+    length = _varint(size)
+    return (b"\x0a" + _varint(len(length)) + length + b"\x12" + _varint(len(body)) + body
+            + b"\x19" + struct.pack("<d", ciphertext.scale))  # fmt: skip
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+class FreshEncryptor:
+    """Fresh public-key encryptions of complex slot values under one party's public context, at
+    a ciphertext's own level and scale (SEAL's objects: TenSEAL encrypts real vectors at the
+    top level only).
+
+    Args:
+        context: the server's TenSEAL context for the party (its public key).
+    """
+
+    def __init__(self, context: ts.Context) -> None:
+        data = context.data
+        seal = data.seal_context()
+        self.evaluator = sealapi.Evaluator(seal)
+        self.encoder = sealapi.CKKSEncoder(seal)
+        self.encryptor = sealapi.Encryptor(seal, data.public_key())
+
+    def added(self, ciphertext, values: np.ndarray):
+        """``ciphertext + Enc(values)`` (a new ciphertext; ``values`` complex, one per slot)."""
+        plain = sealapi.Plaintext()
+        values = np.asarray(values, dtype=np.complex128).tolist()
+        self.encoder.encode(values, ciphertext.parms_id(), ciphertext.scale, plain)
+        fresh, out = sealapi.Ciphertext(), sealapi.Ciphertext()
+        self.encryptor.encrypt(plain, fresh)
+        self.evaluator.add(ciphertext, fresh, out)
+        return out
+
+
 def _context_of(vector: ts.CKKSVector, context) -> ts.CKKSVector:
     """Hand a ciphertext over in memory: link it to the receiver's context (no copy, no bytes)."""
     vector.link_context(context.tenseal)
@@ -641,7 +783,16 @@ class CKKSModuleFusionChannel(TorchServerChannel):
             }
             | dict(public or {}),
         )
+        self._fresh: dict[str, FreshEncryptor] = {}
         self._setup_circuit()
+        self.mask_hiding = check_mask_hiding(
+            self._sum_error_bound(1), self.masks.bound, MIN_FLOODING_SECURITY_BITS
+        )
+        check_imaginary_flooding(self._sum_error_bound(1), self._imaginary_std())
+        self.view.public["exchange_mask"] = {
+            "parts": "real and imaginary, every slot, in a fresh public-key encryption",
+            "hiding_per_slot": self.mask_hiding,
+        }
 
     def _setup_circuit(self) -> None:
         """What a circuit adds to the channel once its keys and view exist (nothing here)."""
@@ -784,12 +935,35 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return acc
 
     def _return(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector:
-        """Re-randomize with a fresh encryption of noise under ``party``'s key, hand it over."""
-        context = self.server_contexts[party]
-        if self.config.output_noise_std > 0:
-            noise = self._output_noise.normal(self.config.output_noise_std, vector.size())
-            vector = vector + context.encrypt_vector(noise)
-        return vector
+        """Re-randomize with a fresh encryption under ``party``'s key, at the vector's level, of
+        complex noise on every slot: ``N(0, output_noise_std^2)`` on the real parts,
+        :meth:`_hiding_std` on the imaginary parts (they hold only noise terms of the
+        computation, such as ``x_1`` times the owner's own error, which no party reads)."""
+        slots = self.params.slots
+        noise = self._output_noise.normal(self.config.output_noise_std, slots)
+        noise = noise + 1j * self._output_noise.normal(self._imaginary_std(), slots)
+        self.counts["rerandomize"] += 1
+        return self._rerandomized(vector, party, noise)
+
+    def _imaginary_std(self) -> float:
+        """The std of the noise on every imaginary part of a returned ciphertext:
+        :data:`IMAGINARY_STD`, or the 20-bit floor of a masked product's per-slot error bound
+        where that is larger (``ckks+dp``'s wide gradient bound), at most ``2^-13`` of the
+        deepest level's room (8192 std within it)."""
+        room = self.params.max_abs_value(self.params.levels) * 2.0**-13
+        floor = flooding_floor(self._sum_error_bound(1), MIN_FLOODING_SECURITY_BITS)
+        return min(room, max(IMAGINARY_STD, floor))
+
+    def _rerandomized(self, vector: ts.CKKSVector, party: str, values: np.ndarray):
+        """``vector + Enc(values)``, a fresh public-key encryption under ``party``'s key at the
+        vector's level (``values`` complex, one per slot), as a ``CKKSVector`` of the server's
+        context."""
+        if party not in self._fresh:
+            self._fresh[party] = FreshEncryptor(self.server_contexts[party].tenseal)
+        [ciphertext] = vector.data.ciphertext()
+        out = self._fresh[party].added(ciphertext, values)
+        blob = tenseal_vector_bytes(out, vector.size())
+        return ts.ckks_vector_from(self.server_contexts[party].tenseal, blob)
 
     def _to_party(self, vector: ts.CKKSVector, party: str) -> ts.CKKSVector | bytes:
         """A ciphertext the server hands to ``party`` (the party's :meth:`ModuleKeyParty.receive`
@@ -1273,9 +1447,13 @@ class CKKSModuleFusionChannel(TorchServerChannel):
         return out
 
     def _mask(self, product, party: str):
-        """``(masked, mask)``: the masked ciphertext as handed to ``party``, and the mask."""
-        mask = self.masks.draw(product.size())
-        return self._to_party(product + mask.tolist(), party), mask
+        """``(masked, mask)``: ``[[product + R + i R']]`` as handed to ``party`` (the mask of
+        :func:`every_slot_mask` on every slot, added as a fresh public-key encryption: the
+        product is re-randomized, its imaginary parts and its replicas masked), and ``R``.
+        The server half (:meth:`serve_backward`) and the in-process exchange both call it."""
+        mask, both = every_slot_mask(self.masks, self.params.slots)
+        self.counts["fresh_mask"] += 1
+        return self._to_party(self._rerandomized(product, party, both), party), mask
 
     def _unmask(self, released, mask, segments, start: int, per_member) -> np.ndarray:
         """The per-member sums of one masked exchange, its mask's sums subtracted."""

@@ -30,8 +30,10 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   whose worst-case output over the public value bound would not fit.
 * **Backward.** The owner encrypts ``G = [g | g x_0 | g]`` (its own values); one product
   ``E = G Q = [g x_1 | g x_0 x_1 | g x_1^2]`` holds the three batch sums that involve the other
-  party, released by **one** masked exchange (uniform masks of ``2^16`` on every slot at level
-  1, the owner decrypts, sums each member's slots per region, floods at the floor of
+  party, released by **one** masked exchange (uniform masks of ``2^16`` on the real and the
+  imaginary part of every slot, the vector's replicas beyond its ``3 n`` entries included, added
+  at level 1 as a fresh public-key encryption: :func:`~securefed.fusion.ckks_module.
+  every_slot_mask`; the owner decrypts, sums each member's slots per region, floods at the floor of
   :func:`packed_sum_error_bound` and rounds). The sums of ``g``, ``g x_0`` and ``g x_0^2`` the
   owner computes in the clear and releases flooded and rounded the same way, so the server's
   view is the batch sums of the monomial circuit, at a smaller flooding std. The input gradient
@@ -60,20 +62,18 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
 Every returned output and input gradient is relinearized (two components) and re-randomized
 with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
 noise of std ``output_noise_std * 2^-shift`` (``output_noise_std`` on the value the party
-reads) on the slots the party reads, of std ``2^-13`` of the deepest level's room on the others
-(they hold rounding errors, or a joined input gradient's region 3: the owner's fresh error
-times the other network's derivative), and the polynomial's constant; the masked exchange's
-product is relinearized and masked (not re-randomized). :func:`packed_error_bounds` states
-the error model (every fresh encryption, relinearization, rescaling and plaintext encoding
-adding at most its own bound).
+reads) on the real parts of the slots the party reads, of std ``2^-13`` of the deepest level's
+room on the real parts of all others (they hold rounding errors, a joined input gradient's
+region 3: the owner's fresh error times the other network's derivative, or replicas beyond the
+vector) and :data:`~securefed.fusion.ckks_module.IMAGINARY_STD` on every imaginary part, and
+the polynomial's constant; the masked exchange's product is relinearized and masked in a fresh
+encryption (above). :func:`packed_error_bounds` states the error model (every fresh
+encryption, relinearization, rescaling and plaintext encoding adding at most its own bound).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import struct
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +97,8 @@ from securefed.fusion.ckks_module import (
     CKKSModuleFusionChannel,
     ModuleKeyParty,
     _segments,
+    every_slot_mask,
+    tenseal_vector_bytes,
 )
 
 __all__ = [
@@ -696,25 +698,27 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self, returned: _Returned, p: str, read: Sequence[tuple[int, int]], constant=None
     ) -> _Returned:
         """The server's part of :meth:`_returned`: the product relinearized, the constant
-        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level (std
-        ``output_noise_std * 2^-shift`` on the slots ``read``, :meth:`_hiding_std` on the
-        others) added."""
+        added, the fresh encryption of noise under ``p``'s key at the ciphertext's level added:
+        on the real parts std ``output_noise_std * 2^-shift`` on the slots ``read`` and
+        :meth:`_hiding_std` on every other slot (replicas beyond the vector included), on every
+        imaginary part :meth:`_imaginary_std` (always, whatever ``output_noise_std``)."""
         seal = self._seal(p)
         start = time.process_time()
         ct = returned.ciphertext
         if ct.size() > 2:
             self._relinearize(seal, ct)
         std = self.config.output_noise_std / 2.0**self.shift
-        if std > 0:
-            noise = self._output_noise.normal(self._hiding_std(), returned.size)
-            for a, b in read:
-                noise[a:b] = self._output_noise.normal(std, b - a)
-            if constant is not None:
-                noise += np.asarray(constant)
-            seal.add_inplace(ct, seal.encrypt_like(noise, ct))
-            self.counts["rerandomize"] += 1
-        elif constant is not None:
-            ct = seal.plus_plain(ct, constant)
+        slots, hiding = self.params.slots, self._hiding_std()
+        noise = self._output_noise.normal(hiding, slots)
+        for a, b in read:
+            noise[a:b] = self._output_noise.normal(std, b - a)
+        if constant is not None:
+            noise[: returned.size] += np.asarray(constant)
+        # Every slot's imaginary part (never read: noise terms such as the owner's own error
+        # times the other party's values) and every slot beyond the vector (replicas).
+        noise = noise + 1j * self._output_noise.normal(self._imaginary_std(), slots)
+        seal.add_inplace(ct, seal.encrypt_like(noise, ct))
+        self.counts["rerandomize"] += 1
         self.seconds["server_evaluation"] += time.process_time() - start
         return _Returned(ct, returned.size)
 
@@ -1140,8 +1144,10 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
 
     def _mask_regions(self, product, party: str):
         """``(masked, mask)``: ``[[G Q + R]]`` as handed to ``party``, and the mask ``R``."""
-        mask = self.masks.draw(product.size)
-        masked = self._seal(party).plus_plain(product.ciphertext, mask, keep=False)
+        mask, both = every_slot_mask(self.masks, self.params.slots)
+        seal = self._seal(party)
+        masked = seal.plus(product.ciphertext, seal.encrypt_like(both, product.ciphertext))
+        self.counts["fresh_mask"] += 1
         return self._to_party(_Returned(masked, product.size), party), mask
 
     def _unmask_regions(self, released, mask, segments, start, n, per_member) -> np.ndarray:
@@ -1175,29 +1181,10 @@ class _Returned:
     size: int
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _tenseal_message(returned: _Returned) -> bytes:
-    """The bytes of TenSEAL's ``CKKSVector`` message for a SEAL ciphertext (its protobuf
-    ``CKKSVectorProto``: field 1 the packed length, field 2 SEAL's own serialization, field 3
-    the scale), what :meth:`ModuleKeyParty.receive` parses: the wire format is TenSEAL's.
-    SEAL's Python binding saves to a file only."""
-    ct = returned.ciphertext
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "ciphertext")
-        ct.save(path)
-        with open(path, "rb") as handle:
-            body = handle.read()
-    size = _varint(returned.size)
-    return (b"\x0a" + _varint(len(size)) + size + b"\x12" + _varint(len(body)) + body
-            + b"\x19" + struct.pack("<d", ct.scale))  # fmt: skip
+    """The bytes of TenSEAL's ``CKKSVector`` message for a returned SEAL ciphertext
+    (:func:`~securefed.fusion.ckks_module.tenseal_vector_bytes`)."""
+    return tenseal_vector_bytes(returned.ciphertext, returned.size)
 
 
 class _SealEvaluator:
@@ -1237,7 +1224,8 @@ class _SealEvaluator:
 
     def plain(self, values: np.ndarray, like, scale: float, *, keep: bool = True):
         """``values`` encoded at ``like``'s level with ``scale`` (kept per content if ``keep``)."""
-        values = np.ascontiguousarray(values, dtype=np.float64)
+        kind = np.complex128 if np.iscomplexobj(values) else np.float64
+        values = np.ascontiguousarray(values, dtype=kind)
         key = (values.tobytes(), tuple(like.parms_id()), scale) if keep else None
         found = self._plains.get(key) if keep else None
         if found is not None:
