@@ -186,7 +186,15 @@ CASES = {
 # -- tests ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+SLOW_CASES = ("sums-split-sampled-ext", "rows-flat-item")
+"""The composite cases (every option at once, the other architectures): heavy, ``-m slow``."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES],
+    ids=list(CASES),
+)
 def test_fast_step_releases_and_weights_match_the_previous_step(monkeypatch, fedslate_small, case):
     from securefed.rl.fedslate import FedSlateConfig
 
@@ -225,15 +233,15 @@ def test_unit_sums_equal_the_one_hot_product():
         assert torch.all(out[s, distinct:] == 0)  # the slots no unit fills stay zero
 
 
-@pytest.mark.parametrize("arch", ["item", "flat"])
-def test_row_gradients_equal_a_loop_of_backward_passes(arch):
-    """Against the plainest reference: one ordinary backward per (member, row)."""
+def test_flat_row_gradients_equal_a_loop_of_backward_passes():
+    """Against the plainest reference, one ordinary backward per (member, row), for the flat
+    local network (the item network's: ``tests/test_fedslate_local_dp.py``)."""
     from securefed.privacy.noise import SeededGaussian
     from securefed.rl.fedslate import LocalDPSGD
     from securefed.rl.slateq import LocalQNetwork
 
     generator = torch.Generator().manual_seed(0)
-    net = LocalQNetwork(2, 1 + 5 + 4, 5, (7, 6), arch=arch, generator=generator)
+    net = LocalQNetwork(2, 1 + 5 + 4, 5, (7, 6), arch="flat", generator=generator)
     trainer = LocalDPSGD("A", net, 1.0, 1.0, SeededGaussian(np.random.default_rng(0)))
     x = torch.randn(2, 4, 10, generator=generator)
     g = torch.randn(2, 4, 5, generator=generator)
