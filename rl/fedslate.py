@@ -830,7 +830,13 @@ class LocalDPSGD:
         concatenated gradient clipped to ``clip`` as a whole, summed and noised
         (:meth:`release`: one Gaussian release, sensitivity ``2 clip``), over the batch size.
         The platform steps its network on the local part; the server gets the server part
-        and steps its network on it (Abadi et al. 2016, Algorithm 1, user-level clipping)."""
+        and steps its network on it (Abadi et al. 2016, Algorithm 1, user-level clipping).
+
+        ``row_loss`` is called once, with every (member, row) as a leading slice ``(S B, 1,
+        ...)``: it must be a sum over its leading axis of terms that each depend on their own
+        slice only (the masked Huber losses of :func:`clicked_loss` and
+        :func:`slate_value_loss` are); the per-row gradients are then
+        :func:`taped_row_gradients` of that sum."""
         server, k_plat = run.channel.module, run.config.num_platforms
         local_named = list(self.network.named_parameters())
         server_named = list(server.named_parameters())
