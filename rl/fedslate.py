@@ -87,6 +87,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -751,11 +752,16 @@ class LocalDPSGD:
         if self.server_clip is None:
             return unit_gradients
         local_clip = math.sqrt(self.clip**2 - self.server_clip**2)
-        local, _ = fusion_dp.clip_rows_last_axis(unit_gradients[..., :local_size], local_clip)
-        server, _ = fusion_dp.clip_rows_last_axis(
-            unit_gradients[..., local_size:], self.server_clip
-        )
-        return np.concatenate([local, server], axis=-1)
+        values = torch.from_numpy(unit_gradients)
+        out = torch.empty_like(values)
+        for part, bound in (
+            (slice(None, local_size), local_clip),
+            (slice(local_size, None), self.server_clip),
+        ):  # clip_rows_last_axis's factor min(1, bound / norm) on each part
+            norms = torch.linalg.vector_norm(values[..., part], dim=-1, keepdim=True)
+            factors = torch.where(norms > bound, bound / norms, torch.ones_like(norms))
+            torch.mul(values[..., part], factors, out=out[..., part])
+        return out.numpy()
 
     def sampled_units(self, unit_gradients: np.ndarray) -> np.ndarray:
         """The unit slots ``(S, U, P)`` with each slot kept independently with probability
@@ -766,22 +772,17 @@ class LocalDPSGD:
         keep = self.sampler.random(unit_gradients.shape[:-1]) < self.sample_rate
         return unit_gradients * keep[..., None]
 
-    def row_gradients(self, x: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
-        """``(S, B, P)`` per-row parameter gradients ``J_b^T g_b`` (``torch.func``)."""
-        from torch.func import functional_call, grad, vmap
-
-        names = [name for name, _ in self.network.named_parameters()]
-        params = {name: p.detach() for name, p in self.network.named_parameters()}
-
-        def row_value(weights, x_row, g_row):  # x_row (S, D), g_row (S, N)
-            out = functional_call(self.network, weights, (x_row[:, None, :],))
-            return (out[:, 0, :] * g_row).sum()
-
-        per_row = vmap(grad(row_value), in_dims=(None, 1, 1))(params, x, output_grads)
-        s, b = x.shape[:2]
-        return torch.cat(
-            [per_row[n].reshape(b, s, -1).transpose(0, 1) for n in names], dim=-1
-        )  # member s's slice of every parameter, per row
+    def row_gradients(
+        self, x: torch.Tensor, output_grads: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """``(S, B, P)`` per-row parameter gradients ``J_b^T g_b`` in ``dtype``
+        (:func:`taped_row_gradients`: one batched backward to the layers' outputs, then the
+        outer products per row)."""
+        tape: list[TapedLayer] = []
+        with taped(self.network, tape):
+            out = self.network(x)
+        loss = (out * output_grads).sum()
+        return taped_row_gradients(loss, tape, [self.network], x.shape[1], dtype)
 
     def release(self, unit_gradients: np.ndarray) -> np.ndarray:
         """``(S, P)`` the noised sum of the clipped unit gradients ``(S, U, P)``."""
@@ -802,7 +803,7 @@ class LocalDPSGD:
         """One DP-SGD step on rows ``x`` ``(S, B, D)`` with their returned gradients
         ``(S, B, N)`` (of the batch's mean loss) and their units ``(S, B)``."""
         batch = x.shape[1]
-        rows = self.row_gradients(x, output_grads.detach() * batch).double()
+        rows = self.row_gradients(x, output_grads.detach() * batch, torch.float64)
         noised = self.release(unit_sums(rows, units).numpy()) / batch
         flat = torch.from_numpy(noised)
         offset = 0
@@ -829,29 +830,29 @@ class LocalDPSGD:
         concatenated gradient clipped to ``clip`` as a whole, summed and noised
         (:meth:`release`: one Gaussian release, sensitivity ``2 clip``), over the batch size.
         The platform steps its network on the local part; the server gets the server part
-        and steps its network on it (Abadi et al. 2016, Algorithm 1, user-level clipping)."""
-        from torch.func import functional_call, grad, vmap
+        and steps its network on it (Abadi et al. 2016, Algorithm 1, user-level clipping).
 
+        ``row_loss`` is called once, with every (member, row) as a leading slice ``(S B, 1,
+        ...)``: it must be a sum over its leading axis of terms that each depend on their own
+        slice only (the masked Huber losses of :func:`clicked_loss` and
+        :func:`slate_value_loss` are); the per-row gradients are then
+        :func:`taped_row_gradients` of that sum."""
         server, k_plat = run.channel.module, run.config.num_platforms
         local_named = list(self.network.named_parameters())
         server_named = list(server.named_parameters())
-        local_params = {n: t.detach() for n, t in local_named}
-        server_params = {n: t.detach() for n, t in server_named}
-
-        def one_row(lw, sw, x_row, *extra_rows):  # x_row (S, D); extras (S, ...)
-            q = functional_call(self.network, lw, (x_row[:, None, :],))  # (S, 1, N)
-            ordered = [q] + [torch.zeros_like(q)] * (k_plat - 1)
-            fused = functional_call(server, sw, (ordered,))
-            return row_loss(fused, *[e[:, None] for e in extra_rows])
-
-        in_dims = (None, None, 1, *([1] * len(extras)))
-        g_local, g_server = vmap(grad(one_row, argnums=(0, 1)), in_dims=in_dims)(
-            local_params, server_params, x, *extras
-        )
         s, b = x.shape[:2]
-        pieces = [g_local[n].reshape(b, s, -1) for n, _ in local_named]
-        pieces += [g_server[n].reshape(b, s, -1) for n, _ in server_named]
-        rows = torch.cat(pieces, dim=-1).transpose(0, 1).double()  # (S, B, P_local + P_server)
+        tape: list[TapedLayer] = []
+        with taped(self.network, tape), taped(server, tape):
+            q = self.network(x)  # (S, B, N)
+            fused = server([q] + [torch.zeros_like(q)] * (k_plat - 1))
+
+        def as_rows(t: torch.Tensor) -> torch.Tensor:  # (S, B, ...) -> (S B, 1, ...)
+            return t.reshape(s * b, 1, *t.shape[2:])
+
+        # Every (member, row) as its own leading slice: the row losses' sum, whose gradient in
+        # a row's activations is that row's alone (the rows never mix).
+        loss = row_loss(as_rows(fused), *[as_rows(e) for e in extras])
+        rows = taped_row_gradients(loss, tape, [self.network, server], b)
         scale = b * (self.sample_rate or 1.0)  # fixed: the sample's size is never revealed
         local_size = sum(param[0].numel() for _, param in local_named)
         per_unit = self.split_clipped(unit_sums(rows, units).numpy(), local_size)
@@ -870,14 +871,112 @@ class LocalDPSGD:
 
 def unit_sums(rows: torch.Tensor, units: np.ndarray) -> torch.Tensor:
     """``(S, B, P)`` per-row gradients summed by unit within each member: ``(S, B, P)`` with
-    one slot per distinct unit of the member's batch (the first ones) and zeros after (in
-    torch, on its threads: numpy's BLAS would take every core)."""
-    members, batch = units.shape
-    onehot = torch.zeros(members, batch, batch, dtype=rows.dtype)
+    one slot per distinct unit of the member's batch (the first ones, in increasing unit order)
+    and zeros after. Each row is added into its unit's slot (``index_add``: ``B P`` additions
+    per member, in torch on its threads)."""
+    members = units.shape[0]
+    out = torch.zeros_like(rows)
     for s in range(members):
         _, slot = np.unique(units[s], return_inverse=True)
-        onehot[s, torch.from_numpy(slot.reshape(-1)), torch.arange(batch)] = 1.0
-    return torch.bmm(onehot, rows)
+        out[s].index_add_(0, torch.from_numpy(slot.reshape(-1)), rows[s])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class TapedLayer:
+    """One layer of an :class:`EnsembleMLP` as a forward under :func:`taped` ran it: its
+    weight ``W`` and bias ``b``, its input ``x`` ``(S, R, in)`` and its output before the
+    activation ``z = b + x W`` ``(S, R, out)``."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+    inputs: torch.Tensor
+    output: torch.Tensor
+
+
+def _taped_forward(mlp: EnsembleMLP, tape: list[TapedLayer], x: torch.Tensor) -> torch.Tensor:
+    """:meth:`EnsembleMLP.forward`, each layer's input and pre-activation output on ``tape``."""
+    if x.dim() != 3 or x.shape[0] != mlp.members or x.shape[2] != mlp.sizes[0]:
+        raise ValueError(
+            f"input must have shape ({mlp.members}, batch, {mlp.sizes[0]}), got {tuple(x.shape)}"
+        )
+    last = len(mlp.weights) - 1
+    for i, (w, b) in enumerate(zip(mlp.weights, mlp.biases, strict=True)):
+        z = torch.baddbmm(b, x, w)
+        tape.append(TapedLayer(w, b, x, z))
+        x = mlp.activation(z) if i < last else mlp.output_activation(z)
+    return x
+
+
+@contextmanager
+def taped(network: nn.Module, tape: list[TapedLayer]):
+    """Within the block every :class:`EnsembleMLP` of ``network`` records its layers on
+    ``tape`` as it runs (:func:`_taped_forward`; the network's own forward is unchanged)."""
+    mlps = [m for m in network.modules() if isinstance(m, EnsembleMLP)]
+    for mlp in mlps:
+        mlp.forward = partial(_taped_forward, mlp, tape)  # an instance attribute, deleted below
+    try:
+        yield tape
+    finally:
+        for mlp in mlps:
+            del mlp.forward
+
+
+def taped_row_gradients(
+    loss: torch.Tensor,
+    tape: list[TapedLayer],
+    networks: Sequence[nn.Module],
+    batch: int,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``(S, B, P)`` the gradient of each row's loss in ``networks``' weights (their
+    ``named_parameters`` order, each member's slice flattened), by per-sample backpropagation.
+
+    ``loss`` is a sum of per-row terms of a forward under :func:`taped`; a layer ``z = b + x
+    W`` run on ``R = B m`` rows (row ``b`` of the batch its ``m`` consecutive rows: the
+    per-position server network's candidates) has per-row gradients ``sum_m x_bm^T dz_bm``
+    in ``W`` and ``sum_m dz_bm`` in ``b``, with ``dz = dloss/dz`` from one batched backward
+    (Goodfellow 2015, "Efficient per-example gradient computations"): the values
+    ``torch.func``'s ``vmap(grad)`` gives per row, from one pass over the batch. The products
+    are taken in the layers' dtype (float32) and written into one ``dtype`` array.
+
+    Raises:
+        ValueError: a parameter of ``networks`` that no taped layer holds (a network not made
+            of :class:`EnsembleMLP` layers), or a layer whose rows are not ``B m``.
+    """
+    held = {id(p) for layer in tape for p in (layer.weight, layer.bias)}
+    offsets: dict[int, tuple[int, int]] = {}  # id(param) -> (offset, size per member)
+    total = 0
+    for network in networks:
+        for name, param in network.named_parameters():
+            if id(param) not in held:
+                raise ValueError(
+                    f"parameter {name!r} of {type(network).__name__} is in no taped "
+                    "EnsembleMLP layer: its per-row gradients are not computed here"
+                )
+            offsets[id(param)] = (total, param[0].numel())
+            total += param[0].numel()
+    out = torch.zeros(tape[0].inputs.shape[0], batch, total, dtype=dtype)
+    dz = torch.autograd.grad(loss, [layer.output for layer in tape])
+    for layer, d in zip(tape, dz, strict=True):
+        s, r, fan_in = layer.inputs.shape
+        if r % batch:
+            raise ValueError(f"a taped layer ran on {r} rows, not a multiple of batch {batch}")
+        m, fan_out = r // batch, d.shape[-1]
+        x4 = layer.inputs.detach().reshape(s, batch, m, fan_in)
+        d4 = d.reshape(s, batch, m, fan_out)
+        weight, bias = layer.weight, layer.bias
+        if id(weight) in offsets:
+            start, size = offsets[id(weight)]
+            view = out[..., start : start + size].view(s, batch, fan_in, fan_out)
+            if m == 1:  # one outer product per row, written in place
+                view.addcmul_(x4[:, :, 0, :, None], d4[:, :, 0, None, :])
+            else:
+                view.add_(torch.einsum("sbmi,sbmo->sbio", x4, d4))
+        if id(bias) in offsets:
+            start, size = offsets[id(bias)]
+            out[..., start : start + size].add_(d4.sum(dim=2))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

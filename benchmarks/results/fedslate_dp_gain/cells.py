@@ -8,7 +8,9 @@ ledger's epsilon (``--plaintext CELL``: the share against that cell instead of p
 ``python cells.py partial NAME... --seeds S`` the same share over the episodes every named
 run has done, unfinished runs read from their checkpoints. Every cell is the reduced schedule
 of ``../fedslate_dp_joint``: 250 episodes, burn-in 2000, exploration x0.9997 per round,
-(10, 3), 3 members per seed.
+(10, 3), 3 members per seed; ``--schedule paper`` (every command) takes the paper's instead
+(:data:`PAPER_SCHEDULE`, the fields of ``../fedslate_5000_dp``'s runs: 5000 episodes, burn-in
+5000, x0.99995, 3 members), cached under ``work/paper/seed<S>/``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ SCHEDULE = {
     "burn_in": 2000,
     "eps_decay": 0.9997,
 }
+PAPER_SCHEDULE = SCHEDULE | {
+    "episodes": 5000,
+    "burn_in": 5000,
+    "eps_decay": 0.99995,
+    "shared_corpus": False,
+}
+"""The paper's schedule (``../fedslate_5000_dp/run_records``), 3 members per seed."""
+SCHEDULES = {"reduced": SCHEDULE, "paper": PAPER_SCHEDULE}
 JOINT = {"fusion": "dp", "dp_epsilon": 8.0, "dp_acting": "own", "dp_local_clip": 0.1}
 
 
@@ -87,24 +97,33 @@ def cells() -> dict[str, tuple[str, dict[str, object]]]:
     return out
 
 
-def cell(name: str, seed: int):
+def work_dir(seed: int, schedule: str = "reduced") -> Path:
+    """The cache of ``seed``'s runs: ``work/seed<S>`` (reduced), ``work/paper/seed<S>``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+    return HERE / "work" / ("" if schedule == "reduced" else schedule) / f"seed{seed}"
+
+
+def cell(name: str, seed: int, schedule: str = "reduced"):
     from securefed.bench.bench_fedslate import Cell
     from securefed.rl.fedslate import FedSlateConfig
     from securefed.rl.slateq import SlateQConfig
 
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
     kind, fields = cells()[name]
-    base = SCHEDULE | {"seed": seed}
+    base = SCHEDULES[schedule] | {"seed": seed}
     config = SlateQConfig(**base) if kind == "random" else FedSlateConfig(**base, **fields)
     return Cell(f"N10_n3_{name}", kind, config)
 
 
-def run(names: list[str], seeds: list[int], jobs: int) -> None:
+def run(names: list[str], seeds: list[int], jobs: int, schedule: str = "reduced") -> None:
     from securefed.bench.bench_fedslate import run_missing
 
     for seed in seeds:
-        out = HERE / "work" / f"seed{seed}"
+        out = work_dir(seed, schedule)
         started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        ran = run_missing([cell(n, seed) for n in names], out, jobs)
+        ran = run_missing([cell(n, seed, schedule) for n in names], out, jobs)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         print(
             f"seed {seed}: {ran} runs, {time.perf_counter() - started:.0f} s wall, children "
@@ -113,16 +132,18 @@ def run(names: list[str], seeds: list[int], jobs: int) -> None:
         )
 
 
-def platform_a(seed: int, name: str) -> tuple[np.ndarray, dict[str, object]]:
+def platform_a(
+    seed: int, name: str, schedule: str = "reduced"
+) -> tuple[np.ndarray, dict[str, object]]:
     from securefed.bench.bench_fedslate import cached_record
 
-    record = cached_record(cell(name, seed), HERE / "work" / f"seed{seed}")
+    record = cached_record(cell(name, seed, schedule), work_dir(seed, schedule))
     if record is None:
         raise FileNotFoundError(f"{name} at seed {seed} has not run")
     return np.asarray(record["rewards"])[:, :, 0], record
 
 
-def partial_a(seed: int, name: str) -> tuple[np.ndarray, int]:
+def partial_a(seed: int, name: str, schedule: str = "reduced") -> tuple[np.ndarray, int]:
     """Platform A's rewards ``(episodes done, members)`` of a finished run, or of an unfinished
     one from its last checkpoint (``work/seed<S>/runs/partial/``), and how many episodes."""
     import json
@@ -130,25 +151,27 @@ def partial_a(seed: int, name: str) -> tuple[np.ndarray, int]:
     import torch
 
     try:
-        rewards, _ = platform_a(seed, name)
+        rewards, _ = platform_a(seed, name, schedule)
         return rewards, rewards.shape[0]
     except FileNotFoundError:
         pass
-    path = HERE / "work" / f"seed{seed}" / "runs" / "partial" / f"{cell(name, seed).name}.pt"
+    name_of = cell(name, seed, schedule).name
+    path = work_dir(seed, schedule) / "runs" / "partial" / f"{name_of}.pt"
     state = torch.load(path, weights_only=False)
     done = int(json.loads(state["meta"])["counters"]["episodes"])
     return np.asarray(state["arrays"]["rewards"])[:done, :, 0], done
 
 
-def partial_table(names: list[str], seed: int) -> None:
+def partial_table(names: list[str], seed: int, schedule: str = "reduced") -> None:
     """The kept share of A's mean gain over the episodes every named run has done (the common
     prefix; unfinished runs from their checkpoints), against plaintext's and random's same
     episodes: a comparison of equal prefixes, not of whole runs."""
-    got = {n: partial_a(seed, n) for n in names}
+    got = {n: partial_a(seed, n, schedule) for n in names}
     upto = min(done for _, done in got.values())
-    plain, rand = (platform_a(seed, n)[0][:upto] for n in ("plaintext", "random"))
+    plain, rand = (platform_a(seed, n, schedule)[0][:upto] for n in ("plaintext", "random"))
     done = ", ".join(f"{n} {d}" for n, (_, d) in got.items())
-    print(f"seed {seed}, episodes 1-{upto} of 250 (done: {done})")
+    total = SCHEDULES[schedule]["episodes"]
+    print(f"seed {seed}, episodes 1-{upto} of {total} (done: {done})")
     print("| row | A mean, episodes 1-E | kept, mean (per member) |")
     print("|---|---|---|")
     for name, (rewards, _) in got.items():
@@ -158,23 +181,28 @@ def partial_table(names: list[str], seed: int) -> None:
         print(f"| {name} | {a.mean():.1f} | {kept:.2f} ({', '.join(f'{v:.2f}' for v in per)}) |")
 
 
-def table(names: list[str], seeds: list[int], plaintext: str = "plaintext") -> None:
+def table(
+    names: list[str], seeds: list[int], plaintext: str = "plaintext", schedule: str = "reduced"
+) -> None:
     """The table of the module docstring; ``plaintext`` names the cell the kept share's 1.00
     is (the default: plaintext FedSlate, the paper's configuration and the issue's share)."""
-    refs = {s: (platform_a(s, plaintext)[0], platform_a(s, "random")[0]) for s in seeds}
+    refs = {
+        s: (platform_a(s, plaintext, schedule)[0], platform_a(s, "random", schedule)[0])
+        for s in seeds
+    }
     print(
         "| row | epsilon (ledger, A) | sigma rows / DP-SGD | A mean | A final | kept, mean "
         "(per member) | kept, final | s / learning step (wall, loaded) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        a = np.concatenate([platform_a(s, name)[0] for s in seeds], axis=1)
+        a = np.concatenate([platform_a(s, name, schedule)[0] for s in seeds], axis=1)
         plain = np.concatenate([refs[s][0] for s in seeds], axis=1)
         rand = np.concatenate([refs[s][1] for s in seeds], axis=1)
         per = (a.mean(0) - rand.mean(0)) / (plain.mean(0) - rand.mean(0))
         kept = (a.mean() - rand.mean()) / (plain.mean() - rand.mean())
         final = (a[-50:].mean() - rand[-50:].mean()) / (plain[-50:].mean() - rand[-50:].mean())
-        _, record = platform_a(seeds[0], name)
+        _, record = platform_a(seeds[0], name, schedule)
         dp = record.get("dp") or {}
         eps = (dp.get("epsilon_spent") or {}).get("A") if dp else None
         if dp and eps is None:
@@ -206,14 +234,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--plaintext", default="plaintext", help="table: the cell of the kept share's 1.00"
     )
+    parser.add_argument(
+        "--schedule",
+        choices=sorted(SCHEDULES),
+        default="reduced",
+        help="reduced (250 episodes, work/seed<S>) or paper (5000, work/paper/seed<S>)",
+    )
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.what == "run":
-        run(args.names, seeds, args.jobs)
+        run(args.names, seeds, args.jobs, args.schedule)
     elif args.what == "partial":
-        partial_table(args.names, seeds[0])
+        partial_table(args.names, seeds[0], args.schedule)
     else:
-        table(args.names, seeds, args.plaintext)
+        table(args.names, seeds, args.plaintext, args.schedule)
 
 
 if __name__ == "__main__":
