@@ -2148,10 +2148,10 @@ class _Server:
                 ids = self._ids()
                 asked = {"outputs": str(p)} | ids | ({"join": p} if join else {})
                 q_next = self.all_platforms("target_values", {"idx": idx}, asked)
+                joined = {"joined": True} if join else {}  # (the monomial circuit: never)
                 a, c = self._serve(
-                    q_next, "q", [p], shape, network="target", train=False, tag=TARGET,
-                    joined=join,
-                )[p]  # fmt: skip
+                    q_next, "q", [p], shape, network="target", train=False, tag=TARGET, **joined
+                )[p]
                 if join:
                     c |= {"repeat": ids["forward"], "version": self.version}
                 request = ({"idx": idx, "done": done} | a, c | step)
