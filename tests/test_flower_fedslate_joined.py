@@ -204,6 +204,44 @@ def test_under_ckks_dp_a_repeat_or_join_is_refused_before_any_release(op, torch_
         assert stores[role]["meta"]["node"]["rngs"] == rngs
 
 
+def test_the_server_half_repeats_only_what_it_holds(torch_one_thread):
+    """The ServerApp's own rule (``serve_repeat``, ``serve_forward(joined=True)``): a repeat
+    needs a forward of the online network of the same shape for that owner and the same
+    weights' version; a join one output, no training."""
+    from securefed.crypto.ckks import ckks_context
+    from securefed.fusion.ckks_packed import PackedCKKSModuleFusionChannel, PackedKeyParty
+    from securefed.rl.fedslate import server_network
+
+    config = FedSlateConfig(**SMALL)
+    channel_config, _, kwargs, _ = ffs._ckks_setup(config)
+    parties = {n: PackedKeyParty(n, ckks_context(**kwargs)) for n in "AB"}
+    net = server_network(config, torch.Generator().manual_seed(0))
+    channel = PackedCKKSModuleFusionChannel(
+        ("A", "B"), net, torch.optim.Adam(net.parameters()), target=server_network(config),
+        members=2, seeds=SeedTree(0), config=channel_config,
+        public_contexts={n: party.public_bytes() for n, party in parties.items()},
+    )  # fmt: skip
+    shape = (2, 2, 4)
+    x = np.full(int(np.prod(shape)), 0.5)
+    own = parties["A"].encrypt_owner_regions(x).serialize()
+    other = parties["B"].encrypt_other_regions(x, parties["A"].public).serialize()
+    sent = {"A": {"A": [own], "B": [other]}}
+    with pytest.raises(RuntimeError, match="no forward of the online network"):
+        channel.serve_repeat("A", shape=shape, tag="learn")
+    channel.serve_forward(sent, shape=shape, outputs=["A"], network="target", tag="target")
+    with pytest.raises(RuntimeError, match="no forward of the online network"):
+        channel.serve_repeat("A", shape=shape, tag="learn")
+    with pytest.raises(ValueError, match="one forward without training for one output"):
+        channel.serve_forward(sent, shape=shape, outputs=["A"], train=True, joined=True)
+    channel.serve_forward(sent, shape=shape, outputs=["A"], tag="select")
+    with pytest.raises(RuntimeError, match="no forward of the online network of shape"):
+        channel.serve_repeat("A", shape=(2, 1, 8), tag="learn")
+    with torch.no_grad():
+        next(net.parameters()).add_(1e-3)  # the weights step
+    with pytest.raises(RuntimeError, match="online weights changed"):
+        channel.serve_repeat("A", shape=shape, tag="learn")
+
+
 @pytest.fixture
 def keyed_platform(torch_one_thread):
     """Platform A's CKKS half (its key made on the node) with B's public context."""
