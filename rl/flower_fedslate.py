@@ -49,7 +49,12 @@ linear variant: the packed circuit, its owner regions and clear releases on the 
 built from the public contexts the platforms sent (``public_contexts``: no key party, each
 context checked against the configured ring, chain and scale), and every row, fused value,
 gradient and masked product crosses as serialized ciphertexts in the same messages
-(:func:`_encrypted_op`, ``_Server._serve``, ``_Server.exchange_encrypted``). Under
+(:func:`_encrypted_op`, ``_Server._serve``, ``_Server.exchange_encrypted``). In the packed
+circuit the in-process channel's two savings are carried: A's Algorithm-1 rows travel with the
+targets' request and join the target forward's ciphertext (``join``), and a training forward
+repeats the forward before it (``repeat``: A's the joined one, B's its select forward), the
+owner's loss in the same reply; each platform checks a repeat on its node
+(:meth:`CKKSPlatform.check_repeat`, :meth:`CKKSPlatform.check_join`). Under
 ``ckks+dp`` each platform releases every row on its node as under ``dp`` (clipped, noised,
 every entry clamped to the public bound and divided by it: its
 :class:`~securefed.fusion.dp.DPParty`, its ledger) before it encrypts it, and the channel takes
@@ -680,6 +685,12 @@ class CKKSPlatform:
         self.noise = noise_source(tree, "flower-fedslate", "ckks-flood", self.name)
         if "ckks.flood" in meta:
             _set_noise_state(self.noise, meta["ckks.flood"])
+        # What a repeated or joined forward is checked against (packed circuit): per output
+        # platform, the last forward it sent rows for (the server's id, the digest of its
+        # vector, the server's stated weight version, the exchanges it had seen), and the
+        # training exchanges and steps it has seen (each one a step of the server's weights).
+        self.sent: dict[str, dict] = dict(meta.get("ckks.sent", {}))
+        self.exchanges = int(meta.get("ckks.exchanges", 0))
 
     @property
     def party(self) -> ModuleKeyParty:
@@ -714,6 +725,103 @@ class CKKSPlatform:
 
     def save(self, meta: dict) -> None:
         meta["ckks.flood"] = _noise_state(self.noise)
+        meta["ckks.sent"], meta["ckks.exchanges"] = self.sent, self.exchanges
+
+    def record(self, outputs: Sequence[int], values, config, *, joined: bool = False) -> None:
+        """Note the forward ``config["forward"]`` it sent ``values`` in, for each output
+        platform (what a later repeat of it is checked against, :meth:`check_repeat`)."""
+        digest = _digest(values)
+        for q in outputs:
+            self.sent[str(int(q))] = {
+                "id": int(config.get("forward", -1)),
+                "digest": digest,
+                "version": int(config.get("version", -1)),
+                "exchanges": self.exchanges,
+                "joined": bool(joined),
+            }
+
+    def check_repeat(self, q: int, config, values) -> dict:
+        """Refuse (by name) a repeat of forward ``config["repeat"]`` for output platform ``q``
+        (its training forward served from that forward's ciphertexts: it sends nothing new)
+        unless that is the last forward it sent for ``q``, with the vector ``values`` it would
+        send now, and the server's weights have not changed since (its stated version the
+        same, and no training exchange or step this platform took part in since: each is a
+        step of the server's weights). A server that steps its own weights silently changes
+        only its own training: no value of this platform is decrypted or released again."""
+        forward = int(config["repeat"])
+        last = self.sent.get(str(int(q)))
+        if last is None or last["id"] != forward:
+            sent = None if last is None else last["id"]
+            raise ValueError(
+                f"platform {self.p} was asked to repeat forward {forward} as platform {q}'s "
+                f"training forward, but the last forward it sent rows for platform {q} in is "
+                f"{sent}: refusing a repeat of vectors it did not send"
+            )
+        if last["digest"] != _digest(values):
+            raise ValueError(
+                f"platform {self.p} was asked to repeat forward {forward} as platform {q}'s "
+                "training forward, but its training vectors differ from those it sent in it: "
+                "refusing a repeat of vectors it did not send"
+            )
+        version = int(config.get("version", -1))
+        if version != last["version"] or self.exchanges != last["exchanges"]:
+            raise ValueError(
+                f"platform {self.p} was asked to repeat forward {forward} after the server's "
+                f"weights changed (version {last['version']} then, {version} now; "
+                f"{self.exchanges - last['exchanges']} training exchange(s) or step(s) since): "
+                "refusing a repeat after the weights changed"
+            )
+        return last
+
+    def check_join(self, outputs: Sequence[int], joiner: int, shape) -> None:
+        """Refuse a joined forward the packed circuit cannot make: for other outputs than
+        the joining platform, or beyond ``4 n <= N / 2`` (its own slots, the public shape)."""
+        length = int(np.prod(shape))
+        if list(outputs) != [joiner]:
+            raise ValueError(
+                f"platform {self.p} was asked to join platform {joiner}'s training forward "
+                f"into a forward for {list(outputs)}: refusing (one output party, its own)"
+            )
+        if not self.packed or (REGIONS + 1) * length > self.params.slots:
+            raise ValueError(
+                f"platform {self.p} was asked to join a forward of {length} entries: "
+                f"{(REGIONS + 1) * length} slots, beyond the {self.params.slots} of one "
+                "ciphertext (4 n <= N / 2): refusing"
+            )
+
+    def encrypt_joined(self, prefix: str, learn, other, q: int) -> dict[str, np.ndarray]:
+        """A joined forward's one ciphertext for output platform ``q``: ``P = [x_0 | 0 | 0 |
+        x_0']`` (its own, with its secret key) or ``Q = [x_1 | x_1 | x_1^2 | x_1']`` under
+        ``q``'s key, regions 0-2 its ``learn`` rows (the announced training forward), region
+        3 the ``other`` rows (this forward's), both checked within the public bound."""
+        flat = []
+        for values, what in ((learn, "learn"), (other, prefix)):
+            array = np.asarray(values, np.float64)
+            _check_bound(array, self.channel_config.value_bound, f"platform {self.p}'s {what} rows")
+            flat.append(array.reshape(-1))
+        if q == self.p:
+            vector = self.party.encrypt_owner_regions(flat[0], flat[1])
+        else:
+            vector = self.party.encrypt_other_regions(flat[0], self._recipient(q), flat[1])
+        shape = np.array(np.shape(other), np.int64)
+        return {f"{prefix}.shape": shape, f"{prefix}.{q}.0": _blob(vector.serialize())}
+
+    def decrypt_joined(self, arrays, config, prefix: str, shape) -> tuple[np.ndarray, ...]:
+        """A joined forward's output under its key: ``(regions 0-2's, region 3's)`` values,
+        the announced training forward's and this forward's, each ``shape``, decrypted once."""
+        self._check_key(config)
+        blobs = _chunked(arrays, prefix)
+        shape = tuple(int(v) for v in shape)
+        n = int(np.prod(shape))
+        if len(blobs) != 1:
+            raise ValueError(f"platform {self.p} got {len(blobs)} chunk(s) of {prefix}, 1 due")
+        values = self.party.decrypt_returned(blobs[0]) * 2.0**self.channel_config.output_shift_bits
+        if values.shape[0] != (REGIONS + 1) * n:
+            raise ValueError(
+                f"platform {self.p} got a joined output of {values.shape[0]} slot(s), "
+                f"{(REGIONS + 1) * n} due"
+            )
+        return values[:n].reshape(shape), values[REGIONS * n :].reshape(shape)
 
     def _recipient(self, q: int):
         if q == self.p:
@@ -781,16 +889,19 @@ class CKKSPlatform:
                 f"is {self.key_id!r}: misrouted (another platform's); refusing"
             )
 
-    def encrypt_gradient(self, grad: np.ndarray, x0: np.ndarray | None = None):
+    def encrypt_gradient(
+        self, grad: np.ndarray, x0: np.ndarray | None = None, regions: int = REGIONS
+    ):
         """``[[dL/dy_p]]`` (the full gradient), checked within the public bound; in the packed
         circuit ``G = [g | g x_0 | g]`` per chunk, with ``x0`` its own vector of the training
-        forward, encrypted with its secret key."""
+        forward, encrypted with its secret key (``regions`` 4 for a joined forward: its
+        fourth region 0)."""
         _check_bound(grad, self.channel_config.grad_bound, f"platform {self.p}'s output gradient")
         flat = np.asarray(grad, np.float64).reshape(-1)
         if self.packed:
             x0 = np.asarray(x0, np.float64).reshape(-1)
             chunks = [
-                self.party.encrypt_gradient_regions(flat[a:b], x0[a:b], REGIONS)
+                self.party.encrypt_gradient_regions(flat[a:b], x0[a:b], regions)
                 for a, b in packed_chunks(len(flat), self.params.slots)
             ]
         else:
@@ -875,6 +986,14 @@ class CKKSPlatform:
                     blob, segments, start, stop - start, flooding, std, self.noise
                 )
         return out
+
+
+def _digest(values) -> str:
+    """A vector's digest (its shape and float64 bytes): what a repeat is checked by."""
+    array = np.ascontiguousarray(
+        values.detach().numpy() if hasattr(values, "detach") else values, np.float64
+    )
+    return hashlib.sha256(repr(array.shape).encode() + array.tobytes()).hexdigest()
 
 
 def _check_bound(array: np.ndarray, bound: float, what: str) -> None:
@@ -1476,7 +1595,17 @@ def _outputs(config: Mapping, node: PlatformNode) -> list[int]:
 def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays, config):
     """A platform's request under ``ckks``: the plaintext flow's steps, its rows leaving
     encrypted under the output platforms' keys and its fused values arriving under its own key
-    (decrypted, positions picked, here). The shapes it decrypts and releases by are its own."""
+    (decrypted, positions picked, here). The shapes it decrypts and releases by are its own.
+
+    Packed circuit, the remote ``repeat_inquiries`` (:class:`CKKSPlatform` checks each on its
+    node, by name): ``join`` in a ``target_values`` request sends the joining platform's
+    training rows with the target rows in one ciphertext (:meth:`CKKSPlatform.check_join`);
+    ``repeat`` (the id of a forward it sent) makes a training forward repeat that forward's
+    ciphertexts (:meth:`CKKSPlatform.check_repeat`: its own vectors, the weights unchanged),
+    the owner computing its loss on the values it decrypted once, in the same message
+    (``targets`` or ``greedy``). One output gradient a training forward: a second ``loss``
+    (a second decryption and release of its values) is refused. Under ``ckks+dp`` neither:
+    each row is its own noisy release."""
     cfg = node.config
     n = cfg.num_candidates
     if "idx" in arrays and np.shape(arrays["idx"]) != (cfg.members, cfg.batch_size):
@@ -1486,50 +1615,101 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
             f"ckks, not the run's (members, batch_size) = {(cfg.members, cfg.batch_size)}; "
             "refusing"
         )
+    if ("repeat" in config or "join" in config) and (node.dp is not None or not ckks.packed):
+        # Refused before any row is released: no noisy row spent, none released twice.
+        raise InsecureParameterError(
+            f"platform {node.p} was asked for a {'repeated' if 'repeat' in config else 'joined'} "
+            f"forward ({op}) under {cfg.fusion} in the {ckks.channel_config.circuit} circuit: "
+            "under ckks+dp every forward's rows are their own noisy release (a repeat would "
+            "release a second noisy row of one forward's values, or reuse one across two), and "
+            "only the packed circuit repeats or joins; refusing"
+        )
     if op == "act":
-        return ckks.encrypt_rows("act", node.act(), _outputs(config, node))
+        row, outputs = node.act(), _outputs(config, node)
+        ckks.record(outputs, row, config)
+        return ckks.encrypt_rows("act", row, outputs)
     if op == "choose":
         # The acting row's shape and dtype (not released again: under DP a release counts).
         row = node.local.numpy_forward(node.x[:, None, :])
         fused = ckks.decrypt(arrays, config, "fused", row.shape)[:, 0].astype(row.dtype)
         return {"sealed": node.choose(keys, int(config["round"]), fused, float(config["eps"]))}
     if op == "target_values":
-        return ckks.encrypt_rows("q", node.target_values(arrays["idx"]), _outputs(config, node))
+        q_next, outputs = node.target_values(arrays["idx"]), _outputs(config, node)
+        if "join" not in config:
+            ckks.record(outputs, q_next, config)
+            return ckks.encrypt_rows("q", q_next, outputs)
+        # The joining platform's training forward announced: its rows (as learn_rows would
+        # send them) in regions 0-2 of the target forward's ciphertext.
+        joiner = int(config["join"])
+        ckks.check_join(outputs, joiner, np.shape(q_next))
+        ckks.exchanges += 1  # the joining platform's training exchange starts here
+        rows = node.learn_rows(arrays["idx"], joiner, False)
+        if joiner == node.p:
+            node.work["x0"] = rows["learn"]  # its own vector of the training forward (G's)
+            node.work["regions"] = np.array(REGIONS + 1)
+            node.work.pop("g", None)
+        ckks.record(outputs, rows["learn"], config, joined=True)
+        return ckks.encrypt_joined("q", rows["learn"], q_next, joiner)
     idx = arrays["idx"] if "idx" in arrays else node.work.get("idx")
     shape = None if idx is None else (cfg.members, np.shape(idx)[-1], n)
     if op == "targets":
-        fused = ckks.decrypt(arrays, config, "fused", shape).astype(np.float32)
-        return node.targets(keys, arrays["idx"], arrays["done"], fused, int(config["learn_step"]))
+        if "repeat" not in config:
+            fused = ckks.decrypt(arrays, config, "fused", shape).astype(np.float32)
+            return node.targets(
+                keys, arrays["idx"], arrays["done"], fused, int(config["learn_step"])
+            )
+        # Its training forward repeats the joined one: checked first, then decrypted once.
+        if not ckks.check_repeat(node.p, config, _learn_vector(node))["joined"]:
+            raise ValueError(
+                f"platform {node.p} was asked to read a joined output of forward "
+                f"{config['repeat']}, which it sent unjoined: refusing"
+            )
+        learn, fused = ckks.decrypt_joined(arrays, config, "fused", shape)
+        sealed = node.targets(
+            keys, arrays["idx"], arrays["done"], fused.astype(np.float32),
+            int(config["learn_step"]),
+        )  # fmt: skip
+        return sealed | _packed_loss(node, ckks, learn)
     if op == "learn_rows":
         if "units" in arrays:
             node.work["units"] = np.array(arrays["units"])
-        rows = node.learn_rows(arrays["idx"], int(config["updating"]), bool(config["select"]))
-        if ckks.packed and int(config["updating"]) == node.p:
+        ckks.exchanges += 1  # a training exchange: the server's weights step at its end
+        updating, select = int(config["updating"]), bool(config["select"])
+        rows = node.learn_rows(arrays["idx"], updating, select)
+        if ckks.packed and updating == node.p:
             node.work["x0"] = rows["learn"]  # its own vector of the training forward (G's)
+            node.work["regions"] = np.array(REGIONS)
             node.work.pop("g", None)
         outputs = _outputs(config, node)
-        out = ckks.encrypt_rows("learn", rows["learn"], outputs)
+        out = {}
         if "select" in rows:
+            ckks.record(outputs, rows["select"], config)
             out |= ckks.encrypt_rows("select", rows["select"], outputs)
-        return out  # the clicked positions stay here: picked after decryption
+        if "repeat" in config:  # the training forward repeats the select forward: not sent
+            for q in outputs:
+                ckks.check_repeat(q, config, rows["learn"])
+            return out
+        learn = dict(config) | {"forward": int(config.get("forward", -1)) + ("select" in rows)}
+        ckks.record(outputs, rows["learn"], learn)
+        return out | ckks.encrypt_rows("learn", rows["learn"], outputs)
     if op == "greedy":
-        node.greedy(ckks.decrypt(arrays, config, "fused", shape).astype(np.float32))
-        return {}
+        if "repeat" in config:  # checked before the values are decrypted
+            ckks.check_repeat(node.p, config, _learn_vector(node))
+        fused = ckks.decrypt(arrays, config, "fused", shape)
+        node.greedy(fused.astype(np.float32))
+        if "repeat" not in config:
+            return {}
+        # Its training forward repeats this select forward: the loss on the values decrypted
+        # here (once), the output gradient in the reply.
+        return _packed_loss(node, ckks, fused)
     if op == "loss":
+        _check_one_release(node)  # before decrypting: a forward's values are released once
         full = ckks.decrypt(arrays, config, "fused", shape)
-        if cfg.feedback[node.p]:
-            positions = node._xs(node.work["idx"], "clicked")[..., None]
-        else:
-            positions = node.work["positions"]
-        if node.dp is None:
-            grad = node.loss_gradient(pick(full, positions).astype(np.float32))
-            full_grad = scatter_positions(grad, positions, n)
-        else:  # every entry's gradient, clipped, noised and clamped on the node (as in process)
-            full_grad = node.loss_gradient(full.astype(np.float32)).astype(np.float64)
-        if not ckks.packed:
-            return ckks.encrypt_gradient(full_grad)
-        node.work["g"] = full_grad  # released (its own sums, the masked exchange) at local_step
-        return ckks.encrypt_gradient(full_grad, node.work["x0"])
+        if ckks.packed:
+            return _packed_loss(node, ckks, full)
+        full_grad = _output_gradient(node, full)
+        node.work["g"] = full_grad
+        return ckks.encrypt_gradient(full_grad)
     if op == "local_step":
         if ckks.packed and ("g" not in node.work or "x0" not in node.work):
             raise ValueError(
@@ -1540,8 +1720,11 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
         if ckks.packed:
             released = ckks.release_packed(arrays, config, node.work.pop("g"), node.work["x0"])
             node.work.pop("x0")
+            node.work.pop("regions", None)
         else:
             released = ckks.release(arrays, config, shape)
+            node.work.pop("g", None)
+        ckks.exchanges += 1  # its backward: the server's weights step
         node.step(dx.astype(np.float32))
         return released
     if op == "sync":
@@ -1550,6 +1733,62 @@ def _encrypted_op(node: PlatformNode, ckks: CKKSPlatform, keys, op: str, arrays,
     if op == "deliver":
         return {}
     raise ValueError(f"platform {node.p} got an unknown request {op!r}")
+
+
+def _learn_vector(node: PlatformNode) -> np.ndarray:
+    """The training rows it would send now for its own exchange (``learn_rows``'s, no DP: a
+    repeat is never asked under it), what a repeat of its own forward is checked by."""
+    if "idx" not in node.work:
+        raise ValueError(
+            f"platform {node.p} was asked to repeat a training forward without a training "
+            "exchange of its own: refusing"
+        )
+    with torch.no_grad():
+        return node.local(torch.from_numpy(node._xs(node.work["idx"]))).numpy()
+
+
+def _check_one_release(node: PlatformNode) -> None:
+    """Refuse a second output gradient of one training forward (a second decryption and
+    release of its values; under ckks+dp a second noisy row of it)."""
+    if "g" in node.work:
+        raise ValueError(
+            f"platform {node.p} already released its output gradient of this training forward "
+            "and was asked for another (a second decryption and release of one forward's "
+            "values; under ckks+dp a second noisy row): refusing"
+        )
+    if "idx" not in node.work:
+        raise ValueError(
+            f"platform {node.p} was asked for a loss without a training forward of its own: "
+            "refusing"
+        )
+
+
+def _output_gradient(node: PlatformNode, full: np.ndarray) -> np.ndarray:
+    """``dL/dQf_p`` at every position of its fused values ``full``: its loss's positions
+    picked here, or (DP) every entry's, clipped, noised and clamped on the node."""
+    cfg = node.config
+    if cfg.feedback[node.p]:
+        positions = node._xs(node.work["idx"], "clicked")[..., None]
+    else:
+        positions = node.work["positions"]
+    if node.dp is None:
+        grad = node.loss_gradient(pick(full, positions).astype(np.float32))
+        return scatter_positions(grad, positions, cfg.num_candidates)
+    return node.loss_gradient(full.astype(np.float32)).astype(np.float64)
+
+
+def _packed_loss(node: PlatformNode, ckks: CKKSPlatform, full: np.ndarray) -> dict:
+    """The packed circuit's loss step: ``G`` of its output gradient at ``full`` and its own
+    training vector (kept, with the gradient, for its releases at ``local_step``)."""
+    _check_one_release(node)
+    if "x0" not in node.work:
+        raise ValueError(
+            f"platform {node.p} was asked for a loss without its own training forward: refusing"
+        )
+    full_grad = _output_gradient(node, full)
+    node.work["g"] = full_grad  # released (its own sums, the masked exchange) at local_step
+    regions = int(node.work.get("regions", REGIONS))
+    return ckks.encrypt_gradient(full_grad, node.work["x0"], regions)
 
 
 def _json_default(value):
@@ -1712,6 +1951,11 @@ class _Server:
         self.rounds = self.learn_steps = 0
         outcome.channel = self.channel
         self.everyone = ",".join(str(p) for p in range(k))
+        # The remote repeat_inquiries (packed circuit): each forward's id and the online
+        # weights' version (their steps) go with every forward's request; the training
+        # forwards that repeat a joined forward wait here with their owner's gradient.
+        self.forwards = self.version = 0
+        self.joined: dict[int, dict[str, np.ndarray]] = {}
 
     def _record_dp(self, channel) -> None:
         """The DP mechanism's public parameters in the channel's view (the rows it receives
@@ -1801,6 +2045,26 @@ class _Server:
         if self._dp_public is not None:
             self._record_dp(self.channel)
 
+    @property
+    def repeats(self) -> bool:
+        """Whether training forwards repeat (the packed circuit's ``repeat_inquiries``; not
+        under ckks+dp, where each forward's rows are their own noisy release, so none repeats
+        in process either)."""
+        return (
+            self.packed and self.channel.config.repeat_inquiries and self.config.dp_epsilon is None
+        )
+
+    def joins(self, shape) -> bool:
+        """Whether the first Algorithm-1 forward joins the targets' forward (the in-process
+        :meth:`~securefed.fusion.ckks_packed.PackedCKKSModuleFusionChannel.announce`'s rule,
+        from the public shape: two parties with cross terms, ``4 n <= N / 2``)."""
+        length = int(np.prod(shape))
+        return self.repeats and self.channel.announces and 4 * length <= self.channel.params.slots
+
+    def _ids(self) -> dict[str, int]:
+        """The next forward's id and the online weights' version, for a forward's request."""
+        return {"forward": self.forwards, "version": self.version}
+
     def _serve(self, rows, prefix: str, outputs: Sequence[int], shape, **inquiry):
         """The server half's forward on the rows' ciphertexts: ``p`` -> (arrays, config) of
         its output's message (``fused.<chunk>`` under its key, labelled with its key's id)."""
@@ -1816,6 +2080,7 @@ class _Server:
         served = self.channel.serve_forward(
             ciphertexts, shape=shape, outputs=[names[p] for p in outputs], **inquiry
         )
+        self.forwards += 1
         return {p: self._down(p, {"fused": served[names[p]]}) for p in outputs}
 
     def _down(self, p: int, blobs: Mapping[str, Sequence]) -> tuple[dict, dict]:
@@ -1839,7 +2104,7 @@ class _Server:
             eps = cfg.epsilon(self.rounds)
             step = {"round": self.rounds, "eps": eps}
             if self.encrypted:
-                rows = self.all_platforms("act", config={"outputs": self.everyone})
+                rows = self.all_platforms("act", config={"outputs": self.everyone} | self._ids())
                 shape = (cfg.members, 1, cfg.num_candidates)
                 down = self._serve(rows, "act", list(rows), shape, train=False, tag=ACT)
                 per = {p: (a, c | step) for p, (a, c) in down.items()}
@@ -1876,11 +2141,19 @@ class _Server:
         shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
         for p in self.with_rewards:
             step = {"learn_step": self.learn_steps}
+            # The first Algorithm-1 forward joins its targets' forward (as announced in
+            # process): its rows travel in this request, its loss in the targets' reply.
+            join = self.encrypted and p == self.with_rewards[0] and self.joins(shape)
             if self.encrypted:
-                q_next = self.all_platforms("target_values", {"idx": idx}, {"outputs": str(p)})
+                ids = self._ids()
+                asked = {"outputs": str(p)} | ids | ({"join": p} if join else {})
+                q_next = self.all_platforms("target_values", {"idx": idx}, asked)
+                joined = {"joined": True} if join else {}  # (the monomial circuit: never)
                 a, c = self._serve(
-                    q_next, "q", [p], shape, network="target", train=False, tag=TARGET
+                    q_next, "q", [p], shape, network="target", train=False, tag=TARGET, **joined
                 )[p]
+                if join:
+                    c |= {"repeat": ids["forward"], "version": self.version}
                 request = ({"idx": idx, "done": done} | a, c | step)
             else:
                 q_next = self.all_platforms("target_values", {"idx": idx})
@@ -1889,7 +2162,10 @@ class _Server:
                     msgs, outputs=[names[p]], network="target", train=False, tag=TARGET
                 )
                 request = ({"idx": idx, "done": done, "fused": fused[names[p]].numpy()}, step)
-            sealed = self.platforms("targets", {p: request})[p]
+            reply = self.platforms("targets", {p: request})[p]
+            sealed = {k: v for k, v in reply.items() if k.startswith("sealed.")}
+            if join:
+                self.joined[p] = {k: v for k, v in reply.items() if k.startswith("grad.")}
             self.relay(sealed, "targets", self.learn_steps, p + 1)
         # 2. Algorithm 1, then 3. Algorithm 2: one exchange per updating platform.
         for p in self.with_rewards + self.without_rewards:
@@ -1928,17 +2204,32 @@ class _Server:
         cfg, name = self.config, self.names[p]
         shape = (cfg.members, idx.shape[-1], cfg.num_candidates)
         arrays = {"idx": idx} | ({"units": units} if cfg.local_dp else {})
-        rows = self.all_platforms(
-            "learn_rows", arrays, {"updating": p, "select": select, "outputs": str(p)}
-        )
-        if select:
-            request = self._serve(rows, "select", [p], shape, train=False, tag=SELECT)[p]
-            self.platforms("greedy", {p: request})
-        request = self._serve(rows, "learn", [p], shape, train=True, tag=LEARN)[p]
-        grad = self.platforms("loss", {p: request})[p]
+        if p in self.joined:  # its training forward repeats the joined targets' forward
+            grad = self.joined.pop(p)
+            self.channel.serve_repeat(name, shape=shape, tag=LEARN)
+        else:
+            # A platform without rewards: its training forward repeats its select forward
+            # (the same rows), its loss in the greedy reply.
+            repeat = select and self.repeats
+            ids = self._ids()
+            asked = {"updating": p, "select": select, "outputs": str(p)} | ids
+            if repeat:
+                asked["repeat"] = ids["forward"]
+            rows = self.all_platforms("learn_rows", arrays, asked)
+            if select:
+                a, c = self._serve(rows, "select", [p], shape, train=False, tag=SELECT)[p]
+                if repeat:
+                    c |= {"repeat": ids["forward"], "version": self.version}
+                grad = self.platforms("greedy", {p: (a, c)})[p]
+            if repeat:
+                self.channel.serve_repeat(name, shape=shape, tag=LEARN)
+            else:
+                request = self._serve(rows, "learn", [p], shape, train=True, tag=LEARN)[p]
+                grad = self.platforms("loss", {p: request})[p]
         served = self.channel.serve_backward({name: _chunked(grad, "grad")})[name]
         down = self._down(p, {"masked": served["masked"], "dx": served["input_gradient"]})
         released = self.platforms("local_step", {p: down})[p]
+        self.version += 1  # the server's weights step (finish_backward)
         if self.packed:
             self.channel.finish_backward({name: _packed_releases(released, len(served["masked"]))})
             return

@@ -197,8 +197,8 @@ def _contexts_in(blob: np.ndarray):
 
 def _assert_equal_within_ckks(results, outcome, reference) -> None:
     """The same decisions (rewards exactly), the weights within the CKKS error (the tolerance
-    of tests/test_flower_fedslate_ckks.py: the nodes' flooding streams are their own, and the
-    Flower server joins and repeats no forward, so its noise draws differ)."""
+    of tests/test_flower_fedslate_ckks.py: the nodes' flooding streams are their own, so the
+    noise draws differ)."""
     np.testing.assert_array_equal(results["simulator"]["rewards"], reference.episode_rewards)
     final = outcome.channel.module.state_dict()
     for name, value in reference.networks["server"].state_dict().items():

@@ -56,8 +56,13 @@ with ``cross=False``), ``f = c + a_0 x_0 + a_1 x_1 + b_00 x_0^2 + b_01 x_0 x_1 +
   :class:`PackedCKKSModuleFusionChannel` run the same evaluation,
   re-randomization, masking and unmasking on the serialized ``P``, ``Q`` and ``G`` the parties
   sent (:class:`PackedKeyParty` builds, decrypts and releases them from the public shapes:
-  :func:`packed_chunks`, :func:`region_segments`, :func:`packed_flooding_std`), without joining
-  or repeating a forward. The parties' keys follow :func:`packed_key_circuit`.
+  :func:`packed_chunks`, :func:`region_segments`, :func:`packed_flooding_std`). Both savings
+  are carried: ``serve_forward(joined=True)`` evaluates the announced training forward's
+  regions beside a forward without training, and :meth:`serve_repeat
+  <PackedCKKSModuleFusionChannel.serve_repeat>` serves a training forward from the last
+  forward's ciphertexts, the server deciding from what it holds (public shapes, the online
+  weights' version) and each party checking on its own machine that its vectors repeat
+  (``rl/flower_fedslate.py``). The parties' keys follow :func:`packed_key_circuit`.
 
 Every returned output and input gradient is relinearized (two components) and re-randomized
 with a fresh public-key encryption, made at the returned ciphertext's own level, of Gaussian
@@ -928,6 +933,7 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         network: str = "online",
         train: bool = False,
         tag: str | None = None,
+        joined: bool = False,
     ) -> dict[str, list[bytes]]:
         """A forward on the regions its parties sent (the server half alone, ``remote``), as
         :meth:`CKKSModuleFusionChannel.serve_forward`: output party ``p`` -> sending party
@@ -935,13 +941,21 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         0]`` (encrypted with its secret key) and the other party's ``Q = [x_1 | x_1 | x_1^2]``
         under ``p``'s public key (none with ``cross=False``). Returns ``p`` -> its output's
         chunks under its key (times ``2^-shift``, re-randomized, the constant in it: ``p``
-        reads the first ``n`` slots of each, :meth:`PackedKeyParty.read`). No joined or
-        repeated forward here (each forward is served from its own ciphertexts).
+        reads the first ``n`` slots of each, :meth:`PackedKeyParty.read`).
+
+        ``joined`` (the remote :meth:`announce`): one output party, no training, ``4 n <= N /
+        2``; its one chunk is ``P = [x_0 | 0 | 0 | x_0']`` and ``Q = [x_1 | x_1 | x_1^2 |
+        x_1']``, regions 0-2 the next training forward's vectors (evaluated with the online
+        network), region 3 this forward's (with ``network``); ``p`` reads regions 0 and 3. Every
+        forward is kept (per output party) for :meth:`serve_repeat`: a joined one as the online
+        network's forward of regions 0-2.
 
         Raises:
             RuntimeError: the channel holds key parties (use :meth:`forward`).
             ValueError: ciphertexts of the wrong parties, chunk counts or sizes, a bad shape,
-                weights whose outputs would not fit the deepest level.
+                weights whose outputs would not fit the deepest level, a join the circuit
+                cannot make (several outputs, training, beyond ``4 n <= N / 2``, without
+                ``repeat_inquiries`` or two parties with cross terms).
         """
         if not self.remote:
             raise RuntimeError("serve_forward is the server half's; this channel holds the keys")
@@ -955,9 +969,16 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             raise ValueError(f"ciphertexts for outputs {sorted(ciphertexts)}, asked {outputs}")
         length, per_member = int(np.prod(shape)), shape[1] * shape[2]
         chunks = self._chunks(length)
+        if joined:
+            self._check_join(outputs, train, length)
+        regions = REGIONS + joined
         start = time.process_time()
         coefficients = self._expanded(network).detach().numpy()
+        online = self._expanded("online").detach().numpy() if joined else None
         self.seconds["server_evaluation"] += time.process_time() - start
+        versions = tuple(int(t._version) for t in self.module.parameters())
+        if network == "target" and not joined:
+            versions = tuple(int(t._version) for t in self.target.parameters())
         result, pending, up, down = {}, {}, {}, {}
         for p in outputs:
             _, sent = self._order(p)
@@ -971,17 +992,27 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
             for c, (a, b) in enumerate(chunks):
                 tick = time.process_time()
                 enc = [self._to_server(got[q][c], p) for q in sent]
-                self._check_regions(enc, sent, REGIONS * (b - a), c)
-                layers = {0: self._rows(coefficients, a, b, per_member)}
+                n = b - a
+                self._check_regions(enc, sent, regions * n, c)
+                if joined:  # regions 0-2 the announced training forward, region 3 this one
+                    layers = {0: self._rows(online, a, b, per_member),
+                              REGIONS: self._rows(coefficients, a, b, per_member)}  # fmt: skip
+                    read = [(0, n), (REGIONS * n, regions * n)]
+                else:
+                    layers, read = {0: self._rows(coefficients, a, b, per_member)}, [(0, n)]
                 piece = self._evaluate_chunk(enc[0], enc[1] if len(enc) > 1 else None, layers,
-                                             REGIONS, p)  # fmt: skip
+                                             regions, p)  # fmt: skip
                 self.seconds["server_evaluation"] += time.process_time() - tick
                 value, constant = piece[3]
-                vector = self._rerandomize(value, p, [(0, b - a)], constant)
+                vector = self._rerandomize(value, p, read, constant)
                 returned.append(self._to_party(vector, p))
                 pieces.append(piece)
             result[p] = returned
             pending[p] = (pieces, None, None)
+            self._memo[p] = {"network": "online" if joined else network, "versions": versions,
+                             "pieces": pieces, "shape": shape}  # fmt: skip
+            if joined:
+                self.counts["joined"] += 1
             for q in sent:
                 up[q] = up.get(q, 0) + len(chunks) * self.ciphertext_bytes
             down[p] = len(chunks) * self.ciphertext_bytes
@@ -991,6 +1022,59 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
         self._record("forward", network=network, tag=tag, train=train, outputs=list(outputs),
                      up=up, down=down)  # fmt: skip
         return result
+
+    def _check_join(self, outputs: Sequence[str], train: bool, length: int) -> None:
+        """Refuse a remote join the circuit cannot make (:meth:`serve_forward`)."""
+        if not self.announces:
+            raise ValueError(
+                "a joined forward needs repeat_inquiries and two parties with cross terms: refusing"
+            )
+        if train or len(outputs) != 1:
+            raise ValueError(
+                f"a joined forward is one forward without training for one output party "
+                f"(train={train}, outputs {list(outputs)}): refusing"
+            )
+        if (REGIONS + 1) * length > self.params.slots:
+            raise ValueError(
+                f"a joined forward of {length} entries needs {(REGIONS + 1) * length} slots, "
+                f"beyond the {self.params.slots} of one ciphertext (4 n <= N / 2): refusing"
+            )
+
+    def serve_repeat(self, output: str, *, shape: Sequence[int], tag: str | None = None) -> None:
+        """A training forward that repeats ``output``'s last :meth:`serve_forward` (the remote
+        ``repeat_inquiries``): its ciphertexts are the backward's; the parties send nothing new
+        and the owner keeps the values it decrypted. The server decides it from what it holds
+        (the same shape, the online network, its weights' version unchanged); each platform
+        checks on its node that its vectors repeat (``rl/flower_fedslate.py``).
+
+        Raises:
+            RuntimeError: the channel holds key parties, no forward for ``output`` since the
+                last backward or round, of another network or shape, or the online weights
+                changed since.
+        """
+        if not self.remote:
+            raise RuntimeError("serve_repeat is the server half's; this channel holds the keys")
+        shape = tuple(int(v) for v in shape)
+        memo = self._memo.get(output)
+        versions = tuple(int(t._version) for t in self.module.parameters())
+        if not self.config.repeat_inquiries:
+            raise RuntimeError("serve_repeat needs repeat_inquiries: refusing")
+        if memo is None or memo["network"] != "online" or memo["shape"] != shape:
+            raise RuntimeError(
+                f"no forward of the online network of shape {shape} for {output!r} to repeat "
+                "since the last backward: refusing"
+            )
+        if memo["versions"] != versions:
+            raise RuntimeError(
+                f"the online weights changed since {output!r}'s last forward: a repeat would "
+                "serve stale ciphertexts; refusing"
+            )
+        self.counts["repeat"] += 1
+        self._pending = {"shape": shape, "bounds": self._chunks(int(np.prod(shape))),
+                         "parties": {output: (memo["pieces"], None, None)}, "tag": tag,
+                         "dtype": None}  # fmt: skip
+        self._record("forward", network="online", tag=tag, train=True, outputs=[output],
+                     up={}, down={})  # fmt: skip
 
     @staticmethod
     def _check_regions(vectors, senders, size: int, chunk: int) -> None:
@@ -1037,7 +1121,9 @@ class PackedCKKSModuleFusionChannel(CKKSModuleFusionChannel):
                 zip(chunks, pieces, strict=True)
             ):
                 enc_g = self._to_server(blobs[c], p)
-                self._check_regions([enc_g], [p], REGIONS * (b - a), c)
+                # A joined forward's G has its fourth region (zero), as its P and Q.
+                regions = pieces[c][0].size() // (b - a)
+                self._check_regions([enc_g], [p], regions * (b - a), c)
                 row, row_masks = [], []
                 if enc_q is not None:
                     start = time.process_time()
